@@ -1,0 +1,12 @@
+//! # tollgate-core
+//!
+//! The pure, synchronous heart of tollgate: rate-limiting algorithms as pure steps over an
+//! injected clock, the rule model (envoyproxy/ratelimit's YAML plus extensions), and the
+//! in-memory store. No async runtime, no sockets, no reads of the system clock.
+
+pub mod clock;
+pub mod quota;
+pub mod rules;
+
+pub use clock::{Clock, ManualClock, Micros, SystemClock};
+pub use quota::{Algorithm, Period, Quota, SketchSize, Unit};

@@ -1,0 +1,283 @@
+//! What a limit allows: [`Quota`] = how many ([`Quota::limit`]) per how long ([`Period`]), with
+//! which [`Algorithm`] and burst.
+//!
+//! A period is a unit times a multiplier (`15 × minute`), not a bare `Duration`, because fixed and
+//! sliding-counter windows for day/week/month/year align to UTC calendar boundaries, whose lengths
+//! vary. Algorithms that need a rate (buckets, GCRA, sliding log) use [`Period::nominal`]: months
+//! and years are the mean Gregorian lengths.
+
+use crate::clock::{Micros, SECOND};
+use std::fmt;
+use std::str::FromStr;
+
+/// The unit of a rate-limit period (Envoy's `RateLimitUnit`, plus `week`, `month` and `year`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Unit {
+    /// One second.
+    Second,
+    /// One minute.
+    Minute,
+    /// One hour.
+    Hour,
+    /// One UTC calendar day.
+    Day,
+    /// One UTC calendar week, starting Monday.
+    Week,
+    /// One UTC calendar month.
+    Month,
+    /// One UTC calendar year.
+    Year,
+}
+
+impl Unit {
+    /// All units, shortest first.
+    pub const ALL: [Unit; 7] = [
+        Unit::Second,
+        Unit::Minute,
+        Unit::Hour,
+        Unit::Day,
+        Unit::Week,
+        Unit::Month,
+        Unit::Year,
+    ];
+
+    /// Nominal length in microseconds (mean Gregorian month and year).
+    pub const fn nominal(self) -> Micros {
+        match self {
+            Unit::Second => SECOND,
+            Unit::Minute => 60 * SECOND,
+            Unit::Hour => 3_600 * SECOND,
+            Unit::Day => 86_400 * SECOND,
+            Unit::Week => 7 * 86_400 * SECOND,
+            // 365.2425 days / 12
+            Unit::Month => 2_629_746 * SECOND,
+            Unit::Year => 31_556_952 * SECOND,
+        }
+    }
+
+    /// Lower-case name as written in rule files.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Unit::Second => "second",
+            Unit::Minute => "minute",
+            Unit::Hour => "hour",
+            Unit::Day => "day",
+            Unit::Week => "week",
+            Unit::Month => "month",
+            Unit::Year => "year",
+        }
+    }
+
+    /// Upper-case name as Envoy's protobuf enum spells it (`MINUTE`).
+    pub const fn as_proto_str(self) -> &'static str {
+        match self {
+            Unit::Second => "SECOND",
+            Unit::Minute => "MINUTE",
+            Unit::Hour => "HOUR",
+            Unit::Day => "DAY",
+            Unit::Week => "WEEK",
+            Unit::Month => "MONTH",
+            Unit::Year => "YEAR",
+        }
+    }
+}
+
+impl fmt::Display for Unit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Unit {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Unit::ALL
+            .into_iter()
+            .find(|u| u.as_str().eq_ignore_ascii_case(s))
+            .ok_or_else(|| {
+                format!("unknown unit '{s}' (expected second, minute, hour, day, week, month or year)")
+            })
+    }
+}
+
+/// A period: `multiplier` × `unit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Period {
+    /// The unit.
+    pub unit: Unit,
+    /// How many units (at least 1).
+    pub multiplier: u32,
+}
+
+impl Period {
+    /// `multiplier` × `unit`; a multiplier of 0 is taken as 1.
+    pub const fn new(unit: Unit, multiplier: u32) -> Self {
+        Self {
+            unit,
+            multiplier: if multiplier == 0 { 1 } else { multiplier },
+        }
+    }
+
+    /// Nominal length in microseconds.
+    pub const fn nominal(self) -> Micros {
+        self.unit.nominal() * self.multiplier as u64
+    }
+}
+
+impl From<Unit> for Period {
+    fn from(unit: Unit) -> Self {
+        Period::new(unit, 1)
+    }
+}
+
+impl fmt::Display for Period {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.multiplier == 1 {
+            write!(f, "{}", self.unit)
+        } else {
+            write!(f, "{} {}s", self.multiplier, self.unit)
+        }
+    }
+}
+
+/// The rate-limiting algorithms. See `docs/algorithms.md` for the semantics and trade-offs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Algorithm {
+    /// Bucket of `burst` tokens, refilled one token every `period / limit`.
+    TokenBucket,
+    /// Queue of `burst` requests drained one every `period / limit`; admitted requests wait.
+    LeakyBucket,
+    /// One counter per aligned window.
+    FixedWindow,
+    /// Timestamps of admitted requests; exact over any rolling window.
+    SlidingWindowLog,
+    /// Weighted previous window plus current window (the default).
+    #[default]
+    SlidingWindowCounter,
+    /// Generic cell rate algorithm: one timestamp per key.
+    Gcra,
+    /// Sliding window counter over count-min sketches: fixed memory for any number of keys.
+    CountMinSketch,
+}
+
+impl Algorithm {
+    /// All algorithms.
+    pub const ALL: [Algorithm; 7] = [
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowLog,
+        Algorithm::SlidingWindowCounter,
+        Algorithm::Gcra,
+        Algorithm::CountMinSketch,
+    ];
+
+    /// snake_case name as written in rule files.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::LeakyBucket => "leaky_bucket",
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindowLog => "sliding_window_log",
+            Algorithm::SlidingWindowCounter => "sliding_window_counter",
+            Algorithm::Gcra => "gcra",
+            Algorithm::CountMinSketch => "count_min_sketch",
+        }
+    }
+
+    /// Whether `burst` means something for this algorithm.
+    pub const fn uses_burst(self) -> bool {
+        matches!(
+            self,
+            Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra
+        )
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Algorithm {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Algorithm::ALL
+            .into_iter()
+            .find(|a| a.as_str() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = Algorithm::ALL.iter().map(|a| a.as_str()).collect();
+                format!("unknown algorithm '{s}' (expected one of {})", names.join(", "))
+            })
+    }
+}
+
+/// Size of the count-min sketch used by [`Algorithm::CountMinSketch`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SketchSize {
+    /// Counters per row.
+    pub width: u32,
+    /// Rows (independent hash functions).
+    pub depth: u32,
+}
+
+impl Default for SketchSize {
+    fn default() -> Self {
+        Self {
+            width: 2048,
+            depth: 4,
+        }
+    }
+}
+
+/// How much a limit allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Quota {
+    /// Requests (cost units) per period. 0 denies everything.
+    pub limit: u64,
+    /// The period.
+    pub period: Period,
+    /// Bucket capacity for token bucket, leaky bucket and GCRA; `None` = `limit`.
+    pub burst: Option<u64>,
+    /// The algorithm.
+    pub algorithm: Algorithm,
+    /// Sketch dimensions ([`Algorithm::CountMinSketch`] only).
+    pub sketch: SketchSize,
+}
+
+impl Quota {
+    /// `limit` per `period` with the default algorithm (sliding window counter).
+    pub fn new(limit: u64, period: impl Into<Period>) -> Self {
+        Self {
+            limit,
+            period: period.into(),
+            burst: None,
+            algorithm: Algorithm::default(),
+            sketch: SketchSize::default(),
+        }
+    }
+
+    /// The same quota with another algorithm.
+    pub fn with_algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = algorithm;
+        self
+    }
+
+    /// The same quota with an explicit burst.
+    pub fn with_burst(mut self, burst: u64) -> Self {
+        self.burst = Some(burst);
+        self
+    }
+
+    /// Bucket capacity: `burst`, or `limit` when unset.
+    pub fn capacity(&self) -> u64 {
+        self.burst.unwrap_or(self.limit)
+    }
+
+    /// Time one unit of cost takes to replenish, rounded **up** to whole microseconds so that
+    /// rounding can only make a limit stricter, never looser. `None` when `limit` is 0.
+    pub fn emission_interval(&self) -> Option<Micros> {
+        (self.limit > 0).then(|| self.period.nominal().div_ceil(self.limit).max(1))
+    }
+}
