@@ -1,0 +1,2 @@
+//! The `tollgate` binary: to be written.
+fn main() {}
