@@ -4,9 +4,17 @@
 //! injected clock, the rule model (envoyproxy/ratelimit's YAML plus extensions), and the
 //! in-memory store. No async runtime, no sockets, no reads of the system clock.
 
+pub mod algorithm;
 pub mod clock;
+pub mod decision;
+pub mod memory;
 pub mod quota;
 pub mod rules;
+pub mod store;
+pub mod window;
 
 pub use clock::{Clock, ManualClock, Micros, SystemClock};
+pub use decision::Decision;
+pub use memory::MemoryStore;
 pub use quota::{Algorithm, Period, Quota, SketchSize, Unit};
+pub use store::{CheckItem, Store, StoreError};

@@ -1,0 +1,52 @@
+//! GCRA (generic cell rate algorithm), the virtual-scheduling form.
+//!
+//! State is one timestamp, the theoretical arrival time `tat`. With emission interval
+//! `T = period / limit` and capacity `burst` (default `limit`), a request of cost `c` is admitted
+//! iff `max(tat, now) + c·T - now <= burst·T`. This is the algorithm `governor` and redis-cell use;
+//! it admits exactly what a token bucket of `burst` tokens refilled every `T` would.
+
+use super::{deny_forever, Outcome};
+use crate::clock::Micros;
+use crate::decision::Decision;
+use crate::quota::Quota;
+
+/// One step. `tat` is `None` when the key is untracked (full).
+pub fn step(tat: Option<Micros>, now: Micros, cost: u64, quota: &Quota) -> Outcome<Micros> {
+    let Some(t) = quota.emission_interval() else {
+        return deny_forever(0, tat);
+    };
+    let burst = quota.capacity().max(1);
+    let cap = t.saturating_mul(burst);
+    let base = tat.unwrap_or(now).max(now);
+    let backlog = base - now;
+    let remaining_before = cap.saturating_sub(backlog) / t;
+    if cost > burst {
+        let mut d = deny_forever(quota.limit, tat).0;
+        d.remaining = remaining_before;
+        d.reset_after = backlog;
+        return (d, tat);
+    }
+    let new_tat = base.saturating_add(cost * t);
+    let new_backlog = new_tat - now;
+    if new_backlog <= cap {
+        let decision = Decision {
+            allowed: true,
+            limit: quota.limit,
+            remaining: (cap - new_backlog) / t,
+            reset_after: new_backlog,
+            retry_after: None,
+            delay: 0,
+        };
+        (decision, (new_tat > now).then_some(new_tat))
+    } else {
+        let decision = Decision {
+            allowed: false,
+            limit: quota.limit,
+            remaining: remaining_before,
+            reset_after: backlog,
+            retry_after: Some(new_backlog - cap),
+            delay: 0,
+        };
+        (decision, tat)
+    }
+}

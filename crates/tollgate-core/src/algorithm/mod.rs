@@ -1,0 +1,120 @@
+//! The algorithms, each a pure step `(state, now, cost, quota) -> (decision, state)`.
+//!
+//! A step never reads a clock and never mutates shared data: stores (memory, Redis) own the state
+//! and apply a step atomically per key. `None` state means "untracked", which is the same as
+//! "full": every step returns `None` when its result is back to that, so stores can drop it.
+//! Denied requests never consume; `cost = 0` is a pure query.
+//!
+//! The count-min-sketch limiter keeps one shared [`Sketch`] per limit instead of per-key state;
+//! its exact per-key counterpart (used by [`step`] and as its reference) is the sliding window
+//! counter it approximates.
+
+pub mod count_min;
+pub mod fixed_window;
+pub mod gcra;
+pub mod leaky_bucket;
+pub mod sliding_counter;
+pub mod sliding_log;
+pub mod token_bucket;
+
+pub use count_min::Sketch;
+pub use fixed_window::Window;
+pub use sliding_counter::Counter;
+pub use sliding_log::Log;
+pub use token_bucket::Bucket;
+
+use crate::clock::Micros;
+use crate::decision::Decision;
+use crate::quota::{Algorithm, Quota};
+
+/// What a step returns: the decision and the state to keep (`None` = untracked/full).
+pub type Outcome<S> = (Decision, Option<S>);
+
+/// A denial that retrying cannot fix, keeping `state` as it is.
+pub(crate) fn deny_forever<S>(limit: u64, state: S) -> (Decision, S) {
+    let d = Decision {
+        allowed: false,
+        limit,
+        remaining: 0,
+        reset_after: 0,
+        retry_after: None,
+        delay: 0,
+    };
+    (d, state)
+}
+
+/// Per-key state of any algorithm.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    /// GCRA: theoretical arrival time.
+    Gcra(Micros),
+    /// Leaky bucket: when the queue will be empty.
+    Leaky(Micros),
+    /// Token bucket.
+    Bucket(Bucket),
+    /// Fixed window.
+    Window(Window),
+    /// Sliding window counter (and the exact form of count-min sketch).
+    Counter(Counter),
+    /// Sliding window log.
+    Log(Log),
+}
+
+/// One step of `quota.algorithm` for one key. A state of another algorithm's shape (the rule
+/// changed algorithm) is treated as untracked.
+pub fn step(quota: &Quota, state: Option<State>, now: Micros, cost: u64) -> Outcome<State> {
+    use Algorithm as A;
+    match quota.algorithm {
+        A::Gcra => {
+            let s = match state {
+                Some(State::Gcra(t)) => Some(t),
+                _ => None,
+            };
+            let (d, s) = gcra::step(s, now, cost, quota);
+            (d, s.map(State::Gcra))
+        }
+        A::LeakyBucket => {
+            let s = match state {
+                Some(State::Leaky(t)) => Some(t),
+                _ => None,
+            };
+            let (d, s) = leaky_bucket::step(s, now, cost, quota);
+            (d, s.map(State::Leaky))
+        }
+        A::TokenBucket => {
+            let s = match state {
+                Some(State::Bucket(b)) => Some(b),
+                _ => None,
+            };
+            let (d, s) = token_bucket::step(s, now, cost, quota);
+            (d, s.map(State::Bucket))
+        }
+        A::FixedWindow => {
+            let s = match state {
+                Some(State::Window(w)) => Some(w),
+                _ => None,
+            };
+            let (d, s) = fixed_window::step(s, now, cost, quota);
+            (d, s.map(State::Window))
+        }
+        A::SlidingWindowCounter | A::CountMinSketch => {
+            let s = match state {
+                Some(State::Counter(c)) => Some(c),
+                _ => None,
+            };
+            let (d, s) = sliding_counter::step(s, now, cost, quota);
+            (d, s.map(State::Counter))
+        }
+        A::SlidingWindowLog => {
+            let s = match state {
+                Some(State::Log(l)) => Some(l),
+                _ => None,
+            };
+            let (d, s) = sliding_log::step(s, now, cost, quota);
+            (d, s.map(State::Log))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

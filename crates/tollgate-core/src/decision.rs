@@ -1,0 +1,30 @@
+//! The answer to one check: a denial is a value, not an error.
+
+use crate::clock::Micros;
+
+/// The outcome of checking one counter.
+///
+/// All durations are in microseconds from the instant of the check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Decision {
+    /// Whether the request may proceed (after `delay`).
+    pub allowed: bool,
+    /// The limit (requests per period) this decision was made against.
+    pub limit: u64,
+    /// How many more unit-cost requests would be admitted right now, after this one.
+    pub remaining: u64,
+    /// Time until the counter is back to full (nothing left to forget).
+    pub reset_after: Micros,
+    /// Denied: the earliest time the same request could pass. `None` when denied and it can never
+    /// pass (cost above capacity, or a limit of 0), and always `None` when allowed.
+    pub retry_after: Option<Micros>,
+    /// Leaky bucket only: how long an admitted request should wait in the queue.
+    pub delay: Micros,
+}
+
+impl Decision {
+    /// Denied, and retrying cannot help (cost above what the limit can ever admit).
+    pub fn never_passes(&self) -> bool {
+        !self.allowed && self.retry_after.is_none()
+    }
+}

@@ -1,0 +1,575 @@
+//! The in-memory store: sharded hash maps of compact per-key state.
+//!
+//! - **Keys are 128-bit keyed hashes** (SipHash-1-3 with a per-store random key) of the counter
+//!   key, algorithm and period, not the key text: an entry is 40 bytes whatever the key length,
+//!   lookups never allocate, and the odds that two of a billion live keys collide are below
+//!   10^-20 (an attacker cannot aim for a collision without the random key). Including the
+//!   algorithm and period means a rule whose limit changes keeps its counters across a reload,
+//!   while one whose algorithm or period changes starts fresh.
+//! - **Shards** (a mutex each) keep threads on different keys out of each other's way; a request
+//!   touching several keys locks their shards in index order, so it cannot deadlock.
+//! - **Expiry**: a step that leaves a key full removes it; every entry knows when it will be full
+//!   again, and [`MemoryStore::sweep`] drops those past it.
+//! - **Bounded**: at most `max_keys` entries. When a shard is full, a new key first evicts every
+//!   expired entry (free: they hold nothing), then, if still above 90 %, the entries that will
+//!   be full soonest (they hold the least usage, so forgetting them admits the least extra). An
+//!   evicted key starts again from a full allowance: that is the accuracy cost of a flood of
+//!   distinct keys, and it falls on the keys that used the least. Count-min-sketch limits are
+//!   not affected: their memory is fixed.
+
+use crate::algorithm::{self, Bucket, Counter, Log, Sketch, State, Window};
+use crate::clock::{Micros, SECOND};
+use crate::decision::Decision;
+use crate::quota::{Algorithm, Quota};
+use crate::store::{blocks, CheckItem, Store, StoreError};
+use siphasher::sip128::{Hasher128, SipHasher13};
+use std::collections::HashMap;
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Default bound on tracked keys.
+pub const DEFAULT_MAX_KEYS: usize = 1 << 22;
+const SHARDS: usize = 64;
+
+/// Per-key state as stored: counts as `u32` (limits are at most `u32::MAX`, as in Envoy's API)
+/// and expiry in whole seconds, so that every entry is 24 bytes.
+#[derive(Debug)]
+enum Slot {
+    Gcra(Micros),
+    Leaky(Micros),
+    Bucket {
+        tokens: u32,
+        expires: u32,
+        last: Micros,
+    },
+    Window {
+        count: u32,
+        expires: u32,
+        start: Micros,
+    },
+    Counter {
+        prev: u32,
+        cur: u32,
+        expires: u32,
+        start: Micros,
+    },
+    Log(Box<(Log, Micros)>),
+}
+
+fn narrow(n: u64) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+fn secs_up(t: Micros) -> u32 {
+    narrow(t.div_ceil(SECOND))
+}
+
+impl Slot {
+    fn new(state: State, expires_at: Micros) -> Slot {
+        match state {
+            State::Gcra(t) => Slot::Gcra(t),
+            State::Leaky(t) => Slot::Leaky(t),
+            State::Bucket(b) => Slot::Bucket {
+                tokens: narrow(b.tokens),
+                expires: secs_up(expires_at),
+                last: b.last,
+            },
+            State::Window(w) => Slot::Window {
+                count: narrow(w.count),
+                expires: secs_up(expires_at),
+                start: w.start,
+            },
+            State::Counter(c) => Slot::Counter {
+                prev: narrow(c.prev),
+                cur: narrow(c.cur),
+                expires: secs_up(expires_at),
+                start: c.start,
+            },
+            State::Log(l) => Slot::Log(Box::new((l, expires_at))),
+        }
+    }
+
+    fn state(&self) -> State {
+        match self {
+            Slot::Gcra(t) => State::Gcra(*t),
+            Slot::Leaky(t) => State::Leaky(*t),
+            Slot::Bucket { tokens, last, .. } => State::Bucket(Bucket {
+                tokens: u64::from(*tokens),
+                last: *last,
+            }),
+            Slot::Window { count, start, .. } => State::Window(Window {
+                count: u64::from(*count),
+                start: *start,
+            }),
+            Slot::Counter {
+                prev, cur, start, ..
+            } => State::Counter(Counter {
+                prev: u64::from(*prev),
+                cur: u64::from(*cur),
+                start: *start,
+            }),
+            Slot::Log(b) => State::Log(b.0.clone()),
+        }
+    }
+
+    /// Take the state out, leaving a placeholder (avoids cloning a log on the single-key path).
+    fn take(&mut self) -> State {
+        match self {
+            Slot::Log(b) => State::Log(std::mem::take(&mut b.0)),
+            other => other.state(),
+        }
+    }
+
+    fn expires_at(&self) -> Micros {
+        match self {
+            Slot::Gcra(t) | Slot::Leaky(t) => *t,
+            Slot::Bucket { expires, .. }
+            | Slot::Window { expires, .. }
+            | Slot::Counter { expires, .. } => u64::from(*expires) * SECOND,
+            Slot::Log(b) => b.1,
+        }
+    }
+}
+
+/// Hasher for keys that are already uniformly random 128-bit hashes.
+#[derive(Default)]
+struct Prehashed(u64);
+
+impl Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u128(&mut self, n: u128) {
+        self.0 = (n >> 64) as u64;
+    }
+}
+
+type Map = HashMap<u128, Slot, BuildHasherDefault<Prehashed>>;
+
+#[derive(Default)]
+struct Shard {
+    map: Map,
+}
+
+impl Shard {
+    /// Make room for one more entry under `cap`.
+    fn make_room(&mut self, cap: usize, now: Micros) {
+        if self.map.len() < cap {
+            return;
+        }
+        self.map.retain(|_, s| s.expires_at() > now);
+        let target = cap - cap / 10;
+        if self.map.len() <= target {
+            return;
+        }
+        let mut expiries: Vec<Micros> = self.map.values().map(Slot::expires_at).collect();
+        let excess = self.map.len() - target;
+        let (_, &mut threshold, _) = expiries.select_nth_unstable(excess - 1);
+        self.map.retain(|_, s| s.expires_at() > threshold);
+    }
+}
+
+/// The in-memory [`Store`].
+pub struct MemoryStore {
+    k0: u64,
+    k1: u64,
+    shards: Box<[Mutex<Shard>]>,
+    shard_cap: usize,
+    sketches: Mutex<HashMap<u128, Arc<Mutex<Sketch>>>>,
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("keys", &self.len())
+            .field("max_keys", &(self.shard_cap * SHARDS))
+            .finish()
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new(DEFAULT_MAX_KEYS)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding a shard cannot leave a slot half-written (steps are pure and
+    // writes are single assignments), so a poisoned lock is still consistent.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl MemoryStore {
+    /// A store tracking at most `max_keys` keys, with a random hash key.
+    pub fn new(max_keys: usize) -> Self {
+        let rs = std::collections::hash_map::RandomState::new();
+        Self::with_seed(max_keys, rs.hash_one(1u8), rs.hash_one(2u8))
+    }
+
+    /// A store with a fixed hash key: identical runs give identical results even where hashes
+    /// matter (count-min-sketch collisions, eviction order). For `simulate` and tests.
+    pub fn with_seed(max_keys: usize, k0: u64, k1: u64) -> Self {
+        let shards = (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect();
+        Self {
+            k0,
+            k1,
+            shards,
+            shard_cap: max_keys.div_ceil(SHARDS).max(1),
+            sketches: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn hash(&self, parts: &[&[u8]]) -> u128 {
+        let mut h = SipHasher13::new_with_keys(self.k0, self.k1);
+        for p in parts {
+            h.write(p);
+            h.write_u8(0xff);
+        }
+        h.finish128().as_u128()
+    }
+
+    fn key_hash(&self, item: &CheckItem<'_>) -> u128 {
+        let q = item.quota;
+        let shape = [
+            q.algorithm as u8,
+            q.period.unit as u8,
+            (q.period.multiplier >> 24) as u8,
+            (q.period.multiplier >> 16) as u8,
+            (q.period.multiplier >> 8) as u8,
+            q.period.multiplier as u8,
+        ];
+        self.hash(&[item.key.as_bytes(), &shape])
+    }
+
+    fn sketch(&self, item: &CheckItem<'_>) -> Arc<Mutex<Sketch>> {
+        let q = item.quota;
+        let mut shape = Vec::with_capacity(16);
+        shape.extend_from_slice(&[q.period.unit as u8]);
+        shape.extend_from_slice(&q.period.multiplier.to_be_bytes());
+        shape.extend_from_slice(&q.sketch.width.to_be_bytes());
+        shape.extend_from_slice(&q.sketch.depth.to_be_bytes());
+        let id = self.hash(&[item.rule.as_bytes(), &shape]);
+        lock(&self.sketches)
+            .entry(id)
+            .or_insert_with(|| Arc::new(Mutex::new(Sketch::new(q.sketch))))
+            .clone()
+    }
+
+    fn shard_of(&self, h: u128) -> usize {
+        (h as usize) % SHARDS
+    }
+
+    /// Number of tracked keys (count-min-sketch keys are not tracked individually).
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).map.len()).sum()
+    }
+
+    /// Whether no key is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drop every entry that is back to full at `now`. Returns how many were dropped.
+    pub fn sweep(&self, now: Micros) -> usize {
+        self.shards
+            .iter()
+            .map(|s| {
+                let mut s = lock(s);
+                let before = s.map.len();
+                s.map.retain(|_, slot| slot.expires_at() > now);
+                before - s.map.len()
+            })
+            .sum()
+    }
+
+    /// Bytes held by count-min sketches.
+    pub fn sketch_memory(&self) -> usize {
+        lock(&self.sketches)
+            .values()
+            .map(|s| lock(s).memory())
+            .sum()
+    }
+
+    fn check_one(&self, now: Micros, item: &CheckItem<'_>) -> Decision {
+        if item.quota.algorithm == Algorithm::CountMinSketch {
+            let h = self.key_hash(item);
+            return lock(&self.sketch(item)).check(h, now, item.cost, item.quota);
+        }
+        let h = self.key_hash(item);
+        let mut shard = lock(&self.shards[self.shard_of(h)]);
+        match shard.map.get_mut(&h) {
+            Some(slot) => {
+                let (d, next) = algorithm::step(item.quota, Some(slot.take()), now, item.cost);
+                match next {
+                    Some(s) => *slot = Slot::new(s, now + d.reset_after),
+                    None => {
+                        shard.map.remove(&h);
+                    }
+                }
+                d
+            }
+            None => {
+                let (d, next) = algorithm::step(item.quota, None, now, item.cost);
+                if let Some(s) = next {
+                    shard.make_room(self.shard_cap, now);
+                    shard.map.insert(h, Slot::new(s, now + d.reset_after));
+                }
+                d
+            }
+        }
+    }
+
+    fn check_many(&self, now: Micros, items: &[CheckItem<'_>]) -> Vec<Decision> {
+        let hashes: Vec<u128> = items.iter().map(|i| self.key_hash(i)).collect();
+        let sketches: Vec<Option<Arc<Mutex<Sketch>>>> = items
+            .iter()
+            .map(|i| (i.quota.algorithm == Algorithm::CountMinSketch).then(|| self.sketch(i)))
+            .collect();
+        // Lock order: shards by index, then sketches by address. Every multi-key check uses the
+        // same order, and a single-key check holds one lock, so no cycle can form.
+        let mut shard_ids: Vec<usize> = hashes
+            .iter()
+            .zip(&sketches)
+            .filter(|(_, s)| s.is_none())
+            .map(|(h, _)| self.shard_of(*h))
+            .collect();
+        shard_ids.sort_unstable();
+        shard_ids.dedup();
+        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> = shard_ids
+            .iter()
+            .map(|&i| (i, lock(&self.shards[i])))
+            .collect();
+        let mut sketch_refs: Vec<&Arc<Mutex<Sketch>>> = sketches.iter().flatten().collect();
+        sketch_refs.sort_by_key(|a| Arc::as_ptr(a) as usize);
+        sketch_refs.dedup_by(|a, b| Arc::ptr_eq(a, b));
+        let mut sketch_guards: Vec<(*const Mutex<Sketch>, MutexGuard<'_, Sketch>)> = sketch_refs
+            .iter()
+            .map(|a| (Arc::as_ptr(a), lock(a)))
+            .collect();
+
+        // Evaluate in order; a key appearing twice sees the earlier item's tentative state.
+        let mut pending: Vec<(u128, Option<State>)> = Vec::new();
+        let mut decisions: Vec<Decision> = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            let h = hashes[i];
+            let d = if let Some(sk) = &sketches[i] {
+                let g = &mut sketch_guards
+                    .iter_mut()
+                    .find(|(p, _)| *p == Arc::as_ptr(sk))
+                    .expect("sketch locked above")
+                    .1;
+                // Earlier admitted items of the same key in this request count too.
+                let earlier: u64 = items[..i]
+                    .iter()
+                    .zip(&decisions)
+                    .zip(&hashes)
+                    .filter(|((e, d), eh)| **eh == h && d.allowed && e.rule == item.rule)
+                    .map(|((e, _), _)| e.cost)
+                    .sum();
+                let mut d = g.evaluate(h, now, earlier + item.cost, item.quota);
+                d.remaining = d.remaining.min(item.quota.limit);
+                d
+            } else {
+                let shard = &guards
+                    .iter()
+                    .find(|(s, _)| *s == self.shard_of(h))
+                    .expect("shard locked above")
+                    .1;
+                let current = match pending.iter().rev().find(|(ph, _)| *ph == h) {
+                    Some((_, s)) => s.clone(),
+                    None => shard.map.get(&h).map(Slot::state),
+                };
+                let (d, next) = algorithm::step(item.quota, current, now, item.cost);
+                pending.push((h, next));
+                d
+            };
+            decisions.push(d);
+        }
+
+        if blocks(items, &decisions) {
+            // Nothing consumes: report what each allowed item has left, unconsumed.
+            for (i, item) in items.iter().enumerate() {
+                if decisions[i].allowed && item.cost > 0 {
+                    let h = hashes[i];
+                    decisions[i] = if let Some(sk) = &sketches[i] {
+                        let g = &mut sketch_guards
+                            .iter_mut()
+                            .find(|(p, _)| *p == Arc::as_ptr(sk))
+                            .expect("sketch locked above")
+                            .1;
+                        g.evaluate(h, now, 0, item.quota)
+                    } else {
+                        let shard = &guards
+                            .iter()
+                            .find(|(s, _)| *s == self.shard_of(h))
+                            .expect("shard locked above")
+                            .1;
+                        let state = shard.map.get(&h).map(Slot::state);
+                        algorithm::step(item.quota, state, now, 0).0
+                    };
+                }
+            }
+            return decisions;
+        }
+
+        // Commit: per-key states in order (the last write of a repeated key is its final state).
+        let mut p = 0;
+        for (i, item) in items.iter().enumerate() {
+            let h = hashes[i];
+            if let Some(sk) = &sketches[i] {
+                if decisions[i].allowed {
+                    let g = &mut sketch_guards
+                        .iter_mut()
+                        .find(|(ptr, _)| *ptr == Arc::as_ptr(sk))
+                        .expect("sketch locked above")
+                        .1;
+                    g.record(h, item.cost);
+                }
+                continue;
+            }
+            let next = pending[p].1.take();
+            p += 1;
+            if !decisions[i].allowed {
+                continue; // a denied shadow item consumes nothing
+            }
+            let shard = &mut guards
+                .iter_mut()
+                .find(|(s, _)| *s == self.shard_of(h))
+                .expect("shard locked above")
+                .1;
+            match next {
+                Some(s) => {
+                    if !shard.map.contains_key(&h) {
+                        shard.make_room(self.shard_cap, now);
+                    }
+                    shard
+                        .map
+                        .insert(h, Slot::new(s, now + decisions[i].reset_after));
+                }
+                None => {
+                    shard.map.remove(&h);
+                }
+            }
+        }
+        decisions
+    }
+}
+
+impl Store for MemoryStore {
+    fn check(&self, now: Micros, items: &[CheckItem<'_>]) -> Result<Vec<Decision>, StoreError> {
+        Ok(match items {
+            [] => Vec::new(),
+            [one] => vec![self.check_one(now, one)],
+            many => self.check_many(now, many),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quota::Unit;
+
+    fn item<'a>(key: &'a str, quota: &'a Quota, cost: u64) -> CheckItem<'a> {
+        CheckItem {
+            rule: "r",
+            key,
+            quota,
+            cost,
+            shadow: false,
+        }
+    }
+
+    #[test]
+    fn slot_is_24_bytes() {
+        assert_eq!(std::mem::size_of::<Slot>(), 24);
+    }
+
+    #[test]
+    fn all_or_nothing_across_keys() {
+        let s = MemoryStore::with_seed(1000, 1, 2);
+        let wide = Quota::new(10, Unit::Minute).with_algorithm(Algorithm::FixedWindow);
+        let narrow_q = Quota::new(1, Unit::Minute).with_algorithm(Algorithm::FixedWindow);
+        let now = 1_000 * SECOND;
+        let both = [item("a", &wide, 1), item("b", &narrow_q, 1)];
+        let d = s.check(now, &both).unwrap();
+        assert!(d[0].allowed && d[1].allowed);
+        assert_eq!(d[0].remaining, 9);
+        let d = s.check(now, &both).unwrap();
+        assert!(d[0].allowed && !d[1].allowed);
+        // "a" was not consumed by the denied request.
+        assert_eq!(d[0].remaining, 9);
+        let d = s.check(now, &[item("a", &wide, 0)]).unwrap();
+        assert_eq!(d[0].remaining, 9);
+    }
+
+    #[test]
+    fn shadow_item_never_blocks_and_denied_shadow_consumes_nothing() {
+        let s = MemoryStore::with_seed(1000, 1, 2);
+        let q = Quota::new(1, Unit::Minute).with_algorithm(Algorithm::FixedWindow);
+        let now = 1_000 * SECOND;
+        let mut shadow = item("s", &q, 1);
+        shadow.shadow = true;
+        let five = Quota::new(5, Unit::Minute);
+        let real = item("r", &five, 1);
+        for round in 0..3 {
+            let d = s.check(now, &[shadow, real]).unwrap();
+            assert_eq!(d[0].allowed, round == 0);
+            assert!(d[1].allowed);
+        }
+    }
+
+    #[test]
+    fn repeated_key_in_one_request_counts_twice() {
+        let s = MemoryStore::with_seed(1000, 1, 2);
+        for alg in [
+            Algorithm::FixedWindow,
+            Algorithm::CountMinSketch,
+            Algorithm::Gcra,
+        ] {
+            let q = Quota::new(3, Unit::Minute).with_algorithm(alg);
+            let key = format!("k-{alg}");
+            let d = s
+                .check(SECOND, &[item(&key, &q, 2), item(&key, &q, 2)])
+                .unwrap();
+            assert!(d[0].allowed && !d[1].allowed, "{alg}: {d:?}");
+            // Blocked: nothing consumed.
+            let d = s.check(SECOND, &[item(&key, &q, 3)]).unwrap();
+            assert!(d[0].allowed, "{alg}");
+        }
+    }
+
+    #[test]
+    fn full_state_is_dropped_and_sweep_expires() {
+        let s = MemoryStore::with_seed(1000, 1, 2);
+        let q = Quota::new(10, Unit::Second).with_algorithm(Algorithm::Gcra);
+        s.check(SECOND, &[item("k", &q, 0)]).unwrap();
+        assert_eq!(s.len(), 0, "a query on an untracked key stores nothing");
+        s.check(SECOND, &[item("k", &q, 1)]).unwrap();
+        assert_eq!(s.len(), 1);
+        assert_eq!(s.sweep(SECOND + 50_000), 0);
+        assert_eq!(s.sweep(SECOND + 100_000), 1);
+        assert!(s.is_empty());
+    }
+
+    #[test]
+    fn bounded_keys_evict_expired_then_soonest_full() {
+        let s = MemoryStore::with_seed(SHARDS * 10, 1, 2);
+        let q = Quota::new(1, Unit::Hour).with_algorithm(Algorithm::Gcra);
+        let keys: Vec<String> = (0..5_000).map(|i| format!("ip={i}")).collect();
+        for (i, k) in keys.iter().enumerate() {
+            s.check(SECOND + i as u64, &[item(k, &q, 1)]).unwrap();
+        }
+        assert!(s.len() <= SHARDS * 10, "{}", s.len());
+        // The most recent keys (full latest) are still limited.
+        let d = s
+            .check(SECOND + 5_000, &[item(&keys[4_999], &q, 1)])
+            .unwrap();
+        assert!(!d[0].allowed);
+    }
+}
