@@ -1,2 +1,20 @@
-//! The `tollgate` binary: to be written.
-fn main() {}
+//! The `tollgate` binary: parse arguments, run one subcommand, turn its result into an exit code.
+
+mod cli;
+mod simulate;
+mod trace;
+mod validate;
+
+use clap::Parser;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    match cli::run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
