@@ -10,3 +10,4 @@ pub mod rules;
 
 pub use clock::{Clock, ManualClock, Micros, SystemClock};
 pub use quota::{Algorithm, Period, Quota, SketchSize, Unit};
+pub use rules::{Domain, Limit, Resolution, RuleError, RuleErrors, RuleSet};

@@ -95,7 +95,9 @@ impl FromStr for Unit {
             .into_iter()
             .find(|u| u.as_str().eq_ignore_ascii_case(s))
             .ok_or_else(|| {
-                format!("unknown unit '{s}' (expected second, minute, hour, day, week, month or year)")
+                format!(
+                    "unknown unit '{s}' (expected second, minute, hour, day, week, month or year)"
+                )
             })
     }
 }
@@ -208,7 +210,10 @@ impl FromStr for Algorithm {
             .find(|a| a.as_str() == s)
             .ok_or_else(|| {
                 let names: Vec<_> = Algorithm::ALL.iter().map(|a| a.as_str()).collect();
-                format!("unknown algorithm '{s}' (expected one of {})", names.join(", "))
+                format!(
+                    "unknown algorithm '{s}' (expected one of {})",
+                    names.join(", ")
+                )
             })
     }
 }
