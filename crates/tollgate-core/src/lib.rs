@@ -18,4 +18,5 @@ pub use clock::{Clock, ManualClock, Micros, SystemClock};
 pub use decision::Decision;
 pub use memory::MemoryStore;
 pub use quota::{Algorithm, Period, Quota, SketchSize, Unit};
+pub use rules::{Domain, Limit, Resolution, RuleError, RuleErrors, RuleSet};
 pub use store::{CheckItem, Store, StoreError};

@@ -1,1 +1,583 @@
-//! Rules: to be written.
+//! Rules: which limit applies to a request descriptor, loaded from envoyproxy/ratelimit's YAML
+//! format plus tollgate's extensions (see `docs/configuration.md` and DESIGN.md section 4).
+//!
+//! A [`RuleSet`] is built once from files ([`RuleSet::load`]) or strings
+//! ([`RuleSet::from_sources`]), fully validated (every problem reported with file, line and
+//! column in [`RuleErrors`]), then never changes: a reload builds a new one and swaps an `Arc`,
+//! so readers need no lock and a bad reload leaves the running rules untouched.
+//!
+//! Matching follows envoyproxy/ratelimit exactly. A request descriptor with N entries matches a
+//! path of depth N in a domain's descriptor tree; at each level the entry `(key, value)` picks
+//! the descriptor with that key and exactly that value, else the first (in file order) with a
+//! wildcard value matching it, else the one with that key and no value. The `rate_limit` of the
+//! node reached applies ([`Resolution`]). Each distinct request value gets its own counter
+//! (`domain|k1=v1|k2=v2`, escaped), except under a wildcard with `share_threshold: true`.
+//!
+//! The code is split by concern: `yaml` builds a position-keeping YAML tree, `decode`
+//! validates it into a specification, `tree` compiles and resolves, `error` reports.
+//!
+//! ```
+//! use tollgate_core::rules::{Resolution, RuleSet};
+//!
+//! let rules = RuleSet::from_sources(&[(
+//!     "api.yaml".to_string(),
+//!     "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 100}\n"
+//!         .to_string(),
+//! )])
+//! .unwrap();
+//! match rules.resolve("api", &[("user", "alice")]) {
+//!     Resolution::Limited { limit, counter_key } => {
+//!         assert_eq!(limit.quota.unwrap().limit, 100);
+//!         assert_eq!(counter_key, "api|user=alice");
+//!     }
+//!     other => panic!("unexpected {other:?}"),
+//! }
+//! ```
+
+mod decode;
+mod error;
+mod tree;
+mod yaml;
+
+pub use error::{RuleError, RuleErrors};
+
+use crate::quota::Quota;
+use std::collections::HashMap;
+use std::path::Path;
+use tree::{Found, Tree};
+
+/// One rule: a descriptor's `rate_limit` and the descriptor-level options that go with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limit {
+    /// The rule's path, unique in a rule set: the domain, then `key` or `key=value` per level,
+    /// joined by `|` and escaped like counter keys (e.g. `api|user`, `api|path=/login|ip`).
+    /// Used as the metric key and the rule's identity.
+    pub id: String,
+    /// The domain the rule belongs to.
+    pub domain: String,
+    /// `rate_limit.name`, which other rules may `replace`.
+    pub name: Option<String>,
+    /// The quota; `None` for `unlimited: true`.
+    pub quota: Option<Quota>,
+    /// `shadow_mode`: evaluate and count, but always answer OK.
+    pub shadow_mode: bool,
+    /// `message`: a hint returned to throttled clients.
+    pub message: Option<String>,
+    /// The names in `rate_limit.replaces`.
+    pub replaces: Vec<String>,
+    /// `detailed_metric`: include the request's value in the metric key.
+    pub detailed_metric: bool,
+    /// `value_to_metric`: include the descriptor values in the metric key.
+    pub value_to_metric: bool,
+    /// `share_threshold`: under a wildcard value, all matching values share one counter.
+    pub share_threshold: bool,
+    /// The file the rule is defined in.
+    pub file: String,
+    /// The line of the descriptor that defines the rule (1-based).
+    pub line: usize,
+}
+
+impl Limit {
+    /// Whether the rule is `unlimited: true`.
+    pub fn is_unlimited(&self) -> bool {
+        self.quota.is_none()
+    }
+}
+
+/// One domain: the rules of one file.
+#[derive(Debug, Clone)]
+pub struct Domain {
+    /// The domain name.
+    pub name: String,
+    /// The file it was loaded from.
+    pub file: String,
+    tree: Tree,
+}
+
+/// What applies to one request descriptor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolution<'a> {
+    /// No rule matches (or unknown domain, or matched node has no rate_limit): OK with no limit.
+    NoMatch,
+    /// Matched a rule with `unlimited: true`: no state touched.
+    Unlimited(&'a Limit),
+    /// Matched a rule with a quota. `counter_key` identifies this counter.
+    Limited {
+        /// The rule.
+        limit: &'a Limit,
+        /// The counter: `domain|k1=v1|k2=v2` with the request's values (or the wildcard
+        /// pattern under `share_threshold`), each part escaped (`\`, `|`, `=` prefixed by `\`).
+        counter_key: String,
+    },
+}
+
+/// An immutable, validated set of rules: one [`Domain`] per file.
+#[derive(Debug, Clone, Default)]
+pub struct RuleSet {
+    /// Sorted by name.
+    domains: Vec<Domain>,
+    by_name: HashMap<String, usize>,
+    limits: Vec<Limit>,
+}
+
+impl RuleSet {
+    /// A rule set with no domains: every descriptor resolves to [`Resolution::NoMatch`].
+    pub fn empty() -> Self {
+        Self::default()
+    }
+
+    /// Loads a file (one domain) or a directory (every `*.yaml` / `*.yml` file in it, one domain
+    /// each, not recursive). Hidden entries are skipped, so a Kubernetes ConfigMap mount works:
+    /// its visible `*.yaml` entries are symlinks into the hidden `..data` directory, and are
+    /// followed. An empty directory gives an empty rule set.
+    pub fn load(path: &Path) -> Result<RuleSet, RuleErrors> {
+        let shown = path.display().to_string();
+        let meta = std::fs::metadata(path)
+            .map_err(|e| RuleError::new(&shown, 0, 0, format!("cannot read rules: {e}")))?;
+        let mut files = Vec::new();
+        let mut errors = Vec::new();
+        if meta.is_dir() {
+            let entries = std::fs::read_dir(path).map_err(|e| {
+                RuleError::new(&shown, 0, 0, format!("cannot read rules directory: {e}"))
+            })?;
+            let mut paths = Vec::new();
+            for entry in entries {
+                let entry = match entry {
+                    Ok(e) => e,
+                    Err(e) => {
+                        errors.push(RuleError::new(
+                            &shown,
+                            0,
+                            0,
+                            format!("cannot read rules directory: {e}"),
+                        ));
+                        continue;
+                    }
+                };
+                let name = entry.file_name();
+                let Some(name) = name.to_str() else { continue };
+                if name.starts_with('.') || !(name.ends_with(".yaml") || name.ends_with(".yml")) {
+                    continue;
+                }
+                let p = entry.path();
+                // Follows symlinks; dangling links and directories named *.yaml are skipped.
+                if std::fs::metadata(&p).is_ok_and(|m| m.is_file()) {
+                    paths.push(p);
+                }
+            }
+            paths.sort();
+            for p in paths {
+                let name = p.display().to_string();
+                match std::fs::read_to_string(&p) {
+                    Ok(text) => files.push((name, text)),
+                    Err(e) => errors.push(RuleError::new(name, 0, 0, format!("cannot read: {e}"))),
+                }
+            }
+        } else {
+            match std::fs::read_to_string(path) {
+                Ok(text) => files.push((shown, text)),
+                Err(e) => errors.push(RuleError::new(shown, 0, 0, format!("cannot read: {e}"))),
+            }
+        }
+        match Self::from_sources(&files) {
+            Ok(set) if errors.is_empty() => Ok(set),
+            Ok(_) => Err(RuleErrors(errors)),
+            Err(RuleErrors(more)) => {
+                errors.extend(more);
+                Err(RuleErrors(errors))
+            }
+        }
+    }
+
+    /// Parses in-memory files: (file name used in error messages, YAML text). Each file is one
+    /// domain; a domain defined by two files is an error.
+    pub fn from_sources(files: &[(String, String)]) -> Result<RuleSet, RuleErrors> {
+        let mut errors: Vec<RuleError> = Vec::new();
+        let mut specs: Vec<(&str, decode::DomainSpec)> = Vec::new();
+        let mut seen: HashMap<String, &str> = HashMap::new();
+        for (file, text) in files {
+            let parsed = yaml::parse(text);
+            let mut file_errors: decode::Errors = parsed
+                .errors
+                .into_iter()
+                .map(|e| (e.pos, e.message))
+                .collect();
+            let broken_yaml = parsed.root.is_none() && !file_errors.is_empty();
+            let spec = if broken_yaml {
+                None
+            } else {
+                decode::decode_file(parsed.root.as_ref(), &mut file_errors)
+            };
+            if let Some(spec) = &spec {
+                if let Some(first) = seen.get(&spec.name) {
+                    file_errors.push((
+                        spec.name_pos,
+                        format!(
+                            "duplicate domain `{}`: already defined in {first}",
+                            spec.name
+                        ),
+                    ));
+                } else {
+                    seen.insert(spec.name.clone(), file);
+                }
+            }
+            file_errors.sort_by_key(|(pos, _)| (pos.line, pos.column));
+            errors.extend(
+                file_errors
+                    .into_iter()
+                    .map(|(pos, message)| RuleError::new(file, pos.line, pos.column, message)),
+            );
+            if let Some(spec) = spec {
+                specs.push((file, spec));
+            }
+        }
+        if !errors.is_empty() {
+            return Err(RuleErrors(errors));
+        }
+        specs.sort_by(|a, b| a.1.name.cmp(&b.1.name));
+        let mut set = RuleSet::default();
+        for (file, spec) in specs {
+            let tree = Tree::build(&spec.name, file, spec.descriptors, &mut set.limits);
+            set.by_name.insert(spec.name.clone(), set.domains.len());
+            set.domains.push(Domain {
+                name: spec.name,
+                file: file.to_string(),
+                tree,
+            });
+        }
+        Ok(set)
+    }
+
+    /// Resolves one request descriptor (its entries in order) in a domain.
+    pub fn resolve(&self, domain: &str, entries: &[(&str, &str)]) -> Resolution<'_> {
+        let Some(d) = self.by_name.get(domain).and_then(|&i| self.domains.get(i)) else {
+            return Resolution::NoMatch;
+        };
+        match d.tree.resolve(&d.name, entries) {
+            Found::Nothing => Resolution::NoMatch,
+            Found::Limit { limit, counter_key } => match self.limits.get(limit) {
+                None => Resolution::NoMatch,
+                Some(l) if l.quota.is_none() => Resolution::Unlimited(l),
+                Some(l) => Resolution::Limited {
+                    limit: l,
+                    counter_key,
+                },
+            },
+        }
+    }
+
+    /// The domains, sorted by name.
+    pub fn domains(&self) -> impl Iterator<Item = &Domain> {
+        self.domains.iter()
+    }
+
+    /// The domain called `name`.
+    pub fn domain(&self, name: &str) -> Option<&Domain> {
+        self.by_name.get(name).and_then(|&i| self.domains.get(i))
+    }
+
+    /// Every limit, for listing and metrics: by domain name, then in file order (depth first).
+    pub fn limits(&self) -> impl Iterator<Item = &Limit> {
+        self.limits.iter()
+    }
+
+    /// Whether there are no domains.
+    pub fn is_empty(&self) -> bool {
+        self.domains.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quota::{Algorithm, Unit};
+
+    fn set(text: &str) -> RuleSet {
+        match RuleSet::from_sources(&[("t.yaml".to_string(), text.to_string())]) {
+            Ok(s) => s,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    fn errors(text: &str) -> Vec<RuleError> {
+        match RuleSet::from_sources(&[("t.yaml".to_string(), text.to_string())]) {
+            Ok(_) => panic!("expected errors"),
+            Err(e) => e.0,
+        }
+    }
+
+    fn key(r: Resolution<'_>) -> String {
+        match r {
+            Resolution::Limited { counter_key, .. } => counter_key,
+            other => panic!("not limited: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn rule_set_is_send_sync() {
+        fn check<T: Send + Sync + 'static>() {}
+        check::<RuleSet>();
+        check::<RuleErrors>();
+    }
+
+    #[test]
+    fn escaped_values_cannot_forge_a_two_entry_key() {
+        let s = set("domain: d
+descriptors:
+  - key: a
+    rate_limit: {unit: second, requests_per_unit: 1}
+    descriptors:
+      - key: b
+        rate_limit: {unit: second, requests_per_unit: 1}
+");
+        let one = key(s.resolve("d", &[("a", "x|b=c")]));
+        let two = key(s.resolve("d", &[("a", "x"), ("b", "c")]));
+        assert_eq!(one, r"d|a=x\|b\=c");
+        assert_eq!(two, "d|a=x|b=c");
+        assert_ne!(one, two);
+        // A trailing backslash cannot swallow the separator either.
+        let three = key(s.resolve("d", &[("a", "x\\"), ("b", "c")]));
+        assert_eq!(three, r"d|a=x\\|b=c");
+        let four = key(s.resolve("d", &[("a", r"x\|b=c")]));
+        assert_ne!(four, three);
+        assert_ne!(four, one);
+    }
+
+    #[test]
+    fn escaped_domain_and_key() {
+        let s = set("domain: \"a|b\"\ndescriptors:\n  - key: \"k=1\"\n    rate_limit: {unit: second, requests_per_unit: 1}\n");
+        assert_eq!(key(s.resolve("a|b", &[("k=1", "v")])), r"a\|b|k\=1=v");
+        assert_eq!(s.limits().next().map(|l| l.id.as_str()), Some(r"a\|b|k\=1"));
+    }
+
+    #[test]
+    fn precedence_exact_then_wildcard_then_key_only() {
+        let s = set("domain: d
+descriptors:
+  - key: k
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: k
+    value: a*
+    rate_limit: {unit: second, requests_per_unit: 2}
+  - key: k
+    value: ab*
+    rate_limit: {unit: second, requests_per_unit: 3}
+  - key: k
+    value: abc
+    rate_limit: {unit: second, requests_per_unit: 4}
+");
+        let lim = |v: &str| match s.resolve("d", &[("k", v)]) {
+            Resolution::Limited { limit, .. } => limit.quota.map(|q| q.limit),
+            _ => None,
+        };
+        assert_eq!(lim("abc"), Some(4));
+        assert_eq!(lim("abd"), Some(2)); // first wildcard in file order wins
+        assert_eq!(lim("a"), Some(2));
+        assert_eq!(lim("zzz"), Some(1));
+        assert_eq!(lim(""), Some(1));
+    }
+
+    #[test]
+    fn share_threshold_uses_pattern() {
+        let s = set("domain: d
+descriptors:
+  - key: path
+    value: /files/*
+    share_threshold: true
+    rate_limit: {unit: hour, requests_per_unit: 100}
+  - key: model
+    value: m-*
+    rate_limit: {unit: hour, requests_per_unit: 100}
+");
+        assert_eq!(
+            key(s.resolve("d", &[("path", "/files/a")])),
+            "d|path=/files/*"
+        );
+        assert_eq!(
+            key(s.resolve("d", &[("path", "/files/b")])),
+            "d|path=/files/*"
+        );
+        assert_eq!(key(s.resolve("d", &[("model", "m-1")])), "d|model=m-1");
+    }
+
+    #[test]
+    fn depth_must_match() {
+        let s = set("domain: d
+descriptors:
+  - key: a
+    rate_limit: {unit: second, requests_per_unit: 1}
+    descriptors:
+      - key: b
+        value: x
+        descriptors:
+          - key: c
+            rate_limit: {unit: second, requests_per_unit: 3}
+");
+        assert_eq!(key(s.resolve("d", &[("a", "1")])), "d|a=1");
+        assert_eq!(
+            s.resolve("d", &[("a", "1"), ("b", "x")]),
+            Resolution::NoMatch
+        );
+        assert_eq!(
+            key(s.resolve("d", &[("a", "1"), ("b", "x"), ("c", "z")])),
+            "d|a=1|b=x|c=z"
+        );
+        assert_eq!(
+            s.resolve("d", &[("a", "1"), ("b", "y"), ("c", "z")]),
+            Resolution::NoMatch
+        );
+        assert_eq!(
+            s.resolve("d", &[("a", "1"), ("b", "x"), ("c", "z"), ("d", "w")]),
+            Resolution::NoMatch
+        );
+        assert_eq!(s.resolve("d", &[]), Resolution::NoMatch);
+        assert_eq!(s.resolve("other", &[("a", "1")]), Resolution::NoMatch);
+        let long: Vec<(&str, &str)> = vec![("a", "1"); 40];
+        assert_eq!(s.resolve("d", &long), Resolution::NoMatch);
+    }
+
+    #[test]
+    fn extensions_decode() {
+        let s = set("domain: d
+descriptors:
+  - key: u
+    message: slow down
+    rate_limit:
+      unit: minute
+      unit_multiplier: 15
+      requests_per_unit: 7
+      algorithm: gcra
+      burst: 3
+  - key: s
+    rate_limit:
+      unit: second
+      requests_per_unit: 7
+      algorithm: count_min_sketch
+      sketch_width: 100
+      sketch_depth: 3
+");
+        let l: Vec<&Limit> = s.limits().collect();
+        let q = l[0].quota.expect("quota");
+        assert_eq!(q.limit, 7);
+        assert_eq!(q.period.unit, Unit::Minute);
+        assert_eq!(q.period.multiplier, 15);
+        assert_eq!(q.algorithm, Algorithm::Gcra);
+        assert_eq!(q.burst, Some(3));
+        assert_eq!(l[0].message.as_deref(), Some("slow down"));
+        assert_eq!(l[0].line, 3);
+        let q = l[1].quota.expect("quota");
+        assert_eq!((q.sketch.width, q.sketch.depth), (100, 3));
+        assert_eq!(q.burst, None);
+        assert_eq!(q.algorithm, Algorithm::CountMinSketch);
+    }
+
+    #[test]
+    fn collects_several_errors_in_order() {
+        let e = errors(
+            "domain: d
+descriptors:
+  - key: a
+    rate_limit: {unit: fortnight, requests_per_unit: 1}
+  - value: x
+  - key: b
+    bogus: 1
+    rate_limit: {unit: second, requests_per_unit: \"ten\"}
+",
+        );
+        let got: Vec<(usize, &str)> = e.iter().map(|e| (e.line, e.message.as_str())).collect();
+        assert_eq!(got.len(), 4, "{got:?}");
+        assert_eq!(got[0].0, 4);
+        assert!(got[0].1.contains("invalid `unit`"));
+        assert_eq!(got[1].0, 5);
+        assert!(got[1].1.contains("missing required field `key`"));
+        assert_eq!(got[2].0, 7);
+        assert!(got[2].1.contains("unknown field `bogus`"));
+        assert_eq!(got[3].0, 8);
+        assert!(got[3]
+            .1
+            .contains("`requests_per_unit` must be an unsigned integer"));
+        assert_eq!(e[3].column, 51);
+        assert_eq!(
+            e[2].to_string(),
+            "t.yaml:7:5: unknown field `bogus` in a descriptor (allowed: key, value, rate_limit, descriptors, shadow_mode, detailed_metric, value_to_metric, share_threshold, message)"
+        );
+    }
+
+    #[test]
+    fn duplicate_domain_across_files() {
+        let a = ("a.yaml".to_string(), "domain: x\n".to_string());
+        let b = ("b.yaml".to_string(), "\ndomain: x\n".to_string());
+        let e = RuleSet::from_sources(&[a, b]).expect_err("duplicate");
+        assert_eq!(e.0.len(), 1);
+        assert_eq!(e.0[0].file, "b.yaml");
+        assert_eq!(e.0[0].line, 2);
+        assert!(e.0[0]
+            .message
+            .contains("duplicate domain `x`: already defined in a.yaml"));
+        assert_eq!(
+            e.to_string(),
+            "b.yaml:2:9: duplicate domain `x`: already defined in a.yaml"
+        );
+    }
+
+    #[test]
+    fn domains_sorted_and_limits_listed() {
+        let s = RuleSet::from_sources(&[
+            (
+                "z.yaml".to_string(),
+                "domain: zeta\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true}\n"
+                    .to_string(),
+            ),
+            (
+                "a.yaml".to_string(),
+                "domain: alpha\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 0}\n"
+                    .to_string(),
+            ),
+        ])
+        .expect("valid");
+        let names: Vec<&str> = s.domains().map(|d| d.name.as_str()).collect();
+        assert_eq!(names, ["alpha", "zeta"]);
+        let ids: Vec<&str> = s.limits().map(|l| l.id.as_str()).collect();
+        assert_eq!(ids, ["alpha|k", "zeta|k"]);
+        assert!(
+            matches!(s.resolve("zeta", &[("k", "v")]), Resolution::Unlimited(l) if l.id == "zeta|k")
+        );
+        assert_eq!(s.domain("alpha").map(|d| d.file.as_str()), Some("a.yaml"));
+        assert!(RuleSet::empty().is_empty());
+        assert_eq!(
+            RuleSet::empty().resolve("alpha", &[("k", "v")]),
+            Resolution::NoMatch
+        );
+    }
+
+    #[test]
+    fn garbage_never_panics() {
+        let inputs = [
+            "",
+            "---",
+            "- a\n- b",
+            "domain: [1]",
+            "domain: d\ndescriptors: {a: 1}",
+            "domain: d\ndescriptors: [1, [2], {key: [x]}]",
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: [1]",
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {replaces: 3, unit: second, requests_per_unit: 1}",
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {replaces: [3, {}], unit: second, requests_per_unit: 1}",
+            "{[a]: b}",
+            "\t\u{0}\u{feff}",
+            "domain: &x d\nother: *y",
+            "? a\n: b",
+            "domain: d\ndescriptors:\n  - {key: k, rate_limit: {unit: second, requests_per_unit: -1}}",
+            "domain: d\ndescriptors:\n  - {key: k, rate_limit: {unit: second, requests_per_unit: 1e3}}",
+            "domain: d\ndescriptors:\n  - {key: k, rate_limit: {unit: 5, requests_per_unit: 1}}",
+        ];
+        for text in inputs {
+            let r = RuleSet::from_sources(&[("g.yaml".to_string(), text.to_string())]);
+            if let Err(e) = r {
+                assert!(!e.is_empty());
+                for err in e.iter() {
+                    assert!(!err.message.is_empty());
+                }
+            }
+        }
+    }
+}

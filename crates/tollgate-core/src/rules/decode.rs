@@ -1,0 +1,626 @@
+//! Turns a marked YAML tree into a validated rule specification.
+//!
+//! This is where envoyproxy/ratelimit's format (plus tollgate's extensions) is checked field by
+//! field. It is hand-written rather than derived (serde) for two reasons: every error must
+//! carry the line and column of the node at fault, and decoding must continue after an error so
+//! that one run reports every problem of a file. Each helper therefore records the error and
+//! returns `None`, and the caller carries on with what it could read.
+
+use super::yaml::{Entry, Kind, Node, Pos};
+use crate::quota::{Algorithm, Period, Quota, SketchSize, Unit};
+
+/// Deepest descriptor nesting accepted (a request descriptor has at most this many entries).
+pub(crate) const MAX_DEPTH: usize = 16;
+/// Longest key, value or domain name accepted, in bytes.
+pub(crate) const MAX_LEN: usize = 256;
+/// Largest sketch width accepted (counters per row).
+const MAX_SKETCH_WIDTH: u64 = 1 << 24;
+/// Largest sketch depth accepted (rows).
+const MAX_SKETCH_DEPTH: u64 = 16;
+
+const ROOT_FIELDS: &[&str] = &["domain", "descriptors"];
+const DESCRIPTOR_FIELDS: &[&str] = &[
+    "key",
+    "value",
+    "rate_limit",
+    "descriptors",
+    "shadow_mode",
+    "detailed_metric",
+    "value_to_metric",
+    "share_threshold",
+    "message",
+];
+const RATE_LIMIT_FIELDS: &[&str] = &[
+    "unit",
+    "requests_per_unit",
+    "unlimited",
+    "name",
+    "replaces",
+    "unit_multiplier",
+    "algorithm",
+    "burst",
+    "sketch_width",
+    "sketch_depth",
+];
+const REPLACES_FIELDS: &[&str] = &["name"];
+
+/// One file's domain, validated.
+#[derive(Debug)]
+pub(crate) struct DomainSpec {
+    pub name: String,
+    pub name_pos: Pos,
+    pub descriptors: Vec<DescriptorSpec>,
+}
+
+/// One descriptor (a node of the tree), validated.
+#[derive(Debug)]
+pub(crate) struct DescriptorSpec {
+    pub key: String,
+    /// `None` for a key-only descriptor (absent, null or empty `value`, as in Envoy).
+    pub value: Option<String>,
+    pub pos: Pos,
+    pub rate_limit: Option<RateLimitSpec>,
+    pub shadow_mode: bool,
+    pub detailed_metric: bool,
+    pub value_to_metric: bool,
+    pub share_threshold: bool,
+    pub message: Option<String>,
+    pub children: Vec<DescriptorSpec>,
+}
+
+/// A `rate_limit` block, validated.
+#[derive(Debug)]
+pub(crate) struct RateLimitSpec {
+    pub name: Option<String>,
+    /// `None` = unlimited.
+    pub quota: Option<Quota>,
+    pub replaces: Vec<String>,
+}
+
+/// Collects errors as `(position, message)`.
+pub(crate) type Errors = Vec<(Pos, String)>;
+
+/// Decodes a whole file. `root` is `None` for an empty document. Returns `None` when the
+/// domain cannot be built; `errors` then says why (it may also hold errors when `Some`).
+pub(crate) fn decode_file(root: Option<&Node>, errors: &mut Errors) -> Option<DomainSpec> {
+    let Some(root) = root else {
+        errors.push((
+            Pos { line: 1, column: 1 },
+            "missing required field `domain` (the file is empty)".to_string(),
+        ));
+        return None;
+    };
+    let fields = Fields::new(root, "the top level", ROOT_FIELDS, errors)?;
+    let domain = match fields.get("domain") {
+        None => {
+            errors.push((root.pos, "missing required field `domain`".to_string()));
+            None
+        }
+        Some(node) => string(node, "domain", errors).and_then(|s| {
+            if s.is_empty() {
+                errors.push((node.pos, "`domain` must not be empty".to_string()));
+                None
+            } else if s.len() > MAX_LEN {
+                errors.push((
+                    node.pos,
+                    format!(
+                        "`domain` is {} bytes long; at most {MAX_LEN} allowed",
+                        s.len()
+                    ),
+                ));
+                None
+            } else {
+                Some((s, node.pos))
+            }
+        }),
+    };
+    let descriptors = match fields.get("descriptors") {
+        None => Vec::new(),
+        Some(node) => descriptor_list(node, 1, errors),
+    };
+    let (name, name_pos) = domain?;
+    Some(DomainSpec {
+        name,
+        name_pos,
+        descriptors,
+    })
+}
+
+fn descriptor_list(node: &Node, depth: usize, errors: &mut Errors) -> Vec<DescriptorSpec> {
+    let Kind::Seq(items) = &node.kind else {
+        errors.push((
+            node.pos,
+            format!("`descriptors` must be a list, found {}", node.describe()),
+        ));
+        return Vec::new();
+    };
+    if depth > MAX_DEPTH {
+        errors.push((
+            node.pos,
+            format!("descriptors nested more than {MAX_DEPTH} levels deep"),
+        ));
+        return Vec::new();
+    }
+    let mut out: Vec<DescriptorSpec> = Vec::with_capacity(items.len());
+    for item in items {
+        let Some(d) = descriptor(item, depth, errors) else {
+            continue;
+        };
+        let duplicate = out.iter().find(|o| o.key == d.key && o.value == d.value);
+        if let Some(first) = duplicate {
+            let what = match &d.value {
+                Some(v) => format!("key `{}` and value `{v}`", d.key),
+                None => format!("key `{}` and no value", d.key),
+            };
+            errors.push((
+                d.pos,
+                format!(
+                    "duplicate descriptor: {what} already defined at line {} at this level",
+                    first.pos.line
+                ),
+            ));
+            continue;
+        }
+        out.push(d);
+    }
+    out
+}
+
+fn descriptor(node: &Node, depth: usize, errors: &mut Errors) -> Option<DescriptorSpec> {
+    let fields = Fields::new(node, "a descriptor", DESCRIPTOR_FIELDS, errors)?;
+    let key = match fields.get("key") {
+        None => {
+            errors.push((
+                node.pos,
+                "descriptor is missing required field `key`".to_string(),
+            ));
+            None
+        }
+        Some(k) => string(k, "key", errors).and_then(|s| {
+            if s.is_empty() {
+                errors.push((k.pos, "`key` must not be empty".to_string()));
+                None
+            } else {
+                bounded(s, k, "key", errors)
+            }
+        }),
+    };
+    let value = match fields.get("value") {
+        None => None,
+        Some(v) => string(v, "value", errors)
+            .filter(|s| !s.is_empty())
+            .and_then(|s| bounded(s, v, "value", errors)),
+    };
+    let rate_limit = fields.get("rate_limit").and_then(|n| rate_limit(n, errors));
+    let shadow_mode = flag(&fields, "shadow_mode", errors);
+    let detailed_metric = flag(&fields, "detailed_metric", errors);
+    let value_to_metric = flag(&fields, "value_to_metric", errors);
+    let share_threshold = flag(&fields, "share_threshold", errors);
+    let message = fields
+        .get("message")
+        .and_then(|n| string(n, "message", errors));
+    let children = match fields.get("descriptors") {
+        None => Vec::new(),
+        Some(n) => descriptor_list(n, depth + 1, errors),
+    };
+    Some(DescriptorSpec {
+        key: key?,
+        value,
+        pos: node.pos,
+        rate_limit,
+        shadow_mode,
+        detailed_metric,
+        value_to_metric,
+        share_threshold,
+        message,
+        children,
+    })
+}
+
+fn rate_limit(node: &Node, errors: &mut Errors) -> Option<RateLimitSpec> {
+    let fields = Fields::new(node, "rate_limit", RATE_LIMIT_FIELDS, errors)?;
+    let before = errors.len();
+    let name = fields.get("name").and_then(|n| string(n, "name", errors));
+    let replaces = match fields.get("replaces") {
+        None => Vec::new(),
+        Some(n) => replaces(n, name.as_deref(), errors),
+    };
+    let unlimited = flag(&fields, "unlimited", errors);
+    let unit = fields.get("unit");
+    let rpu = fields.get("requests_per_unit");
+
+    if unlimited {
+        for field in [
+            "unit",
+            "requests_per_unit",
+            "unit_multiplier",
+            "algorithm",
+            "burst",
+            "sketch_width",
+            "sketch_depth",
+        ] {
+            if let Some(n) = fields.get(field) {
+                errors.push((
+                    n.pos,
+                    format!("`unlimited: true` cannot be combined with `{field}`"),
+                ));
+            }
+        }
+        return (errors.len() == before).then_some(RateLimitSpec {
+            name,
+            quota: None,
+            replaces,
+        });
+    }
+
+    let unit = match unit {
+        None => {
+            errors.push((
+                node.pos,
+                "rate_limit is missing required field `unit` (or set `unlimited: true`)"
+                    .to_string(),
+            ));
+            None
+        }
+        Some(n) => string(n, "unit", errors).and_then(|s| match s.parse::<Unit>() {
+            Ok(u) => Some(u),
+            Err(e) => {
+                errors.push((n.pos, format!("invalid `unit`: {e}")));
+                None
+            }
+        }),
+    };
+    let limit = match rpu {
+        None => {
+            errors.push((
+                node.pos,
+                "rate_limit is missing required field `requests_per_unit`".to_string(),
+            ));
+            None
+        }
+        Some(n) => integer(n, "requests_per_unit", 0, u64::from(u32::MAX), errors),
+    };
+    let multiplier = fields
+        .get("unit_multiplier")
+        .map(|n| integer(n, "unit_multiplier", 1, u64::from(u32::MAX), errors))
+        .unwrap_or(Some(1));
+    let algorithm = match fields.get("algorithm") {
+        None => Some(Algorithm::default()),
+        Some(n) => string(n, "algorithm", errors).and_then(|s| match s.parse::<Algorithm>() {
+            Ok(a) => Some(a),
+            Err(e) => {
+                errors.push((n.pos, format!("invalid `algorithm`: {e}")));
+                None
+            }
+        }),
+    };
+    let burst = fields
+        .get("burst")
+        .map(|n| (n, integer(n, "burst", 1, u64::MAX, errors)));
+    if let (Some((n, _)), Some(a)) = (burst, algorithm) {
+        if !a.uses_burst() {
+            errors.push((
+                n.pos,
+                format!(
+                    "`burst` has no effect with algorithm {a}: only token_bucket, leaky_bucket and gcra use it"
+                ),
+            ));
+        }
+    }
+    let mut sketch = SketchSize::default();
+    for (field, max) in [
+        ("sketch_width", MAX_SKETCH_WIDTH),
+        ("sketch_depth", MAX_SKETCH_DEPTH),
+    ] {
+        let Some(n) = fields.get(field) else { continue };
+        if let Some(a) = algorithm {
+            if a != Algorithm::CountMinSketch {
+                errors.push((
+                    n.pos,
+                    format!("`{field}` only applies to algorithm count_min_sketch, not {a}"),
+                ));
+            }
+        }
+        if let Some(v) = integer(n, field, 1, max, errors) {
+            // In range 1..=max, both below u32::MAX.
+            let v = u32::try_from(v).unwrap_or(u32::MAX);
+            if field == "sketch_width" {
+                sketch.width = v;
+            } else {
+                sketch.depth = v;
+            }
+        }
+    }
+    if errors.len() != before {
+        return None;
+    }
+    let (Some(unit), Some(limit), Some(multiplier), Some(algorithm)) =
+        (unit, limit, multiplier, algorithm)
+    else {
+        return None;
+    };
+    let multiplier = u32::try_from(multiplier).unwrap_or(u32::MAX);
+    Some(RateLimitSpec {
+        name,
+        quota: Some(Quota {
+            limit,
+            period: Period::new(unit, multiplier),
+            burst: burst.and_then(|(_, b)| b),
+            algorithm,
+            sketch,
+        }),
+        replaces,
+    })
+}
+
+fn replaces(node: &Node, own_name: Option<&str>, errors: &mut Errors) -> Vec<String> {
+    let Kind::Seq(items) = &node.kind else {
+        errors.push((
+            node.pos,
+            format!(
+                "`replaces` must be a list of `- name: ...` entries, found {}",
+                node.describe()
+            ),
+        ));
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for item in items {
+        let Some(fields) = Fields::new(item, "a replaces entry", REPLACES_FIELDS, errors) else {
+            continue;
+        };
+        let Some(n) = fields.get("name") else {
+            errors.push((
+                item.pos,
+                "`replaces` entry is missing required field `name`".to_string(),
+            ));
+            continue;
+        };
+        let Some(name) = string(n, "name", errors) else {
+            continue;
+        };
+        if name.is_empty() {
+            errors.push((n.pos, "`replaces` entry has an empty `name`".to_string()));
+        } else if Some(name.as_str()) == own_name {
+            errors.push((
+                n.pos,
+                format!("`replaces` must not name the rate limit itself (`{name}`)"),
+            ));
+        } else {
+            out.push(name);
+        }
+    }
+    out
+}
+
+/// A mapping's fields, checked against the allowed names. Null values count as absent.
+struct Fields<'a> {
+    entries: &'a [Entry],
+}
+
+impl<'a> Fields<'a> {
+    fn new(
+        node: &'a Node,
+        what: &str,
+        allowed: &[&str],
+        errors: &mut Errors,
+    ) -> Option<Fields<'a>> {
+        let Kind::Map(entries) = &node.kind else {
+            errors.push((
+                node.pos,
+                format!("{what} must be a mapping, found {}", node.describe()),
+            ));
+            return None;
+        };
+        for e in entries {
+            if !allowed.contains(&e.key.as_str()) {
+                errors.push((
+                    e.key_pos,
+                    format!(
+                        "unknown field `{}` in {what} (allowed: {})",
+                        e.key,
+                        allowed.join(", ")
+                    ),
+                ));
+            }
+        }
+        Some(Fields { entries })
+    }
+
+    fn get(&self, name: &str) -> Option<&'a Node> {
+        self.entries
+            .iter()
+            .find(|e| e.key == name)
+            .map(|e| &e.value)
+            .filter(|v| !v.is_null())
+    }
+}
+
+fn string(node: &Node, field: &str, errors: &mut Errors) -> Option<String> {
+    match &node.kind {
+        Kind::Scalar { text, .. } => Some(text.clone()),
+        _ => {
+            errors.push((
+                node.pos,
+                format!("`{field}` must be a string, found {}", node.describe()),
+            ));
+            None
+        }
+    }
+}
+
+fn bounded(s: String, node: &Node, field: &str, errors: &mut Errors) -> Option<String> {
+    if s.len() > MAX_LEN {
+        errors.push((
+            node.pos,
+            format!(
+                "`{field}` is {} bytes long; at most {MAX_LEN} allowed",
+                s.len()
+            ),
+        ));
+        None
+    } else {
+        Some(s)
+    }
+}
+
+fn flag(fields: &Fields<'_>, field: &str, errors: &mut Errors) -> bool {
+    let Some(node) = fields.get(field) else {
+        return false;
+    };
+    let parsed = match &node.kind {
+        Kind::Scalar {
+            text,
+            quoted: false,
+        } => parse_bool(text),
+        _ => None,
+    };
+    parsed.unwrap_or_else(|| {
+        errors.push((
+            node.pos,
+            format!("`{field}` must be true or false, found {}", node.describe()),
+        ));
+        false
+    })
+}
+
+/// YAML 1.2 core booleans, plus the YAML 1.1 forms Go's yaml.v2 (used by envoyproxy/ratelimit)
+/// also accepts, so that its files load unchanged.
+fn parse_bool(s: &str) -> Option<bool> {
+    match s {
+        "true" | "True" | "TRUE" | "yes" | "Yes" | "YES" | "on" | "On" | "ON" | "y" | "Y" => {
+            Some(true)
+        }
+        "false" | "False" | "FALSE" | "no" | "No" | "NO" | "off" | "Off" | "OFF" | "n" | "N" => {
+            Some(false)
+        }
+        _ => None,
+    }
+}
+
+/// An unsigned integer in `min..=max`: decimal (optionally `+`, `_` separators as in YAML
+/// 1.1), `0x` hexadecimal or `0o` octal. Quoted strings and floats are type errors.
+fn integer(node: &Node, field: &str, min: u64, max: u64, errors: &mut Errors) -> Option<u64> {
+    let text = match &node.kind {
+        Kind::Scalar {
+            text,
+            quoted: false,
+        } => text.as_str(),
+        _ => {
+            errors.push((
+                node.pos,
+                format!(
+                    "`{field}` must be an unsigned integer, found {}",
+                    node.describe()
+                ),
+            ));
+            return None;
+        }
+    };
+    let value = match parse_uint(text) {
+        Ok(v) => v,
+        Err(IntError::Negative) => {
+            errors.push((
+                node.pos,
+                format!("`{field}` must not be negative, found {text}"),
+            ));
+            return None;
+        }
+        Err(IntError::TooLarge) => {
+            errors.push((
+                node.pos,
+                format!("`{field}` is too large: {text} (at most {max})"),
+            ));
+            return None;
+        }
+        Err(IntError::NotAnInteger) => {
+            errors.push((
+                node.pos,
+                format!(
+                    "`{field}` must be an unsigned integer, found {}",
+                    node.describe()
+                ),
+            ));
+            return None;
+        }
+    };
+    if value < min {
+        errors.push((
+            node.pos,
+            format!("`{field}` must be at least {min}, found {value}"),
+        ));
+        None
+    } else if value > max {
+        errors.push((
+            node.pos,
+            format!("`{field}` is too large: {value} (at most {max})"),
+        ));
+        None
+    } else {
+        Some(value)
+    }
+}
+
+enum IntError {
+    Negative,
+    TooLarge,
+    NotAnInteger,
+}
+
+fn parse_uint(text: &str) -> Result<u64, IntError> {
+    let t = text.strip_prefix('+').unwrap_or(text);
+    if let Some(rest) = t.strip_prefix('-') {
+        return if !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit() || b == b'_') {
+            if rest.bytes().all(|b| b == b'0' || b == b'_') {
+                Ok(0)
+            } else {
+                Err(IntError::Negative)
+            }
+        } else {
+            Err(IntError::NotAnInteger)
+        };
+    }
+    let (digits, radix) = if let Some(h) = t.strip_prefix("0x") {
+        (h, 16)
+    } else if let Some(o) = t.strip_prefix("0o") {
+        (o, 8)
+    } else {
+        (t, 10)
+    };
+    let cleaned: String = digits.chars().filter(|&c| c != '_').collect();
+    if cleaned.is_empty() || !cleaned.chars().all(|c| c.is_digit(radix)) {
+        return Err(IntError::NotAnInteger);
+    }
+    u64::from_str_radix(&cleaned, radix).map_err(|_| IntError::TooLarge)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uints() {
+        assert!(matches!(parse_uint("10"), Ok(10)));
+        assert!(matches!(parse_uint("+10"), Ok(10)));
+        assert!(matches!(parse_uint("1_000"), Ok(1000)));
+        assert!(matches!(parse_uint("0x1F"), Ok(31)));
+        assert!(matches!(parse_uint("0o17"), Ok(15)));
+        assert!(matches!(parse_uint("-0"), Ok(0)));
+        assert!(matches!(parse_uint("-1"), Err(IntError::Negative)));
+        assert!(matches!(parse_uint("1.5"), Err(IntError::NotAnInteger)));
+        assert!(matches!(parse_uint("ten"), Err(IntError::NotAnInteger)));
+        assert!(matches!(parse_uint(""), Err(IntError::NotAnInteger)));
+        assert!(matches!(parse_uint("_"), Err(IntError::NotAnInteger)));
+        assert!(matches!(
+            parse_uint("99999999999999999999999"),
+            Err(IntError::TooLarge)
+        ));
+    }
+
+    #[test]
+    fn bools() {
+        assert_eq!(parse_bool("true"), Some(true));
+        assert_eq!(parse_bool("Off"), Some(false));
+        assert_eq!(parse_bool("1"), None);
+    }
+}

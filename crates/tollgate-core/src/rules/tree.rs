@@ -1,0 +1,293 @@
+//! The compiled descriptor tree of one domain, and request resolution against it.
+//!
+//! Resolution is on the hot path of every request, so it never scans the rules: each level of
+//! the tree maps a key to its candidates (one hash lookup), then the value to an exact node
+//! (a second lookup), falling back to the key's few wildcard patterns in file order, then to its
+//! key-only node. That is envoyproxy/ratelimit's precedence: exact value, then wildcard, then
+//! key only. The only allocation is the counter key string. Nodes live in one arena per domain
+//! and refer to limits by index, so the tree has no reference cycles and no lifetimes.
+
+use super::decode::DescriptorSpec;
+use super::Limit;
+use std::collections::HashMap;
+
+/// Index of a node in [`Tree::nodes`].
+type NodeId = usize;
+
+/// A domain's descriptor tree.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Tree {
+    root: Level,
+    nodes: Vec<Node>,
+}
+
+/// The descriptors at one depth under one parent.
+#[derive(Debug, Clone, Default)]
+struct Level {
+    keys: HashMap<String, KeyEntry>,
+}
+
+/// Everything at one level for one descriptor key.
+#[derive(Debug, Clone, Default)]
+struct KeyEntry {
+    exact: HashMap<String, NodeId>,
+    wildcards: Vec<(Pattern, NodeId)>,
+    key_only: Option<NodeId>,
+}
+
+#[derive(Debug, Clone)]
+struct Node {
+    /// Index into the rule set's limits.
+    limit: Option<usize>,
+    /// For a wildcard node with `share_threshold: true`: the pattern, used in the counter key
+    /// in place of the request's value so that every matching value shares one counter.
+    shared_value: Option<Box<str>>,
+    children: Level,
+}
+
+/// What resolving a request descriptor found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Found {
+    /// No node at the request's depth, or it has no `rate_limit`.
+    Nothing,
+    /// The limit at index `limit`, and the counter key.
+    Limit { limit: usize, counter_key: String },
+}
+
+impl Tree {
+    /// Builds the tree for `domain`, appending its limits to `limits` (in file order, depth
+    /// first).
+    pub(crate) fn build(
+        domain: &str,
+        file: &str,
+        descriptors: Vec<DescriptorSpec>,
+        limits: &mut Vec<Limit>,
+    ) -> Tree {
+        let mut tree = Tree::default();
+        let mut id = String::new();
+        escape_into(&mut id, domain);
+        let root = tree.level(domain, file, &id, descriptors, limits);
+        tree.root = root;
+        tree
+    }
+
+    fn level(
+        &mut self,
+        domain: &str,
+        file: &str,
+        parent_id: &str,
+        descriptors: Vec<DescriptorSpec>,
+        limits: &mut Vec<Limit>,
+    ) -> Level {
+        let mut level = Level::default();
+        for d in descriptors {
+            let mut id = String::with_capacity(parent_id.len() + d.key.len() + 16);
+            id.push_str(parent_id);
+            id.push('|');
+            escape_into(&mut id, &d.key);
+            if let Some(v) = &d.value {
+                id.push('=');
+                escape_into(&mut id, v);
+            }
+            let limit = d.rate_limit.map(|rl| {
+                limits.push(Limit {
+                    id: id.clone(),
+                    domain: domain.to_string(),
+                    name: rl.name,
+                    quota: rl.quota,
+                    shadow_mode: d.shadow_mode,
+                    message: d.message.clone(),
+                    replaces: rl.replaces,
+                    detailed_metric: d.detailed_metric,
+                    value_to_metric: d.value_to_metric,
+                    share_threshold: d.share_threshold,
+                    file: file.to_string(),
+                    line: d.pos.line,
+                });
+                limits.len() - 1
+            });
+            let children = self.level(domain, file, &id, d.children, limits);
+            let pattern = d
+                .value
+                .as_deref()
+                .filter(|v| v.contains('*'))
+                .map(Pattern::new);
+            let shared_value = match (&pattern, d.share_threshold) {
+                (Some(_), true) => d.value.as_deref().map(Box::from),
+                _ => None,
+            };
+            let node_id = self.nodes.len();
+            self.nodes.push(Node {
+                limit,
+                shared_value,
+                children,
+            });
+            let entry = level.keys.entry(d.key).or_default();
+            // Duplicates were rejected by the decoder; first definition wins regardless.
+            match (pattern, d.value) {
+                (Some(p), _) => entry.wildcards.push((p, node_id)),
+                (None, Some(v)) => {
+                    entry.exact.entry(v).or_insert(node_id);
+                }
+                (None, None) => {
+                    entry.key_only.get_or_insert(node_id);
+                }
+            }
+        }
+        level
+    }
+
+    /// Resolves one request descriptor: the node at depth `entries.len()` reached by matching
+    /// each entry in turn.
+    pub(crate) fn resolve(&self, domain: &str, entries: &[(&str, &str)]) -> Found {
+        if entries.is_empty() {
+            return Found::Nothing;
+        }
+        let mut level = &self.root;
+        // Remember the nodes along the path to build the key only on success.
+        let mut path: [NodeId; super::decode::MAX_DEPTH] = [0; super::decode::MAX_DEPTH];
+        if entries.len() > path.len() {
+            return Found::Nothing;
+        }
+        for (i, (k, v)) in entries.iter().enumerate() {
+            let Some(entry) = level.keys.get(*k) else {
+                return Found::Nothing;
+            };
+            let found = entry
+                .exact
+                .get(*v)
+                .copied()
+                .or_else(|| {
+                    entry
+                        .wildcards
+                        .iter()
+                        .find(|(p, _)| p.matches(v))
+                        .map(|(_, id)| *id)
+                })
+                .or(entry.key_only);
+            let Some(id) = found else {
+                return Found::Nothing;
+            };
+            path[i] = id;
+            level = &self.nodes[id].children;
+        }
+        let last = &self.nodes[path[entries.len() - 1]];
+        let Some(limit) = last.limit else {
+            return Found::Nothing;
+        };
+        let mut key = String::with_capacity(
+            domain.len()
+                + entries
+                    .iter()
+                    .map(|(k, v)| k.len() + v.len() + 2)
+                    .sum::<usize>()
+                + 8,
+        );
+        escape_into(&mut key, domain);
+        for ((k, v), id) in entries.iter().zip(path.iter()) {
+            key.push('|');
+            escape_into(&mut key, k);
+            key.push('=');
+            let value = self.nodes[*id].shared_value.as_deref().unwrap_or(v);
+            escape_into(&mut key, value);
+        }
+        Found::Limit {
+            limit,
+            counter_key: key,
+        }
+    }
+}
+
+/// Appends `s`, prefixing each `\`, `|` and `=` with a backslash, so that the separators of a
+/// counter key or rule id can never come from user input.
+pub(crate) fn escape_into(out: &mut String, s: &str) {
+    for c in s.chars() {
+        if matches!(c, '\\' | '|' | '=') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+}
+
+/// A value pattern where `*` matches any run of characters, including none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Pattern {
+    /// The literal pieces between the stars; `parts.len()` = number of stars + 1.
+    parts: Vec<String>,
+}
+
+impl Pattern {
+    /// Compiles `pattern`.
+    pub(crate) fn new(pattern: &str) -> Self {
+        Pattern {
+            parts: pattern.split('*').map(str::to_string).collect(),
+        }
+    }
+
+    /// Whether `value` matches: it starts with the first piece, ends with the last, and holds
+    /// the middle pieces in order in between (leftmost matching is optimal for `*`-only globs).
+    pub(crate) fn matches(&self, value: &str) -> bool {
+        let (first, rest) = match self.parts.split_first() {
+            Some(x) => x,
+            None => return value.is_empty(),
+        };
+        let Some(mut remaining) = value.strip_prefix(first.as_str()) else {
+            return false;
+        };
+        let Some((last, middle)) = rest.split_last() else {
+            // No star at all: exact.
+            return remaining.is_empty();
+        };
+        for part in middle {
+            match remaining.find(part.as_str()) {
+                Some(at) => remaining = &remaining[at + part.len()..],
+                None => return false,
+            }
+        }
+        remaining.len() >= last.len() && remaining.ends_with(last.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns() {
+        let cases: &[(&str, &str, bool)] = &[
+            ("*", "", true),
+            ("*", "anything", true),
+            ("value*", "value", true),
+            ("value*", "value_1", true),
+            ("value*", "valu", false),
+            ("*end", "the end", true),
+            ("*end", "end", true),
+            ("*end", "ending", false),
+            ("/api/*/items", "/api/1/items", true),
+            ("/api/*/items", "/api//items", true),
+            ("/api/*/items", "/api/1/item", false),
+            ("a*b*c", "abc", true),
+            ("a*b*c", "aXbYc", true),
+            ("a*b*c", "acb", false),
+            ("a*a", "a", false),
+            ("a*a", "aa", true),
+            ("**", "x", true),
+            ("a*b", "ab", true),
+            ("ab*ba", "aba", false),
+            ("ab*ba", "abba", true),
+            ("*x*", "yyy", false),
+            ("*x*", "yxy", true),
+            ("é*ü", "éaü", true),
+        ];
+        for (p, v, want) in cases {
+            assert_eq!(Pattern::new(p).matches(v), *want, "{p:?} vs {v:?}");
+        }
+    }
+
+    #[test]
+    fn escaping() {
+        let mut s = String::new();
+        escape_into(&mut s, r"a|b=c\d");
+        assert_eq!(s, r"a\|b\=c\\d");
+    }
+}
