@@ -21,9 +21,14 @@ pub struct Descriptor {
 
 impl Descriptor {
     /// A descriptor from `(key, value)` pairs.
-    pub fn new<K: Into<String>, V: Into<String>>(entries: impl IntoIterator<Item = (K, V)>) -> Self {
+    pub fn new<K: Into<String>, V: Into<String>>(
+        entries: impl IntoIterator<Item = (K, V)>,
+    ) -> Self {
         Self {
-            entries: entries.into_iter().map(|(k, v)| (k.into(), v.into())).collect(),
+            entries: entries
+                .into_iter()
+                .map(|(k, v)| (k.into(), v.into()))
+                .collect(),
             hits: None,
         }
     }
@@ -81,7 +86,9 @@ impl<'r> Plan<'r> {
         if !replaced.is_empty() {
             for r in &mut resolved {
                 let name = match r {
-                    Resolved::Unlimited(l) | Resolved::Limited { limit: l, .. } => l.name.as_deref(),
+                    Resolved::Unlimited(l) | Resolved::Limited { limit: l, .. } => {
+                        l.name.as_deref()
+                    }
                     Resolved::NoLimit => None,
                 };
                 if name.is_some_and(|n| replaced.contains(&n)) {
@@ -118,7 +125,9 @@ impl<'r> Plan<'r> {
             .map(|r| match r {
                 Resolved::NoLimit => Status::NoLimit,
                 Resolved::Unlimited(l) => Status::Unlimited(l),
-                Resolved::Limited { limit, .. } if limit.quota.is_none() => Status::Unlimited(limit),
+                Resolved::Limited { limit, .. } if limit.quota.is_none() => {
+                    Status::Unlimited(limit)
+                }
                 Resolved::Limited { limit, .. } => Status::Limited {
                     limit,
                     decision: decisions.next().unwrap_or_default(),

@@ -44,7 +44,11 @@ pub fn run(rules_path: &Path, store: &str, input: Option<&Path>) -> anyhow::Resu
                 d.remaining.to_string(),
                 d.retry_after.map(|r| ms(r).to_string()).unwrap_or_default(),
                 ms(d.reset_after).to_string(),
-                if d.allowed { ms(d.delay).to_string() } else { String::new() },
+                if d.allowed {
+                    ms(d.delay).to_string()
+                } else {
+                    String::new()
+                },
             ),
             _ => Default::default(),
         };

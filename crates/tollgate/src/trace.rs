@@ -79,7 +79,9 @@ mod tests {
     fn parses_lines() {
         assert_eq!(parse_line("  # note").unwrap(), None);
         assert_eq!(parse_line("").unwrap(), None);
-        let e = parse_line("1500,api,user=alice;path=/x,2 # trailing").unwrap().unwrap();
+        let e = parse_line("1500,api,user=alice;path=/x,2 # trailing")
+            .unwrap()
+            .unwrap();
         assert_eq!(e.t_ms, 1500);
         assert_eq!(e.hits, 2);
         assert_eq!(e.descriptor.entries.len(), 2);
@@ -90,7 +92,9 @@ mod tests {
     fn rejects_bad_lines() {
         assert!(parse_line("1,api,user=a").unwrap_err().contains("4 fields"));
         assert!(parse_line("x,api,user=a,1").unwrap_err().contains("t_ms"));
-        assert!(parse_line("1,api,user,1").unwrap_err().contains("key=value"));
+        assert!(parse_line("1,api,user,1")
+            .unwrap_err()
+            .contains("key=value"));
         assert!(parse_line("1,api,user=a,-1").unwrap_err().contains("hits"));
         assert!(parse_line("1,,user=a,1").unwrap_err().contains("domain"));
     }

@@ -10,7 +10,10 @@ pub fn run(path: &Path) -> ExitCode {
         Ok(rules) => {
             let domains = rules.domains().count();
             let limits = rules.limits().count();
-            println!("{}: ok ({domains} domain(s), {limits} limit(s))", path.display());
+            println!(
+                "{}: ok ({domains} domain(s), {limits} limit(s))",
+                path.display()
+            );
             ExitCode::SUCCESS
         }
         Err(errors) => {
