@@ -46,8 +46,11 @@ use Want::*;
 
 type Entries = &'static [(&'static str, &'static str)];
 
+/// A descriptor and what it must resolve to.
+type Case = (Entries, Want);
+
 /// (file, domain, [(descriptor, expected)])
-const GOOD: &[(&str, &str, &[(Entries, Want)])] = &[
+const GOOD: &[(&str, &str, &[Case])] = &[
     (
         "readme_example1.yaml",
         "mongo_cps",
