@@ -229,3 +229,143 @@ pub fn check<'r>(
     drop(items);
     Ok(plan.finish(decisions))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::SECOND;
+    use crate::MemoryStore;
+
+    const RULES: &str = r#"
+domain: api
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: fixed_window, name: per_user}
+    message: slow down
+  - key: tenant
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1, algorithm: fixed_window}
+  - key: vip
+    rate_limit: {unit: minute, requests_per_unit: 10, algorithm: fixed_window, replaces: [{name: per_user}]}
+  - key: client
+    value: internal
+    rate_limit: {unlimited: true}
+"#;
+
+    fn rules() -> RuleSet {
+        RuleSet::from_sources(&[("api.yaml".into(), RULES.into())]).unwrap()
+    }
+
+    fn d(k: &str, v: &str) -> Descriptor {
+        Descriptor::new([(k, v)])
+    }
+
+    const NOW: Micros = 1_000 * SECOND;
+
+    #[test]
+    fn three_per_minute_then_over_limit() {
+        let (rules, store) = (rules(), MemoryStore::default());
+        let mut remaining = vec![];
+        for _ in 0..4 {
+            let v = check(&rules, &store, NOW, "api", &[d("user", "alice")], 1).unwrap();
+            let (limit, dec) = v.binding().unwrap();
+            assert_eq!(limit.message.as_deref(), Some("slow down"));
+            remaining.push((v.allowed(), dec.remaining));
+        }
+        assert_eq!(
+            remaining,
+            [(true, 2), (true, 1), (true, 0), (false, 0)],
+            "OK, OK, OK, OVER_LIMIT"
+        );
+    }
+
+    #[test]
+    fn denial_by_one_descriptor_consumes_from_none() {
+        let (rules, store) = (rules(), MemoryStore::default());
+        let both = [d("user", "bob"), d("user", "carol")];
+        check(&rules, &store, NOW, "api", &[d("user", "carol")], 3).unwrap();
+        let v = check(&rules, &store, NOW, "api", &both, 1).unwrap();
+        assert!(!v.allowed());
+        let v = check(&rules, &store, NOW, "api", &[d("user", "bob")], 0).unwrap();
+        match v.statuses[0] {
+            Status::Limited { decision, .. } => assert_eq!(decision.remaining, 3),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn shadow_mode_never_blocks() {
+        let (rules, store) = (rules(), MemoryStore::default());
+        for i in 0..3 {
+            let v = check(&rules, &store, NOW, "api", &[d("tenant", "t1")], 1).unwrap();
+            assert!(v.allowed());
+            assert_eq!(v.statuses[0].shadowed(), i > 0);
+            assert!(v.binding().is_none(), "shadow limits do not drive headers");
+        }
+    }
+
+    #[test]
+    fn replaces_drops_the_named_limit() {
+        let (rules, store) = (rules(), MemoryStore::default());
+        check(&rules, &store, NOW, "api", &[d("user", "dave")], 3).unwrap();
+        // Alone, dave is over his per_user limit; with the vip descriptor it is replaced.
+        let v = check(
+            &rules,
+            &store,
+            NOW,
+            "api",
+            &[d("user", "dave"), d("vip", "dave")],
+            1,
+        )
+        .unwrap();
+        assert!(v.allowed());
+        assert!(matches!(v.statuses[0], Status::NoLimit));
+        assert!(matches!(v.statuses[1], Status::Limited { .. }));
+    }
+
+    #[test]
+    fn unlimited_and_unmatched_are_allowed_without_state() {
+        let (rules, store) = (rules(), MemoryStore::default());
+        let v = check(
+            &rules,
+            &store,
+            NOW,
+            "api",
+            &[d("client", "internal"), d("nope", "x")],
+            1_000_000,
+        )
+        .unwrap();
+        assert!(v.allowed());
+        assert!(matches!(v.statuses[0], Status::Unlimited(_)));
+        assert!(matches!(v.statuses[1], Status::NoLimit));
+        let v = check(&rules, &store, NOW, "other-domain", &[d("user", "x")], 1).unwrap();
+        assert!(v.allowed() && matches!(v.statuses[0], Status::NoLimit));
+        assert!(store.is_empty());
+    }
+
+    #[test]
+    fn per_descriptor_hits_override_request_hits() {
+        let (rules, store) = (rules(), MemoryStore::default());
+        let mut heavy = d("user", "erin");
+        heavy.hits = Some(3);
+        let v = check(&rules, &store, NOW, "api", &[heavy, d("user", "frank")], 1).unwrap();
+        let rem: Vec<u64> = v
+            .statuses
+            .iter()
+            .map(|s| match s {
+                Status::Limited { decision, .. } => decision.remaining,
+                _ => 99,
+            })
+            .collect();
+        assert_eq!(rem, [0, 2]);
+    }
+
+    #[test]
+    fn binding_picks_longest_retry_when_denied() {
+        let (rules, store) = (rules(), MemoryStore::default());
+        let v = check(&rules, &store, NOW, "api", &[d("user", "gus")], 4).unwrap();
+        assert!(!v.allowed());
+        let (_, dec) = v.binding().unwrap();
+        assert!(dec.never_passes(), "cost 4 > limit 3 can never pass");
+    }
+}
