@@ -1,0 +1,308 @@
+//! The transport-neutral decision: validate a [`CheckRequest`], resolve it with the *current*
+//! rules, check the store, record metrics, and build a [`CheckResponse`]. HTTP and gRPC both
+//! call [`decide`].
+
+use crate::error::ApiError;
+use crate::model::{
+    secs_ceil, CheckRequest, CheckResponse, Code, DescriptorStatus, HeaderValues, LimitInfo,
+};
+use crate::state::{AppState, RequestLimits};
+use std::time::Instant;
+use tollgate_core::limiter::{Plan, Status};
+use tollgate_core::rules::Limit;
+
+/// Reject requests that break the size and shape limits (counted in
+/// `tollgate_request_errors_total` by [`decide`]).
+pub fn validate(limits: &RequestLimits, req: &CheckRequest) -> Result<(), ApiError> {
+    if req.domain.is_empty() {
+        return Err(ApiError::invalid("invalid_domain", "`domain` must not be empty"));
+    }
+    if req.domain.len() > limits.max_domain_bytes {
+        return Err(ApiError::invalid(
+            "invalid_domain",
+            format!(
+                "`domain` is {} bytes, more than the maximum {}",
+                req.domain.len(),
+                limits.max_domain_bytes
+            ),
+        ));
+    }
+    if req.descriptors.is_empty() {
+        return Err(ApiError::invalid(
+            "no_descriptors",
+            "`descriptors` must contain at least one descriptor",
+        ));
+    }
+    if req.descriptors.len() > limits.max_descriptors {
+        return Err(ApiError::invalid(
+            "too_many_descriptors",
+            format!(
+                "{} descriptors, more than the maximum {}",
+                req.descriptors.len(),
+                limits.max_descriptors
+            ),
+        ));
+    }
+    if let Some(h) = req.hits {
+        check_hits(limits, h, "hits_addend")?;
+    }
+    for (i, d) in req.descriptors.iter().enumerate() {
+        if d.entries.is_empty() {
+            return Err(ApiError::invalid(
+                "invalid_descriptor",
+                format!("descriptors[{i}] has no entries"),
+            ));
+        }
+        if d.entries.len() > limits.max_entries {
+            return Err(ApiError::invalid(
+                "too_many_entries",
+                format!(
+                    "descriptors[{i}] has {} entries, more than the maximum {}",
+                    d.entries.len(),
+                    limits.max_entries
+                ),
+            ));
+        }
+        for (j, (k, v)) in d.entries.iter().enumerate() {
+            if k.is_empty() {
+                return Err(ApiError::invalid(
+                    "invalid_entry",
+                    format!("descriptors[{i}].entries[{j}].key must not be empty"),
+                ));
+            }
+            if k.len() > limits.max_key_bytes {
+                return Err(ApiError::invalid(
+                    "key_too_long",
+                    format!(
+                        "descriptors[{i}].entries[{j}].key is {} bytes, more than the maximum {}",
+                        k.len(),
+                        limits.max_key_bytes
+                    ),
+                ));
+            }
+            if v.len() > limits.max_value_bytes {
+                return Err(ApiError::invalid(
+                    "value_too_long",
+                    format!(
+                        "descriptors[{i}].entries[{j}].value is {} bytes, more than the maximum {}",
+                        v.len(),
+                        limits.max_value_bytes
+                    ),
+                ));
+            }
+        }
+        if let Some(h) = d.hits {
+            check_hits(limits, h, &format!("descriptors[{i}].hits_addend"))?;
+        }
+    }
+    Ok(())
+}
+
+fn check_hits(limits: &RequestLimits, hits: u64, field: &str) -> Result<(), ApiError> {
+    if hits > limits.max_hits {
+        return Err(ApiError::invalid(
+            "invalid_hits",
+            format!("`{field}` is {hits}, more than the maximum {}", limits.max_hits),
+        ));
+    }
+    Ok(())
+}
+
+/// Decide a request with the state's current rules, store and clock.
+///
+/// Errors: [`ApiError::Invalid`] for requests breaking [`RequestLimits`] (see [`validate`]),
+/// [`ApiError::Store`] when the store fails. An unknown domain or a descriptor matching no rule
+/// is not an error: it is OK with no limit (counted in `tollgate_unmatched_total`).
+pub fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckResponse, ApiError> {
+    let metrics = state.metrics();
+    if let Err(e) = validate(state.limits(), req) {
+        metrics.error(e.code());
+        return Err(e);
+    }
+    let started = Instant::now();
+    let rules = state.rules();
+    let hits = req.hits.unwrap_or(1);
+    let plan = Plan::new(&rules.set, &req.domain, &req.descriptors, hits);
+    let items = plan.items();
+    let decisions = if items.is_empty() {
+        Vec::new()
+    } else {
+        match state.store().check(state.now(), &items) {
+            Ok(d) => d,
+            Err(e) => {
+                metrics.store_error();
+                metrics.error("store_unavailable");
+                return Err(e.into());
+            }
+        }
+    };
+    drop(items);
+    let verdict = plan.finish(decisions);
+    let allowed = verdict.allowed();
+    let known_domain = rules.set.domain(&req.domain).is_some();
+
+    let statuses = verdict
+        .statuses
+        .iter()
+        .zip(&req.descriptors)
+        .map(|(status, desc)| {
+            let cost = desc.hits.unwrap_or(hits);
+            match status {
+                Status::NoLimit => {
+                    if known_domain {
+                        metrics.unmatched(&req.domain, "no_rule");
+                    } else {
+                        metrics.unmatched("", "unknown_domain");
+                    }
+                    DescriptorStatus {
+                        code: Code::Ok,
+                        limit: None,
+                        remaining: 0,
+                        reset_after: None,
+                        retry_after: None,
+                        delay: None,
+                        message: None,
+                        shadowed: false,
+                        never_passes: false,
+                        unlimited: false,
+                    }
+                }
+                Status::Unlimited(_) => DescriptorStatus {
+                    code: Code::Ok,
+                    limit: None,
+                    remaining: u32::MAX as u64,
+                    reset_after: None,
+                    retry_after: None,
+                    delay: None,
+                    message: None,
+                    shadowed: false,
+                    never_passes: false,
+                    unlimited: true,
+                },
+                Status::Limited { limit, decision } => {
+                    let blocks = status.blocks();
+                    let shadowed = status.shadowed();
+                    let never = blocks && decision.never_passes();
+                    record(state, &req.domain, limit, desc, cost, status, allowed);
+                    let message = if blocks {
+                        match (&limit.message, never) {
+                            (m, false) => m.clone(),
+                            (m, true) => Some(format!(
+                                "{}request cost {cost} exceeds what this limit can ever admit ({} per {}); retrying will not help",
+                                m.as_deref().map(|m| format!("{m}: ")).unwrap_or_default(),
+                                decision.limit,
+                                period_text(limit),
+                            )),
+                        }
+                    } else {
+                        None
+                    };
+                    DescriptorStatus {
+                        code: if blocks { Code::OverLimit } else { Code::Ok },
+                        limit: limit_info(limit),
+                        remaining: decision.remaining,
+                        reset_after: Some(decision.reset_after),
+                        retry_after: if blocks { decision.retry_after } else { None },
+                        delay: (decision.allowed && decision.delay > 0).then_some(decision.delay),
+                        message,
+                        shadowed,
+                        never_passes: never,
+                        unlimited: false,
+                    }
+                }
+            }
+        })
+        .collect();
+
+    let headers = verdict.binding().map(|(limit, d)| HeaderValues {
+        limit: d.limit,
+        remaining: d.remaining,
+        reset_secs: secs_ceil(d.reset_after),
+        retry_after_secs: if d.allowed {
+            None
+        } else {
+            d.retry_after.map(|r| secs_ceil(r).max(1))
+        },
+        window_secs: limit
+            .quota
+            .map(|q| secs_ceil(q.period.nominal()))
+            .unwrap_or(0),
+    });
+    let response = CheckResponse {
+        allowed,
+        statuses,
+        headers,
+        delay: verdict.delay(),
+    };
+    metrics.request(allowed);
+    metrics.observe_latency(started.elapsed());
+    Ok(response)
+}
+
+fn period_text(limit: &Limit) -> String {
+    match limit.quota {
+        Some(q) if q.period.multiplier > 1 => format!("{} {}s", q.period.multiplier, q.period.unit),
+        Some(q) => q.period.unit.to_string(),
+        None => "period".into(),
+    }
+}
+
+/// The limit as reported to clients (`None` for `unlimited`).
+pub fn limit_info(limit: &Limit) -> Option<LimitInfo> {
+    limit.quota.map(|q| LimitInfo {
+        id: limit.id.clone(),
+        name: limit.name.clone(),
+        requests_per_unit: q.limit,
+        unit: q.period.unit,
+        unit_multiplier: q.period.multiplier,
+        algorithm: q.algorithm,
+    })
+}
+
+/// Count one limited descriptor. A request denied by another descriptor consumed nothing here,
+/// so its allowed descriptors count nothing.
+fn record(
+    state: &AppState,
+    domain: &str,
+    limit: &Limit,
+    desc: &tollgate_core::limiter::Descriptor,
+    cost: u64,
+    status: &Status<'_>,
+    allowed: bool,
+) {
+    let Status::Limited { decision, .. } = status else {
+        return;
+    };
+    let blocks = status.blocks();
+    if !allowed && !blocks {
+        return;
+    }
+    let detailed;
+    let label = if limit.detailed_metric || limit.value_to_metric {
+        let mut s = domain.to_string();
+        for (k, v) in &desc.entries {
+            s.push('|');
+            s.push_str(k);
+            s.push('=');
+            s.push_str(v);
+        }
+        detailed = s;
+        detailed.as_str()
+    } else {
+        limit.id.as_str()
+    };
+    let c = state.metrics().rule(domain, label, &limit.id);
+    use std::sync::atomic::Ordering::Relaxed;
+    c.total_hits.fetch_add(cost, Relaxed);
+    if !decision.allowed {
+        c.over_limit.fetch_add(cost, Relaxed);
+        if status.shadowed() {
+            c.shadow_mode.fetch_add(cost, Relaxed);
+        }
+    } else {
+        c.within_limit.fetch_add(cost, Relaxed);
+        if decision.remaining.saturating_mul(5) < decision.limit {
+            c.near_limit.fetch_add(cost, Relaxed);
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! The one error type of the service. Transports map it once, at their boundary: HTTP in
+//! [`crate::http`] (status + `{"error":{"code","message"}}`), gRPC to a `tonic::Status` by
+//! [`ApiError::class`].
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use tollgate_core::store::StoreError;
+
+/// What kind of failure an [`ApiError`] is, independent of the transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// The client sent something invalid (HTTP 400, gRPC INVALID_ARGUMENT).
+    InvalidInput,
+    /// The body is too large (HTTP 413, gRPC RESOURCE_EXHAUSTED / INVALID_ARGUMENT).
+    TooLarge,
+    /// Wrong content type (HTTP 415).
+    UnsupportedMediaType,
+    /// No such endpoint (HTTP 404 / 405).
+    NotFound,
+    /// The store could not decide (HTTP 503, gRPC UNAVAILABLE).
+    Unavailable,
+    /// A bug (HTTP 500, gRPC INTERNAL).
+    Internal,
+}
+
+/// Everything that can go wrong serving a request.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The request is invalid; `code` is a stable machine-readable identifier.
+    #[error("{message}")]
+    Invalid {
+        /// Stable code, e.g. `invalid_json`, `domain_empty`, `too_many_descriptors`.
+        code: &'static str,
+        /// Human-readable explanation.
+        message: String,
+    },
+    /// The body is larger than the configured limit.
+    #[error("request body larger than {limit} bytes")]
+    PayloadTooLarge {
+        /// The limit in bytes.
+        limit: usize,
+    },
+    /// The body is not JSON.
+    #[error("unsupported content type `{0}`: send `Content-Type: application/json`")]
+    UnsupportedMediaType(String),
+    /// No route.
+    #[error("{0}")]
+    NotFound(String),
+    /// The store failed.
+    #[error("{0}")]
+    Store(#[from] StoreError),
+    /// A bug.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    /// An invalid-input error.
+    pub fn invalid(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError::Invalid {
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// The transport-neutral class.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            ApiError::Invalid { .. } => ErrorClass::InvalidInput,
+            ApiError::PayloadTooLarge { .. } => ErrorClass::TooLarge,
+            ApiError::UnsupportedMediaType(_) => ErrorClass::UnsupportedMediaType,
+            ApiError::NotFound(_) => ErrorClass::NotFound,
+            ApiError::Store(_) => ErrorClass::Unavailable,
+            ApiError::Internal(_) => ErrorClass::Internal,
+        }
+    }
+
+    /// The stable machine-readable code (`error.code` in HTTP bodies).
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::Invalid { code, .. } => code,
+            ApiError::PayloadTooLarge { .. } => "payload_too_large",
+            ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
+            ApiError::NotFound(_) => "not_found",
+            ApiError::Store(_) => "store_unavailable",
+            ApiError::Internal(_) => "internal",
+        }
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        match self.class() {
+            ErrorClass::InvalidInput => StatusCode::BAD_REQUEST,
+            ErrorClass::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorClass::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ErrorClass::NotFound => StatusCode::NOT_FOUND,
+            ErrorClass::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorClass::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+/// The JSON error body: `{"error":{"code":"...","message":"..."}}`.
+pub fn error_body(code: &str, message: &str) -> serde_json::Value {
+    serde_json::json!({"error": {"code": code, "message": message}})
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if status.is_server_error() {
+            tracing::error!(code = self.code(), error = %self, "request failed");
+        } else {
+            tracing::debug!(code = self.code(), error = %self, "bad request");
+        }
+        (
+            status,
+            axum::Json(error_body(self.code(), &self.to_string())),
+        )
+            .into_response()
+    }
+}

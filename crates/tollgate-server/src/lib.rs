@@ -1,0 +1,22 @@
+//! # tollgate-server
+//!
+//! The service around `tollgate-core` (DESIGN.md section 5): the HTTP JSON API ([`http::router`]),
+//! the transport-neutral decision shared with the Envoy RLS gRPC service ([`check::decide`] on
+//! [`model`] types), metrics, health, rules hot reload ([`reload`]) and the `serve` wiring
+//! ([`serve::serve`]).
+
+pub mod check;
+pub mod client;
+pub mod error;
+pub mod http;
+pub mod metrics;
+pub mod model;
+pub mod reload;
+pub mod serve;
+pub mod state;
+
+pub use check::decide;
+pub use error::{ApiError, ErrorClass};
+pub use http::router;
+pub use model::{CheckRequest, CheckResponse, Code, DescriptorStatus, HeaderValues, LimitInfo};
+pub use state::{AppState, LoadedRules, RequestLimits};

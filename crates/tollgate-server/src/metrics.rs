@@ -1,0 +1,273 @@
+//! Prometheus metrics, hand-rolled on atomics (no registry crate): per-rule counters keyed by
+//! `(domain, rule)`, a decision latency histogram, and a few service counters. Rendered in the
+//! Prometheus text exposition format by [`Metrics::render`].
+//!
+//! Cardinality stays bounded: the `rule` label is the rule's id (`api|user`), never a request
+//! value, unless the rule has `detailed_metric` or `value_to_metric`, in which case it is the
+//! request's `domain|key=value|...` path (the operator opted in).
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tollgate_core::rules::RuleSet;
+
+/// Counters of one `(domain, rule)` pair; all count hits (cost units), as envoyproxy/ratelimit.
+#[derive(Debug, Default)]
+pub struct RuleCounters {
+    /// Every hit checked against the rule.
+    pub total_hits: AtomicU64,
+    /// Hits denied (non-shadow).
+    pub over_limit: AtomicU64,
+    /// Hits admitted with less than 20% of the limit remaining.
+    pub near_limit: AtomicU64,
+    /// Hits admitted.
+    pub within_limit: AtomicU64,
+    /// Hits denied by a shadow-mode rule but let through.
+    pub shadow_mode: AtomicU64,
+}
+
+/// Upper bounds (seconds) of the decision latency histogram.
+const BUCKETS: [f64; 12] = [
+    0.000_005, 0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005,
+    0.01, 0.05,
+];
+
+#[derive(Debug, Default)]
+struct Histogram {
+    buckets: [AtomicU64; BUCKETS.len()],
+    count: AtomicU64,
+    sum_nanos: AtomicU64,
+}
+
+/// All metrics of one service instance.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    rules: RwLock<HashMap<(String, String), Arc<RuleCounters>>>,
+    unmatched: RwLock<BTreeMap<(String, &'static str), u64>>,
+    requests: [AtomicU64; 2],
+    errors: RwLock<BTreeMap<&'static str, u64>>,
+    latency: Histogram,
+    store_errors: AtomicU64,
+    reloads_ok: AtomicU64,
+    reloads_failed: AtomicU64,
+    rules_generation: AtomicU64,
+    rules_limits: AtomicU64,
+}
+
+/// Bound on distinct `(domain, rule)` label pairs; beyond it detailed labels fold into the rule id.
+const MAX_SERIES: usize = 10_000;
+
+impl Metrics {
+    /// Empty metrics.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The counters for `(domain, rule)`, created on first use. `fallback` is used instead of
+    /// `rule` once [`MAX_SERIES`] pairs exist (guards detailed metrics against unbounded values).
+    pub fn rule(&self, domain: &str, rule: &str, fallback: &str) -> Arc<RuleCounters> {
+        let read = self.rules.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = read.get(&(domain.to_string(), rule.to_string())) {
+            return c.clone();
+        }
+        let full = read.len() >= MAX_SERIES;
+        drop(read);
+        let rule = if full { fallback } else { rule };
+        let mut write = self.rules.write().unwrap_or_else(|e| e.into_inner());
+        write
+            .entry((domain.to_string(), rule.to_string()))
+            .or_default()
+            .clone()
+    }
+
+    /// A descriptor matched no rule (`reason` = `unknown_domain` or `no_rule`). `domain` must be
+    /// a configured domain or empty (unknown domains are not labelled: they are client input).
+    pub fn unmatched(&self, domain: &str, reason: &'static str) {
+        let mut m = self.unmatched.write().unwrap_or_else(|e| e.into_inner());
+        *m.entry((domain.to_string(), reason)).or_default() += 1;
+    }
+
+    /// A request was answered (`allowed` = overall OK).
+    pub fn request(&self, allowed: bool) {
+        self.requests[usize::from(!allowed)].fetch_add(1, Relaxed);
+    }
+
+    /// A request was rejected with error `code`.
+    pub fn error(&self, code: &'static str) {
+        let mut m = self.errors.write().unwrap_or_else(|e| e.into_inner());
+        *m.entry(code).or_default() += 1;
+    }
+
+    /// Time spent deciding one request.
+    pub fn observe_latency(&self, d: Duration) {
+        let s = d.as_secs_f64();
+        for (i, b) in BUCKETS.iter().enumerate() {
+            if s <= *b {
+                self.latency.buckets[i].fetch_add(1, Relaxed);
+            }
+        }
+        self.latency.count.fetch_add(1, Relaxed);
+        self.latency
+            .sum_nanos
+            .fetch_add(d.as_nanos().min(u64::MAX as u128) as u64, Relaxed);
+    }
+
+    /// The store failed.
+    pub fn store_error(&self) {
+        self.store_errors.fetch_add(1, Relaxed);
+    }
+
+    /// A reload finished.
+    pub fn reload(&self, ok: bool) {
+        if ok {
+            self.reloads_ok.fetch_add(1, Relaxed);
+        } else {
+            self.reloads_failed.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// New rules are active.
+    pub fn rules_loaded(&self, set: &RuleSet) {
+        self.rules_generation.fetch_add(1, Relaxed);
+        self.rules_limits.store(set.limits().count() as u64, Relaxed);
+    }
+
+    /// Successful and failed reloads so far.
+    pub fn reloads(&self) -> (u64, u64) {
+        (self.reloads_ok.load(Relaxed), self.reloads_failed.load(Relaxed))
+    }
+
+    /// Prometheus text exposition format (version 0.0.4). `extra` gauges are appended as
+    /// `(name, help, value)`.
+    pub fn render(&self, extra: &[(&str, &str, u64)]) -> String {
+        let mut out = String::with_capacity(4096);
+        let rules = self.rules.read().unwrap_or_else(|e| e.into_inner());
+        let mut keys: Vec<&(String, String)> = rules.keys().collect();
+        keys.sort();
+        type Field = fn(&RuleCounters) -> &AtomicU64;
+        let families: [(&str, &str, Field); 5] = [
+            ("tollgate_total_hits", "Hits checked against a rule.", |c| {
+                &c.total_hits
+            }),
+            ("tollgate_over_limit", "Hits denied by a rule.", |c| {
+                &c.over_limit
+            }),
+            (
+                "tollgate_near_limit",
+                "Hits admitted with less than 20% of the limit remaining.",
+                |c| &c.near_limit,
+            ),
+            ("tollgate_within_limit", "Hits admitted by a rule.", |c| {
+                &c.within_limit
+            }),
+            (
+                "tollgate_shadow_mode",
+                "Hits denied by a shadow-mode rule but let through.",
+                |c| &c.shadow_mode,
+            ),
+        ];
+        for (name, help, field) in families {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for k in &keys {
+                let v = field(&rules[*k]).load(Relaxed);
+                let _ = writeln!(
+                    out,
+                    "{name}{{domain=\"{}\",rule=\"{}\"}} {v}",
+                    escape(&k.0),
+                    escape(&k.1)
+                );
+            }
+        }
+        drop(rules);
+
+        out.push_str("# HELP tollgate_unmatched_total Descriptors that matched no rule (reason: unknown_domain, no_rule).\n# TYPE tollgate_unmatched_total counter\n");
+        for ((domain, reason), v) in self
+            .unmatched
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            let _ = writeln!(
+                out,
+                "tollgate_unmatched_total{{domain=\"{}\",reason=\"{reason}\"}} {v}",
+                escape(domain)
+            );
+        }
+        out.push_str("# HELP tollgate_requests_total Requests answered, by overall code.\n# TYPE tollgate_requests_total counter\n");
+        for (i, code) in ["OK", "OVER_LIMIT"].iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "tollgate_requests_total{{code=\"{code}\"}} {}",
+                self.requests[i].load(Relaxed)
+            );
+        }
+        out.push_str("# HELP tollgate_request_errors_total Requests rejected as invalid, by error code.\n# TYPE tollgate_request_errors_total counter\n");
+        for (code, v) in self.errors.read().unwrap_or_else(|e| e.into_inner()).iter() {
+            let _ = writeln!(out, "tollgate_request_errors_total{{code=\"{code}\"}} {v}");
+        }
+        out.push_str("# HELP tollgate_decision_duration_seconds Time to decide one request (rules + store).\n# TYPE tollgate_decision_duration_seconds histogram\n");
+        for (i, b) in BUCKETS.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "tollgate_decision_duration_seconds_bucket{{le=\"{b}\"}} {}",
+                self.latency.buckets[i].load(Relaxed)
+            );
+        }
+        let count = self.latency.count.load(Relaxed);
+        let _ = writeln!(
+            out,
+            "tollgate_decision_duration_seconds_bucket{{le=\"+Inf\"}} {count}\ntollgate_decision_duration_seconds_sum {}\ntollgate_decision_duration_seconds_count {count}",
+            self.latency.sum_nanos.load(Relaxed) as f64 / 1e9
+        );
+        let _ = writeln!(
+            out,
+            "# HELP tollgate_store_errors_total Store failures.\n# TYPE tollgate_store_errors_total counter\ntollgate_store_errors_total {}",
+            self.store_errors.load(Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP tollgate_rule_reloads_total Rule reloads by result.\n# TYPE tollgate_rule_reloads_total counter\ntollgate_rule_reloads_total{{result=\"success\"}} {}\ntollgate_rule_reloads_total{{result=\"failure\"}} {}",
+            self.reloads_ok.load(Relaxed),
+            self.reloads_failed.load(Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP tollgate_rules_generation Rule sets activated by this process.\n# TYPE tollgate_rules_generation gauge\ntollgate_rules_generation {}\n# HELP tollgate_rules_limits Limits in the active rule set.\n# TYPE tollgate_rules_limits gauge\ntollgate_rules_limits {}",
+            self.rules_generation.load(Relaxed),
+            self.rules_limits.load(Relaxed)
+        );
+        for (name, help, v) in extra {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        }
+        out
+    }
+}
+
+/// Escape a label value (`\`, `"`, newline).
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_and_escapes() {
+        let m = Metrics::new();
+        m.rule("d", "d|k=\"x\"", "d|k")
+            .total_hits
+            .fetch_add(2, Relaxed);
+        m.observe_latency(Duration::from_micros(30));
+        let text = m.render(&[("tollgate_memory_keys", "Keys.", 7)]);
+        assert!(text.contains("tollgate_total_hits{domain=\"d\",rule=\"d|k=\\\"x\\\"\"} 2"));
+        assert!(text.contains("tollgate_decision_duration_seconds_count 1"));
+        assert!(text.contains("le=\"0.00005\"} 1"));
+        assert!(text.contains("le=\"0.000025\"} 0"));
+        assert!(text.contains("tollgate_memory_keys 7"));
+    }
+}

@@ -1,0 +1,169 @@
+//! Transport-neutral request and response: what HTTP JSON, Envoy's `/json` and the Envoy RLS
+//! gRPC service all translate to and from. Nothing here knows about JSON or protobuf.
+
+use tollgate_core::clock::Micros;
+use tollgate_core::quota::{Algorithm, Unit};
+
+pub use tollgate_core::limiter::Descriptor;
+
+/// One rate-limit request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CheckRequest {
+    /// The rules domain (`domain:` of a rule file). Must not be empty.
+    pub domain: String,
+    /// The descriptors, each with its entries in order and an optional cost of its own.
+    pub descriptors: Vec<Descriptor>,
+    /// The cost of descriptors without their own; `None` means 1. `Some(0)` is a pure query.
+    pub hits: Option<u64>,
+}
+
+impl CheckRequest {
+    /// A request with a cost of 1 per descriptor.
+    pub fn new(domain: impl Into<String>, descriptors: Vec<Descriptor>) -> Self {
+        Self {
+            domain: domain.into(),
+            descriptors,
+            hits: None,
+        }
+    }
+}
+
+/// OK or OVER_LIMIT, as Envoy's `RateLimitResponse.Code` spells them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    /// Allowed.
+    Ok,
+    /// Over the limit: the caller should reject the request.
+    OverLimit,
+}
+
+impl Code {
+    /// `"OK"` / `"OVER_LIMIT"`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Code::Ok => "OK",
+            Code::OverLimit => "OVER_LIMIT",
+        }
+    }
+}
+
+/// The limit that applied to a descriptor (Envoy's `current_limit`, plus tollgate's extras).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitInfo {
+    /// The rule's identity (`domain|key=value|key`), unique in the rule set.
+    pub id: String,
+    /// `rate_limit.name`, if the rule has one.
+    pub name: Option<String>,
+    /// Requests (cost units) per period.
+    pub requests_per_unit: u64,
+    /// The period's unit.
+    pub unit: Unit,
+    /// How many units make a period (1 unless `unit_multiplier` is set).
+    pub unit_multiplier: u32,
+    /// The algorithm.
+    pub algorithm: Algorithm,
+}
+
+/// The answer for one request descriptor, in request order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DescriptorStatus {
+    /// OK or OVER_LIMIT. A shadow-mode limit that denied reports OK (see `shadowed`).
+    pub code: Code,
+    /// The limit that applied; `None` when no rule matched or the rule is `unlimited`.
+    pub limit: Option<LimitInfo>,
+    /// Remaining after this request, as Envoy reports it: for an `unlimited` rule `u32::MAX`,
+    /// for no matching rule 0 (and `limit` is `None`), otherwise the limiter's remaining.
+    pub remaining: u64,
+    /// Time until the counter is back to full; `None` without a limit.
+    pub reset_after: Option<Micros>,
+    /// Denied: when the same request could pass. `None` when allowed, and when it can never pass.
+    pub retry_after: Option<Micros>,
+    /// Admitted by a leaky bucket that asks the caller to wait this long first.
+    pub delay: Option<Micros>,
+    /// The rule's `message` (returned to throttled clients; `None` when allowed), or an explanation
+    /// when the request can never pass.
+    pub message: Option<String>,
+    /// Denied by a shadow-mode rule but let through.
+    pub shadowed: bool,
+    /// Denied and retrying can never help (cost above what the limit admits).
+    pub never_passes: bool,
+    /// The rule is `unlimited: true`.
+    pub unlimited: bool,
+}
+
+/// Values for the rate-limit response headers, from the binding limit (`Verdict::binding`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderValues {
+    /// `X-RateLimit-Limit`.
+    pub limit: u64,
+    /// `X-RateLimit-Remaining`.
+    pub remaining: u64,
+    /// `X-RateLimit-Reset`: seconds until the counter is full again, rounded up.
+    pub reset_secs: u64,
+    /// `Retry-After` in seconds, rounded up: denied requests that can pass later only.
+    pub retry_after_secs: Option<u64>,
+    /// Period of the binding limit in seconds (the `w=` of `RateLimit-Policy`).
+    pub window_secs: u64,
+}
+
+impl HeaderValues {
+    /// The headers as `(name, value)` pairs, in a stable order: `X-RateLimit-Limit`,
+    /// `X-RateLimit-Remaining`, `X-RateLimit-Reset`, `RateLimit-Policy`, `RateLimit`, and
+    /// `Retry-After` when set. Used by HTTP and by gRPC's `response_headers_to_add`.
+    pub fn pairs(&self) -> Vec<(&'static str, String)> {
+        let mut v = vec![
+            ("x-ratelimit-limit", self.limit.to_string()),
+            ("x-ratelimit-remaining", self.remaining.to_string()),
+            ("x-ratelimit-reset", self.reset_secs.to_string()),
+            (
+                "ratelimit-policy",
+                format!("{};w={}", self.limit, self.window_secs),
+            ),
+            (
+                "ratelimit",
+                format!(
+                    "limit={}, remaining={}, reset={}",
+                    self.limit, self.remaining, self.reset_secs
+                ),
+            ),
+        ];
+        if let Some(r) = self.retry_after_secs {
+            v.push(("retry-after", r.to_string()));
+        }
+        v
+    }
+}
+
+/// The answer to a whole request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckResponse {
+    /// Whether the request may proceed (overall OK).
+    pub allowed: bool,
+    /// One status per request descriptor, in order.
+    pub statuses: Vec<DescriptorStatus>,
+    /// Header values from the binding limit; `None` when no (non-shadow) limit applied.
+    pub headers: Option<HeaderValues>,
+    /// Longest leaky-bucket delay over all descriptors (admitted requests only); 0 = none.
+    pub delay: Micros,
+}
+
+impl CheckResponse {
+    /// Overall code.
+    pub fn code(&self) -> Code {
+        if self.allowed {
+            Code::Ok
+        } else {
+            Code::OverLimit
+        }
+    }
+}
+
+/// Microseconds to whole seconds, rounded up.
+pub fn secs_ceil(us: Micros) -> u64 {
+    us.div_ceil(1_000_000)
+}
+
+/// Microseconds to whole milliseconds, rounded up.
+pub fn ms_ceil(us: Micros) -> u64 {
+    us.div_ceil(1_000)
+}

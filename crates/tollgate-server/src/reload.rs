@@ -1,0 +1,211 @@
+//! Rules hot reload: poll the rules path (the set of rule files and a hash of their contents,
+//! which also catches Kubernetes ConfigMap symlink swaps), reload on `SIGHUP` whatever changed,
+//! debounce, validate, swap atomically. A broken file keeps the running rules; the error is
+//! logged with file:line, shown by `GET /v1/rules` and counted in
+//! `tollgate_rule_reloads_total{result="failure"}`.
+//!
+//! Counters survive reloads: the memory store keys a counter by its counter key, algorithm and
+//! period, so a limit whose descriptor path is unchanged keeps its state.
+
+use crate::state::{AppState, LoadedRules, ReloadError};
+use siphasher::sip128::{Hasher128, SipHasher13};
+use std::hash::Hasher;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio::sync::watch;
+use tollgate_core::clock::{Clock, SystemClock};
+use tollgate_core::rules::{RuleErrors, RuleSet};
+
+/// The files [`RuleSet::load`] reads for `path`, sorted: the file itself, or the visible
+/// `*.yaml` / `*.yml` regular files (symlinks followed) of a directory.
+pub fn rule_files(path: &Path) -> Vec<PathBuf> {
+    let Ok(meta) = std::fs::metadata(path) else {
+        return Vec::new();
+    };
+    if !meta.is_dir() {
+        return vec![path.to_path_buf()];
+    }
+    let mut out: Vec<PathBuf> = std::fs::read_dir(path)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            e.file_name().to_str().is_some_and(|n| {
+                !n.starts_with('.') && (n.ends_with(".yaml") || n.ends_with(".yml"))
+            })
+        })
+        .map(|e| e.path())
+        .filter(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file()))
+        .collect();
+    out.sort();
+    out
+}
+
+/// A hash of the rule files' names and contents (unreadable files and a missing path hash
+/// distinctly), as 32 hex digits.
+pub fn fingerprint(path: &Path) -> String {
+    let mut h = SipHasher13::new_with_keys(0x746f_6c6c_6761_7465, 0x7275_6c65_7321);
+    if std::fs::metadata(path).is_err() {
+        h.write(b"\x00missing");
+    }
+    for f in rule_files(path) {
+        h.write(f.display().to_string().as_bytes());
+        h.write_u8(0);
+        match std::fs::read(&f) {
+            Ok(bytes) => {
+                h.write_u64(bytes.len() as u64);
+                h.write(&bytes);
+            }
+            Err(e) => h.write(format!("\x00unreadable {e}").as_bytes()),
+        }
+    }
+    format!("{:032x}", h.finish128().as_u128())
+}
+
+/// Load and validate the rules at `path`.
+pub fn load(path: &Path, generation: u64) -> Result<LoadedRules, RuleErrors> {
+    let hash = fingerprint(path);
+    let set = RuleSet::load(path)?;
+    Ok(LoadedRules {
+        set,
+        hash,
+        generation,
+        loaded_at: SystemClock.now(),
+    })
+}
+
+/// Reload now: swap in the rules at `path`, or keep the running ones and record the error.
+/// Returns whether the new rules are active.
+pub fn reload_now(state: &AppState, path: &Path) -> bool {
+    let generation = state.rules().generation + 1;
+    match load(path, generation) {
+        Ok(rules) => {
+            tracing::info!(
+                path = %path.display(),
+                version = %rules.hash,
+                generation,
+                domains = rules.set.domains().count(),
+                limits = rules.set.limits().count(),
+                "rules reloaded"
+            );
+            state.swap_rules(rules);
+            state.metrics().reload(true);
+            true
+        }
+        Err(errors) => {
+            for e in errors.iter() {
+                tracing::error!(error = %e, "rules reload failed; keeping the running rules");
+            }
+            state.set_reload_error(ReloadError {
+                at: SystemClock.now(),
+                errors: errors.iter().map(ToString::to_string).collect(),
+            });
+            state.metrics().reload(false);
+            false
+        }
+    }
+}
+
+/// How the watcher behaves.
+#[derive(Debug, Clone, Copy)]
+pub struct WatchOptions {
+    /// How often to compare fingerprints.
+    pub interval: Duration,
+    /// After a change, wait this long for the files to settle before loading.
+    pub debounce: Duration,
+}
+
+impl Default for WatchOptions {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_millis(500),
+            debounce: Duration::from_millis(100),
+        }
+    }
+}
+
+/// Watch `path` until `shutdown` turns true: reload when the fingerprint changes (after it has
+/// been stable for `debounce`) and on every `SIGHUP`.
+pub async fn watch(
+    state: AppState,
+    path: PathBuf,
+    options: WatchOptions,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let fp = {
+        let p = path.clone();
+        move || {
+            let p = p.clone();
+            async move {
+                tokio::task::spawn_blocking(move || fingerprint(&p))
+                    .await
+                    .unwrap_or_default()
+            }
+        }
+    };
+    let mut last = state.rules().hash.clone();
+    if last == "inline" {
+        last = fp().await;
+    }
+    let mut hup = Hangup::new();
+    let mut tick = tokio::time::interval(options.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let forced = tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => return,
+            _ = tick.tick() => false,
+            _ = hup.recv() => true,
+        };
+        let mut now = fp().await;
+        if !forced && now == last {
+            continue;
+        }
+        // Debounce: wait until two fingerprints in a row agree (editors write in steps).
+        for _ in 0..20 {
+            tokio::time::sleep(options.debounce).await;
+            let again = fp().await;
+            if again == now {
+                break;
+            }
+            now = again;
+        }
+        if forced {
+            tracing::info!("SIGHUP: reloading rules");
+        }
+        let st = state.clone();
+        let p = path.clone();
+        let _ = tokio::task::spawn_blocking(move || reload_now(&st, &p)).await;
+        // A failed load is not retried until the files change again (or SIGHUP).
+        last = now;
+    }
+}
+
+/// `SIGHUP` as a stream (never fires where signals are unavailable).
+struct Hangup {
+    #[cfg(unix)]
+    sig: Option<tokio::signal::unix::Signal>,
+}
+
+impl Hangup {
+    fn new() -> Self {
+        #[cfg(unix)]
+        {
+            let sig = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+                .map_err(|e| tracing::warn!(error = %e, "cannot listen for SIGHUP"))
+                .ok();
+            Self { sig }
+        }
+        #[cfg(not(unix))]
+        Self {}
+    }
+
+    async fn recv(&mut self) {
+        #[cfg(unix)]
+        if let Some(s) = &mut self.sig {
+            if s.recv().await.is_some() {
+                return;
+            }
+        }
+        std::future::pending::<()>().await
+    }
+}

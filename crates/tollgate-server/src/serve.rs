@@ -1,0 +1,220 @@
+//! `tollgate serve`: build the state, bind the listeners, run the HTTP API (and the gRPC
+//! service, wired in alongside), the rules watcher and the memory-store sweeper until shutdown.
+//!
+//! Shutdown is graceful: listeners stop accepting, in-flight requests finish, background tasks
+//! stop, then [`serve`] returns `Ok(())`.
+
+use crate::reload::{self, WatchOptions};
+use crate::state::{AppState, RequestLimits};
+use anyhow::{bail, Context};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tollgate_core::MemoryStore;
+
+/// Everything `serve` needs (each field is a `tollgate serve` flag and `TOLLGATE_*` variable).
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// HTTP listen address (`--http-addr`, default `0.0.0.0:8080`).
+    pub http_addr: SocketAddr,
+    /// gRPC listen address (`--grpc-addr`, default `0.0.0.0:8081`).
+    pub grpc_addr: SocketAddr,
+    /// Rules file or directory (`--rules`).
+    pub rules: PathBuf,
+    /// `--store`: only `memory` for now.
+    pub store: String,
+    /// `--max-keys` of the memory store.
+    pub max_keys: usize,
+    /// `--response-headers` (gRPC `response_headers_to_add`).
+    pub response_headers: bool,
+    /// Request limits (`--max-body-bytes`, ...).
+    pub limits: RequestLimits,
+    /// Rules polling interval.
+    pub reload_interval: Duration,
+    /// Memory store sweep interval.
+    pub sweep_interval: Duration,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        Self {
+            http_addr: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            grpc_addr: SocketAddr::from(([0, 0, 0, 0], 8081)),
+            rules: PathBuf::from("examples/rules"),
+            store: "memory".into(),
+            max_keys: tollgate_core::memory::DEFAULT_MAX_KEYS,
+            response_headers: false,
+            limits: RequestLimits::default(),
+            reload_interval: Duration::from_millis(500),
+            sweep_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Load the rules and build the state for `config`. Fails on invalid rules (at startup there
+/// are no running rules to keep) and on an unsupported store.
+pub fn build_state(config: &ServeConfig) -> anyhow::Result<AppState> {
+    if config.store != "memory" {
+        bail!(
+            "unsupported --store '{}': this build supports 'memory' (redis:// comes with the Redis store)",
+            config.store
+        );
+    }
+    if config.max_keys == 0 {
+        bail!("--max-keys must be at least 1");
+    }
+    let rules = reload::load(&config.rules, 1).map_err(|e| {
+        anyhow::anyhow!("invalid rules in {}:\n{e}", config.rules.display())
+    })?;
+    let memory = Arc::new(MemoryStore::new(config.max_keys));
+    Ok(AppState::builder(rules)
+        .memory_store(memory)
+        .limits(config.limits)
+        .rules_path(config.rules.clone())
+        .response_headers(config.response_headers)
+        .build())
+}
+
+/// Where the server listens (after binding: port 0 is resolved).
+#[derive(Debug, Clone, Copy)]
+pub struct Bound {
+    /// HTTP.
+    pub http: SocketAddr,
+    /// gRPC, once the gRPC service is wired in.
+    pub grpc: Option<SocketAddr>,
+}
+
+/// A `watch` channel that turns `true` once, at shutdown. Clone the receiver for each task.
+pub fn shutdown_channel() -> (watch::Sender<bool>, watch::Receiver<bool>) {
+    watch::channel(false)
+}
+
+/// Resolves when `rx` turns `true` (or its sender is gone).
+pub async fn wait_for_shutdown(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+/// Run the service until `shutdown` resolves, then shut down gracefully.
+/// `on_bound` is called once the listeners are bound (tests and the start-up message use it).
+pub async fn serve(
+    config: ServeConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    on_bound: impl FnOnce(Bound) + Send,
+) -> anyhow::Result<()> {
+    let state = build_state(&config)?;
+    let http = TcpListener::bind(config.http_addr)
+        .await
+        .with_context(|| format!("cannot listen for HTTP on {}", config.http_addr))?;
+    let http_addr = http.local_addr()?;
+    let (tx, rx) = shutdown_channel();
+
+    // gRPC: bind `config.grpc_addr` here and spawn the tonic server with `state.clone()` and
+    // `wait_for_shutdown(rx.clone())` as its shutdown signal, then report its address below.
+    let grpc_addr: Option<SocketAddr> = None;
+
+    let rules = state.rules();
+    tracing::info!(
+        rules = %config.rules.display(),
+        version = %rules.hash,
+        domains = rules.set.domains().count(),
+        limits = rules.set.limits().count(),
+        store = %config.store,
+        "rules loaded"
+    );
+    drop(rules);
+    on_bound(Bound {
+        http: http_addr,
+        grpc: grpc_addr,
+    });
+
+    let watcher = tokio::spawn(reload::watch(
+        state.clone(),
+        config.rules.clone(),
+        WatchOptions {
+            interval: config.reload_interval,
+            ..WatchOptions::default()
+        },
+        rx.clone(),
+    ));
+    let sweeper = tokio::spawn(sweep(state.clone(), config.sweep_interval, rx.clone()));
+    tokio::spawn(async move {
+        shutdown.await;
+        tracing::info!("shutting down: finishing in-flight requests");
+        let _ = tx.send(true);
+    });
+
+    let app = crate::http::router(state.clone());
+    axum::serve(http, app)
+        .with_graceful_shutdown(wait_for_shutdown(rx.clone()))
+        .await
+        .context("HTTP server failed")?;
+    let _ = watcher.await;
+    let _ = sweeper.await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// The start-up line: where to send a request.
+pub fn listening_message(bound: &Bound) -> String {
+    let port = bound.http.port();
+    let grpc = bound
+        .grpc
+        .map(|g| format!(", gRPC {g}"))
+        .unwrap_or_default();
+    format!(
+        "listening: HTTP http://{} (try: curl -s localhost:{port}/v1/check -H 'content-type: application/json' -d '{{\"domain\":\"api\",\"descriptors\":[{{\"entries\":[{{\"key\":\"user\",\"value\":\"alice\"}}]}}]}}'){grpc}",
+        bound.http
+    )
+}
+
+/// Drop expired memory-store entries every `every` until shutdown.
+async fn sweep(state: AppState, every: Duration, mut shutdown: watch::Receiver<bool>) {
+    let Some(store) = state.memory_store().cloned() else {
+        return;
+    };
+    let mut tick = tokio::time::interval(every);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => return,
+            _ = tick.tick() => {}
+        }
+        let now = state.now();
+        let s = store.clone();
+        if let Ok(n) = tokio::task::spawn_blocking(move || s.sweep(now)).await {
+            if n > 0 {
+                tracing::debug!(dropped = n, "swept expired counters");
+            }
+        }
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT (Ctrl-C).
+pub async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => tracing::info!("SIGTERM received"),
+                    _ = int.recv() => tracing::info!("SIGINT received"),
+                }
+            }
+            _ => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

@@ -1,0 +1,257 @@
+//! Shared service state: the current rules (swapped atomically on reload), the store, the clock,
+//! metrics and request limits. Cheap to clone (one `Arc`); every transport holds a clone.
+
+use crate::metrics::Metrics;
+use arc_swap::ArcSwap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use tollgate_core::clock::{Clock, Micros, SystemClock};
+use tollgate_core::rules::RuleSet;
+use tollgate_core::store::Store;
+use tollgate_core::MemoryStore;
+
+/// A validated rule set and where it came from.
+#[derive(Debug)]
+pub struct LoadedRules {
+    /// The rules.
+    pub set: RuleSet,
+    /// Content hash of the rule files (hex), stable across restarts for the same files.
+    pub hash: String,
+    /// Incremented by every successful (re)load of this process, starting at 1.
+    pub generation: u64,
+    /// When these rules were loaded (µs since the epoch, wall clock).
+    pub loaded_at: Micros,
+}
+
+impl LoadedRules {
+    /// Rules not read from files (tests, embedding): hash `"inline"`, generation 1.
+    pub fn inline(set: RuleSet) -> Self {
+        Self {
+            set,
+            hash: "inline".into(),
+            generation: 1,
+            loaded_at: SystemClock.now(),
+        }
+    }
+}
+
+/// The last failed reload, shown by `GET /v1/rules` until a reload succeeds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReloadError {
+    /// When it failed (µs since the epoch).
+    pub at: Micros,
+    /// Each problem as `file:line:column: message`.
+    pub errors: Vec<String>,
+}
+
+/// Limits on request size and shape (bad input is rejected with 400/413 before any work).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestLimits {
+    /// Maximum HTTP body in bytes.
+    pub max_body_bytes: usize,
+    /// Maximum descriptors per request.
+    pub max_descriptors: usize,
+    /// Maximum entries per descriptor.
+    pub max_entries: usize,
+    /// Maximum key length in bytes.
+    pub max_key_bytes: usize,
+    /// Maximum value length in bytes.
+    pub max_value_bytes: usize,
+    /// Maximum domain length in bytes.
+    pub max_domain_bytes: usize,
+    /// Maximum cost (`hits_addend`) of one request or descriptor.
+    pub max_hits: u64,
+}
+
+impl Default for RequestLimits {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 64 * 1024,
+            max_descriptors: 64,
+            max_entries: 16,
+            max_key_bytes: 256,
+            max_value_bytes: 1024,
+            max_domain_bytes: 256,
+            max_hits: u32::MAX as u64,
+        }
+    }
+}
+
+struct Shared {
+    rules: ArcSwap<LoadedRules>,
+    last_reload_error: Mutex<Option<ReloadError>>,
+    store: Arc<dyn Store>,
+    memory: Option<Arc<MemoryStore>>,
+    clock: Arc<dyn Clock>,
+    metrics: Metrics,
+    limits: RequestLimits,
+    rules_path: Option<PathBuf>,
+    response_headers: bool,
+}
+
+/// The state every handler and background task shares. Clone freely.
+#[derive(Clone)]
+pub struct AppState(Arc<Shared>);
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState")
+            .field("rules_generation", &self.rules().generation)
+            .field("limits", &self.0.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds an [`AppState`].
+pub struct AppStateBuilder {
+    rules: LoadedRules,
+    store: Arc<dyn Store>,
+    memory: Option<Arc<MemoryStore>>,
+    clock: Arc<dyn Clock>,
+    limits: RequestLimits,
+    rules_path: Option<PathBuf>,
+    response_headers: bool,
+}
+
+impl AppStateBuilder {
+    /// Use this clock (default: the system clock). Tests pass a `ManualClock`.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+    /// Use this store instead of a fresh memory store.
+    pub fn store(mut self, store: Arc<dyn Store>) -> Self {
+        self.store = store;
+        self.memory = None;
+        self
+    }
+    /// Use this memory store (it is also swept periodically by `serve`).
+    pub fn memory_store(mut self, store: Arc<MemoryStore>) -> Self {
+        self.store = store.clone();
+        self.memory = Some(store);
+        self
+    }
+    /// Request limits.
+    pub fn limits(mut self, limits: RequestLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+    /// Where the rules come from (shown by `/v1/rules`, watched by [`crate::reload`]).
+    pub fn rules_path(mut self, path: PathBuf) -> Self {
+        self.rules_path = Some(path);
+        self
+    }
+    /// gRPC only: add rate-limit headers to `response_headers_to_add`.
+    pub fn response_headers(mut self, on: bool) -> Self {
+        self.response_headers = on;
+        self
+    }
+    /// The state.
+    pub fn build(self) -> AppState {
+        let metrics = Metrics::new();
+        metrics.rules_loaded(&self.rules.set);
+        AppState(Arc::new(Shared {
+            rules: ArcSwap::from_pointee(self.rules),
+            last_reload_error: Mutex::new(None),
+            store: self.store,
+            memory: self.memory,
+            clock: self.clock,
+            metrics,
+            limits: self.limits,
+            rules_path: self.rules_path,
+            response_headers: self.response_headers,
+        }))
+    }
+}
+
+impl AppState {
+    /// A builder with a fresh memory store ([`tollgate_core::memory::DEFAULT_MAX_KEYS`]) and the
+    /// system clock.
+    pub fn builder(rules: LoadedRules) -> AppStateBuilder {
+        let memory = Arc::new(MemoryStore::new(tollgate_core::memory::DEFAULT_MAX_KEYS));
+        AppStateBuilder {
+            rules,
+            store: memory.clone(),
+            memory: Some(memory),
+            clock: Arc::new(SystemClock),
+            limits: RequestLimits::default(),
+            rules_path: None,
+            response_headers: false,
+        }
+    }
+
+    /// Shorthand: `builder(LoadedRules::inline(set)).build()`.
+    pub fn new(set: RuleSet) -> Self {
+        Self::builder(LoadedRules::inline(set)).build()
+    }
+
+    /// The current rules. Hold the `Arc` for the whole request so a reload cannot change the
+    /// rules under it.
+    pub fn rules(&self) -> Arc<LoadedRules> {
+        self.0.rules.load_full()
+    }
+
+    /// Swap in new rules atomically and clear the last reload error.
+    pub fn swap_rules(&self, rules: LoadedRules) {
+        self.0.metrics.rules_loaded(&rules.set);
+        self.0.rules.store(Arc::new(rules));
+        *self.lock_error() = None;
+    }
+
+    /// Record a failed reload (the running rules stay).
+    pub fn set_reload_error(&self, error: ReloadError) {
+        *self.lock_error() = Some(error);
+    }
+
+    /// The last failed reload since the last successful one.
+    pub fn last_reload_error(&self) -> Option<ReloadError> {
+        self.lock_error().clone()
+    }
+
+    fn lock_error(&self) -> std::sync::MutexGuard<'_, Option<ReloadError>> {
+        self.0
+            .last_reload_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The store.
+    pub fn store(&self) -> &dyn Store {
+        &*self.0.store
+    }
+
+    /// The memory store, when that is the store (for periodic sweeping).
+    pub fn memory_store(&self) -> Option<&Arc<MemoryStore>> {
+        self.0.memory.as_ref()
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &dyn Clock {
+        &*self.0.clock
+    }
+
+    /// Current time from the state's clock.
+    pub fn now(&self) -> Micros {
+        self.0.clock.now()
+    }
+
+    /// Metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.0.metrics
+    }
+
+    /// Request limits.
+    pub fn limits(&self) -> &RequestLimits {
+        &self.0.limits
+    }
+
+    /// Where rules are loaded from, if from files.
+    pub fn rules_path(&self) -> Option<&PathBuf> {
+        self.0.rules_path.as_ref()
+    }
+
+    /// Whether gRPC responses should carry rate-limit headers (`--response-headers`).
+    pub fn response_headers(&self) -> bool {
+        self.0.response_headers
+    }
+}
