@@ -2,7 +2,8 @@
 //! request per connection over hyper's connection API, no pool, no TLS.
 
 use anyhow::{bail, Context};
-use axum::http::{header, Method, Request, Uri};
+pub use axum::http::Method;
+use axum::http::{header, Request, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;

@@ -67,9 +67,11 @@ async fn method_not_allowed() -> Response {
         .into_response()
 }
 
-/// Read the body as JSON, enforcing the content type and the size limit.
-async fn read_json(state: &AppState, req: Request) -> Result<Value, ApiError> {
-    check_content_type(req.headers())?;
+/// Read the body as JSON, enforcing the size limit and (when `strict_type`) the content type.
+async fn read_json(state: &AppState, req: Request, strict_type: bool) -> Result<Value, ApiError> {
+    if strict_type {
+        check_content_type(req.headers())?;
+    }
     let limit = state.limits().max_body_bytes;
     if let Some(len) = req
         .headers()
@@ -124,7 +126,7 @@ fn fail(state: &AppState, e: ApiError) -> Response {
 
 async fn v1_check(State(state): State<AppState>, req: Request) -> Response {
     let result = async {
-        let body = read_json(&state, req).await?;
+        let body = read_json(&state, req, true).await?;
         parse_request(&body, Dialect::Native)
     }
     .await;
@@ -191,7 +193,8 @@ fn native_status(s: &DescriptorStatus) -> Value {
 
 async fn envoy_json(State(state): State<AppState>, req: Request) -> Response {
     let result = async {
-        let body = read_json(&state, req).await?;
+        // Any content type: envoyproxy/ratelimit's clients (`curl --data`) send none or a form type.
+        let body = read_json(&state, req, false).await?;
         parse_request(&body, Dialect::ProtoJson)
     }
     .await;

@@ -2,8 +2,12 @@
 //! one module per subcommand.
 
 use clap::{Parser, Subcommand};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
+use tollgate_server::serve::ServeConfig;
+use tollgate_server::RequestLimits;
 
 /// tollgate: a rate limiter (library, HTTP JSON + Envoy RLS gRPC service, and this CLI).
 #[derive(Debug, Parser)]
@@ -36,6 +40,80 @@ enum Command {
         #[arg(long)]
         input: Option<PathBuf>,
     },
+    /// Run the service: HTTP JSON API and Envoy RLS gRPC, rules hot-reloaded.
+    ///
+    /// Stops gracefully on SIGTERM or SIGINT (in-flight requests finish, exit 0); SIGHUP forces a
+    /// rules reload.
+    Serve(Box<ServeArgs>),
+    /// Ask a running service for a decision: exit 0 allowed, 1 limited, 2 error.
+    Check {
+        /// Base URL of the service's HTTP API.
+        #[arg(long, env = "TOLLGATE_URL", default_value = "http://127.0.0.1:8080")]
+        url: String,
+        /// The rules domain.
+        #[arg(long)]
+        domain: String,
+        /// A descriptor `key=value` or `key=value;key2=value2`; repeat for several descriptors.
+        #[arg(long = "descriptor", required = true)]
+        descriptors: Vec<String>,
+        /// Cost of the request (default 1; 0 only queries).
+        #[arg(long)]
+        hits: Option<u64>,
+        /// Print the raw JSON response instead of a summary.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `tollgate serve` flags; each also reads a `TOLLGATE_*` environment variable.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// HTTP listen address.
+    #[arg(long, env = "TOLLGATE_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    http_addr: SocketAddr,
+    /// gRPC (Envoy RLS v3) listen address.
+    #[arg(long, env = "TOLLGATE_GRPC_ADDR", default_value = "0.0.0.0:8081")]
+    grpc_addr: SocketAddr,
+    /// Rules file or directory (watched and hot-reloaded).
+    #[arg(long, env = "TOLLGATE_RULES", default_value = crate::simulate::DEFAULT_RULES)]
+    rules: PathBuf,
+    /// Where counters live: `memory`.
+    #[arg(long, env = "TOLLGATE_STORE", default_value = "memory")]
+    store: String,
+    /// Most keys the memory store tracks (the oldest-expiring are evicted beyond it).
+    #[arg(long, env = "TOLLGATE_MAX_KEYS", default_value_t = tollgate_core::memory::DEFAULT_MAX_KEYS)]
+    max_keys: usize,
+    /// Log format.
+    #[arg(long, env = "TOLLGATE_LOG_FORMAT", value_enum, default_value = "text")]
+    log_format: crate::serve::LogFormat,
+    /// gRPC: add rate-limit headers to `response_headers_to_add`.
+    #[arg(long, env = "TOLLGATE_RESPONSE_HEADERS")]
+    response_headers: bool,
+    /// Largest accepted HTTP request body, in bytes.
+    #[arg(long, env = "TOLLGATE_MAX_BODY_BYTES", default_value_t = 64 * 1024)]
+    max_body_bytes: usize,
+    /// How often the rules path is checked for changes, in milliseconds.
+    #[arg(long, env = "TOLLGATE_RELOAD_INTERVAL_MS", default_value_t = 500)]
+    reload_interval_ms: u64,
+}
+
+impl ServeArgs {
+    fn config(&self) -> ServeConfig {
+        ServeConfig {
+            http_addr: self.http_addr,
+            grpc_addr: self.grpc_addr,
+            rules: self.rules.clone(),
+            store: self.store.clone(),
+            max_keys: self.max_keys,
+            response_headers: self.response_headers,
+            limits: RequestLimits {
+                max_body_bytes: self.max_body_bytes,
+                ..RequestLimits::default()
+            },
+            reload_interval: Duration::from_millis(self.reload_interval_ms.max(10)),
+            ..ServeConfig::default()
+        }
+    }
 }
 
 /// Run the parsed command line.
@@ -47,5 +125,13 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             store,
             input,
         } => crate::simulate::run(&rules, &store, input.as_deref()),
+        Command::Serve(args) => crate::serve::run(args.config(), args.log_format),
+        Command::Check {
+            url,
+            domain,
+            descriptors,
+            hits,
+            json,
+        } => crate::check::run(&url, &domain, &descriptors, hits, json),
     }
 }

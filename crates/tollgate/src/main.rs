@@ -1,6 +1,8 @@
 //! The `tollgate` binary: parse arguments, run one subcommand, turn its result into an exit code.
 
+mod check;
 mod cli;
+mod serve;
 mod simulate;
 mod trace;
 mod validate;

@@ -1,0 +1,56 @@
+//! `tollgate serve`: logging set-up, the runtime, and the service until SIGTERM/SIGINT.
+
+use std::process::ExitCode;
+use tollgate_server::serve::{listening_message, serve, shutdown_signal, ServeConfig};
+use tracing_subscriber::filter::{LevelFilter, Targets};
+use tracing_subscriber::prelude::*;
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Install the global `tracing` subscriber. `RUST_LOG` (e.g. `info,tollgate_server=debug`)
+/// overrides the default level `info`.
+pub fn init_logging(format: LogFormat) {
+    let filter = std::env::var("RUST_LOG")
+        .ok()
+        .and_then(|s| s.parse::<Targets>().ok())
+        .unwrap_or_else(|| Targets::new().with_default(LevelFilter::INFO));
+    let registry = tracing_subscriber::registry().with(filter);
+    let _ = match format {
+        LogFormat::Text => registry
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(std::io::stderr)
+                    .with_ansi(false),
+            )
+            .try_init(),
+        LogFormat::Json => registry
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .with_writer(std::io::stderr),
+            )
+            .try_init(),
+    };
+}
+
+/// Run the service until SIGTERM or SIGINT; exit 0 after a graceful shutdown.
+pub fn run(config: ServeConfig, log_format: LogFormat) -> anyhow::Result<ExitCode> {
+    init_logging(log_format);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("tollgate")
+        .build()?;
+    runtime.block_on(serve(config, shutdown_signal(), |bound| {
+        let msg = listening_message(&bound);
+        tracing::info!(http = %bound.http, grpc = ?bound.grpc, "listening");
+        println!("{msg}");
+    }))?;
+    Ok(ExitCode::SUCCESS)
+}
