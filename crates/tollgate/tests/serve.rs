@@ -1,0 +1,363 @@
+//! `tollgate serve` and `tollgate check` as real processes on real sockets: hot reload, graceful
+//! shutdown, the README quick start, exit codes.
+
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use tollgate_server::client::{send, HttpResponse, Method};
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "tollgate-serve-{name}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A port that was free a moment ago (bind, read, release).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn port_is_free(port: u16) -> bool {
+    TcpListener::bind(("0.0.0.0", port)).is_ok()
+}
+
+struct Server {
+    child: Child,
+    base: String,
+    log: PathBuf,
+}
+
+impl Server {
+    /// Start `tollgate serve ARGS` in `cwd` and wait for its `listening:` line.
+    fn start(args: &[&str], cwd: &Path, log_name: &str) -> Server {
+        let log = temp_dir(log_name).join("stderr.log");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .arg("serve")
+            .args(args)
+            .current_dir(cwd)
+            .env_remove("TOLLGATE_HTTP_ADDR")
+            .env_remove("TOLLGATE_GRPC_ADDR")
+            .env_remove("TOLLGATE_RULES")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("spawn tollgate serve");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let _ = tx.send(line);
+            }
+        });
+        let line = match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(l) => l,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "no listening line; stderr:\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+        };
+        assert!(line.starts_with("listening: HTTP http://"), "{line}");
+        assert!(line.contains("curl -s localhost:"), "{line}");
+        let addr = line["listening: HTTP http://".len()..]
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string();
+        let port = addr.rsplit(':').next().unwrap();
+        Server {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            log,
+        }
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn terminate(&mut self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Wait for the process to exit (at most `limit`).
+    fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let until = Instant::now() + limit;
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            if Instant::now() > until {
+                let _ = self.child.kill();
+                panic!("server did not exit; stderr:\n{}", self.stderr());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn http(base: &str, method: Method, path: &str, body: Option<Value>) -> HttpResponse {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(send(
+        base,
+        method,
+        path,
+        body.map(|b| b.to_string()),
+        Duration::from_secs(10),
+    ))
+    .expect("HTTP request")
+}
+
+fn check(base: &str, domain: &str, key: &str, value: &str) -> (u16, Value) {
+    let r = http(
+        base,
+        Method::POST,
+        "/v1/check",
+        Some(json!({"domain": domain, "descriptors": [{"entries": [{"key": key, "value": value}]}]})),
+    );
+    (r.status, serde_json::from_str(&r.body).unwrap_or(Value::Null))
+}
+
+fn tollgate(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(args)
+        .current_dir(repo())
+        .output()
+        .expect("run tollgate")
+}
+
+fn rule(domain: &str, key: &str, limit: u64) -> String {
+    format!(
+        "domain: {domain}\ndescriptors:\n  - key: {key}\n    rate_limit: {{unit: minute, requests_per_unit: {limit}, algorithm: fixed_window}}\n"
+    )
+}
+
+fn addr_args(port: u16) -> [String; 4] {
+    [
+        "--http-addr".into(),
+        format!("127.0.0.1:{port}"),
+        "--grpc-addr".into(),
+        format!("127.0.0.1:{}", free_port()),
+    ]
+}
+
+#[test]
+fn reload_new_rules_within_two_seconds_and_keep_old_on_broken_file() {
+    let dir = temp_dir("reload");
+    std::fs::write(dir.join("a.yaml"), rule("r", "user", 2)).unwrap();
+    let a = addr_args(free_port());
+    let rules = dir.display().to_string();
+    let mut args: Vec<&str> = a.iter().map(String::as_str).collect();
+    args.extend(["--rules", &rules]);
+    let server = Server::start(&args, &repo(), "reload");
+
+    let (s, b) = check(&server.base, "r", "user", "u1");
+    assert_eq!(s, 200);
+    assert_eq!(b["statuses"][0]["current_limit"]["requests_per_unit"], 2);
+
+    // A new limit shows within 2 s.
+    std::fs::write(dir.join("a.yaml"), rule("r", "user", 7)).unwrap();
+    std::fs::write(dir.join("b.yaml"), rule("other", "k", 1)).unwrap();
+    let until = Instant::now() + Duration::from_secs(2);
+    loop {
+        let (_, b) = check(&server.base, "r", "user", "u2");
+        if b["statuses"][0]["current_limit"]["requests_per_unit"] == 7 {
+            break;
+        }
+        assert!(Instant::now() < until, "new rules not active after 2 s: {b}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (_, b) = check(&server.base, "other", "k", "x");
+    assert_eq!(b["statuses"][0]["current_limit"]["requests_per_unit"], 1);
+
+    // A broken file: the old limit is still enforced and the error is reported.
+    std::fs::write(
+        dir.join("c.yaml"),
+        "domain: c\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: \"ten\"}\n",
+    )
+    .unwrap();
+    let until = Instant::now() + Duration::from_secs(2);
+    let rules = loop {
+        let r = http(&server.base, Method::GET, "/v1/rules", None);
+        let v: Value = serde_json::from_str(&r.body).unwrap();
+        if !v["last_reload_error"].is_null() {
+            break v;
+        }
+        assert!(Instant::now() < until, "reload error not reported: {v}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let err = rules["last_reload_error"]["errors"][0].as_str().unwrap();
+    assert!(err.contains("c.yaml:4:"), "{err}");
+    let (s, _) = check(&server.base, "other", "k", "x");
+    assert_eq!(s, 429, "the running rules must stay");
+    let (_, b) = check(&server.base, "r", "user", "u3");
+    assert_eq!(b["statuses"][0]["current_limit"]["requests_per_unit"], 7);
+    let metrics = http(&server.base, Method::GET, "/metrics", None).body;
+    assert!(metrics.contains("tollgate_rule_reloads_total{result=\"failure\"} 1"), "{metrics}");
+    assert!(server.stderr().contains("c.yaml:4:"), "{}", server.stderr());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn sigterm_finishes_the_in_flight_request_then_exits_zero() {
+    let port = free_port();
+    let a = addr_args(port);
+    let mut args: Vec<&str> = a.iter().map(String::as_str).collect();
+    args.extend(["--log-format", "json"]);
+    let mut server = Server::start(&args, &repo(), "shutdown");
+
+    let body = json!({"domain": "api", "descriptors": [{"entries": [{"key": "user", "value": "alice"}]}]})
+        .to_string();
+    let (first, rest) = body.split_at(10);
+    let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        conn,
+        "POST /v1/check HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{first}",
+        body.len()
+    )
+    .unwrap();
+    conn.flush().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    server.terminate();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        server.child.try_wait().unwrap().is_none(),
+        "exited with a request in flight"
+    );
+    conn.write_all(rest.as_bytes()).unwrap();
+    let mut response = String::new();
+    conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    conn.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(response.contains("\"overall_code\":\"OK\""), "{response}");
+    let status = server.wait(Duration::from_secs(10));
+    assert!(status.success(), "exit {status:?}: {}", server.stderr());
+    // New connections are refused once it has stopped.
+    assert!(TcpStream::connect(("127.0.0.1", port)).is_err());
+    // --log-format json: every log line is a JSON object.
+    let logs = server.stderr();
+    assert!(logs.lines().count() >= 2, "{logs}");
+    for line in logs.lines() {
+        let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(v["level"].is_string(), "{line}");
+    }
+    assert!(logs.contains("SIGTERM"), "{logs}");
+}
+
+#[test]
+fn readme_quick_start_serve_without_arguments() {
+    // `tollgate serve` from the repo root binds 8080/8081 and serves examples/rules. When the
+    // machine has those ports taken, only the addresses are overridden.
+    let extra: Vec<String> = if port_is_free(8080) && port_is_free(8081) {
+        Vec::new()
+    } else {
+        addr_args(free_port()).to_vec()
+    };
+    let args: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let server = Server::start(&args, &repo(), "quickstart");
+    if extra.is_empty() {
+        assert_eq!(server.base, "http://127.0.0.1:8080");
+    }
+    let (s, b) = check(&server.base, "api", "user", "alice");
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(b["statuses"][0]["current_limit"]["requests_per_unit"], 100);
+    assert_eq!(b["statuses"][0]["limit_remaining"], 99);
+    let r = http(&server.base, Method::GET, "/healthz", None);
+    assert_eq!(r.status, 200);
+    let r = http(&server.base, Method::GET, "/readyz", None);
+    assert_eq!(r.status, 200);
+}
+
+#[test]
+fn check_command_exits_0_then_1_then_2() {
+    let dir = temp_dir("check");
+    std::fs::write(dir.join("a.yaml"), rule("c", "user", 1)).unwrap();
+    let a = addr_args(free_port());
+    let rules = dir.display().to_string();
+    let mut args: Vec<&str> = a.iter().map(String::as_str).collect();
+    args.extend(["--rules", &rules]);
+    let server = Server::start(&args, &repo(), "check");
+    let base = server.base.clone();
+    let run = |extra: &[&str]| {
+        let mut v = vec!["check", "--url", &base, "--domain", "c"];
+        v.extend_from_slice(extra);
+        tollgate(&v)
+    };
+    let out = run(&["--descriptor", "user=alice"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.starts_with("OK: allowed"), "{text}");
+    let out = run(&["--descriptor", "user=alice"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.starts_with("OVER_LIMIT: limited"), "{text}");
+    assert!(text.contains("Retry-After:"), "{text}");
+    // --json prints the raw response; several descriptors; hits 0 only queries.
+    let out = run(&["--descriptor", "user=bob", "--descriptor", "x=1;y=2", "--hits", "0", "--json"]);
+    assert_eq!(out.status.code(), Some(0));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["statuses"][0]["limit_remaining"], 1);
+    assert!(v["statuses"][1]["current_limit"].is_null());
+    // Errors: bad request and unreachable server exit 2.
+    let out = run(&["--descriptor", &format!("user={}", "x".repeat(2000))]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("value_too_long"));
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let out = tollgate(&["check", "--url", &dead, "--domain", "c", "--descriptor", "a=b"]);
+    assert_eq!(out.status.code(), Some(2));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn serve_refuses_unsupported_store_and_bad_rules() {
+    let out = tollgate(&["serve", "--store", "redis://localhost:6379", "--http-addr", "127.0.0.1:0"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unsupported --store 'redis://localhost:6379'"), "{err}");
+    assert!(err.contains("'memory'"), "{err}");
+    let dir = temp_dir("bad");
+    std::fs::write(dir.join("a.yaml"), "domain: a\ndescriptors: 3\n").unwrap();
+    let out = tollgate(&["serve", "--rules", &dir.display().to_string(), "--http-addr", "127.0.0.1:0"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("a.yaml:2:"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
