@@ -67,9 +67,8 @@ pub fn build_state(config: &ServeConfig) -> anyhow::Result<AppState> {
     if config.max_keys == 0 {
         bail!("--max-keys must be at least 1");
     }
-    let rules = reload::load(&config.rules, 1).map_err(|e| {
-        anyhow::anyhow!("invalid rules in {}:\n{e}", config.rules.display())
-    })?;
+    let rules = reload::load(&config.rules, 1)
+        .map_err(|e| anyhow::anyhow!("invalid rules in {}:\n{e}", config.rules.display()))?;
     let memory = Arc::new(MemoryStore::new(config.max_keys));
     Ok(AppState::builder(rules)
         .memory_store(memory)

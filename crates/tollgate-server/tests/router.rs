@@ -147,7 +147,10 @@ async fn three_per_minute_ok_ok_ok_over_limit() {
             assert_eq!(s["current_limit"]["unit"], "MINUTE");
             assert!(s["retry_after_ms"].is_null());
             assert_eq!(r.header("x-ratelimit-limit"), Some("3"));
-            assert_eq!(r.header("x-ratelimit-remaining"), Some(&*remaining.to_string()));
+            assert_eq!(
+                r.header("x-ratelimit-remaining"),
+                Some(&*remaining.to_string())
+            );
             assert_eq!(r.header("ratelimit-policy"), Some("3;w=60"));
             assert!(r.header("retry-after").is_none());
         }
@@ -158,7 +161,11 @@ async fn three_per_minute_ok_ok_ok_over_limit() {
         assert_eq!(s["code"], "OVER_LIMIT");
         assert_eq!(s["limit_remaining"], 0);
         assert_eq!(s["retry_after_ms"], retry_s * 1000, "{key}");
-        assert_eq!(r.header("retry-after"), Some(&*retry_s.to_string()), "{key}");
+        assert_eq!(
+            r.header("retry-after"),
+            Some(&*retry_s.to_string()),
+            "{key}"
+        );
         assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
         let rl = r.header("ratelimit").unwrap();
         assert!(rl.starts_with("limit=3, remaining=0, reset="), "{rl}");
@@ -174,7 +181,12 @@ async fn three_per_minute_ok_ok_ok_over_limit() {
         assert_eq!(other.status, StatusCode::OK);
         app.clock.advance(Duration::from_secs(retry_s));
         let again = check(&app, "d", &[&[(key, "alice")]]).await;
-        assert_eq!(again.status, StatusCode::OK, "{key} after waiting: {}", again.text);
+        assert_eq!(
+            again.status,
+            StatusCode::OK,
+            "{key} after waiting: {}",
+            again.text
+        );
     }
 }
 
@@ -189,7 +201,10 @@ async fn cost_above_limit_has_no_retry_after_and_says_why() {
     let s = &r.body["statuses"][0];
     assert!(s["retry_after_ms"].is_null());
     let msg = s["message"].as_str().unwrap();
-    assert!(msg.starts_with("slow down: request cost 4 exceeds"), "{msg}");
+    assert!(
+        msg.starts_with("slow down: request cost 4 exceeds"),
+        "{msg}"
+    );
     assert!(msg.contains("retrying will not help"), "{msg}");
     // Nothing was consumed.
     let r = check(&app, "d", &[&[("fw", "x")]]).await;
@@ -302,7 +317,10 @@ async fn envoy_readme_examples_as_served_decisions() {
     let app = app_dir(&repo().join("crates/tollgate-core/tests/fixtures/rules/good"));
     let limit = |r: &Resp, i: usize| {
         let l = &r.body["statuses"][i]["current_limit"];
-        (l["requests_per_unit"].as_u64(), l["unit"].as_str().map(String::from))
+        (
+            l["requests_per_unit"].as_u64(),
+            l["unit"].as_str().map(String::from),
+        )
     };
     // Example 1.
     let r = check(&app, "mongo_cps", &[&[("database", "users")]]).await;
@@ -323,9 +341,19 @@ async fn envoy_readme_examples_as_served_decisions() {
     assert_eq!(limit(&r, 0), (Some(5), Some("DAY".into())));
     assert_eq!(limit(&r, 1), (Some(100), Some("DAY".into())));
     // Example 3: 10/s per IP, a blacklisted IP 0/s (never passes: no Retry-After).
-    let r = check(&app, "edge_proxy_per_ip", &[&[("remote_address", "10.0.0.1")]]).await;
+    let r = check(
+        &app,
+        "edge_proxy_per_ip",
+        &[&[("remote_address", "10.0.0.1")]],
+    )
+    .await;
     assert_eq!(limit(&r, 0), (Some(10), Some("SECOND".into())));
-    let r = check(&app, "edge_proxy_per_ip", &[&[("remote_address", "50.0.0.5")]]).await;
+    let r = check(
+        &app,
+        "edge_proxy_per_ip",
+        &[&[("remote_address", "50.0.0.5")]],
+    )
+    .await;
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
     assert!(r.header("retry-after").is_none());
     assert!(r.body["statuses"][0]["message"]
@@ -382,8 +410,13 @@ async fn envoy_readme_examples_as_served_decisions() {
 
     let m = get(&app, "/metrics").await.text;
     assert!(m.contains("tollgate_total_hits{domain=\"example8\",rule=\"example8|key1=foo\"} 1"));
-    assert!(m.contains("tollgate_shadow_mode{domain=\"example6\",rule=\"example6|service|user=user-a\"} 2"));
+    assert!(m.contains(
+        "tollgate_shadow_mode{domain=\"example6\",rule=\"example6|service|user=user-a\"} 2"
+    ));
 }
+
+/// (name, content type, body, expected status, expected error code).
+type Case = (&'static str, Option<&'static str>, Vec<u8>, u16, &'static str);
 
 #[tokio::test]
 async fn malformed_requests_get_status_and_code() {
@@ -400,7 +433,7 @@ async fn malformed_requests_get_status_and_code() {
     };
     let long = |n: usize| "x".repeat(n);
     let ok_desc = json!([{"entries": [{"key": "fw", "value": "a"}]}]);
-    let cases: Vec<(&str, Option<&str>, Vec<u8>, u16, &str)> = vec![
+    let cases: Vec<Case> = vec![
         ("not json", Some("application/json"), b"{".to_vec(), 400, "invalid_json"),
         ("empty body", Some("application/json"), b"".to_vec(), 400, "invalid_json"),
         ("text/plain", Some("text/plain"), b"{}".to_vec(), 415, "unsupported_media_type"),
@@ -431,14 +464,21 @@ async fn malformed_requests_get_status_and_code() {
         let r = post_raw(&app, "/v1/check", ct, body).await;
         assert_eq!(r.status.as_u16(), status, "{name}: {}", r.text);
         assert_eq!(r.body["error"]["code"], code, "{name}: {}", r.text);
-        assert!(r.body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{name}");
+        assert!(
+            r.body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{name}"
+        );
     }
     // Unknown fields are ignored (forward compatibility); a missing content type is accepted.
     let r = post_raw(
         &app,
         "/v1/check",
         None,
-        json!({"domain": "d", "descriptors": ok_desc, "future": 1}).to_string().into(),
+        json!({"domain": "d", "descriptors": ok_desc, "future": 1})
+            .to_string()
+            .into(),
     )
     .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
@@ -450,7 +490,10 @@ async fn malformed_requests_get_status_and_code() {
     assert_eq!(r.status, StatusCode::NOT_FOUND);
     assert_eq!(r.body["error"]["code"], "not_found");
     let m = get(&app, "/metrics").await.text;
-    assert!(m.contains("tollgate_request_errors_total{code=\"invalid_hits\"} 5"), "{m}");
+    assert!(
+        m.contains("tollgate_request_errors_total{code=\"invalid_hits\"} 5"),
+        "{m}"
+    );
 }
 
 #[tokio::test]
@@ -458,7 +501,12 @@ async fn envoy_json_endpoint_matches_v1_check() {
     let native = app(THREE);
     let envoy = app(THREE);
     for i in 0..5 {
-        let a = post(&native, "/v1/check", req("d", &[&[("fw", "x")], &[("nothing", "y")]])).await;
+        let a = post(
+            &native,
+            "/v1/check",
+            req("d", &[&[("fw", "x")], &[("nothing", "y")]]),
+        )
+        .await;
         let b = post_raw(
             &envoy,
             "/json",
@@ -476,11 +524,19 @@ async fn envoy_json_endpoint_matches_v1_check() {
         assert_eq!(a.body["overall_code"], b.body["overallCode"]);
         let (sa, sb) = (&a.body["statuses"][0], &b.body["statuses"][0]);
         assert_eq!(sa["code"], sb["code"]);
-        assert_eq!(sa["current_limit"]["requests_per_unit"], sb["currentLimit"]["requestsPerUnit"]);
+        assert_eq!(
+            sa["current_limit"]["requests_per_unit"],
+            sb["currentLimit"]["requestsPerUnit"]
+        );
         assert_eq!(sa["current_limit"]["unit"], sb["currentLimit"]["unit"]);
         // protojson omits zero values.
         let remaining = sa["limit_remaining"].as_u64().unwrap();
-        assert_eq!(sb.get("limitRemaining").and_then(Value::as_u64).unwrap_or(0), remaining);
+        assert_eq!(
+            sb.get("limitRemaining")
+                .and_then(Value::as_u64)
+                .unwrap_or(0),
+            remaining
+        );
         assert_eq!(sb["durationUntilReset"], "20s");
         assert_eq!(b.body["statuses"][1], json!({"code": "OK"}));
     }
@@ -544,8 +600,12 @@ async fn rules_health_and_openapi() {
     let o = get(&app, "/openapi.json").await;
     assert_eq!(o.status, StatusCode::OK);
     assert_eq!(o.body["openapi"].as_str().map(|s| &s[..2]), Some("3."));
-    let file = std::fs::read_to_string(repo().join("docs/openapi.json")).expect("docs/openapi.json");
-    assert_eq!(o.text, file, "docs/openapi.json differs from the served document");
+    let file =
+        std::fs::read_to_string(repo().join("docs/openapi.json")).expect("docs/openapi.json");
+    assert_eq!(
+        o.text, file,
+        "docs/openapi.json differs from the served document"
+    );
 }
 
 fn temp_dir(name: &str) -> PathBuf {
@@ -598,7 +658,10 @@ async fn reload_keeps_counters_of_unchanged_limits_and_survives_broken_files() {
     let r = check(&app, "d", &[&[("u", "a")]]).await;
     assert_eq!(r.body["statuses"][0]["limit_remaining"], 2);
     let r = check(&app, "d", &[&[("v", "a")]]).await;
-    assert_eq!(r.body["statuses"][0]["current_limit"]["requests_per_unit"], 1);
+    assert_eq!(
+        r.body["statuses"][0]["current_limit"]["requests_per_unit"],
+        1
+    );
     // Raising the limit keeps the count too (same key, algorithm and period).
     std::fs::write(
         dir.join("d.yaml"),
@@ -614,7 +677,10 @@ async fn reload_keeps_counters_of_unchanged_limits_and_survives_broken_files() {
     let r = check(&app, "d", &[&[("u", "a")]]).await;
     assert_eq!(r.body["statuses"][0]["limit_remaining"], 5);
     let rules = get(&app, "/v1/rules").await;
-    let err = rules.body["last_reload_error"]["errors"][0].as_str().unwrap().to_string();
+    let err = rules.body["last_reload_error"]["errors"][0]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert!(err.contains("f.yaml:4:"), "{err}");
     assert_eq!(rules.body["generation"], 3);
     let m = get(&app, "/metrics").await.text;

@@ -152,9 +152,14 @@ fn check(base: &str, domain: &str, key: &str, value: &str) -> (u16, Value) {
         base,
         Method::POST,
         "/v1/check",
-        Some(json!({"domain": domain, "descriptors": [{"entries": [{"key": key, "value": value}]}]})),
+        Some(
+            json!({"domain": domain, "descriptors": [{"entries": [{"key": key, "value": value}]}]}),
+        ),
     );
-    (r.status, serde_json::from_str(&r.body).unwrap_or(Value::Null))
+    (
+        r.status,
+        serde_json::from_str(&r.body).unwrap_or(Value::Null),
+    )
 }
 
 fn tollgate(args: &[&str]) -> Output {
@@ -203,7 +208,10 @@ fn reload_new_rules_within_two_seconds_and_keep_old_on_broken_file() {
         if b["statuses"][0]["current_limit"]["requests_per_unit"] == 7 {
             break;
         }
-        assert!(Instant::now() < until, "new rules not active after 2 s: {b}");
+        assert!(
+            Instant::now() < until,
+            "new rules not active after 2 s: {b}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let (_, b) = check(&server.base, "other", "k", "x");
@@ -232,7 +240,10 @@ fn reload_new_rules_within_two_seconds_and_keep_old_on_broken_file() {
     let (_, b) = check(&server.base, "r", "user", "u3");
     assert_eq!(b["statuses"][0]["current_limit"]["requests_per_unit"], 7);
     let metrics = http(&server.base, Method::GET, "/metrics", None).body;
-    assert!(metrics.contains("tollgate_rule_reloads_total{result=\"failure\"} 1"), "{metrics}");
+    assert!(
+        metrics.contains("tollgate_rule_reloads_total{result=\"failure\"} 1"),
+        "{metrics}"
+    );
     assert!(server.stderr().contains("c.yaml:4:"), "{}", server.stderr());
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -245,8 +256,9 @@ fn sigterm_finishes_the_in_flight_request_then_exits_zero() {
     args.extend(["--log-format", "json"]);
     let mut server = Server::start(&args, &repo(), "shutdown");
 
-    let body = json!({"domain": "api", "descriptors": [{"entries": [{"key": "user", "value": "alice"}]}]})
-        .to_string();
+    let body =
+        json!({"domain": "api", "descriptors": [{"entries": [{"key": "user", "value": "alice"}]}]})
+            .to_string();
     let (first, rest) = body.split_at(10);
     let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
     write!(
@@ -265,7 +277,8 @@ fn sigterm_finishes_the_in_flight_request_then_exits_zero() {
     );
     conn.write_all(rest.as_bytes()).unwrap();
     let mut response = String::new();
-    conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
     conn.read_to_string(&mut response).unwrap();
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
     assert!(response.contains("\"overall_code\":\"OK\""), "{response}");
@@ -332,7 +345,15 @@ fn check_command_exits_0_then_1_then_2() {
     assert!(text.starts_with("OVER_LIMIT: limited"), "{text}");
     assert!(text.contains("Retry-After:"), "{text}");
     // --json prints the raw response; several descriptors; hits 0 only queries.
-    let out = run(&["--descriptor", "user=bob", "--descriptor", "x=1;y=2", "--hits", "0", "--json"]);
+    let out = run(&[
+        "--descriptor",
+        "user=bob",
+        "--descriptor",
+        "x=1;y=2",
+        "--hits",
+        "0",
+        "--json",
+    ]);
     assert_eq!(out.status.code(), Some(0));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["statuses"][0]["limit_remaining"], 1);
@@ -342,21 +363,44 @@ fn check_command_exits_0_then_1_then_2() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("value_too_long"));
     let dead = format!("http://127.0.0.1:{}", free_port());
-    let out = tollgate(&["check", "--url", &dead, "--domain", "c", "--descriptor", "a=b"]);
+    let out = tollgate(&[
+        "check",
+        "--url",
+        &dead,
+        "--domain",
+        "c",
+        "--descriptor",
+        "a=b",
+    ]);
     assert_eq!(out.status.code(), Some(2));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn serve_refuses_unsupported_store_and_bad_rules() {
-    let out = tollgate(&["serve", "--store", "redis://localhost:6379", "--http-addr", "127.0.0.1:0"]);
+    let out = tollgate(&[
+        "serve",
+        "--store",
+        "redis://localhost:6379",
+        "--http-addr",
+        "127.0.0.1:0",
+    ]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("unsupported --store 'redis://localhost:6379'"), "{err}");
+    assert!(
+        err.contains("unsupported --store 'redis://localhost:6379'"),
+        "{err}"
+    );
     assert!(err.contains("'memory'"), "{err}");
     let dir = temp_dir("bad");
     std::fs::write(dir.join("a.yaml"), "domain: a\ndescriptors: 3\n").unwrap();
-    let out = tollgate(&["serve", "--rules", &dir.display().to_string(), "--http-addr", "127.0.0.1:0"]);
+    let out = tollgate(&[
+        "serve",
+        "--rules",
+        &dir.display().to_string(),
+        "--http-addr",
+        "127.0.0.1:0",
+    ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("a.yaml:2:"));
     let _ = std::fs::remove_dir_all(&dir);
