@@ -17,6 +17,7 @@ use axum::Router;
 use serde_json::{json, Map, Value};
 use std::any::Any;
 use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::trace::TraceLayer;
 
 /// The OpenAPI document served at `/openapi.json` (also checked in as `docs/openapi.json`).
 pub const OPENAPI_JSON: &str = include_str!("openapi.json");
@@ -36,6 +37,7 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
         .layer(CatchPanicLayer::custom(panic_response))
+        .layer(TraceLayer::new_for_http())
 }
 
 fn panic_response(err: Box<dyn Any + Send + 'static>) -> Response {

@@ -126,11 +126,25 @@ impl Default for WatchOptions {
 
 /// Watch `path` until `shutdown` turns true: reload when the fingerprint changes (after it has
 /// been stable for `debounce`) and on every `SIGHUP`.
-pub async fn watch(
+///
+/// The `SIGHUP` handler is installed when this is called (call it inside the runtime), not when
+/// the future is first polled, so a `SIGHUP` right after start-up cannot kill the process.
+pub fn watch(
+    state: AppState,
+    path: PathBuf,
+    options: WatchOptions,
+    shutdown: watch::Receiver<bool>,
+) -> impl std::future::Future<Output = ()> + Send {
+    let hup = Hangup::new();
+    watch_loop(state, path, options, shutdown, hup)
+}
+
+async fn watch_loop(
     state: AppState,
     path: PathBuf,
     options: WatchOptions,
     mut shutdown: watch::Receiver<bool>,
+    mut hup: Hangup,
 ) {
     let fp = {
         let p = path.clone();
@@ -147,7 +161,6 @@ pub async fn watch(
     if last == "inline" {
         last = fp().await;
     }
-    let mut hup = Hangup::new();
     let mut tick = tokio::time::interval(options.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

@@ -125,10 +125,6 @@ pub async fn serve(
         "rules loaded"
     );
     drop(rules);
-    on_bound(Bound {
-        http: http_addr,
-        grpc: grpc_addr,
-    });
 
     let watcher = tokio::spawn(reload::watch(
         state.clone(),
@@ -144,6 +140,11 @@ pub async fn serve(
         shutdown.await;
         tracing::info!("shutting down: finishing in-flight requests");
         let _ = tx.send(true);
+    });
+
+    on_bound(Bound {
+        http: http_addr,
+        grpc: grpc_addr,
     });
 
     let app = crate::http::router(state.clone());
@@ -192,28 +193,34 @@ async fn sweep(state: AppState, every: Duration, mut shutdown: watch::Receiver<b
     }
 }
 
-/// Resolves on SIGTERM or SIGINT (Ctrl-C).
-pub async fn shutdown_signal() {
+/// Resolves on SIGTERM or SIGINT (Ctrl-C). The handlers are installed when this is called (call
+/// it inside the runtime), so a signal arriving before the future is polled is not lost.
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        match (
+        let handlers = (
             signal(SignalKind::terminate()),
             signal(SignalKind::interrupt()),
-        ) {
-            (Ok(mut term), Ok(mut int)) => {
-                tokio::select! {
-                    _ = term.recv() => tracing::info!("SIGTERM received"),
-                    _ = int.recv() => tracing::info!("SIGINT received"),
+        );
+        async move {
+            match handlers {
+                (Ok(mut term), Ok(mut int)) => {
+                    tokio::select! {
+                        _ = term.recv() => tracing::info!("SIGTERM received"),
+                        _ = int.recv() => tracing::info!("SIGINT received"),
+                    }
                 }
-            }
-            _ => {
-                let _ = tokio::signal::ctrl_c().await;
+                _ => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
             }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = tokio::signal::ctrl_c().await;
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }

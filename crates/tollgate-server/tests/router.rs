@@ -416,7 +416,13 @@ async fn envoy_readme_examples_as_served_decisions() {
 }
 
 /// (name, content type, body, expected status, expected error code).
-type Case = (&'static str, Option<&'static str>, Vec<u8>, u16, &'static str);
+type Case = (
+    &'static str,
+    Option<&'static str>,
+    Vec<u8>,
+    u16,
+    &'static str,
+);
 
 #[tokio::test]
 async fn malformed_requests_get_status_and_code() {
@@ -690,5 +696,106 @@ async fn reload_keeps_counters_of_unchanged_limits_and_survives_broken_files() {
     std::fs::remove_file(dir.join("f.yaml")).unwrap();
     assert!(reload_now(&app.state, &dir));
     assert!(get(&app, "/v1/rules").await.body["last_reload_error"].is_null());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+struct FailingStore;
+impl tollgate_core::Store for FailingStore {
+    fn check(
+        &self,
+        _now: u64,
+        _items: &[tollgate_core::CheckItem<'_>],
+    ) -> Result<Vec<tollgate_core::Decision>, tollgate_core::StoreError> {
+        Err(tollgate_core::StoreError::Unavailable(
+            "connection refused".into(),
+        ))
+    }
+}
+
+struct PanickingStore;
+impl tollgate_core::Store for PanickingStore {
+    fn check(
+        &self,
+        _now: u64,
+        items: &[tollgate_core::CheckItem<'_>],
+    ) -> Result<Vec<tollgate_core::Decision>, tollgate_core::StoreError> {
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        panic!("store bug")
+    }
+}
+
+fn app_with_store(store: Arc<dyn tollgate_core::Store>) -> App {
+    let set = RuleSet::from_sources(&[("t.yaml".to_string(), THREE.to_string())]).unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let state = AppState::builder(LoadedRules::inline(set))
+        .clock(clock.clone())
+        .store(store)
+        .build();
+    App {
+        router: router(state.clone()),
+        state,
+        clock,
+    }
+}
+
+#[tokio::test]
+async fn store_failure_is_503_and_not_ready() {
+    let app = app_with_store(Arc::new(FailingStore));
+    let r = check(&app, "d", &[&[("fw", "a")]]).await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(r.body["error"]["code"], "store_unavailable");
+    // A request touching no counter does not need the store.
+    let r = check(&app, "d", &[&[("nothing", "a")]]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(
+        get(&app, "/readyz").await.status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(get(&app, "/healthz").await.status, StatusCode::OK);
+    let m = get(&app, "/metrics").await.text;
+    assert!(m.contains("tollgate_store_errors_total 2"), "{m}");
+    assert!(app.state.memory_store().is_none());
+}
+
+#[tokio::test]
+async fn a_panic_becomes_a_json_500() {
+    let app = app_with_store(Arc::new(PanickingStore));
+    let r = check(&app, "d", &[&[("fw", "a")]]).await;
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(r.body["error"]["code"], "internal");
+    // The service keeps answering.
+    assert_eq!(get(&app, "/healthz").await.status, StatusCode::OK);
+    app.clock.advance(Duration::from_secs(1));
+}
+
+#[cfg(unix)]
+#[test]
+fn fingerprint_follows_configmap_symlink_swaps() {
+    use std::os::unix::fs::symlink;
+    use tollgate_server::reload::{fingerprint, rule_files};
+    // Kubernetes layout: a.yaml -> ..data/a.yaml, ..data -> ..2024_01 (swapped atomically).
+    let dir = temp_dir("configmap");
+    for (v, limit) in [("..2024_01", 1), ("..2024_02", 2)] {
+        std::fs::create_dir(dir.join(v)).unwrap();
+        std::fs::write(
+            dir.join(v).join("a.yaml"),
+            format!("domain: a\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: {limit}}}\n"),
+        )
+        .unwrap();
+    }
+    symlink("..2024_01", dir.join("..data")).unwrap();
+    symlink("..data/a.yaml", dir.join("a.yaml")).unwrap();
+    assert_eq!(rule_files(&dir), vec![dir.join("a.yaml")]);
+    let before = fingerprint(&dir);
+    assert_eq!(before, fingerprint(&dir), "stable");
+    symlink("..2024_02", dir.join("..data_tmp")).unwrap();
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+    let after = fingerprint(&dir);
+    assert_ne!(before, after);
+    let rules = tollgate_server::reload::load(&dir, 2).unwrap();
+    assert_eq!(rules.hash, after);
+    assert_eq!(rules.set.limits().next().unwrap().quota.unwrap().limit, 2);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -47,10 +47,15 @@ pub fn run(config: ServeConfig, log_format: LogFormat) -> anyhow::Result<ExitCod
         .enable_all()
         .thread_name("tollgate")
         .build()?;
-    runtime.block_on(serve(config, shutdown_signal(), |bound| {
-        let msg = listening_message(&bound);
-        tracing::info!(http = %bound.http, grpc = ?bound.grpc, "listening");
-        println!("{msg}");
-    }))?;
+    runtime.block_on(async {
+        // Inside the runtime: the signal handlers are installed before anything is bound.
+        let shutdown = shutdown_signal();
+        serve(config, shutdown, |bound| {
+            let msg = listening_message(&bound);
+            tracing::info!(http = %bound.http, grpc = ?bound.grpc, "listening");
+            println!("{msg}");
+        })
+        .await
+    })?;
     Ok(ExitCode::SUCCESS)
 }

@@ -405,3 +405,37 @@ fn serve_refuses_unsupported_store_and_bad_rules() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("a.yaml:2:"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn sighup_reloads_immediately() {
+    let dir = temp_dir("sighup");
+    std::fs::write(dir.join("a.yaml"), rule("h", "user", 2)).unwrap();
+    let a = addr_args(free_port());
+    let rules = dir.display().to_string();
+    let mut args: Vec<&str> = a.iter().map(String::as_str).collect();
+    // Polling effectively off: only SIGHUP can reload.
+    args.extend(["--rules", &rules, "--reload-interval-ms", "3600000"]);
+    let server = Server::start(&args, &repo(), "sighup");
+    // Let the watcher take its first look (at start-up) before changing the file.
+    std::thread::sleep(Duration::from_millis(300));
+    std::fs::write(dir.join("a.yaml"), rule("h", "user", 9)).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let (_, b) = check(&server.base, "h", "user", "u");
+    assert_eq!(b["statuses"][0]["current_limit"]["requests_per_unit"], 2);
+    let status = Command::new("kill")
+        .args(["-HUP", &server.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let until = Instant::now() + Duration::from_secs(2);
+    loop {
+        let (_, b) = check(&server.base, "h", "user", "u");
+        if b["statuses"][0]["current_limit"]["requests_per_unit"] == 9 {
+            break;
+        }
+        assert!(Instant::now() < until, "SIGHUP did not reload: {b}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(server.stderr().contains("SIGHUP"), "{}", server.stderr());
+    let _ = std::fs::remove_dir_all(&dir);
+}
