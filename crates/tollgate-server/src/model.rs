@@ -14,6 +14,9 @@ pub struct CheckRequest {
     /// The descriptors, each with its entries in order and an optional cost of its own.
     pub descriptors: Vec<Descriptor>,
     /// The cost of descriptors without their own; `None` means 1. `Some(0)` is a pure query.
+    ///
+    /// gRPC mapping: Envoy's request `hits_addend` is a plain `uint32`, so 0 (unset) maps to
+    /// `None`; a descriptor's `hits_addend` is a `UInt64Value`, so a present 0 is `Some(0)`.
     pub hits: Option<u64>,
 }
 

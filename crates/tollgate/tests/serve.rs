@@ -49,6 +49,11 @@ struct Server {
 impl Server {
     /// Start `tollgate serve ARGS` in `cwd` and wait for its `listening:` line.
     fn start(args: &[&str], cwd: &Path, log_name: &str) -> Server {
+        Self::try_start(args, cwd, log_name).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Like [`Server::start`], but a server that does not come up is an `Err` with its stderr.
+    fn try_start(args: &[&str], cwd: &Path, log_name: &str) -> Result<Server, String> {
         let log = temp_dir(log_name).join("stderr.log");
         let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
             .arg("serve")
@@ -74,10 +79,10 @@ impl Server {
             Err(_) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                panic!(
+                return Err(format!(
                     "no listening line; stderr:\n{}",
                     std::fs::read_to_string(&log).unwrap_or_default()
-                );
+                ));
             }
         };
         assert!(line.starts_with("listening: HTTP http://"), "{line}");
@@ -88,11 +93,11 @@ impl Server {
             .unwrap()
             .to_string();
         let port = addr.rsplit(':').next().unwrap();
-        Server {
+        Ok(Server {
             child,
             base: format!("http://127.0.0.1:{port}"),
             log,
-        }
+        })
     }
 
     fn stderr(&self) -> String {
@@ -300,16 +305,24 @@ fn sigterm_finishes_the_in_flight_request_then_exits_zero() {
 fn readme_quick_start_serve_without_arguments() {
     // `tollgate serve` from the repo root binds 8080/8081 and serves examples/rules. When the
     // machine has those ports taken, only the addresses are overridden.
-    let extra: Vec<String> = if port_is_free(8080) && port_is_free(8081) {
-        Vec::new()
+    // (Another process may take them between the check and the start: then retry elsewhere.)
+    let default_ports = port_is_free(8080) && port_is_free(8081);
+    let started = if default_ports {
+        Server::try_start(&[], &repo(), "quickstart").ok()
     } else {
-        addr_args(free_port()).to_vec()
+        None
     };
-    let args: Vec<&str> = extra.iter().map(String::as_str).collect();
-    let server = Server::start(&args, &repo(), "quickstart");
-    if extra.is_empty() {
-        assert_eq!(server.base, "http://127.0.0.1:8080");
-    }
+    let server = match started {
+        Some(s) => {
+            assert_eq!(s.base, "http://127.0.0.1:8080");
+            s
+        }
+        None => {
+            let extra = addr_args(free_port());
+            let args: Vec<&str> = extra.iter().map(String::as_str).collect();
+            Server::start(&args, &repo(), "quickstart")
+        }
+    };
     let (s, b) = check(&server.base, "api", "user", "alice");
     assert_eq!(s, 200, "{b}");
     assert_eq!(b["statuses"][0]["current_limit"]["requests_per_unit"], 100);
