@@ -20,7 +20,7 @@
 use crate::algorithm::{self, Bucket, Counter, Log, Sketch, State, Window};
 use crate::clock::{Micros, SECOND};
 use crate::decision::Decision;
-use crate::quota::{Algorithm, Quota};
+use crate::quota::Algorithm;
 use crate::store::{blocks, CheckItem, Store, StoreError};
 use siphasher::sip128::{Hasher128, SipHasher13};
 use std::collections::HashMap;
@@ -473,7 +473,7 @@ impl Store for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quota::Unit;
+    use crate::quota::{Quota, Unit};
 
     fn item<'a>(key: &'a str, quota: &'a Quota, cost: u64) -> CheckItem<'a> {
         CheckItem {
