@@ -65,7 +65,8 @@ fn quota(alg: Algorithm, load: Load) -> (Quota, Micros) {
 }
 
 /// governor's keyed limiter (a `DashMap` of `String` keys) on clock `C`.
-type Governor<C> = RateLimiter<String, DashMapStateStore<String>, C, NoOpMiddleware<<C as GClock>::Instant>>;
+type Governor<C> =
+    RateLimiter<String, DashMapStateStore<String>, C, NoOpMiddleware<<C as GClock>::Instant>>;
 
 fn governor_quota(load: Load) -> GQuota {
     match load {

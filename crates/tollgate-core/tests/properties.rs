@@ -507,3 +507,25 @@ fn backwards_time_after_a_key_was_dropped_forgets_it() {
         assert!(d.allowed, "{alg}");
     }
 }
+
+/// GCRA and the token bucket agree on every trace with non-decreasing times
+/// (`buckets_bound_and_agree`), but not when time goes backwards: GCRA judges the earlier instant
+/// against its theoretical arrival time (stricter), while the token bucket freezes refill at
+/// `last` and still spends the tokens it had. Neither admits more than the latest-clock view.
+#[test]
+fn gcra_and_token_bucket_differ_only_when_time_goes_backwards() {
+    let q = Quota::new(3, Unit::Minute).with_algorithm(Algorithm::Gcra);
+    let tq = q.with_algorithm(Algorithm::TokenBucket);
+    let t0 = BASE + 100 * SECOND;
+    let (g, gs) = algorithm::step(&q, None, t0, 1);
+    let (b, bs) = algorithm::step(&tq, None, t0, 1);
+    assert!(g.allowed && b.allowed);
+    // 50 s earlier: GCRA's backlog is 70 s + 20 s > 60 s; the bucket still holds 2 tokens.
+    let (g, _) = algorithm::step(&q, gs.clone(), t0 - 50 * SECOND, 1);
+    let (b, _) = algorithm::step(&tq, bs.clone(), t0 - 50 * SECOND, 1);
+    assert!(!g.allowed);
+    assert!(b.allowed);
+    // Seen at the latest clock (t0), both would admit it.
+    assert!(algorithm::step(&q, gs, t0, 1).0.allowed);
+    assert!(algorithm::step(&tq, bs, t0, 1).0.allowed);
+}
