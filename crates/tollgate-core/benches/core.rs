@@ -1,0 +1,223 @@
+//! Side-by-side benchmarks: every tollgate algorithm through `MemoryStore::check` (one item)
+//! against `governor`'s keyed limiter, on the same workloads, plus the pure `algorithm::step`.
+//!
+//! Workloads:
+//! - `single_key`: one key; `keys_100k`: 100,000 pre-generated key strings cycled in order;
+//!   `threads_2_*`: two threads on the same store / limiter.
+//! - `admit`: a quota so large everything passes; `deny`: 1 per hour, so after the first
+//!   request of a key everything is denied.
+//!
+//! Time: tollgate takes `now` from the caller; here it is a counter advanced by 1 µs per check
+//! (no clock read). governor reads its own default clock (quanta) on every check: that is part of
+//! its measured cost (a few ns); `governor_fake_clock` is the same limiter on governor's
+//! `FakeRelativeClock` (an atomic load per check), which is the equal-work comparison.
+//! Keys: tollgate hashes the `&str` key (SipHash-1-3, 128 bit); governor is a keyed limiter over
+//! `String` keys (`RateLimiter::keyed`, a `DashMap` with std `RandomState`, SipHash-1-3, 64 bit)
+//! checked with `&String`, so both hash the same key bytes per check and neither allocates a key
+//! on the hot path (governor clones the `String` only when it inserts a new key).
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use governor::clock::{Clock as GClock, FakeRelativeClock};
+use governor::middleware::NoOpMiddleware;
+use governor::state::keyed::DashMapStateStore;
+use governor::{Quota as GQuota, RateLimiter};
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::time::{Duration, Instant};
+use tollgate_core::algorithm::{self, State};
+use tollgate_core::clock::SECOND;
+use tollgate_core::{Algorithm, CheckItem, MemoryStore, Micros, Quota, Store, Unit};
+
+/// 2026-11-22T00:00:00Z.
+const BASE: Micros = 1_795_305_600 * SECOND;
+const KEYS: usize = 100_000;
+
+#[derive(Clone, Copy)]
+enum Load {
+    Admit,
+    Deny,
+}
+
+impl Load {
+    fn name(self) -> &'static str {
+        match self {
+            Load::Admit => "admit",
+            Load::Deny => "deny",
+        }
+    }
+}
+
+/// Our quota and the time step per check for `alg` under `load`.
+fn quota(alg: Algorithm, load: Load) -> (Quota, Micros) {
+    match (load, alg) {
+        // The sliding log keeps one entry per admitted request in the window (and sums it on
+        // every check), so "everything passes" is modelled with a realistic small limit that the
+        // request rate stays under: 64 per second, one request per 20 ms.
+        (Load::Admit, Algorithm::SlidingWindowLog) => {
+            (Quota::new(64, Unit::Second).with_algorithm(alg), 20_000)
+        }
+        (Load::Admit, _) => (
+            Quota::new(1_000_000_000, Unit::Minute).with_algorithm(alg),
+            1,
+        ),
+        (Load::Deny, _) => (Quota::new(1, Unit::Hour).with_algorithm(alg), 1),
+    }
+}
+
+/// governor's keyed limiter (a `DashMap` of `String` keys) on clock `C`.
+type Governor<C> =
+    RateLimiter<String, DashMapStateStore<String>, C, NoOpMiddleware<<C as GClock>::Instant>>;
+
+fn governor_quota(load: Load) -> GQuota {
+    match load {
+        Load::Admit => GQuota::per_second(NonZeroU32::MAX),
+        Load::Deny => GQuota::per_hour(NonZeroU32::MIN),
+    }
+}
+
+fn keys(n: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| {
+            format!(
+                "api|ip=10.{}.{}.{}",
+                (i >> 16) & 255,
+                (i >> 8) & 255,
+                i & 255
+            )
+        })
+        .collect()
+}
+
+fn check(store: &MemoryStore, q: &Quota, key: &str, now: Micros) -> bool {
+    let item = CheckItem {
+        rule: "api",
+        key,
+        quota: q,
+        cost: 1,
+        shadow: false,
+    };
+    store.check(now, &[item]).unwrap()[0].allowed
+}
+
+fn run_governor<C: GClock>(lim: &Governor<C>, keys: &[String], offset: usize, iters: u64) {
+    let mut i = offset % keys.len();
+    for _ in 0..iters {
+        black_box(lim.check_key(&keys[i]).is_ok());
+        i += 1;
+        if i == keys.len() {
+            i = 0;
+        }
+    }
+}
+
+/// `threads` threads each doing `iters` checks concurrently; reports wall time (so ns/op is the
+/// time of one check while the other thread is checking too).
+fn in_threads(threads: usize, iters: u64, f: impl Fn(usize, u64) + Sync) -> Duration {
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let f = &f;
+            s.spawn(move || f(t, iters));
+        }
+    });
+    start.elapsed()
+}
+
+fn store_benches(c: &mut Criterion) {
+    let many = keys(KEYS);
+    let one = keys(1);
+    let cases: [(&str, &[String], usize); 4] = [
+        ("single_key", &one, 1),
+        ("keys_100k", &many, 1),
+        ("threads_2_single_key", &one, 2),
+        ("threads_2_keys_100k", &many, 2),
+    ];
+    for (name, keys, threads) in cases {
+        for load in [Load::Admit, Load::Deny] {
+            if threads > 1 && matches!(load, Load::Deny) {
+                continue;
+            }
+            let mut g = c.benchmark_group(format!("{name}/{}", load.name()));
+            // As shipped: `RateLimiter::keyed` reads its default clock (std `Instant`) per check.
+            let lim: Governor<_> = RateLimiter::keyed(governor_quota(load));
+            g.bench_function("governor", |b| {
+                b.iter_custom(|iters| {
+                    in_threads(threads, iters, |t, n| {
+                        run_governor(&lim, keys, t * keys.len() / threads, n)
+                    })
+                })
+            });
+            // Equal work: time from a `FakeRelativeClock` (an atomic load), like our counter.
+            let fake: Governor<FakeRelativeClock> =
+                RateLimiter::dashmap_with_clock(governor_quota(load), FakeRelativeClock::default());
+            g.bench_function("governor_fake_clock", |b| {
+                b.iter_custom(|iters| {
+                    in_threads(threads, iters, |t, n| {
+                        run_governor(&fake, keys, t * keys.len() / threads, n)
+                    })
+                })
+            });
+            for alg in Algorithm::ALL {
+                let (q, dt) = quota(alg, load);
+                let store = MemoryStore::with_seed(1 << 22, 1, 2);
+                g.bench_with_input(BenchmarkId::from_parameter(alg), &q, |b, q| {
+                    // Each sample continues the time line where the previous one stopped.
+                    let mut done = 0u64;
+                    b.iter_custom(|iters| {
+                        let el = in_threads(threads, iters, |t, n| {
+                            // Every thread starts from the same instant (times interleave).
+                            run_ours(&store, q, dt, keys, t * keys.len() / threads, n, done * dt)
+                        });
+                        done += iters;
+                        el
+                    })
+                });
+            }
+            g.finish();
+        }
+    }
+}
+
+/// One thread's loop: `iters` checks over `keys[offset..]` cycled, time from `BASE + from`.
+#[allow(clippy::too_many_arguments)]
+fn run_ours(
+    store: &MemoryStore,
+    q: &Quota,
+    dt: Micros,
+    keys: &[String],
+    offset: usize,
+    iters: u64,
+    from: Micros,
+) {
+    let mut now = BASE + from;
+    let mut i = offset % keys.len();
+    for _ in 0..iters {
+        black_box(check(store, q, &keys[i], now));
+        now += dt;
+        i += 1;
+        if i == keys.len() {
+            i = 0;
+        }
+    }
+}
+
+fn step_benches(c: &mut Criterion) {
+    let mut g = c.benchmark_group("step/admit");
+    for alg in Algorithm::ALL {
+        let (q, dt) = quota(alg, Load::Admit);
+        g.bench_with_input(BenchmarkId::from_parameter(alg), &q, |b, q| {
+            let mut state: Option<State> = None;
+            let mut now = BASE;
+            b.iter(|| {
+                let (d, s) = algorithm::step(q, state.take(), now, 1);
+                state = s;
+                now += dt;
+                black_box(d.allowed)
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, store_benches, step_benches);
+criterion_main!(benches);
