@@ -26,7 +26,9 @@ use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 use tollgate_core::algorithm::{self, State};
 use tollgate_core::clock::SECOND;
-use tollgate_core::{Algorithm, CheckItem, MemoryStore, Micros, Quota, Store, Unit};
+use tollgate_core::{
+    Algorithm, CheckItem, Clock, MemoryStore, Micros, Quota, Store, SystemClock, Unit,
+};
 
 /// 2026-11-22T00:00:00Z.
 const BASE: Micros = 1_795_305_600 * SECOND;
@@ -96,7 +98,7 @@ fn check(store: &MemoryStore, q: &Quota, key: &str, now: Micros) -> bool {
         cost: 1,
         shadow: false,
     };
-    store.check(now, &[item]).unwrap()[0].allowed
+    store.check_one(now, &item).unwrap().allowed
 }
 
 fn run_governor<C: GClock>(lim: &Governor<C>, keys: &[String], offset: usize, iters: u64) {
@@ -172,8 +174,32 @@ fn store_benches(c: &mut Criterion) {
                         el
                     })
                 });
+                if alg == Algorithm::Gcra {
+                    // Equal work with governor as shipped: read the real clock on every check.
+                    let fresh = MemoryStore::with_seed(1 << 22, 1, 2);
+                    g.bench_with_input("gcra_system_clock", &q, |b, q| {
+                        b.iter_custom(|iters| {
+                            in_threads(threads, iters, |t, n| {
+                                run_ours_clock(&fresh, q, keys, t * keys.len() / threads, n)
+                            })
+                        })
+                    });
+                }
             }
             g.finish();
+        }
+    }
+}
+
+/// Like [`run_ours`] but with time from [`SystemClock`] on every check.
+fn run_ours_clock(store: &MemoryStore, q: &Quota, keys: &[String], offset: usize, iters: u64) {
+    let clock = SystemClock;
+    let mut i = offset % keys.len();
+    for _ in 0..iters {
+        black_box(check(store, q, &keys[i], clock.now()));
+        i += 1;
+        if i == keys.len() {
+            i = 0;
         }
     }
 }

@@ -220,10 +220,10 @@ pub fn check<'r>(
 ) -> Result<Verdict<'r>, StoreError> {
     let plan = Plan::new(rules, domain, descriptors, hits);
     let items = plan.items();
-    let decisions = if items.is_empty() {
-        Vec::new()
-    } else {
-        store.check(now, &items)?
+    let decisions = match items.as_slice() {
+        [] => Vec::new(),
+        [one] => vec![store.check_one(now, one)?],
+        many => store.check(now, many)?,
     };
     debug_assert_eq!(decisions.len(), items.len());
     drop(items);

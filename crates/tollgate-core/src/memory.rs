@@ -24,8 +24,8 @@ use crate::quota::Algorithm;
 use crate::store::{blocks, CheckItem, Store, StoreError};
 use siphasher::sip128::{Hasher128, SipHasher13};
 use std::collections::HashMap;
-use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 /// Default bound on tracked keys.
 pub const DEFAULT_MAX_KEYS: usize = 1 << 22;
@@ -131,7 +131,31 @@ impl Slot {
     }
 }
 
-/// Hasher for keys that are already uniformly random 128-bit hashes.
+/// A counter's identity: its 128-bit keyed hash as two words. Not a `u128`: that is 16-byte
+/// aligned on x86-64 and would pad every map entry from 40 to 48 bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Key([u64; 2]);
+
+impl Key {
+    fn wide(self) -> u128 {
+        u128::from(self.0[0]) | (u128::from(self.0[1]) << 64)
+    }
+}
+
+impl From<u128> for Key {
+    fn from(h: u128) -> Self {
+        Key([h as u64, (h >> 64) as u64])
+    }
+}
+
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // Already uniformly random: the high word is the table hash (the low word picks the shard).
+        state.write_u64(self.0[1]);
+    }
+}
+
+/// Hasher for [`Key`], which hashes itself with one `write_u64`.
 #[derive(Default)]
 struct Prehashed(u64);
 
@@ -144,12 +168,12 @@ impl Hasher for Prehashed {
             self.0 = self.0.rotate_left(8) ^ u64::from(*b);
         }
     }
-    fn write_u128(&mut self, n: u128) {
-        self.0 = (n >> 64) as u64;
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
     }
 }
 
-type Map = HashMap<u128, Slot, BuildHasherDefault<Prehashed>>;
+type Map = HashMap<Key, Slot, BuildHasherDefault<Prehashed>>;
 
 #[derive(Default)]
 struct Shard {
@@ -180,7 +204,7 @@ pub struct MemoryStore {
     k1: u64,
     shards: Box<[Mutex<Shard>]>,
     shard_cap: usize,
-    sketches: Mutex<HashMap<u128, Arc<Mutex<Sketch>>>>,
+    sketches: RwLock<HashMap<u128, Arc<Mutex<Sketch>>>>,
 }
 
 impl std::fmt::Debug for MemoryStore {
@@ -220,7 +244,7 @@ impl MemoryStore {
             k1,
             shards,
             shard_cap: max_keys.div_ceil(SHARDS).max(1),
-            sketches: Mutex::new(HashMap::new()),
+            sketches: RwLock::new(HashMap::new()),
         }
     }
 
@@ -233,7 +257,7 @@ impl MemoryStore {
         h.finish128().as_u128()
     }
 
-    fn key_hash(&self, item: &CheckItem<'_>) -> u128 {
+    fn key_hash(&self, item: &CheckItem<'_>) -> Key {
         let q = item.quota;
         let shape = [
             q.algorithm as u8,
@@ -243,7 +267,7 @@ impl MemoryStore {
             (q.period.multiplier >> 8) as u8,
             q.period.multiplier as u8,
         ];
-        self.hash(&[item.key.as_bytes(), &shape])
+        Key::from(self.hash(&[item.key.as_bytes(), &shape]))
     }
 
     fn sketch(&self, item: &CheckItem<'_>) -> Arc<Mutex<Sketch>> {
@@ -254,14 +278,25 @@ impl MemoryStore {
         shape.extend_from_slice(&q.sketch.width.to_be_bytes());
         shape.extend_from_slice(&q.sketch.depth.to_be_bytes());
         let id = self.hash(&[item.rule.as_bytes(), &shape]);
-        lock(&self.sketches)
+        let found = self
+            .sketches
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+            .cloned();
+        if let Some(s) = found {
+            return s;
+        }
+        self.sketches
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
             .entry(id)
             .or_insert_with(|| Arc::new(Mutex::new(Sketch::new(q.sketch))))
             .clone()
     }
 
-    fn shard_of(&self, h: u128) -> usize {
-        (h as usize) % SHARDS
+    fn shard_of(&self, h: Key) -> usize {
+        (h.0[0] as usize) % SHARDS
     }
 
     /// Number of tracked keys (count-min-sketch keys are not tracked individually).
@@ -289,16 +324,18 @@ impl MemoryStore {
 
     /// Bytes held by count-min sketches.
     pub fn sketch_memory(&self) -> usize {
-        lock(&self.sketches)
+        self.sketches
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
             .values()
             .map(|s| lock(s).memory())
             .sum()
     }
 
-    fn check_one(&self, now: Micros, item: &CheckItem<'_>) -> Decision {
+    fn step_one(&self, now: Micros, item: &CheckItem<'_>) -> Decision {
         if item.quota.algorithm == Algorithm::CountMinSketch {
             let h = self.key_hash(item);
-            return lock(&self.sketch(item)).check(h, now, item.cost, item.quota);
+            return lock(&self.sketch(item)).check(h.wide(), now, item.cost, item.quota);
         }
         let h = self.key_hash(item);
         let mut shard = lock(&self.shards[self.shard_of(h)]);
@@ -325,7 +362,7 @@ impl MemoryStore {
     }
 
     fn check_many(&self, now: Micros, items: &[CheckItem<'_>]) -> Vec<Decision> {
-        let hashes: Vec<u128> = items.iter().map(|i| self.key_hash(i)).collect();
+        let hashes: Vec<Key> = items.iter().map(|i| self.key_hash(i)).collect();
         let sketches: Vec<Option<Arc<Mutex<Sketch>>>> = items
             .iter()
             .map(|i| (i.quota.algorithm == Algorithm::CountMinSketch).then(|| self.sketch(i)))
@@ -353,7 +390,7 @@ impl MemoryStore {
             .collect();
 
         // Evaluate in order; a key appearing twice sees the earlier item's tentative state.
-        let mut pending: Vec<(u128, Option<State>)> = Vec::new();
+        let mut pending: Vec<(Key, Option<State>)> = Vec::new();
         let mut decisions: Vec<Decision> = Vec::with_capacity(items.len());
         for (i, item) in items.iter().enumerate() {
             let h = hashes[i];
@@ -371,7 +408,7 @@ impl MemoryStore {
                     .filter(|((e, d), eh)| **eh == h && d.allowed && e.rule == item.rule)
                     .map(|((e, _), _)| e.cost)
                     .sum();
-                let mut d = g.evaluate(h, now, earlier + item.cost, item.quota);
+                let mut d = g.evaluate(h.wide(), now, earlier + item.cost, item.quota);
                 d.remaining = d.remaining.min(item.quota.limit);
                 d
             } else {
@@ -402,7 +439,7 @@ impl MemoryStore {
                             .find(|(p, _)| *p == Arc::as_ptr(sk))
                             .expect("sketch locked above")
                             .1;
-                        g.evaluate(h, now, 0, item.quota)
+                        g.evaluate(h.wide(), now, 0, item.quota)
                     } else {
                         let shard = &guards
                             .iter()
@@ -428,7 +465,7 @@ impl MemoryStore {
                         .find(|(ptr, _)| *ptr == Arc::as_ptr(sk))
                         .expect("sketch locked above")
                         .1;
-                    g.record(h, item.cost);
+                    g.record(h.wide(), item.cost);
                 }
                 continue;
             }
@@ -464,9 +501,13 @@ impl Store for MemoryStore {
     fn check(&self, now: Micros, items: &[CheckItem<'_>]) -> Result<Vec<Decision>, StoreError> {
         Ok(match items {
             [] => Vec::new(),
-            [one] => vec![self.check_one(now, one)],
+            [one] => vec![self.step_one(now, one)],
             many => self.check_many(now, many),
         })
+    }
+
+    fn check_one(&self, now: Micros, item: &CheckItem<'_>) -> Result<Decision, StoreError> {
+        Ok(self.step_one(now, item))
     }
 }
 

@@ -43,6 +43,13 @@ pub enum StoreError {
 pub trait Store: Send + Sync {
     /// Check and (all-or-nothing) consume `items` at `now`. Returns one decision per item, in order.
     fn check(&self, now: Micros, items: &[CheckItem<'_>]) -> Result<Vec<Decision>, StoreError>;
+
+    /// Check one counter: the common case, which stores may serve without allocating.
+    fn check_one(&self, now: Micros, item: &CheckItem<'_>) -> Result<Decision, StoreError> {
+        self.check(now, std::slice::from_ref(item))?
+            .pop()
+            .ok_or_else(|| StoreError::Unavailable("store returned no decision".into()))
+    }
 }
 
 /// Whether a set of decisions blocks the request: any denied non-shadow item.
@@ -56,5 +63,8 @@ pub fn blocks(items: &[CheckItem<'_>], decisions: &[Decision]) -> bool {
 impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     fn check(&self, now: Micros, items: &[CheckItem<'_>]) -> Result<Vec<Decision>, StoreError> {
         (**self).check(now, items)
+    }
+    fn check_one(&self, now: Micros, item: &CheckItem<'_>) -> Result<Decision, StoreError> {
+        (**self).check_one(now, item)
     }
 }
