@@ -78,7 +78,11 @@ pub fn run(
 
 fn print_decision(v: &Value, resp: &tollgate_server::client::HttpResponse, descriptors: &[String]) {
     let overall = v["overall_code"].as_str().unwrap_or("?");
-    let verdict = if resp.status == 200 { "allowed" } else { "limited" };
+    let verdict = if resp.status == 200 {
+        "allowed"
+    } else {
+        "limited"
+    };
     println!("{overall}: {verdict} (HTTP {})", resp.status);
     if let Some(statuses) = v["statuses"].as_array() {
         for (s, d) in statuses.iter().zip(descriptors) {
