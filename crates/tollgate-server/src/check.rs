@@ -15,10 +15,7 @@ use tollgate_core::rules::Limit;
 /// `tollgate_request_errors_total` by [`decide`]).
 pub fn validate(limits: &RequestLimits, req: &CheckRequest) -> Result<(), ApiError> {
     if req.domain.is_empty() {
-        return Err(ApiError::invalid(
-            "invalid_domain",
-            "`domain` must not be empty",
-        ));
+        return Err(ApiError::invalid("invalid_domain", "`domain` must not be empty"));
     }
     if req.domain.len() > limits.max_domain_bytes {
         return Err(ApiError::invalid(
@@ -105,10 +102,7 @@ fn check_hits(limits: &RequestLimits, hits: u64, field: &str) -> Result<(), ApiE
     if hits > limits.max_hits {
         return Err(ApiError::invalid(
             "invalid_hits",
-            format!(
-                "`{field}` is {hits}, more than the maximum {}",
-                limits.max_hits
-            ),
+            format!("`{field}` is {hits}, more than the maximum {}", limits.max_hits),
         ));
     }
     Ok(())

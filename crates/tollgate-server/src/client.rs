@@ -40,9 +40,7 @@ pub async fn send(
     timeout: Duration,
 ) -> anyhow::Result<HttpResponse> {
     let url = format!("{}{path}", base.trim_end_matches('/'));
-    let uri: Uri = url
-        .parse()
-        .with_context(|| format!("invalid URL '{url}'"))?;
+    let uri: Uri = url.parse().with_context(|| format!("invalid URL '{url}'"))?;
     if uri.scheme_str() != Some("http") {
         bail!("only http:// URLs are supported, got '{base}'");
     }
@@ -57,10 +55,7 @@ pub async fn send(
         .map(|p| p.as_str().to_string())
         .unwrap_or_else(|| "/".into());
     let fut = async move {
-        let addr = format!(
-            "{}:{port}",
-            host.trim_start_matches('[').trim_end_matches(']')
-        );
+        let addr = format!("{}:{port}", host.trim_start_matches('[').trim_end_matches(']'));
         let stream = TcpStream::connect(&addr)
             .await
             .with_context(|| format!("cannot connect to {base}"))?;

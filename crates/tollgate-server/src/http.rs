@@ -105,13 +105,9 @@ fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
         return Ok(());
     };
     let text = ct.to_str().unwrap_or("");
-    let mime = text
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    if mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json")) {
+    let mime = text.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    if mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json"))
+    {
         Ok(())
     } else {
         Err(ApiError::UnsupportedMediaType(text.to_string()))
@@ -282,12 +278,7 @@ pub enum Dialect {
     ProtoJson,
 }
 
-fn field<'v>(
-    obj: &'v Map<String, Value>,
-    snake: &str,
-    camel: &str,
-    d: Dialect,
-) -> Option<&'v Value> {
+fn field<'v>(obj: &'v Map<String, Value>, snake: &str, camel: &str, d: Dialect) -> Option<&'v Value> {
     match obj.get(snake) {
         Some(v) if !v.is_null() => Some(v),
         _ if d == Dialect::ProtoJson && camel != snake => obj.get(camel).filter(|v| !v.is_null()),
@@ -349,11 +340,7 @@ pub fn parse_request(body: &Value, d: Dialect) -> Result<CheckRequest, ApiError>
         let entries = match field(dobj, "entries", "entries", d) {
             None => &[][..],
             Some(Value::Array(a)) => a.as_slice(),
-            Some(_) => {
-                return Err(invalid(format!(
-                    "descriptors[{i}].entries must be an array"
-                )))
-            }
+            Some(_) => return Err(invalid(format!("descriptors[{i}].entries must be an array"))),
         };
         let mut out = Vec::with_capacity(entries.len().min(16));
         for (j, ev) in entries.iter().enumerate() {
@@ -442,9 +429,9 @@ pub fn rules_json(state: &AppState) -> Value {
             json!({"domain": d.name, "file": d.file, "limits": limits})
         })
         .collect();
-    let error = state
-        .last_reload_error()
-        .map(|e| json!({"at_ms": e.at / 1000, "errors": e.errors}));
+    let error = state.last_reload_error().map(|e| {
+        json!({"at_ms": e.at / 1000, "errors": e.errors})
+    });
     json!({
         "version": rules.hash,
         "generation": rules.generation,
@@ -495,10 +482,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
 
 async fn openapi() -> Response {
     (
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        )],
+        [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
         OPENAPI_JSON,
     )
         .into_response()

@@ -131,16 +131,12 @@ impl Metrics {
     /// New rules are active.
     pub fn rules_loaded(&self, set: &RuleSet) {
         self.rules_generation.fetch_add(1, Relaxed);
-        self.rules_limits
-            .store(set.limits().count() as u64, Relaxed);
+        self.rules_limits.store(set.limits().count() as u64, Relaxed);
     }
 
     /// Successful and failed reloads so far.
     pub fn reloads(&self) -> (u64, u64) {
-        (
-            self.reloads_ok.load(Relaxed),
-            self.reloads_failed.load(Relaxed),
-        )
+        (self.reloads_ok.load(Relaxed), self.reloads_failed.load(Relaxed))
     }
 
     /// Prometheus text exposition format (version 0.0.4). `extra` gauges are appended as

@@ -11,7 +11,7 @@ use tollgate_server::client::Method;
 pub fn parse_descriptor(text: &str) -> anyhow::Result<Vec<(String, String)>> {
     text.split(';')
         .map(|pair| match pair.split_once('=') {
-            Some((k, _)) if k.is_empty() => bail!("descriptor entry '{pair}' has an empty key"),
+            Some(("", _)) => bail!("descriptor entry '{pair}' has an empty key"),
             Some((k, v)) => Ok((k.to_string(), v.to_string())),
             None => bail!("descriptor entry '{pair}' is not key=value"),
         })
@@ -78,11 +78,7 @@ pub fn run(
 
 fn print_decision(v: &Value, resp: &tollgate_server::client::HttpResponse, descriptors: &[String]) {
     let overall = v["overall_code"].as_str().unwrap_or("?");
-    let verdict = if resp.status == 200 {
-        "allowed"
-    } else {
-        "limited"
-    };
+    let verdict = if resp.status == 200 { "allowed" } else { "limited" };
     println!("{overall}: {verdict} (HTTP {})", resp.status);
     if let Some(statuses) = v["statuses"].as_array() {
         for (s, d) in statuses.iter().zip(descriptors) {
