@@ -41,6 +41,7 @@ use tokio::net::TcpListener;
 use tollgate_core::quota::Unit;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
+use tonic_health::ServingStatus;
 
 /// The fully-qualified name of the RLS service (also a health-check service name).
 pub const RLS_SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";
@@ -207,19 +208,33 @@ pub fn status_from(e: &ApiError) -> Status {
 
 /// Serve RLS and health on `listener` until `shutdown` resolves (in-flight calls finish).
 /// Health reports SERVING for `""` and for [`RLS_SERVICE_NAME`].
+///
+/// At shutdown, health `Watch` streams get NOT_SERVING and then end: an open `Watch` is a call
+/// that never finishes, and would otherwise hold the graceful shutdown forever.
 pub async fn serve(
     state: AppState,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    let (reporter, health) = tonic_health::server::health_reporter();
+    let (mut reporter, health) = tonic_health::server::health_reporter();
     reporter
-        .set_serving::<RateLimitServiceServer<RateLimitGrpc>>()
+        .set_service_status(RLS_SERVICE_NAME, ServingStatus::Serving)
         .await;
+    let signal = async move {
+        shutdown.await;
+        for name in ["", RLS_SERVICE_NAME] {
+            reporter
+                .set_service_status(name, ServingStatus::NotServing)
+                .await;
+        }
+        for name in ["", RLS_SERVICE_NAME] {
+            reporter.clear_service_status(name).await;
+        }
+    };
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     tonic::transport::Server::builder()
         .add_service(health)
         .add_service(RateLimitGrpc::new(state).into_server())
-        .serve_with_incoming_shutdown(incoming, shutdown)
+        .serve_with_incoming_shutdown(incoming, signal)
         .await
 }

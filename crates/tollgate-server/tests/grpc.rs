@@ -409,6 +409,19 @@ async fn invalid_requests_are_invalid_argument() {
             "invalid_entry",
             "key",
         ),
+        (
+            req("test", vec![desc(&[("user", &"v".repeat(2000))])]),
+            "value_too_long",
+            "maximum 1024",
+        ),
+        (
+            req(
+                "test",
+                vec![desc_hits(&[("user", "a")], u64::from(u32::MAX) + 1)],
+            ),
+            "invalid_hits",
+            "hits_addend",
+        ),
     ];
     for (r, code, text) in cases {
         let e = c.should_rate_limit(r).await.expect_err("must be rejected");
@@ -421,6 +434,13 @@ async fn invalid_requests_are_invalid_argument() {
             Some(code)
         );
     }
+    // Larger than --max-body-bytes (64 KiB): refused by tonic before decoding (OUT_OF_RANGE).
+    let huge = "x".repeat(70 * 1024);
+    let e = c
+        .should_rate_limit(req("test", vec![desc(&[("user", &huge)])]))
+        .await
+        .expect_err("too large");
+    assert_eq!(e.code(), tonic::Code::OutOfRange, "{e:?}");
     // The connection and the service survive bad requests.
     let r = call(&mut c, req("test", vec![desc(&[("user", "after")])])).await;
     assert_eq!(r.overall_code, Code::Ok as i32);
@@ -709,4 +729,33 @@ async fn same_decision_on_every_transport() {
     assert_eq!(one(&s, &mut c, Via::Json, "shared").await, g, "/json");
     assert_eq!(one(&s, &mut c, Via::Grpc, "shared").await, g, "gRPC");
     s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_with_an_open_health_watch() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+    let s = Server::start(false).await;
+    let channel = Channel::from_shared(format!("http://{}", s.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut h = HealthClient::new(channel);
+    let mut stream = h
+        .watch(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = stream.message().await.unwrap().unwrap();
+    assert_eq!(first.status, ServingStatus::Serving as i32);
+    // Graceful shutdown does not wait forever for the never-ending Watch call...
+    s.stop().await;
+    // ...which saw NOT_SERVING before it ended.
+    let last = stream.message().await.unwrap().unwrap();
+    assert_eq!(last.status, ServingStatus::NotServing as i32);
+    assert!(matches!(stream.message().await, Ok(None) | Err(_)));
 }
