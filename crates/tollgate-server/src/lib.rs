@@ -8,6 +8,7 @@
 pub mod check;
 pub mod client;
 pub mod error;
+pub mod grpc;
 pub mod http;
 pub mod metrics;
 pub mod model;

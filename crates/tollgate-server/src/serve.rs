@@ -111,9 +111,15 @@ pub async fn serve(
     let http_addr = http.local_addr()?;
     let (tx, rx) = shutdown_channel();
 
-    // gRPC: bind `config.grpc_addr` here and spawn the tonic server with `state.clone()` and
-    // `wait_for_shutdown(rx.clone())` as its shutdown signal, then report its address below.
-    let grpc_addr: Option<SocketAddr> = None;
+    let grpc = TcpListener::bind(config.grpc_addr)
+        .await
+        .with_context(|| format!("cannot listen for gRPC on {}", config.grpc_addr))?;
+    let grpc_addr = Some(grpc.local_addr()?);
+    let grpc = tokio::spawn(crate::grpc::serve(
+        state.clone(),
+        grpc,
+        wait_for_shutdown(rx.clone()),
+    ));
 
     let rules = state.rules();
     tracing::info!(
@@ -152,6 +158,9 @@ pub async fn serve(
         .with_graceful_shutdown(wait_for_shutdown(rx.clone()))
         .await
         .context("HTTP server failed")?;
+    grpc.await
+        .context("gRPC server task failed")?
+        .context("gRPC server failed")?;
     let _ = watcher.await;
     let _ = sweeper.await;
     tracing::info!("stopped");
