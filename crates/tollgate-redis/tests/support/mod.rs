@@ -52,7 +52,26 @@ impl RedisServer {
     /// Start a server with extra arguments (e.g. `["--cluster-enabled", "yes"]`).
     pub fn start(extra: &[&str]) -> RedisServer {
         for _attempt in 0..5 {
-            let port = free_port();
+            if let Some(s) = Self::try_start_on(free_port(), extra) {
+                return s;
+            }
+        }
+        panic!("could not start redis-server");
+    }
+
+    /// Start a server on a given port (e.g. to restart one that was killed).
+    pub fn start_on(port: u16, extra: &[&str]) -> RedisServer {
+        for _attempt in 0..50 {
+            if let Some(s) = Self::try_start_on(port, extra) {
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("could not start redis-server on port {port}");
+    }
+
+    fn try_start_on(port: u16, extra: &[&str]) -> Option<RedisServer> {
+        {
             let dir = std::env::temp_dir().join(format!("tollgate-redis-{port}-{:x}", random()));
             std::fs::create_dir_all(&dir).unwrap();
             let child = Command::new("redis-server")
@@ -67,12 +86,16 @@ impl RedisServer {
                 .expect("redis-server must be installed");
             let mut server = RedisServer { child, port, dir };
             if server.wait_ready(Duration::from_secs(5)) {
-                return server;
+                return Some(server);
             }
-            // Lost a race for the port: try another.
-            drop(server);
+            // Lost a race for the port.
+            None
         }
-        panic!("could not start redis-server");
+    }
+
+    /// The server process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     fn wait_ready(&mut self, within: Duration) -> bool {
@@ -82,7 +105,10 @@ impl RedisServer {
                 return false;
             }
             if TcpStream::connect(("127.0.0.1", self.port)).is_ok()
-                && self.cli(&["PING"]).trim() == "PONG"
+                && {
+                    let pong = self.cli(&["PING"]);
+                    pong.contains("PONG") || pong.contains("NOAUTH")
+                }
             {
                 return true;
             }
