@@ -59,7 +59,7 @@ fn random_traces_match_memory_store() {
             ..ProptestConfig::default()
         });
         runner
-            .run(&random_trace(alg), |trace| {
+            .run(&random_trace(alg, true), |trace| {
                 rt.block_on(replay(&store, &trace));
                 Ok(())
             })

@@ -280,8 +280,8 @@ pub fn traces() -> Vec<Trace> {
 }
 
 /// A random trace for `alg`: two quotas, 1-3 items per request over two keys, time moving by
-/// small and large steps, sometimes backwards.
-pub fn random_trace(alg: Algorithm) -> impl Strategy<Value = Trace> {
+/// small and large steps, and sometimes backwards when `backwards` is set.
+pub fn random_trace(alg: Algorithm, backwards: bool) -> impl Strategy<Value = Trace> {
     let unit = prop_oneof![
         Just(Unit::Second),
         Just(Unit::Minute),
@@ -319,6 +319,7 @@ pub fn random_trace(alg: Algorithm) -> impl Strategy<Value = Trace> {
             let steps = steps
                 .into_iter()
                 .map(|(dt, items)| {
+                    let dt = if backwards { dt } else { dt.max(0) };
                     t = (t as i64 + dt) as Micros;
                     Step {
                         t,
