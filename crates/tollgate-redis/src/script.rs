@@ -5,7 +5,7 @@
 //! (one SHA, one `EVALSHA` per request). [`redis::Script`] sends `EVALSHA` and, on `NOSCRIPT`
 //! (a restarted or flushed server), loads the script and retries, transparently.
 
-use crate::keys::{self, MAX_COST};
+use crate::keys::{self, CounterKeys, MAX_COST};
 use redis::{Script, ScriptInvocation};
 use tollgate_core::{Algorithm, CheckItem, Decision, Micros, StoreError, Unit};
 
@@ -73,40 +73,91 @@ pub struct Call<'a> {
     pub grace_ms: u64,
 }
 
+/// One item of a call: its index in the request, the item, its keys.
+pub type Entry<'a> = (usize, &'a CheckItem<'a>, &'a CounterKeys);
+
+/// The keys and arguments of one call for `items` (with their index in the request and keys).
+pub fn arguments(call: &Call<'_>, items: &[Entry<'_>]) -> (Vec<String>, Vec<String>) {
+    let mut keys = Vec::with_capacity(items.len() + 1);
+    let mut args = Vec::with_capacity(6 + 10 * items.len());
+    args.extend([
+        call.now.map_or(String::new(), |n| n.to_string()),
+        call.reqid.to_owned(),
+        match call.mode {
+            Mode::Check => "c",
+            Mode::Refund => "r",
+        }
+        .to_owned(),
+        if call.single { "1" } else { "0" }.to_owned(),
+        call.grace_ms.to_string(),
+        items.len().to_string(),
+    ]);
+    for (idx, item, (main, sum)) in items {
+        let q = item.quota;
+        keys.push(main.clone());
+        if let Some(s) = sum {
+            keys.push(s.clone());
+        }
+        let fields: [u64; 10] = [
+            algorithm_code(q.algorithm).into(),
+            item.cost.min(MAX_COST),
+            item.shadow.into(),
+            q.limit,
+            q.capacity().max(1),
+            q.emission_interval().unwrap_or(0),
+            unit_code(q.period.unit).into(),
+            q.period.multiplier.max(1).into(),
+            q.period.nominal(),
+            *idx as u64,
+        ];
+        args.extend(fields.iter().map(u64::to_string));
+    }
+    (keys, args)
+}
+
 /// Build the invocation for `items` (with their index in the request and their keys).
 pub fn invocation<'s>(
     script: &'s Script,
     call: &Call<'_>,
-    items: &[(usize, &CheckItem<'_>, &(String, Option<String>))],
+    items: &[Entry<'_>],
 ) -> ScriptInvocation<'s> {
+    let (keys, args) = arguments(call, items);
     let mut inv = script.prepare_invoke();
-    inv.arg(call.now.map_or(String::new(), |n| n.to_string()))
-        .arg(call.reqid)
-        .arg(match call.mode {
-            Mode::Check => "c",
-            Mode::Refund => "r",
-        })
-        .arg(if call.single { "1" } else { "0" })
-        .arg(call.grace_ms)
-        .arg(items.len());
-    for (idx, item, (main, sum)) in items {
-        let q = item.quota;
-        inv.key(main.as_str());
-        if let Some(s) = sum {
-            inv.key(s.as_str());
-        }
-        inv.arg(algorithm_code(q.algorithm))
-            .arg(item.cost.min(MAX_COST))
-            .arg(u8::from(item.shadow))
-            .arg(q.limit)
-            .arg(q.capacity().max(1))
-            .arg(q.emission_interval().unwrap_or(0))
-            .arg(unit_code(q.period.unit))
-            .arg(q.period.multiplier.max(1))
-            .arg(q.period.nominal())
-            .arg(*idx);
+    for k in keys {
+        inv.key(k);
+    }
+    for a in args {
+        inv.arg(a);
     }
     inv
+}
+
+/// The `EVALSHA` command line (for `redis-cli` / `redis-benchmark`) that checks `item` once at
+/// the server's time, exactly as [`crate::RedisStore::check`] would. Empty arguments are
+/// written as `""`.
+pub fn command_line(prefix: &str, item: &CheckItem<'_>, reqid: &str) -> String {
+    let keys = keys::counter_keys(prefix, item.key, item.quota);
+    let call = Call {
+        now: None,
+        reqid,
+        mode: Mode::Check,
+        single: true,
+        grace_ms: 0,
+    };
+    let (k, a) = arguments(&call, &[(0, item, &keys)]);
+    let quote = |s: &String| {
+        if s.is_empty() {
+            "\"\"".to_owned()
+        } else {
+            format!("'{s}'")
+        }
+    };
+    let mut out = format!("EVALSHA {} {}", script().get_hash(), k.len());
+    for s in k.iter().chain(&a) {
+        out.push(' ');
+        out.push_str(&quote(s));
+    }
+    out
 }
 
 /// A decoded reply: the script's `now`, whether its items blocked, and one decision per item.

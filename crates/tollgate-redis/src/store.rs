@@ -90,7 +90,11 @@ impl fmt::Debug for RedisStore {
 
 impl fmt::Display for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "redis store {} (prefix {})", self.inner.url, self.inner.opts.prefix)
+        write!(
+            f,
+            "redis store {} (prefix {})",
+            self.inner.url, self.inner.opts.prefix
+        )
     }
 }
 
@@ -299,7 +303,7 @@ impl RedisStore {
         items: &[CheckItem<'_>],
     ) -> Result<Vec<Decision>, StoreError> {
         let prefix = &self.inner.opts.prefix;
-        let keys: Vec<(String, Option<String>)> = items
+        let keys: Vec<keys::CounterKeys> = items
             .iter()
             .map(|i| keys::counter_keys(prefix, i.key, i.quota))
             .collect();
@@ -311,8 +315,12 @@ impl RedisStore {
             single: items.len() == 1,
             grace_ms: self.inner.opts.ttl_grace.as_millis() as u64,
         };
-        let all: Vec<(usize, &CheckItem<'_>, &(String, Option<String>))> =
-            items.iter().zip(&keys).enumerate().map(|(i, (it, k))| (i, it, k)).collect();
+        let all: Vec<script::Entry<'_>> = items
+            .iter()
+            .zip(&keys)
+            .enumerate()
+            .map(|(i, (it, k))| (i, it, k))
+            .collect();
 
         // Group by slot (cluster only); a standalone server takes everything in one call.
         let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
@@ -336,11 +344,14 @@ impl RedisStore {
             self.run(inv, part.len())
         });
         let replies = join_all(calls).await;
-        let failed = replies.iter().find_map(|r| r.as_ref().err()).map(|e| match e {
-            StoreError::Timeout(ms) => StoreError::Timeout(*ms),
-            StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
-            StoreError::Unsupported(m) => StoreError::Unsupported(m.clone()),
-        });
+        let failed = replies
+            .iter()
+            .find_map(|r| r.as_ref().err())
+            .map(|e| match e {
+                StoreError::Timeout(ms) => StoreError::Timeout(*ms),
+                StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
+                StoreError::Unsupported(m) => StoreError::Unsupported(m.clone()),
+            });
         let blocked = failed.is_some() || replies.iter().flatten().any(|r| r.blocked);
         let mut decisions = vec![Decision::default(); items.len()];
         for ((_, g), reply) in groups.iter().zip(&replies) {

@@ -67,8 +67,20 @@ fn cluster_conformance_and_cross_slot_refunds() {
             assert_ne!(slot(&ka), slot(&kb));
             let both = |ca, cb| {
                 [
-                    CheckItem { rule: "w", key: &a, quota: &wide, cost: ca, shadow: false },
-                    CheckItem { rule: "n", key: &b, quota: &narrow, cost: cb, shadow: false },
+                    CheckItem {
+                        rule: "w",
+                        key: &a,
+                        quota: &wide,
+                        cost: ca,
+                        shadow: false,
+                    },
+                    CheckItem {
+                        rule: "n",
+                        key: &b,
+                        quota: &narrow,
+                        cost: cb,
+                        shadow: false,
+                    },
                 ]
             };
             let d = store.check(None, &both(1, 1)).await.unwrap();
@@ -86,9 +98,17 @@ fn cluster_conformance_and_cross_slot_refunds() {
                 let node = cluster
                     .nodes
                     .iter()
-                    .find(|n| n.cli(&["CLUSTER", "COUNTKEYSINSLOT", &slot(&ka).to_string()]).trim() != "0")
+                    .find(|n| {
+                        n.cli(&["CLUSTER", "COUNTKEYSINSLOT", &slot(&ka).to_string()])
+                            .trim()
+                            != "0"
+                    })
                     .expect("a node holds the log");
-                assert_eq!(node.cli(&["ZCARD", &ka]).trim(), "1", "only the first entry remains");
+                assert_eq!(
+                    node.cli(&["ZCARD", &ka]).trim(),
+                    "1",
+                    "only the first entry remains"
+                );
             }
         }
     });

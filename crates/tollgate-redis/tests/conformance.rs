@@ -47,7 +47,10 @@ fn edge_case_suite_matches_memory_store() {
 fn random_traces_match_memory_store() {
     let rt = runtime();
     let store = rt
-        .block_on(RedisStore::connect(support::SHARED_URL, replay_options("prop")))
+        .block_on(RedisStore::connect(
+            support::SHARED_URL,
+            replay_options("prop"),
+        ))
         .unwrap();
     for alg in ALGORITHMS {
         let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {

@@ -42,8 +42,12 @@ async fn hammer(store: &RedisStore, key: &str, quota: Quota, tasks: usize, attem
     let admitted = Arc::new(AtomicU64::new(0));
     let mut handles = Vec::new();
     for _ in 0..tasks {
-        let (store, next, admitted, key) =
-            (store.clone(), next.clone(), admitted.clone(), key.to_owned());
+        let (store, next, admitted, key) = (
+            store.clone(),
+            next.clone(),
+            admitted.clone(),
+            key.to_owned(),
+        );
         handles.push(tokio::spawn(async move {
             while next.fetch_add(1, Ordering::Relaxed) < attempts {
                 let d = store.check(None, &[item(&key, &quota, 1)]).await.unwrap();
@@ -61,7 +65,9 @@ async fn hammer(store: &RedisStore, key: &str, quota: Quota, tasks: usize, attem
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_callers_admit_exactly_the_limit() {
-    let store = RedisStore::connect(SHARED_URL, options("conc")).await.unwrap();
+    let store = RedisStore::connect(SHARED_URL, options("conc"))
+        .await
+        .unwrap();
     // Window algorithms need the run inside one minute: start early in a minute.
     let now = redis_time(SHARED_URL);
     let into_minute = now % 60_000_000;
@@ -70,10 +76,30 @@ async fn concurrent_callers_admit_exactly_the_limit() {
     }
     let start = redis_time(SHARED_URL);
     let per_minute = |alg| Quota::new(1000, Unit::Minute).with_algorithm(alg);
-    let log = hammer(&store, "log", per_minute(Algorithm::SlidingWindowLog), 64, 5000).await;
-    let fixed = hammer(&store, "fixed", per_minute(Algorithm::FixedWindow), 64, 5000).await;
-    let counter =
-        hammer(&store, "counter", per_minute(Algorithm::SlidingWindowCounter), 64, 5000).await;
+    let log = hammer(
+        &store,
+        "log",
+        per_minute(Algorithm::SlidingWindowLog),
+        64,
+        5000,
+    )
+    .await;
+    let fixed = hammer(
+        &store,
+        "fixed",
+        per_minute(Algorithm::FixedWindow),
+        64,
+        5000,
+    )
+    .await;
+    let counter = hammer(
+        &store,
+        "counter",
+        per_minute(Algorithm::SlidingWindowCounter),
+        64,
+        5000,
+    )
+    .await;
     let gcra = hammer(&store, "gcra", per_minute(Algorithm::Gcra), 64, 5000).await;
     let bucket_q = per_minute(Algorithm::TokenBucket).with_burst(1000);
     let bucket = hammer(&store, "bucket", bucket_q, 64, 5000).await;
@@ -96,7 +122,10 @@ async fn concurrent_callers_admit_exactly_the_limit() {
     }
     // With a refill slower than the run (1000/day: one every 86.4 s), exactly the burst.
     let per_day = |alg| Quota::new(1000, Unit::Day).with_algorithm(alg);
-    assert_eq!(hammer(&store, "gcra-d", per_day(Algorithm::Gcra), 64, 5000).await, 1000);
+    assert_eq!(
+        hammer(&store, "gcra-d", per_day(Algorithm::Gcra), 64, 5000).await,
+        1000
+    );
     let bq = per_day(Algorithm::TokenBucket).with_burst(1000);
     assert_eq!(hammer(&store, "bucket-d", bq, 64, 5000).await, 1000);
     let lq = per_day(Algorithm::LeakyBucket);
@@ -121,7 +150,9 @@ fn assert_every_key_has_a_ttl(url: &str, prefix: &str) -> usize {
 
 #[tokio::test]
 async fn every_key_has_a_ttl_and_full_counters_are_deleted() {
-    let store = RedisStore::connect(SHARED_URL, options("ttl")).await.unwrap();
+    let store = RedisStore::connect(SHARED_URL, options("ttl"))
+        .await
+        .unwrap();
     let algs = [
         Algorithm::Gcra,
         Algorithm::LeakyBucket,
@@ -147,7 +178,10 @@ async fn every_key_has_a_ttl_and_full_counters_are_deleted() {
     let short = Quota::new(1000, Unit::Second).with_algorithm(Algorithm::Gcra);
     store.check(None, &[item("z", &short, 1)]).await.unwrap();
     let (zkey, _) = counter_keys(&store.options().prefix, "z", &short);
-    let mut con = redis::Client::open(SHARED_URL).unwrap().get_connection().unwrap();
+    let mut con = redis::Client::open(SHARED_URL)
+        .unwrap()
+        .get_connection()
+        .unwrap();
     let ttl: i64 = redis::cmd("PTTL").arg(&zkey).query(&mut con).unwrap();
     assert!((1..=1).contains(&ttl), "1 ms of backlog: PTTL {ttl}");
     tokio::time::sleep(Duration::from_millis(5)).await;
@@ -158,16 +192,47 @@ async fn every_key_has_a_ttl_and_full_counters_are_deleted() {
 
 #[tokio::test]
 async fn hostile_counter_keys_stay_distinct_and_independent() {
-    let store = RedisStore::connect(SHARED_URL, options("inj")).await.unwrap();
+    let store = RedisStore::connect(SHARED_URL, options("inj"))
+        .await
+        .unwrap();
     let prefix = store.options().prefix.clone();
     let long = "x".repeat(10 * 1024);
     let long2 = format!("{}y", "x".repeat(10 * 1024 - 1));
     let long_hashed_text = tollgate_redis::keys::escape(&"q".repeat(300));
     let values: Vec<String> = [
-        "", "%", "%25", ":", "%3A", "a:b", "a%3Ab", "{", "}", "{x}", "%7Bx%7D", "}{", "a|b",
-        "a\\|b", "a=b", "a\\=b", "a;b", "a\nb", "a%0Ab", "\n", "\r\n", " ", "%20", "é", "%C3%A9",
-        "api|user=alice", "api|user=alice}:fixed:1m", "api|user=alice%7D%3Afixed%3A1m",
-        "tollgate:{api}:fixed:1m", "\\", "%5C", "%%", "q",
+        "",
+        "%",
+        "%25",
+        ":",
+        "%3A",
+        "a:b",
+        "a%3Ab",
+        "{",
+        "}",
+        "{x}",
+        "%7Bx%7D",
+        "}{",
+        "a|b",
+        "a\\|b",
+        "a=b",
+        "a\\=b",
+        "a;b",
+        "a\nb",
+        "a%0Ab",
+        "\n",
+        "\r\n",
+        " ",
+        "%20",
+        "é",
+        "%C3%A9",
+        "api|user=alice",
+        "api|user=alice}:fixed:1m",
+        "api|user=alice%7D%3Afixed%3A1m",
+        "tollgate:{api}:fixed:1m",
+        "\\",
+        "%5C",
+        "%%",
+        "q",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -187,7 +252,11 @@ async fn hostile_counter_keys_stay_distinct_and_independent() {
     }
     names.sort();
     names.dedup();
-    assert_eq!(names.len(), values.len(), "two counter keys share a Redis key");
+    assert_eq!(
+        names.len(),
+        values.len(),
+        "two counter keys share a Redis key"
+    );
 
     // Independent counters: each admits its one request, then denies.
     for v in &values {
@@ -213,10 +282,14 @@ async fn noscript_after_script_flush_is_transparent() {
     let d = store.check(None, &[item("k", &q, 1)]).await.unwrap();
     assert_eq!(d[0].remaining, 2);
     assert!(server.cli(&["SCRIPT", "FLUSH"]).contains("OK"));
-    assert!(server.cli(&["SCRIPT", "EXISTS", store.script_sha()]).contains('0'));
+    assert!(server
+        .cli(&["SCRIPT", "EXISTS", store.script_sha()])
+        .contains('0'));
     let d = store.check(None, &[item("k", &q, 1)]).await.unwrap();
     assert_eq!(d[0].remaining, 1);
-    assert!(server.cli(&["SCRIPT", "EXISTS", store.script_sha()]).contains('1'));
+    assert!(server
+        .cli(&["SCRIPT", "EXISTS", store.script_sha()])
+        .contains('1'));
 }
 
 #[tokio::test]
@@ -291,13 +364,17 @@ async fn auth_from_url_and_password_redacted() {
     assert!(!shown.contains("s3cret"), "{shown}");
     assert!(shown.contains("default:***@"), "{shown}");
     let wrong = format!("redis://default:nope@127.0.0.1:{}", server.port);
-    let e = RedisStore::connect(&wrong, options("auth")).await.unwrap_err();
+    let e = RedisStore::connect(&wrong, options("auth"))
+        .await
+        .unwrap_err();
     assert!(!e.to_string().contains("nope"), "{e}");
 }
 
 #[tokio::test]
 async fn server_time_by_default() {
-    let store = RedisStore::connect(SHARED_URL, options("time")).await.unwrap();
+    let store = RedisStore::connect(SHARED_URL, options("time"))
+        .await
+        .unwrap();
     let q = Quota::new(5, Unit::Second).with_algorithm(Algorithm::Gcra);
     let mut allowed = 0;
     let mut last = None;
@@ -316,7 +393,9 @@ async fn server_time_by_default() {
 
 #[tokio::test]
 async fn unsupported_quotas_are_rejected_with_a_reason() {
-    let store = RedisStore::connect(SHARED_URL, options("unsup")).await.unwrap();
+    let store = RedisStore::connect(SHARED_URL, options("unsup"))
+        .await
+        .unwrap();
     let cms = Quota::new(5, Unit::Second).with_algorithm(Algorithm::CountMinSketch);
     let e = store.check(None, &[item("k", &cms, 1)]).await.unwrap_err();
     assert!(

@@ -103,13 +103,43 @@ pub fn traces() -> Vec<Trace> {
     let t0 = at(2026, 11, 22, 4 * 3600 + 17 * 60) + 123_457;
     let s = SECOND as i64;
     let basic: Vec<(i64, u64)> = vec![
-        (0, 1), (0, 1), (0, 1), (0, 1), (0, 1), (0, 1), (0, 0), (1, 1), (99_999, 1),
-        (100_000, 1), (1, 2), (250_000, 0), (250_000, 3), (400_000, 1), (s, 5), (0, 6), (0, 1),
-        (10 * s, 0), (3 * 86_400 * s, 1), (59 * s, 4), (s / 3, 2), (2 * s, 1), (40 * s, 3),
+        (0, 1),
+        (0, 1),
+        (0, 1),
+        (0, 1),
+        (0, 1),
+        (0, 1),
+        (0, 0),
+        (1, 1),
+        (99_999, 1),
+        (100_000, 1),
+        (1, 2),
+        (250_000, 0),
+        (250_000, 3),
+        (400_000, 1),
+        (s, 5),
+        (0, 6),
+        (0, 1),
+        (10 * s, 0),
+        (3 * 86_400 * s, 1),
+        (59 * s, 4),
+        (s / 3, 2),
+        (2 * s, 1),
+        (40 * s, 3),
     ];
     let backwards: Vec<(i64, u64)> = vec![
-        (0, 2), (10 * s, 3), (-5 * s, 1), (4 * s, 2), (-8 * s, 1), (70 * s, 1), (-9 * s, 2),
-        (-60 * s, 1), (0, 3), (120 * s, 0), (-3600 * s, 1), (1, 1),
+        (0, 2),
+        (10 * s, 3),
+        (-5 * s, 1),
+        (4 * s, 2),
+        (-8 * s, 1),
+        (70 * s, 1),
+        (-9 * s, 2),
+        (-60 * s, 1),
+        (0, 3),
+        (120 * s, 0),
+        (-3600 * s, 1),
+        (1, 1),
     ];
     let mut out = Vec::new();
     for alg in ALGORITHMS {
@@ -123,19 +153,42 @@ pub fn traces() -> Vec<Trace> {
             ("1/s", q(1, Unit::Second.into())),
         ];
         for (qn, quota) in quotas {
-            out.push(single(format!("basic {alg} {qn}"), quota, &walk(t0, &basic)));
-            out.push(single(format!("backwards {alg} {qn}"), quota, &walk(t0, &backwards)));
+            out.push(single(
+                format!("basic {alg} {qn}"),
+                quota,
+                &walk(t0, &basic),
+            ));
+            out.push(single(
+                format!("backwards {alg} {qn}"),
+                quota,
+                &walk(t0, &backwards),
+            ));
         }
         let five = q(5, Unit::Second.into());
         out.push(single(
             format!("cost 0 {alg}"),
             five,
-            &walk(t0, &[(0, 0), (0, 0), (1, 3), (0, 0), (10, 0), (s, 0), (0, 0)]),
+            &walk(
+                t0,
+                &[(0, 0), (0, 0), (1, 3), (0, 0), (10, 0), (s, 0), (0, 0)],
+            ),
         ));
         out.push(single(
             format!("cost above capacity {alg}"),
             five,
-            &walk(t0, &[(0, 6), (0, u64::MAX), (0, 2), (0, 6), (0, 5), (1, 4), (s, 5), (0, 100)]),
+            &walk(
+                t0,
+                &[
+                    (0, 6),
+                    (0, u64::MAX),
+                    (0, 2),
+                    (0, 6),
+                    (0, 5),
+                    (1, 4),
+                    (s, 5),
+                    (0, 100),
+                ],
+            ),
         ));
         out.push(single(
             format!("limit 0 {alg}"),
@@ -147,8 +200,16 @@ pub fn traces() -> Vec<Trace> {
             q(3, Unit::Day.into()),
             &walk(
                 t0,
-                &[(0, 2), (0, 1), (0, 1), (365 * 86_400 * s, 3), (1, 1),
-                  (30 * 365 * 86_400 * s, 2), (86_400 * s - 1, 1), (2, 3)],
+                &[
+                    (0, 2),
+                    (0, 1),
+                    (0, 1),
+                    (365 * 86_400 * s, 3),
+                    (1, 1),
+                    (30 * 365 * 86_400 * s, 2),
+                    (86_400 * s - 1, 1),
+                    (2, 3),
+                ],
             ),
         ));
         // Calendar windows: day, week (Sunday -> Monday), month (incl. a leap February), year.
@@ -166,9 +227,19 @@ pub fn traces() -> Vec<Trace> {
             let quota = q(4, period);
             let b = boundary as i64;
             let times: Vec<(Micros, u64)> = [
-                (b - 3 * 86_400 * s, 2), (b - 1, 1), (b - 1, 2), (b, 1), (b, 2), (b + 1, 2),
-                (b + 1, 0), (b + 43_200 * s, 1), (b + 86_400 * s - 1, 1), (b + 86_400 * s, 3),
-                (b + 8 * 86_400 * s, 2), (b + 29 * 86_400 * s, 4), (b + 31 * 86_400 * s, 1),
+                (b - 3 * 86_400 * s, 2),
+                (b - 1, 1),
+                (b - 1, 2),
+                (b, 1),
+                (b, 2),
+                (b + 1, 2),
+                (b + 1, 0),
+                (b + 43_200 * s, 1),
+                (b + 86_400 * s - 1, 1),
+                (b + 86_400 * s, 3),
+                (b + 8 * 86_400 * s, 2),
+                (b + 29 * 86_400 * s, 4),
+                (b + 31 * 86_400 * s, 1),
                 (b - 1, 1),
             ]
             .iter()
@@ -187,15 +258,31 @@ pub fn traces() -> Vec<Trace> {
             big,
             &walk(
                 at(2031, 7, 9, 11),
-                &[(0, 3_999_999_999), (1, 2), (s, 1), (400 * 86_400 * s, 123_456_789),
-                  (7 * 365 * 86_400 * s, 3_000_000_000), (29 * 365 * 86_400 * s, 2_000_000_000),
-                  (12_345, 2_500_000_000), (s, 0)],
+                &[
+                    (0, 3_999_999_999),
+                    (1, 2),
+                    (s, 1),
+                    (400 * 86_400 * s, 123_456_789),
+                    (7 * 365 * 86_400 * s, 3_000_000_000),
+                    (29 * 365 * 86_400 * s, 2_000_000_000),
+                    (12_345, 2_500_000_000),
+                    (s, 0),
+                ],
             ),
         ));
         out.push(single(
             format!("big burst {alg}"),
             q(1, Unit::Year.into()).with_burst(60),
-            &walk(t0, &[(0, 30), (0, 31), (0, 30), (86_400 * s, 1), (40 * 86_400 * s, 1)]),
+            &walk(
+                t0,
+                &[
+                    (0, 30),
+                    (0, 31),
+                    (0, 30),
+                    (86_400 * s, 1),
+                    (40 * 86_400 * s, 1),
+                ],
+            ),
         ));
 
         // Multi-item requests.
@@ -210,7 +297,10 @@ pub fn traces() -> Vec<Trace> {
                     .into_iter()
                     .map(|(dt, reqs)| {
                         t += dt;
-                        Step { t: t as Micros, reqs }
+                        Step {
+                            t: t as Micros,
+                            reqs,
+                        }
                     })
                     .collect(),
             }
@@ -221,11 +311,20 @@ pub fn traces() -> Vec<Trace> {
                 (0, vec![req("a", wide, 1), req("b", narrow, 1)]),
                 (1, vec![req("a", wide, 1), req("b", narrow, 1)]),
                 (1, vec![req("a", wide, 0)]),
-                (1, vec![req("a", wide, 3), req("b", narrow, 0), req("c", three, 4)]),
+                (
+                    1,
+                    vec![req("a", wide, 3), req("b", narrow, 0), req("c", three, 4)],
+                ),
                 (1, vec![req("c", three, 3), req("a", wide, 9)]),
                 (1, vec![req("c", three, 0), req("a", wide, 0)]),
-                (61 * s, vec![req("a", wide, 2), req("b", narrow, 1), req("c", three, 1)]),
-                (0, vec![req("a", wide, 2), req("b", narrow, 1), req("c", three, 1)]),
+                (
+                    61 * s,
+                    vec![req("a", wide, 2), req("b", narrow, 1), req("c", three, 1)],
+                ),
+                (
+                    0,
+                    vec![req("a", wide, 2), req("b", narrow, 1), req("c", three, 1)],
+                ),
             ],
         ));
         out.push(multi(
@@ -237,7 +336,14 @@ pub fn traces() -> Vec<Trace> {
                 (1, vec![shadow(req("s", narrow, 1)), req("r", three, 1)]),
                 (1, vec![shadow(req("s", narrow, 0)), req("r", three, 0)]),
                 (1, vec![shadow(req("s", narrow, 1))]),
-                (1, vec![shadow(req("s2", three, 2)), req("x", narrow, 1), req("x", narrow, 1)]),
+                (
+                    1,
+                    vec![
+                        shadow(req("s2", three, 2)),
+                        req("x", narrow, 1),
+                        req("x", narrow, 1),
+                    ],
+                ),
                 (1, vec![req("s2", three, 0)]),
             ],
         ));
@@ -246,12 +352,23 @@ pub fn traces() -> Vec<Trace> {
             vec![
                 (0, vec![req("k", three, 2), req("k", three, 2)]),
                 (1, vec![req("k", three, 0)]),
-                (1, vec![req("k", three, 1), req("k", three, 1), req("k", three, 1)]),
+                (
+                    1,
+                    vec![req("k", three, 1), req("k", three, 1), req("k", three, 1)],
+                ),
                 (1, vec![req("k", three, 0), req("k", three, 1)]),
                 (61 * s, vec![shadow(req("k", three, 2)), req("k", three, 2)]),
                 (1, vec![req("k", three, 2), shadow(req("k", three, 2))]),
                 (1, vec![req("k", three, 1)]),
-                (1, vec![req("j", three, 1), req("k", three, 0), req("j", three, 2), req("j", three, 0)]),
+                (
+                    1,
+                    vec![
+                        req("j", three, 1),
+                        req("k", three, 0),
+                        req("j", three, 2),
+                        req("j", three, 0),
+                    ],
+                ),
                 (-30 * s, vec![req("j", three, 1), req("j", three, 1)]),
             ],
         ));
@@ -260,7 +377,13 @@ pub fn traces() -> Vec<Trace> {
     let mixed: Vec<Req> = ALGORITHMS
         .iter()
         .enumerate()
-        .map(|(i, &a)| req(&format!("m{i}"), Quota::new(3, Unit::Minute).with_algorithm(a), 1))
+        .map(|(i, &a)| {
+            req(
+                &format!("m{i}"),
+                Quota::new(3, Unit::Minute).with_algorithm(a),
+                1,
+            )
+        })
         .collect();
     let mut steps: Vec<Step> = (0..5)
         .map(|i| Step {
@@ -270,7 +393,13 @@ pub fn traces() -> Vec<Trace> {
         .collect();
     steps.push(Step {
         t: t0 + 10 * SECOND,
-        reqs: mixed.iter().map(|r| Req { cost: 0, ..r.clone() }).collect(),
+        reqs: mixed
+            .iter()
+            .map(|r| Req {
+                cost: 0,
+                ..r.clone()
+            })
+            .collect(),
     });
     out.push(Trace {
         name: "mixed algorithms".into(),
@@ -367,9 +496,10 @@ pub async fn replay(redis: &RedisStore, trace: &Trace) {
             })
             .collect();
         let expected: Vec<Decision> = mem.check(step.t, &items).unwrap();
-        let got = redis.check(Some(step.t), &items).await.unwrap_or_else(|e| {
-            panic!("{}: step {i} at {}: store error {e}", trace.name, step.t)
-        });
+        let got = redis
+            .check(Some(step.t), &items)
+            .await
+            .unwrap_or_else(|e| panic!("{}: step {i} at {}: store error {e}", trace.name, step.t));
         assert_eq!(
             got, expected,
             "{}: step {i} at t={} requests {:?}\n(left: redis, right: memory)",

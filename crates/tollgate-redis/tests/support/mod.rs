@@ -20,8 +20,11 @@ pub const SHARED_URL: &str = "redis://127.0.0.1:6379";
 
 fn random() -> u64 {
     static N: AtomicU64 = AtomicU64::new(0);
-    std::collections::hash_map::RandomState::new()
-        .hash_one((std::process::id(), N.fetch_add(1, Ordering::Relaxed), Instant::now()))
+    std::collections::hash_map::RandomState::new().hash_one((
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed),
+        Instant::now(),
+    ))
 }
 
 /// A key prefix no other test run uses.
@@ -104,12 +107,10 @@ impl RedisServer {
             if let Ok(Some(_)) = self.child.try_wait() {
                 return false;
             }
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok()
-                && {
-                    let pong = self.cli(&["PING"]);
-                    pong.contains("PONG") || pong.contains("NOAUTH")
-                }
-            {
+            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() && {
+                let pong = self.cli(&["PING"]);
+                pong.contains("PONG") || pong.contains("NOAUTH")
+            } {
                 return true;
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -199,7 +200,10 @@ impl Cluster {
             if ok {
                 return cluster;
             }
-            assert!(Instant::now() < deadline, "cluster never reached cluster_state:ok");
+            assert!(
+                Instant::now() < deadline,
+                "cluster never reached cluster_state:ok"
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
