@@ -49,6 +49,8 @@ pub struct RedisServer {
     /// Its port on 127.0.0.1.
     pub port: u16,
     dir: PathBuf,
+    /// Extra `redis-cli` arguments (TLS).
+    cli_args: Vec<String>,
 }
 
 impl RedisServer {
@@ -87,7 +89,12 @@ impl RedisServer {
                 .stderr(Stdio::null())
                 .spawn()
                 .expect("redis-server must be installed");
-            let mut server = RedisServer { child, port, dir };
+            let mut server = RedisServer {
+                child,
+                port,
+                dir,
+                cli_args: Vec::new(),
+            };
             if server.wait_ready(Duration::from_secs(5)) {
                 return Some(server);
             }
@@ -125,7 +132,81 @@ impl RedisServer {
 
     /// Run `redis-cli -p <port> args...` and return its stdout.
     pub fn cli(&self, args: &[&str]) -> String {
-        cli(self.port, args)
+        let mut all: Vec<&str> = self.cli_args.iter().map(String::as_str).collect();
+        all.extend(args);
+        cli(self.port, &all)
+    }
+
+    /// Start a TLS-only server with a fresh test CA; returns it and the CA certificate's path.
+    pub fn start_tls() -> (RedisServer, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("tollgate-tls-{:x}", random()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let sh = |script: &str| {
+            let out = Command::new("sh")
+                .arg("-c")
+                .arg(script)
+                .current_dir(&dir)
+                .output()
+                .expect("sh");
+            assert!(
+                out.status.success(),
+                "{script}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        sh(
+            "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+            -keyout ca.key -out ca.crt -days 2 -subj '/CN=tollgate test CA' 2>/dev/null",
+        );
+        sh(
+            "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+            -keyout server.key -out server.csr -subj '/CN=127.0.0.1' 2>/dev/null",
+        );
+        sh(
+            "printf 'subjectAltName=IP:127.0.0.1\\nbasicConstraints=CA:FALSE\\n' > ext.cnf && \
+            openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial \
+            -out server.crt -days 2 -extfile ext.cnf 2>/dev/null",
+        );
+        let file = |f: &str| dir.join(f).to_string_lossy().into_owned();
+        let (ca, cert, key) = (file("ca.crt"), file("server.crt"), file("server.key"));
+        for _ in 0..5 {
+            let port = free_port();
+            let child = Command::new("redis-server")
+                .args([
+                    "--port",
+                    "0",
+                    "--tls-port",
+                    &port.to_string(),
+                    "--bind",
+                    "127.0.0.1",
+                ])
+                .args([
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--tls-auth-clients",
+                    "no",
+                ])
+                .args(["--tls-cert-file", &cert, "--tls-key-file", &key])
+                .args(["--tls-ca-cert-file", &ca])
+                .arg("--dir")
+                .arg(&dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server must be installed");
+            let mut server = RedisServer {
+                child,
+                port,
+                dir: dir.clone(),
+                cli_args: vec!["--tls".into(), "--cacert".into(), ca.clone()],
+            };
+            if server.wait_ready(Duration::from_secs(5)) {
+                return (server, dir.join("ca.crt"));
+            }
+        }
+        panic!("could not start a TLS redis-server");
     }
 
     /// Kill the server now (its port stays reserved by nobody).
