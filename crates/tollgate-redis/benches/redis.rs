@@ -38,6 +38,9 @@ fn main() {
     let store = rt
         .block_on(RedisStore::connect(&url, opts))
         .unwrap_or_else(|e| panic!("bench needs Redis at {url}: {e}"));
+    if !bench {
+        println!("(smoke run under cargo test: a few calls per level, not a measurement)");
+    }
     println!("## Redis store: decisions per second ({url}, sliding_window_counter, 1 item)");
     println!("| callers | decisions/s | mean latency |");
     println!("|---:|---:|---:|");

@@ -55,6 +55,11 @@ fn cluster_conformance_and_cross_slot_refunds() {
             .unwrap_or_else(|e| panic!("{alg}: {e}"));
     }
 
+    // Every node forgets the script: the next calls reload it transparently.
+    for n in &cluster.nodes {
+        assert!(n.cli(&["SCRIPT", "FLUSH"]).contains("OK"));
+    }
+
     // Cross-slot all-or-nothing, time from Redis, for every algorithm.
     rt.block_on(async {
         let prefix = store.options().prefix.clone();
