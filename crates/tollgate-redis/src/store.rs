@@ -147,6 +147,18 @@ impl RedisStore {
     /// server cannot be reached within [`RedisOptions::connect_timeout`]; after that, lost
     /// connections are re-established automatically.
     pub async fn connect(url: &str, opts: RedisOptions) -> Result<RedisStore, StoreError> {
+        Self::open(url, opts, false).await
+    }
+
+    /// Like [`RedisStore::connect`], but a single server (`redis://`, `rediss://`) need not be up
+    /// yet: the connection is made by the first call (which fails as unavailable until Redis
+    /// answers), so a service can start, and fall back, while Redis is down. A cluster still
+    /// needs one reachable node to learn the topology.
+    pub async fn connect_lazy(url: &str, opts: RedisOptions) -> Result<RedisStore, StoreError> {
+        Self::open(url, opts, true).await
+    }
+
+    async fn open(url: &str, opts: RedisOptions, lazy: bool) -> Result<RedisStore, StoreError> {
         if !keys::valid_prefix(&opts.prefix) {
             return Err(StoreError::Unsupported(format!(
                 "key prefix {:?} must be non-empty and contain no braces",
@@ -165,11 +177,12 @@ impl RedisStore {
                     .set_response_timeout(Some(opts.timeout))
                     .set_number_of_retries(2)
                     .set_max_delay(Duration::from_secs(1));
-                let cm = client
-                    .get_connection_manager_with_config(cfg)
-                    .await
-                    .map_err(unavailable)?;
-                Ok(Conn::Single(cm))
+                let cm = if lazy {
+                    client.get_connection_manager_lazy(cfg)
+                } else {
+                    client.get_connection_manager_with_config(cfg).await
+                };
+                Ok(Conn::Single(cm.map_err(unavailable)?))
             } else {
                 Err(StoreError::Unsupported(format!(
                     "store URL {} (expected redis://, rediss://, redis+cluster:// or rediss+cluster://)",
@@ -177,6 +190,7 @@ impl RedisStore {
                 )))
             }
         };
+        // Bounded: a server that accepts but never answers must not hang startup.
         let conn = tokio::time::timeout(opts.connect_timeout * 2, connecting)
             .await
             .map_err(|_| StoreError::Timeout(opts.connect_timeout.as_millis() as u64 * 2))??;
@@ -187,7 +201,7 @@ impl RedisStore {
                 url: redact(url),
                 opts,
                 script: script::script(),
-                healthy: AtomicBool::new(true),
+                healthy: AtomicBool::new(!lazy),
                 seed: rs.hash_one(0x746f6c6cu32),
                 counter: AtomicU64::new(0),
             }),
@@ -344,7 +358,7 @@ impl RedisStore {
             self.run(inv, part.len())
         });
         let replies = join_all(calls).await;
-        let failed = replies
+        let mut failed = replies
             .iter()
             .find_map(|r| r.as_ref().err())
             .map(|e| match e {
@@ -380,10 +394,15 @@ impl RedisStore {
                 ..call
             };
             let inv = script::invocation(&self.inner.script, &refund, &part);
-            let r = self.run(inv, part.len()).await;
-            if failed.is_none() {
-                for (&i, d) in undo.iter().zip(&r?.decisions) {
-                    decisions[i] = *d;
+            // Keep refunding the other groups even if this one fails; report the first error.
+            match self.run(inv, part.len()).await {
+                Ok(r) => {
+                    for (&i, d) in undo.iter().zip(&r.decisions) {
+                        decisions[i] = *d;
+                    }
+                }
+                Err(e) => {
+                    failed.get_or_insert(e);
                 }
             }
         }

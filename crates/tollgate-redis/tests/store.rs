@@ -414,3 +414,34 @@ async fn unsupported_quotas_are_rejected_with_a_reason() {
         Err(StoreError::Unsupported(_))
     ));
 }
+
+#[tokio::test]
+async fn lazy_connect_starts_without_redis_and_recovers() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let opts = RedisOptions {
+        timeout: Duration::from_millis(300),
+        ..options("lazy")
+    };
+    let store = RedisStore::connect_lazy(&format!("redis://127.0.0.1:{port}"), opts)
+        .await
+        .unwrap();
+    assert!(
+        !store.is_healthy(),
+        "not known healthy before the first call"
+    );
+    let q = Quota::new(10, Unit::Minute);
+    assert!(store.check(None, &[item("k", &q, 1)]).await.is_err());
+    let _server = RedisServer::start_on(port, &[]);
+    let mut ok = false;
+    for _ in 0..100 {
+        if store.check(None, &[item("k", &q, 1)]).await.is_ok() {
+            ok = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(ok && store.is_healthy());
+}
