@@ -1,0 +1,149 @@
+//! Throughput of the Redis store: decisions per second with 1, 16 and 64 concurrent callers
+//! sharing one store (one multiplexed connection), against the ceiling of the same `EVALSHA`
+//! driven by `redis-benchmark` (no client-side work at all).
+//!
+//! `cargo bench -p tollgate-redis --bench redis` runs it (5 s per level; `BENCH_SECS` to change,
+//! `TOLLGATE_BENCH_REDIS` for another server than redis://127.0.0.1:6379). Under `cargo test`
+//! (no `--bench` argument) it makes a few calls per level so it cannot rot.
+
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tollgate_core::{Algorithm, CheckItem, Quota, Unit};
+use tollgate_redis::{script, RedisOptions, RedisStore};
+
+fn main() {
+    let bench = std::env::args().any(|a| a == "--bench");
+    let url = std::env::var("TOLLGATE_BENCH_REDIS")
+        .unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+    let secs: f64 = std::env::var("BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5.0);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let prefix = format!("tgbench-{}", std::process::id());
+    let opts = RedisOptions {
+        prefix: prefix.clone(),
+        timeout: Duration::from_secs(2),
+        ..RedisOptions::default()
+    };
+    // The default algorithm, with a limit high enough that every call writes.
+    let quota =
+        Quota::new(1_000_000_000, Unit::Minute).with_algorithm(Algorithm::SlidingWindowCounter);
+    let store = rt
+        .block_on(RedisStore::connect(&url, opts))
+        .unwrap_or_else(|e| panic!("bench needs Redis at {url}: {e}"));
+    if !bench {
+        println!("(smoke run under cargo test: a few calls per level, not a measurement)");
+    }
+    println!("## Redis store: decisions per second ({url}, sliding_window_counter, 1 item)");
+    println!("| callers | decisions/s | mean latency |");
+    println!("|---:|---:|---:|");
+    let mut at64 = 0.0;
+    for callers in [1usize, 16, 64] {
+        let (rate, lat) = rt.block_on(run(&store, &quota, callers, secs, bench));
+        println!("| {callers} | {rate:.0} | {:.0} µs |", lat * 1e6);
+        if callers == 64 {
+            at64 = rate;
+        }
+    }
+    let item = CheckItem {
+        rule: "bench",
+        key: "bench|caller=shared",
+        quota: &quota,
+        cost: 1,
+        shadow: false,
+    };
+    let cmd = script::command_line(&prefix, &item, "bench");
+    let host_port = url
+        .trim_start_matches("redis://")
+        .split('/')
+        .next()
+        .unwrap_or("127.0.0.1:6379")
+        .to_owned();
+    let (host, port) = host_port.rsplit_once(':').unwrap_or((&host_port, "6379"));
+    let n = if bench { 200_000 } else { 2_000 };
+    let line = format!("redis-benchmark -h {host} -p {port} -n {n} -c 64 -P 1 -q {cmd}");
+    println!("\nceiling (same EVALSHA, no client work):\n  {line}");
+    match Command::new("sh").arg("-c").arg(&line).output() {
+        Ok(out) if out.status.success() => {
+            let text = String::from_utf8_lossy(&out.stdout);
+            let rps = text
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .windows(2)
+                .find(|w| w[1] == "requests")
+                .and_then(|w| w[0].parse::<f64>().ok());
+            let last = text.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("");
+            println!("  -> {}", last.trim().rsplit('\r').next().unwrap_or(""));
+            if let Some(rps) = rps {
+                println!(
+                    "store at 64 callers: {at64:.0}/s = {:.0}% of the EVALSHA ceiling ({rps:.0}/s)",
+                    100.0 * at64 / rps
+                );
+            }
+        }
+        _ => println!("  (redis-benchmark not available: run the command above by hand)"),
+    }
+    let mut con = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:*"))
+        .query(&mut con)
+        .unwrap();
+    if !keys.is_empty() {
+        let _: () = redis::cmd("DEL").arg(&keys).query(&mut con).unwrap();
+    }
+}
+
+/// Decisions per second and mean latency with `callers` concurrent tasks, each on its own key.
+async fn run(
+    store: &RedisStore,
+    quota: &Quota,
+    callers: usize,
+    secs: f64,
+    bench: bool,
+) -> (f64, f64) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let per_task_cap = if bench { u64::MAX } else { 20 };
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..callers)
+        .map(|i| {
+            let (store, stop, done, quota) = (store.clone(), stop.clone(), done.clone(), *quota);
+            tokio::spawn(async move {
+                let key = format!("bench|caller={i}");
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) && n < per_task_cap {
+                    let item = CheckItem {
+                        rule: "bench",
+                        key: &key,
+                        quota: &quota,
+                        cost: 1,
+                        shadow: false,
+                    };
+                    store.check(None, &[item]).await.expect("bench check");
+                    n += 1;
+                }
+                done.fetch_add(n, Ordering::Relaxed);
+            })
+        })
+        .collect();
+    if bench {
+        tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+        stop.store(true, Ordering::Relaxed);
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let n = done.load(Ordering::Relaxed) as f64;
+    (n / elapsed, elapsed * callers as f64 / n.max(1.0))
+}

@@ -1,0 +1,177 @@
+-- common.lua: exact integer helpers and aligned windows shared by every algorithm.
+--
+-- Redis runs Lua 5.1, whose only number type is the IEEE double. Every quantity the store keeps
+-- (microsecond timestamps, counts, emission intervals) is an integer below 2^53, where doubles
+-- are exact, and the Rust side rejects quotas that could leave that range (see keys.rs). What
+-- is NOT exact in doubles is division and the few products that can pass 2^53, so:
+--   * idiv(a, b) = floor(a / b) is computed as (a - fmod(a, b)) / b. fmod is exact in IEEE
+--     arithmetic, a - r is an exact multiple of b, and dividing an exact multiple is exact.
+--     (math.floor(a / b) can round a quotient just below an integer up to it.)
+--   * muldiv(a, b, c) = floor(a * b / c) and the remainder, exactly, even when a * b >= 2^53.
+--   * numbers are written with string.format('%d') (tostring keeps only 14 digits).
+-- This file is concatenated in front of the algorithm files and check.lua (see script.rs).
+
+local TWO53 = 9007199254740992
+local DAY = 86400000000
+
+local function idiv(a, b)
+  return (a - math.fmod(a, b)) / b
+end
+
+local function fmt(x)
+  return string.format('%d', x)
+end
+
+-- floor(a * b / c) and (a * b) mod c for integers 0 <= a, b < 2^53, 0 < c < 2^53, assuming the
+-- quotient is below 2^53. Fast path: a double product below 2^53 is exact (and a true product at
+-- or above 2^53 rounds to at least 2^53, so the test cannot be fooled). Slow path: long
+-- multiplication over the bits of a, most significant first, keeping a_prefix * b = q * c + r
+-- with 0 <= r < c. Doubling and adding b mod c are done as "r >= c - x ? r - (c - x) : r + x",
+-- so no intermediate exceeds c (< 2^53) and every step is exact. At most 53 iterations, and only
+-- for the sliding-window-counter products prev * elapsed and (k + 1) * window length, which
+-- pass 2^53 only for large counts over long windows.
+local function muldiv(a, b, c)
+  local p = a * b
+  if p < TWO53 then
+    local r = math.fmod(p, c)
+    return (p - r) / c, r
+  end
+  local bq = idiv(b, c)
+  local br = b - bq * c
+  local bits = {}
+  local x = a
+  while x > 0 do
+    local bit = math.fmod(x, 2)
+    bits[#bits + 1] = bit
+    x = (x - bit) / 2
+  end
+  local q, r = 0, 0
+  for i = #bits, 1, -1 do
+    q = q * 2
+    if r >= c - r then
+      r = r - (c - r)
+      q = q + 1
+    else
+      r = r + r
+    end
+    if bits[i] == 1 then
+      q = q + bq
+      if r >= c - br then
+        r = r - (c - br)
+        q = q + 1
+      else
+        r = r + br
+      end
+    end
+  end
+  return q, r
+end
+
+-- Calendar arithmetic: Howard Hinnant's days_from_civil / civil_from_days, as in window.rs.
+-- Only ever called with dates from 1969 on, so every division is of non-negative numbers.
+local function days_from_civil(y, m, d)
+  if m <= 2 then y = y - 1 end
+  local era = idiv(y, 400)
+  local yoe = y - era * 400
+  local mp = (m + 9) % 12
+  local doy = idiv(153 * mp + 2, 5) + d - 1
+  local doe = yoe * 365 + idiv(yoe, 4) - idiv(yoe, 100) + doy
+  return era * 146097 + doe - 719468
+end
+
+local function civil_from_days(z)
+  z = z + 719468
+  local era = idiv(z, 146097)
+  local doe = z - era * 146097
+  local yoe = idiv(doe - idiv(doe, 1460) + idiv(doe, 36524) - idiv(doe, 146096), 365)
+  local doy = doe - (365 * yoe + idiv(yoe, 4) - idiv(yoe, 100))
+  local mp = idiv(5 * doy + 2, 153)
+  local d = doy - idiv(153 * mp + 2, 5) + 1
+  local m
+  if mp < 10 then m = mp + 3 else m = mp - 9 end
+  local y = yoe + era * 400
+  if m <= 2 then y = y + 1 end
+  return y, m, d
+end
+
+local function day_start(day)
+  if day < 0 then day = 0 end
+  return day * DAY
+end
+
+local function month_start(index)
+  local y = 1970 + idiv(index, 12)
+  local m = index % 12 + 1
+  return day_start(days_from_civil(y, m, 1))
+end
+
+-- The half-open window [start, end) of the period containing now (window.rs `window`).
+-- p.unit: 0 second, 1 minute, 2 hour, 3 day, 4 week, 5 month, 6 year; p.mult >= 1;
+-- p.len = nominal length (unit x multiplier) in microseconds.
+local function window(p, now)
+  local unit, m = p.unit, p.mult
+  if unit <= 3 then
+    local start = now - math.fmod(now, p.len)
+    return start, start + p.len
+  elseif unit == 4 then
+    -- 1970-01-01 was a Thursday; Monday 1969-12-29 is day -3.
+    local day = idiv(now, DAY) + 3
+    local week = idiv(day, 7)
+    local first = week - math.fmod(week, m)
+    local start_day = first * 7 - 3
+    return day_start(start_day), day_start(start_day + 7 * m)
+  else
+    local y, mo = civil_from_days(idiv(now, DAY))
+    if unit == 5 then
+      local index = (y - 1970) * 12 + (mo - 1)
+      local first = index - math.fmod(index, m)
+      return month_start(first), month_start(first + m)
+    end
+    local index = y - 1970
+    local first = index - math.fmod(index, m)
+    return month_start(first * 12), month_start((first + m) * 12)
+  end
+end
+
+-- The start of the window just before the one starting at `start`.
+local function previous_start(p, start)
+  if start == 0 then return 0 end
+  local s = window(p, start - 1)
+  return s
+end
+
+local function sat_sub(a, b)
+  if a > b then return a - b end
+  return 0
+end
+
+-- A decision: allowed, limit, remaining, reset_after, retry_after (nil = never), delay.
+local function decision(allowed, limit, remaining, reset, retry, delay)
+  return { allowed = allowed, limit = limit, remaining = remaining, reset = reset,
+           retry = retry, delay = delay or 0 }
+end
+
+local function deny_forever(limit)
+  return decision(false, limit, 0, 0, nil, 0)
+end
+
+-- Plain string-valued state: GET, decode; SET with a TTL, or DEL when back to full.
+local function load_string(p, decode)
+  local v = redis.call('GET', p.keys[1])
+  if not v then return nil end
+  return decode(v)
+end
+
+local function save_string(p, encode, old, new, ttl_ms)
+  local o, n = nil, nil
+  if old ~= nil then o = encode(old) end
+  if new ~= nil then n = encode(new) end
+  if o == n then return end
+  if n == nil then
+    redis.call('DEL', p.keys[1])
+  else
+    redis.call('SET', p.keys[1], n, 'PX', ttl_ms)
+  end
+end
+
+local ALG = {}

@@ -1,0 +1,66 @@
+-- fixed_window.lua: one counter per aligned window (algorithm/fixed_window.rs), state
+-- "start count". Window bounds come from window() in common.lua (epoch- and calendar-aligned,
+-- a port of window.rs), so a script evaluated with Redis TIME needs nothing from the caller.
+
+local function fw_decode(v)
+  local a, b = string.match(v, '^(%d+) (%d+)$')
+  return { tonumber(a), tonumber(b) }
+end
+
+local function fw_encode(s)
+  return fmt(s[1]) .. ' ' .. fmt(s[2])
+end
+
+local function fw_step(st, now, cost, p)
+  local start, wend = window(p, now)
+  local count = 0
+  if st ~= nil then
+    if st[1] == start then
+      count = st[2]
+    elseif st[1] > start then
+      -- The clock went backwards: stay in the window already counted.
+      start, wend = window(p, st[1])
+      count = st[2]
+    end
+  end
+  local limit = p.limit
+  local reset = 0
+  if count > 0 then reset = sat_sub(wend, now) end
+  if limit == 0 or cost > limit then
+    local rem = 0
+    if count < limit then rem = limit - count end
+    return decision(false, limit, rem, reset, nil, 0), st
+  end
+  if count + cost <= limit then
+    count = count + cost
+    local r = 0
+    local keep = nil
+    if count > 0 then
+      r = sat_sub(wend, now)
+      keep = { start, count }
+    end
+    return decision(true, limit, limit - count, r, nil, 0), keep
+  end
+  return decision(false, limit, limit - count, reset, sat_sub(wend, now), 0), st
+end
+
+ALG[4] = {
+  load = function(p) return load_string(p, fw_decode) end,
+  step = fw_step,
+  save = function(p, old, new, ttl) save_string(p, fw_encode, old, new, ttl) end,
+  -- Undo an admitted cost in the window it went into (the current one, or a later one the
+  -- state already counted if the clock went backwards).
+  refund = function(p, now, cost)
+    local v = redis.call('GET', p.keys[1])
+    if not v then return end
+    local s = fw_decode(v)
+    local start = window(p, now)
+    if s[1] < start then return end
+    s[2] = s[2] - cost
+    if s[2] <= 0 then
+      redis.call('DEL', p.keys[1])
+    else
+      redis.call('SET', p.keys[1], fw_encode(s), 'KEEPTTL')
+    end
+  end,
+}

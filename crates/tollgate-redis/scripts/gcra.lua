@@ -1,0 +1,44 @@
+-- gcra.lua: GCRA (algorithm/gcra.rs), state = the theoretical arrival time `tat` as a string.
+-- Products: cost * T <= burst * T = cap, and the Rust side rejects quotas with cap >= 2^51,
+-- so every value here stays below 2^53 and plain double arithmetic is exact.
+
+local function gcra_step(tat, now, cost, p)
+  local t = p.T
+  if t == 0 then return deny_forever(0), tat end
+  local burst = p.burst
+  local cap = t * burst
+  local base = now
+  if tat ~= nil and tat > now then base = tat end
+  local backlog = base - now
+  local remaining_before = idiv(sat_sub(cap, backlog), t)
+  if cost > burst then
+    return decision(false, p.limit, remaining_before, backlog, nil, 0), tat
+  end
+  local new_tat = base + cost * t
+  local new_backlog = new_tat - now
+  if new_backlog <= cap then
+    local keep = nil
+    if new_tat > now then keep = new_tat end
+    return decision(true, p.limit, idiv(cap - new_backlog, t), new_backlog, nil, 0), keep
+  end
+  return decision(false, p.limit, remaining_before, backlog, new_backlog - cap, 0), tat
+end
+
+-- Undo an admitted cost: tat -= cost * T. A tat at or before `now` means "full": delete.
+local function tat_refund(p, now, cost)
+  local v = redis.call('GET', p.keys[1])
+  if not v then return end
+  local tat = tonumber(v) - cost * p.T
+  if tat <= now then
+    redis.call('DEL', p.keys[1])
+  else
+    redis.call('SET', p.keys[1], fmt(tat), 'KEEPTTL')
+  end
+end
+
+ALG[1] = {
+  load = function(p) return load_string(p, tonumber) end,
+  step = gcra_step,
+  save = function(p, old, new, ttl) save_string(p, fmt, old, new, ttl) end,
+  refund = function(p, now, cost) tat_refund(p, now, cost) end,
+}

@@ -1,0 +1,66 @@
+-- token_bucket.lua: whole-token bucket (algorithm/token_bucket.rs), state "tokens last".
+-- Products: refill * T <= now - last, and (cap - tokens) * T, (cost - tokens) * T are at most
+-- burst * T, which the Rust side keeps below 2^51: plain arithmetic is exact.
+
+local function tb_decode(v)
+  local a, b = string.match(v, '^(%d+) (%d+)$')
+  return { tonumber(a), tonumber(b) }
+end
+
+local function tb_encode(s)
+  return fmt(s[1]) .. ' ' .. fmt(s[2])
+end
+
+local function tb_step(st, now, cost, p)
+  local t = p.T
+  if t == 0 then return deny_forever(0), st end
+  local cap = p.burst
+  local tokens, last = cap, now
+  if st ~= nil then tokens, last = st[1], st[2] end
+  if now > last then
+    local refill = idiv(now - last, t)
+    if tokens + refill >= cap then
+      tokens = cap
+      last = now
+    else
+      tokens = tokens + refill
+      last = last + refill * t
+    end
+  end
+  if tokens > cap then tokens = cap end
+  local function full_in(tk, ls)
+    if tk >= cap then return 0 end
+    return sat_sub(ls + (cap - tk) * t, now)
+  end
+  local function keep(tk, ls)
+    if tk < cap then return { tk, ls } end
+    return nil
+  end
+  if cost > cap then
+    return decision(false, p.limit, tokens, full_in(tokens, last), nil, 0), keep(tokens, last)
+  end
+  if cost <= tokens then
+    tokens = tokens - cost
+    return decision(true, p.limit, tokens, full_in(tokens, last), nil, 0), keep(tokens, last)
+  end
+  local retry = sat_sub(last + (cost - tokens) * t, now)
+  return decision(false, p.limit, tokens, full_in(tokens, last), retry, 0), keep(tokens, last)
+end
+
+ALG[3] = {
+  load = function(p) return load_string(p, tb_decode) end,
+  step = tb_step,
+  save = function(p, old, new, ttl) save_string(p, tb_encode, old, new, ttl) end,
+  -- Undo an admitted cost: tokens += cost, capped; a full bucket is deleted.
+  refund = function(p, now, cost)
+    local v = redis.call('GET', p.keys[1])
+    if not v then return end
+    local s = tb_decode(v)
+    s[1] = s[1] + cost
+    if s[1] >= p.burst then
+      redis.call('DEL', p.keys[1])
+    else
+      redis.call('SET', p.keys[1], tb_encode(s), 'KEEPTTL')
+    end
+  end,
+}

@@ -1,0 +1,21 @@
+//! # tollgate-redis
+//!
+//! The Redis and Redis Cluster store for tollgate: counters shared by every tollgate process.
+//!
+//! Each request costs one `EVALSHA` of one Lua script ([`script`]) that checks all of the
+//! request's counters atomically with exactly the semantics of the in-memory store
+//! ([`tollgate_core::MemoryStore`]): the same algorithms (ported to Lua, integer-exact), the same
+//! all-or-nothing and shadow rules, the same handling of a key repeated in one request. Time
+//! comes from the Redis server's `TIME` unless the caller passes it, so app servers with skewed
+//! clocks agree. On Redis Cluster, counters in different slots are checked by concurrent calls,
+//! one per slot, and a request blocked in one slot gives back what the others consumed (see
+//! `docs/operations.md`, "Redis Cluster").
+//!
+//! Modules: [`keys`] (key layout, escaping, exactness bounds), [`script`] (the Lua script and its
+//! wire format), [`store`] ([`RedisStore`], connections, timeouts, health).
+
+pub mod keys;
+pub mod script;
+pub mod store;
+
+pub use store::{RedisOptions, RedisStore};

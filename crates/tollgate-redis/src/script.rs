@@ -1,0 +1,209 @@
+//! The check script: Lua sources, argument encoding and reply decoding.
+//!
+//! The script is `common.lua` + one file per algorithm + the `check.lua` driver, concatenated at
+//! compile time so the algorithms stay in separate, reviewable files while Redis sees one script
+//! (one SHA, one `EVALSHA` per request). [`redis::Script`] sends `EVALSHA` and, on `NOSCRIPT`
+//! (a restarted or flushed server), loads the script and retries, transparently.
+
+use crate::keys::{self, CounterKeys, MAX_COST};
+use redis::{Script, ScriptInvocation};
+use tollgate_core::{Algorithm, CheckItem, Decision, Micros, StoreError, Unit};
+
+/// The full Lua source sent to Redis.
+pub const SOURCE: &str = concat!(
+    include_str!("../scripts/common.lua"),
+    include_str!("../scripts/gcra.lua"),
+    include_str!("../scripts/leaky_bucket.lua"),
+    include_str!("../scripts/token_bucket.lua"),
+    include_str!("../scripts/fixed_window.lua"),
+    include_str!("../scripts/sliding_log.lua"),
+    include_str!("../scripts/sliding_counter.lua"),
+    include_str!("../scripts/check.lua"),
+);
+
+/// A new handle on the script (computes its SHA once).
+pub fn script() -> Script {
+    Script::new(SOURCE)
+}
+
+/// What the script does with its items.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Check and (all-or-nothing) consume.
+    Check,
+    /// Undo the given admitted items of an earlier check, then query them.
+    Refund,
+}
+
+fn algorithm_code(a: Algorithm) -> u8 {
+    match a {
+        Algorithm::Gcra => 1,
+        Algorithm::LeakyBucket => 2,
+        Algorithm::TokenBucket => 3,
+        Algorithm::FixedWindow => 4,
+        Algorithm::SlidingWindowLog => 5,
+        Algorithm::SlidingWindowCounter => 6,
+        Algorithm::CountMinSketch => 0,
+    }
+}
+
+fn unit_code(u: Unit) -> u8 {
+    match u {
+        Unit::Second => 0,
+        Unit::Minute => 1,
+        Unit::Hour => 2,
+        Unit::Day => 3,
+        Unit::Week => 4,
+        Unit::Month => 5,
+        Unit::Year => 6,
+    }
+}
+
+/// One call's worth of arguments.
+pub struct Call<'a> {
+    /// Explicit time, or `None` for Redis `TIME`.
+    pub now: Option<Micros>,
+    /// Request id (tags sliding-log entries so a refund removes exactly them).
+    pub reqid: &'a str,
+    /// Check or refund.
+    pub mode: Mode,
+    /// Whether the whole request has exactly one item.
+    pub single: bool,
+    /// Extra TTL in milliseconds.
+    pub grace_ms: u64,
+}
+
+/// One item of a call: its index in the request, the item, its keys.
+pub type Entry<'a> = (usize, &'a CheckItem<'a>, &'a CounterKeys);
+
+/// The keys and arguments of one call for `items` (with their index in the request and keys).
+pub fn arguments(call: &Call<'_>, items: &[Entry<'_>]) -> (Vec<String>, Vec<String>) {
+    let mut keys = Vec::with_capacity(items.len() + 1);
+    let mut args = Vec::with_capacity(6 + 10 * items.len());
+    args.extend([
+        call.now.map_or(String::new(), |n| n.to_string()),
+        call.reqid.to_owned(),
+        match call.mode {
+            Mode::Check => "c",
+            Mode::Refund => "r",
+        }
+        .to_owned(),
+        if call.single { "1" } else { "0" }.to_owned(),
+        call.grace_ms.to_string(),
+        items.len().to_string(),
+    ]);
+    for (idx, item, (main, sum)) in items {
+        let q = item.quota;
+        keys.push(main.clone());
+        if let Some(s) = sum {
+            keys.push(s.clone());
+        }
+        let fields: [u64; 10] = [
+            algorithm_code(q.algorithm).into(),
+            item.cost.min(MAX_COST),
+            item.shadow.into(),
+            q.limit,
+            q.capacity().max(1),
+            q.emission_interval().unwrap_or(0),
+            unit_code(q.period.unit).into(),
+            q.period.multiplier.max(1).into(),
+            q.period.nominal(),
+            *idx as u64,
+        ];
+        args.extend(fields.iter().map(u64::to_string));
+    }
+    (keys, args)
+}
+
+/// Build the invocation for `items` (with their index in the request and their keys).
+pub fn invocation<'s>(
+    script: &'s Script,
+    call: &Call<'_>,
+    items: &[Entry<'_>],
+) -> ScriptInvocation<'s> {
+    let (keys, args) = arguments(call, items);
+    let mut inv = script.prepare_invoke();
+    for k in keys {
+        inv.key(k);
+    }
+    for a in args {
+        inv.arg(a);
+    }
+    inv
+}
+
+/// The `EVALSHA` command line (for `redis-cli` / `redis-benchmark`) that checks `item` once at
+/// the server's time, exactly as [`crate::RedisStore::check`] would. Empty arguments are
+/// written as `""`.
+pub fn command_line(prefix: &str, item: &CheckItem<'_>, reqid: &str) -> String {
+    let keys = keys::counter_keys(prefix, item.key, item.quota);
+    let call = Call {
+        now: None,
+        reqid,
+        mode: Mode::Check,
+        single: true,
+        grace_ms: 0,
+    };
+    let (k, a) = arguments(&call, &[(0, item, &keys)]);
+    let quote = |s: &String| {
+        if s.is_empty() {
+            "\"\"".to_owned()
+        } else {
+            format!("'{s}'")
+        }
+    };
+    let mut out = format!("EVALSHA {} {}", script().get_hash(), k.len());
+    for s in k.iter().chain(&a) {
+        out.push(' ');
+        out.push_str(&quote(s));
+    }
+    out
+}
+
+/// A decoded reply: the script's `now`, whether its items blocked, and one decision per item.
+#[derive(Debug)]
+pub struct Reply {
+    /// The instant the script used.
+    pub now: Micros,
+    /// Whether a non-shadow item was denied.
+    pub blocked: bool,
+    /// One per item, in order.
+    pub decisions: Vec<Decision>,
+}
+
+/// Decode the flat integer array the script returns.
+pub fn decode(v: &[i64], n: usize) -> Result<Reply, StoreError> {
+    if v.len() != 2 + 6 * n {
+        return Err(StoreError::Unavailable(format!(
+            "unexpected script reply: {} integers for {n} items",
+            v.len()
+        )));
+    }
+    let u = |x: i64| x.max(0) as u64;
+    let decisions = v[2..]
+        .chunks_exact(6)
+        .map(|c| Decision {
+            allowed: c[0] == 1,
+            limit: u(c[1]),
+            remaining: u(c[2]),
+            reset_after: u(c[3]),
+            retry_after: (c[4] >= 0).then(|| u(c[4])),
+            delay: u(c[5]),
+        })
+        .collect();
+    Ok(Reply {
+        now: u(v[0]),
+        blocked: v[1] == 1,
+        decisions,
+    })
+}
+
+/// Validate every item for this store.
+pub fn validate(items: &[CheckItem<'_>], now: Option<Micros>) -> Result<(), StoreError> {
+    if now.is_some_and(|n| n > keys::MAX_NOW) {
+        return Err(StoreError::Unsupported(
+            "time after 2^52 µs since the epoch".into(),
+        ));
+    }
+    items.iter().try_for_each(|i| keys::check_quota(i.quota))
+}

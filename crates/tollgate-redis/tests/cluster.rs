@@ -1,0 +1,123 @@
+//! Redis Cluster: a throwaway 3-master cluster on free loopback ports runs the conformance
+//! suite through `redis+cluster://`, and cross-slot requests are all-or-nothing (a request
+//! blocked in one slot gives back what the other slots consumed).
+
+mod support;
+
+use proptest::prelude::*;
+use std::time::Duration;
+use support::conformance::{random_trace, replay, traces, ALGORITHMS};
+use support::Cluster;
+use tollgate_core::{CheckItem, Quota, Unit};
+use tollgate_redis::keys::{counter_keys, slot};
+use tollgate_redis::{RedisOptions, RedisStore};
+
+#[test]
+fn cluster_conformance_and_cross_slot_refunds() {
+    let cluster = Cluster::start(3);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let opts = RedisOptions {
+        prefix: support::unique_prefix("cluster"),
+        ttl_grace: Duration::from_secs(120),
+        timeout: Duration::from_secs(5),
+        ..RedisOptions::default()
+    };
+    let store = rt
+        .block_on(RedisStore::connect(&cluster.url(), opts))
+        .unwrap();
+    assert!(store.is_cluster());
+    rt.block_on(store.ping()).unwrap();
+
+    // The same suite as on a single server; multi-key steps span slots and nodes.
+    rt.block_on(async {
+        for t in &traces() {
+            replay(&store, t).await;
+        }
+    });
+    for alg in ALGORITHMS {
+        let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+            cases: std::env::var("PROPTEST_CASES")
+                .ok()
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(16),
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        });
+        runner
+            .run(&random_trace(alg, false), |trace| {
+                rt.block_on(replay(&store, &trace));
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("{alg}: {e}"));
+    }
+
+    // Every node forgets the script: the next calls reload it transparently.
+    for n in &cluster.nodes {
+        assert!(n.cli(&["SCRIPT", "FLUSH"]).contains("OK"));
+    }
+
+    // Cross-slot all-or-nothing, time from Redis, for every algorithm.
+    rt.block_on(async {
+        let prefix = store.options().prefix.clone();
+        for alg in ALGORITHMS {
+            let wide = Quota::new(10, Unit::Hour).with_algorithm(alg);
+            let narrow = Quota::new(1, Unit::Hour).with_algorithm(alg);
+            let (a, b) = (format!("api|user=a-{alg}"), format!("api|ip=b-{alg}"));
+            let (ka, _) = counter_keys(&prefix, &a, &wide);
+            let (kb, _) = counter_keys(&prefix, &b, &narrow);
+            assert_ne!(slot(&ka), slot(&kb));
+            let both = |ca, cb| {
+                [
+                    CheckItem {
+                        rule: "w",
+                        key: &a,
+                        quota: &wide,
+                        cost: ca,
+                        shadow: false,
+                    },
+                    CheckItem {
+                        rule: "n",
+                        key: &b,
+                        quota: &narrow,
+                        cost: cb,
+                        shadow: false,
+                    },
+                ]
+            };
+            let d = store.check(None, &both(1, 1)).await.unwrap();
+            assert!(d[0].allowed && d[1].allowed, "{alg}: {d:?}");
+            assert_eq!(d[0].remaining, 9);
+            // Denied by b's slot: a's slot consumed, then gave it back.
+            for _ in 0..3 {
+                let d = store.check(None, &both(2, 1)).await.unwrap();
+                assert!(d[0].allowed && !d[1].allowed, "{alg}: {d:?}");
+                assert_eq!(d[0].remaining, 9, "{alg}: reports the unconsumed state");
+            }
+            let d = store.check(None, &both(0, 0)).await.unwrap();
+            assert_eq!(d[0].remaining, 9, "{alg}: refunded");
+            if alg == tollgate_core::Algorithm::SlidingWindowLog {
+                let node = cluster
+                    .nodes
+                    .iter()
+                    .find(|n| {
+                        n.cli(&["CLUSTER", "COUNTKEYSINSLOT", &slot(&ka).to_string()])
+                            .trim()
+                            != "0"
+                    })
+                    .expect("a node holds the log");
+                assert_eq!(
+                    node.cli(&["ZCARD", &ka]).trim(),
+                    "1",
+                    "only the first entry remains"
+                );
+            }
+        }
+    });
+    drop(store);
+    drop(rt);
+    drop(cluster);
+}

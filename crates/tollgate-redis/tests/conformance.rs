@@ -1,0 +1,72 @@
+//! Conformance: the Redis store decides exactly what the memory store decides, for the
+//! hand-written edge-case suite and for random traces, on the shared Redis (unique key prefix).
+
+mod support;
+
+use proptest::prelude::*;
+use std::time::Duration;
+use support::conformance::{random_trace, replay, traces, ALGORITHMS};
+use tollgate_redis::{RedisOptions, RedisStore};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Options for replays: explicit times unrelated to the real clock, so keys get a generous TTL
+/// grace (they must outlive the replay), and a timeout that tolerates a loaded CI machine.
+pub fn replay_options(what: &str) -> RedisOptions {
+    RedisOptions {
+        prefix: support::unique_prefix(what),
+        ttl_grace: Duration::from_secs(120),
+        timeout: Duration::from_secs(5),
+        ..RedisOptions::default()
+    }
+}
+
+#[test]
+fn edge_case_suite_matches_memory_store() {
+    let rt = runtime();
+    rt.block_on(async {
+        let store = RedisStore::connect(support::SHARED_URL, replay_options("conf"))
+            .await
+            .unwrap();
+        let all = traces();
+        assert!(all.len() >= 170, "{}", all.len());
+        for t in &all {
+            replay(&store, t).await;
+        }
+        support::delete_prefix(support::SHARED_URL, &store.options().prefix);
+    });
+}
+
+#[test]
+fn random_traces_match_memory_store() {
+    let rt = runtime();
+    let store = rt
+        .block_on(RedisStore::connect(
+            support::SHARED_URL,
+            replay_options("prop"),
+        ))
+        .unwrap();
+    for alg in ALGORITHMS {
+        let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+            cases: std::env::var("PROPTEST_CASES")
+                .ok()
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(48),
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        });
+        runner
+            .run(&random_trace(alg, true), |trace| {
+                rt.block_on(replay(&store, &trace));
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("{alg}: {e}"));
+    }
+    support::delete_prefix(support::SHARED_URL, &store.options().prefix);
+}

@@ -1,0 +1,447 @@
+//! Store-level behaviour on real Redis: concurrency (exact admission under 64 concurrent
+//! callers, time from Redis), key layout (TTLs, injection), NOSCRIPT recovery, restarts,
+//! timeouts, AUTH and redaction, unsupported algorithms.
+
+mod support;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use support::{RedisServer, SHARED_URL};
+use tollgate_core::{Algorithm, CheckItem, Micros, Period, Quota, StoreError, Unit};
+use tollgate_redis::keys::counter_keys;
+use tollgate_redis::{RedisOptions, RedisStore};
+
+fn options(what: &str) -> RedisOptions {
+    RedisOptions {
+        prefix: support::unique_prefix(what),
+        timeout: Duration::from_secs(3),
+        ..RedisOptions::default()
+    }
+}
+
+fn item<'a>(key: &'a str, quota: &'a Quota, cost: u64) -> CheckItem<'a> {
+    CheckItem {
+        rule: "r",
+        key,
+        quota,
+        cost,
+        shadow: false,
+    }
+}
+
+fn redis_time(url: &str) -> Micros {
+    let mut con = redis::Client::open(url).unwrap().get_connection().unwrap();
+    let (s, us): (u64, u64) = redis::cmd("TIME").query(&mut con).unwrap();
+    s * 1_000_000 + us
+}
+
+/// Run `attempts` checks of `quota` on one key from `tasks` concurrent tasks; count admissions.
+async fn hammer(store: &RedisStore, key: &str, quota: Quota, tasks: usize, attempts: u64) -> u64 {
+    let next = Arc::new(AtomicU64::new(0));
+    let admitted = Arc::new(AtomicU64::new(0));
+    let mut handles = Vec::new();
+    for _ in 0..tasks {
+        let (store, next, admitted, key) = (
+            store.clone(),
+            next.clone(),
+            admitted.clone(),
+            key.to_owned(),
+        );
+        handles.push(tokio::spawn(async move {
+            while next.fetch_add(1, Ordering::Relaxed) < attempts {
+                let d = store.check(None, &[item(&key, &quota, 1)]).await.unwrap();
+                if d[0].allowed {
+                    admitted.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    for h in handles {
+        h.await.unwrap();
+    }
+    admitted.load(Ordering::Relaxed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_callers_admit_exactly_the_limit() {
+    let store = RedisStore::connect(SHARED_URL, options("conc"))
+        .await
+        .unwrap();
+    // Window algorithms need the run inside one minute: start early in a minute.
+    let now = redis_time(SHARED_URL);
+    let into_minute = now % 60_000_000;
+    if into_minute > 30_000_000 {
+        tokio::time::sleep(Duration::from_micros(60_000_000 - into_minute + 50_000)).await;
+    }
+    let start = redis_time(SHARED_URL);
+    let per_minute = |alg| Quota::new(1000, Unit::Minute).with_algorithm(alg);
+    let log = hammer(
+        &store,
+        "log",
+        per_minute(Algorithm::SlidingWindowLog),
+        64,
+        5000,
+    )
+    .await;
+    let fixed = hammer(
+        &store,
+        "fixed",
+        per_minute(Algorithm::FixedWindow),
+        64,
+        5000,
+    )
+    .await;
+    let counter = hammer(
+        &store,
+        "counter",
+        per_minute(Algorithm::SlidingWindowCounter),
+        64,
+        5000,
+    )
+    .await;
+    let gcra = hammer(&store, "gcra", per_minute(Algorithm::Gcra), 64, 5000).await;
+    let bucket_q = per_minute(Algorithm::TokenBucket).with_burst(1000);
+    let bucket = hammer(&store, "bucket", bucket_q, 64, 5000).await;
+    let end = redis_time(SHARED_URL);
+    assert_eq!(start / 60_000_000, end / 60_000_000, "run crossed a minute");
+    assert_eq!(log, 1000, "sliding log");
+    assert_eq!(fixed, 1000, "fixed window");
+    assert!(
+        (1..=1000).contains(&counter),
+        "sliding counter admitted {counter}"
+    );
+    // Buckets refill one every 60 ms while the run lasts: at least the burst, never more than
+    // the burst plus what the elapsed time refilled.
+    let refill = (end - start) / 60_000 + 1;
+    for (name, n) in [("gcra", gcra), ("token bucket", bucket)] {
+        assert!(
+            (1000..=1000 + refill).contains(&n),
+            "{name} admitted {n}, refill bound {refill}"
+        );
+    }
+    // With a refill slower than the run (1000/day: one every 86.4 s), exactly the burst.
+    let per_day = |alg| Quota::new(1000, Unit::Day).with_algorithm(alg);
+    assert_eq!(
+        hammer(&store, "gcra-d", per_day(Algorithm::Gcra), 64, 5000).await,
+        1000
+    );
+    let bq = per_day(Algorithm::TokenBucket).with_burst(1000);
+    assert_eq!(hammer(&store, "bucket-d", bq, 64, 5000).await, 1000);
+    let lq = per_day(Algorithm::LeakyBucket);
+    assert_eq!(hammer(&store, "leaky-d", lq, 64, 5000).await, 1000);
+
+    assert_every_key_has_a_ttl(SHARED_URL, &store.options().prefix);
+    support::delete_prefix(SHARED_URL, &store.options().prefix);
+}
+
+fn assert_every_key_has_a_ttl(url: &str, prefix: &str) -> usize {
+    let mut con = redis::Client::open(url).unwrap().get_connection().unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:*"))
+        .query(&mut con)
+        .unwrap();
+    for k in &keys {
+        let ttl: i64 = redis::cmd("PTTL").arg(k).query(&mut con).unwrap();
+        assert!(ttl > 0, "{k} has PTTL {ttl}");
+    }
+    keys.len()
+}
+
+#[tokio::test]
+async fn every_key_has_a_ttl_and_full_counters_are_deleted() {
+    let store = RedisStore::connect(SHARED_URL, options("ttl"))
+        .await
+        .unwrap();
+    let algs = [
+        Algorithm::Gcra,
+        Algorithm::LeakyBucket,
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowLog,
+        Algorithm::SlidingWindowCounter,
+    ];
+    let quotas: Vec<Quota> = algs
+        .iter()
+        .map(|&a| Quota::new(5, Unit::Hour).with_algorithm(a))
+        .collect();
+    for q in &quotas {
+        for (key, cost) in [("a", 1), ("a", 2), ("b", 5), ("b", 1), ("c", 0)] {
+            store.check(None, &[item(key, q, cost)]).await.unwrap();
+        }
+    }
+    // a and b hold usage (the log has two keys each); c was only queried: nothing stored.
+    let n = assert_every_key_has_a_ttl(SHARED_URL, &store.options().prefix);
+    assert_eq!(n, 2 * (algs.len() + 1));
+
+    // A counter that is back to full is deleted.
+    let short = Quota::new(1000, Unit::Second).with_algorithm(Algorithm::Gcra);
+    store.check(None, &[item("z", &short, 1)]).await.unwrap();
+    let (zkey, _) = counter_keys(&store.options().prefix, "z", &short);
+    let mut con = redis::Client::open(SHARED_URL)
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let ttl: i64 = redis::cmd("PTTL").arg(&zkey).query(&mut con).unwrap();
+    assert!((1..=1).contains(&ttl), "1 ms of backlog: PTTL {ttl}");
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let exists: i64 = redis::cmd("EXISTS").arg(&zkey).query(&mut con).unwrap();
+    assert_eq!(exists, 0);
+    support::delete_prefix(SHARED_URL, &store.options().prefix);
+}
+
+#[tokio::test]
+async fn hostile_counter_keys_stay_distinct_and_independent() {
+    let store = RedisStore::connect(SHARED_URL, options("inj"))
+        .await
+        .unwrap();
+    let prefix = store.options().prefix.clone();
+    let long = "x".repeat(10 * 1024);
+    let long2 = format!("{}y", "x".repeat(10 * 1024 - 1));
+    let long_hashed_text = tollgate_redis::keys::escape(&"q".repeat(300));
+    let values: Vec<String> = [
+        "",
+        "%",
+        "%25",
+        ":",
+        "%3A",
+        "a:b",
+        "a%3Ab",
+        "{",
+        "}",
+        "{x}",
+        "%7Bx%7D",
+        "}{",
+        "a|b",
+        "a\\|b",
+        "a=b",
+        "a\\=b",
+        "a;b",
+        "a\nb",
+        "a%0Ab",
+        "\n",
+        "\r\n",
+        " ",
+        "%20",
+        "é",
+        "%C3%A9",
+        "api|user=alice",
+        "api|user=alice}:fixed:1m",
+        "api|user=alice%7D%3Afixed%3A1m",
+        "tollgate:{api}:fixed:1m",
+        "\\",
+        "%5C",
+        "%%",
+        "q",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([long.clone(), long2, long_hashed_text, "q".repeat(300)])
+    .collect();
+    let q = Quota::new(1, Unit::Hour).with_algorithm(Algorithm::FixedWindow);
+    // Distinct Redis keys, each a single well-formed hash tag.
+    let mut names: Vec<String> = values
+        .iter()
+        .map(|v| counter_keys(&prefix, v, &q).0)
+        .collect();
+    for n in &names {
+        assert_eq!(n.matches('{').count(), 1, "{n}");
+        assert_eq!(n.matches('}').count(), 1, "{n}");
+        assert!(n.len() < 200 + prefix.len() + 20, "{} bytes", n.len());
+        assert!(!n.contains('\n'));
+    }
+    names.sort();
+    names.dedup();
+    assert_eq!(
+        names.len(),
+        values.len(),
+        "two counter keys share a Redis key"
+    );
+
+    // Independent counters: each admits its one request, then denies.
+    for v in &values {
+        let d = store.check(None, &[item(v, &q, 1)]).await.unwrap();
+        assert!(d[0].allowed, "{v:?} was already consumed by another key");
+    }
+    for v in &values {
+        let d = store.check(None, &[item(v, &q, 1)]).await.unwrap();
+        assert!(!d[0].allowed, "{v:?}");
+    }
+    let n = assert_every_key_has_a_ttl(SHARED_URL, &prefix);
+    assert_eq!(n, values.len());
+    support::delete_prefix(SHARED_URL, &prefix);
+}
+
+#[tokio::test]
+async fn noscript_after_script_flush_is_transparent() {
+    let server = RedisServer::start(&[]);
+    let store = RedisStore::connect(&server.url(), options("noscript"))
+        .await
+        .unwrap();
+    let q = Quota::new(3, Unit::Minute).with_algorithm(Algorithm::SlidingWindowLog);
+    let d = store.check(None, &[item("k", &q, 1)]).await.unwrap();
+    assert_eq!(d[0].remaining, 2);
+    assert!(server.cli(&["SCRIPT", "FLUSH"]).contains("OK"));
+    assert!(server
+        .cli(&["SCRIPT", "EXISTS", store.script_sha()])
+        .contains('0'));
+    let d = store.check(None, &[item("k", &q, 1)]).await.unwrap();
+    assert_eq!(d[0].remaining, 1);
+    assert!(server
+        .cli(&["SCRIPT", "EXISTS", store.script_sha()])
+        .contains('1'));
+}
+
+#[tokio::test]
+async fn restart_is_an_error_then_recovers() {
+    let mut server = RedisServer::start(&[]);
+    let port = server.port;
+    let opts = RedisOptions {
+        timeout: Duration::from_millis(300),
+        ..options("restart")
+    };
+    let store = RedisStore::connect(&server.url(), opts).await.unwrap();
+    let q = Quota::new(10, Unit::Minute).with_algorithm(Algorithm::Gcra);
+    assert!(store.check(None, &[item("k", &q, 1)]).await.is_ok());
+    assert!(store.is_healthy());
+    server.kill();
+    let e = store.check(None, &[item("k", &q, 1)]).await.unwrap_err();
+    assert!(
+        matches!(e, StoreError::Unavailable(_) | StoreError::Timeout(_)),
+        "{e}"
+    );
+    assert!(!store.is_healthy());
+    assert!(store.ping().await.is_err());
+    drop(server);
+    let _server = RedisServer::start_on(port, &[]);
+    let mut recovered = false;
+    for _ in 0..100 {
+        if store.check(None, &[item("k", &q, 1)]).await.is_ok() {
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(recovered, "store did not reconnect");
+    assert!(store.is_healthy());
+    store.ping().await.unwrap();
+}
+
+#[tokio::test]
+async fn slow_server_is_a_timeout_and_absent_server_is_unavailable() {
+    let server = RedisServer::start(&[]);
+    let opts = RedisOptions {
+        timeout: Duration::from_millis(50),
+        ..options("timeout")
+    };
+    let store = RedisStore::connect(&server.url(), opts).await.unwrap();
+    let q = Quota::new(10, Unit::Minute);
+    store.check(None, &[item("k", &q, 1)]).await.unwrap();
+    server.cli(&["CLIENT", "PAUSE", "400", "ALL"]);
+    let e = store.check(None, &[item("k", &q, 1)]).await.unwrap_err();
+    assert!(matches!(e, StoreError::Timeout(50)), "{e}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    store.check(None, &[item("k", &q, 1)]).await.unwrap();
+
+    // Nothing listening: connect fails as unavailable.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let e = RedisStore::connect(&format!("redis://127.0.0.1:{dead}"), options("dead"))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StoreError::Unavailable(_)), "{e}");
+}
+
+#[tokio::test]
+async fn auth_from_url_and_password_redacted() {
+    let server = RedisServer::start(&["--requirepass", "s3cret-pw"]);
+    let url = format!("redis://default:s3cret-pw@127.0.0.1:{}/0", server.port);
+    let store = RedisStore::connect(&url, options("auth")).await.unwrap();
+    store.ping().await.unwrap();
+    let shown = format!("{store:?} {store}");
+    assert!(!shown.contains("s3cret"), "{shown}");
+    assert!(shown.contains("default:***@"), "{shown}");
+    let wrong = format!("redis://default:nope@127.0.0.1:{}", server.port);
+    let e = RedisStore::connect(&wrong, options("auth"))
+        .await
+        .unwrap_err();
+    assert!(!e.to_string().contains("nope"), "{e}");
+}
+
+#[tokio::test]
+async fn server_time_by_default() {
+    let store = RedisStore::connect(SHARED_URL, options("time"))
+        .await
+        .unwrap();
+    let q = Quota::new(5, Unit::Second).with_algorithm(Algorithm::Gcra);
+    let mut allowed = 0;
+    let mut last = None;
+    for _ in 0..6 {
+        let d = store.check(None, &[item("k", &q, 1)]).await.unwrap();
+        allowed += u32::from(d[0].allowed);
+        last = Some(d[0]);
+    }
+    let last = last.unwrap();
+    assert!((5..=6).contains(&allowed), "{allowed}");
+    if !last.allowed {
+        assert!(last.retry_after.is_some_and(|r| r > 0 && r <= 200_000));
+    }
+    support::delete_prefix(SHARED_URL, &store.options().prefix);
+}
+
+#[tokio::test]
+async fn unsupported_quotas_are_rejected_with_a_reason() {
+    let store = RedisStore::connect(SHARED_URL, options("unsup"))
+        .await
+        .unwrap();
+    let cms = Quota::new(5, Unit::Second).with_algorithm(Algorithm::CountMinSketch);
+    let e = store.check(None, &[item("k", &cms, 1)]).await.unwrap_err();
+    assert!(
+        matches!(&e, StoreError::Unsupported(m) if m.contains("count_min_sketch")),
+        "{e}"
+    );
+    assert!(store.is_healthy(), "a config error is not an outage");
+    let forever = Quota::new(1, Period::new(Unit::Year, 100));
+    assert!(matches!(
+        store.check(None, &[item("k", &forever, 1)]).await,
+        Err(StoreError::Unsupported(_))
+    ));
+    assert!(store.check(None, &[]).await.unwrap().is_empty());
+    assert!(matches!(
+        RedisStore::connect("memcached://x", RedisOptions::default()).await,
+        Err(StoreError::Unsupported(_))
+    ));
+}
+
+#[tokio::test]
+async fn lazy_connect_starts_without_redis_and_recovers() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let opts = RedisOptions {
+        timeout: Duration::from_millis(300),
+        ..options("lazy")
+    };
+    let store = RedisStore::connect_lazy(&format!("redis://127.0.0.1:{port}"), opts)
+        .await
+        .unwrap();
+    assert!(
+        !store.is_healthy(),
+        "not known healthy before the first call"
+    );
+    let q = Quota::new(10, Unit::Minute);
+    assert!(store.check(None, &[item("k", &q, 1)]).await.is_err());
+    let _server = RedisServer::start_on(port, &[]);
+    let mut ok = false;
+    for _ in 0..100 {
+        if store.check(None, &[item("k", &q, 1)]).await.is_ok() {
+            ok = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(ok && store.is_healthy());
+}

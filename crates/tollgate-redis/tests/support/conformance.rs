@@ -1,0 +1,509 @@
+//! The conformance suite: request traces replayed on [`MemoryStore`] (the reference) and on a
+//! [`RedisStore`] with the same explicit times; every decision must match field for field.
+//!
+//! Traces are plain data ([`Trace`] = named list of [`Step`]s) produced by [`traces`] (hand
+//! written edge cases for every algorithm) and [`random_trace`] (a proptest strategy), so the
+//! standalone and the cluster tests replay the same suite.
+
+#![allow(dead_code)]
+
+use proptest::prelude::*;
+use std::sync::atomic::{AtomicU64, Ordering};
+use tollgate_core::window::days_from_civil;
+use tollgate_core::{
+    Algorithm, CheckItem, Decision, MemoryStore, Micros, Period, Quota, Store, Unit,
+};
+use tollgate_redis::RedisStore;
+
+pub const SECOND: Micros = 1_000_000;
+pub const MINUTE: Micros = 60 * SECOND;
+pub const HOUR: Micros = 60 * MINUTE;
+pub const DAY: Micros = 24 * HOUR;
+
+/// Every algorithm the Redis store implements.
+pub const ALGORITHMS: [Algorithm; 6] = [
+    Algorithm::Gcra,
+    Algorithm::LeakyBucket,
+    Algorithm::TokenBucket,
+    Algorithm::FixedWindow,
+    Algorithm::SlidingWindowLog,
+    Algorithm::SlidingWindowCounter,
+];
+
+/// `y-m-d` at `secs` past midnight UTC.
+pub fn at(y: i64, m: u32, d: u32, secs: u64) -> Micros {
+    days_from_civil(y, m, d) as u64 * DAY + secs * SECOND
+}
+
+/// One counter of one request.
+#[derive(Debug, Clone)]
+pub struct Req {
+    pub key: String,
+    pub quota: Quota,
+    pub cost: u64,
+    pub shadow: bool,
+}
+
+/// One request at time `t`.
+#[derive(Debug, Clone)]
+pub struct Step {
+    pub t: Micros,
+    pub reqs: Vec<Req>,
+}
+
+/// A named sequence of requests.
+#[derive(Debug, Clone)]
+pub struct Trace {
+    pub name: String,
+    pub steps: Vec<Step>,
+}
+
+fn req(key: &str, quota: Quota, cost: u64) -> Req {
+    Req {
+        key: key.to_owned(),
+        quota,
+        cost,
+        shadow: false,
+    }
+}
+
+fn shadow(mut r: Req) -> Req {
+    r.shadow = true;
+    r
+}
+
+/// Single-key trace: each `(t, cost)` is one request on key `k`.
+fn single(name: String, quota: Quota, times: &[(Micros, u64)]) -> Trace {
+    Trace {
+        name,
+        steps: times
+            .iter()
+            .map(|&(t, cost)| Step {
+                t,
+                reqs: vec![req("k", quota, cost)],
+            })
+            .collect(),
+    }
+}
+
+/// Cumulative offsets `(dt, cost)` from `t0` into absolute `(t, cost)`.
+fn walk(t0: Micros, deltas: &[(i64, u64)]) -> Vec<(Micros, u64)> {
+    let mut t = t0 as i64;
+    deltas
+        .iter()
+        .map(|&(dt, c)| {
+            t += dt;
+            (t as Micros, c)
+        })
+        .collect()
+}
+
+/// The hand-written suite.
+pub fn traces() -> Vec<Trace> {
+    let t0 = at(2026, 11, 22, 4 * 3600 + 17 * 60) + 123_457;
+    let s = SECOND as i64;
+    let basic: Vec<(i64, u64)> = vec![
+        (0, 1),
+        (0, 1),
+        (0, 1),
+        (0, 1),
+        (0, 1),
+        (0, 1),
+        (0, 0),
+        (1, 1),
+        (99_999, 1),
+        (100_000, 1),
+        (1, 2),
+        (250_000, 0),
+        (250_000, 3),
+        (400_000, 1),
+        (s, 5),
+        (0, 6),
+        (0, 1),
+        (10 * s, 0),
+        (3 * 86_400 * s, 1),
+        (59 * s, 4),
+        (s / 3, 2),
+        (2 * s, 1),
+        (40 * s, 3),
+    ];
+    let backwards: Vec<(i64, u64)> = vec![
+        (0, 2),
+        (10 * s, 3),
+        (-5 * s, 1),
+        (4 * s, 2),
+        (-8 * s, 1),
+        (70 * s, 1),
+        (-9 * s, 2),
+        (-60 * s, 1),
+        (0, 3),
+        (120 * s, 0),
+        (-3600 * s, 1),
+        (1, 1),
+    ];
+    let mut out = Vec::new();
+    for alg in ALGORITHMS {
+        let q = |limit: u64, period: Period| Quota::new(limit, period).with_algorithm(alg);
+        let quotas = [
+            ("5/s", q(5, Unit::Second.into())),
+            ("3/15min", q(3, Period::new(Unit::Minute, 15))),
+            ("10/h burst 3", q(10, Unit::Hour.into()).with_burst(3)),
+            ("10/min burst 20", q(10, Unit::Minute.into()).with_burst(20)),
+            ("7/min", q(7, Unit::Minute.into())),
+            ("1/s", q(1, Unit::Second.into())),
+        ];
+        for (qn, quota) in quotas {
+            out.push(single(
+                format!("basic {alg} {qn}"),
+                quota,
+                &walk(t0, &basic),
+            ));
+            out.push(single(
+                format!("backwards {alg} {qn}"),
+                quota,
+                &walk(t0, &backwards),
+            ));
+        }
+        let five = q(5, Unit::Second.into());
+        out.push(single(
+            format!("cost 0 {alg}"),
+            five,
+            &walk(
+                t0,
+                &[(0, 0), (0, 0), (1, 3), (0, 0), (10, 0), (s, 0), (0, 0)],
+            ),
+        ));
+        out.push(single(
+            format!("cost above capacity {alg}"),
+            five,
+            &walk(
+                t0,
+                &[
+                    (0, 6),
+                    (0, u64::MAX),
+                    (0, 2),
+                    (0, 6),
+                    (0, 5),
+                    (1, 4),
+                    (s, 5),
+                    (0, 100),
+                ],
+            ),
+        ));
+        out.push(single(
+            format!("limit 0 {alg}"),
+            q(0, Unit::Minute.into()),
+            &walk(t0, &[(0, 0), (0, 1), (s, 0), (0, 5)]),
+        ));
+        out.push(single(
+            format!("long gaps {alg}"),
+            q(3, Unit::Day.into()),
+            &walk(
+                t0,
+                &[
+                    (0, 2),
+                    (0, 1),
+                    (0, 1),
+                    (365 * 86_400 * s, 3),
+                    (1, 1),
+                    (30 * 365 * 86_400 * s, 2),
+                    (86_400 * s - 1, 1),
+                    (2, 3),
+                ],
+            ),
+        ));
+        // Calendar windows: day, week (Sunday -> Monday), month (incl. a leap February), year.
+        let cal = [
+            ("day", Period::from(Unit::Day), at(2026, 11, 23, 0)),
+            ("2 days", Period::new(Unit::Day, 2), at(2026, 11, 23, 0)),
+            ("week", Period::from(Unit::Week), at(2026, 11, 23, 0)),
+            ("month", Period::from(Unit::Month), at(2026, 12, 1, 0)),
+            ("leap month", Period::from(Unit::Month), at(2028, 3, 1, 0)),
+            ("feb", Period::from(Unit::Month), at(2028, 2, 1, 0)),
+            ("3 months", Period::new(Unit::Month, 3), at(2027, 1, 1, 0)),
+            ("year", Period::from(Unit::Year), at(2027, 1, 1, 0)),
+        ];
+        for (cn, period, boundary) in cal {
+            let quota = q(4, period);
+            let b = boundary as i64;
+            let times: Vec<(Micros, u64)> = [
+                (b - 3 * 86_400 * s, 2),
+                (b - 1, 1),
+                (b - 1, 2),
+                (b, 1),
+                (b, 2),
+                (b + 1, 2),
+                (b + 1, 0),
+                (b + 43_200 * s, 1),
+                (b + 86_400 * s - 1, 1),
+                (b + 86_400 * s, 3),
+                (b + 8 * 86_400 * s, 2),
+                (b + 29 * 86_400 * s, 4),
+                (b + 31 * 86_400 * s, 1),
+                (b - 1, 1),
+            ]
+            .iter()
+            .map(|&(t, c)| (t as Micros, c))
+            .collect();
+            out.push(single(format!("calendar {cn} {alg}"), quota, &times));
+        }
+        // Big numbers: products above 2^53 in the sliding counter, long spans in buckets.
+        let big = if alg.uses_burst() {
+            q(4_000_000_000, Unit::Day.into())
+        } else {
+            q(4_000_000_000, Period::new(Unit::Year, 30))
+        };
+        out.push(single(
+            format!("big numbers {alg}"),
+            big,
+            &walk(
+                at(2031, 7, 9, 11),
+                &[
+                    (0, 3_999_999_999),
+                    (1, 2),
+                    (s, 1),
+                    (400 * 86_400 * s, 123_456_789),
+                    (7 * 365 * 86_400 * s, 3_000_000_000),
+                    (29 * 365 * 86_400 * s, 2_000_000_000),
+                    (12_345, 2_500_000_000),
+                    (s, 0),
+                ],
+            ),
+        ));
+        out.push(single(
+            format!("big burst {alg}"),
+            q(1, Unit::Year.into()).with_burst(60),
+            &walk(
+                t0,
+                &[
+                    (0, 30),
+                    (0, 31),
+                    (0, 30),
+                    (86_400 * s, 1),
+                    (40 * 86_400 * s, 1),
+                ],
+            ),
+        ));
+
+        // Multi-item requests.
+        let wide = q(10, Unit::Minute.into());
+        let narrow = q(1, Unit::Minute.into());
+        let three = q(3, Unit::Minute.into());
+        let multi = |name: &str, steps: Vec<(i64, Vec<Req>)>| {
+            let mut t = t0 as i64;
+            Trace {
+                name: format!("{name} {alg}"),
+                steps: steps
+                    .into_iter()
+                    .map(|(dt, reqs)| {
+                        t += dt;
+                        Step {
+                            t: t as Micros,
+                            reqs,
+                        }
+                    })
+                    .collect(),
+            }
+        };
+        out.push(multi(
+            "all-or-nothing",
+            vec![
+                (0, vec![req("a", wide, 1), req("b", narrow, 1)]),
+                (1, vec![req("a", wide, 1), req("b", narrow, 1)]),
+                (1, vec![req("a", wide, 0)]),
+                (
+                    1,
+                    vec![req("a", wide, 3), req("b", narrow, 0), req("c", three, 4)],
+                ),
+                (1, vec![req("c", three, 3), req("a", wide, 9)]),
+                (1, vec![req("c", three, 0), req("a", wide, 0)]),
+                (
+                    61 * s,
+                    vec![req("a", wide, 2), req("b", narrow, 1), req("c", three, 1)],
+                ),
+                (
+                    0,
+                    vec![req("a", wide, 2), req("b", narrow, 1), req("c", three, 1)],
+                ),
+            ],
+        ));
+        out.push(multi(
+            "shadow",
+            vec![
+                (0, vec![shadow(req("s", narrow, 1)), req("r", three, 1)]),
+                (1, vec![shadow(req("s", narrow, 1)), req("r", three, 1)]),
+                (1, vec![shadow(req("s", narrow, 1)), req("r", three, 1)]),
+                (1, vec![shadow(req("s", narrow, 1)), req("r", three, 1)]),
+                (1, vec![shadow(req("s", narrow, 0)), req("r", three, 0)]),
+                (1, vec![shadow(req("s", narrow, 1))]),
+                (
+                    1,
+                    vec![
+                        shadow(req("s2", three, 2)),
+                        req("x", narrow, 1),
+                        req("x", narrow, 1),
+                    ],
+                ),
+                (1, vec![req("s2", three, 0)]),
+            ],
+        ));
+        out.push(multi(
+            "repeated keys",
+            vec![
+                (0, vec![req("k", three, 2), req("k", three, 2)]),
+                (1, vec![req("k", three, 0)]),
+                (
+                    1,
+                    vec![req("k", three, 1), req("k", three, 1), req("k", three, 1)],
+                ),
+                (1, vec![req("k", three, 0), req("k", three, 1)]),
+                (61 * s, vec![shadow(req("k", three, 2)), req("k", three, 2)]),
+                (1, vec![req("k", three, 2), shadow(req("k", three, 2))]),
+                (1, vec![req("k", three, 1)]),
+                (
+                    1,
+                    vec![
+                        req("j", three, 1),
+                        req("k", three, 0),
+                        req("j", three, 2),
+                        req("j", three, 0),
+                    ],
+                ),
+                (-30 * s, vec![req("j", three, 1), req("j", three, 1)]),
+            ],
+        ));
+    }
+    // Mixed algorithms in one request.
+    let mixed: Vec<Req> = ALGORITHMS
+        .iter()
+        .enumerate()
+        .map(|(i, &a)| {
+            req(
+                &format!("m{i}"),
+                Quota::new(3, Unit::Minute).with_algorithm(a),
+                1,
+            )
+        })
+        .collect();
+    let mut steps: Vec<Step> = (0..5)
+        .map(|i| Step {
+            t: t0 + i * SECOND,
+            reqs: mixed.clone(),
+        })
+        .collect();
+    steps.push(Step {
+        t: t0 + 10 * SECOND,
+        reqs: mixed
+            .iter()
+            .map(|r| Req {
+                cost: 0,
+                ..r.clone()
+            })
+            .collect(),
+    });
+    out.push(Trace {
+        name: "mixed algorithms".into(),
+        steps,
+    });
+    out
+}
+
+/// A random trace for `alg`: two quotas, 1-3 items per request over two keys, time moving by
+/// small and large steps, and sometimes backwards when `backwards` is set.
+pub fn random_trace(alg: Algorithm, backwards: bool) -> impl Strategy<Value = Trace> {
+    let unit = prop_oneof![
+        Just(Unit::Second),
+        Just(Unit::Minute),
+        Just(Unit::Hour),
+        Just(Unit::Day),
+        Just(Unit::Week),
+        Just(Unit::Month),
+        Just(Unit::Year),
+    ];
+    let quota = (0u64..12, unit, 1u32..4, proptest::option::of(0u64..15)).prop_map(
+        move |(limit, unit, mult, burst)| {
+            let q = Quota::new(limit, Period::new(unit, mult)).with_algorithm(alg);
+            match burst {
+                Some(b) => q.with_burst(b),
+                None => q,
+            }
+        },
+    );
+    let dt = prop_oneof![
+        3 => Just(0i64),
+        3 => 1i64..2_000,
+        4 => 1i64..(2 * DAY as i64),
+        2 => -(HOUR as i64)..0,
+        1 => 0i64..(400 * DAY as i64),
+    ];
+    let item = (0usize..2, 0u64..15, proptest::bool::weighted(0.2));
+    let step = (dt, proptest::collection::vec(item, 1..4));
+    (
+        [quota.clone(), quota],
+        proptest::collection::vec(step, 1..30),
+        0u64..(40 * DAY),
+    )
+        .prop_map(move |(quotas, steps, start)| {
+            let mut t = at(2026, 1, 1, 0) + start;
+            let steps = steps
+                .into_iter()
+                .map(|(dt, items)| {
+                    let dt = if backwards { dt } else { dt.max(0) };
+                    t = (t as i64 + dt) as Micros;
+                    Step {
+                        t,
+                        reqs: items
+                            .into_iter()
+                            .map(|(k, cost, sh)| Req {
+                                key: ["a", "b"][k].to_owned(),
+                                quota: quotas[k],
+                                cost,
+                                shadow: sh,
+                            })
+                            .collect(),
+                    }
+                })
+                .collect();
+            Trace {
+                name: format!("random {alg}"),
+                steps,
+            }
+        })
+}
+
+/// Replay `trace` on a fresh [`MemoryStore`] and on `redis` (keys made unique per replay), and
+/// panic at the first decision that differs.
+pub async fn replay(redis: &RedisStore, trace: &Trace) {
+    static RUN: AtomicU64 = AtomicU64::new(0);
+    let ns = format!("{}#{}", trace.name, RUN.fetch_add(1, Ordering::Relaxed));
+    let mem = MemoryStore::with_seed(10_000, 7, 11);
+    for (i, step) in trace.steps.iter().enumerate() {
+        let keys: Vec<String> = step
+            .reqs
+            .iter()
+            .map(|r| format!("{ns}|{}", r.key))
+            .collect();
+        let items: Vec<CheckItem<'_>> = step
+            .reqs
+            .iter()
+            .zip(&keys)
+            .map(|(r, k)| CheckItem {
+                rule: "r",
+                key: k,
+                quota: &r.quota,
+                cost: r.cost,
+                shadow: r.shadow,
+            })
+            .collect();
+        let expected: Vec<Decision> = mem.check(step.t, &items).unwrap();
+        let got = redis
+            .check(Some(step.t), &items)
+            .await
+            .unwrap_or_else(|e| panic!("{}: step {i} at {}: store error {e}", trace.name, step.t));
+        assert_eq!(
+            got, expected,
+            "{}: step {i} at t={} requests {:?}\n(left: redis, right: memory)",
+            trace.name, step.t, step.reqs
+        );
+    }
+}
