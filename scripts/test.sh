@@ -22,6 +22,21 @@ need_cmd() {
   fi
 }
 
+# Redis: the store tests talk to a real server on 127.0.0.1:6379 and start their own
+# (cluster, TLS, outage) from the redis-server binary.
+need_cmd redis-server redis-server
+need_cmd redis-cli redis-tools
+if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+  echo "scripts/test.sh: no Redis on 127.0.0.1:6379, starting one for the tests"
+  redis_dir=$(mktemp -d)
+  redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
+    --dir "$redis_dir" --pidfile "$redis_dir/redis.pid" --logfile "$redis_dir/redis.log" \
+    || die "could not start redis-server on 127.0.0.1:6379"
+  trap 'kill "$(cat "$redis_dir/redis.pid" 2>/dev/null)" 2>/dev/null; rm -rf "$redis_dir"' EXIT
+  for _ in $(seq 50); do redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && break; sleep 0.1; done
+  redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 || die "redis-server did not answer on 127.0.0.1:6379"
+fi
+
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 export RUST_BACKTRACE=1
 

@@ -175,7 +175,9 @@ async fn every_key_has_a_ttl_and_full_counters_are_deleted() {
     assert_eq!(n, 2 * (algs.len() + 1));
 
     // A counter that is back to full is deleted.
-    let short = Quota::new(1000, Unit::Second).with_algorithm(Algorithm::Gcra);
+    // 1 per second: one request leaves 1 s of backlog (wide enough that a loaded machine does
+    // not see it expire before PTTL is read).
+    let short = Quota::new(1, Unit::Second).with_algorithm(Algorithm::Gcra);
     store.check(None, &[item("z", &short, 1)]).await.unwrap();
     let (zkey, _) = counter_keys(&store.options().prefix, "z", &short);
     let mut con = redis::Client::open(SHARED_URL)
@@ -183,8 +185,8 @@ async fn every_key_has_a_ttl_and_full_counters_are_deleted() {
         .get_connection()
         .unwrap();
     let ttl: i64 = redis::cmd("PTTL").arg(&zkey).query(&mut con).unwrap();
-    assert!((1..=1).contains(&ttl), "1 ms of backlog: PTTL {ttl}");
-    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert!((1..=1000).contains(&ttl), "1 s of backlog: PTTL {ttl}");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     let exists: i64 = redis::cmd("EXISTS").arg(&zkey).query(&mut con).unwrap();
     assert_eq!(exists, 0);
     support::delete_prefix(SHARED_URL, &store.options().prefix);
