@@ -395,11 +395,7 @@ impl MemoryStore {
         for (i, item) in items.iter().enumerate() {
             let h = hashes[i];
             let d = if let Some(sk) = &sketches[i] {
-                let g = &mut sketch_guards
-                    .iter_mut()
-                    .find(|(p, _)| *p == Arc::as_ptr(sk))
-                    .expect("sketch locked above")
-                    .1;
+                let g = locked(&mut sketch_guards, Arc::as_ptr(sk));
                 // Earlier admitted items of the same key in this request count too.
                 let earlier: u64 = items[..i]
                     .iter()
@@ -412,11 +408,7 @@ impl MemoryStore {
                 d.remaining = d.remaining.min(item.quota.limit);
                 d
             } else {
-                let shard = &guards
-                    .iter()
-                    .find(|(s, _)| *s == self.shard_of(h))
-                    .expect("shard locked above")
-                    .1;
+                let shard = locked(&mut guards, self.shard_of(h));
                 let current = match pending.iter().rev().find(|(ph, _)| *ph == h) {
                     Some((_, s)) => s.clone(),
                     None => shard.map.get(&h).map(Slot::state),
@@ -434,18 +426,10 @@ impl MemoryStore {
                 if decisions[i].allowed && item.cost > 0 {
                     let h = hashes[i];
                     decisions[i] = if let Some(sk) = &sketches[i] {
-                        let g = &mut sketch_guards
-                            .iter_mut()
-                            .find(|(p, _)| *p == Arc::as_ptr(sk))
-                            .expect("sketch locked above")
-                            .1;
+                        let g = locked(&mut sketch_guards, Arc::as_ptr(sk));
                         g.evaluate(h.wide(), now, 0, item.quota)
                     } else {
-                        let shard = &guards
-                            .iter()
-                            .find(|(s, _)| *s == self.shard_of(h))
-                            .expect("shard locked above")
-                            .1;
+                        let shard = locked(&mut guards, self.shard_of(h));
                         let state = shard.map.get(&h).map(Slot::state);
                         algorithm::step(item.quota, state, now, 0).0
                     };
@@ -460,11 +444,7 @@ impl MemoryStore {
             let h = hashes[i];
             if let Some(sk) = &sketches[i] {
                 if decisions[i].allowed {
-                    let g = &mut sketch_guards
-                        .iter_mut()
-                        .find(|(ptr, _)| *ptr == Arc::as_ptr(sk))
-                        .expect("sketch locked above")
-                        .1;
+                    let g = locked(&mut sketch_guards, Arc::as_ptr(sk));
                     g.record(h.wide(), item.cost);
                 }
                 continue;
@@ -474,11 +454,7 @@ impl MemoryStore {
             if !decisions[i].allowed {
                 continue; // a denied shadow item consumes nothing
             }
-            let shard = &mut guards
-                .iter_mut()
-                .find(|(s, _)| *s == self.shard_of(h))
-                .expect("shard locked above")
-                .1;
+            let shard = locked(&mut guards, self.shard_of(h));
             match next {
                 Some(s) => {
                     if !shard.map.contains_key(&h) {
@@ -495,6 +471,16 @@ impl MemoryStore {
         }
         decisions
     }
+}
+
+/// The guard locked for `id` among `guards` (which hold every lock a multi-key check needs,
+/// taken up front in lock order).
+fn locked<'a, 'g, I: PartialEq, T>(guards: &'a mut [(I, MutexGuard<'g, T>)], id: I) -> &'a mut T {
+    let (_, guard) = guards
+        .iter_mut()
+        .find(|(i, _)| *i == id)
+        .expect("every lock a check needs is taken before it evaluates");
+    guard
 }
 
 impl Store for MemoryStore {
