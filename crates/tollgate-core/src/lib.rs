@@ -17,6 +17,6 @@ pub mod window;
 pub use clock::{Clock, ManualClock, Micros, SystemClock};
 pub use decision::Decision;
 pub use memory::MemoryStore;
-pub use quota::{Algorithm, Period, Quota, SketchSize, Unit};
+pub use quota::{Algorithm, Period, Quota, SketchSize, Unit, MAX_PERIOD};
 pub use rules::{Domain, Limit, Resolution, RuleError, RuleErrors, RuleSet};
 pub use store::{CheckItem, Store, StoreError};

@@ -4,10 +4,16 @@
 //! each descriptor against the [`RuleSet`] (applying `replaces`), [`Plan::items`] lists the
 //! counters for the store to check all-or-nothing, and [`Plan::finish`] turns the store's
 //! decisions into a [`Verdict`]. [`check`] does all three with a synchronous [`Store`].
+//!
+//! A descriptor may carry a [`LimitOverride`] (Envoy's per-request `RateLimitDescriptor.limit`).
+//! Statuses borrow their [`Limit`] for the plan's lifetime, so the limits that overrides stand
+//! for are built up front into an [`Overrides`] the caller keeps alive next to the rules; that
+//! keeps [`Status`] a cheap `Copy` value and the common no-override path allocation-free.
 
 use crate::clock::Micros;
 use crate::decision::Decision;
-use crate::rules::{Limit, Resolution, RuleSet};
+use crate::quota::{Quota, Unit};
+use crate::rules::{counter_key, Limit, Resolution, RuleSet};
 use crate::store::{CheckItem, Store, StoreError};
 
 /// One descriptor of a request: its entries in order, and an optional cost of its own.
@@ -17,6 +23,69 @@ pub struct Descriptor {
     pub entries: Vec<(String, String)>,
     /// This descriptor's cost; `None` uses the request's.
     pub hits: Option<u64>,
+    /// A limit given with the request in place of the configured rule.
+    pub limit: Option<LimitOverride>,
+}
+
+/// A per-request limit (Envoy's `RateLimitDescriptor.limit`), as envoyproxy/ratelimit applies
+/// it: when the domain is known, it replaces whatever rule the descriptor matches (or adds a
+/// limit where none matches), never in shadow mode. Its counter is the descriptor's own
+/// (`domain|key=value|...` with the request's values) under the default algorithm, so the same
+/// override on the same descriptor from any instance shares one counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitOverride {
+    /// Requests per unit; 0 denies everything.
+    pub requests_per_unit: u64,
+    /// The unit.
+    pub unit: Unit,
+}
+
+/// Last part of the rule id (and metric label) shared by every override limit of a domain,
+/// `<domain>|=override`: rule keys are never empty, so no configured rule's id has a part that
+/// starts with `=`, and the label carries no request values (bounded cardinality).
+const OVERRIDE_ID: &str = "=override";
+
+/// The limits that the [`LimitOverride`]s of one request stand for, one slot per descriptor.
+/// Build it with [`Overrides::new`] and keep it alive as long as the [`Plan`].
+#[derive(Debug, Default)]
+pub struct Overrides(Vec<Option<Limit>>);
+
+impl Overrides {
+    /// The override limits of `descriptors` in `domain`; empty (no allocation) when no descriptor
+    /// has one or the domain is unknown to `rules` (unknown domains get no limit, as without).
+    pub fn new(rules: &RuleSet, domain: &str, descriptors: &[Descriptor]) -> Self {
+        if descriptors.iter().all(|d| d.limit.is_none()) {
+            return Self::default();
+        }
+        let Some(d) = rules.domain(domain) else {
+            return Self::default();
+        };
+        Self(
+            descriptors
+                .iter()
+                .map(|desc| {
+                    desc.limit.map(|o| Limit {
+                        id: format!("{}|{OVERRIDE_ID}", d.name),
+                        domain: d.name.clone(),
+                        name: None,
+                        quota: Some(Quota::new(o.requests_per_unit, o.unit)),
+                        shadow_mode: false,
+                        message: None,
+                        replaces: Vec::new(),
+                        detailed_metric: false,
+                        value_to_metric: false,
+                        share_threshold: false,
+                        file: "(request)".into(),
+                        line: 0,
+                    })
+                })
+                .collect(),
+        )
+    }
+
+    fn get(&self, i: usize) -> Option<&Limit> {
+        self.0.get(i).and_then(Option::as_ref)
+    }
 }
 
 impl Descriptor {
@@ -30,6 +99,7 @@ impl Descriptor {
                 .map(|(k, v)| (k.into(), v.into()))
                 .collect(),
             hits: None,
+            limit: None,
         }
     }
 }
@@ -54,15 +124,37 @@ pub struct Plan<'r> {
 
 impl<'r> Plan<'r> {
     /// Resolve `descriptors` of `domain`; `hits` is the cost of descriptors without their own.
+    /// Descriptors' [`LimitOverride`]s are ignored: use [`Plan::with_overrides`] to apply them.
     pub fn new(rules: &'r RuleSet, domain: &str, descriptors: &[Descriptor], hits: u64) -> Self {
+        static NONE: Overrides = Overrides(Vec::new());
+        Self::with_overrides(rules, &NONE, domain, descriptors, hits)
+    }
+
+    /// Like [`Plan::new`], with the limits of `overrides` (built by [`Overrides::new`] from the
+    /// same descriptors) in place of the rules for the descriptors that carry one.
+    pub fn with_overrides(
+        rules: &'r RuleSet,
+        overrides: &'r Overrides,
+        domain: &str,
+        descriptors: &[Descriptor],
+        hits: u64,
+    ) -> Self {
         let mut resolved: Vec<Resolved<'r>> = descriptors
             .iter()
-            .map(|d| {
+            .enumerate()
+            .map(|(i, d)| {
                 let entries: Vec<(&str, &str)> = d
                     .entries
                     .iter()
                     .map(|(k, v)| (k.as_str(), v.as_str()))
                     .collect();
+                if let Some(limit) = overrides.get(i) {
+                    return Resolved::Limited {
+                        limit,
+                        key: counter_key(&limit.domain, &entries),
+                        cost: d.hits.unwrap_or(hits),
+                    };
+                }
                 match rules.resolve(domain, &entries) {
                     Resolution::NoMatch => Resolved::NoLimit,
                     Resolution::Unlimited(limit) => Resolved::Unlimited(limit),
@@ -209,7 +301,8 @@ impl<'r> Verdict<'r> {
     }
 }
 
-/// Check a request against `rules` with a synchronous store.
+/// Check a request against `rules` with a synchronous store ([`LimitOverride`]s are not
+/// applied here: use [`Plan::with_overrides`]).
 pub fn check<'r>(
     rules: &'r RuleSet,
     store: &dyn Store,
@@ -261,6 +354,75 @@ descriptors:
     }
 
     const NOW: Micros = 1_000 * SECOND;
+
+    /// Runs one request with overrides applied; returns (allowed, remaining per descriptor).
+    fn check_overridden(
+        rules: &RuleSet,
+        store: &MemoryStore,
+        domain: &str,
+        descriptors: &[Descriptor],
+    ) -> (bool, Vec<Option<u64>>) {
+        let overrides = Overrides::new(rules, domain, descriptors);
+        let plan = Plan::with_overrides(rules, &overrides, domain, descriptors, 1);
+        let decisions = store.check(NOW, &plan.items()).unwrap();
+        let v = plan.finish(decisions);
+        let remaining = v
+            .statuses
+            .iter()
+            .map(|s| match s {
+                Status::Limited { decision, .. } => Some(decision.remaining),
+                _ => None,
+            })
+            .collect();
+        (v.allowed(), remaining)
+    }
+
+    #[test]
+    fn limit_override_replaces_the_rule_and_adds_limits_in_known_domains_only() {
+        let (rules, store) = (rules(), MemoryStore::default());
+        let over = |k: &str, v: &str, n: u64| Descriptor {
+            limit: Some(LimitOverride {
+                requests_per_unit: n,
+                unit: Unit::Second,
+            }),
+            ..d(k, v)
+        };
+        // The rule says 3/minute; the override 5/second wins.
+        let seen: Vec<_> = (0..6)
+            .map(|_| check_overridden(&rules, &store, "api", &[over("user", "dave", 5)]))
+            .collect();
+        assert_eq!(seen[4], (true, vec![Some(0)]));
+        assert_eq!(seen[5], (false, vec![Some(0)]));
+        // The configured counter was not touched.
+        let v = check(&rules, &store, NOW, "api", &[d("user", "dave")], 0).unwrap();
+        assert!(
+            matches!(v.statuses[0], Status::Limited { decision, .. } if decision.remaining == 3)
+        );
+        // A descriptor no rule matches is limited by its override; `unlimited` is overridden too.
+        assert_eq!(
+            check_overridden(&rules, &store, "api", &[over("nothing", "x", 1)]),
+            (true, vec![Some(0)])
+        );
+        assert_eq!(
+            check_overridden(&rules, &store, "api", &[over("client", "internal", 0)]),
+            (false, vec![Some(0)])
+        );
+        // Unknown domain: no limit, as without the override. Without `with_overrides`: ignored.
+        assert_eq!(
+            check_overridden(&rules, &store, "nope", &[over("user", "x", 0)]),
+            (true, vec![None])
+        );
+        let v = check(
+            &rules,
+            &store,
+            NOW,
+            "api",
+            &[over("client", "internal", 0)],
+            1,
+        )
+        .unwrap();
+        assert!(v.allowed());
+    }
 
     #[test]
     fn three_per_minute_then_over_limit() {

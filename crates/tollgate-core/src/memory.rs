@@ -1,11 +1,15 @@
 //! The in-memory store: sharded hash maps of compact per-key state.
 //!
 //! - **Keys are 128-bit keyed hashes** (SipHash-1-3 with a per-store random key) of the counter
-//!   key, algorithm and period, not the key text: an entry is 40 bytes whatever the key length,
-//!   lookups never allocate, and the odds that two of a billion live keys collide are below
-//!   10^-20 (an attacker cannot aim for a collision without the random key). Including the
-//!   algorithm and period means a rule whose limit changes keeps its counters across a reload,
-//!   while one whose algorithm or period changes starts fresh.
+//!   key, with the algorithm and period XORed in, not the key text: an entry is 40 bytes whatever
+//!   the key length, lookups never allocate, and the odds that two of a billion live keys collide
+//!   are below 10^-20 (keys are attacker-controlled, so the hash stays a keyed PRF: an attacker
+//!   cannot aim for a collision without the random key; a cheaper unkeyed or 64-bit hash would
+//!   make shared counters a matter of luck or effort). Including the algorithm and period means
+//!   a rule whose limit changes keeps its counters across a reload, while one whose algorithm or
+//!   period changes starts fresh.
+//! - **Fast path**: a single-item check hashes once, locks one shard, and steps the one-word
+//!   states (GCRA, leaky bucket) in place; nothing allocates.
 //! - **Shards** (a mutex each) keep threads on different keys out of each other's way; a request
 //!   touching several keys locks their shards in index order, so it cannot deadlock.
 //! - **Expiry**: a step that leaves a key full removes it; every entry knows when it will be full
@@ -17,12 +21,12 @@
 //!   distinct keys, and it falls on the keys that used the least. Count-min-sketch limits are
 //!   not affected: their memory is fixed.
 
-use crate::algorithm::{self, Bucket, Counter, Log, Sketch, State, Window};
+use crate::algorithm::{self, gcra, leaky_bucket, Bucket, Counter, Log, Sketch, State, Window};
 use crate::clock::{Micros, SECOND};
 use crate::decision::Decision;
-use crate::quota::Algorithm;
+use crate::quota::{Algorithm, Quota};
 use crate::store::{blocks, CheckItem, Store, StoreError};
-use siphasher::sip128::{Hasher128, SipHasher13};
+use siphasher::sip128::SipHasher13;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -117,6 +121,36 @@ impl Slot {
         match self {
             Slot::Log(b) => State::Log(std::mem::take(&mut b.0)),
             other => other.state(),
+        }
+    }
+
+    /// Step this key's state in place; `false` when it is back to full (the caller drops it).
+    /// The one-word states (GCRA, leaky bucket) are stepped directly on their timestamp, skipping
+    /// the [`State`] round trip (same step functions, so the same decisions and states).
+    fn step(&mut self, quota: &Quota, now: Micros, cost: u64) -> (Decision, bool) {
+        let one_word = match (&mut *self, quota.algorithm) {
+            (Slot::Gcra(t), Algorithm::Gcra) => Some((gcra::step(Some(*t), now, cost, quota), t)),
+            (Slot::Leaky(t), Algorithm::LeakyBucket) => {
+                Some((leaky_bucket::step(Some(*t), now, cost, quota), t))
+            }
+            _ => None,
+        };
+        if let Some(((d, next), t)) = one_word {
+            return match next {
+                Some(n) => {
+                    *t = n;
+                    (d, true)
+                }
+                None => (d, false),
+            };
+        }
+        let (d, next) = algorithm::step(quota, Some(self.take()), now, cost);
+        match next {
+            Some(s) => {
+                *self = Slot::new(s, now + d.reset_after);
+                (d, true)
+            }
+            None => (d, false),
         }
     }
 
@@ -248,36 +282,36 @@ impl MemoryStore {
         }
     }
 
-    fn hash(&self, parts: &[&[u8]]) -> u128 {
-        let mut h = SipHasher13::new_with_keys(self.k0, self.k1);
-        for p in parts {
-            h.write(p);
-            h.write_u8(0xff);
-        }
-        h.finish128().as_u128()
+    /// SipHash-1-3 (128 bit) of `bytes`, through siphasher's one-shot path (8-byte loads, no
+    /// tail buffering).
+    fn hash(&self, bytes: &[u8]) -> u128 {
+        SipHasher13::new_with_keys(self.k0, self.k1)
+            .hash(bytes)
+            .as_u128()
     }
 
+    /// The key's hash with the limit's shape (algorithm, period) XORed into the low word instead
+    /// of hashed with it: one SipHash block less per check, and just as collision-free. Equal
+    /// keys of different shapes differ in the low word (the shape encoding is injective); for
+    /// different keys the hashes are independent pseudo-random values, so `H(a) ^ H(b)` equals a
+    /// given non-zero shape difference with the same 2^-128 odds as it equals zero, and an
+    /// attacker without the random key can aim at neither.
     fn key_hash(&self, item: &CheckItem<'_>) -> Key {
         let q = item.quota;
-        let shape = [
-            q.algorithm as u8,
-            q.period.unit as u8,
-            (q.period.multiplier >> 24) as u8,
-            (q.period.multiplier >> 16) as u8,
-            (q.period.multiplier >> 8) as u8,
-            q.period.multiplier as u8,
-        ];
-        Key::from(self.hash(&[item.key.as_bytes(), &shape]))
+        let shape = (q.algorithm as u64) << 40
+            | (q.period.unit as u64) << 32
+            | u64::from(q.period.multiplier);
+        let mut k = Key::from(self.hash(item.key.as_bytes()));
+        k.0[0] ^= shape;
+        k
     }
 
     fn sketch(&self, item: &CheckItem<'_>) -> Arc<Mutex<Sketch>> {
         let q = item.quota;
-        let mut shape = Vec::with_capacity(16);
-        shape.extend_from_slice(&[q.period.unit as u8]);
-        shape.extend_from_slice(&q.period.multiplier.to_be_bytes());
-        shape.extend_from_slice(&q.sketch.width.to_be_bytes());
-        shape.extend_from_slice(&q.sketch.depth.to_be_bytes());
-        let id = self.hash(&[item.rule.as_bytes(), &shape]);
+        let period = (q.period.unit as u128) << 32 | u128::from(q.period.multiplier);
+        let size = u128::from(q.sketch.width) << 32 | u128::from(q.sketch.depth);
+        // As in `key_hash`: the shape is XORed in (injectively, high and low words).
+        let id = self.hash(item.rule.as_bytes()) ^ (size << 64 | period);
         let found = self
             .sketches
             .read()
@@ -341,12 +375,9 @@ impl MemoryStore {
         let mut shard = lock(&self.shards[self.shard_of(h)]);
         match shard.map.get_mut(&h) {
             Some(slot) => {
-                let (d, next) = algorithm::step(item.quota, Some(slot.take()), now, item.cost);
-                match next {
-                    Some(s) => *slot = Slot::new(s, now + d.reset_after),
-                    None => {
-                        shard.map.remove(&h);
-                    }
+                let (d, keep) = slot.step(item.quota, now, item.cost);
+                if !keep {
+                    shard.map.remove(&h);
                 }
                 d
             }
@@ -500,7 +531,7 @@ impl Store for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quota::{Quota, Unit};
+    use crate::quota::{Period, Unit};
 
     fn item<'a>(key: &'a str, quota: &'a Quota, cost: u64) -> CheckItem<'a> {
         CheckItem {
@@ -568,6 +599,48 @@ mod tests {
             // Blocked: nothing consumed.
             let d = s.check(SECOND, &[item(&key, &q, 3)]).unwrap();
             assert!(d[0].allowed, "{alg}");
+        }
+    }
+
+    #[test]
+    fn limit_change_keeps_counters_but_algorithm_or_period_change_starts_fresh() {
+        let s = MemoryStore::with_seed(1000, 1, 2);
+        let now = 1_000 * SECOND;
+        let q = Quota::new(2, Unit::Minute).with_algorithm(Algorithm::Gcra);
+        assert!(s.check_one(now, &item("k", &q, 2)).unwrap().allowed);
+        // Same algorithm and period, another limit: the same counter (still exhausted for 2/min).
+        let wider = Quota::new(3, Unit::Minute).with_algorithm(Algorithm::Gcra);
+        assert_eq!(
+            s.check_one(now, &item("k", &wider, 0)).unwrap().remaining,
+            0
+        );
+        // Another period or algorithm (even one with the same one-word state): a fresh counter.
+        let per_hour = Quota::new(2, Unit::Hour).with_algorithm(Algorithm::Gcra);
+        let leaky = Quota::new(2, Unit::Minute).with_algorithm(Algorithm::LeakyBucket);
+        let two_min = Quota::new(2, Period::new(Unit::Minute, 2)).with_algorithm(Algorithm::Gcra);
+        for other in [per_hour, leaky, two_min] {
+            let d = s.check_one(now, &item("k", &other, 0)).unwrap();
+            assert_eq!(d.remaining, 2, "{other:?}");
+        }
+    }
+
+    #[test]
+    fn in_place_one_word_step_matches_the_generic_step() {
+        // The fast path for GCRA and leaky-bucket slots must give exactly `algorithm::step`.
+        for alg in [Algorithm::Gcra, Algorithm::LeakyBucket] {
+            let s = MemoryStore::with_seed(1000, 1, 2);
+            let q = Quota::new(5, Unit::Second)
+                .with_algorithm(alg)
+                .with_burst(3);
+            let mut state = None;
+            for i in 0..200u64 {
+                let now = SECOND + i * 37_000;
+                let cost = i % 3;
+                let d = s.check_one(now, &item("k", &q, cost)).unwrap();
+                let (want, next) = algorithm::step(&q, state.take(), now, cost);
+                state = next;
+                assert_eq!(d, want, "{alg} step {i}");
+            }
         }
     }
 

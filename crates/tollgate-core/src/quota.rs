@@ -120,11 +120,18 @@ impl Period {
         }
     }
 
-    /// Nominal length in microseconds.
+    /// Nominal length in microseconds (saturating: rule files cannot ask for more than
+    /// [`MAX_PERIOD`], but a `Quota` built in code could).
     pub const fn nominal(self) -> Micros {
-        self.unit.nominal() * self.multiplier as u64
+        self.unit.nominal().saturating_mul(self.multiplier as u64)
     }
 }
+
+/// The longest period a rule may have, and the longest time a bucket (`burst` × `period` /
+/// `limit`) may take to fill: 100 years. Rule validation enforces it so that every product of
+/// times and counts in the algorithms stays below 2^53 µs: no overflow in Rust, and exact in the
+/// Lua ports, whose numbers are doubles.
+pub const MAX_PERIOD: Micros = 100 * Unit::Year.nominal();
 
 impl From<Unit> for Period {
     fn from(unit: Unit) -> Self {

@@ -533,6 +533,19 @@ const BAD: &[(&str, usize, &str)] = &[
         4,
         "`unit_multiplier` must be at least 1, found 0",
     ),
+    // Regression: `unit: year, unit_multiplier: 1000000` passed validation, then overflowed the
+    // period (a panic in debug builds, a much shorter period in release).
+    (
+        "period_too_long.yaml",
+        6,
+        "a period of 1000000 years is longer than the longest supported (100 years)",
+    ),
+    // Regression: a huge burst overflowed `burst * period / limit` in the bucket steps.
+    (
+        "burst_takes_too_long.yaml",
+        8,
+        "`burst` 4000000000 at 1 per day takes longer than 100 years to fill",
+    ),
     (
         "unknown_algorithm.yaml",
         7,
@@ -740,4 +753,48 @@ fn missing_path_is_an_error_not_a_panic() {
     assert_eq!(errors.len(), 1);
     assert_eq!(errors.0[0].line, 0);
     assert!(errors.0[0].message.contains("cannot read rules"));
+}
+
+#[test]
+fn index_of_finds_own_limits_only() {
+    let set = load(&fixtures().join("good"));
+    let copy = set.clone();
+    assert!(set.limits().count() > 1);
+    for (i, l) in set.limits().enumerate() {
+        assert_eq!(set.index_of(l), Some(i), "{}", l.id);
+        // An equal limit of another set (a clone) is not this set's.
+        assert_eq!(set.index_of(limit(&copy, &l.id)), None, "{}", l.id);
+    }
+    let stray = set.limits().next().unwrap().clone();
+    assert_eq!(set.index_of(&stray), None);
+}
+
+#[test]
+fn period_and_bucket_fill_time_bounds_are_inclusive() {
+    let dir = std::env::temp_dir().join(format!("tollgate-rules-bounds-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("b.yaml");
+    let try_rule = |rate_limit: &str| {
+        std::fs::write(
+            &file,
+            format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {rate_limit}\n"),
+        )
+        .unwrap();
+        RuleSet::load(&file).map(|_| ()).map_err(|e| e.to_string())
+    };
+    // 100 years is the longest period, and the longest bucket fill time.
+    assert_eq!(
+        try_rule("{unit: year, unit_multiplier: 100, requests_per_unit: 1}"),
+        Ok(())
+    );
+    let err = try_rule("{unit: year, unit_multiplier: 101, requests_per_unit: 1}").unwrap_err();
+    assert!(err.contains("longer than the longest supported"), "{err}");
+    assert_eq!(
+        try_rule("{unit: year, requests_per_unit: 1, algorithm: gcra, burst: 100}"),
+        Ok(())
+    );
+    let err =
+        try_rule("{unit: year, requests_per_unit: 1, algorithm: gcra, burst: 101}").unwrap_err();
+    assert!(err.contains("takes longer than 100 years to fill"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -21,7 +21,7 @@ use futures_util::future::join_all;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{RedisError, Script, ScriptInvocation};
+use redis::{RedisError, Script};
 use std::fmt;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -233,6 +233,11 @@ impl RedisStore {
         self.inner.healthy.load(Ordering::Relaxed)
     }
 
+    /// The store URL with its password redacted.
+    pub fn url(&self) -> &str {
+        &self.inner.url
+    }
+
     /// The options the store was created with.
     pub fn options(&self) -> &RedisOptions {
         &self.inner.opts
@@ -248,16 +253,19 @@ impl RedisStore {
     pub async fn ping(&self) -> Result<(), StoreError> {
         let mut cmd = redis::cmd("PING");
         cmd.arg("tollgate");
-        let r = self
-            .bounded(async {
-                match self.inner.conn.clone() {
-                    Conn::Single(mut c) => cmd.query_async::<String>(&mut c).await,
-                    Conn::Cluster(mut c) => cmd.query_async::<String>(&mut c).await,
-                }
-            })
-            .await
-            .map(|_| ());
+        let r = self.query::<String>(&cmd).await.map(|_| ());
         self.record(r)
+    }
+
+    /// One command, bounded by the timeout.
+    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, StoreError> {
+        self.bounded(async {
+            match self.inner.conn.clone() {
+                Conn::Single(mut c) => cmd.query_async::<T>(&mut c).await,
+                Conn::Cluster(mut c) => cmd.query_async::<T>(&mut c).await,
+            }
+        })
+        .await
     }
 
     fn record<T>(&self, r: Result<T, StoreError>) -> Result<T, StoreError> {
@@ -278,21 +286,53 @@ impl RedisStore {
         }
     }
 
-    async fn run(&self, inv: ScriptInvocation<'_>, n: usize) -> Result<Reply, StoreError> {
+    /// One script call: `EVALSHA`, and after `NOSCRIPT` (a restart, a failover, `SCRIPT FLUSH`)
+    /// `EVAL` with the source, which cannot fail that way and caches the script again. (A
+    /// load-then-`EVALSHA` retry races with a concurrent flush: seen under load.)
+    async fn run(&self, call: &Call<'_>, part: &[script::Entry<'_>]) -> Result<Reply, StoreError> {
+        let (keys, args) = script::arguments(call, part);
+        let cmd = |name: &str, script: &str| {
+            let mut c = redis::cmd(name);
+            c.arg(script).arg(keys.len()).arg(&keys).arg(&args);
+            c
+        };
+        let (evalsha, eval) = (
+            cmd("EVALSHA", self.script_sha()),
+            cmd("EVAL", script::SOURCE),
+        );
         let v: Vec<i64> = self
             .bounded(async {
                 match self.inner.conn.clone() {
-                    Conn::Single(mut c) => inv.invoke_async(&mut c).await,
-                    Conn::Cluster(mut c) => inv.invoke_async(&mut c).await,
+                    Conn::Single(mut c) => eval_or_load(&mut c, &evalsha, &eval).await,
+                    Conn::Cluster(mut c) => eval_or_load(&mut c, &evalsha, &eval).await,
                 }
             })
             .await?;
-        script::decode(&v, n)
+        script::decode(&v, part.len())
     }
 
     fn next_reqid(&self) -> String {
         let n = self.inner.counter.fetch_add(1, Ordering::Relaxed);
         format!("{:016x}{n:x}", self.inner.seed)
+    }
+
+    /// Delete the Redis keys of the given counters (`(counter key, quota)` as in
+    /// [`CheckItem`]) and return how many existed: cleanup after a replay under a throwaway
+    /// prefix (`simulate`). One `DEL` per key, so it routes on a cluster.
+    pub async fn delete_counters<'a>(
+        &self,
+        counters: impl IntoIterator<Item = (&'a str, &'a tollgate_core::Quota)>,
+    ) -> Result<u64, StoreError> {
+        let mut n = 0;
+        for (key, quota) in counters {
+            let (main, aux) = keys::counter_keys(&self.inner.opts.prefix, key, quota);
+            for k in std::iter::once(main).chain(aux) {
+                let mut cmd = redis::cmd("DEL");
+                cmd.arg(k);
+                n += self.query::<u64>(&cmd).await?;
+            }
+        }
+        Ok(n)
     }
 
     /// Check and (all-or-nothing) consume `items`, at `now` or, when `None`, at the Redis
@@ -348,14 +388,13 @@ impl RedisStore {
             }
         }
         if groups.len() <= 1 {
-            let inv = script::invocation(&self.inner.script, &call, &all);
-            return Ok(self.run(inv, items.len()).await?.decisions);
+            return Ok(self.run(&call, &all).await?.decisions);
         }
 
+        let call_ref = &call;
         let calls = groups.iter().map(|(_, g)| {
             let part: Vec<_> = g.iter().map(|&i| all[i]).collect();
-            let inv = script::invocation(&self.inner.script, &call, &part);
-            self.run(inv, part.len())
+            async move { self.run(call_ref, &part).await }
         });
         let replies = join_all(calls).await;
         let mut failed = replies
@@ -393,9 +432,8 @@ impl RedisStore {
                 single: false,
                 ..call
             };
-            let inv = script::invocation(&self.inner.script, &refund, &part);
             // Keep refunding the other groups even if this one fails; report the first error.
-            match self.run(inv, part.len()).await {
+            match self.run(&refund, &part).await {
                 Ok(r) => {
                     for (&i, d) in undo.iter().zip(&r.decisions) {
                         decisions[i] = *d;
@@ -410,6 +448,20 @@ impl RedisStore {
             Some(e) => Err(e),
             None => Ok(decisions),
         }
+    }
+}
+
+/// `evalsha`, or `eval` when the server does not know the script.
+async fn eval_or_load(
+    c: &mut impl redis::aio::ConnectionLike,
+    evalsha: &redis::Cmd,
+    eval: &redis::Cmd,
+) -> Result<Vec<i64>, RedisError> {
+    match evalsha.query_async(c).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            eval.query_async(c).await
+        }
+        r => r,
     }
 }
 

@@ -6,15 +6,8 @@ mod support;
 use proptest::prelude::*;
 use std::time::Duration;
 use support::conformance::{random_trace, replay, traces, ALGORITHMS};
+use support::runtime;
 use tollgate_redis::{RedisOptions, RedisStore};
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 /// Options for replays: explicit times unrelated to the real clock, so keys get a generous TTL
 /// grace (they must outlive the replay), and a timeout that tolerates a loaded CI machine.

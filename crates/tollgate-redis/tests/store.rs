@@ -131,21 +131,8 @@ async fn concurrent_callers_admit_exactly_the_limit() {
     let lq = per_day(Algorithm::LeakyBucket);
     assert_eq!(hammer(&store, "leaky-d", lq, 64, 5000).await, 1000);
 
-    assert_every_key_has_a_ttl(SHARED_URL, &store.options().prefix);
+    support::assert_every_key_has_a_ttl(SHARED_URL, &store.options().prefix);
     support::delete_prefix(SHARED_URL, &store.options().prefix);
-}
-
-fn assert_every_key_has_a_ttl(url: &str, prefix: &str) -> usize {
-    let mut con = redis::Client::open(url).unwrap().get_connection().unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}:*"))
-        .query(&mut con)
-        .unwrap();
-    for k in &keys {
-        let ttl: i64 = redis::cmd("PTTL").arg(k).query(&mut con).unwrap();
-        assert!(ttl > 0, "{k} has PTTL {ttl}");
-    }
-    keys.len()
 }
 
 #[tokio::test]
@@ -171,7 +158,7 @@ async fn every_key_has_a_ttl_and_full_counters_are_deleted() {
         }
     }
     // a and b hold usage (the log has two keys each); c was only queried: nothing stored.
-    let n = assert_every_key_has_a_ttl(SHARED_URL, &store.options().prefix);
+    let n = support::assert_every_key_has_a_ttl(SHARED_URL, &store.options().prefix);
     assert_eq!(n, 2 * (algs.len() + 1));
 
     // A counter that is back to full is deleted.
@@ -269,7 +256,7 @@ async fn hostile_counter_keys_stay_distinct_and_independent() {
         let d = store.check(None, &[item(v, &q, 1)]).await.unwrap();
         assert!(!d[0].allowed, "{v:?}");
     }
-    let n = assert_every_key_has_a_ttl(SHARED_URL, &prefix);
+    let n = support::assert_every_key_has_a_ttl(SHARED_URL, &prefix);
     assert_eq!(n, values.len());
     support::delete_prefix(SHARED_URL, &prefix);
 }
@@ -446,4 +433,48 @@ async fn lazy_connect_starts_without_redis_and_recovers() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(ok && store.is_healthy());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_under_concurrent_load_fails_no_call() {
+    let server = RedisServer::start(&[]);
+    let store = RedisStore::connect(&server.url(), options("flushload"))
+        .await
+        .unwrap();
+    let q = Quota::new(1000, Unit::Day).with_algorithm(Algorithm::SlidingWindowLog);
+    let port = server.port;
+    let flusher = std::thread::spawn(move || {
+        for _ in 0..20 {
+            std::thread::sleep(Duration::from_millis(20));
+            assert!(support::cli(port, &["SCRIPT", "FLUSH"]).contains("OK"));
+        }
+    });
+    let errors = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let admitted = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..64 {
+        let (store, errors, admitted) = (store.clone(), errors.clone(), admitted.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..40 {
+                match store.check(None, &[item("k", &q, 1)]).await {
+                    Ok(d) => {
+                        admitted.fetch_add(u64::from(d[0].allowed), Ordering::Relaxed);
+                    }
+                    Err(e) => errors.lock().unwrap().push(e.to_string()),
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    flusher.join().unwrap();
+    let errors = errors.lock().unwrap();
+    assert!(
+        errors.is_empty(),
+        "{} failed calls: {:?}",
+        errors.len(),
+        &errors[..errors.len().min(3)]
+    );
+    assert_eq!(admitted.load(Ordering::Relaxed), 1000);
 }

@@ -1,15 +1,21 @@
 //! The transport-neutral decision: validate a [`CheckRequest`], resolve it with the *current*
-//! rules, check the store, record metrics, and build a [`CheckResponse`]. HTTP and gRPC both
-//! call [`decide`].
+//! rules, check the backend (memory, or Redis with its failure policy), record metrics, and build
+//! a [`CheckResponse`]. HTTP and gRPC both await [`decide`].
 
+use crate::backend::Policy;
 use crate::error::ApiError;
+use crate::metrics::LimitCounters;
 use crate::model::{
     secs_ceil, CheckRequest, CheckResponse, Code, DescriptorStatus, HeaderValues, LimitInfo,
 };
-use crate::state::{AppState, RequestLimits};
+use crate::state::{AppState, LoadedRules, RequestLimits};
 use std::time::Instant;
-use tollgate_core::limiter::{Plan, Status};
+use tollgate_core::limiter::{Overrides, Plan, Status};
 use tollgate_core::rules::Limit;
+
+/// The message of a denial made by `--on-store-error deny` while Redis is unavailable.
+pub const DENIED_BY_POLICY: &str =
+    "rate limit store unavailable: denied by policy (--on-store-error deny); retry later";
 
 /// Reject requests that break the size and shape limits (counted in
 /// `tollgate_request_errors_total` by [`decide`]).
@@ -97,6 +103,20 @@ pub fn validate(limits: &RequestLimits, req: &CheckRequest) -> Result<(), ApiErr
         if let Some(h) = d.hits {
             check_hits(limits, h, &format!("descriptors[{i}].hits_addend"))?;
         }
+        // As in rule files (and Envoy's uint32): larger quotas are refused, not clamped.
+        if let Some(l) = d
+            .limit
+            .filter(|l| l.requests_per_unit > u64::from(u32::MAX))
+        {
+            return Err(ApiError::invalid(
+                "invalid_limit",
+                format!(
+                    "descriptors[{i}].limit.requests_per_unit is {}, more than the maximum {}",
+                    l.requests_per_unit,
+                    u32::MAX
+                ),
+            ));
+        }
     }
     Ok(())
 }
@@ -117,9 +137,10 @@ fn check_hits(limits: &RequestLimits, hits: u64, field: &str) -> Result<(), ApiE
 /// Decide a request with the state's current rules, store and clock.
 ///
 /// Errors: [`ApiError::Invalid`] for requests breaking [`RequestLimits`] (see [`validate`]),
-/// [`ApiError::Store`] when the store fails. An unknown domain or a descriptor matching no rule
+/// [`ApiError::Store`] when the store fails and no failure policy applies (a Redis outage is
+/// not an error: the `--on-store-error` policy decides). An unknown domain or a descriptor matching no rule
 /// is not an error: it is OK with no limit (counted in `tollgate_unmatched_total`).
-pub fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckResponse, ApiError> {
+pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckResponse, ApiError> {
     let metrics = state.metrics();
     if let Err(e) = validate(state.limits(), req) {
         metrics.error(e.code());
@@ -128,13 +149,19 @@ pub fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckResponse, Api
     let started = Instant::now();
     let rules = state.rules();
     let hits = req.hits.unwrap_or(1);
-    let plan = Plan::new(&rules.set, &req.domain, &req.descriptors, hits);
+    let overrides = Overrides::new(&rules.set, &req.domain, &req.descriptors);
+    let plan = Plan::with_overrides(&rules.set, &overrides, &req.domain, &req.descriptors, hits);
     let items = plan.items();
-    let decisions = if items.is_empty() {
-        Vec::new()
+    let (decisions, degraded) = if items.is_empty() {
+        (Vec::new(), None)
     } else {
-        match state.store().check(state.now(), &items) {
-            Ok(d) => d,
+        match state.backend().check(state.now(), &items).await {
+            Ok(o) => {
+                if o.store_failed {
+                    metrics.store_error();
+                }
+                (o.decisions, o.degraded)
+            }
             Err(e) => {
                 metrics.store_error();
                 metrics.error("store_unavailable");
@@ -143,6 +170,7 @@ pub fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckResponse, Api
         }
     };
     drop(items);
+    let policy_denied = degraded == Some(Policy::Deny);
     let verdict = plan.finish(decisions);
     let allowed = verdict.allowed();
     let known_domain = rules.set.domain(&req.domain).is_some();
@@ -160,37 +188,20 @@ pub fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckResponse, Api
                     } else {
                         metrics.unmatched("", "unknown_domain");
                     }
-                    DescriptorStatus {
-                        code: Code::Ok,
-                        limit: None,
-                        remaining: 0,
-                        reset_after: None,
-                        retry_after: None,
-                        delay: None,
-                        message: None,
-                        shadowed: false,
-                        never_passes: false,
-                        unlimited: false,
-                    }
+                    DescriptorStatus::new(Code::Ok, None, 0)
                 }
                 Status::Unlimited(_) => DescriptorStatus {
-                    code: Code::Ok,
-                    limit: None,
-                    remaining: u32::MAX as u64,
-                    reset_after: None,
-                    retry_after: None,
-                    delay: None,
-                    message: None,
-                    shadowed: false,
-                    never_passes: false,
                     unlimited: true,
+                    ..DescriptorStatus::new(Code::Ok, None, u32::MAX as u64)
                 },
                 Status::Limited { limit, decision } => {
                     let blocks = status.blocks();
                     let shadowed = status.shadowed();
                     let never = blocks && decision.never_passes();
-                    record(state, &req.domain, limit, desc, cost, status, allowed);
-                    let message = if blocks {
+                    record(state, &rules, &req.domain, limit, desc, cost, status, allowed);
+                    let message = if blocks && policy_denied {
+                        Some(DENIED_BY_POLICY.to_owned())
+                    } else if blocks {
                         match (&limit.message, never) {
                             (m, false) => m.clone(),
                             (m, true) => Some(format!(
@@ -267,8 +278,10 @@ pub fn limit_info(limit: &Limit) -> Option<LimitInfo> {
 
 /// Count one limited descriptor. A request denied by another descriptor consumed nothing here,
 /// so its allowed descriptors count nothing.
+#[allow(clippy::too_many_arguments)]
 fn record(
     state: &AppState,
+    rules: &LoadedRules,
     domain: &str,
     limit: &Limit,
     desc: &tollgate_core::limiter::Descriptor,
@@ -283,8 +296,8 @@ fn record(
     if !allowed && !blocks {
         return;
     }
-    let detailed;
-    let label = if limit.detailed_metric || limit.value_to_metric {
+    let metrics = state.metrics();
+    let c = if limit.detailed_metric || limit.value_to_metric {
         let mut s = domain.to_string();
         for (k, v) in &desc.entries {
             s.push('|');
@@ -292,12 +305,11 @@ fn record(
             s.push('=');
             s.push_str(v);
         }
-        detailed = s;
-        detailed.as_str()
+        LimitCounters::Shared(metrics.rule(domain, &s, &limit.id))
     } else {
-        limit.id.as_str()
+        // The common case: pre-resolved, no lookup by strings.
+        metrics.limit_counters(&rules.counters, &rules.set, limit)
     };
-    let c = state.metrics().rule(domain, label, &limit.id);
     use std::sync::atomic::Ordering::Relaxed;
     c.total_hits.fetch_add(cost, Relaxed);
     if !decision.allowed {

@@ -8,10 +8,9 @@
 //!
 //! - request `hits_addend` (proto3 `uint32`): 0 or unset means 1;
 //! - descriptor `hits_addend` (`UInt64Value`): when set, that descriptor's cost, even 0 (a query);
-//! - descriptor `limit` (the per-request override): **ignored**: the configured rule applies.
-//!   The core resolves each descriptor to a rule borrowed from the rule set, so an override would
-//!   need owned quotas and its own counter keys in `tollgate-core`; until then tollgate behaves
-//!   as if the field were absent (never UNIMPLEMENTED);
+//! - descriptor `limit` (the per-request override): replaces the configured rule in a known
+//!   domain, as envoyproxy/ratelimit does ([`tollgate_core::limiter::LimitOverride`]); unit
+//!   `UNKNOWN` is INVALID_ARGUMENT;
 //! - `limit_remaining`: `u32::MAX` for an `unlimited` rule, 0 when no rule matched, otherwise
 //!   the remaining count (saturated to `u32`);
 //! - `current_limit.unit`: all seven units map one to one (WEEK=7, MONTH=5, YEAR=6 in the enum);
@@ -35,9 +34,11 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use futures_util::FutureExt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use tokio::net::TcpListener;
+use tollgate_core::limiter::LimitOverride;
 use tollgate_core::quota::Unit;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
@@ -74,10 +75,18 @@ impl RateLimitService for RateLimitGrpc {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        let check = to_check_request(request.get_ref());
+        let check = match to_check_request(request.get_ref()) {
+            Ok(c) => c,
+            Err(e) => {
+                self.state.metrics().error(e.code());
+                return Err(status_from(&e));
+            }
+        };
         // `decide` never panics by design; if it ever does, answer INTERNAL instead of dropping
         // the connection (HTTP does the same with its catch-panic layer).
-        let result = std::panic::catch_unwind(AssertUnwindSafe(|| decide(&self.state, &check)))
+        let result = AssertUnwindSafe(decide(&self.state, &check))
+            .catch_unwind()
+            .await
             .unwrap_or_else(|_| {
                 tracing::error!("gRPC ShouldRateLimit panicked");
                 Err(ApiError::Internal("panic while deciding".into()))
@@ -93,9 +102,23 @@ impl RateLimitService for RateLimitGrpc {
 }
 
 /// Translate a protobuf request (see the module docs for the `hits_addend` rules).
-/// Validation (empty domain, too many descriptors, ...) is left to [`crate::check::validate`].
-pub fn to_check_request(req: &RateLimitRequest) -> CheckRequest {
-    CheckRequest {
+/// Validation (empty domain, too many descriptors, ...) is left to [`crate::check::validate`];
+/// only what cannot be represented is refused here: a `limit` override with unit `UNKNOWN`.
+pub fn to_check_request(req: &RateLimitRequest) -> Result<CheckRequest, ApiError> {
+    for (i, d) in req.descriptors.iter().enumerate() {
+        if let Some(l) = &d.limit {
+            if unit_from_proto(l.unit).is_none() {
+                return Err(ApiError::invalid(
+                    "invalid_limit",
+                    format!(
+                        "descriptors[{i}].limit.unit: unknown unit number {}",
+                        l.unit
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(CheckRequest {
         domain: req.domain.clone(),
         descriptors: req
             .descriptors
@@ -107,9 +130,29 @@ pub fn to_check_request(req: &RateLimitRequest) -> CheckRequest {
                     .map(|e| (e.key.clone(), e.value.clone()))
                     .collect(),
                 hits: d.hits_addend.as_ref().map(|h| h.value),
+                limit: d.limit.as_ref().map(|l| LimitOverride {
+                    requests_per_unit: u64::from(l.requests_per_unit),
+                    // Checked above.
+                    unit: unit_from_proto(l.unit).unwrap_or(Unit::Second),
+                }),
             })
             .collect(),
         hits: (req.hits_addend != 0).then_some(u64::from(req.hits_addend)),
+    })
+}
+
+/// Envoy's `RateLimitResponse.RateLimit.Unit` number as tollgate's unit; `None` for `UNKNOWN`
+/// (0) and numbers Envoy does not define.
+pub fn unit_from_proto(n: i32) -> Option<Unit> {
+    match PbUnit::try_from(n).ok()? {
+        PbUnit::Unknown => None,
+        PbUnit::Second => Some(Unit::Second),
+        PbUnit::Minute => Some(Unit::Minute),
+        PbUnit::Hour => Some(Unit::Hour),
+        PbUnit::Day => Some(Unit::Day),
+        PbUnit::Week => Some(Unit::Week),
+        PbUnit::Month => Some(Unit::Month),
+        PbUnit::Year => Some(Unit::Year),
     }
 }
 

@@ -3,19 +3,27 @@
 //!
 //! Request bodies are parsed by hand from a `serde_json::Value` so every mistake gets its own
 //! error code and status (never a 500). Unknown fields are ignored for forward compatibility.
+//! Check responses are the opposite (the hot path): written straight into one pre-sized buffer
+//! (no `Value` tree), rate-limit header values formatted on the stack into one shared buffer.
 
+use crate::backend::{Backend, BreakerState};
 use crate::check::decide;
 use crate::error::{error_body, ApiError};
+use crate::grpc::unit_from_proto;
 use crate::model::{ms_ceil, CheckRequest, CheckResponse, Descriptor, DescriptorStatus};
 use crate::state::AppState;
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use bytes::BytesMut;
+use serde::{Serialize, Serializer};
 use serde_json::{json, Map, Value};
 use std::any::Any;
+use tollgate_core::limiter::LimitOverride;
+use tollgate_core::quota::Unit;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::TraceLayer;
 
@@ -107,13 +115,14 @@ fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
         return Ok(());
     };
     let text = ct.to_str().unwrap_or("");
-    let mime = text
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    if mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json")) {
+    let mime = text.split(';').next().unwrap_or("").trim().as_bytes();
+    // Case-insensitive without allocating a lower-case copy.
+    let (json, prefix, suffix) = (b"application/json", b"application/", b"+json");
+    if mime.eq_ignore_ascii_case(json)
+        || (mime.len() >= prefix.len() + suffix.len()
+            && mime[..prefix.len()].eq_ignore_ascii_case(prefix)
+            && mime[mime.len() - suffix.len()..].eq_ignore_ascii_case(suffix))
+    {
         Ok(())
     } else {
         Err(ApiError::UnsupportedMediaType(text.to_string()))
@@ -140,7 +149,7 @@ async fn v1_check(State(state): State<AppState>, req: Request) -> Response {
         Ok(c) => c,
         Err(e) => return fail(&state, e),
     };
-    match decide(&state, &check) {
+    match decide(&state, &check).await {
         Ok(resp) => native_response(&resp),
         Err(e) => e.into_response(),
     }
@@ -148,50 +157,130 @@ async fn v1_check(State(state): State<AppState>, req: Request) -> Response {
 
 /// The `/v1/check` response: 200 / 429, JSON body and rate-limit headers.
 pub fn native_response(resp: &CheckResponse) -> Response {
-    let body = json!({
-        "overall_code": resp.code().as_str(),
-        "statuses": resp.statuses.iter().map(native_status).collect::<Vec<_>>(),
-        "delay_ms": (resp.delay > 0).then(|| ms_ceil(resp.delay)),
-    });
-    let status = if resp.allowed {
-        StatusCode::OK
-    } else {
-        StatusCode::TOO_MANY_REQUESTS
-    };
-    let mut response = (status, axum::Json(body)).into_response();
+    let mut buf = Vec::with_capacity(64 + 320 * resp.statuses.len());
+    write_native(&mut buf, resp);
+    let mut response = json_body(status_of(resp), buf);
     add_headers(response.headers_mut(), resp);
     response
 }
 
-/// Add the rate-limit headers of `resp` (nothing when no limit applied).
+/// Add the rate-limit headers of `resp` (nothing when no limit applied). One allocation for all
+/// of them: the values are written into one buffer and each header value is a slice of it, and
+/// the names are static.
 pub fn add_headers(headers: &mut HeaderMap, resp: &CheckResponse) {
-    if let Some(h) = &resp.headers {
-        for (name, value) in h.pairs() {
-            if let Ok(v) = HeaderValue::from_str(&value) {
-                headers.insert(name, v);
-            }
+    let Some(h) = &resp.headers else {
+        return;
+    };
+    let mut buf = BytesMut::with_capacity(128);
+    let mut spans: [(&'static str, usize, usize); 6] = [("", 0, 0); 6];
+    let mut n = 0;
+    h.for_each(|name, value| {
+        let start = buf.len();
+        buf.extend_from_slice(value.as_bytes());
+        spans[n] = (name, start, buf.len());
+        n += 1;
+    });
+    let buf = buf.freeze();
+    for &(name, start, end) in &spans[..n] {
+        if let Ok(v) = HeaderValue::from_maybe_shared(buf.slice(start..end)) {
+            headers.insert(HeaderName::from_static(name), v);
         }
     }
 }
 
-fn native_status(s: &DescriptorStatus) -> Value {
-    json!({
-        "code": s.code.as_str(),
-        "current_limit": s.limit.as_ref().map(|l| json!({
-            "name": l.name,
-            "id": l.id,
-            "requests_per_unit": l.requests_per_unit,
-            "unit": l.unit.as_proto_str(),
-            "unit_multiplier": l.unit_multiplier,
-            "algorithm": l.algorithm.as_str(),
-        })),
-        "limit_remaining": s.remaining,
-        "duration_until_reset_ms": s.reset_after.map(ms_ceil),
-        "retry_after_ms": s.retry_after.map(ms_ceil),
-        "delay_ms": s.delay.map(ms_ceil),
-        "message": s.message,
-        "shadow_mode": s.shadowed,
-    })
+fn status_of(resp: &CheckResponse) -> StatusCode {
+    if resp.allowed {
+        StatusCode::OK
+    } else {
+        StatusCode::TOO_MANY_REQUESTS
+    }
+}
+
+/// A JSON response around `body`, with room for the rate-limit headers (no regrowth).
+fn json_body(status: StatusCode, body: Vec<u8>) -> Response {
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.reserve(8);
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// The `/v1/check` body, written straight into `buf`: constant fragments for the keys, itoa for
+/// numbers, serde_json's escaper for the strings that come from rules (no `Value` tree, no
+/// per-field `Serialize` calls). The keys are in alphabetical order because that is what the
+/// `serde_json::Value` maps this replaced printed; tests/response_bytes.rs pins the bytes.
+fn write_native(buf: &mut Vec<u8>, resp: &CheckResponse) {
+    let mut n = itoa::Buffer::new();
+    buf.extend_from_slice(b"{\"delay_ms\":");
+    opt_num(buf, &mut n, (resp.delay > 0).then(|| ms_ceil(resp.delay)));
+    // `as_str` names (codes, algorithms, units) are plain ASCII identifiers: nothing to escape.
+    buf.extend_from_slice(b",\"overall_code\":\"");
+    buf.extend_from_slice(resp.code().as_str().as_bytes());
+    buf.extend_from_slice(b"\",\"statuses\":[");
+    for (i, s) in resp.statuses.iter().enumerate() {
+        if i > 0 {
+            buf.push(b',');
+        }
+        buf.extend_from_slice(b"{\"code\":\"");
+        buf.extend_from_slice(s.code.as_str().as_bytes());
+        buf.extend_from_slice(b"\",\"current_limit\":");
+        match &s.limit {
+            None => buf.extend_from_slice(b"null"),
+            Some(l) => {
+                buf.extend_from_slice(b"{\"algorithm\":\"");
+                buf.extend_from_slice(l.algorithm.as_str().as_bytes());
+                buf.extend_from_slice(b"\",\"id\":");
+                json_str(buf, &l.id);
+                buf.extend_from_slice(b",\"name\":");
+                opt_str(buf, l.name.as_deref());
+                buf.extend_from_slice(b",\"requests_per_unit\":");
+                buf.extend_from_slice(n.format(l.requests_per_unit).as_bytes());
+                buf.extend_from_slice(b",\"unit\":\"");
+                buf.extend_from_slice(l.unit.as_proto_str().as_bytes());
+                buf.extend_from_slice(b"\",\"unit_multiplier\":");
+                buf.extend_from_slice(n.format(l.unit_multiplier).as_bytes());
+                buf.push(b'}');
+            }
+        }
+        buf.extend_from_slice(b",\"delay_ms\":");
+        opt_num(buf, &mut n, s.delay.map(ms_ceil));
+        buf.extend_from_slice(b",\"duration_until_reset_ms\":");
+        opt_num(buf, &mut n, s.reset_after.map(ms_ceil));
+        buf.extend_from_slice(b",\"limit_remaining\":");
+        buf.extend_from_slice(n.format(s.remaining).as_bytes());
+        buf.extend_from_slice(b",\"message\":");
+        opt_str(buf, s.message.as_deref());
+        buf.extend_from_slice(b",\"retry_after_ms\":");
+        opt_num(buf, &mut n, s.retry_after.map(ms_ceil));
+        buf.extend_from_slice(b",\"shadow_mode\":");
+        buf.extend_from_slice(if s.shadowed { b"true" } else { b"false" });
+        buf.push(b'}');
+    }
+    buf.extend_from_slice(b"]}");
+}
+
+fn opt_num(buf: &mut Vec<u8>, n: &mut itoa::Buffer, v: Option<u64>) {
+    match v {
+        Some(v) => buf.extend_from_slice(n.format(v).as_bytes()),
+        None => buf.extend_from_slice(b"null"),
+    }
+}
+
+fn opt_str(buf: &mut Vec<u8>, v: Option<&str>) {
+    match v {
+        Some(v) => json_str(buf, v),
+        None => buf.extend_from_slice(b"null"),
+    }
+}
+
+/// A JSON string literal, escaped exactly as serde_json escapes it.
+fn json_str(buf: &mut Vec<u8>, s: &str) {
+    // Writing a `&str` into a `Vec` cannot fail.
+    let _ = serde_json::to_writer(&mut *buf, s);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -208,7 +297,7 @@ async fn envoy_json(State(state): State<AppState>, req: Request) -> Response {
         Ok(c) => c,
         Err(e) => return fail(&state, e),
     };
-    match decide(&state, &check) {
+    match decide(&state, &check).await {
         Ok(resp) => envoy_response(&resp),
         Err(e) => e.into_response(),
     }
@@ -216,58 +305,107 @@ async fn envoy_json(State(state): State<AppState>, req: Request) -> Response {
 
 /// The `/json` response: protojson `RateLimitResponse` (default values omitted), 200 / 429.
 pub fn envoy_response(resp: &CheckResponse) -> Response {
-    let statuses: Vec<Value> = resp
-        .statuses
-        .iter()
-        .map(|s| {
-            let mut m = Map::new();
-            m.insert("code".into(), json!(s.code.as_str()));
-            if let Some(l) = &s.limit {
-                let mut cl = Map::new();
-                if let Some(n) = &l.name {
-                    if !n.is_empty() {
-                        cl.insert("name".into(), json!(n));
-                    }
-                }
-                let rpu = l.requests_per_unit.min(u32::MAX as u64);
-                if rpu != 0 {
-                    cl.insert("requestsPerUnit".into(), json!(rpu));
-                }
-                cl.insert("unit".into(), json!(l.unit.as_proto_str()));
-                m.insert("currentLimit".into(), Value::Object(cl));
-            }
-            let remaining = s.remaining.min(u32::MAX as u64);
-            if remaining != 0 {
-                m.insert("limitRemaining".into(), json!(remaining));
-            }
-            if let Some(r) = s.reset_after {
-                m.insert("durationUntilReset".into(), json!(proto_duration(r)));
-            }
-            Value::Object(m)
-        })
-        .collect();
-    let mut body = Map::new();
-    body.insert("overallCode".into(), json!(resp.code().as_str()));
-    if !statuses.is_empty() {
-        body.insert("statuses".into(), Value::Array(statuses));
-    }
-    let status = if resp.allowed {
-        StatusCode::OK
-    } else {
-        StatusCode::TOO_MANY_REQUESTS
+    let body = EnvoyBody {
+        overall_code: resp.code().as_str(),
+        statuses: EnvoyStatuses(&resp.statuses),
     };
-    (status, axum::Json(Value::Object(body))).into_response()
+    let mut buf = Vec::with_capacity(32 + 160 * resp.statuses.len());
+    if let Err(e) = serde_json::to_writer(&mut buf, &body) {
+        // Unreachable for these types (string keys only); answer like any other bug.
+        return ApiError::Internal(format!("cannot serialize the response: {e}")).into_response();
+    }
+    json_body(status_of(resp), buf)
+}
+
+// The `/json` body as typed, borrowed structs (field order = output order, alphabetical like
+// the `serde_json::Value` maps this replaced; tests/response_bytes.rs pins the bytes).
+
+#[derive(Serialize)]
+struct EnvoyBody<'a> {
+    #[serde(rename = "overallCode")]
+    overall_code: &'static str,
+    #[serde(skip_serializing_if = "EnvoyStatuses::is_empty")]
+    statuses: EnvoyStatuses<'a>,
+}
+
+struct EnvoyStatuses<'a>(&'a [DescriptorStatus]);
+
+impl EnvoyStatuses<'_> {
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl Serialize for EnvoyStatuses<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(EnvoyStatus::new))
+    }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+#[derive(Serialize)]
+struct EnvoyStatus<'a> {
+    code: &'static str,
+    #[serde(rename = "currentLimit", skip_serializing_if = "Option::is_none")]
+    current_limit: Option<EnvoyLimit<'a>>,
+    #[serde(rename = "durationUntilReset", skip_serializing_if = "Option::is_none")]
+    duration_until_reset: Option<ProtoDuration>,
+    #[serde(rename = "limitRemaining", skip_serializing_if = "is_zero")]
+    limit_remaining: u64,
+}
+
+#[derive(Serialize)]
+struct EnvoyLimit<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+    #[serde(rename = "requestsPerUnit", skip_serializing_if = "is_zero")]
+    requests_per_unit: u64,
+    unit: &'static str,
+}
+
+impl<'a> EnvoyStatus<'a> {
+    /// protojson: default values (0, empty name, no limit) are omitted; 32-bit fields saturate.
+    fn new(s: &'a DescriptorStatus) -> Self {
+        Self {
+            code: s.code.as_str(),
+            current_limit: s.limit.as_ref().map(|l| EnvoyLimit {
+                name: l.name.as_deref().filter(|n| !n.is_empty()),
+                requests_per_unit: l.requests_per_unit.min(u32::MAX as u64),
+                unit: l.unit.as_proto_str(),
+            }),
+            duration_until_reset: s.reset_after.map(ProtoDuration),
+            limit_remaining: s.remaining.min(u32::MAX as u64),
+        }
+    }
 }
 
 /// A protojson `google.protobuf.Duration`: `"54s"`, `"1.500s"`, `"0.000250s"`.
 pub fn proto_duration(us: u64) -> String {
-    let (s, frac) = (us / 1_000_000, us % 1_000_000);
-    if frac == 0 {
-        format!("{s}s")
-    } else if frac % 1000 == 0 {
-        format!("{s}.{:03}s", frac / 1000)
-    } else {
-        format!("{s}.{frac:06}s")
+    ProtoDuration(us).to_string()
+}
+
+/// Microseconds written as a protojson duration (serialized without an intermediate `String`).
+struct ProtoDuration(u64);
+
+impl std::fmt::Display for ProtoDuration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (s, frac) = (self.0 / 1_000_000, self.0 % 1_000_000);
+        if frac == 0 {
+            write!(f, "{s}s")
+        } else if frac % 1000 == 0 {
+            write!(f, "{s}.{:03}s", frac / 1000)
+        } else {
+            write!(f, "{s}.{frac:06}s")
+        }
+    }
+}
+
+impl Serialize for ProtoDuration {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
     }
 }
 
@@ -309,6 +447,39 @@ fn hits_value(v: &Value, what: &str, d: Dialect) -> Result<u64, ApiError> {
         Value::String(s) if d == Dialect::ProtoJson => s.parse::<u64>().map_err(|_| bad()),
         _ => Err(bad()),
     }
+}
+
+/// A descriptor's `limit` override: `{"requests_per_unit": N, "unit": "minute"}` (protojson:
+/// `requestsPerUnit`, and `unit` as Envoy's enum name such as `"MINUTE"` or its number).
+fn limit_override(v: &Value, i: usize, d: Dialect) -> Result<LimitOverride, ApiError> {
+    let bad = |m: String| ApiError::invalid("invalid_limit", format!("descriptors[{i}].limit{m}"));
+    let obj = v
+        .as_object()
+        .ok_or_else(|| bad(format!(" must be an object, got {v}")))?;
+    let requests_per_unit = match field(obj, "requests_per_unit", "requestsPerUnit", d) {
+        // proto3: an absent number is 0.
+        None if d == Dialect::ProtoJson => 0,
+        None => return Err(bad(".requests_per_unit is missing".into())),
+        Some(n) => hits_value(n, "", d).map_err(|_| {
+            bad(format!(
+                ".requests_per_unit must be a non-negative integer, got {n}"
+            ))
+        })?,
+    };
+    let unit = match field(obj, "unit", "unit", d) {
+        Some(Value::String(s)) => s.parse::<Unit>().map_err(|e| bad(format!(".unit: {e}")))?,
+        Some(Value::Number(n)) if d == Dialect::ProtoJson => n
+            .as_u64()
+            .and_then(|n| i32::try_from(n).ok())
+            .and_then(unit_from_proto)
+            .ok_or_else(|| bad(format!(".unit: unknown unit number {n}")))?,
+        None => return Err(bad(".unit is missing".into())),
+        Some(other) => return Err(bad(format!(".unit must be a unit name, got {other}"))),
+    };
+    Ok(LimitOverride {
+        requests_per_unit,
+        unit,
+    })
 }
 
 /// Parse a check request body (see [`Dialect`]). Does not apply size limits beyond the body
@@ -391,9 +562,14 @@ pub fn parse_request(body: &Value, d: Dialect) -> Result<CheckRequest, ApiError>
             None => None,
             Some(v) => Some(hits_value(v, &format!("descriptors[{i}].hits_addend"), d)?),
         };
+        let limit = match field(dobj, "limit", "limit", d) {
+            None => None,
+            Some(v) => Some(limit_override(v, i, d)?),
+        };
         descriptors.push(Descriptor {
             entries: out,
             hits: dhits,
+            limit,
         });
     }
     Ok(CheckRequest {
@@ -444,6 +620,18 @@ pub fn rules_json(state: &AppState) -> Value {
             json!({"domain": d.name, "file": d.file, "limits": limits})
         })
         .collect();
+    let store = match state.backend().redis() {
+        Some(g) => json!({
+            "kind": "redis",
+            "url": g.store().url(),
+            "prefix": g.store().options().prefix,
+            "state": g.state().as_str(),
+            "on_store_error": g.settings().policy.as_str(),
+            "expected_instances": g.settings().expected_instances,
+            "local_deny_cache": g.settings().deny_cache,
+        }),
+        None => json!({"kind": "memory"}),
+    };
     let error = state
         .last_reload_error()
         .map(|e| json!({"at_ms": e.at / 1000, "errors": e.errors}));
@@ -452,6 +640,7 @@ pub fn rules_json(state: &AppState) -> Value {
         "generation": rules.generation,
         "loaded_at_ms": rules.loaded_at / 1000,
         "path": state.rules_path().map(|p| p.display().to_string()),
+        "store": store,
         "domains": domains,
         "last_reload_error": error,
     })
@@ -461,17 +650,38 @@ async fn healthz() -> Response {
     axum::Json(json!({"status": "ok"})).into_response()
 }
 
+/// Ready: the memory store always; a custom store when it answers an empty check. With Redis
+/// the service is ready whatever the store state (the failure policy answers during an outage,
+/// so taking every instance out of rotation would only turn a degraded service into none):
+/// `status` is `ready` when Redis answers and `degraded` while the breaker is open or half-open.
 async fn readyz(State(state): State<AppState>) -> Response {
-    match state.store().check(state.now(), &[]) {
-        Ok(_) => axum::Json(json!({"status": "ready"})).into_response(),
-        Err(e) => {
-            state.metrics().store_error();
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                axum::Json(error_body("store_unavailable", &e.to_string())),
-            )
-                .into_response()
+    match state.backend() {
+        Backend::Redis(g) => {
+            let s = g.state();
+            let status = if s == BreakerState::Healthy {
+                "ready"
+            } else {
+                "degraded"
+            };
+            axum::Json(json!({
+                "status": status,
+                "store": "redis",
+                "store_state": s.as_str(),
+                "on_store_error": g.settings().policy.as_str(),
+            }))
+            .into_response()
         }
+        Backend::Local(store) => match store.check(state.now(), &[]) {
+            Ok(_) => axum::Json(json!({"status": "ready", "store": "memory"})).into_response(),
+            Err(e) => {
+                state.metrics().store_error();
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    axum::Json(error_body("store_unavailable", &e.to_string())),
+                )
+                    .into_response()
+            }
+        },
     }
 }
 
@@ -484,7 +694,10 @@ async fn metrics(State(state): State<AppState>) -> Response {
             m.len() as u64,
         ));
     }
-    let text = state.metrics().render(&extra);
+    let mut text = state.metrics().render(&extra);
+    if let Some(g) = state.backend().redis() {
+        g.render_metrics(&mut text);
+    }
     (
         [(
             header::CONTENT_TYPE,
@@ -504,4 +717,41 @@ async fn openapi() -> Response {
         OPENAPI_JSON,
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_types() {
+        let ok = |ct: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::CONTENT_TYPE, HeaderValue::from_str(ct).unwrap());
+            check_content_type(&h).is_ok()
+        };
+        for good in [
+            "application/json",
+            "Application/JSON; charset=utf-8",
+            " application/json ;x=1",
+            "application/merge-patch+json",
+            "APPLICATION/PROBLEM+JSON",
+            "application/+json",
+        ] {
+            assert!(ok(good), "{good}");
+        }
+        for bad in [
+            "text/plain",
+            "application/jsonx",
+            "application/xml",
+            "text/json",
+            "json",
+            "application/",
+            "+json",
+            "",
+        ] {
+            assert!(!ok(bad), "{bad}");
+        }
+        assert!(check_content_type(&HeaderMap::new()).is_ok());
+    }
 }

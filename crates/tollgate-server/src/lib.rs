@@ -2,9 +2,10 @@
 //!
 //! The service around `tollgate-core` (DESIGN.md section 5): the HTTP JSON API ([`http::router`]),
 //! the transport-neutral decision shared with the Envoy RLS gRPC service ([`check::decide`] on
-//! [`model`] types), metrics, health, rules hot reload ([`reload`]) and the `serve` wiring
+//! [`model`] types) over a [`backend`] (memory, or Redis with a failure policy), metrics, health, rules hot reload ([`reload`]) and the `serve` wiring
 //! ([`serve::serve`]).
 
+pub mod backend;
 pub mod check;
 pub mod client;
 pub mod error;

@@ -2,6 +2,10 @@
 //! `(domain, rule)`, a decision latency histogram, and a few service counters. Rendered in the
 //! Prometheus text exposition format by [`Metrics::render`].
 //!
+//! The request path is lock-free and allocation-free: a rule's counters are resolved once per
+//! loaded rule set ([`RuleSlots`], indexed by the rule's position) and then only bumped with
+//! relaxed atomic adds; the latency histogram bumps one bucket (cumulated when rendered).
+//!
 //! Cardinality stays bounded: the `rule` label is the rule's id (`api|user`), never a request
 //! value, unless the rule has `detailed_metric` or `value_to_metric`, in which case it is the
 //! request's `domain|key=value|...` path (the operator opted in).
@@ -9,9 +13,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
-use tollgate_core::rules::RuleSet;
+use tollgate_core::rules::{Limit, RuleSet};
 
 /// Counters of one `(domain, rule)` pair; all count hits (cost units), as envoyproxy/ratelimit.
 #[derive(Debug, Default)]
@@ -26,6 +30,19 @@ pub struct RuleCounters {
     pub within_limit: AtomicU64,
     /// Hits denied by a shadow-mode rule but let through.
     pub shadow_mode: AtomicU64,
+}
+
+/// One loaded rule set's counters, slot `i` for the `i`-th of [`RuleSet::limits`], each filled
+/// on the rule's first use from the `(domain, rule id)` map (so counters survive reloads). An
+/// empty table (the `Default`) is valid: every lookup then takes the map path.
+#[derive(Debug, Default)]
+pub struct RuleSlots(Box<[OnceLock<Arc<RuleCounters>>]>);
+
+impl RuleSlots {
+    /// One empty slot per limit of `set`.
+    pub fn new(set: &RuleSet) -> Self {
+        Self(set.limits().map(|_| OnceLock::new()).collect())
+    }
 }
 
 /// Upper bounds (seconds) of the decision latency histogram.
@@ -82,6 +99,22 @@ impl Metrics {
             .clone()
     }
 
+    /// The counters of `limit` (keyed by its id), a rule of `set` whose [`RuleSlots`] are
+    /// `slots`: after the rule's first use, an index and an atomic load, no lock, no allocation.
+    pub fn limit_counters<'s>(
+        &self,
+        slots: &'s RuleSlots,
+        set: &RuleSet,
+        limit: &Limit,
+    ) -> LimitCounters<'s> {
+        match set.index_of(limit).and_then(|i| slots.0.get(i)) {
+            Some(slot) => LimitCounters::Slot(
+                slot.get_or_init(|| self.rule(&limit.domain, &limit.id, &limit.id)),
+            ),
+            None => LimitCounters::Shared(self.rule(&limit.domain, &limit.id, &limit.id)),
+        }
+    }
+
     /// A descriptor matched no rule (`reason` = `unknown_domain` or `no_rule`). `domain` must be
     /// a configured domain or empty (unknown domains are not labelled: they are client input).
     pub fn unmatched(&self, domain: &str, reason: &'static str) {
@@ -100,13 +133,12 @@ impl Metrics {
         *m.entry(code).or_default() += 1;
     }
 
-    /// Time spent deciding one request.
+    /// Time spent deciding one request. Bumps only the first bucket it fits (`render` adds them
+    /// up into Prometheus' cumulative `le` buckets); slower than every bound: only `count`.
     pub fn observe_latency(&self, d: Duration) {
         let s = d.as_secs_f64();
-        for (i, b) in BUCKETS.iter().enumerate() {
-            if s <= *b {
-                self.latency.buckets[i].fetch_add(1, Relaxed);
-            }
+        if let Some(i) = BUCKETS.iter().position(|b| s <= *b) {
+            self.latency.buckets[i].fetch_add(1, Relaxed);
         }
         self.latency.count.fetch_add(1, Relaxed);
         self.latency
@@ -212,11 +244,12 @@ impl Metrics {
             let _ = writeln!(out, "tollgate_request_errors_total{{code=\"{code}\"}} {v}");
         }
         out.push_str("# HELP tollgate_decision_duration_seconds Time to decide one request (rules + store).\n# TYPE tollgate_decision_duration_seconds histogram\n");
+        let mut cumulative = 0;
         for (i, b) in BUCKETS.iter().enumerate() {
+            cumulative += self.latency.buckets[i].load(Relaxed);
             let _ = writeln!(
                 out,
-                "tollgate_decision_duration_seconds_bucket{{le=\"{b}\"}} {}",
-                self.latency.buckets[i].load(Relaxed)
+                "tollgate_decision_duration_seconds_bucket{{le=\"{b}\"}} {cumulative}"
             );
         }
         let count = self.latency.count.load(Relaxed);
@@ -249,6 +282,26 @@ impl Metrics {
     }
 }
 
+/// A rule's counters: borrowed from its pre-resolved slot, or shared from the map (a rule of a
+/// set without slots).
+#[derive(Debug)]
+pub enum LimitCounters<'s> {
+    /// From [`RuleSlots`].
+    Slot(&'s RuleCounters),
+    /// From the `(domain, rule)` map.
+    Shared(Arc<RuleCounters>),
+}
+
+impl std::ops::Deref for LimitCounters<'_> {
+    type Target = RuleCounters;
+    fn deref(&self) -> &RuleCounters {
+        match self {
+            LimitCounters::Slot(c) => c,
+            LimitCounters::Shared(c) => c,
+        }
+    }
+}
+
 /// Escape a label value (`\`, `"`, newline).
 fn escape(s: &str) -> String {
     s.replace('\\', "\\\\")
@@ -267,11 +320,43 @@ mod tests {
             .total_hits
             .fetch_add(2, Relaxed);
         m.observe_latency(Duration::from_micros(30));
+        m.observe_latency(Duration::from_micros(3));
+        m.observe_latency(Duration::from_secs(1));
         let text = m.render(&[("tollgate_memory_keys", "Keys.", 7)]);
         assert!(text.contains("tollgate_total_hits{domain=\"d\",rule=\"d|k=\\\"x\\\"\"} 2"));
-        assert!(text.contains("tollgate_decision_duration_seconds_count 1"));
-        assert!(text.contains("le=\"0.00005\"} 1"));
-        assert!(text.contains("le=\"0.000025\"} 0"));
+        assert!(text.contains("tollgate_decision_duration_seconds_count 3"));
+        // Cumulative: each `le` bucket counts every observation at or below it.
+        assert!(text.contains("le=\"0.000005\"} 1\n"));
+        assert!(text.contains("le=\"0.000025\"} 1\n"));
+        assert!(text.contains("le=\"0.00005\"} 2\n"));
+        assert!(text.contains("le=\"0.05\"} 2\n"));
+        assert!(text.contains("le=\"+Inf\"} 3\n"));
         assert!(text.contains("tollgate_memory_keys 7"));
+    }
+
+    #[test]
+    fn pre_resolved_counters_are_the_map_counters_across_reloads() {
+        let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+        let load = || RuleSet::from_sources(&[("d.yaml".into(), yaml.into())]).unwrap();
+        let m = Metrics::new();
+        let (old, new) = (load(), load());
+        let (old_slots, new_slots) = (RuleSlots::new(&old), RuleSlots::new(&new));
+        let bump = |set: &RuleSet, slots: &RuleSlots| {
+            let limit = set.limits().next().unwrap();
+            let c = m.limit_counters(slots, set, limit);
+            assert!(matches!(c, LimitCounters::Slot(_)) == !slots.0.is_empty());
+            c.total_hits.fetch_add(1, Relaxed);
+        };
+        bump(&old, &old_slots);
+        bump(&old, &old_slots);
+        bump(&new, &new_slots);
+        bump(&new, &RuleSlots::default());
+        // A limit looked up in a set it does not belong to takes the map path, same counters.
+        let c = m.limit_counters(&old_slots, &old, new.limits().next().unwrap());
+        assert!(matches!(c, LimitCounters::Shared(_)));
+        assert_eq!(c.total_hits.load(Relaxed), 4);
+        assert!(m
+            .render(&[])
+            .contains("tollgate_total_hits{domain=\"d\",rule=\"d|k\"} 4"));
     }
 }

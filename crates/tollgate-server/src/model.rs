@@ -94,6 +94,24 @@ pub struct DescriptorStatus {
     pub unlimited: bool,
 }
 
+impl DescriptorStatus {
+    /// A status with just a code, a limit and what remains (no timings, message or flags).
+    pub fn new(code: Code, limit: Option<LimitInfo>, remaining: u64) -> Self {
+        Self {
+            code,
+            limit,
+            remaining,
+            reset_after: None,
+            retry_after: None,
+            delay: None,
+            message: None,
+            shadowed: false,
+            never_passes: false,
+            unlimited: false,
+        }
+    }
+}
+
 /// Values for the rate-limit response headers, from the binding limit (`Verdict::binding`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeaderValues {
@@ -110,30 +128,70 @@ pub struct HeaderValues {
 }
 
 impl HeaderValues {
-    /// The headers as `(name, value)` pairs, in a stable order: `X-RateLimit-Limit`,
+    /// Call `f(name, value)` for each header, in a stable order: `X-RateLimit-Limit`,
     /// `X-RateLimit-Remaining`, `X-RateLimit-Reset`, `RateLimit-Policy`, `RateLimit`, and
-    /// `Retry-After` when set. Used by HTTP and by gRPC's `response_headers_to_add`.
-    pub fn pairs(&self) -> Vec<(&'static str, String)> {
-        let mut v = vec![
-            ("x-ratelimit-limit", self.limit.to_string()),
-            ("x-ratelimit-remaining", self.remaining.to_string()),
-            ("x-ratelimit-reset", self.reset_secs.to_string()),
-            (
-                "ratelimit-policy",
-                format!("{};w={}", self.limit, self.window_secs),
-            ),
-            (
-                "ratelimit",
-                format!(
-                    "limit={}, remaining={}, reset={}",
-                    self.limit, self.remaining, self.reset_secs
-                ),
-            ),
-        ];
+    /// `Retry-After` when set. Values are formatted into one stack buffer (no allocation); HTTP
+    /// turns them into header values directly, gRPC into `response_headers_to_add` strings.
+    pub fn for_each(&self, mut f: impl FnMut(&'static str, &str)) {
+        let mut buf = HeaderBuf::default();
+        f("x-ratelimit-limit", buf.num(self.limit));
+        f("x-ratelimit-remaining", buf.num(self.remaining));
+        f("x-ratelimit-reset", buf.num(self.reset_secs));
+        f(
+            "ratelimit-policy",
+            buf.join(&[("", self.limit), (";w=", self.window_secs)]),
+        );
+        f(
+            "ratelimit",
+            buf.join(&[
+                ("limit=", self.limit),
+                (", remaining=", self.remaining),
+                (", reset=", self.reset_secs),
+            ]),
+        );
         if let Some(r) = self.retry_after_secs {
-            v.push(("retry-after", r.to_string()));
+            f("retry-after", buf.num(r));
         }
+    }
+
+    /// The headers as `(name, value)` pairs, in the order of [`HeaderValues::for_each`].
+    pub fn pairs(&self) -> Vec<(&'static str, String)> {
+        let mut v = Vec::with_capacity(6);
+        self.for_each(|name, value| v.push((name, value.to_string())));
         v
+    }
+}
+
+/// A stack buffer for one header value: at most three `u64`s (20 digits each) and their labels.
+struct HeaderBuf {
+    buf: [u8; 96],
+    ints: itoa::Buffer,
+}
+
+impl Default for HeaderBuf {
+    fn default() -> Self {
+        Self {
+            buf: [0; 96],
+            ints: itoa::Buffer::new(),
+        }
+    }
+}
+
+impl HeaderBuf {
+    fn num(&mut self, n: u64) -> &str {
+        self.ints.format(n)
+    }
+
+    /// `label1 n1 label2 n2 ...` (labels are short ASCII constants, so this fits and is UTF-8).
+    fn join(&mut self, parts: &[(&str, u64)]) -> &str {
+        let mut len = 0;
+        for (label, n) in parts {
+            for piece in [label.as_bytes(), self.ints.format(*n).as_bytes()] {
+                self.buf[len..len + piece.len()].copy_from_slice(piece);
+                len += piece.len();
+            }
+        }
+        std::str::from_utf8(&self.buf[..len]).unwrap_or_default()
     }
 }
 

@@ -7,6 +7,7 @@
 //! Counters survive reloads: the memory store keys a counter by its counter key, algorithm and
 //! period, so a limit whose descriptor path is unchanged keeps its state.
 
+use crate::metrics::RuleSlots;
 use crate::state::{AppState, LoadedRules, ReloadError};
 use siphasher::sip128::{Hasher128, SipHasher13};
 use std::hash::Hasher;
@@ -67,6 +68,7 @@ pub fn load(path: &Path, generation: u64) -> Result<LoadedRules, RuleErrors> {
     let hash = fingerprint(path);
     let set = RuleSet::load(path)?;
     Ok(LoadedRules {
+        counters: RuleSlots::new(&set),
         set,
         hash,
         generation,
@@ -78,7 +80,19 @@ pub fn load(path: &Path, generation: u64) -> Result<LoadedRules, RuleErrors> {
 /// Returns whether the new rules are active.
 pub fn reload_now(state: &AppState, path: &Path) -> bool {
     let generation = state.rules().generation + 1;
-    match load(path, generation) {
+    let loaded = load(path, generation)
+        .map_err(|errors| errors.iter().map(ToString::to_string).collect::<Vec<_>>())
+        .and_then(|rules| {
+            // Rules the backend cannot serve (count-min sketch on Redis) are refused like
+            // invalid ones.
+            let problems = state.backend().unsupported(&rules.set);
+            if problems.is_empty() {
+                Ok(rules)
+            } else {
+                Err(problems)
+            }
+        });
+    match loaded {
         Ok(rules) => {
             tracing::info!(
                 path = %path.display(),
@@ -93,12 +107,12 @@ pub fn reload_now(state: &AppState, path: &Path) -> bool {
             true
         }
         Err(errors) => {
-            for e in errors.iter() {
+            for e in &errors {
                 tracing::error!(error = %e, "rules reload failed; keeping the running rules");
             }
             state.set_reload_error(ReloadError {
                 at: SystemClock.now(),
-                errors: errors.iter().map(ToString::to_string).collect(),
+                errors,
             });
             state.metrics().reload(false);
             false

@@ -1,9 +1,14 @@
-//! `tollgate serve`: build the state, bind the listeners, run the HTTP API (and the gRPC
-//! service, wired in alongside), the rules watcher and the memory-store sweeper until shutdown.
+//! `tollgate serve`: build the state (memory or Redis backend), bind the listeners, run the HTTP
+//! API (and the gRPC service, wired in alongside), the rules watcher and the memory-store sweeper
+//! until shutdown.
+//!
+//! A Redis store is connected lazily: the service starts even when Redis is down (degraded, the
+//! failure policy decides) and returns to Redis by itself when it answers.
 //!
 //! Shutdown is graceful: listeners stop accepting, in-flight requests finish, background tasks
 //! stop, then [`serve`] returns `Ok(())`.
 
+use crate::backend::{redis_unsupported, Guarded, RedisSettings};
 use crate::reload::{self, WatchOptions};
 use crate::state::{AppState, RequestLimits};
 use anyhow::{bail, Context};
@@ -15,6 +20,8 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tollgate_core::MemoryStore;
+use tollgate_redis::store::redact;
+use tollgate_redis::{RedisOptions, RedisStore};
 
 /// Everything `serve` needs (each field is a `tollgate serve` flag and `TOLLGATE_*` variable).
 #[derive(Debug, Clone)]
@@ -25,8 +32,14 @@ pub struct ServeConfig {
     pub grpc_addr: SocketAddr,
     /// Rules file or directory (`--rules`).
     pub rules: PathBuf,
-    /// `--store`: only `memory` for now.
+    /// `--store`: `memory`, `redis://..`, `rediss://..` or `redis+cluster://h1:p1,h2:p2`.
     pub store: String,
+    /// `--redis-timeout-ms`: bound on each Redis call.
+    pub redis_timeout: Duration,
+    /// `--redis-prefix`: first part of every Redis key.
+    pub redis_prefix: String,
+    /// `--on-store-error`, `--expected-instances`, `--local-deny-cache`.
+    pub redis: RedisSettings,
     /// `--max-keys` of the memory store.
     pub max_keys: usize,
     /// `--response-headers` (gRPC `response_headers_to_add`).
@@ -46,6 +59,9 @@ impl Default for ServeConfig {
             grpc_addr: SocketAddr::from(([0, 0, 0, 0], 8081)),
             rules: PathBuf::from("examples/rules"),
             store: "memory".into(),
+            redis_timeout: Duration::from_millis(50),
+            redis_prefix: "tollgate".into(),
+            redis: RedisSettings::default(),
             max_keys: tollgate_core::memory::DEFAULT_MAX_KEYS,
             response_headers: false,
             limits: RequestLimits::default(),
@@ -56,35 +72,63 @@ impl Default for ServeConfig {
 }
 
 /// Load the rules and build the state for `config`. Fails on invalid rules (at startup there
-/// are no running rules to keep) and on an unsupported store.
-pub fn build_state(config: &ServeConfig) -> anyhow::Result<AppState> {
-    if config.store != "memory" {
-        bail!(
-            "unsupported --store '{}': this build supports 'memory' (redis:// comes with the Redis store)",
-            config.store
-        );
-    }
+/// are no running rules to keep), on rules the store cannot serve (count-min sketch on Redis) and
+/// on an unsupported store. Redis need not be up (single server): the service starts degraded.
+pub async fn build_state(config: &ServeConfig) -> anyhow::Result<AppState> {
     if config.max_keys == 0 {
         bail!("--max-keys must be at least 1");
     }
     let rules = reload::load(&config.rules, 1)
         .map_err(|e| anyhow::anyhow!("invalid rules in {}:\n{e}", config.rules.display()))?;
-    let memory = Arc::new(MemoryStore::new(config.max_keys));
-    Ok(AppState::builder(rules)
-        .memory_store(memory)
+    let builder = AppState::builder(rules)
         .limits(config.limits)
         .rules_path(config.rules.clone())
-        .response_headers(config.response_headers)
-        .build())
+        .response_headers(config.response_headers);
+    let builder = if config.store == "memory" {
+        builder.memory_store(Arc::new(MemoryStore::new(config.max_keys)))
+    } else if config.store.starts_with("redis") {
+        let problems = redis_unsupported(&builder.rules().set);
+        if !problems.is_empty() {
+            bail!(
+                "rules in {} cannot run on a Redis store:\n{}",
+                config.rules.display(),
+                problems.join("\n")
+            );
+        }
+        if config.redis_timeout.is_zero() {
+            bail!("--redis-timeout-ms must be at least 1");
+        }
+        let opts = RedisOptions {
+            timeout: config.redis_timeout,
+            prefix: config.redis_prefix.clone(),
+            ..RedisOptions::default()
+        };
+        let store = RedisStore::connect_lazy(&config.store, opts)
+            .await
+            .with_context(|| format!("cannot use --store {}", redact(&config.store)))?;
+        let settings = RedisSettings {
+            max_keys: config.max_keys,
+            ..config.redis.clone()
+        };
+        builder.redis(Guarded::start(store, settings).await)
+    } else {
+        bail!(
+            "unsupported --store '{}': expected 'memory', redis://, rediss://, redis+cluster:// or rediss+cluster://",
+            redact(&config.store)
+        );
+    };
+    Ok(builder.build())
 }
 
 /// Where the server listens (after binding: port 0 is resolved).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Bound {
     /// HTTP.
     pub http: SocketAddr,
     /// gRPC, once the gRPC service is wired in.
     pub grpc: Option<SocketAddr>,
+    /// The store (`memory` or the Redis URL, password redacted).
+    pub store: String,
 }
 
 /// A `watch` channel that turns `true` once, at shutdown. Clone the receiver for each task.
@@ -104,7 +148,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
     on_bound: impl FnOnce(Bound) + Send,
 ) -> anyhow::Result<()> {
-    let state = build_state(&config)?;
+    let state = build_state(&config).await?;
     let http = TcpListener::bind(config.http_addr)
         .await
         .with_context(|| format!("cannot listen for HTTP on {}", config.http_addr))?;
@@ -127,7 +171,7 @@ pub async fn serve(
         version = %rules.hash,
         domains = rules.set.domains().count(),
         limits = rules.set.limits().count(),
-        store = %config.store,
+        store = %state.store_label(),
         "rules loaded"
     );
     drop(rules);
@@ -151,6 +195,7 @@ pub async fn serve(
     on_bound(Bound {
         http: http_addr,
         grpc: grpc_addr,
+        store: state.store_label(),
     });
 
     let app = crate::http::router(state.clone());
@@ -175,8 +220,8 @@ pub fn listening_message(bound: &Bound) -> String {
         .map(|g| format!(", gRPC {g}"))
         .unwrap_or_default();
     format!(
-        "listening: HTTP http://{} (try: curl -s localhost:{port}/v1/check -H 'content-type: application/json' -d '{{\"domain\":\"api\",\"descriptors\":[{{\"entries\":[{{\"key\":\"user\",\"value\":\"alice\"}}]}}]}}'){grpc}",
-        bound.http
+        "listening: HTTP http://{} (try: curl -s localhost:{port}/v1/check -H 'content-type: application/json' -d '{{\"domain\":\"api\",\"descriptors\":[{{\"entries\":[{{\"key\":\"user\",\"value\":\"alice\"}}]}}]}}'){grpc}, store {}",
+        bound.http, bound.store
     )
 }
 

@@ -1,7 +1,8 @@
-//! Shared service state: the current rules (swapped atomically on reload), the store, the clock,
+//! Shared service state: the current rules (swapped atomically on reload), the backend (store), the clock,
 //! metrics and request limits. Cheap to clone (one `Arc`); every transport holds a clone.
 
-use crate::metrics::Metrics;
+use crate::backend::{Backend, Guarded};
+use crate::metrics::{Metrics, RuleSlots};
 use arc_swap::ArcSwap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -21,12 +22,16 @@ pub struct LoadedRules {
     pub generation: u64,
     /// When these rules were loaded (µs since the epoch, wall clock).
     pub loaded_at: Micros,
+    /// Pre-resolved metric counters of `set`'s rules ([`RuleSlots::new`]; the `Default`, no
+    /// slots, also works, on the slower map path).
+    pub counters: RuleSlots,
 }
 
 impl LoadedRules {
     /// Rules not read from files (tests, embedding): hash `"inline"`, generation 1.
     pub fn inline(set: RuleSet) -> Self {
         Self {
+            counters: RuleSlots::new(&set),
             set,
             hash: "inline".into(),
             generation: 1,
@@ -80,7 +85,7 @@ impl Default for RequestLimits {
 struct Shared {
     rules: ArcSwap<LoadedRules>,
     last_reload_error: Mutex<Option<ReloadError>>,
-    store: Arc<dyn Store>,
+    backend: Backend,
     memory: Option<Arc<MemoryStore>>,
     clock: Arc<dyn Clock>,
     metrics: Metrics,
@@ -105,7 +110,7 @@ impl std::fmt::Debug for AppState {
 /// Builds an [`AppState`].
 pub struct AppStateBuilder {
     rules: LoadedRules,
-    store: Arc<dyn Store>,
+    backend: Backend,
     memory: Option<Arc<MemoryStore>>,
     clock: Arc<dyn Clock>,
     limits: RequestLimits,
@@ -114,6 +119,10 @@ pub struct AppStateBuilder {
 }
 
 impl AppStateBuilder {
+    /// The rules this state will start with.
+    pub fn rules(&self) -> &LoadedRules {
+        &self.rules
+    }
     /// Use this clock (default: the system clock). Tests pass a `ManualClock`.
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
@@ -121,14 +130,20 @@ impl AppStateBuilder {
     }
     /// Use this store instead of a fresh memory store.
     pub fn store(mut self, store: Arc<dyn Store>) -> Self {
-        self.store = store;
+        self.backend = Backend::Local(store);
         self.memory = None;
         self
     }
     /// Use this memory store (it is also swept periodically by `serve`).
     pub fn memory_store(mut self, store: Arc<MemoryStore>) -> Self {
-        self.store = store.clone();
+        self.backend = Backend::Local(store.clone());
         self.memory = Some(store);
+        self
+    }
+    /// Use Redis (its `local` fallback store is swept like the memory store).
+    pub fn redis(mut self, guarded: Arc<Guarded>) -> Self {
+        self.memory = Some(guarded.local_store().clone());
+        self.backend = Backend::Redis(guarded);
         self
     }
     /// Request limits.
@@ -153,7 +168,7 @@ impl AppStateBuilder {
         AppState(Arc::new(Shared {
             rules: ArcSwap::from_pointee(self.rules),
             last_reload_error: Mutex::new(None),
-            store: self.store,
+            backend: self.backend,
             memory: self.memory,
             clock: self.clock,
             metrics,
@@ -171,7 +186,7 @@ impl AppState {
         let memory = Arc::new(MemoryStore::new(tollgate_core::memory::DEFAULT_MAX_KEYS));
         AppStateBuilder {
             rules,
-            store: memory.clone(),
+            backend: Backend::Local(memory.clone()),
             memory: Some(memory),
             clock: Arc::new(SystemClock),
             limits: RequestLimits::default(),
@@ -215,12 +230,25 @@ impl AppState {
             .unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The store.
-    pub fn store(&self) -> &dyn Store {
-        &*self.0.store
+    /// Where counters live.
+    pub fn backend(&self) -> &Backend {
+        &self.0.backend
     }
 
-    /// The memory store, when that is the store (for periodic sweeping).
+    /// The store for logs and `/v1/rules`: `memory`, or the Redis URL with its password redacted.
+    pub fn store_label(&self) -> String {
+        match self.backend().redis() {
+            Some(g) => format!(
+                "{} (prefix {})",
+                g.store().url(),
+                g.store().options().prefix
+            ),
+            None => "memory".into(),
+        }
+    }
+
+    /// The memory store, when there is one (the memory backend, or Redis' `local` fallback), for
+    /// periodic sweeping.
     pub fn memory_store(&self) -> Option<&Arc<MemoryStore>> {
         self.0.memory.as_ref()
     }

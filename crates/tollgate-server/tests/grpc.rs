@@ -2,8 +2,11 @@
 //! in-process on 127.0.0.1:0 with a temporary rules file, and a tonic client built from the
 //! `envoy-types` protobufs calls `ShouldRateLimit` (and `grpc.health.v1.Health`), exactly as Envoy
 //! would. The last tests check that gRPC, `/v1/check` and `/json` give the same decisions.
+//! The server runs on the wall clock, so counted limits use the sliding log (exact, no window
+//! boundary): a fixed window could roll over between two calls and make a test flaky.
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -29,7 +32,7 @@ descriptors:
       name: per_user
       unit: minute
       requests_per_unit: 3
-      algorithm: fixed_window
+      algorithm: sliding_window_log
   - key: path
     value: /login
     descriptors:
@@ -37,7 +40,7 @@ descriptors:
         rate_limit:
           unit: hour
           requests_per_unit: 2
-          algorithm: fixed_window
+          algorithm: sliding_window_log
   - key: client
     value: internal
     rate_limit:
@@ -45,7 +48,7 @@ descriptors:
   - key: tenant
     shadow_mode: true
     rate_limit:
-      unit: second
+      unit: hour
       requests_per_unit: 1
   - key: plan
     rate_limit:
@@ -197,7 +200,7 @@ async fn three_per_minute_then_over_limit() {
         let reset_us = reset.seconds * 1_000_000 + i64::from(reset.nanos) / 1_000;
         assert!(
             reset_us > 0 && reset_us <= 60_000_000,
-            "fixed minute window resets within a minute: {reset:?}"
+            "a 3/minute sliding log frees up within a minute: {reset:?}"
         );
         assert!(reset.nanos >= 0 && reset.nanos < 1_000_000_000);
         assert!(r.response_headers_to_add.is_empty(), "off by default");
@@ -242,7 +245,7 @@ async fn nested_unlimited_shadow_unmatched_and_units() {
     assert!(r.statuses[0].current_limit.is_none());
     assert!(r.statuses[0].duration_until_reset.is_none());
 
-    // Shadow mode: over its 1/second limit yet OK.
+    // Shadow mode: over its 1/hour limit yet OK.
     for _ in 0..3 {
         let r = call(&mut c, req("test", vec![desc(&[("tenant", "t1")])])).await;
         assert_eq!(r.overall_code, Code::Ok as i32);
@@ -385,6 +388,44 @@ async fn hits_addend_request_and_per_descriptor() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limit_override_replaces_the_rule() {
+    let s = Server::start(false).await;
+    let mut c = s.client().await;
+    let over = |n: u32, unit: i32| RateLimitDescriptor {
+        limit: Some(RateLimitOverride {
+            requests_per_unit: n,
+            unit,
+        }),
+        ..desc(&[("user", "olga")])
+    };
+    // The rule says 3/minute; the override 5/hour governs, and is reported as the limit.
+    let mut seen = vec![];
+    for _ in 0..6 {
+        let r = call(&mut c, req("test", vec![over(5, Unit::Hour as i32)])).await;
+        let l = r.statuses[0].current_limit.as_ref().unwrap();
+        assert_eq!((l.requests_per_unit, l.unit), (5, Unit::Hour as i32));
+        seen.push((r.overall_code, r.statuses[0].limit_remaining));
+    }
+    assert_eq!(seen[4], (Code::Ok as i32, 0));
+    assert_eq!(seen[5].0, Code::OverLimit as i32);
+    // The configured counter is untouched.
+    let r = call(&mut c, req("test", vec![desc(&[("user", "olga")])])).await;
+    assert_eq!(remaining(&r), vec![2]);
+    // UNKNOWN unit: INVALID_ARGUMENT naming the field.
+    let e = c
+        .should_rate_limit(req("test", vec![over(5, Unit::Unknown as i32)]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(
+        e.message().contains("descriptors[0].limit.unit"),
+        "{}",
+        e.message()
+    );
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_requests_are_invalid_argument() {
     let s = Server::start(false).await;
     let mut c = s.client().await;
@@ -499,7 +540,10 @@ async fn response_headers_only_with_the_flag() {
     // Over limit: Retry-After too.
     let r = call(&mut c, req("test", vec![desc(&[("user", "hdr")])])).await;
     assert_eq!(r.overall_code, Code::OverLimit as i32);
-    assert!(get(&headers(&r), "retry-after").is_some());
+    // Sliding log: the same request passes once the first of the three ages out, i.e. 60 s
+    // after it, less the time these calls took (seconds, rounded up).
+    let retry: u64 = get(&headers(&r), "retry-after").unwrap().parse().unwrap();
+    assert!((55..=60).contains(&retry), "retry-after {retry}");
     // No limit applied: no headers.
     let r = call(&mut c, req("test", vec![desc(&[("client", "internal")])])).await;
     assert!(r.response_headers_to_add.is_empty());

@@ -10,6 +10,7 @@ use std::time::Duration;
 use tollgate_core::rules::RuleSet;
 use tollgate_core::ManualClock;
 use tollgate_server::{router, AppState, LoadedRules};
+use tollgate_testsupport::temp_dir;
 use tower::ServiceExt;
 
 /// 2023-11-14T22:14:00Z: a whole minute (and second) in µs.
@@ -245,6 +246,47 @@ async fn hits_zero_is_a_pure_query_and_per_descriptor_hits() {
 }
 
 #[tokio::test]
+async fn limit_override_on_v1_check_and_json() {
+    let app = app(THREE);
+    let over = json!({
+        "domain": "d",
+        "descriptors": [{"entries": [{"key": "fw", "value": "o"}],
+                         "limit": {"requests_per_unit": 2, "unit": "hour"}}]
+    });
+    let r = post(&app, "/v1/check", over.clone()).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let s = &r.body["statuses"][0];
+    assert_eq!(s["limit_remaining"], 1);
+    assert_eq!(s["current_limit"]["id"], "d|=override");
+    assert_eq!(s["current_limit"]["requests_per_unit"], 2);
+    assert_eq!(s["current_limit"]["unit"], "HOUR");
+    assert_eq!(r.header("x-ratelimit-limit"), Some("2"));
+    // Envoy's protojson spelling on /json shares the counter (same descriptor, same quota).
+    let json_over = json!({
+        "domain": "d",
+        "descriptors": [{"entries": [{"key": "fw", "value": "o"}],
+                         "limit": {"requestsPerUnit": 2, "unit": "HOUR"}}]
+    });
+    let r = post(&app, "/json", json_over).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    let r = post(&app, "/v1/check", over).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{}", r.text);
+    // The rule's own counter (3/minute) was not consumed.
+    let r = check(&app, "d", &[&[("fw", "o")]]).await;
+    assert_eq!(r.body["statuses"][0]["limit_remaining"], 2);
+    // Unknown domain: still no limit.
+    let r = post(
+        &app,
+        "/v1/check",
+        json!({"domain": "zz", "descriptors": [{"entries": [{"key": "k", "value": "v"}],
+               "limit": {"requests_per_unit": 0, "unit": "second"}}]}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.body["statuses"][0]["current_limit"], Value::Null);
+}
+
+#[tokio::test]
 async fn example_rules_nested_unlimited_shadow_and_unmatched() {
     let app = app_dir(&repo().join("examples/rules"));
     // Nested: [path=/login, ip=...] is limited 5/minute; [path=/login] alone matches nothing.
@@ -464,6 +506,11 @@ async fn malformed_requests_get_status_and_code() {
         ("fractional hits", None, json!({"domain": "d", "descriptors": ok_desc, "hits_addend": 1.5}).to_string().into(), 400, "invalid_hits"),
         ("string hits", None, json!({"domain": "d", "descriptors": ok_desc, "hits_addend": "1"}).to_string().into(), 400, "invalid_hits"),
         ("huge hits", None, json!({"domain": "d", "descriptors": ok_desc, "hits_addend": 1u64 << 40}).to_string().into(), 400, "invalid_hits"),
+        ("limit not object", None, json!({"domain": "d", "descriptors": [{"entries": [{"key": "k", "value": "v"}], "limit": 5}]}).to_string().into(), 400, "invalid_limit"),
+        ("limit without unit", None, json!({"domain": "d", "descriptors": [{"entries": [{"key": "k", "value": "v"}], "limit": {"requests_per_unit": 5}}]}).to_string().into(), 400, "invalid_limit"),
+        ("limit bad unit", None, json!({"domain": "d", "descriptors": [{"entries": [{"key": "k", "value": "v"}], "limit": {"requests_per_unit": 5, "unit": "fortnight"}}]}).to_string().into(), 400, "invalid_limit"),
+        ("limit negative", None, json!({"domain": "d", "descriptors": [{"entries": [{"key": "k", "value": "v"}], "limit": {"requests_per_unit": -1, "unit": "second"}}]}).to_string().into(), 400, "invalid_limit"),
+        ("limit huge", None, json!({"domain": "d", "descriptors": [{"entries": [{"key": "k", "value": "v"}], "limit": {"requests_per_unit": 1u64 << 33, "unit": "second"}}]}).to_string().into(), 400, "invalid_limit"),
         ("negative descriptor hits", None, json!({"domain": "d", "descriptors": [{"entries": [{"key": "k", "value": "v"}], "hits_addend": -3}]}).to_string().into(), 400, "invalid_hits"),
     ];
     for (name, ct, body, status, code) in cases {
@@ -612,19 +659,6 @@ async fn rules_health_and_openapi() {
         o.text, file,
         "docs/openapi.json differs from the served document"
     );
-}
-
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "tollgate-router-{name}-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 #[tokio::test]

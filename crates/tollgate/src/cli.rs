@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
+use tollgate_server::backend::{Policy, RedisSettings};
 use tollgate_server::serve::ServeConfig;
 use tollgate_server::RequestLimits;
 
@@ -33,7 +34,9 @@ enum Command {
         /// Rules file or directory.
         #[arg(long, env = "TOLLGATE_RULES", default_value = crate::simulate::DEFAULT_RULES)]
         rules: PathBuf,
-        /// Where counters live: `memory`.
+        /// Where counters live: `memory`, or `redis://...` (also `rediss://`,
+        /// `redis+cluster://`): the trace is replayed on Redis with the trace's clock, under a
+        /// throwaway key prefix deleted afterwards.
         #[arg(long, env = "TOLLGATE_STORE", default_value = "memory")]
         store: String,
         /// Trace file; standard input when absent or `-`.
@@ -63,6 +66,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Load-test a tollgate (or any Envoy RLS) server: throughput, allowed/denied, errors and
+    /// latency percentiles.
+    Bench(Box<crate::bench::BenchArgs>),
+    /// Run a bare axum or tonic server with no rate limiting (the ceiling `bench` compares with).
+    #[command(hide = true)]
+    BenchCeiling(crate::bench::ceiling::CeilingArgs),
 }
 
 /// `tollgate serve` flags; each also reads a `TOLLGATE_*` environment variable.
@@ -77,9 +86,27 @@ pub struct ServeArgs {
     /// Rules file or directory (watched and hot-reloaded).
     #[arg(long, env = "TOLLGATE_RULES", default_value = crate::simulate::DEFAULT_RULES)]
     rules: PathBuf,
-    /// Where counters live: `memory`.
+    /// Where counters live: `memory`, `redis://[user:pass@]host:port[/db]`, `rediss://...` (TLS)
+    /// or `redis+cluster://h1:p1,h2:p2` (`rediss+cluster://` for TLS).
     #[arg(long, env = "TOLLGATE_STORE", default_value = "memory")]
     store: String,
+    /// Redis: bound on each call, in milliseconds.
+    #[arg(long, env = "TOLLGATE_REDIS_TIMEOUT_MS", default_value_t = 50)]
+    redis_timeout_ms: u64,
+    /// Redis: first part of every key (`<prefix>:{...}:...`); no braces.
+    #[arg(long, env = "TOLLGATE_REDIS_PREFIX", default_value = "tollgate")]
+    redis_prefix: String,
+    /// Redis: what decides while Redis is unavailable: `allow` admits, `deny` denies, `local`
+    /// limits with an in-memory limiter (limits divided by --expected-instances).
+    #[arg(long, env = "TOLLGATE_ON_STORE_ERROR", default_value = "local")]
+    on_store_error: Policy,
+    /// Redis: how many instances share the limits; the `local` policy divides limits by it.
+    #[arg(long, env = "TOLLGATE_EXPECTED_INSTANCES", default_value_t = 1,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    expected_instances: u64,
+    /// Redis: answer keys Redis denied locally until they can pass again (no round trip).
+    #[arg(long, env = "TOLLGATE_LOCAL_DENY_CACHE")]
+    local_deny_cache: bool,
     /// Most keys the memory store tracks (the oldest-expiring are evicted beyond it).
     #[arg(long, env = "TOLLGATE_MAX_KEYS", default_value_t = tollgate_core::memory::DEFAULT_MAX_KEYS)]
     max_keys: usize,
@@ -104,6 +131,14 @@ impl ServeArgs {
             grpc_addr: self.grpc_addr,
             rules: self.rules.clone(),
             store: self.store.clone(),
+            redis_timeout: Duration::from_millis(self.redis_timeout_ms),
+            redis_prefix: self.redis_prefix.clone(),
+            redis: RedisSettings {
+                policy: self.on_store_error,
+                expected_instances: self.expected_instances,
+                deny_cache: self.local_deny_cache,
+                max_keys: self.max_keys,
+            },
             max_keys: self.max_keys,
             response_headers: self.response_headers,
             limits: RequestLimits {
@@ -133,5 +168,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             hits,
             json,
         } => crate::check::run(&url, &domain, &descriptors, hits, json),
+        Command::Bench(args) => crate::bench::run(&args),
+        Command::BenchCeiling(args) => crate::bench::ceiling::run(&args),
     }
 }

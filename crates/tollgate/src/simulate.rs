@@ -1,15 +1,25 @@
 //! `tollgate simulate`: replay a trace on a manual clock. Deterministic: the memory store uses a
 //! fixed hash key, so even count-min-sketch collisions repeat exactly.
+//!
+//! With `--store redis://...` the same trace runs on Redis: every call passes the trace's time
+//! (not Redis' `TIME`), under a throwaway unique key prefix whose keys are deleted afterwards, so
+//! the output is identical to `--store memory` (the conformance contract of the Redis store).
 
 use crate::trace::{ms, parse_line, HEADER};
 use anyhow::{bail, Context};
+use std::collections::HashSet;
 use std::io::{BufRead, BufWriter, Write};
 use std::path::Path;
 use std::process::ExitCode;
-use tollgate_core::limiter::{check, Status};
+use std::time::Duration;
+use tollgate_core::limiter::{Plan, Status};
 use tollgate_core::memory::DEFAULT_MAX_KEYS;
 use tollgate_core::rules::RuleSet;
 use tollgate_core::MemoryStore;
+use tollgate_core::{CheckItem, Decision, Quota, Store};
+use tollgate_redis::store::redact;
+use tollgate_redis::{RedisOptions, RedisStore};
+use tollgate_server::backend::redis_unsupported;
 
 /// The example rules shipped in the repository (relative to the working directory).
 pub const DEFAULT_RULES: &str = "examples/rules";
@@ -17,10 +27,7 @@ pub const DEFAULT_RULES: &str = "examples/rules";
 pub fn run(rules_path: &Path, store: &str, input: Option<&Path>) -> anyhow::Result<ExitCode> {
     let rules = RuleSet::load(rules_path)
         .map_err(|e| anyhow::anyhow!("invalid rules in {}:\n{e}", rules_path.display()))?;
-    if store != "memory" {
-        bail!("unsupported --store '{store}': this build supports 'memory'");
-    }
-    let store = MemoryStore::with_seed(DEFAULT_MAX_KEYS, 0x746f_6c6c, 0x6761_7465);
+    let mut store = Replay::open(store, &rules)?;
     let reader: Box<dyn BufRead> = match input {
         None => Box::new(std::io::stdin().lock()),
         Some(p) if p == Path::new("-") => Box::new(std::io::stdin().lock()),
@@ -38,7 +45,11 @@ pub fn run(rules_path: &Path, store: &str, input: Option<&Path>) -> anyhow::Resu
             continue;
         };
         let now = ev.t_ms.saturating_mul(1000);
-        let verdict = check(&rules, &store, now, &ev.domain, &[ev.descriptor], ev.hits)?;
+        let plan = Plan::new(&rules, &ev.domain, &[ev.descriptor], ev.hits);
+        let items = plan.items();
+        let decisions = store.check(now, &items)?;
+        drop(items);
+        let verdict = plan.finish(decisions);
         let (remaining, retry, reset, delay) = match verdict.statuses.first() {
             Some(Status::Limited { decision: d, .. }) => (
                 d.remaining.to_string(),
@@ -63,5 +74,92 @@ pub fn run(rules_path: &Path, store: &str, input: Option<&Path>) -> anyhow::Resu
         )?;
     }
     out.flush()?;
+    store.clean_up()?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The store a trace is replayed on.
+enum Replay {
+    Memory(MemoryStore),
+    Redis {
+        runtime: tokio::runtime::Runtime,
+        store: RedisStore,
+        /// Every counter touched, for the clean-up.
+        counters: HashSet<(String, Quota)>,
+    },
+}
+
+impl Replay {
+    fn open(store: &str, rules: &RuleSet) -> anyhow::Result<Replay> {
+        if store == "memory" {
+            return Ok(Replay::Memory(MemoryStore::with_seed(
+                DEFAULT_MAX_KEYS,
+                0x746f_6c6c,
+                0x6761_7465,
+            )));
+        }
+        if !store.starts_with("redis") {
+            bail!(
+                "unsupported --store '{}': expected 'memory' or a redis:// URL",
+                redact(store)
+            );
+        }
+        let problems = redis_unsupported(rules);
+        if !problems.is_empty() {
+            bail!(
+                "rules cannot run on a Redis store:\n{}",
+                problems.join("\n")
+            );
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        let opts = RedisOptions {
+            prefix: format!("tollgate-simulate-{}-{nanos:x}", std::process::id()),
+            // Trace time is unrelated to the real clock: keys must outlive the replay.
+            ttl_grace: Duration::from_secs(3600),
+            timeout: Duration::from_secs(5),
+            ..RedisOptions::default()
+        };
+        let store = runtime
+            .block_on(RedisStore::connect(store, opts))
+            .with_context(|| format!("cannot connect to {}", redact(store)))?;
+        Ok(Replay::Redis {
+            runtime,
+            store,
+            counters: HashSet::new(),
+        })
+    }
+
+    fn check(&mut self, now: u64, items: &[CheckItem<'_>]) -> anyhow::Result<Vec<Decision>> {
+        Ok(match self {
+            Replay::Memory(m) => m.check(now, items)?,
+            Replay::Redis {
+                runtime,
+                store,
+                counters,
+            } => {
+                counters.extend(items.iter().map(|i| (i.key.to_owned(), *i.quota)));
+                runtime.block_on(store.check(Some(now), items))?
+            }
+        })
+    }
+
+    fn clean_up(&self) -> anyhow::Result<()> {
+        if let Replay::Redis {
+            runtime,
+            store,
+            counters,
+        } = self
+        {
+            runtime
+                .block_on(store.delete_counters(counters.iter().map(|(k, q)| (k.as_str(), q))))
+                .context("cannot delete the replay's keys")?;
+        }
+        Ok(())
+    }
 }

@@ -57,6 +57,7 @@ pub fn parse_line(line: &str) -> Result<Option<Event>, String> {
         descriptor: Descriptor {
             entries,
             hits: None,
+            limit: None,
         },
         hits,
     }))

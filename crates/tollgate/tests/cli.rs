@@ -1,18 +1,21 @@
 //! End-to-end tests of the `tollgate` binary: validate and simulate, run as a user would.
 
-use std::path::PathBuf;
+mod support;
+
 use std::process::{Command, Output};
+use support::{repo, temp_dir, tollgate};
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn tollgate(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args(args)
-        .current_dir(repo())
-        .output()
-        .expect("run tollgate")
+/// `tollgate simulate` of tests/traces/login.csv on `store`.
+fn simulate_login(store: &str) -> Output {
+    tollgate(&[
+        "simulate",
+        "--rules",
+        "tests/rules",
+        "--input",
+        "tests/traces/login.csv",
+        "--store",
+        store,
+    ])
 }
 
 fn text(b: &[u8]) -> String {
@@ -21,16 +24,27 @@ fn text(b: &[u8]) -> String {
 
 #[test]
 fn simulate_replays_trace_exactly() {
-    let out = tollgate(&[
-        "simulate",
-        "--rules",
-        "tests/rules",
-        "--input",
-        "tests/traces/login.csv",
-    ]);
+    let out = simulate_login("memory");
     assert!(out.status.success(), "{}", text(&out.stderr));
     let expected = std::fs::read_to_string(repo().join("tests/traces/login.expected.csv")).unwrap();
     assert_eq!(text(&out.stdout), expected);
+}
+
+/// The same trace on Redis (trace clock, throwaway prefix): the same output, no keys left.
+#[test]
+fn simulate_on_redis_equals_memory() {
+    let leftovers = || {
+        tollgate_testsupport::cli(6379, &["--scan", "--pattern", "tollgate-simulate-*"])
+            .lines()
+            .count()
+    };
+    let before = leftovers();
+    let out = simulate_login(tollgate_testsupport::SHARED_URL);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), text(&simulate_login("memory").stdout));
+    let expected = std::fs::read_to_string(repo().join("tests/traces/login.expected.csv")).unwrap();
+    assert_eq!(text(&out.stdout), expected);
+    assert_eq!(leftovers(), before, "the replay's keys are deleted");
 }
 
 #[test]
@@ -46,19 +60,13 @@ fn simulate_is_deterministic_and_reads_stdin() {
         .unwrap();
     child.stdin.take().unwrap().write_all(&trace).unwrap();
     let out = child.wait_with_output().unwrap();
-    let again = tollgate(&[
-        "simulate",
-        "--rules",
-        "tests/rules",
-        "--input",
-        "tests/traces/login.csv",
-    ]);
+    let again = simulate_login("memory");
     assert_eq!(out.stdout, again.stdout);
 }
 
 #[test]
 fn simulate_reports_bad_trace_line_with_position() {
-    let dir = tempdir();
+    let dir = temp_dir("cli");
     let trace = dir.join("bad.csv");
     std::fs::write(&trace, "# header\n0,test,login=a,1\n5,test,login,1\n").unwrap();
     let out = tollgate(&[
@@ -82,7 +90,7 @@ fn validate_accepts_examples_and_rejects_broken_rules() {
     assert!(ok.status.success(), "{}", text(&ok.stderr));
     assert!(text(&ok.stdout).contains("ok"));
 
-    let dir = tempdir();
+    let dir = temp_dir("cli");
     let bad = dir.join("bad.yaml");
     std::fs::write(
         &bad,
@@ -103,14 +111,4 @@ fn help_runs() {
     let out = tollgate(&["--help"]);
     assert!(out.status.success());
     assert!(text(&out.stdout).contains("simulate"));
-}
-
-fn tempdir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "tollgate-cli-{}-{:?}",
-        std::process::id(),
-        std::thread::current().id()
-    ));
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }

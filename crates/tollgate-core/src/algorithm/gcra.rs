@@ -19,14 +19,15 @@ pub fn step(tat: Option<Micros>, now: Micros, cost: u64, quota: &Quota) -> Outco
     let cap = t.saturating_mul(burst);
     let base = tat.unwrap_or(now).max(now);
     let backlog = base - now;
-    let remaining_before = cap.saturating_sub(backlog) / t;
+    // Only the denials need this (a division: computed in their branches, not up front).
+    let remaining_before = || cap.saturating_sub(backlog) / t;
     if cost > burst {
         let mut d = deny_forever(quota.limit, tat).0;
-        d.remaining = remaining_before;
+        d.remaining = remaining_before();
         d.reset_after = backlog;
         return (d, tat);
     }
-    let new_tat = base.saturating_add(cost * t);
+    let new_tat = base.saturating_add(cost.saturating_mul(t));
     let new_backlog = new_tat - now;
     if new_backlog <= cap {
         let decision = Decision {
@@ -42,7 +43,7 @@ pub fn step(tat: Option<Micros>, now: Micros, cost: u64, quota: &Quota) -> Outco
         let decision = Decision {
             allowed: false,
             limit: quota.limit,
-            remaining: remaining_before,
+            remaining: remaining_before(),
             reset_after: backlog,
             retry_after: Some(new_backlog - cap),
             delay: 0,

@@ -40,7 +40,7 @@ pub fn step(bucket: Option<Bucket>, now: Micros, cost: u64, quota: &Quota) -> Ou
             last = now;
         } else {
             tokens += refill;
-            last += refill * t;
+            last += refill * t; // refill * t <= now - last: no overflow
         }
     }
     tokens = tokens.min(cap);
@@ -48,7 +48,8 @@ pub fn step(bucket: Option<Bucket>, now: Micros, cost: u64, quota: &Quota) -> Ou
         if tokens >= cap {
             0
         } else {
-            (last + (cap - tokens) * t).saturating_sub(now)
+            last.saturating_add((cap - tokens).saturating_mul(t))
+                .saturating_sub(now)
         }
     };
     let keep = |tokens: u64, last: Micros| (tokens < cap).then_some(Bucket { tokens, last });
@@ -75,7 +76,10 @@ pub fn step(bucket: Option<Bucket>, now: Micros, cost: u64, quota: &Quota) -> Ou
             limit: quota.limit,
             remaining: tokens,
             reset_after: full_in(tokens, last),
-            retry_after: Some((last + (cost - tokens) * t).saturating_sub(now)),
+            retry_after: Some(
+                last.saturating_add((cost - tokens).saturating_mul(t))
+                    .saturating_sub(now),
+            ),
             delay: 0,
         };
         // Crediting refill is not consumption: keep the normalised state.

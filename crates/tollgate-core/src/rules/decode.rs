@@ -7,7 +7,7 @@
 //! returns `None`, and the caller carries on with what it could read.
 
 use super::yaml::{Entry, Kind, Node, Pos};
-use crate::quota::{Algorithm, Period, Quota, SketchSize, Unit};
+use crate::quota::{Algorithm, Period, Quota, SketchSize, Unit, MAX_PERIOD};
 
 /// Deepest descriptor nesting accepted (a request descriptor has at most this many entries).
 pub(crate) const MAX_DEPTH: usize = 16;
@@ -340,15 +340,40 @@ fn rate_limit(node: &Node, errors: &mut Errors) -> Option<RateLimitSpec> {
         return None;
     };
     let multiplier = u32::try_from(multiplier).unwrap_or(u32::MAX);
+    let quota = Quota {
+        limit,
+        period: Period::new(unit, multiplier),
+        burst: burst.and_then(|(_, b)| b),
+        algorithm,
+        sketch,
+    };
+    // Bounds that keep the algorithms' arithmetic exact (see `MAX_PERIOD`).
+    let period = u128::from(unit.nominal()) * u128::from(multiplier);
+    if period > u128::from(MAX_PERIOD) {
+        let at = fields.get("unit_multiplier").map_or(node.pos, |n| n.pos);
+        errors.push((
+            at,
+            format!(
+                "a period of {multiplier} {unit}s is longer than the longest supported (100 years)"
+            ),
+        ));
+        return None;
+    }
+    if let (Some((n, Some(b))), Some(t)) = (burst, quota.emission_interval()) {
+        if u128::from(b) * u128::from(t) > u128::from(MAX_PERIOD) {
+            errors.push((
+                n.pos,
+                format!(
+                    "`burst` {b} at {limit} per {} takes longer than 100 years to fill: use a smaller burst",
+                    quota.period
+                ),
+            ));
+            return None;
+        }
+    }
     Some(RateLimitSpec {
         name,
-        quota: Some(Quota {
-            limit,
-            period: Period::new(unit, multiplier),
-            burst: burst.and_then(|(_, b)| b),
-            algorithm,
-            sketch,
-        }),
+        quota: Some(quota),
         replaces,
     })
 }

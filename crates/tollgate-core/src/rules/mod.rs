@@ -46,6 +46,12 @@ use std::collections::HashMap;
 use std::path::Path;
 use tree::{Found, Tree};
 
+/// The counter key of a descriptor taken literally (no rule's `share_threshold` applied):
+/// `domain|k1=v1|k2=v2`, escaped like [`Resolution::Limited::counter_key`].
+pub fn counter_key(domain: &str, entries: &[(&str, &str)]) -> String {
+    tree::counter_key(domain, entries.iter().copied())
+}
+
 /// One rule: a descriptor's `rate_limit` and the descriptor-level options that go with it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limit {
@@ -279,6 +285,17 @@ impl RuleSet {
     /// Every limit, for listing and metrics: by domain name, then in file order (depth first).
     pub fn limits(&self) -> impl Iterator<Item = &Limit> {
         self.limits.iter()
+    }
+
+    /// The position of `limit` in [`RuleSet::limits`] when it is one of this set's limits (found
+    /// by address, in O(1): for per-rule tables such as a server's pre-resolved metric counters;
+    /// a limit of another set, even an equal one, gives `None`).
+    pub fn index_of(&self, limit: &Limit) -> Option<usize> {
+        let size = std::mem::size_of::<Limit>();
+        let offset = (limit as *const Limit as usize).checked_sub(self.limits.as_ptr() as usize)?;
+        let i = offset / size;
+        (offset % size == 0 && self.limits.get(i).is_some_and(|l| std::ptr::eq(l, limit)))
+            .then_some(i)
     }
 
     /// Whether there are no domains.

@@ -175,27 +175,38 @@ impl Tree {
         let Some(limit) = last.limit else {
             return Found::Nothing;
         };
-        let mut key = String::with_capacity(
-            domain.len()
-                + entries
-                    .iter()
-                    .map(|(k, v)| k.len() + v.len() + 2)
-                    .sum::<usize>()
-                + 8,
+        let key = counter_key(
+            domain,
+            entries.iter().zip(path.iter()).map(|((k, v), id)| {
+                let value = self.nodes[*id].shared_value.as_deref().unwrap_or(v);
+                (*k, value)
+            }),
         );
-        escape_into(&mut key, domain);
-        for ((k, v), id) in entries.iter().zip(path.iter()) {
-            key.push('|');
-            escape_into(&mut key, k);
-            key.push('=');
-            let value = self.nodes[*id].shared_value.as_deref().unwrap_or(v);
-            escape_into(&mut key, value);
-        }
         Found::Limit {
             limit,
             counter_key: key,
         }
     }
+}
+
+/// The counter key `domain|k1=v1|k2=v2`, each part escaped with [`escape_into`].
+pub(crate) fn counter_key<'a>(
+    domain: &str,
+    entries: impl Iterator<Item = (&'a str, &'a str)> + Clone,
+) -> String {
+    let len = entries
+        .clone()
+        .map(|(k, v)| k.len() + v.len() + 2)
+        .sum::<usize>();
+    let mut key = String::with_capacity(domain.len() + len + 8);
+    escape_into(&mut key, domain);
+    for (k, v) in entries {
+        key.push('|');
+        escape_into(&mut key, k);
+        key.push('=');
+        escape_into(&mut key, v);
+    }
+    key
 }
 
 /// Appends `s`, prefixing each `\`, `|` and `=` with a backslash, so that the separators of a

@@ -1,0 +1,671 @@
+//! Where decisions are made: a [`Backend`] is either a store in this process (the memory store,
+//! called synchronously: no extra `await`, no extra allocation) or Redis guarded by a failure
+//! policy and a circuit breaker ([`Guarded`]).
+//!
+//! Why a breaker and not just a timeout: during an outage every call would wait for the per-call
+//! timeout (50 ms by default). After [`FAILURES_TO_OPEN`] consecutive failures the breaker opens
+//! and decisions use the policy without touching Redis (microseconds). A background probe pings
+//! Redis every [`PROBE_INTERVAL`]; a successful ping half-opens the breaker (traffic goes back to
+//! Redis; one failure re-opens it, one success or the next ping closes it), so the service returns
+//! to Redis by itself. A failed call is never an error for the client: that request is decided by
+//! the policy too, and every degraded decision is counted.
+//!
+//! The optional deny cache ([`DenyCache`]) answers keys Redis reported as denied until the time
+//! Redis said they could pass again; see docs/operations.md for where that is exact.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+use tollgate_core::quota::Algorithm;
+use tollgate_core::rules::RuleSet;
+use tollgate_core::{CheckItem, Decision, MemoryStore, Micros, Quota, Store, StoreError};
+use tollgate_redis::RedisStore;
+
+/// Consecutive store failures that open the breaker.
+pub const FAILURES_TO_OPEN: u32 = 3;
+/// How often an open (or half-open) breaker pings Redis.
+pub const PROBE_INTERVAL: Duration = Duration::from_millis(250);
+/// `retry_after` of a denial made by the `deny` policy: the store may be back by then.
+const DENY_RETRY: Micros = 1_000_000;
+/// Bound on the deny cache's entries (beyond it, new denials are not cached until expiry).
+const DENY_CACHE_MAX: usize = 100_000;
+
+/// What to do when the store cannot decide (`--on-store-error`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Policy {
+    /// Admit every request.
+    Allow,
+    /// Deny every limited request (429 / OVER_LIMIT).
+    Deny,
+    /// Decide with an in-memory limiter over the same rules (limits divided by
+    /// `--expected-instances`).
+    #[default]
+    Local,
+}
+
+impl Policy {
+    /// All policies, in metric order.
+    pub const ALL: [Policy; 3] = [Policy::Allow, Policy::Deny, Policy::Local];
+
+    /// The flag value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::Allow => "allow",
+            Policy::Deny => "deny",
+            Policy::Local => "local",
+        }
+    }
+}
+
+impl FromStr for Policy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Policy::ALL
+            .into_iter()
+            .find(|p| p.as_str() == s)
+            .ok_or_else(|| format!("'{s}' is not a failure policy (allow, deny or local)"))
+    }
+}
+
+/// The decisions for one request and how they were made.
+#[derive(Debug)]
+pub struct Outcome {
+    /// One decision per item.
+    pub decisions: Vec<Decision>,
+    /// Set when the store was not (successfully) asked and the policy decided.
+    pub degraded: Option<Policy>,
+    /// The store was asked and failed (counted in `tollgate_store_errors_total`).
+    pub store_failed: bool,
+}
+
+impl Outcome {
+    fn store(decisions: Vec<Decision>) -> Self {
+        Self {
+            decisions,
+            degraded: None,
+            store_failed: false,
+        }
+    }
+}
+
+/// Where counters live.
+#[derive(Clone)]
+pub enum Backend {
+    /// A store in this process (the memory store, or one supplied by an embedder or a test).
+    Local(Arc<dyn Store>),
+    /// Redis behind the failure policy and breaker.
+    Redis(Arc<Guarded>),
+}
+
+impl Backend {
+    /// Check and consume `items` at `now` (the service clock; Redis uses its own `TIME`).
+    pub async fn check(&self, now: Micros, items: &[CheckItem<'_>]) -> Result<Outcome, StoreError> {
+        match self {
+            Backend::Local(store) => store.check(now, items).map(Outcome::store),
+            Backend::Redis(g) => g.check(now, items).await,
+        }
+    }
+
+    /// Rules this backend cannot serve, as `file:line: message` (empty when all are fine).
+    pub fn unsupported(&self, set: &RuleSet) -> Vec<String> {
+        match self {
+            Backend::Local(_) => Vec::new(),
+            Backend::Redis(_) => redis_unsupported(set),
+        }
+    }
+
+    /// The Redis backend, if that is what this is.
+    pub fn redis(&self) -> Option<&Arc<Guarded>> {
+        match self {
+            Backend::Redis(g) => Some(g),
+            Backend::Local(_) => None,
+        }
+    }
+}
+
+/// Limits the Redis store cannot serve: the count-min sketch is memory-only (a shared sketch
+/// would need every key of a request's limit in one slot, and its point is bounded local memory).
+pub fn redis_unsupported(set: &RuleSet) -> Vec<String> {
+    set.limits()
+        .filter(|l| l.quota.is_some_and(|q| q.algorithm == Algorithm::CountMinSketch))
+        .map(|l| {
+            format!(
+                "{}:{}: limit `{}` uses algorithm count_min_sketch, which is memory-only: not available with a Redis store (choose sliding_window_counter or run with --store memory)",
+                l.file, l.line, l.id
+            )
+        })
+        .collect()
+}
+
+/// Settings of the Redis backend (the `tollgate serve` flags).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisSettings {
+    /// `--on-store-error`.
+    pub policy: Policy,
+    /// `--expected-instances` (at least 1): the `local` policy divides limits by it.
+    pub expected_instances: u64,
+    /// `--local-deny-cache`.
+    pub deny_cache: bool,
+    /// Keys the `local` policy's memory store may hold (`--max-keys`).
+    pub max_keys: usize,
+}
+
+impl Default for RedisSettings {
+    fn default() -> Self {
+        Self {
+            policy: Policy::Local,
+            expected_instances: 1,
+            deny_cache: false,
+            max_keys: tollgate_core::memory::DEFAULT_MAX_KEYS,
+        }
+    }
+}
+
+/// Breaker states (`tollgate_store_state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerState {
+    /// Redis answers; every decision goes to Redis.
+    Healthy,
+    /// A probe succeeded after an outage: traffic goes to Redis, one failure re-opens.
+    HalfOpen,
+    /// Redis failed [`FAILURES_TO_OPEN`] times in a row: the policy decides, Redis is not called.
+    Open,
+}
+
+impl BreakerState {
+    const ALL: [BreakerState; 3] = [
+        BreakerState::Healthy,
+        BreakerState::HalfOpen,
+        BreakerState::Open,
+    ];
+
+    /// As reported by `/readyz` and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BreakerState::Healthy => "healthy",
+            BreakerState::HalfOpen => "half_open",
+            BreakerState::Open => "open",
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Breaker {
+    state: AtomicU8,
+    failures: AtomicU32,
+    transitions: [AtomicU64; 3],
+}
+
+impl Breaker {
+    fn state(&self) -> BreakerState {
+        BreakerState::ALL[self.state.load(Relaxed) as usize]
+    }
+
+    /// Move from `from` to `to`; only one caller wins (and counts) a transition.
+    fn transition(&self, from: BreakerState, to: BreakerState) {
+        if self
+            .state
+            .compare_exchange(from as u8, to as u8, Relaxed, Relaxed)
+            .is_ok()
+        {
+            self.transitions[to as usize].fetch_add(1, Relaxed);
+            match to {
+                BreakerState::Open => tracing::warn!(
+                    from = from.as_str(),
+                    "store breaker open: deciding with the failure policy"
+                ),
+                _ => tracing::info!(
+                    from = from.as_str(),
+                    to = to.as_str(),
+                    "store breaker: Redis answers again"
+                ),
+            }
+        }
+    }
+
+    fn success(&self) {
+        // Loads first: the healthy path writes nothing shared.
+        if self.failures.load(Relaxed) != 0 {
+            self.failures.store(0, Relaxed);
+        }
+        if self.state() == BreakerState::HalfOpen {
+            self.transition(BreakerState::HalfOpen, BreakerState::Healthy);
+        }
+    }
+
+    fn failure(&self) {
+        let n = self.failures.fetch_add(1, Relaxed) + 1;
+        match self.state() {
+            BreakerState::HalfOpen => self.transition(BreakerState::HalfOpen, BreakerState::Open),
+            BreakerState::Healthy if n >= FAILURES_TO_OPEN => {
+                self.transition(BreakerState::Healthy, BreakerState::Open)
+            }
+            _ => {}
+        }
+    }
+
+    fn probe_ok(&self) {
+        self.failures.store(0, Relaxed);
+        match self.state() {
+            BreakerState::Open => self.transition(BreakerState::Open, BreakerState::HalfOpen),
+            BreakerState::HalfOpen => {
+                self.transition(BreakerState::HalfOpen, BreakerState::Healthy)
+            }
+            BreakerState::Healthy => {}
+        }
+    }
+}
+
+/// Redis with its failure policy, breaker, fallback limiter and deny cache.
+pub struct Guarded {
+    store: RedisStore,
+    settings: RedisSettings,
+    breaker: Breaker,
+    local: Arc<MemoryStore>,
+    deny_cache: Option<DenyCache>,
+    degraded: [AtomicU64; 3],
+}
+
+impl std::fmt::Debug for Guarded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guarded")
+            .field("store", &self.store)
+            .field("settings", &self.settings)
+            .field("state", &self.state())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Guarded {
+    /// Guard `store`: ping it once (a failure starts the service degraded, breaker open) and
+    /// start the probe task, which ends when the returned `Arc` is dropped. Call inside a Tokio
+    /// runtime.
+    pub async fn start(store: RedisStore, settings: RedisSettings) -> Arc<Guarded> {
+        let g = Arc::new(Guarded {
+            local: Arc::new(MemoryStore::new(settings.max_keys.max(1))),
+            deny_cache: settings.deny_cache.then(DenyCache::default),
+            store,
+            settings,
+            breaker: Breaker::default(),
+            degraded: Default::default(),
+        });
+        if let Err(e) = g.store.ping().await {
+            tracing::warn!(error = %e, store = %g.store, "Redis is not reachable at start: starting degraded");
+            g.breaker
+                .transition(BreakerState::Healthy, BreakerState::Open);
+        }
+        tokio::spawn(probe(Arc::downgrade(&g)));
+        g
+    }
+
+    /// The Redis store.
+    pub fn store(&self) -> &RedisStore {
+        &self.store
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &RedisSettings {
+        &self.settings
+    }
+
+    /// The breaker state.
+    pub fn state(&self) -> BreakerState {
+        self.breaker.state()
+    }
+
+    /// The `local` policy's memory store (swept by `serve` like the memory backend).
+    pub fn local_store(&self) -> &Arc<MemoryStore> {
+        &self.local
+    }
+
+    /// Decisions made by the policy so far, by policy.
+    pub fn degraded_decisions(&self, policy: Policy) -> u64 {
+        self.degraded[policy as usize].load(Relaxed)
+    }
+
+    async fn check(&self, now: Micros, items: &[CheckItem<'_>]) -> Result<Outcome, StoreError> {
+        if let (Some(cache), [one]) = (&self.deny_cache, items) {
+            if let Some(d) = cache.get(one, now) {
+                return Ok(Outcome::store(vec![d]));
+            }
+        }
+        if self.breaker.state() == BreakerState::Open {
+            return Ok(self.fallback(now, items, false));
+        }
+        match self.store.check(None, items).await {
+            Ok(decisions) => {
+                self.breaker.success();
+                if let Some(cache) = &self.deny_cache {
+                    cache.learn(now, items, &decisions);
+                }
+                Ok(Outcome::store(decisions))
+            }
+            Err(e @ (StoreError::Timeout(_) | StoreError::Unavailable(_))) => {
+                tracing::debug!(error = %e, "Redis call failed");
+                self.breaker.failure();
+                Ok(self.fallback(now, items, true))
+            }
+            // Not an outage: a request this store cannot serve.
+            Err(e) => Err(e),
+        }
+    }
+
+    fn fallback(&self, now: Micros, items: &[CheckItem<'_>], store_failed: bool) -> Outcome {
+        let policy = self.settings.policy;
+        self.degraded[policy as usize].fetch_add(1, Relaxed);
+        let decisions = match policy {
+            Policy::Allow => items
+                .iter()
+                .map(|i| Decision {
+                    allowed: true,
+                    limit: i.quota.limit,
+                    remaining: i.quota.limit,
+                    ..Decision::default()
+                })
+                .collect(),
+            Policy::Deny => items
+                .iter()
+                .map(|i| Decision {
+                    allowed: false,
+                    limit: i.quota.limit,
+                    retry_after: Some(DENY_RETRY),
+                    reset_after: DENY_RETRY,
+                    ..Decision::default()
+                })
+                .collect(),
+            Policy::Local => {
+                let n = self.settings.expected_instances.max(1);
+                let quotas: Vec<Quota> = items.iter().map(|i| divide(i.quota, n)).collect();
+                let local: Vec<CheckItem<'_>> = items
+                    .iter()
+                    .zip(&quotas)
+                    .map(|(i, quota)| CheckItem { quota, ..*i })
+                    .collect();
+                // The memory store never fails.
+                self.local.check(now, &local).unwrap_or_default()
+            }
+        };
+        Outcome {
+            decisions,
+            degraded: Some(policy),
+            store_failed,
+        }
+    }
+
+    /// Append this backend's metrics (Prometheus text format).
+    pub fn render_metrics(&self, out: &mut String) {
+        let state = self.state();
+        out.push_str("# HELP tollgate_store_state Redis store breaker state (1 = current).\n# TYPE tollgate_store_state gauge\n");
+        for s in BreakerState::ALL {
+            let _ = writeln!(
+                out,
+                "tollgate_store_state{{state=\"{}\"}} {}",
+                s.as_str(),
+                u8::from(s == state)
+            );
+        }
+        out.push_str("# HELP tollgate_store_breaker_transitions_total Breaker transitions, by new state.\n# TYPE tollgate_store_breaker_transitions_total counter\n");
+        for s in BreakerState::ALL {
+            let _ = writeln!(
+                out,
+                "tollgate_store_breaker_transitions_total{{to=\"{}\"}} {}",
+                s.as_str(),
+                self.breaker.transitions[s as usize].load(Relaxed)
+            );
+        }
+        out.push_str("# HELP tollgate_degraded_decisions_total Requests decided by the failure policy instead of Redis.\n# TYPE tollgate_degraded_decisions_total counter\n");
+        for p in Policy::ALL {
+            let _ = writeln!(
+                out,
+                "tollgate_degraded_decisions_total{{policy=\"{}\"}} {}",
+                p.as_str(),
+                self.degraded_decisions(p)
+            );
+        }
+        if let Some(c) = &self.deny_cache {
+            let _ = writeln!(
+                out,
+                "# HELP tollgate_deny_cache_hits_total Requests denied from the local deny cache.\n# TYPE tollgate_deny_cache_hits_total counter\ntollgate_deny_cache_hits_total {}\n# HELP tollgate_deny_cache_entries Keys in the local deny cache.\n# TYPE tollgate_deny_cache_entries gauge\ntollgate_deny_cache_entries {}",
+                c.hits.load(Relaxed),
+                c.len()
+            );
+        }
+    }
+}
+
+/// `quota` with its limit (and burst) divided by `n`, at least 1: the local share of a limit
+/// enforced by `n` instances at once.
+fn divide(quota: &Quota, n: u64) -> Quota {
+    let share = |v: u64| if v == 0 { 0 } else { (v / n).max(1) };
+    Quota {
+        limit: share(quota.limit),
+        burst: quota.burst.map(share),
+        ..*quota
+    }
+}
+
+/// Ping while the breaker is not healthy; stop when the backend is dropped.
+async fn probe(g: Weak<Guarded>) {
+    let mut tick = tokio::time::interval(PROBE_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(g) = g.upgrade() else { return };
+        if g.state() != BreakerState::Healthy && g.store.ping().await.is_ok() {
+            g.breaker.probe_ok();
+        }
+    }
+}
+
+/// Algorithms whose denial with `retry_after = r` means: the same or a larger cost is denied for
+/// at least `r`, whatever other instances do (they can only consume more; a denied request
+/// consumes nothing). The sliding window counter's `retry_after` is an estimate over a weighted
+/// previous window, so it is not cached; the count-min sketch never runs on Redis.
+fn exact_denial(a: Algorithm) -> bool {
+    !matches!(
+        a,
+        Algorithm::SlidingWindowCounter | Algorithm::CountMinSketch
+    )
+}
+
+struct Denied {
+    quota: Quota,
+    cost: u64,
+    /// Local time until which the key is denied (`Micros::MAX`: never passes).
+    until: Micros,
+    reset_at: Micros,
+}
+
+/// Keys Redis denied, answered locally until they can pass again (`--local-deny-cache`).
+///
+/// Only single-counter requests are answered from the cache (a multi-descriptor request must
+/// report the other counters' state, which needs Redis); only non-shadow items with a positive
+/// cost at least the cached denied cost are answered (cost-0 queries always go to Redis). An
+/// entry is tied to the quota it was learned under, so a rules reload invalidates it.
+#[derive(Default)]
+pub struct DenyCache {
+    map: Mutex<HashMap<(String, String), Denied>>,
+    hits: AtomicU64,
+}
+
+impl DenyCache {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Denied>> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn get(&self, item: &CheckItem<'_>, now: Micros) -> Option<Decision> {
+        if item.cost == 0 || item.shadow {
+            return None;
+        }
+        let mut map = self.lock();
+        if map.is_empty() {
+            return None;
+        }
+        let k = (item.rule.to_owned(), item.key.to_owned());
+        let e = map.get(&k)?;
+        if e.until <= now || e.quota != *item.quota {
+            map.remove(&k);
+            return None;
+        }
+        if item.cost < e.cost {
+            return None;
+        }
+        self.hits.fetch_add(1, Relaxed);
+        Some(Decision {
+            allowed: false,
+            limit: e.quota.limit,
+            remaining: 0,
+            reset_after: e.reset_at.saturating_sub(now),
+            retry_after: (e.until != Micros::MAX).then(|| e.until - now),
+            delay: 0,
+        })
+    }
+
+    fn learn(&self, now: Micros, items: &[CheckItem<'_>], decisions: &[Decision]) {
+        for (i, d) in items.iter().zip(decisions) {
+            if d.allowed || i.shadow || i.cost == 0 || !exact_denial(i.quota.algorithm) {
+                continue;
+            }
+            let until = d.retry_after.map_or(Micros::MAX, |r| now.saturating_add(r));
+            let mut map = self.lock();
+            if map.len() >= DENY_CACHE_MAX {
+                map.retain(|_, e| e.until > now);
+                if map.len() >= DENY_CACHE_MAX {
+                    return;
+                }
+            }
+            map.insert(
+                (i.rule.to_owned(), i.key.to_owned()),
+                Denied {
+                    quota: *i.quota,
+                    cost: i.cost,
+                    until,
+                    reset_at: now.saturating_add(d.reset_after),
+                },
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tollgate_core::Unit;
+
+    #[test]
+    fn breaker_opens_after_three_failures_and_closes_through_half_open() {
+        let b = Breaker::default();
+        b.failure();
+        b.failure();
+        assert_eq!(b.state(), BreakerState::Healthy);
+        b.success();
+        b.failure();
+        b.failure();
+        assert_eq!(
+            b.state(),
+            BreakerState::Healthy,
+            "successes reset the count"
+        );
+        b.failure();
+        assert_eq!(b.state(), BreakerState::Open);
+        b.probe_ok();
+        assert_eq!(b.state(), BreakerState::HalfOpen);
+        b.failure();
+        assert_eq!(
+            b.state(),
+            BreakerState::Open,
+            "half-open: one failure re-opens"
+        );
+        b.probe_ok();
+        b.success();
+        assert_eq!(b.state(), BreakerState::Healthy);
+        let t = |s: BreakerState| b.transitions[s as usize].load(Relaxed);
+        assert_eq!(
+            (
+                t(BreakerState::Open),
+                t(BreakerState::HalfOpen),
+                t(BreakerState::Healthy)
+            ),
+            (2, 2, 1)
+        );
+    }
+
+    #[test]
+    fn local_share_divides_limit_and_burst_at_least_one() {
+        let q = Quota::new(10, Unit::Second).with_burst(3);
+        let d = divide(&q, 4);
+        assert_eq!((d.limit, d.burst), (2, Some(1)));
+        assert_eq!(divide(&Quota::new(0, Unit::Second), 4).limit, 0);
+        assert_eq!(divide(&q, 1), q);
+    }
+
+    #[test]
+    fn policies_parse() {
+        assert_eq!("deny".parse::<Policy>(), Ok(Policy::Deny));
+        assert!("maybe"
+            .parse::<Policy>()
+            .unwrap_err()
+            .contains("allow, deny or local"));
+    }
+
+    #[test]
+    fn deny_cache_answers_same_or_larger_cost_until_retry() {
+        let c = DenyCache::default();
+        let q = Quota::new(5, Unit::Minute).with_algorithm(Algorithm::FixedWindow);
+        let item = |cost| CheckItem {
+            rule: "d|k",
+            key: "d|k=v",
+            quota: &q,
+            cost,
+            shadow: false,
+        };
+        let denied = Decision {
+            allowed: false,
+            limit: 5,
+            retry_after: Some(1_000),
+            reset_after: 1_000,
+            ..Decision::default()
+        };
+        c.learn(100, &[item(2)], &[denied]);
+        assert!(c.get(&item(1), 200).is_none(), "a smaller cost may pass");
+        assert!(c.get(&item(0), 200).is_none(), "queries go to Redis");
+        let d = c.get(&item(3), 600).unwrap();
+        assert_eq!((d.allowed, d.retry_after), (false, Some(500)));
+        assert!(c.get(&item(2), 1_100).is_none(), "expired at T");
+        assert_eq!(c.len(), 0);
+        // Never passes: cached until the quota changes.
+        c.learn(
+            0,
+            &[item(9)],
+            &[Decision {
+                retry_after: None,
+                ..denied
+            }],
+        );
+        assert!(c.get(&item(9), u64::MAX / 2).unwrap().never_passes());
+        let other = Quota::new(50, Unit::Minute).with_algorithm(Algorithm::FixedWindow);
+        let reloaded = CheckItem {
+            quota: &other,
+            ..item(9)
+        };
+        assert!(c.get(&reloaded, 1).is_none());
+        // Sliding counters are estimates: never cached.
+        let sc = Quota::new(5, Unit::Minute).with_algorithm(Algorithm::SlidingWindowCounter);
+        c.learn(
+            0,
+            &[CheckItem {
+                quota: &sc,
+                ..item(2)
+            }],
+            &[denied],
+        );
+        assert_eq!(c.len(), 0);
+    }
+}

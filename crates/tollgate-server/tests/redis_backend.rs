@@ -1,0 +1,270 @@
+//! The Redis backend through `router(state)` with `oneshot` (no HTTP sockets, real Redis): shared
+//! counters, the failure policies and the breaker across a Redis outage, starting with Redis
+//! down, the deny cache, redaction, and count-min-sketch rules refused on reload.
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use axum::Router;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tollgate_core::rules::RuleSet;
+use tollgate_redis::{RedisOptions, RedisStore};
+use tollgate_server::backend::{BreakerState, Guarded, Policy, RedisSettings};
+use tollgate_server::check::DENIED_BY_POLICY;
+use tollgate_server::{router, AppState, LoadedRules};
+use tollgate_testsupport::{
+    assert_every_key_has_a_ttl, delete_prefix, unique_prefix, RedisServer, SHARED_URL,
+};
+use tower::ServiceExt;
+
+const RULES: &str = "domain: d
+descriptors:
+  - key: fw
+    rate_limit: {unit: minute, requests_per_unit: 4, algorithm: fixed_window}
+  - key: log
+    rate_limit: {unit: hour, requests_per_unit: 2, algorithm: sliding_window_log}
+";
+
+struct App {
+    router: Router,
+    state: AppState,
+    guarded: Arc<Guarded>,
+}
+
+async fn app(url: &str, prefix: &str, timeout_ms: u64, settings: RedisSettings) -> App {
+    let set = RuleSet::from_sources(&[("t.yaml".into(), RULES.into())]).unwrap();
+    let opts = RedisOptions {
+        prefix: prefix.into(),
+        timeout: Duration::from_millis(timeout_ms),
+        ..RedisOptions::default()
+    };
+    let store = RedisStore::connect_lazy(url, opts).await.unwrap();
+    let guarded = Guarded::start(store, settings).await;
+    let state = AppState::builder(LoadedRules::inline(set))
+        .redis(guarded.clone())
+        .build();
+    App {
+        router: router(state.clone()),
+        state,
+        guarded,
+    }
+}
+
+fn settings(policy: Policy) -> RedisSettings {
+    RedisSettings {
+        policy,
+        ..RedisSettings::default()
+    }
+}
+
+async fn send(app: &App, req: Request<Body>) -> (StatusCode, Value, String) {
+    let resp = app.router.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::Null),
+        text,
+    )
+}
+
+async fn check(app: &App, key: &str, value: &str) -> (StatusCode, Value) {
+    let body = json!({"domain": "d", "descriptors": [{"entries": [{"key": key, "value": value}]}]});
+    let req = Request::post("/v1/check")
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let (s, b, _) = send(app, req).await;
+    (s, b)
+}
+
+async fn get(app: &App, path: &str) -> (StatusCode, Value, String) {
+    send(app, Request::get(path).body(Body::empty()).unwrap()).await
+}
+
+/// Poll until the breaker is healthy (the probe runs every 250 ms); return how long it took.
+async fn until_healthy(app: &App) -> Duration {
+    let start = Instant::now();
+    loop {
+        let (_, b, _) = get(app, "/readyz").await;
+        if b["store_state"] == "healthy" {
+            assert_eq!(b["status"], "ready");
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "never returned to Redis: {b}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_share_one_redis_counter() {
+    let prefix = unique_prefix("backend-shared");
+    let a = app(SHARED_URL, &prefix, 2000, settings(Policy::Local)).await;
+    let b = app(SHARED_URL, &prefix, 2000, settings(Policy::Local)).await;
+    let mut admitted = 0;
+    for i in 0..6 {
+        let app = if i % 2 == 0 { &a } else { &b };
+        let (s, body) = check(app, "fw", "alice").await;
+        if s == StatusCode::OK {
+            admitted += 1;
+        } else {
+            assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "{body}");
+        }
+    }
+    assert_eq!(admitted, 4, "the limit of 4 is shared by both instances");
+    let (s, r, _) = get(&a, "/readyz").await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(
+        r,
+        json!({"status": "ready", "store": "redis", "store_state": "healthy", "on_store_error": "local"})
+    );
+    let (_, m, text) = get(&a, "/metrics").await;
+    assert!(m.is_null());
+    assert!(
+        text.contains("tollgate_store_state{state=\"healthy\"} 1"),
+        "{text}"
+    );
+    assert!(text.contains("tollgate_degraded_decisions_total{policy=\"local\"} 0"));
+    assert_eq!(assert_every_key_has_a_ttl(SHARED_URL, &prefix), 1);
+    delete_prefix(SHARED_URL, &prefix);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outage_local_policy_divides_limits_then_returns_to_redis() {
+    let mut server = RedisServer::start(&[]);
+    let port = server.port;
+    let prefix = unique_prefix("backend-outage");
+    let s = RedisSettings {
+        expected_instances: 2,
+        ..settings(Policy::Local)
+    };
+    let app = app(&server.url(), &prefix, 500, s).await;
+    assert_eq!(check(&app, "fw", "bob").await.0, StatusCode::OK);
+    server.kill();
+    // Limit 4 per minute over 2 instances: 2 admitted locally, whatever the breaker state.
+    let mut codes = Vec::new();
+    for _ in 0..6 {
+        let started = Instant::now();
+        codes.push(check(&app, "fw", "bob").await.0.as_u16());
+        assert!(started.elapsed() < Duration::from_secs(1));
+    }
+    assert_eq!(codes, [200, 200, 429, 429, 429, 429]);
+    assert_eq!(app.guarded.state(), BreakerState::Open);
+    assert_eq!(app.guarded.degraded_decisions(Policy::Local), 6);
+    let (s, r, _) = get(&app, "/readyz").await;
+    assert_eq!(s, StatusCode::OK, "degraded, still answering");
+    assert_eq!(r["status"], "degraded");
+    assert_eq!(r["store_state"], "open");
+    let (_, _, m) = get(&app, "/metrics").await;
+    assert!(m.contains("tollgate_store_errors_total 3"), "{m}");
+    assert!(m.contains("tollgate_store_breaker_transitions_total{to=\"open\"} 1"));
+    assert!(m.contains("tollgate_degraded_decisions_total{policy=\"local\"} 6"));
+
+    let _server = RedisServer::start_on(port, &[]);
+    let took = until_healthy(&app).await;
+    eprintln!("returned to Redis {took:?} after the restart");
+    // Back on Redis (a fresh server): its counter starts over.
+    let (s, b) = check(&app, "fw", "bob").await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(b["statuses"][0]["limit_remaining"], 3);
+    assert_eq!(app.guarded.degraded_decisions(Policy::Local), 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deny_and_allow_policies_while_redis_is_down_at_start() {
+    // Nothing listens on this port yet: the service starts degraded.
+    let server = RedisServer::start(&[]);
+    let port = server.port;
+    drop(server);
+    let url = format!("redis://127.0.0.1:{port}");
+    let deny = app(&url, "tgtest-deny", 300, settings(Policy::Deny)).await;
+    let allow = app(&url, "tgtest-allow", 300, settings(Policy::Allow)).await;
+    assert_eq!(deny.guarded.state(), BreakerState::Open);
+    let (s, b) = check(&deny, "fw", "carol").await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "{b}");
+    assert_eq!(b["statuses"][0]["message"], DENIED_BY_POLICY);
+    assert!(b["statuses"][0]["retry_after_ms"].as_u64().unwrap() > 0);
+    for _ in 0..10 {
+        assert_eq!(check(&allow, "fw", "carol").await.0, StatusCode::OK);
+    }
+    // A descriptor matching no rule needs no store.
+    assert_eq!(check(&deny, "none", "x").await.0, StatusCode::OK);
+    assert_eq!(deny.guarded.degraded_decisions(Policy::Deny), 1);
+    assert_eq!(allow.guarded.degraded_decisions(Policy::Allow), 10);
+    assert_eq!(get(&deny, "/readyz").await.1["status"], "degraded");
+
+    let _server = RedisServer::start_on(port, &[]);
+    until_healthy(&deny).await;
+    until_healthy(&allow).await;
+    assert_eq!(check(&deny, "fw", "carol").await.0, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deny_cache_answers_denied_keys_without_redis() {
+    let prefix = unique_prefix("backend-denycache");
+    let s = RedisSettings {
+        deny_cache: true,
+        ..settings(Policy::Local)
+    };
+    let app = app(SHARED_URL, &prefix, 2000, s).await;
+    assert_eq!(check(&app, "log", "dave").await.0, StatusCode::OK);
+    assert_eq!(check(&app, "log", "dave").await.0, StatusCode::OK);
+    let (s, denied) = check(&app, "log", "dave").await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS);
+    // Forget the counter in Redis: only the cache can still deny.
+    assert!(delete_prefix(SHARED_URL, &prefix) > 0);
+    let (s, cached) = check(&app, "log", "dave").await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "{cached}");
+    let retry = |b: &Value| b["statuses"][0]["retry_after_ms"].as_u64().unwrap();
+    assert!(retry(&cached) <= retry(&denied) && retry(&cached) > 0);
+    let (_, _, m) = get(&app, "/metrics").await;
+    assert!(m.contains("tollgate_deny_cache_hits_total 1"), "{m}");
+    // Other keys still go to Redis.
+    assert_eq!(check(&app, "log", "erin").await.0, StatusCode::OK);
+    delete_prefix(SHARED_URL, &prefix);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn password_is_redacted_and_cms_reload_is_refused() {
+    let server = RedisServer::start(&["--requirepass", "s3cret-pw"]);
+    let url = format!("redis://:s3cret-pw@127.0.0.1:{}", server.port);
+    let app = app(&url, "tgtest-redact", 2000, settings(Policy::Local)).await;
+    assert_eq!(check(&app, "fw", "frank").await.0, StatusCode::OK);
+    assert_eq!(app.guarded.state(), BreakerState::Healthy);
+
+    let dir = std::env::temp_dir().join(unique_prefix("cms-reload"));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("cms.yaml"),
+        "domain: d\ndescriptors:\n  - key: fw\n    rate_limit: {unit: minute, requests_per_unit: 4, algorithm: count_min_sketch}\n",
+    )
+    .unwrap();
+    assert!(!tollgate_server::reload::reload_now(&app.state, &dir));
+    let (_, rules, text) = get(&app, "/v1/rules").await;
+    assert!(!text.contains("s3cret-pw"), "{text}");
+    assert_eq!(
+        rules["store"]["url"],
+        format!("redis://:***@127.0.0.1:{}", server.port)
+    );
+    assert_eq!(rules["store"]["kind"], "redis");
+    let errors = rules["last_reload_error"]["errors"][0].as_str().unwrap();
+    assert!(errors.contains("cms.yaml:3"), "{errors}");
+    assert!(errors.contains("count_min_sketch"), "{errors}");
+    // The old rules stay active.
+    assert_eq!(
+        rules["domains"][0]["limits"][0]["algorithm"],
+        "fixed_window"
+    );
+    assert_eq!(
+        check(&app, "fw", "frank").await.1["statuses"][0]["limit_remaining"],
+        2
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

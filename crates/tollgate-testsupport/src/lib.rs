@@ -1,0 +1,360 @@
+//! # tollgate-testsupport
+//!
+//! Dev-only helpers shared by the Redis tests of several crates (one copy, not one per crate):
+//! throwaway `redis-server` processes and a 3-master Redis Cluster on free loopback ports, plus
+//! unique key prefixes for the shared server on 6379.
+//!
+//! Servers run from the installed `redis-server` binary in their own temporary directory with
+//! persistence off, and are killed (and their directory removed) on drop, so a failing test
+//! cannot leak them. Nothing here touches the server on 6379 beyond keys under the prefix a test
+//! gets from [`unique_prefix`].
+
+use std::hash::BuildHasher;
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// The shared Redis every test may use (with its own prefix).
+pub const SHARED_URL: &str = "redis://127.0.0.1:6379";
+
+fn random() -> u64 {
+    static N: AtomicU64 = AtomicU64::new(0);
+    std::collections::hash_map::RandomState::new().hash_one((
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed),
+        Instant::now(),
+    ))
+}
+
+/// A key prefix no other test run uses.
+pub fn unique_prefix(what: &str) -> String {
+    format!("tgtest-{what}-{:012x}", random() & 0xffff_ffff_ffff)
+}
+
+/// A free loopback port whose cluster bus port (+10000) is free too.
+fn free_port() -> u16 {
+    loop {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+        let port = l.local_addr().unwrap().port();
+        if port < 50_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}
+
+/// `redis-server ARGS` with persistence off, data in `dir`, output discarded.
+fn spawn_redis(args: &[&str], dir: &std::path::Path) -> Child {
+    Command::new("redis-server")
+        .args(args)
+        .args(["--save", "", "--appendonly", "no"])
+        .arg("--dir")
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server must be installed")
+}
+
+/// A fresh directory under the system temp dir, unique to this process and moment.
+pub fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "tollgate-test-{name}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A 2-worker Tokio runtime for tests that drive async code from a plain `#[test]`.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A `redis-server` child process, killed on drop.
+pub struct RedisServer {
+    child: Child,
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    dir: PathBuf,
+    /// Extra `redis-cli` arguments (TLS).
+    cli_args: Vec<String>,
+}
+
+impl RedisServer {
+    /// Start a server with extra arguments (e.g. `["--cluster-enabled", "yes"]`).
+    pub fn start(extra: &[&str]) -> RedisServer {
+        for _attempt in 0..5 {
+            if let Some(s) = Self::try_start_on(free_port(), extra) {
+                return s;
+            }
+        }
+        panic!("could not start redis-server");
+    }
+
+    /// Start a server on a given port (e.g. to restart one that was killed).
+    pub fn start_on(port: u16, extra: &[&str]) -> RedisServer {
+        for _attempt in 0..50 {
+            if let Some(s) = Self::try_start_on(port, extra) {
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("could not start redis-server on port {port}");
+    }
+
+    fn try_start_on(port: u16, extra: &[&str]) -> Option<RedisServer> {
+        {
+            let dir = std::env::temp_dir().join(format!("tollgate-redis-{port}-{:x}", random()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let port_s = port.to_string();
+            let mut args = vec![
+                "--port",
+                &port_s,
+                "--bind",
+                "127.0.0.1",
+                "--protected-mode",
+                "no",
+            ];
+            args.extend(extra);
+            let child = spawn_redis(&args, &dir);
+            let mut server = RedisServer {
+                child,
+                port,
+                dir,
+                cli_args: Vec::new(),
+            };
+            if server.wait_ready(Duration::from_secs(5)) {
+                return Some(server);
+            }
+            // Lost a race for the port.
+            None
+        }
+    }
+
+    /// The server process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn wait_ready(&mut self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return false;
+            }
+            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() && {
+                let pong = self.cli(&["PING"]);
+                pong.contains("PONG") || pong.contains("NOAUTH")
+            } {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Run `redis-cli -p <port> args...` and return its stdout.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let mut all: Vec<&str> = self.cli_args.iter().map(String::as_str).collect();
+        all.extend(args);
+        cli(self.port, &all)
+    }
+
+    /// Start a TLS-only server with a fresh test CA; returns it and the CA certificate's path.
+    pub fn start_tls() -> (RedisServer, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("tollgate-tls-{:x}", random()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let sh = |script: &str| {
+            let out = Command::new("sh")
+                .arg("-c")
+                .arg(script)
+                .current_dir(&dir)
+                .output()
+                .expect("sh");
+            assert!(
+                out.status.success(),
+                "{script}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        sh(
+            "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+            -keyout ca.key -out ca.crt -days 2 -subj '/CN=tollgate test CA' 2>/dev/null",
+        );
+        sh(
+            "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+            -keyout server.key -out server.csr -subj '/CN=127.0.0.1' 2>/dev/null",
+        );
+        sh(
+            "printf 'subjectAltName=IP:127.0.0.1\\nbasicConstraints=CA:FALSE\\n' > ext.cnf && \
+            openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial \
+            -out server.crt -days 2 -extfile ext.cnf 2>/dev/null",
+        );
+        let file = |f: &str| dir.join(f).to_string_lossy().into_owned();
+        let (ca, cert, key) = (file("ca.crt"), file("server.crt"), file("server.key"));
+        for _ in 0..5 {
+            let port = free_port();
+            let port_s = port.to_string();
+            let args = [
+                "--port",
+                "0",
+                "--tls-port",
+                &port_s,
+                "--bind",
+                "127.0.0.1",
+                "--tls-auth-clients",
+                "no",
+                "--tls-cert-file",
+                &cert,
+                "--tls-key-file",
+                &key,
+                "--tls-ca-cert-file",
+                &ca,
+            ];
+            let child = spawn_redis(&args, &dir);
+            let mut server = RedisServer {
+                child,
+                port,
+                dir: dir.clone(),
+                cli_args: vec!["--tls".into(), "--cacert".into(), ca.clone()],
+            };
+            if server.wait_ready(Duration::from_secs(5)) {
+                return (server, dir.join("ca.crt"));
+            }
+        }
+        panic!("could not start a TLS redis-server");
+    }
+
+    /// Kill the server now (its port stays reserved by nobody).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Run `redis-cli` against a port.
+pub fn cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("redis-cli must be installed");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A Redis Cluster of `masters` masters and no replicas, torn down on drop.
+pub struct Cluster {
+    /// The nodes.
+    pub nodes: Vec<RedisServer>,
+}
+
+impl Cluster {
+    /// Start the nodes, create the cluster and wait for `cluster_state:ok` on every node.
+    pub fn start(masters: usize) -> Cluster {
+        let nodes: Vec<RedisServer> = (0..masters)
+            .map(|_| {
+                RedisServer::start(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "5000",
+                ])
+            })
+            .collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let mut args: Vec<&str> = vec!["--cluster", "create"];
+        args.extend(addrs.iter().map(String::as_str));
+        args.extend(["--cluster-replicas", "0", "--cluster-yes"]);
+        let out = Command::new("redis-cli")
+            .args(&args)
+            .output()
+            .expect("redis-cli must be installed");
+        assert!(
+            out.status.success(),
+            "cluster create failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let cluster = Cluster { nodes };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ok = cluster
+                .nodes
+                .iter()
+                .all(|n| n.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"));
+            if ok {
+                return cluster;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "cluster never reached cluster_state:ok"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// `redis+cluster://127.0.0.1:p1,127.0.0.1:p2,...`.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        format!("redis+cluster://{}", hosts.join(","))
+    }
+}
+
+/// Delete every key under `prefix` on the server at `url` (tests clean up the shared server).
+pub fn delete_prefix(url: &str, prefix: &str) -> usize {
+    let client = redis::Client::open(url).unwrap();
+    let mut con = client.get_connection().unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:*"))
+        .query(&mut con)
+        .unwrap();
+    for chunk in keys.chunks(500) {
+        let _: () = redis::cmd("DEL").arg(chunk).query(&mut con).unwrap();
+    }
+    keys.len()
+}
+
+/// Assert that every key under `prefix` on `url` has a TTL; return how many keys there are.
+pub fn assert_every_key_has_a_ttl(url: &str, prefix: &str) -> usize {
+    let mut con = redis::Client::open(url).unwrap().get_connection().unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:*"))
+        .query(&mut con)
+        .unwrap();
+    for k in &keys {
+        let ttl: i64 = redis::cmd("PTTL").arg(k).query(&mut con).unwrap();
+        assert!(ttl > 0, "{k} has PTTL {ttl}");
+    }
+    keys.len()
+}

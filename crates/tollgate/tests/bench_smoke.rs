@@ -1,0 +1,185 @@
+//! CI smoke run of `tollgate bench` (issue 5): real `tollgate serve` and `tollgate bench-ceiling`
+//! processes on free ports, 2 s runs over HTTP and gRPC, closed and open loop, `--json` parsed.
+//! No timing thresholds: only that the tool works and accounts for every request.
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+/// A child process killed when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Start `tollgate ARGS` and return it with its first stdout line (the `listening:` line).
+fn spawn_listening(args: &[&str]) -> (Proc, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(args)
+        .env_remove("TOLLGATE_RULES")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn tollgate");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let proc = Proc(child);
+    assert!(
+        line.starts_with("listening: "),
+        "no listening line: {line:?}"
+    );
+    (proc, line)
+}
+
+/// The `host:port` following `marker` on a listening line.
+fn addr_after(line: &str, marker: &str) -> String {
+    let rest = &line[line
+        .find(marker)
+        .unwrap_or_else(|| panic!("{marker} in {line}"))
+        + marker.len()..];
+    rest.split(|c: char| c.is_whitespace() || c == ',' || c == ')')
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// `tollgate bench TARGET --duration 2s --json ARGS`, parsed and checked for consistency.
+fn bench(target: &str, extra: &[&str]) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args([
+            "bench",
+            target,
+            "--duration",
+            "2s",
+            "--concurrency",
+            "8",
+            "--json",
+        ])
+        .args(extra)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "bench {target} {extra:?} failed: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let n = |k: &str| {
+        r[k].as_u64()
+            .unwrap_or_else(|| panic!("{k} missing in {r}"))
+    };
+    assert!(n("requests") > 0, "{r}");
+    assert_eq!(n("errors"), 0, "{r}");
+    assert_eq!(n("timeouts"), 0, "{r}");
+    assert_eq!(n("allowed") + n("denied"), n("requests"), "{r}");
+    assert_eq!(r["target"], target);
+    for p in ["p50", "p90", "p99", "p99_9", "max"] {
+        assert!(r["latency_us"][p].as_f64().unwrap() > 0.0, "{p}: {r}");
+    }
+    r
+}
+
+fn rules_file() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tollgate-bench-smoke-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("bench.yaml");
+    std::fs::write(
+        &path,
+        // An exact algorithm over a window longer than the test: at most 10 per key for the
+        // server's whole life. (Regression: with the default sliding window counter a run that
+        // straddled a minute boundary admitted 10 + 1 per key, 55 in all, which is that
+        // algorithm's documented approximation, not a bug, and failed the bound below.)
+        "domain: bench\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: hour\n      requests_per_unit: 10\n      algorithm: sliding_window_log\n",
+    )
+    .unwrap();
+    path
+}
+
+#[test]
+fn bench_against_serve_http_and_grpc_closed_and_open_loop() {
+    let rules = rules_file();
+    let (_server, line) = spawn_listening(&[
+        "serve",
+        "--http-addr",
+        "127.0.0.1:0",
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--rules",
+        rules.to_str().unwrap(),
+    ]);
+    let http = format!("http://{}", addr_after(&line, "HTTP http://"));
+    let grpc = format!("grpc://{}", addr_after(&line, "gRPC "));
+    // 5 keys of 10 per hour (exact): at most 50 requests are allowed in all four runs together,
+    // so any run beyond that must report denials (the generator reads the verdicts, it does not
+    // only count answers).
+    let workload = [
+        "--domain",
+        "bench",
+        "--descriptor",
+        "user=u{key}",
+        "--keys",
+        "5",
+    ];
+    let mut allowed_total = 0;
+    for target in [&http, &grpc] {
+        for open in [false, true] {
+            let mut args = workload.to_vec();
+            if open {
+                args.extend(["--rate", "200"]);
+            }
+            let r = bench(target, &args);
+            assert_eq!(r["mode"], if open { "open" } else { "closed" });
+            let requests = r["requests"].as_u64().unwrap();
+            if requests > 50 {
+                assert!(r["denied"].as_u64().unwrap() > 0, "{r}");
+            }
+            allowed_total += r["allowed"].as_u64().unwrap();
+        }
+    }
+    // The first run sends thousands of requests over 5 keys, so every key reaches its limit;
+    // every request sent is recorded (no warm-up), so exactly 50 were admitted in all.
+    assert_eq!(allowed_total, 50);
+    std::fs::remove_dir_all(rules.parent().unwrap()).unwrap();
+}
+
+#[test]
+fn bench_against_the_ceilings() {
+    for (kind, marker, scheme) in [("http", "HTTP http://", "http"), ("grpc", "gRPC ", "grpc")] {
+        let (_ceiling, line) = spawn_listening(&["bench-ceiling", kind, "--addr", "127.0.0.1:0"]);
+        let target = format!("{scheme}://{}", addr_after(&line, marker));
+        let r = bench(&target, &["--distribution", "zipf:1.1", "--hits", "2"]);
+        assert_eq!(r["denied"], 0, "{r}");
+    }
+}
+
+#[test]
+fn bench_reports_an_unreachable_target_as_an_error() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args([
+            "bench",
+            &format!("http://127.0.0.1:{port}"),
+            "--duration",
+            "1s",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot connect"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -1,0 +1,152 @@
+//! Shared by the end-to-end tests: `tollgate serve` as a child process (bound port read from its
+//! `listening:` line), temporary directories, free ports and a blocking HTTP call.
+
+#![allow(dead_code)]
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use tollgate_server::client::{send, HttpResponse, Method};
+pub use tollgate_testsupport::temp_dir;
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A port that was free a moment ago (bind, read, release).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn port_is_free(port: u16) -> bool {
+    TcpListener::bind(("0.0.0.0", port)).is_ok()
+}
+
+pub struct Server {
+    pub child: Child,
+    pub base: String,
+    pub log: PathBuf,
+}
+
+impl Server {
+    /// Start `tollgate serve ARGS` in `cwd` and wait for its `listening:` line.
+    pub fn start(args: &[&str], cwd: &Path, log_name: &str) -> Server {
+        Self::try_start(args, cwd, log_name).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Like [`Server::start`], but a server that does not come up is an `Err` with its stderr.
+    pub fn try_start(args: &[&str], cwd: &Path, log_name: &str) -> Result<Server, String> {
+        let log = temp_dir(log_name).join("stderr.log");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .arg("serve")
+            .args(args)
+            .current_dir(cwd)
+            .env_remove("TOLLGATE_HTTP_ADDR")
+            .env_remove("TOLLGATE_GRPC_ADDR")
+            .env_remove("TOLLGATE_RULES")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("spawn tollgate serve");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let _ = tx.send(line);
+            }
+        });
+        let line = match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(l) => l,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "no listening line; stderr:\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                ));
+            }
+        };
+        assert!(line.starts_with("listening: HTTP http://"), "{line}");
+        assert!(line.contains("curl -s localhost:"), "{line}");
+        let addr = line["listening: HTTP http://".len()..]
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string();
+        let port = addr.rsplit(':').next().unwrap();
+        Ok(Server {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            log,
+        })
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn terminate(&mut self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Wait for the process to exit (at most `limit`).
+    pub fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let until = Instant::now() + limit;
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            if Instant::now() > until {
+                let _ = self.child.kill();
+                panic!("server did not exit; stderr:\n{}", self.stderr());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+pub fn http(base: &str, method: Method, path: &str, body: Option<Value>) -> HttpResponse {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(send(
+        base,
+        method,
+        path,
+        body.map(|b| b.to_string()),
+        Duration::from_secs(10),
+    ))
+    .expect("HTTP request")
+}
+
+/// Run the `tollgate` binary in the repository root.
+pub fn tollgate(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(args)
+        .current_dir(repo())
+        .output()
+        .expect("run tollgate")
+}

@@ -1,0 +1,310 @@
+#!/usr/bin/env bash
+# Service benchmarks of issue 5, side by side in one run with one load generator (`tollgate bench`):
+#   HTTP  /v1/check: bare axum ceiling vs `tollgate serve` (memory store), allowed and denied paths
+#   gRPC  ShouldRateLimit: bare tonic ceiling vs `tollgate serve`
+#   open loop at half of tollgate's measured maximum (p99), idle RSS of `tollgate serve`
+#   optional: --core (tollgate-core vs governor, short), --redis (Redis store vs redis-benchmark)
+# Every scenario uses the same settings (64 connections, 10,000 keys uniform, 1 s warm-up) and
+# runs --runs times (default 3); the median is reported. Raw JSON goes to --out (default
+# target/bench-results/<date>). See BENCHMARKS.md "Service" for the figures and their reading.
+#
+# --callgrind instead counts the server's instructions per request under valgrind (ceiling and
+# tollgate, HTTP and gRPC): slow, but repeatable on a noisy machine where req/s are not.
+#
+# Usage: scripts/bench.sh [--runs N] [--duration 10s] [--quick] [--core] [--redis] [--callgrind]
+#                         [--no-build] [--out DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+RUNS=3
+DURATION=10s
+WARMUP=1s
+CONCURRENCY=64
+KEYS=10000
+CORE=0
+REDIS=0
+CALLGRIND=0
+BUILD=1
+OUT="target/bench-results/$(date -u +%Y%m%dT%H%M%SZ)"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --runs) RUNS=$2; shift ;;
+    --duration) DURATION=$2; shift ;;
+    --quick) RUNS=1; DURATION=3s ;;
+    --core) CORE=1 ;;
+    --redis) REDIS=1 ;;
+    --callgrind) CALLGRIND=1 ;;
+    --no-build) BUILD=0 ;;
+    --out) OUT=$2; shift ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    *) echo "scripts/bench.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+mkdir -p "$OUT"
+BIN=target/release/tollgate
+if [ "$BUILD" = 1 ]; then
+  echo "== cargo build --release"
+  cargo build --release --locked -p tollgate 2>&1 | tail -n 1
+fi
+[ -x "$BIN" ] || { echo "scripts/bench.sh: $BIN missing (drop --no-build)" >&2; exit 1; }
+
+# Server and load generator share the machine. With taskset and 2+ CPUs each gets its own core
+# (server CPU 0, generator CPU 1), so a figure is "per server core" and runs are comparable.
+PIN_SERVER=()
+PIN_LOAD=()
+if command -v taskset >/dev/null 2>&1 && [ "$(nproc)" -ge 2 ]; then
+  PIN_SERVER=(taskset -c 0)
+  PIN_LOAD=(taskset -c 1)
+  PINNING="server on CPU 0, load generator on CPU 1 (taskset)"
+else
+  PINNING="no pinning (taskset missing or a single CPU): server and generator share all CPUs"
+fi
+
+{
+  echo "date:    $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "commit:  $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+  echo "load:    $(cut -d' ' -f1-3 /proc/loadavg) (1/5/15 min load average before the run)"
+  echo "pinning: $PINNING"
+  echo "runs:    $RUNS x $DURATION (+$WARMUP warm-up), concurrency $CONCURRENCY, $KEYS keys uniform"
+} | tee "$OUT/machine.txt"
+
+# Servers started by this script (all stopped on exit).
+PIDS=()
+SERVER_PID=""
+LISTEN=""
+stop_all() {
+  local p
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  PIDS=()
+}
+trap stop_all EXIT
+
+# start_server NAME ARGS...: run `tollgate ARGS` pinned, wait for its `listening:` line; sets
+# SERVER_PID and LISTEN.
+start_server() {
+  local name=$1; shift
+  "${PIN_SERVER[@]}" "$BIN" "$@" >"$OUT/$name.stdout" 2>"$OUT/$name.stderr" &
+  SERVER_PID=$!
+  PIDS+=("$SERVER_PID")
+  for _ in $(seq 100); do
+    if grep -q '^listening' "$OUT/$name.stdout" 2>/dev/null; then
+      LISTEN=$(grep -m1 '^listening' "$OUT/$name.stdout")
+      return 0
+    fi
+    kill -0 "$SERVER_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "scripts/bench.sh: $name did not start: $(tail -n 3 "$OUT/$name.stderr")" >&2
+  kill "$SERVER_PID" 2>/dev/null || true
+  wait "$SERVER_PID" 2>/dev/null || true
+  return 1
+}
+stop_server() { kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true; }
+http_addr() { sed -n 's/.*HTTP http:\/\/\([^ ,)]*\).*/\1/p' <<<"$LISTEN"; }
+grpc_addr() { sed -n 's/.*gRPC \([^ ,)]*\).*/\1/p' <<<"$LISTEN"; }
+
+# json_num FILE FIELD: a top-level number, or a latency percentile with FIELD=latency_us.p99.
+json_num() {
+  local f=$1 key=$2
+  case "$key" in
+    latency_us.*) sed -n "s/.*\"latency_us\":{[^}]*\"${key#latency_us.}\":\([0-9.e+-]*\).*/\1/p" "$f" ;;
+    *) sed -n "s/.*\"$key\":\([0-9.e+-]*\).*/\1/p" "$f" ;;
+  esac
+}
+median() { sort -g | awk '{v[NR]=$1} END {if (NR==0) print "nan"; else if (NR%2) print v[(NR+1)/2]; else print (v[NR/2]+v[NR/2+1])/2}'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.0f%%", (b > 0) ? 100*a/b : 0}'; }
+rss_kb() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
+half() { awk -v r="$1" 'BEGIN {printf "%d", r/2}'; }
+
+# CPU time (user + system) a process has used, in clock ticks.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+TICKS=$(getconf CLK_TCK)
+
+# Scenarios: "NAME SERVER_PID TARGET [EXTRA ARGS...]" lines. Runs are interleaved (round 1 of
+# every scenario, then round 2, ...) so background load hits ceiling and tollgate alike. Besides
+# req/s, each run records the server's CPU time, giving requests per server CPU-second: on a
+# machine shared with other work the server rarely gets its whole core, and that figure is much
+# less sensitive to it than req/s.
+SCENARIOS=()
+run_rounds() {
+  local r line name pid target extra c0 c1
+  for r in $(seq "$RUNS"); do
+    for line in "${SCENARIOS[@]}"; do
+      read -r name pid target extra <<<"$line"
+      c0=$(cpu_ticks "$pid")
+      # shellcheck disable=SC2086 # extra holds flags
+      "${PIN_LOAD[@]}" "$BIN" bench "$target" --json --duration "$DURATION" --warmup "$WARMUP" \
+        --concurrency "$CONCURRENCY" --keys "$KEYS" --domain bench --descriptor 'user=user_{key}' \
+        $extra >"$OUT/$name.$r.json"
+      c1=$(cpu_ticks "$pid")
+      # Requests per CPU-second over the whole run (warm-up included in both counts).
+      awk -v n="$(json_num "$OUT/$name.$r.json" requests)" -v d="$(json_num "$OUT/$name.$r.json" duration_s)" \
+        -v w="${WARMUP%s}" -v t="$((c1 - c0))" -v hz="$TICKS" \
+        'BEGIN {printf "{\"req_per_cpu_s\":%.0f,\"cpu_share\":%.2f}\n", (t > 0) ? n * (d + w) / d / (t / hz) : 0, t / hz / (d + w)}' \
+        >"$OUT/$name.$r.cpu.json"
+    done
+  done
+}
+# field NAME FIELD: median over the runs of NAME.
+field() {
+  local i
+  local suffix=json
+  case "$2" in req_per_cpu_s|cpu_share) suffix=cpu.json ;; esac
+  for i in $(seq "$RUNS"); do json_num "$OUT/$1.$i.$suffix" "$2"; done | median
+}
+# summarize NAME: one line (median req/s with the range, p50/p99, denied share, errors).
+summarize() {
+  local name=$1 i f rps=() errors=0 denied=0 requests=0 behind=""
+  for i in $(seq "$RUNS"); do
+    f="$OUT/$name.$i.json"
+    rps+=("$(json_num "$f" throughput_rps)")
+    errors=$((errors + $(json_num "$f" errors)))
+    denied=$((denied + $(json_num "$f" denied)))
+    requests=$((requests + $(json_num "$f" requests)))
+    grep -q '"kept_up":false' "$f" && behind="  FELL BEHIND THE SCHEDULE (run $i)"
+  done
+  printf '%-22s %6.0f req/s (runs %s)  %6.0f req/CPU-s (server CPU %.0f%%)  p50 %5.0f us  p99 %6.0f us  denied %5.1f%%  errors %d%s\n' \
+    "$name" "$(field "$name" throughput_rps)" "$(printf '%.0f ' "${rps[@]}" | sed 's/ $//; s/ /, /g')" \
+    "$(field "$name" req_per_cpu_s)" "$(awk -v s="$(field "$name" cpu_share)" 'BEGIN {print 100 * s}')" \
+    "$(field "$name" latency_us.p50)" "$(field "$name" latency_us.p99)" \
+    "$(awk -v d="$denied" -v r="$requests" 'BEGIN {print r ? 100*d/r : 0}')" "$errors" "$behind" \
+    | tee -a "$OUT/summary.txt"
+}
+
+serve_args=(serve --http-addr 127.0.0.1:0 --grpc-addr 127.0.0.1:0)
+
+# callgrind NAME SCHEME ARGS...: server `tollgate ARGS` under callgrind; after a warm-up run the
+# counters are zeroed, a measured run follows, and the instructions of the whole server process
+# (all threads) are divided by the requests answered.
+callgrind() {
+  local name=$1 scheme=$2; shift 2
+  local saved=("${PIN_SERVER[@]}") addr ir req
+  PIN_SERVER=(valgrind --tool=callgrind --callgrind-out-file="$OUT/callgrind.$name")
+  start_server "cg-$name" "$@"
+  PIN_SERVER=("${saved[@]}")
+  if [ "$scheme" = http ]; then addr=$(http_addr); else addr=$(grpc_addr); fi
+  local common=(--json --concurrency "$CONCURRENCY" --keys "$KEYS" --domain bench
+    --descriptor 'user=user_{key}' --timeout 30s)
+  "$BIN" bench "$scheme://$addr" "${common[@]}" --duration 2s >/dev/null
+  callgrind_control -z "$SERVER_PID" >/dev/null 2>&1
+  "$BIN" bench "$scheme://$addr" "${common[@]}" --duration "$DURATION" >"$OUT/cg-$name.json"
+  callgrind_control -d "$SERVER_PID" >/dev/null 2>&1
+  stop_server
+  ir=$(sed -n 's/^summary: //p' "$OUT/callgrind.$name.1")
+  req=$(json_num "$OUT/cg-$name.json" requests)
+  CG_IR=$(awk -v i="$ir" -v r="$req" 'BEGIN {printf "%d", i/r}')
+  printf '%-16s %8d instructions/request (%d requests, errors %s)\n' "$name" "$CG_IR" "$req" \
+    "$(json_num "$OUT/cg-$name.json" errors)" | tee -a "$OUT/summary.txt"
+}
+
+if [ "$CALLGRIND" = 1 ]; then
+  command -v valgrind >/dev/null 2>&1 || { echo "scripts/bench.sh: --callgrind needs valgrind" >&2; exit 1; }
+  echo "== instructions per request (callgrind, server process only)"
+  callgrind http-ceiling http bench-ceiling http --addr 127.0.0.1:0; C_HTTP=$CG_IR
+  callgrind http-tollgate http "${serve_args[@]}" --rules benches/rules/high-limit.yaml; T_HTTP=$CG_IR
+  callgrind grpc-ceiling grpc bench-ceiling grpc --addr 127.0.0.1:0; C_GRPC=$CG_IR
+  callgrind grpc-tollgate grpc "${serve_args[@]}" --rules benches/rules/high-limit.yaml; T_GRPC=$CG_IR
+  {
+    echo
+    echo "| path | ceiling instr/req | tollgate instr/req | ceiling/tollgate (goal >= 60%) |"
+    echo "|---|---:|---:|---:|"
+    echo "| HTTP /v1/check | $C_HTTP | $T_HTTP | $(ratio "$C_HTTP" "$T_HTTP") |"
+    echo "| gRPC ShouldRateLimit | $C_GRPC | $T_GRPC | $(ratio "$C_GRPC" "$T_GRPC") |"
+  } | tee -a "$OUT/summary.txt"
+  echo "profiles: callgrind_annotate --inclusive=yes $OUT/callgrind.<name>.1"
+  exit 0
+fi
+
+echo "== starting the servers (all idle but the one under load)"
+start_server ceiling-http bench-ceiling http --addr 127.0.0.1:0
+C_HTTP="$SERVER_PID http://$(http_addr)"
+start_server ceiling-grpc bench-ceiling grpc --addr 127.0.0.1:0
+C_GRPC="$SERVER_PID grpc://$(grpc_addr)"
+start_server serve-high "${serve_args[@]}" --rules benches/rules/high-limit.yaml
+T_HTTP="$SERVER_PID http://$(http_addr)"; T_GRPC="$SERVER_PID grpc://$(grpc_addr)"; T_PID=$SERVER_PID
+sleep 1
+IDLE_RSS=$(rss_kb "$T_PID")
+start_server serve-tight "${serve_args[@]}" --rules benches/rules/tight-limit.yaml
+D_HTTP="$SERVER_PID http://$(http_addr)"; D_GRPC="$SERVER_PID grpc://$(grpc_addr)"
+
+# ---- HOOK: tollgate serve over Redis (issue 5: Redis store at 64 concurrent requests, p99 < 2 ms
+# on loopback). Runs as soon as `tollgate serve` accepts `--store redis://` and a Redis answers on
+# 127.0.0.1:6379; until then it prints why it was skipped. Its ceiling is redis-benchmark's
+# EVALSHA (`--redis`).
+REDIS_SERVICE=0
+if ! command -v redis-cli >/dev/null 2>&1 || ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+  echo "service over Redis skipped: no Redis answering on 127.0.0.1:6379"
+elif ! start_server serve-redis "${serve_args[@]}" --rules benches/rules/high-limit.yaml \
+    --store redis://127.0.0.1:6379 2>/dev/null; then
+  echo "service over Redis skipped: this tollgate serve does not accept --store redis:// (see $OUT/serve-redis.stderr)"
+else
+  REDIS_SERVICE=1
+  R_HTTP="$SERVER_PID http://$(http_addr)"; R_GRPC="$SERVER_PID grpc://$(grpc_addr)"
+fi
+
+echo "== closed loop, $RUNS interleaved rounds"
+SCENARIOS=(
+  "http-ceiling $C_HTTP"
+  "http-tollgate $T_HTTP"
+  "http-tollgate-denied $D_HTTP"
+  "grpc-ceiling $C_GRPC"
+  "grpc-tollgate $T_GRPC"
+  "grpc-tollgate-denied $D_GRPC"
+)
+if [ "$REDIS_SERVICE" = 1 ]; then
+  SCENARIOS+=("http-tollgate-redis $R_HTTP" "grpc-tollgate-redis $R_GRPC")
+fi
+run_rounds
+for line in "${SCENARIOS[@]}"; do summarize "${line%% *}"; done
+
+echo "== open loop at half of tollgate's measured maximum (median), $RUNS interleaved rounds"
+HTTP_RATE=$(half "$(field http-tollgate throughput_rps)")
+GRPC_RATE=$(half "$(field grpc-tollgate throughput_rps)")
+SCENARIOS=("http-open $T_HTTP --rate $HTTP_RATE" "grpc-open $T_GRPC --rate $GRPC_RATE")
+if [ "$REDIS_SERVICE" = 1 ]; then
+  R_RATE=$(half "$(field grpc-tollgate-redis throughput_rps)")
+  SCENARIOS+=("grpc-redis-open $R_GRPC --rate $R_RATE")
+fi
+run_rounds
+for line in "${SCENARIOS[@]}"; do summarize "${line%% *}"; done
+LOADED_RSS=$(rss_kb "$T_PID")
+stop_all
+
+if [ "$CORE" = 1 ]; then
+  echo "== tollgate-core vs governor (short; BENCHMARKS.md has the full run)"
+  cargo bench --locked -p tollgate-core --bench core -- --warm-up-time 1 --measurement-time 2 \
+    'single_key/admit/' 2>&1 | grep -E '^(single|keys|threads|step)|time:' | tee "$OUT/core.txt"
+fi
+if [ "$REDIS" = 1 ]; then
+  echo "== Redis store vs redis-benchmark EVALSHA (BENCHMARKS.md 'Redis store')"
+  BENCH_SECS=5 cargo bench --locked -p tollgate-redis --bench redis 2>&1 | tee "$OUT/redis.txt" | tail -n 20
+fi
+
+med() { field "$1" throughput_rps; }
+eff() { field "$1" req_per_cpu_s; }
+row() {
+  printf '| %s | %.0f | %.0f | %s | %.0f | %.0f | %s |\n' "$1" "$(med "$2")" "$(med "$3")" \
+    "$(ratio "$(med "$3")" "$(med "$2")")" "$(eff "$2")" "$(eff "$3")" "$(ratio "$(eff "$3")" "$(eff "$2")")"
+}
+{
+  echo
+  echo "| target (median of $RUNS) | ceiling req/s | tollgate req/s | ratio | ceiling req/CPU-s | tollgate req/CPU-s | ratio (goal >= 60%) |"
+  echo "|---|---:|---:|---:|---:|---:|---:|"
+  row "HTTP /v1/check, allowed" http-ceiling http-tollgate
+  row "HTTP /v1/check, denied" http-ceiling http-tollgate-denied
+  row "gRPC ShouldRateLimit, allowed" grpc-ceiling grpc-tollgate
+  row "gRPC ShouldRateLimit, denied" grpc-ceiling grpc-tollgate-denied
+  echo
+  printf 'p99 open loop at half max (goal < 1 ms): HTTP %.0f us at %s req/s, gRPC %.0f us at %s req/s\n' \
+    "$(field http-open latency_us.p99)" "$HTTP_RATE" "$(field grpc-open latency_us.p99)" "$GRPC_RATE"
+  if [ "$REDIS_SERVICE" = 1 ]; then
+    printf 'service over Redis: HTTP %.0f req/s, gRPC %.0f req/s, gRPC p99 %.0f us at %s req/s (goal < 2 ms)\n' \
+      "$(med http-tollgate-redis)" "$(med grpc-tollgate-redis)" "$(field grpc-redis-open latency_us.p99)" "$R_RATE"
+  fi
+  printf 'RSS of tollgate serve: idle %.1f MB (goal < 30 MB), after the runs above %.1f MB\n' \
+    "$(awk -v k="$IDLE_RSS" 'BEGIN {print k/1024}')" "$(awk -v k="$LOADED_RSS" 'BEGIN {print k/1024}')"
+} | tee -a "$OUT/summary.txt"
+echo "raw results: $OUT"
