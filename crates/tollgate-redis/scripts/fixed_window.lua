@@ -48,14 +48,16 @@ ALG[4] = {
   load = function(p) return load_string(p, fw_decode) end,
   step = fw_step,
   save = function(p, old, new, ttl) save_string(p, fw_encode, old, new, ttl) end,
-  -- Undo an admitted cost in the window it went into (the current one, or a later one the
-  -- state already counted if the clock went backwards).
+  -- Undo an admitted cost, only in the window it went into (`now` is the check's time). A
+  -- state in another window was rolled on by other requests since: this cost is not in it, and
+  -- taking it off would let that window admit more than its limit. (A check that ran on a clock
+  -- gone backwards counted in the later window and is not refunded: the safe side.)
   refund = function(p, now, cost)
     local v = redis.call('GET', p.keys[1])
     if not v then return end
     local s = fw_decode(v)
     local start = window(p, now)
-    if s[1] < start then return end
+    if s[1] ~= start then return end
     s[2] = s[2] - cost
     if s[2] <= 0 then
       redis.call('DEL', p.keys[1])

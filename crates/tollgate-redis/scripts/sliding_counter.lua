@@ -83,14 +83,14 @@ ALG[6] = {
   load = function(p) return load_string(p, sc_decode) end,
   step = sc_step,
   save = function(p, old, new, ttl) save_string(p, sc_encode, old, new, ttl) end,
-  -- Undo an admitted cost in the current window's count (or the later window the state holds
-  -- if the clock went backwards).
+  -- Undo an admitted cost in the count of the window the check counted in.
   refund = function(p, now, cost)
     local v = redis.call('GET', p.keys[1])
     if not v then return end
     local s = sc_decode(v)
     local start = window(p, now)
-    if s[1] < start then return end
+    -- Only in the window the check counted in (see fixed_window.lua's refund).
+    if s[1] ~= start then return end
     s[3] = s[3] - cost
     if s[3] < 0 then s[3] = 0 end
     if s[2] == 0 and s[3] == 0 then

@@ -104,8 +104,10 @@ pub fn redact(url: &str) -> String {
         return url.to_owned();
     };
     let rest = &url[scheme_end + 3..];
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let Some(at) = rest[..authority_end].rfind('@') else {
+    // The last `@` anywhere, not only before the first `/`: a password with a raw `/` (not
+    // percent-encoded) would otherwise end the authority early and be printed whole. A Redis
+    // URL's path is only a database number, so an `@` in it is never anything but userinfo.
+    let Some(at) = rest.rfind('@') else {
         return url.to_owned();
     };
     let userinfo = &rest[..at];
@@ -481,6 +483,13 @@ mod tests {
             redact("redis+cluster://u:p@a:1,b:2"),
             "redis+cluster://u:***@a:1,b:2"
         );
+        // Regression: a raw `/` in the password ended the authority early and the URL was
+        // printed whole.
+        assert_eq!(
+            redact("redis://u:pa/ss@host:6379/0"),
+            "redis://u:***@host:6379/0"
+        );
+        assert_eq!(redact("redis://:a@b/c@h:1"), "redis://:***@h:1");
         let o = RedisOptions::default();
         assert!(!format!("{o:?}").contains("s3cret"));
     }

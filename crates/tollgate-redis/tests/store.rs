@@ -478,3 +478,57 @@ async fn script_flush_under_concurrent_load_fails_no_call() {
     );
     assert_eq!(admitted.load(Ordering::Relaxed), 1000);
 }
+
+/// Regression (cluster refunds): a refund carries the time of the check it undoes. When another
+/// request rolled the counter into the next window between that check and the refund, the refund
+/// came off the *new* window, which the refunded request never counted in, and that window could
+/// then admit more than its limit. A refund must only undo in the window the check counted in.
+#[tokio::test]
+async fn refund_never_comes_off_a_later_window() {
+    use tollgate_redis::script::{invocation, script, Call, Mode};
+    let store = RedisStore::connect(SHARED_URL, options("refund-window"))
+        .await
+        .unwrap();
+    let prefix = store.options().prefix.clone();
+    let lua = script();
+    let mut con = redis::Client::open(SHARED_URL)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    const MINUTE: Micros = 60_000_000;
+    let (end_of_one, start_of_next) = (10 * MINUTE - 1_000, 10 * MINUTE + 1_000);
+    for alg in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter] {
+        let quota = Quota::new(2, Unit::Minute).with_algorithm(alg);
+        let key = format!("api|user=refund-{alg}");
+        let first = item(&key, &quota, 1);
+        let d = store.check(Some(end_of_one), &[first]).await.unwrap();
+        assert!(d[0].allowed, "{alg}");
+        // Another request rolls the counter into the next minute.
+        let d = store.check(Some(start_of_next), &[first]).await.unwrap();
+        assert!(d[0].allowed, "{alg}");
+        // The first request's refund arrives, as RedisStore sends it: at the check's time.
+        let keys = counter_keys(&prefix, &key, &quota);
+        let call = Call {
+            now: Some(end_of_one),
+            reqid: "first",
+            mode: Mode::Refund,
+            single: false,
+            grace_ms: 0,
+        };
+        let _: redis::Value = invocation(&lua, &call, &[(0, &first, &keys)])
+            .invoke_async(&mut con)
+            .await
+            .unwrap();
+        // The next minute still holds the one request counted in it.
+        let d = store
+            .check(Some(start_of_next + 1_000), &[item(&key, &quota, 0)])
+            .await
+            .unwrap();
+        assert_eq!(
+            d[0].remaining, 1,
+            "{alg}: refunded a window it never counted in"
+        );
+    }
+    support::delete_prefix(SHARED_URL, &prefix);
+}

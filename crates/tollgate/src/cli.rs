@@ -37,7 +37,12 @@ enum Command {
         /// Where counters live: `memory`, or `redis://...` (also `rediss://`,
         /// `redis+cluster://`): the trace is replayed on Redis with the trace's clock, under a
         /// throwaway key prefix deleted afterwards.
-        #[arg(long, env = "TOLLGATE_STORE", default_value = "memory")]
+        #[arg(
+            long,
+            env = "TOLLGATE_STORE",
+            hide_env_values = true,
+            default_value = "memory"
+        )]
         store: String,
         /// Trace file; standard input when absent or `-`.
         #[arg(long)]
@@ -88,7 +93,12 @@ pub struct ServeArgs {
     rules: PathBuf,
     /// Where counters live: `memory`, `redis://[user:pass@]host:port[/db]`, `rediss://...` (TLS)
     /// or `redis+cluster://h1:p1,h2:p2` (`rediss+cluster://` for TLS).
-    #[arg(long, env = "TOLLGATE_STORE", default_value = "memory")]
+    #[arg(
+        long,
+        env = "TOLLGATE_STORE",
+        hide_env_values = true,
+        default_value = "memory"
+    )]
     store: String,
     /// Redis: bound on each call, in milliseconds.
     #[arg(long, env = "TOLLGATE_REDIS_TIMEOUT_MS", default_value_t = 50)]

@@ -5,17 +5,41 @@ mod support;
 use std::process::{Command, Output};
 use support::{repo, temp_dir, tollgate};
 
-/// `tollgate simulate` of tests/traces/login.csv on `store`.
-fn simulate_login(store: &str) -> Output {
+/// `tollgate simulate` of tests/traces/`trace` on `store`.
+fn simulate(trace: &str, store: &str) -> Output {
     tollgate(&[
         "simulate",
         "--rules",
         "tests/rules",
         "--input",
-        "tests/traces/login.csv",
+        &format!("tests/traces/{trace}"),
         "--store",
         store,
     ])
+}
+
+fn simulate_login(store: &str) -> Output {
+    simulate("login.csv", store)
+}
+
+/// Every `tests/traces/*.csv` that has a `*.expected.csv` beside it (at least login and
+/// windows: between them every algorithm the Redis store runs).
+fn traces() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(repo().join("tests/traces"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".csv") && !n.ends_with(".expected.csv"))
+        .collect();
+    names.sort();
+    assert!(names.len() >= 2, "{names:?}");
+    names
+}
+
+fn expected(trace: &str) -> String {
+    let path = repo()
+        .join("tests/traces")
+        .join(trace.replace(".csv", ".expected.csv"));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 fn text(b: &[u8]) -> String {
@@ -23,14 +47,15 @@ fn text(b: &[u8]) -> String {
 }
 
 #[test]
-fn simulate_replays_trace_exactly() {
-    let out = simulate_login("memory");
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let expected = std::fs::read_to_string(repo().join("tests/traces/login.expected.csv")).unwrap();
-    assert_eq!(text(&out.stdout), expected);
+fn simulate_replays_traces_exactly() {
+    for trace in traces() {
+        let out = simulate(&trace, "memory");
+        assert!(out.status.success(), "{trace}: {}", text(&out.stderr));
+        assert_eq!(text(&out.stdout), expected(&trace), "{trace}");
+    }
 }
 
-/// The same trace on Redis (trace clock, throwaway prefix): the same output, no keys left.
+/// The same traces on Redis (trace clock, throwaway prefix): the same output, no keys left.
 #[test]
 fn simulate_on_redis_equals_memory() {
     let leftovers = || {
@@ -39,11 +64,16 @@ fn simulate_on_redis_equals_memory() {
             .count()
     };
     let before = leftovers();
-    let out = simulate_login(tollgate_testsupport::SHARED_URL);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    assert_eq!(text(&out.stdout), text(&simulate_login("memory").stdout));
-    let expected = std::fs::read_to_string(repo().join("tests/traces/login.expected.csv")).unwrap();
-    assert_eq!(text(&out.stdout), expected);
+    for trace in traces() {
+        let out = simulate(&trace, tollgate_testsupport::SHARED_URL);
+        assert!(out.status.success(), "{trace}: {}", text(&out.stderr));
+        assert_eq!(
+            text(&out.stdout),
+            text(&simulate(&trace, "memory").stdout),
+            "{trace}"
+        );
+        assert_eq!(text(&out.stdout), expected(&trace), "{trace}");
+    }
     assert_eq!(leftovers(), before, "the replay's keys are deleted");
 }
 

@@ -3,7 +3,8 @@
 //! - 4 instances, 64 concurrent keep-alive clients, 5,000 attempts on one key per algorithm:
 //!   exactly the limit admitted (sliding window counter: never above its documented bound).
 //! - A Redis outage under steady load, under each failure policy; recovery by itself after a
-//!   restart; starting with Redis down; `SCRIPT FLUSH` mid-run; Redis Cluster with a request whose
+//!   restart (within 2 s); a hung Redis (timeouts only until the breaker opens); starting with
+//!   Redis down; `SCRIPT FLUSH` mid-run; Redis Cluster with a request whose
 //!   counters live in different slots; count-min-sketch rules refused; `simulate --store redis`.
 
 mod support;
@@ -181,8 +182,9 @@ fn four_instances_admit_exactly_the_limit() {
     let rolled = utc_day() != day;
     for (key, admitted) in results {
         match key {
-            // Documented bound: each aligned window <= limit; 2 x limit across a boundary.
-            "sc" => assert!(admitted <= if rolled { 2 * LIMIT } else { LIMIT }),
+            // In one fresh window (previous count 0) the counter is exact; across a day
+            // boundary its documented bound is 2 x limit.
+            "sc" if rolled => assert!(admitted <= 2 * LIMIT),
             "fw" if rolled => assert!(admitted <= 2 * LIMIT),
             _ => assert_eq!(admitted, LIMIT, "{key}"),
         }
@@ -196,6 +198,17 @@ fn four_instances_admit_exactly_the_limit() {
     }
     assert!(assert_every_key_has_a_ttl(SHARED_URL, &prefix) >= 5);
     delete_prefix(SHARED_URL, &prefix);
+}
+
+/// Issue 4: once Redis answers again, the service is back on it within 2 s by itself (the
+/// breaker's probe runs every 250 ms).
+const BACK_WITHIN: Duration = Duration::from_secs(2);
+
+/// `/readyz`'s `store_state`.
+fn store_state(base: &str) -> Value {
+    let r = http(base, Method::GET, "/readyz", None);
+    let b: Value = serde_json::from_str(&r.body).unwrap_or(Value::Null);
+    b["store_state"].clone()
 }
 
 /// Poll `/readyz` until `store_state` is `healthy`; the time it took.
@@ -318,13 +331,15 @@ fn outage_under_each_policy_then_back_to_redis_by_itself() {
         "local policy limits locally"
     );
 
-    let restarted = Instant::now();
     let _redis = RedisServer::start_on(port, &[]);
+    let restarted = Instant::now();
     for (p, s) in &servers {
-        let took = until_healthy(&s.base);
-        eprintln!(
-            "{p}: back on Redis {:?} after the restart",
-            restarted.elapsed().max(took)
+        until_healthy(&s.base);
+        let back = restarted.elapsed();
+        eprintln!("{p}: back on Redis {back:?} after the restart answered");
+        assert!(
+            back <= BACK_WITHIN,
+            "{p}: back on Redis only after {back:?}"
         );
     }
     let after_recovery: Vec<u64> = servers.iter().map(|(_, s)| degraded(&s.base)).collect();
@@ -364,6 +379,66 @@ fn outage_under_each_policy_then_back_to_redis_by_itself() {
     }
 }
 
+/// A hung Redis (SIGSTOP: calls time out instead of failing fast, unlike a killed one). Until the
+/// breaker opens each request waits one per-call timeout; from then on none waits on Redis at all
+/// (the breaker's whole point). Then SIGCONT: back on Redis within 2 s.
+#[test]
+fn hung_redis_costs_timeouts_only_until_the_breaker_opens() {
+    // A timeout long enough that "waited on Redis" and "decided locally" cannot be confused on a
+    // loaded machine.
+    const TIMEOUT: Duration = Duration::from_millis(400);
+    let redis = RedisServer::start(&[]);
+    let rules = rules_dir("dist-hung");
+    let prefix = unique_prefix("dist-hung");
+    let timeout_ms = TIMEOUT.as_millis().to_string();
+    let extra = ["--redis-prefix", &prefix, "--redis-timeout-ms", &timeout_ms];
+    let s = serve(&rules, &redis.url(), &extra, "hung");
+    until_healthy(&s.base);
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &redis.pid().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig}");
+    };
+    let check = || {
+        let t = Instant::now();
+        let r = http(
+            &s.base,
+            Method::POST,
+            "/v1/check",
+            Some(serde_json::from_str(&body("log", "hung")).unwrap()),
+        );
+        assert_eq!(r.status, 200, "the local policy admits: {}", r.body);
+        t.elapsed()
+    };
+    signal("-STOP");
+    let mut before_open = Vec::new();
+    let started = Instant::now();
+    while store_state(&s.base) != "open" {
+        before_open.push(check());
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "breaker never opened"
+        );
+    }
+    assert!(
+        before_open.iter().any(|d| *d >= TIMEOUT),
+        "no request waited for the timeout before the breaker opened: {before_open:?}"
+    );
+    let after_open: Vec<Duration> = (0..30).map(|_| check()).collect();
+    assert!(
+        after_open.iter().all(|d| *d < TIMEOUT),
+        "a request waited on the hung Redis after the breaker opened: {after_open:?}"
+    );
+    signal("-CONT");
+    let resumed = Instant::now();
+    until_healthy(&s.base);
+    let back = resumed.elapsed();
+    assert!(back <= BACK_WITHIN, "back on Redis only after {back:?}");
+}
+
 fn degraded(base: &str) -> u64 {
     let m = http(base, Method::GET, "/metrics", None).body;
     m.lines()
@@ -393,10 +468,12 @@ fn starts_with_redis_down_and_recovers() {
         Some(serde_json::from_str(&body("fw", "x")).unwrap()),
     );
     assert_eq!(r.status, 200, "local policy answers");
-    let started = Instant::now();
     let _redis = RedisServer::start_on(port, &[]);
+    let started = Instant::now();
     until_healthy(&s.base);
-    eprintln!("recovered {:?} after Redis started", started.elapsed());
+    let back = started.elapsed();
+    eprintln!("recovered {back:?} after Redis started");
+    assert!(back <= BACK_WITHIN, "back on Redis only after {back:?}");
     let r = http(
         &s.base,
         Method::POST,
