@@ -530,4 +530,40 @@ descriptors:
         let (_, dec) = v.binding().unwrap();
         assert!(dec.never_passes(), "cost 4 > limit 3 can never pass");
     }
+
+    #[test]
+    fn binding_over_several_descriptors_is_longest_retry_or_least_remaining() {
+        let rules = RuleSet::from_sources(&[(
+            "w.yaml".into(),
+            "domain: w\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: gcra}\n  - key: b\n    rate_limit: {unit: hour, requests_per_unit: 1, algorithm: gcra}\n  - key: c\n    rate_limit: {unit: hour, requests_per_unit: 5, algorithm: gcra}\n  - key: e\n    rate_limit: {unit: hour, requests_per_unit: 2, algorithm: gcra}\n"
+                .into(),
+        )])
+        .unwrap();
+        let store = MemoryStore::default();
+        let run = |ds: &[Descriptor]| check(&rules, &store, NOW, "w", ds, 1).unwrap();
+        assert!(run(&[d("a", "x")]).allowed());
+        assert!(run(&[d("b", "x")]).allowed());
+        // a blocks for 1 s, b for an hour, c would pass: the binding limit is b, whatever the
+        // order of the descriptors.
+        for ds in [
+            [d("a", "x"), d("b", "x"), d("c", "x")],
+            [d("c", "x"), d("b", "x"), d("a", "x")],
+        ] {
+            let v = run(&ds);
+            assert!(!v.allowed());
+            let (limit, dec) = v.binding().unwrap();
+            let q = limit.quota.unwrap();
+            assert_eq!((q.limit, q.period.unit), (1, Unit::Hour), "b binds");
+            assert_eq!(dec.retry_after, Some(3_600 * SECOND));
+        }
+        // Allowed: the limit with the least remaining (e: 1 of 2 left; c: 4 of 5).
+        let v = run(&[d("c", "y"), d("e", "y")]);
+        assert!(v.allowed());
+        let (limit, dec) = v.binding().unwrap();
+        assert_eq!(
+            (limit.quota.unwrap().limit, dec.remaining),
+            (2, 1),
+            "e binds"
+        );
+    }
 }

@@ -658,6 +658,54 @@ mod tests {
     }
 
     #[test]
+    fn eviction_takes_expired_and_soonest_full_entries_before_long_lived_ones() {
+        // 10 entries per shard. 128 keys limited for an hour (full again in an hour), then a
+        // flood of 5,000 keys whose state is full again 100 ms later.
+        let s = MemoryStore::with_seed(SHARDS * 10, 1, 2);
+        let hour = Quota::new(1, Unit::Hour).with_algorithm(Algorithm::Gcra);
+        let brief = Quota::new(10, Unit::Second).with_algorithm(Algorithm::Gcra);
+        let long: Vec<String> = (0..128).map(|i| format!("user={i}")).collect();
+        let flood: Vec<String> = (0..5_000).map(|i| format!("ip={i}")).collect();
+        let limited = |s: &MemoryStore, now| {
+            long.iter()
+                .filter(|k| s.check_one(now, &item(k, &hour, 0)).unwrap().remaining == 0)
+                .count()
+        };
+        for k in &long {
+            s.check_one(SECOND, &item(k, &hour, 1)).unwrap();
+        }
+        assert_eq!(limited(&s, SECOND), 128, "no shard is full yet");
+        // At one instant nothing has expired: the flood evicts its own (soonest full) entries.
+        for k in &flood {
+            s.check_one(SECOND, &item(k, &brief, 1)).unwrap();
+        }
+        assert!(s.len() <= SHARDS * 10, "{}", s.len());
+        assert_eq!(limited(&s, SECOND), 128, "soonest full evicted first");
+        // A second later the flood's entries have expired: a new flood evicts those first.
+        for k in &flood {
+            s.check_one(2 * SECOND, &item(&format!("{k}b"), &brief, 1))
+                .unwrap();
+        }
+        assert!(s.len() <= SHARDS * 10, "{}", s.len());
+        assert_eq!(limited(&s, 2 * SECOND), 128, "expired evicted first");
+    }
+
+    #[test]
+    fn count_min_sketch_memory_is_fixed_whatever_the_keys() {
+        let s = MemoryStore::with_seed(1000, 1, 2);
+        let q = Quota::new(5, Unit::Second).with_algorithm(Algorithm::CountMinSketch);
+        s.check_one(SECOND, &item("ip=0", &q, 1)).unwrap();
+        let one_key = s.sketch_memory();
+        assert!(one_key > 0);
+        for i in 0..100_000 {
+            s.check_one(SECOND + i, &item(&format!("ip={i}"), &q, 1))
+                .unwrap();
+        }
+        assert_eq!(s.sketch_memory(), one_key, "fixed memory");
+        assert_eq!(s.len(), 0, "no per-key entries");
+    }
+
+    #[test]
     fn bounded_keys_evict_expired_then_soonest_full() {
         let s = MemoryStore::with_seed(SHARDS * 10, 1, 2);
         let q = Quota::new(1, Unit::Hour).with_algorithm(Algorithm::Gcra);

@@ -42,16 +42,35 @@ impl Server {
         Self::try_start(args, cwd, log_name).unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// Like [`Server::start`], with `TOLLGATE_*` settings in the environment.
+    pub fn start_env(args: &[&str], env: &[(&str, &str)], cwd: &Path, log_name: &str) -> Server {
+        Self::try_start_env(args, env, cwd, log_name).unwrap_or_else(|e| panic!("{e}"))
+    }
+
     /// Like [`Server::start`], but a server that does not come up is an `Err` with its stderr.
     pub fn try_start(args: &[&str], cwd: &Path, log_name: &str) -> Result<Server, String> {
+        Self::try_start_env(args, &[], cwd, log_name)
+    }
+
+    fn try_start_env(
+        args: &[&str],
+        env: &[(&str, &str)],
+        cwd: &Path,
+        log_name: &str,
+    ) -> Result<Server, String> {
         let log = temp_dir(log_name).join("stderr.log");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tollgate"));
+        // A test says every setting it means: none leaks in from the caller's environment.
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("TOLLGATE_") {
+                cmd.env_remove(k);
+            }
+        }
+        let mut child = cmd
             .arg("serve")
             .args(args)
+            .envs(env.iter().copied())
             .current_dir(cwd)
-            .env_remove("TOLLGATE_HTTP_ADDR")
-            .env_remove("TOLLGATE_GRPC_ADDR")
-            .env_remove("TOLLGATE_RULES")
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
