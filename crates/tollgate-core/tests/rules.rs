@@ -540,6 +540,11 @@ const BAD: &[(&str, usize, &str)] = &[
         6,
         "a period of 1000000 years is longer than the longest supported (100 years)",
     ),
+    (
+        "burst_too_large.yaml",
+        8,
+        "`burst` is too large: 5000000000 (at most 4294967295)",
+    ),
     // Regression: a huge burst overflowed `burst * period / limit` in the bucket steps.
     (
         "burst_takes_too_long.yaml",

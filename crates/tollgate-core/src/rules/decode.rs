@@ -296,7 +296,8 @@ fn rate_limit(node: &Node, errors: &mut Errors) -> Option<RateLimitSpec> {
     };
     let burst = fields
         .get("burst")
-        .map(|n| (n, integer(n, "burst", 1, u64::MAX, errors)));
+        // At most u32::MAX like `requests_per_unit`: the memory store keeps counts in 32 bits.
+        .map(|n| (n, integer(n, "burst", 1, u64::from(u32::MAX), errors)));
     if let (Some((n, _)), Some(a)) = (burst, algorithm) {
         if !a.uses_burst() {
             errors.push((
