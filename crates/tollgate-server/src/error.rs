@@ -15,8 +15,10 @@ pub enum ErrorClass {
     TooLarge,
     /// Wrong content type (HTTP 415).
     UnsupportedMediaType,
-    /// No such endpoint (HTTP 404 / 405).
+    /// No such endpoint (HTTP 404).
     NotFound,
+    /// The endpoint exists, not with this method (HTTP 405).
+    MethodNotAllowed,
     /// The store could not decide (HTTP 503, gRPC UNAVAILABLE).
     Unavailable,
     /// A bug (HTTP 500, gRPC INTERNAL).
@@ -46,6 +48,9 @@ pub enum ApiError {
     /// No route.
     #[error("{0}")]
     NotFound(String),
+    /// A route, not for this method.
+    #[error("method not allowed on this endpoint")]
+    MethodNotAllowed,
     /// The store failed.
     #[error("{0}")]
     Store(#[from] StoreError),
@@ -70,6 +75,7 @@ impl ApiError {
             ApiError::PayloadTooLarge { .. } => ErrorClass::TooLarge,
             ApiError::UnsupportedMediaType(_) => ErrorClass::UnsupportedMediaType,
             ApiError::NotFound(_) => ErrorClass::NotFound,
+            ApiError::MethodNotAllowed => ErrorClass::MethodNotAllowed,
             ApiError::Store(_) => ErrorClass::Unavailable,
             ApiError::Internal(_) => ErrorClass::Internal,
         }
@@ -82,6 +88,7 @@ impl ApiError {
             ApiError::PayloadTooLarge { .. } => "payload_too_large",
             ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
             ApiError::NotFound(_) => "not_found",
+            ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::Store(_) => "store_unavailable",
             ApiError::Internal(_) => "internal",
         }
@@ -94,6 +101,7 @@ impl ApiError {
             ErrorClass::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorClass::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ErrorClass::NotFound => StatusCode::NOT_FOUND,
+            ErrorClass::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorClass::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorClass::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }

@@ -233,7 +233,8 @@ pub fn status_from(e: &ApiError) -> Status {
         ErrorClass::InvalidInput
         | ErrorClass::TooLarge
         | ErrorClass::UnsupportedMediaType
-        | ErrorClass::NotFound => tonic::Code::InvalidArgument,
+        | ErrorClass::NotFound
+        | ErrorClass::MethodNotAllowed => tonic::Code::InvalidArgument,
         ErrorClass::Unavailable => tonic::Code::Unavailable,
         ErrorClass::Internal => tonic::Code::Internal,
     };

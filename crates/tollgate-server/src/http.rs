@@ -8,7 +8,7 @@
 
 use crate::backend::{Backend, BreakerState};
 use crate::check::decide;
-use crate::error::{error_body, ApiError};
+use crate::error::ApiError;
 use crate::grpc::unit_from_proto;
 use crate::model::{ms_ceil, CheckRequest, CheckResponse, Descriptor, DescriptorStatus};
 use crate::state::AppState;
@@ -55,11 +55,7 @@ fn panic_response(err: Box<dyn Any + Send + 'static>) -> Response {
         .or_else(|| err.downcast_ref::<&str>().copied())
         .unwrap_or("panic");
     tracing::error!(panic = detail, "handler panicked");
-    (
-        StatusCode::INTERNAL_SERVER_ERROR,
-        axum::Json(error_body("internal", "internal error")),
-    )
-        .into_response()
+    ApiError::Internal("a handler panicked (see the log)".into()).into_response()
 }
 
 async fn not_found() -> Response {
@@ -67,14 +63,7 @@ async fn not_found() -> Response {
 }
 
 async fn method_not_allowed() -> Response {
-    (
-        StatusCode::METHOD_NOT_ALLOWED,
-        axum::Json(error_body(
-            "method_not_allowed",
-            "method not allowed on this endpoint",
-        )),
-    )
-        .into_response()
+    ApiError::MethodNotAllowed.into_response()
 }
 
 /// Read the body as JSON, enforcing the size limit and (when `strict_type`) the content type.
@@ -675,11 +664,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
             Ok(_) => axum::Json(json!({"status": "ready", "store": "memory"})).into_response(),
             Err(e) => {
                 state.metrics().store_error();
-                (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    axum::Json(error_body("store_unavailable", &e.to_string())),
-                )
-                    .into_response()
+                ApiError::Store(e).into_response()
             }
         },
     }
