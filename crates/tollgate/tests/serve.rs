@@ -353,3 +353,42 @@ fn settings_from_tollgate_environment_variables() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A Kubernetes ConfigMap update as the kubelet makes it: the files are symlinks through
+/// `..data`, which is swapped atomically (a new symlink renamed over it) to a new hidden
+/// directory. Nothing the watcher opened changes in place; the running server must see the new
+/// rules within 2 s all the same.
+#[test]
+fn configmap_symlink_swap_is_picked_up_by_the_running_server() {
+    use std::os::unix::fs::symlink;
+    let root = temp_dir("configmap");
+    let write_version = |name: &str, limit: u64| {
+        let data = root.join(name);
+        std::fs::create_dir_all(&data).unwrap();
+        std::fs::write(data.join("api.yaml"), rule("cm", "user", limit)).unwrap();
+    };
+    write_version("..2026_11_23_00_00_00.1", 2);
+    symlink("..2026_11_23_00_00_00.1", root.join("..data")).unwrap();
+    symlink("..data/api.yaml", root.join("api.yaml")).unwrap();
+    let a = addr_args(free_port());
+    let rules = root.display().to_string();
+    let mut args: Vec<&str> = a.iter().map(String::as_str).collect();
+    args.extend(["--rules", &rules]);
+    let server = Server::start(&args, &repo(), "configmap");
+    let limit_of = |user: &str| {
+        let (_, b) = check(&server.base, "cm", "user", user);
+        b["statuses"][0]["current_limit"]["requests_per_unit"].clone()
+    };
+    assert_eq!(limit_of("u1"), 2);
+
+    write_version("..2026_11_23_00_05_00.2", 5);
+    symlink("..2026_11_23_00_05_00.2", root.join("..data_tmp")).unwrap();
+    std::fs::rename(root.join("..data_tmp"), root.join("..data")).unwrap();
+    std::fs::remove_dir_all(root.join("..2026_11_23_00_00_00.1")).unwrap();
+    let until = Instant::now() + Duration::from_secs(2);
+    while limit_of("u2") != 5 {
+        assert!(Instant::now() < until, "swap not picked up after 2 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}
