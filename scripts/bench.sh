@@ -7,7 +7,7 @@
 #   optional: --core (tollgate-core vs governor, short), --redis (Redis store vs redis-benchmark)
 # Every scenario uses the same settings (64 connections, 10,000 keys uniform, 1 s warm-up) and
 # runs --runs times (default 3); the median is reported. Raw JSON goes to --out (default
-# target/bench-results/<date>). See BENCHMARKS.md "Service" for the figures and their reading.
+# target/bench-results/<date>). See BENCHMARKS.md "Service: HTTP and gRPC against their ceilings".
 #
 # --callgrind instead counts the server's instructions per request under valgrind (ceiling and
 # tollgate, HTTP and gRPC): slow, but repeatable on a noisy machine where req/s are not.
