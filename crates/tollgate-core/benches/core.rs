@@ -16,6 +16,7 @@
 //! checked with `&String`, so both hash the same key bytes per check and neither allocates a key
 //! on the hot path (governor clones the `String` only when it inserts a new key).
 
+mod support;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use governor::clock::{Clock as GClock, FakeRelativeClock};
 use governor::middleware::NoOpMiddleware;
@@ -24,6 +25,7 @@ use governor::{Quota as GQuota, RateLimiter};
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
+use support::keys;
 use tollgate_core::algorithm::{self, State};
 use tollgate_core::clock::SECOND;
 use tollgate_core::{
@@ -75,19 +77,6 @@ fn governor_quota(load: Load) -> GQuota {
         Load::Admit => GQuota::per_second(NonZeroU32::MAX),
         Load::Deny => GQuota::per_hour(NonZeroU32::MIN),
     }
-}
-
-fn keys(n: usize) -> Vec<String> {
-    (0..n)
-        .map(|i| {
-            format!(
-                "api|ip=10.{}.{}.{}",
-                (i >> 16) & 255,
-                (i >> 8) & 255,
-                i & 255
-            )
-        })
-        .collect()
 }
 
 fn check(store: &MemoryStore, q: &Quota, key: &str, now: Micros) -> bool {

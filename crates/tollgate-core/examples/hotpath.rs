@@ -13,6 +13,8 @@
 //!   target/release/examples/hotpath gcra single admit $n 2>&1 | grep 'Collected'; done
 //! ```
 
+#[path = "../benches/support/mod.rs"]
+mod support;
 use governor::clock::FakeRelativeClock;
 use governor::middleware::NoOpMiddleware;
 use governor::state::keyed::DashMapStateStore;
@@ -37,16 +39,7 @@ fn main() {
     };
     let iters: usize = iters.parse().expect("iters is a number");
     let n = if keys == "single" { 1 } else { 100_000 };
-    let keys: Vec<String> = (0..n)
-        .map(|i| {
-            format!(
-                "api|ip=10.{}.{}.{}",
-                (i >> 16) & 255,
-                (i >> 8) & 255,
-                i & 255
-            )
-        })
-        .collect();
+    let keys = support::keys(n);
     let admit = load == "admit";
     // Warm-up pass over every key, then `iters` checks cycling through the keys.
     let order = (0..keys.len()).chain((0..iters).map(|i| i % keys.len()));

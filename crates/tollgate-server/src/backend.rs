@@ -398,33 +398,32 @@ impl Guarded {
     /// Append this backend's metrics (Prometheus text format).
     pub fn render_metrics(&self, out: &mut String) {
         let state = self.state();
-        out.push_str("# HELP tollgate_store_state Redis store breaker state (1 = current).\n# TYPE tollgate_store_state gauge\n");
-        for s in BreakerState::ALL {
-            let _ = writeln!(
-                out,
-                "tollgate_store_state{{state=\"{}\"}} {}",
-                s.as_str(),
-                u8::from(s == state)
-            );
-        }
-        out.push_str("# HELP tollgate_store_breaker_transitions_total Breaker transitions, by new state.\n# TYPE tollgate_store_breaker_transitions_total counter\n");
-        for s in BreakerState::ALL {
-            let _ = writeln!(
-                out,
-                "tollgate_store_breaker_transitions_total{{to=\"{}\"}} {}",
-                s.as_str(),
-                self.breaker.transitions[s as usize].load(Relaxed)
-            );
-        }
-        out.push_str("# HELP tollgate_degraded_decisions_total Requests decided by the failure policy instead of Redis.\n# TYPE tollgate_degraded_decisions_total counter\n");
-        for p in Policy::ALL {
-            let _ = writeln!(
-                out,
-                "tollgate_degraded_decisions_total{{policy=\"{}\"}} {}",
-                p.as_str(),
-                self.degraded_decisions(p)
-            );
-        }
+        family(
+            out,
+            ("tollgate_store_state", "gauge"),
+            "Redis store breaker state (1 = current).",
+            "state",
+            BreakerState::ALL.map(|s| (s.as_str(), u64::from(s == state))),
+        );
+        family(
+            out,
+            ("tollgate_store_breaker_transitions_total", "counter"),
+            "Breaker transitions, by new state.",
+            "to",
+            BreakerState::ALL.map(|s| {
+                (
+                    s.as_str(),
+                    self.breaker.transitions[s as usize].load(Relaxed),
+                )
+            }),
+        );
+        family(
+            out,
+            ("tollgate_degraded_decisions_total", "counter"),
+            "Requests decided by the failure policy instead of Redis.",
+            "policy",
+            Policy::ALL.map(|p| (p.as_str(), self.degraded_decisions(p))),
+        );
         if let Some(c) = &self.deny_cache {
             let _ = writeln!(
                 out,
@@ -433,6 +432,20 @@ impl Guarded {
                 c.len()
             );
         }
+    }
+}
+
+/// One labelled metric family: its `# HELP` and `# TYPE` lines, then `name{label="v"} n` per row.
+fn family<const N: usize>(
+    out: &mut String,
+    (name, kind): (&str, &str),
+    help: &str,
+    label: &str,
+    rows: [(&str, u64); N],
+) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    for (value, n) in rows {
+        let _ = writeln!(out, "{name}{{{label}=\"{value}\"}} {n}");
     }
 }
 
