@@ -19,8 +19,16 @@ pub fn step(tat: Option<Micros>, now: Micros, cost: u64, quota: &Quota) -> Outco
     let cap = t.saturating_mul(burst);
     let base = tat.unwrap_or(now).max(now);
     let backlog = base - now;
-    // Only the denials need this (a division: computed in their branches, not up front).
-    let remaining_before = || cap.saturating_sub(backlog) / t;
+    // Only the denials need this (a division: computed in their branches, not up front). Most
+    // denials leave less than one unit of room (always, for cost 1): 0 without dividing.
+    let remaining_before = || {
+        let room = cap.saturating_sub(backlog);
+        if room < t {
+            0
+        } else {
+            room / t
+        }
+    };
     if cost > burst {
         let mut d = deny_forever(quota.limit, tat).0;
         d.remaining = remaining_before();
