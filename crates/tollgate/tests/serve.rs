@@ -48,6 +48,8 @@ fn addr_args(port: u16) -> [String; 4] {
 fn reload_new_rules_within_two_seconds_and_keep_old_on_broken_file() {
     let dir = temp_dir("reload");
     std::fs::write(dir.join("a.yaml"), rule("r", "user", 2)).unwrap();
+    // A file the reload leaves alone: its counters must survive the swap.
+    std::fs::write(dir.join("keep.yaml"), rule("keep", "user", 3)).unwrap();
     let a = addr_args(free_port());
     let rules = dir.display().to_string();
     let mut args: Vec<&str> = a.iter().map(String::as_str).collect();
@@ -57,6 +59,8 @@ fn reload_new_rules_within_two_seconds_and_keep_old_on_broken_file() {
     let (s, b) = check(&server.base, "r", "user", "u1");
     assert_eq!(s, 200);
     assert_eq!(b["statuses"][0]["current_limit"]["requests_per_unit"], 2);
+    let (_, b) = check(&server.base, "keep", "user", "k");
+    assert_eq!(b["statuses"][0]["limit_remaining"], 2);
 
     // A new limit shows within 2 s.
     std::fs::write(dir.join("a.yaml"), rule("r", "user", 7)).unwrap();
@@ -75,6 +79,9 @@ fn reload_new_rules_within_two_seconds_and_keep_old_on_broken_file() {
     }
     let (_, b) = check(&server.base, "other", "k", "x");
     assert_eq!(b["statuses"][0]["current_limit"]["requests_per_unit"], 1);
+    // The unchanged limit kept its counter through the watcher's reload (3 - 1 - 1 = 1).
+    let (_, b) = check(&server.base, "keep", "user", "k");
+    assert_eq!(b["statuses"][0]["limit_remaining"], 1, "{b}");
 
     // A broken file: the old limit is still enforced and the error is reported.
     std::fs::write(
