@@ -2,8 +2,9 @@
 //!
 //! The script is `common.lua` + one file per algorithm + the `check.lua` driver, concatenated at
 //! compile time so the algorithms stay in separate, reviewable files while Redis sees one script
-//! (one SHA, one `EVALSHA` per request). [`redis::Script`] sends `EVALSHA` and, on `NOSCRIPT`
-//! (a restarted or flushed server), loads the script and retries, transparently.
+//! (one SHA, one `EVALSHA` per request). On `NOSCRIPT` (a restarted or flushed server) the store
+//! falls back to `EVAL` with [`SOURCE`], which also caches the script again (see
+//! `RedisStore::run`); [`redis::Script`] is kept for its SHA.
 
 use crate::keys::{self, CounterKeys, MAX_COST};
 use redis::{Script, ScriptInvocation};

@@ -298,15 +298,14 @@ impl RedisStore {
             c.arg(script).arg(keys.len()).arg(&keys).arg(&args);
             c
         };
-        let (evalsha, eval) = (
-            cmd("EVALSHA", self.script_sha()),
-            cmd("EVAL", script::SOURCE),
-        );
+        let evalsha = cmd("EVALSHA", self.script_sha());
+        // Built only after NOSCRIPT: it carries the whole script source (tens of KB).
+        let eval = || cmd("EVAL", script::SOURCE);
         let v: Vec<i64> = self
             .bounded(async {
                 match self.inner.conn.clone() {
-                    Conn::Single(mut c) => eval_or_load(&mut c, &evalsha, &eval).await,
-                    Conn::Cluster(mut c) => eval_or_load(&mut c, &evalsha, &eval).await,
+                    Conn::Single(mut c) => eval_or_load(&mut c, &evalsha, eval).await,
+                    Conn::Cluster(mut c) => eval_or_load(&mut c, &evalsha, eval).await,
                 }
             })
             .await?;
@@ -457,11 +456,11 @@ impl RedisStore {
 async fn eval_or_load(
     c: &mut impl redis::aio::ConnectionLike,
     evalsha: &redis::Cmd,
-    eval: &redis::Cmd,
+    eval: impl FnOnce() -> redis::Cmd,
 ) -> Result<Vec<i64>, RedisError> {
     match evalsha.query_async(c).await {
         Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            eval.query_async(c).await
+            eval().query_async(c).await
         }
         r => r,
     }

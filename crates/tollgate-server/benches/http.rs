@@ -13,15 +13,12 @@
 //! ITERS=20000 TARGET=tollgate valgrind --tool=callgrind target/release/deps/http-<hash> --bench
 //! ```
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::routing::post;
 use axum::Router;
 use criterion::Criterion;
 use std::hint::black_box;
 use tollgate_core::rules::RuleSet;
-use tollgate_server::http::{parse_request, Dialect};
 use tollgate_server::{router, AppState};
 use tower::ServiceExt;
 
@@ -40,22 +37,10 @@ fn tollgate() -> Router {
     router(AppState::new(set))
 }
 
-/// The ceiling: read the body, parse it like the service, answer a fixed OK.
+/// The ceiling: read the body, parse it like the service, answer a fixed OK (the one
+/// `tollgate bench-ceiling http` serves).
 fn ceiling() -> Router {
-    async fn check(body: Bytes) -> Response {
-        let parsed = serde_json::from_slice(&body)
-            .ok()
-            .and_then(|v| parse_request(&v, Dialect::Native).ok());
-        match parsed {
-            Some(_) => (
-                [(header::CONTENT_TYPE, "application/json")],
-                r#"{"overall_code":"OK","statuses":[{"code":"OK"}]}"#,
-            )
-                .into_response(),
-            None => StatusCode::BAD_REQUEST.into_response(),
-        }
-    }
-    Router::new().route("/v1/check", post(check))
+    tollgate_server::http::ceiling_router()
 }
 
 fn request(i: usize) -> Request<Body> {

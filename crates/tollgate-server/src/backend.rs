@@ -376,17 +376,20 @@ impl Guarded {
                     ..Decision::default()
                 })
                 .collect(),
-            Policy::Local => {
-                let n = self.settings.expected_instances.max(1);
-                let quotas: Vec<Quota> = items.iter().map(|i| divide(i.quota, n)).collect();
-                let local: Vec<CheckItem<'_>> = items
-                    .iter()
-                    .zip(&quotas)
-                    .map(|(i, quota)| CheckItem { quota, ..*i })
-                    .collect();
-                // The memory store never fails.
-                self.local.check(now, &local).unwrap_or_default()
-            }
+            // The memory store never fails.
+            Policy::Local => match self.settings.expected_instances.max(1) {
+                // One instance: the limits as written (dividing by 1 changes nothing).
+                1 => self.local.check(now, items).unwrap_or_default(),
+                n => {
+                    let quotas: Vec<Quota> = items.iter().map(|i| divide(i.quota, n)).collect();
+                    let local: Vec<CheckItem<'_>> = items
+                        .iter()
+                        .zip(&quotas)
+                        .map(|(i, quota)| CheckItem { quota, ..*i })
+                        .collect();
+                    self.local.check(now, &local).unwrap_or_default()
+                }
+            },
         };
         Outcome {
             decisions,
@@ -485,6 +488,8 @@ fn exact_denial(a: Algorithm) -> bool {
 }
 
 struct Denied {
+    /// The rule that denied (with the quota: a rules reload that changes either drops the entry).
+    rule: String,
     quota: Quota,
     cost: u64,
     /// Local time until which the key is denied (`Micros::MAX`: never passes).
@@ -500,12 +505,13 @@ struct Denied {
 /// entry is tied to the quota it was learned under, so a rules reload invalidates it.
 #[derive(Default)]
 pub struct DenyCache {
-    map: Mutex<HashMap<(String, String), Denied>>,
+    /// By counter key (looked up by `&str`: no allocation per request).
+    map: Mutex<HashMap<String, Denied>>,
     hits: AtomicU64,
 }
 
 impl DenyCache {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Denied>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Denied>> {
         self.map.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -521,10 +527,9 @@ impl DenyCache {
         if map.is_empty() {
             return None;
         }
-        let k = (item.rule.to_owned(), item.key.to_owned());
-        let e = map.get(&k)?;
-        if e.until <= now || e.quota != *item.quota {
-            map.remove(&k);
+        let e = map.get(item.key)?;
+        if e.until <= now || e.quota != *item.quota || e.rule != item.rule {
+            map.remove(item.key);
             return None;
         }
         if item.cost < e.cost {
@@ -542,12 +547,12 @@ impl DenyCache {
     }
 
     fn learn(&self, now: Micros, items: &[CheckItem<'_>], decisions: &[Decision]) {
+        let mut map = self.lock();
         for (i, d) in items.iter().zip(decisions) {
             if d.allowed || i.shadow || i.cost == 0 || !exact_denial(i.quota.algorithm) {
                 continue;
             }
             let until = d.retry_after.map_or(Micros::MAX, |r| now.saturating_add(r));
-            let mut map = self.lock();
             if map.len() >= DENY_CACHE_MAX {
                 map.retain(|_, e| e.until > now);
                 if map.len() >= DENY_CACHE_MAX {
@@ -555,8 +560,9 @@ impl DenyCache {
                 }
             }
             map.insert(
-                (i.rule.to_owned(), i.key.to_owned()),
+                i.key.to_owned(),
                 Denied {
+                    rule: i.rule.to_owned(),
                     quota: *i.quota,
                     cost: i.cost,
                     until,

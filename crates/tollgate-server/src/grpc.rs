@@ -105,38 +105,40 @@ impl RateLimitService for RateLimitGrpc {
 /// Validation (empty domain, too many descriptors, ...) is left to [`crate::check::validate`];
 /// only what cannot be represented is refused here: a `limit` override with unit `UNKNOWN`.
 pub fn to_check_request(req: &RateLimitRequest) -> Result<CheckRequest, ApiError> {
-    for (i, d) in req.descriptors.iter().enumerate() {
-        if let Some(l) = &d.limit {
-            if unit_from_proto(l.unit).is_none() {
-                return Err(ApiError::invalid(
-                    "invalid_limit",
-                    format!(
-                        "descriptors[{i}].limit.unit: unknown unit number {}",
-                        l.unit
-                    ),
-                ));
-            }
-        }
-    }
-    Ok(CheckRequest {
-        domain: req.domain.clone(),
-        descriptors: req
-            .descriptors
-            .iter()
-            .map(|d| Descriptor {
+    let descriptors = req
+        .descriptors
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let limit = match &d.limit {
+                None => None,
+                Some(l) => Some(LimitOverride {
+                    requests_per_unit: u64::from(l.requests_per_unit),
+                    unit: unit_from_proto(l.unit).ok_or_else(|| {
+                        ApiError::invalid(
+                            "invalid_limit",
+                            format!(
+                                "descriptors[{i}].limit.unit: unknown unit number {}",
+                                l.unit
+                            ),
+                        )
+                    })?,
+                }),
+            };
+            Ok(Descriptor {
                 entries: d
                     .entries
                     .iter()
                     .map(|e| (e.key.clone(), e.value.clone()))
                     .collect(),
                 hits: d.hits_addend.as_ref().map(|h| h.value),
-                limit: d.limit.as_ref().map(|l| LimitOverride {
-                    requests_per_unit: u64::from(l.requests_per_unit),
-                    // Checked above.
-                    unit: unit_from_proto(l.unit).unwrap_or(Unit::Second),
-                }),
+                limit,
             })
-            .collect(),
+        })
+        .collect::<Result<_, ApiError>>()?;
+    Ok(CheckRequest {
+        domain: req.domain.clone(),
+        descriptors,
         hits: (req.hits_addend != 0).then_some(u64::from(req.hits_addend)),
     })
 }

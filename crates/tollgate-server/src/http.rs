@@ -48,6 +48,29 @@ pub fn router(state: AppState) -> Router {
         .layer(TraceLayer::new_for_http())
 }
 
+/// The HTTP *ceiling* (for `tollgate bench-ceiling http` and `benches/http.rs`): the same
+/// `POST /v1/check` parsing as [`router`] ([`parse_request`]) and a fixed 200 body the size of
+/// one allowed status, with no rules, store, metrics, response building or layers: the most any
+/// service on this stack could do.
+#[doc(hidden)]
+pub fn ceiling_router() -> Router {
+    /// What tollgate answers for one allowed descriptor.
+    const OK_BODY: &str = r#"{"overall_code":"OK","statuses":[{"code":"OK","current_limit":{"name":null,"requests_per_unit":1000000000,"unit":"SECOND"},"limit_remaining":999999999,"duration_until_reset_ms":1,"retry_after_ms":null,"message":null}],"delay_ms":null}"#;
+    async fn check(body: Bytes) -> Response {
+        let parsed = serde_json::from_slice(&body)
+            .ok()
+            .and_then(|v| parse_request(&v, Dialect::Native).ok());
+        match parsed {
+            Some(req) => {
+                std::hint::black_box(req);
+                ([(header::CONTENT_TYPE, "application/json")], OK_BODY).into_response()
+            }
+            None => (StatusCode::BAD_REQUEST, "invalid request").into_response(),
+        }
+    }
+    Router::new().route("/v1/check", post(check))
+}
+
 fn panic_response(err: Box<dyn Any + Send + 'static>) -> Response {
     let detail = err
         .downcast_ref::<String>()

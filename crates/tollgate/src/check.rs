@@ -7,6 +7,27 @@ use std::time::Duration;
 use tollgate_server::client::send;
 use tollgate_server::client::Method;
 
+/// The `/v1/check` request body (also the template of `tollgate bench`'s requests).
+pub fn request_body<K: AsRef<str>, V: AsRef<str>>(
+    domain: &str,
+    descriptors: &[Vec<(K, V)>],
+    hits: Option<u64>,
+) -> Value {
+    let mut body = json!({
+        "domain": domain,
+        "descriptors": descriptors.iter().map(|entries| json!({
+            "entries": entries
+                .iter()
+                .map(|(k, v)| json!({"key": k.as_ref(), "value": v.as_ref()}))
+                .collect::<Vec<_>>()
+        })).collect::<Vec<_>>(),
+    });
+    if let Some(h) = hits {
+        body["hits_addend"] = json!(h);
+    }
+    body
+}
+
 /// Parse `k=v;k2=v2` into entries.
 pub fn parse_descriptor(text: &str) -> anyhow::Result<Vec<(String, String)>> {
     text.split(';')
@@ -33,15 +54,7 @@ pub fn run(
         .iter()
         .map(|d| parse_descriptor(d))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let mut body = json!({
-        "domain": domain,
-        "descriptors": parsed.iter().map(|entries| json!({
-            "entries": entries.iter().map(|(k, v)| json!({"key": k, "value": v})).collect::<Vec<_>>()
-        })).collect::<Vec<_>>(),
-    });
-    if let Some(h) = hits {
-        body["hits_addend"] = json!(h);
-    }
+    let body = request_body(domain, &parsed, hits);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

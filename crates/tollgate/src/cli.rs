@@ -147,7 +147,8 @@ impl ServeArgs {
                 policy: self.on_store_error,
                 expected_instances: self.expected_instances,
                 deny_cache: self.local_deny_cache,
-                max_keys: self.max_keys,
+                // `serve` fills in the key bound from `max_keys` below.
+                ..RedisSettings::default()
             },
             max_keys: self.max_keys,
             response_headers: self.response_headers,

@@ -348,14 +348,14 @@ fn rate_limit(node: &Node, errors: &mut Errors) -> Option<RateLimitSpec> {
         algorithm,
         sketch,
     };
-    // Bounds that keep the algorithms' arithmetic exact (see `MAX_PERIOD`).
-    let period = u128::from(unit.nominal()) * u128::from(multiplier);
-    if period > u128::from(MAX_PERIOD) {
+    // Bounds that keep the algorithms' arithmetic exact (see `MAX_PERIOD`; `nominal` saturates).
+    if quota.period.nominal() > MAX_PERIOD {
         let at = fields.get("unit_multiplier").map_or(node.pos, |n| n.pos);
         errors.push((
             at,
             format!(
-                "a period of {multiplier} {unit}s is longer than the longest supported (100 years)"
+                "a period of {} is longer than the longest supported (100 years)",
+                quota.period
             ),
         ));
         return None;

@@ -11,11 +11,6 @@
 //! It prints a `listening: ...` line like `serve` so scripts find the port from `--addr ...:0`.
 
 use anyhow::Context;
-use axum::body::Bytes;
-use axum::http::{header, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::routing::post;
-use axum::Router;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code as PbCode, DescriptorStatus,
 };
@@ -26,7 +21,6 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use tokio::net::TcpListener;
-use tollgate_server::http::{parse_request, Dialect};
 use tonic::transport::server::TcpIncoming;
 
 /// Which ceiling.
@@ -49,9 +43,6 @@ pub struct CeilingArgs {
     addr: SocketAddr,
 }
 
-/// The fixed `/v1/check` answer: what tollgate answers for one allowed descriptor.
-const OK_BODY: &str = r#"{"overall_code":"OK","statuses":[{"code":"OK","current_limit":{"name":null,"requests_per_unit":1000000000,"unit":"SECOND"},"limit_remaining":999999999,"duration_until_reset_ms":1,"retry_after_ms":null,"message":null}],"delay_ms":null}"#;
-
 /// Serve until SIGTERM/SIGINT.
 pub fn run(args: &CeilingArgs) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -67,7 +58,7 @@ pub fn run(args: &CeilingArgs) -> anyhow::Result<ExitCode> {
         match args.kind {
             Kind::Http => {
                 println!("listening: HTTP http://{addr} (ceiling: bare axum /v1/check)");
-                axum::serve(listener, http_router())
+                axum::serve(listener, tollgate_server::http::ceiling_router())
                     .with_graceful_shutdown(shutdown)
                     .await
                     .context("HTTP ceiling failed")
@@ -86,24 +77,6 @@ pub fn run(args: &CeilingArgs) -> anyhow::Result<ExitCode> {
         }
     })?;
     Ok(ExitCode::SUCCESS)
-}
-
-/// The bare HTTP ceiling's router (public for tests).
-pub fn http_router() -> Router {
-    Router::new().route("/v1/check", post(check))
-}
-
-async fn check(body: Bytes) -> Response {
-    let parsed = serde_json::from_slice(&body)
-        .ok()
-        .and_then(|v| parse_request(&v, Dialect::Native).ok());
-    match parsed {
-        Some(req) => {
-            std::hint::black_box(req);
-            ([(header::CONTENT_TYPE, "application/json")], OK_BODY).into_response()
-        }
-        None => (StatusCode::BAD_REQUEST, "invalid request").into_response(),
-    }
 }
 
 /// `ShouldRateLimit` answering OK to everything.
@@ -132,12 +105,12 @@ impl RateLimitService for ConstantOk {
 mod tests {
     use super::*;
     use axum::body::Body;
-    use axum::http::Request;
+    use axum::http::{Request, StatusCode};
     use http_body_util::BodyExt;
     use tower::ServiceExt;
 
     async fn post(body: &str) -> (StatusCode, String) {
-        let resp = http_router()
+        let resp = tollgate_server::http::ceiling_router()
             .oneshot(
                 Request::post("/v1/check")
                     .body(Body::from(body.to_string()))

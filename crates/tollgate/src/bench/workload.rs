@@ -118,17 +118,16 @@ impl Workload {
         // Render the body once by serde_json with a plain-ASCII marker (JSON leaves it as is) in
         // each hole, then split on the marker: only the key digits are spliced in per request.
         let marker = "@@tollgate-bench-key@@";
-        let mut body = serde_json::json!({
-            "domain": domain,
-            "descriptors": descriptors.iter().map(|entries: &Vec<(Template, Template)>| {
-                serde_json::json!({"entries": entries.iter().map(|(k, v)| serde_json::json!({
-                    "key": k.parts.join(marker), "value": v.parts.join(marker)
-                })).collect::<Vec<_>>()})
-            }).collect::<Vec<_>>(),
-        });
-        if let Some(h) = hits {
-            body["hits_addend"] = h.into();
-        }
+        let marked: Vec<Vec<(String, String)>> = descriptors
+            .iter()
+            .map(|entries: &Vec<(Template, Template)>| {
+                entries
+                    .iter()
+                    .map(|(k, v)| (k.parts.join(marker), v.parts.join(marker)))
+                    .collect()
+            })
+            .collect();
+        let body = crate::check::request_body(domain, &marked, hits);
         let json = Template::parse(&body.to_string(), marker);
         Ok(Self {
             domain: domain.to_string(),
