@@ -22,7 +22,7 @@ use std::time::Duration;
 use tollgate_core::quota::Algorithm;
 use tollgate_core::rules::RuleSet;
 use tollgate_core::{CheckItem, Decision, MemoryStore, Micros, Quota, Store, StoreError};
-use tollgate_redis::RedisStore;
+use tollgate_redis::{keys, RedisStore};
 
 /// Consecutive store failures that open the breaker.
 pub const FAILURES_TO_OPEN: u32 = 3;
@@ -126,16 +126,24 @@ impl Backend {
     }
 }
 
-/// Limits the Redis store cannot serve: the count-min sketch is memory-only (a shared sketch
-/// would need every key of a request's limit in one slot, and its point is bounded local memory).
+/// Limits the Redis store cannot serve, found when rules load (start, reload, `simulate`) rather
+/// than on every request: the same check the store makes per call ([`keys::check_quota`]). The
+/// count-min sketch is memory-only (a shared sketch would need every key of a request's limit in
+/// one slot, and its point is bounded local memory); the Lua ports' exact integer range bounds
+/// periods and bucket spans a little below what rule files allow.
 pub fn redis_unsupported(set: &RuleSet) -> Vec<String> {
     set.limits()
-        .filter(|l| l.quota.is_some_and(|q| q.algorithm == Algorithm::CountMinSketch))
-        .map(|l| {
-            format!(
-                "{}:{}: limit `{}` uses algorithm count_min_sketch, which is memory-only: not available with a Redis store (choose sliding_window_counter or run with --store memory)",
-                l.file, l.line, l.id
-            )
+        .filter_map(|l| {
+            let q = l.quota.as_ref()?;
+            let why = if q.algorithm == Algorithm::CountMinSketch {
+                "uses algorithm count_min_sketch, which is memory-only: not available with a Redis store (choose sliding_window_counter or run with --store memory)".to_string()
+            } else {
+                let Err(StoreError::Unsupported(why)) = keys::check_quota(q) else {
+                    return None;
+                };
+                format!("is not available with a Redis store: {why}")
+            };
+            Some(format!("{}:{}: limit `{}` {why}", l.file, l.line, l.id))
         })
         .collect()
 }

@@ -266,5 +266,18 @@ async fn password_is_redacted_and_cms_reload_is_refused() {
         check(&app, "fw", "frank").await.1["statuses"][0]["limit_remaining"],
         2
     );
+    // Regression: a period valid in rule files (up to 100 years) but beyond the Redis scripts'
+    // exact range (2^50 µs, about 35 years) loaded, then failed every request on Redis. It is
+    // refused when the rules load, like the count-min sketch.
+    std::fs::write(
+        dir.join("cms.yaml"),
+        "domain: d\ndescriptors:\n  - key: fw\n    rate_limit: {unit: year, unit_multiplier: 50, requests_per_unit: 4}\n",
+    )
+    .unwrap();
+    assert!(!tollgate_server::reload::reload_now(&app.state, &dir));
+    let (_, rules, _) = get(&app, "/v1/rules").await;
+    let errors = rules["last_reload_error"]["errors"][0].as_str().unwrap();
+    assert!(errors.contains("cms.yaml:3"), "{errors}");
+    assert!(errors.contains("about 35 years"), "{errors}");
     let _ = std::fs::remove_dir_all(&dir);
 }
