@@ -82,6 +82,19 @@ async fn check(app: &App, key: &str, value: &str) -> (StatusCode, Value) {
     (s, b)
 }
 
+/// Write `dir/cms.yaml` with one `fw` limit of `rate_limit`, reload (which must be refused),
+/// and return `/v1/rules` (parsed and as text).
+async fn refused_reload(app: &App, dir: &std::path::Path, rate_limit: &str) -> (Value, String) {
+    std::fs::write(
+        dir.join("cms.yaml"),
+        format!("domain: d\ndescriptors:\n  - key: fw\n    rate_limit: {rate_limit}\n"),
+    )
+    .unwrap();
+    assert!(!tollgate_server::reload::reload_now(&app.state, dir));
+    let (_, rules, text) = get(app, "/v1/rules").await;
+    (rules, text)
+}
+
 async fn get(app: &App, path: &str) -> (StatusCode, Value, String) {
     send(app, Request::get(path).body(Body::empty()).unwrap()).await
 }
@@ -241,13 +254,12 @@ async fn password_is_redacted_and_cms_reload_is_refused() {
 
     let dir = std::env::temp_dir().join(unique_prefix("cms-reload"));
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("cms.yaml"),
-        "domain: d\ndescriptors:\n  - key: fw\n    rate_limit: {unit: minute, requests_per_unit: 4, algorithm: count_min_sketch}\n",
+    let (rules, text) = refused_reload(
+        &app,
+        &dir,
+        "{unit: minute, requests_per_unit: 4, algorithm: count_min_sketch}",
     )
-    .unwrap();
-    assert!(!tollgate_server::reload::reload_now(&app.state, &dir));
-    let (_, rules, text) = get(&app, "/v1/rules").await;
+    .await;
     assert!(!text.contains("s3cret-pw"), "{text}");
     assert_eq!(
         rules["store"]["url"],
@@ -269,13 +281,12 @@ async fn password_is_redacted_and_cms_reload_is_refused() {
     // Regression: a period valid in rule files (up to 100 years) but beyond the Redis scripts'
     // exact range (2^50 µs, about 35 years) loaded, then failed every request on Redis. It is
     // refused when the rules load, like the count-min sketch.
-    std::fs::write(
-        dir.join("cms.yaml"),
-        "domain: d\ndescriptors:\n  - key: fw\n    rate_limit: {unit: year, unit_multiplier: 50, requests_per_unit: 4}\n",
+    let (rules, _) = refused_reload(
+        &app,
+        &dir,
+        "{unit: year, unit_multiplier: 50, requests_per_unit: 4}",
     )
-    .unwrap();
-    assert!(!tollgate_server::reload::reload_now(&app.state, &dir));
-    let (_, rules, _) = get(&app, "/v1/rules").await;
+    .await;
     let errors = rules["last_reload_error"]["errors"][0].as_str().unwrap();
     assert!(errors.contains("cms.yaml:3"), "{errors}");
     assert!(errors.contains("about 35 years"), "{errors}");
