@@ -19,21 +19,15 @@
 mod support;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use governor::clock::{Clock as GClock, FakeRelativeClock};
-use governor::middleware::NoOpMiddleware;
-use governor::state::keyed::DashMapStateStore;
-use governor::{Quota as GQuota, RateLimiter};
+use governor::RateLimiter;
 use std::hint::black_box;
-use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
-use support::keys;
+use support::{keys, Governor, BASE};
 use tollgate_core::algorithm::{self, State};
-use tollgate_core::clock::SECOND;
 use tollgate_core::{
     Algorithm, CheckItem, Clock, MemoryStore, Micros, Quota, Store, SystemClock, Unit,
 };
 
-/// 2026-11-22T00:00:00Z.
-const BASE: Micros = 1_795_305_600 * SECOND;
 const KEYS: usize = 100_000;
 
 #[derive(Clone, Copy)]
@@ -60,22 +54,11 @@ fn quota(alg: Algorithm, load: Load) -> (Quota, Micros) {
         (Load::Admit, Algorithm::SlidingWindowLog) => {
             (Quota::new(64, Unit::Second).with_algorithm(alg), 20_000)
         }
-        (Load::Admit, _) => (
-            Quota::new(1_000_000_000, Unit::Minute).with_algorithm(alg),
+        // The same quotas as GCRA's (`support::gcra_quota`), with `alg`.
+        (load, _) => (
+            support::gcra_quota(matches!(load, Load::Admit)).with_algorithm(alg),
             1,
         ),
-        (Load::Deny, _) => (Quota::new(1, Unit::Hour).with_algorithm(alg), 1),
-    }
-}
-
-/// governor's keyed limiter (a `DashMap` of `String` keys) on clock `C`.
-type Governor<C> =
-    RateLimiter<String, DashMapStateStore<String>, C, NoOpMiddleware<<C as GClock>::Instant>>;
-
-fn governor_quota(load: Load) -> GQuota {
-    match load {
-        Load::Admit => GQuota::per_second(NonZeroU32::MAX),
-        Load::Deny => GQuota::per_hour(NonZeroU32::MIN),
     }
 }
 
@@ -130,7 +113,8 @@ fn store_benches(c: &mut Criterion) {
             }
             let mut g = c.benchmark_group(format!("{name}/{}", load.name()));
             // As shipped: `RateLimiter::keyed` reads its default clock (std `Instant`) per check.
-            let lim: Governor<_> = RateLimiter::keyed(governor_quota(load));
+            let lim: Governor<_> =
+                RateLimiter::keyed(support::governor_quota(matches!(load, Load::Admit)));
             g.bench_function("governor", |b| {
                 b.iter_custom(|iters| {
                     in_threads(threads, iters, |t, n| {
@@ -139,8 +123,10 @@ fn store_benches(c: &mut Criterion) {
                 })
             });
             // Equal work: time from a `FakeRelativeClock` (an atomic load), like our counter.
-            let fake: Governor<FakeRelativeClock> =
-                RateLimiter::dashmap_with_clock(governor_quota(load), FakeRelativeClock::default());
+            let fake: Governor<FakeRelativeClock> = RateLimiter::dashmap_with_clock(
+                support::governor_quota(matches!(load, Load::Admit)),
+                FakeRelativeClock::default(),
+            );
             g.bench_function("governor_fake_clock", |b| {
                 b.iter_custom(|iters| {
                     in_threads(threads, iters, |t, n| {

@@ -16,20 +16,10 @@
 #[path = "../benches/support/mod.rs"]
 mod support;
 use governor::clock::FakeRelativeClock;
-use governor::middleware::NoOpMiddleware;
-use governor::state::keyed::DashMapStateStore;
-use governor::{Quota as GQuota, RateLimiter};
+use governor::RateLimiter;
 use std::hint::black_box;
-use std::num::NonZeroU32;
-use tollgate_core::clock::SECOND;
-use tollgate_core::{Algorithm, CheckItem, MemoryStore, Micros, Quota, Store, Unit};
-
-type Governor = RateLimiter<
-    String,
-    DashMapStateStore<String>,
-    FakeRelativeClock,
-    NoOpMiddleware<<FakeRelativeClock as governor::clock::Clock>::Instant>,
->;
+use support::{gcra_quota, governor_quota, Governor, BASE};
+use tollgate_core::{CheckItem, MemoryStore, Store};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -46,15 +36,9 @@ fn main() {
     let mut allowed = 0u64;
     match who.as_str() {
         "gcra" => {
-            let q = if admit {
-                Quota::new(1_000_000_000, Unit::Minute)
-            } else {
-                Quota::new(1, Unit::Hour)
-            }
-            .with_algorithm(Algorithm::Gcra);
+            let q = gcra_quota(admit);
             let store = MemoryStore::with_seed(1 << 22, 1, 2);
-            let start: Micros = 1_795_305_600 * SECOND;
-            for (now, i) in (start..).zip(order) {
+            for (now, i) in (BASE..).zip(order) {
                 let item = CheckItem {
                     rule: "api",
                     key: &keys[i],
@@ -66,12 +50,10 @@ fn main() {
             }
         }
         "governor" => {
-            let q = if admit {
-                GQuota::per_second(NonZeroU32::MAX)
-            } else {
-                GQuota::per_hour(NonZeroU32::MIN)
-            };
-            let lim: Governor = RateLimiter::dashmap_with_clock(q, FakeRelativeClock::default());
+            let lim: Governor<FakeRelativeClock> = RateLimiter::dashmap_with_clock(
+                governor_quota(admit),
+                FakeRelativeClock::default(),
+            );
             for i in order {
                 allowed += u64::from(black_box(lim.check_key(&keys[i])).is_ok());
             }

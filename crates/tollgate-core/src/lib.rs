@@ -7,6 +7,7 @@
 pub mod algorithm;
 pub mod clock;
 pub mod decision;
+mod fingerprint;
 pub mod limiter;
 pub mod memory;
 pub mod quota;

@@ -553,7 +553,7 @@ descriptors:
             assert!(!v.allowed());
             let (limit, dec) = v.binding().unwrap();
             let q = limit.quota.unwrap();
-            assert_eq!((q.limit, q.period.unit), (1, Unit::Hour), "b binds");
+            assert_eq!((q.limit(), q.period().unit), (1, Unit::Hour), "b binds");
             assert_eq!(dec.retry_after, Some(3_600 * SECOND));
         }
         // Allowed: the limit with the least remaining (e: 1 of 2 left; c: 4 of 5).
@@ -561,7 +561,7 @@ descriptors:
         assert!(v.allowed());
         let (limit, dec) = v.binding().unwrap();
         assert_eq!(
-            (limit.quota.unwrap().limit, dec.remaining),
+            (limit.quota.unwrap().limit(), dec.remaining),
             (2, 1),
             "e binds"
         );

@@ -1,15 +1,16 @@
 //! The in-memory store: sharded hash maps of compact per-key state.
 //!
 //! - **Keys are 128-bit keyed hashes** (SipHash-1-3 with a per-store random key) of the counter
-//!   key, with the algorithm and period XORed in, not the key text: an entry is 40 bytes whatever
-//!   the key length, lookups never allocate, and the odds that two of a billion live keys collide
-//!   are below 10^-20 (keys are attacker-controlled, so the hash stays a keyed PRF: an attacker
+//!   key, with the algorithm and period XORed in, not the key text: an entry is 32 bytes whatever
+//!   the key length (two per cache line: the state's layout tag rides in the key's low 3 bits, see
+//!   [`Key`]), lookups never allocate, and the odds that two of a billion live keys collide are
+//!   below 10^-19 (keys are attacker-controlled, so the hash stays a keyed PRF: an attacker
 //!   cannot aim for a collision without the random key; a cheaper unkeyed or 64-bit hash would
 //!   make shared counters a matter of luck or effort). Including the algorithm and period means
 //!   a rule whose limit changes keeps its counters across a reload, while one whose algorithm or
 //!   period changes starts fresh.
-//! - **Fast path**: a single-item check hashes once, locks one shard, and steps the one-word
-//!   states (GCRA, leaky bucket) in place; nothing allocates.
+//! - **Fast path**: a single-item check hashes once, locks one shard, and steps the key's state
+//!   in place (the one-word states, GCRA and leaky bucket, without decoding); nothing allocates.
 //! - **Shards** (a mutex each) keep threads on different keys out of each other's way; a request
 //!   touching several keys locks their shards in index order, so it cannot deadlock.
 //! - **Expiry**: a step that leaves a key full removes it; every entry knows when it will be full
@@ -21,152 +22,203 @@
 //!   distinct keys, and it falls on the keys that used the least. Count-min-sketch limits are
 //!   not affected: their memory is fixed.
 
-use crate::algorithm::{self, gcra, leaky_bucket, Bucket, Counter, Log, Sketch, State, Window};
+use crate::algorithm::{
+    self, gcra, leaky_bucket, sliding_log, Bucket, Counter, Log, Sketch, State, Window,
+};
 use crate::clock::{Micros, SECOND};
 use crate::decision::Decision;
+use crate::fingerprint::sip13_128;
 use crate::quota::{Algorithm, Quota};
 use crate::store::{blocks, CheckItem, Store, StoreError};
-use siphasher::sip128::SipHasher13;
+use parking_lot::{Mutex, MutexGuard, RwLock};
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::Arc;
 
 /// Default bound on tracked keys.
 pub const DEFAULT_MAX_KEYS: usize = 1 << 22;
 const SHARDS: usize = 64;
 
-/// Per-key state as stored: counts as `u32` (limits are at most `u32::MAX`, as in Envoy's API)
-/// and expiry in whole seconds, so that every entry is 24 bytes.
-#[derive(Debug)]
-enum Slot {
-    Gcra(Micros),
-    Leaky(Micros),
-    Bucket {
-        tokens: u32,
-        expires: u32,
-        last: Micros,
-    },
-    Window {
-        count: u32,
-        expires: u32,
-        start: Micros,
-    },
-    Counter {
-        prev: u32,
-        cur: u32,
-        expires: u32,
-        start: Micros,
-    },
-    Log(Box<(Log, Micros)>),
+/// How a slot's two words are laid out. It follows from the algorithm, which is part of a key's
+/// identity, so it lives in the key's low 3 bits instead of as an enum tag beside the state: an
+/// entry is then 32 bytes (16 of key, 16 of state: two per cache line, never straddling one)
+/// where a tagged enum would make it 40.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    Gcra = 0,
+    Leaky = 1,
+    Bucket = 2,
+    Window = 3,
+    Counter = 4,
+}
+
+/// The key-tag value of sliding-window logs, which are not slots (they live in `Shard::logs`).
+const LOG_TAG: u64 = 5;
+
+/// The key tag for `alg`'s state.
+fn tag_of(alg: Algorithm) -> u64 {
+    match alg {
+        Algorithm::Gcra => Layout::Gcra as u64,
+        Algorithm::LeakyBucket => Layout::Leaky as u64,
+        Algorithm::TokenBucket => Layout::Bucket as u64,
+        Algorithm::FixedWindow => Layout::Window as u64,
+        // The count-min sketch's exact counterpart (it never stores per-key state itself).
+        Algorithm::SlidingWindowCounter | Algorithm::CountMinSketch => Layout::Counter as u64,
+        Algorithm::SlidingWindowLog => LOG_TAG,
+    }
 }
 
 fn narrow(n: u64) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 
-fn secs_up(t: Micros) -> u32 {
-    narrow(t.div_ceil(SECOND))
+fn secs_up(t: Micros) -> u64 {
+    u64::from(narrow(t.div_ceil(SECOND)))
 }
 
+fn low(w: u64) -> u64 {
+    w & 0xffff_ffff
+}
+
+fn high(w: u64) -> u64 {
+    w >> 32
+}
+
+/// A fixed-size per-key state in two words, laid out as its key's [`Layout`] says:
+///
+/// | layout | word 0 | word 1 |
+/// |---|---|---|
+/// | GCRA, leaky bucket | `tat` / `free_at` (µs) | 0 |
+/// | token bucket | `tokens` (low 32), `expires` (s, high 32) | `last` (µs) |
+/// | fixed window | `count` (low 32), `expires` (s, high 32) | `start` (µs) |
+/// | sliding counter | `prev` (low 32), `cur` (high 32) | `start` (s, low 32), `expires` (s, high 32) |
+///
+/// Counts are 32-bit (limits are at most `u32::MAX`, as in Envoy's API). Expiries round up to
+/// whole seconds (a key can only be kept longer, never forgotten early); a sliding counter's start
+/// is a window start, which is always a whole second. Seconds are 32-bit: good until 2106.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Slot([u64; 2]);
+
 impl Slot {
-    fn new(state: State, expires_at: Micros) -> Slot {
-        match state {
-            State::Gcra(t) => Slot::Gcra(t),
-            State::Leaky(t) => Slot::Leaky(t),
-            State::Bucket(b) => Slot::Bucket {
-                tokens: narrow(b.tokens),
-                expires: secs_up(expires_at),
-                last: b.last,
-            },
-            State::Window(w) => Slot::Window {
-                count: narrow(w.count),
-                expires: secs_up(expires_at),
-                start: w.start,
-            },
-            State::Counter(c) => Slot::Counter {
-                prev: narrow(c.prev),
-                cur: narrow(c.cur),
-                expires: secs_up(expires_at),
-                start: c.start,
-            },
-            State::Log(l) => Slot::Log(Box::new((l, expires_at))),
+    fn one_word(t: Micros) -> Slot {
+        Slot([t, 0])
+    }
+
+    fn bucket(b: Bucket, expires_at: Micros) -> Slot {
+        Slot([
+            u64::from(narrow(b.tokens)) | secs_up(expires_at) << 32,
+            b.last,
+        ])
+    }
+
+    fn window(w: Window, expires_at: Micros) -> Slot {
+        Slot([
+            u64::from(narrow(w.count)) | secs_up(expires_at) << 32,
+            w.start,
+        ])
+    }
+
+    fn counter(c: Counter, expires_at: Micros) -> Slot {
+        debug_assert_eq!(c.start % SECOND, 0, "window starts are whole seconds");
+        Slot([
+            u64::from(narrow(c.prev)) | u64::from(narrow(c.cur)) << 32,
+            u64::from(narrow(c.start / SECOND)) | secs_up(expires_at) << 32,
+        ])
+    }
+
+    fn as_bucket(self) -> Bucket {
+        Bucket {
+            tokens: low(self.0[0]),
+            last: self.0[1],
         }
     }
 
-    fn state(&self) -> State {
-        match self {
-            Slot::Gcra(t) => State::Gcra(*t),
-            Slot::Leaky(t) => State::Leaky(*t),
-            Slot::Bucket { tokens, last, .. } => State::Bucket(Bucket {
-                tokens: u64::from(*tokens),
-                last: *last,
-            }),
-            Slot::Window { count, start, .. } => State::Window(Window {
-                count: u64::from(*count),
-                start: *start,
-            }),
-            Slot::Counter {
-                prev, cur, start, ..
-            } => State::Counter(Counter {
-                prev: u64::from(*prev),
-                cur: u64::from(*cur),
-                start: *start,
-            }),
-            Slot::Log(b) => State::Log(b.0.clone()),
+    fn as_window(self) -> Window {
+        Window {
+            count: low(self.0[0]),
+            start: self.0[1],
         }
     }
 
-    /// Take the state out, leaving a placeholder (avoids cloning a log on the single-key path).
-    fn take(&mut self) -> State {
-        match self {
-            Slot::Log(b) => State::Log(std::mem::take(&mut b.0)),
-            other => other.state(),
+    fn as_counter(self) -> Counter {
+        Counter {
+            prev: low(self.0[0]),
+            cur: high(self.0[0]),
+            start: low(self.0[1]) * SECOND,
         }
     }
 
-    /// Step this key's state in place; `false` when it is back to full (the caller drops it).
-    /// The one-word states (GCRA, leaky bucket) are stepped directly on their timestamp, skipping
-    /// the [`State`] round trip (same step functions, so the same decisions and states).
-    fn step(&mut self, quota: &Quota, now: Micros, cost: u64) -> (Decision, bool) {
-        let one_word = match (&mut *self, quota.algorithm) {
-            (Slot::Gcra(t), Algorithm::Gcra) => Some((gcra::step(Some(*t), now, cost, quota), t)),
-            (Slot::Leaky(t), Algorithm::LeakyBucket) => {
-                Some((leaky_bucket::step(Some(*t), now, cost, quota), t))
+    /// `state` as a slot, or back the log (logs are not slots).
+    fn pack(state: State, expires_at: Micros) -> Result<Slot, Log> {
+        Ok(match state {
+            State::Gcra(t) | State::Leaky(t) => Slot::one_word(t),
+            State::Bucket(b) => Slot::bucket(b, expires_at),
+            State::Window(w) => Slot::window(w, expires_at),
+            State::Counter(c) => Slot::counter(c, expires_at),
+            State::Log(l) => return Err(l),
+        })
+    }
+
+    fn unpack(self, layout: Layout) -> State {
+        match layout {
+            Layout::Gcra => State::Gcra(self.0[0]),
+            Layout::Leaky => State::Leaky(self.0[0]),
+            Layout::Bucket => State::Bucket(self.as_bucket()),
+            Layout::Window => State::Window(self.as_window()),
+            Layout::Counter => State::Counter(self.as_counter()),
+        }
+    }
+
+    /// When this state is back to full (so the key can be forgotten).
+    fn expires_at(self, layout: Layout) -> Micros {
+        match layout {
+            Layout::Gcra | Layout::Leaky => self.0[0],
+            Layout::Bucket | Layout::Window => high(self.0[0]) * SECOND,
+            Layout::Counter => high(self.0[1]) * SECOND,
+        }
+    }
+
+    /// Step this key's state in place with its algorithm's own step (the one `algorithm::step`
+    /// dispatches to, so the same decisions and states); `false` when it is back to full (the
+    /// caller drops it). GCRA and leaky-bucket slots step their one word directly.
+    #[inline]
+    fn step(&mut self, layout: Layout, quota: &Quota, now: Micros, cost: u64) -> (Decision, bool) {
+        use crate::algorithm::{fixed_window, sliding_counter, token_bucket};
+        let (d, next) = match layout {
+            Layout::Gcra => {
+                let (d, t) = gcra::step(Some(self.0[0]), now, cost, quota);
+                (d, t.map(Slot::one_word))
             }
-            _ => None,
+            Layout::Leaky => {
+                let (d, t) = leaky_bucket::step(Some(self.0[0]), now, cost, quota);
+                (d, t.map(Slot::one_word))
+            }
+            Layout::Bucket => {
+                let (d, b) = token_bucket::step(Some(self.as_bucket()), now, cost, quota);
+                (d, b.map(|b| Slot::bucket(b, now + d.reset_after)))
+            }
+            Layout::Window => {
+                let (d, w) = fixed_window::step(Some(self.as_window()), now, cost, quota);
+                (d, w.map(|w| Slot::window(w, now + d.reset_after)))
+            }
+            Layout::Counter => {
+                let (d, c) = sliding_counter::step(Some(self.as_counter()), now, cost, quota);
+                (d, c.map(|c| Slot::counter(c, now + d.reset_after)))
+            }
         };
-        if let Some(((d, next), t)) = one_word {
-            return match next {
-                Some(n) => {
-                    *t = n;
-                    (d, true)
-                }
-                None => (d, false),
-            };
-        }
-        let (d, next) = algorithm::step(quota, Some(self.take()), now, cost);
         match next {
             Some(s) => {
-                *self = Slot::new(s, now + d.reset_after);
+                *self = s;
                 (d, true)
             }
             None => (d, false),
         }
     }
-
-    fn expires_at(&self) -> Micros {
-        match self {
-            Slot::Gcra(t) | Slot::Leaky(t) => *t,
-            Slot::Bucket { expires, .. }
-            | Slot::Window { expires, .. }
-            | Slot::Counter { expires, .. } => u64::from(*expires) * SECOND,
-            Slot::Log(b) => b.1,
-        }
-    }
 }
 
-/// A counter's identity: its 128-bit keyed hash as two words. Not a `u128`: that is 16-byte
-/// aligned on x86-64 and would pad every map entry from 40 to 48 bytes.
+/// A counter's identity: its 128-bit keyed hash as two words, with the low 3 bits of the first
+/// replaced by its state's tag ([`Layout`] or [`LOG_TAG`]; 125 random bits remain). Not a `u128`:
+/// that is 16-byte aligned on x86-64 and would pad every map entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Key([u64; 2]);
 
@@ -174,11 +226,17 @@ impl Key {
     fn wide(self) -> u128 {
         u128::from(self.0[0]) | (u128::from(self.0[1]) << 64)
     }
-}
 
-impl From<u128> for Key {
-    fn from(h: u128) -> Self {
-        Key([h as u64, (h >> 64) as u64])
+    /// The slot layout of this key's state; `None` for a sliding-window log.
+    fn layout(self) -> Option<Layout> {
+        Some(match self.0[0] & 7 {
+            0 => Layout::Gcra,
+            1 => Layout::Leaky,
+            2 => Layout::Bucket,
+            3 => Layout::Window,
+            4 => Layout::Counter,
+            _ => return None,
+        })
     }
 }
 
@@ -207,28 +265,118 @@ impl Hasher for Prehashed {
     }
 }
 
-type Map = HashMap<Key, Slot, BuildHasherDefault<Prehashed>>;
+type Map<V> = HashMap<Key, V, BuildHasherDefault<Prehashed>>;
 
+/// When a slot expires, by its key's layout (slots always have one; 0, "evict first", if not).
+fn slot_expiry(k: &Key, s: &Slot) -> Micros {
+    k.layout().map_or(0, |l| s.expires_at(l))
+}
+
+/// One shard: fixed-size states, and the sliding-window logs (variable length) beside them.
 #[derive(Default)]
 struct Shard {
-    map: Map,
+    slots: Map<Slot>,
+    /// Each log with when it is empty again.
+    logs: Map<(Log, Micros)>,
 }
 
 impl Shard {
+    fn len(&self) -> usize {
+        self.slots.len() + self.logs.len()
+    }
+
+    fn contains(&self, h: Key) -> bool {
+        match h.layout() {
+            Some(_) => self.slots.contains_key(&h),
+            None => self.logs.contains_key(&h),
+        }
+    }
+
+    /// A copy of `h`'s state; `None` when untracked.
+    fn get(&self, h: Key) -> Option<State> {
+        match h.layout() {
+            Some(l) => self.slots.get(&h).map(|s| s.unpack(l)),
+            None => self.logs.get(&h).map(|(log, _)| State::Log(log.clone())),
+        }
+    }
+
+    /// Keep `state` for `h` (new keys make room first), or forget `h` when `state` is `None`.
+    fn set(&mut self, h: Key, state: Option<State>, expires_at: Micros, cap: usize, now: Micros) {
+        let Some(state) = state else {
+            self.slots.remove(&h);
+            self.logs.remove(&h);
+            return;
+        };
+        if !self.contains(h) {
+            self.make_room(cap, now);
+        }
+        match Slot::pack(state, expires_at) {
+            Ok(slot) => {
+                self.slots.insert(h, slot);
+            }
+            Err(log) => {
+                self.logs.insert(h, (log, expires_at));
+            }
+        }
+    }
+
+    /// One check of one key, its state stepped in place.
+    fn step(&mut self, h: Key, quota: &Quota, now: Micros, cost: u64, cap: usize) -> Decision {
+        match h.layout() {
+            Some(layout) => {
+                if let Some(slot) = self.slots.get_mut(&h) {
+                    let (d, keep) = slot.step(layout, quota, now, cost);
+                    if !keep {
+                        self.slots.remove(&h);
+                    }
+                    return d;
+                }
+            }
+            None => {
+                if let Some((log, expires)) = self.logs.get_mut(&h) {
+                    let (d, next) = sliding_log::step(Some(std::mem::take(log)), now, cost, quota);
+                    match next {
+                        Some(l) => (*log, *expires) = (l, now + d.reset_after),
+                        None => {
+                            self.logs.remove(&h);
+                        }
+                    }
+                    return d;
+                }
+            }
+        }
+        let (d, next) = algorithm::step(quota, None, now, cost);
+        if next.is_some() {
+            self.set(h, next, now + d.reset_after, cap, now);
+        }
+        d
+    }
+
+    /// Drop every entry that is back to full at `now`; how many were dropped.
+    fn sweep(&mut self, now: Micros) -> usize {
+        let before = self.len();
+        self.slots.retain(|k, s| slot_expiry(k, s) > now);
+        self.logs.retain(|_, (_, e)| *e > now);
+        before - self.len()
+    }
+
     /// Make room for one more entry under `cap`.
     fn make_room(&mut self, cap: usize, now: Micros) {
-        if self.map.len() < cap {
+        if self.len() < cap {
             return;
         }
-        self.map.retain(|_, s| s.expires_at() > now);
+        self.sweep(now);
         let target = cap - cap / 10;
-        if self.map.len() <= target {
+        if self.len() <= target {
             return;
         }
-        let mut expiries: Vec<Micros> = self.map.values().map(Slot::expires_at).collect();
-        let excess = self.map.len() - target;
+        let mut expiries: Vec<Micros> = (self.slots.iter().map(|(k, s)| slot_expiry(k, s)))
+            .chain(self.logs.values().map(|(_, e)| *e))
+            .collect();
+        let excess = self.len() - target;
         let (_, &mut threshold, _) = expiries.select_nth_unstable(excess - 1);
-        self.map.retain(|_, s| s.expires_at() > threshold);
+        self.slots.retain(|k, s| slot_expiry(k, s) > threshold);
+        self.logs.retain(|_, (_, e)| *e > threshold);
     }
 }
 
@@ -257,9 +405,7 @@ impl Default for MemoryStore {
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding a shard cannot leave a slot half-written (steps are pure and
-    // writes are single assignments), so a poisoned lock is still consistent.
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    m.lock()
 }
 
 impl MemoryStore {
@@ -282,12 +428,9 @@ impl MemoryStore {
         }
     }
 
-    /// SipHash-1-3 (128 bit) of `bytes`, through siphasher's one-shot path (8-byte loads, no
-    /// tail buffering).
+    /// SipHash-1-3 (128 bit) of `bytes` under this store's random key.
     fn hash(&self, bytes: &[u8]) -> u128 {
-        SipHasher13::new_with_keys(self.k0, self.k1)
-            .hash(bytes)
-            .as_u128()
+        sip13_128(self.k0, self.k1, bytes)
     }
 
     /// The key's hash with the limit's shape (algorithm, period) XORed into the low word instead
@@ -295,47 +438,44 @@ impl MemoryStore {
     /// keys of different shapes differ in the low word (the shape encoding is injective); for
     /// different keys the hashes are independent pseudo-random values, so `H(a) ^ H(b)` equals a
     /// given non-zero shape difference with the same 2^-128 odds as it equals zero, and an
-    /// attacker without the random key can aim at neither.
+    /// attacker without the random key can aim at neither. The shape sits above the low 3 bits,
+    /// which then carry the state's tag (see [`Key`]).
     fn key_hash(&self, item: &CheckItem<'_>) -> Key {
         let q = item.quota;
-        let shape = (q.algorithm as u64) << 40
-            | (q.period.unit as u64) << 32
-            | u64::from(q.period.multiplier);
-        let mut k = Key::from(self.hash(item.key.as_bytes()));
-        k.0[0] ^= shape;
-        k
+        let shape = ((q.algorithm() as u64) << 40
+            | (q.period().unit as u64) << 32
+            | u64::from(q.period().multiplier))
+            << 3;
+        let h = self.hash(item.key.as_bytes());
+        let low = (h as u64 ^ shape) & !7 | tag_of(q.algorithm());
+        Key([low, (h >> 64) as u64])
     }
 
     fn sketch(&self, item: &CheckItem<'_>) -> Arc<Mutex<Sketch>> {
         let q = item.quota;
-        let period = (q.period.unit as u128) << 32 | u128::from(q.period.multiplier);
-        let size = u128::from(q.sketch.width) << 32 | u128::from(q.sketch.depth);
+        let period = (q.period().unit as u128) << 32 | u128::from(q.period().multiplier);
+        let size = u128::from(q.sketch().width) << 32 | u128::from(q.sketch().depth);
         // As in `key_hash`: the shape is XORed in (injectively, high and low words).
         let id = self.hash(item.rule.as_bytes()) ^ (size << 64 | period);
-        let found = self
-            .sketches
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&id)
-            .cloned();
+        let found = self.sketches.read().get(&id).cloned();
         if let Some(s) = found {
             return s;
         }
         self.sketches
             .write()
-            .unwrap_or_else(|e| e.into_inner())
             .entry(id)
-            .or_insert_with(|| Arc::new(Mutex::new(Sketch::new(q.sketch))))
+            .or_insert_with(|| Arc::new(Mutex::new(Sketch::new(q.sketch()))))
             .clone()
     }
 
     fn shard_of(&self, h: Key) -> usize {
-        (h.0[0] as usize) % SHARDS
+        // Above the tag bits.
+        ((h.0[0] >> 3) as usize) % SHARDS
     }
 
     /// Number of tracked keys (count-min-sketch keys are not tracked individually).
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| lock(s).map.len()).sum()
+        self.shards.iter().map(|s| lock(s).len()).sum()
     }
 
     /// Whether no key is tracked.
@@ -345,58 +485,32 @@ impl MemoryStore {
 
     /// Drop every entry that is back to full at `now`. Returns how many were dropped.
     pub fn sweep(&self, now: Micros) -> usize {
-        self.shards
-            .iter()
-            .map(|s| {
-                let mut s = lock(s);
-                let before = s.map.len();
-                s.map.retain(|_, slot| slot.expires_at() > now);
-                before - s.map.len()
-            })
-            .sum()
+        self.shards.iter().map(|s| lock(s).sweep(now)).sum()
     }
 
     /// Bytes held by count-min sketches.
     pub fn sketch_memory(&self) -> usize {
         self.sketches
             .read()
-            .unwrap_or_else(|e| e.into_inner())
             .values()
             .map(|s| lock(s).memory())
             .sum()
     }
 
     fn step_one(&self, now: Micros, item: &CheckItem<'_>) -> Decision {
-        if item.quota.algorithm == Algorithm::CountMinSketch {
+        if item.quota.algorithm() == Algorithm::CountMinSketch {
             let h = self.key_hash(item);
             return lock(&self.sketch(item)).check(h.wide(), now, item.cost, item.quota);
         }
         let h = self.key_hash(item);
-        let mut shard = lock(&self.shards[self.shard_of(h)]);
-        match shard.map.get_mut(&h) {
-            Some(slot) => {
-                let (d, keep) = slot.step(item.quota, now, item.cost);
-                if !keep {
-                    shard.map.remove(&h);
-                }
-                d
-            }
-            None => {
-                let (d, next) = algorithm::step(item.quota, None, now, item.cost);
-                if let Some(s) = next {
-                    shard.make_room(self.shard_cap, now);
-                    shard.map.insert(h, Slot::new(s, now + d.reset_after));
-                }
-                d
-            }
-        }
+        lock(&self.shards[self.shard_of(h)]).step(h, item.quota, now, item.cost, self.shard_cap)
     }
 
     fn check_many(&self, now: Micros, items: &[CheckItem<'_>]) -> Vec<Decision> {
         let hashes: Vec<Key> = items.iter().map(|i| self.key_hash(i)).collect();
         let sketches: Vec<Option<Arc<Mutex<Sketch>>>> = items
             .iter()
-            .map(|i| (i.quota.algorithm == Algorithm::CountMinSketch).then(|| self.sketch(i)))
+            .map(|i| (i.quota.algorithm() == Algorithm::CountMinSketch).then(|| self.sketch(i)))
             .collect();
         // Lock order: shards by index, then sketches by address. Every multi-key check uses the
         // same order, and a single-key check holds one lock, so no cycle can form.
@@ -436,13 +550,13 @@ impl MemoryStore {
                     .map(|((e, _), _)| e.cost)
                     .sum();
                 let mut d = g.evaluate(h.wide(), now, earlier + item.cost, item.quota);
-                d.remaining = d.remaining.min(item.quota.limit);
+                d.remaining = d.remaining.min(item.quota.limit());
                 d
             } else {
                 let shard = locked(&mut guards, self.shard_of(h));
                 let current = match pending.iter().rev().find(|(ph, _)| *ph == h) {
                     Some((_, s)) => s.clone(),
-                    None => shard.map.get(&h).map(Slot::state),
+                    None => shard.get(h),
                 };
                 let (d, next) = algorithm::step(item.quota, current, now, item.cost);
                 pending.push((h, next));
@@ -461,7 +575,7 @@ impl MemoryStore {
                         g.evaluate(h.wide(), now, 0, item.quota)
                     } else {
                         let shard = locked(&mut guards, self.shard_of(h));
-                        let state = shard.map.get(&h).map(Slot::state);
+                        let state = shard.get(h);
                         algorithm::step(item.quota, state, now, 0).0
                     };
                 }
@@ -485,20 +599,8 @@ impl MemoryStore {
             if !decisions[i].allowed {
                 continue; // a denied shadow item consumes nothing
             }
-            let shard = locked(&mut guards, self.shard_of(h));
-            match next {
-                Some(s) => {
-                    if !shard.map.contains_key(&h) {
-                        shard.make_room(self.shard_cap, now);
-                    }
-                    shard
-                        .map
-                        .insert(h, Slot::new(s, now + decisions[i].reset_after));
-                }
-                None => {
-                    shard.map.remove(&h);
-                }
-            }
+            let expires_at = now + decisions[i].reset_after;
+            locked(&mut guards, self.shard_of(h)).set(h, next, expires_at, self.shard_cap, now);
         }
         decisions
     }
@@ -544,8 +646,8 @@ mod tests {
     }
 
     #[test]
-    fn slot_is_24_bytes() {
-        assert_eq!(std::mem::size_of::<Slot>(), 24);
+    fn entry_is_32_bytes() {
+        assert_eq!(std::mem::size_of::<(Key, Slot)>(), 32);
     }
 
     #[test]
@@ -625,23 +727,67 @@ mod tests {
     }
 
     #[test]
-    fn in_place_one_word_step_matches_the_generic_step() {
-        // The fast path for GCRA and leaky-bucket slots must give exactly `algorithm::step`.
-        for alg in [Algorithm::Gcra, Algorithm::LeakyBucket] {
+    fn in_place_step_matches_the_generic_step_for_every_layout() {
+        // Each layout is decoded, stepped by its algorithm's own step and re-encoded in place:
+        // that must give exactly `algorithm::step` on the unpacked `State`, decisions and states.
+        let algs = Algorithm::ALL
+            .into_iter()
+            .filter(|a| *a != Algorithm::CountMinSketch);
+        for alg in algs {
             let s = MemoryStore::with_seed(1000, 1, 2);
             let q = Quota::new(5, Unit::Second)
                 .with_algorithm(alg)
                 .with_burst(3);
             let mut state = None;
-            for i in 0..200u64 {
-                let now = SECOND + i * 37_000;
+            for i in 0..400u64 {
+                let now = 1_795_305_600 * SECOND + i * 37_000;
                 let cost = i % 3;
                 let d = s.check_one(now, &item("k", &q, cost)).unwrap();
                 let (want, next) = algorithm::step(&q, state.take(), now, cost);
                 state = next;
                 assert_eq!(d, want, "{alg} step {i}");
+                assert_eq!(s.len(), usize::from(state.is_some()), "{alg} step {i}");
             }
         }
+    }
+
+    #[test]
+    fn slots_round_trip_and_expire_no_earlier_than_their_state() {
+        let t = 1_795_305_600 * SECOND + 123_456;
+        let states = [
+            (Layout::Gcra, State::Gcra(t)),
+            (Layout::Leaky, State::Leaky(t)),
+            (
+                Layout::Bucket,
+                State::Bucket(Bucket {
+                    tokens: u64::from(u32::MAX),
+                    last: t,
+                }),
+            ),
+            (Layout::Window, State::Window(Window { count: 7, start: t })),
+            (
+                Layout::Counter,
+                State::Counter(Counter {
+                    prev: u64::from(u32::MAX),
+                    cur: 3,
+                    start: 1_795_305_600 * SECOND,
+                }),
+            ),
+        ];
+        for (layout, state) in states {
+            // One-word states are their own expiry (the store passes `now + reset_after`, which
+            // for them is that timestamp); the others keep the one they are given.
+            let one_word = matches!(layout, Layout::Gcra | Layout::Leaky);
+            let expires = if one_word { t } else { t + 90 * SECOND + 1 };
+            let slot = Slot::pack(state.clone(), expires).unwrap();
+            assert_eq!(slot.unpack(layout), state);
+            let at = slot.expires_at(layout);
+            assert!(at >= expires && at < expires + SECOND, "{layout:?}: {at}");
+        }
+        assert!(
+            Slot::pack(State::Log(Log::new()), t).is_err(),
+            "logs are not slots"
+        );
     }
 
     #[test]

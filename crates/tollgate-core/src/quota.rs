@@ -243,30 +243,44 @@ impl Default for SketchSize {
     }
 }
 
-/// How much a limit allows.
+/// How much a limit allows: `limit` per `period`, with an algorithm, a burst and (count-min
+/// sketch only) a sketch size.
+///
+/// Built with [`Quota::new`] and the `with_*` methods; the fields are read through accessors so
+/// that the emission interval (`period / limit`, which GCRA and both buckets need on every check)
+/// is computed once here, not divided out again per decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Quota {
-    /// Requests (cost units) per period. 0 denies everything.
-    pub limit: u64,
-    /// The period.
-    pub period: Period,
-    /// Bucket capacity for token bucket, leaky bucket and GCRA; `None` = `limit`.
-    pub burst: Option<u64>,
-    /// The algorithm.
-    pub algorithm: Algorithm,
-    /// Sketch dimensions ([`Algorithm::CountMinSketch`] only).
-    pub sketch: SketchSize,
+    limit: u64,
+    period: Period,
+    burst: Option<u64>,
+    algorithm: Algorithm,
+    sketch: SketchSize,
+    /// `emission_interval_of(period, limit)`: derived, so equality and hashing are unaffected.
+    emission: Micros,
+}
+
+/// `period / limit` rounded **up** to whole microseconds (at least 1), so that rounding can only
+/// make a limit stricter, never looser; 0 when `limit` is 0.
+fn emission_interval_of(period: Period, limit: u64) -> Micros {
+    if limit == 0 {
+        0
+    } else {
+        period.nominal().div_ceil(limit).max(1)
+    }
 }
 
 impl Quota {
     /// `limit` per `period` with the default algorithm (sliding window counter).
     pub fn new(limit: u64, period: impl Into<Period>) -> Self {
+        let period = period.into();
         Self {
             limit,
-            period: period.into(),
+            period,
             burst: None,
             algorithm: Algorithm::default(),
             sketch: SketchSize::default(),
+            emission: emission_interval_of(period, limit),
         }
     }
 
@@ -276,20 +290,65 @@ impl Quota {
         self
     }
 
-    /// The same quota with an explicit burst.
-    pub fn with_burst(mut self, burst: u64) -> Self {
-        self.burst = Some(burst);
+    /// The same quota with an explicit burst (`None`: the limit).
+    pub fn with_burst(mut self, burst: impl Into<Option<u64>>) -> Self {
+        self.burst = burst.into();
         self
     }
 
-    /// Bucket capacity: `burst`, or `limit` when unset.
+    /// The same quota with another limit (the period, algorithm, burst and sketch kept).
+    pub fn with_limit(mut self, limit: u64) -> Self {
+        self.limit = limit;
+        self.emission = emission_interval_of(self.period, limit);
+        self
+    }
+
+    /// The same quota with another sketch size ([`Algorithm::CountMinSketch`] only).
+    pub fn with_sketch(mut self, sketch: SketchSize) -> Self {
+        self.sketch = sketch;
+        self
+    }
+
+    /// Requests (cost units) per period. 0 denies everything.
+    #[inline]
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// The period.
+    #[inline]
+    pub fn period(&self) -> Period {
+        self.period
+    }
+
+    /// The burst as configured: `None` means the limit (see [`Quota::capacity`]).
+    #[inline]
+    pub fn burst(&self) -> Option<u64> {
+        self.burst
+    }
+
+    /// The algorithm.
+    #[inline]
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+
+    /// Sketch dimensions ([`Algorithm::CountMinSketch`] only).
+    #[inline]
+    pub fn sketch(&self) -> SketchSize {
+        self.sketch
+    }
+
+    /// Bucket capacity for token bucket, leaky bucket and GCRA: `burst`, or `limit` when unset.
+    #[inline]
     pub fn capacity(&self) -> u64 {
         self.burst.unwrap_or(self.limit)
     }
 
     /// Time one unit of cost takes to replenish, rounded **up** to whole microseconds so that
     /// rounding can only make a limit stricter, never looser. `None` when `limit` is 0.
+    #[inline]
     pub fn emission_interval(&self) -> Option<Micros> {
-        (self.limit > 0).then(|| self.period.nominal().div_ceil(self.limit).max(1))
+        (self.emission > 0).then_some(self.emission)
     }
 }

@@ -205,9 +205,9 @@ fn multi_key_all_or_nothing_under_contention() {
         for (k, q) in quotas.iter().enumerate() {
             let used = consumed[k].load(Ordering::Relaxed);
             assert!(
-                used <= q.limit,
+                used <= q.limit(),
                 "{alg}: key {k} consumed {used} > {}",
-                q.limit
+                q.limit()
             );
             let item = CheckItem {
                 rule: "api",
@@ -217,7 +217,7 @@ fn multi_key_all_or_nothing_under_contention() {
                 shadow: false,
             };
             let left = store.check(NOW, &[item]).unwrap()[0].remaining;
-            assert_eq!(left, q.limit - used, "{alg}: key {k}");
+            assert_eq!(left, q.limit() - used, "{alg}: key {k}");
         }
         // The tightest key must have been (nearly) exhausted, or the test tested nothing.
         assert!(consumed[0].load(Ordering::Relaxed) >= 38, "{alg}");

@@ -105,7 +105,7 @@ fn unsorted_trace(limit: u64, period: Period) -> impl Strategy<Value = Vec<(Micr
 fn quota_and_sorted(alg: Algorithm) -> impl Strategy<Value = (Quota, Vec<(Micros, u64)>)> {
     quota_parts().prop_flat_map(move |(limit, period, burst)| {
         let mut q = Quota::new(limit, period).with_algorithm(alg);
-        q.burst = burst;
+        q = q.with_burst(burst);
         (Just(q), sorted_trace(q.capacity().max(limit), period))
     })
 }
@@ -153,18 +153,18 @@ fn max_in_rolling_window(adm: &[(Micros, u64)], len: Micros) -> u64 {
 
 /// Decision invariants that hold for every algorithm, whatever the trace.
 fn sane(q: &Quota, cost: u64, d: &Decision) -> Result<(), TestCaseError> {
-    prop_assert_eq!(d.limit, q.limit);
+    prop_assert_eq!(d.limit, q.limit());
     prop_assert!(
-        d.remaining <= q.limit.max(q.capacity()),
+        d.remaining <= q.limit().max(q.capacity()),
         "remaining {} above limit {}",
         d.remaining,
-        q.limit
+        q.limit()
     );
-    if q.algorithm != Algorithm::TokenBucket
-        && q.algorithm != Algorithm::Gcra
-        && q.algorithm != Algorithm::LeakyBucket
+    if q.algorithm() != Algorithm::TokenBucket
+        && q.algorithm() != Algorithm::Gcra
+        && q.algorithm() != Algorithm::LeakyBucket
     {
-        prop_assert!(d.remaining <= q.limit);
+        prop_assert!(d.remaining <= q.limit());
     }
     if d.allowed {
         prop_assert!(
@@ -172,15 +172,15 @@ fn sane(q: &Quota, cost: u64, d: &Decision) -> Result<(), TestCaseError> {
             "retry_after on an admission: {d:?}"
         );
     }
-    if q.algorithm != Algorithm::LeakyBucket || cost == 0 || !d.allowed {
+    if q.algorithm() != Algorithm::LeakyBucket || cost == 0 || !d.allowed {
         prop_assert_eq!(d.delay, 0);
     }
-    let cap = if q.algorithm.uses_burst() {
+    let cap = if q.algorithm().uses_burst() {
         q.capacity()
     } else {
-        q.limit
+        q.limit()
     };
-    if q.limit == 0 || cost > cap {
+    if q.limit() == 0 || cost > cap {
         prop_assert!(d.never_passes(), "cost {cost} over capacity {cap}: {d:?}");
     } else if !d.allowed {
         prop_assert!(
@@ -213,24 +213,24 @@ proptest! {
     /// and never more than `limit` in any window `(t - period, t]`.
     #[test]
     fn sliding_log_is_exact((q, trace) in quota_and_sorted(Algorithm::SlidingWindowLog)) {
-        let len = q.period.nominal();
+        let len = q.period().nominal();
         let ds = run(&q, &trace);
         let mut log: Vec<(Micros, u64)> = Vec::new();
         for (&(now, cost), (d, _)) in trace.iter().zip(&ds) {
             sane(&q, cost, d)?;
             let used: u64 = log.iter().filter(|&&(t, _)| t + len > now).map(|&(_, c)| c).sum();
-            let admit = cost <= q.limit && used + cost <= q.limit;
+            let admit = cost <= q.limit() && used + cost <= q.limit();
             prop_assert_eq!(d.allowed, admit, "at {} cost {}", now, cost);
             if admit {
-                prop_assert_eq!(d.remaining, q.limit - used - cost);
+                prop_assert_eq!(d.remaining, q.limit() - used - cost);
                 if cost > 0 {
                     log.push((now, cost));
                 }
             } else {
-                prop_assert_eq!(d.remaining, q.limit.saturating_sub(used));
+                prop_assert_eq!(d.remaining, q.limit().saturating_sub(used));
             }
         }
-        prop_assert!(max_in_rolling_window(&admitted(&trace, &ds), len) <= q.limit);
+        prop_assert!(max_in_rolling_window(&admitted(&trace, &ds), len) <= q.limit());
     }
 
     /// Token bucket, GCRA, leaky bucket: over any interval between two admissions, admitted cost
@@ -272,20 +272,20 @@ proptest! {
         let mut counts: HashMap<Micros, u64> = HashMap::new();
         for (&(now, cost), (d, _)) in trace.iter().zip(&ds) {
             sane(&q, cost, d)?;
-            let (start, end) = window(q.period, now);
+            let (start, end) = window(q.period(), now);
             let n = counts.entry(start).or_default();
-            let admit = cost <= q.limit && *n + cost <= q.limit;
+            let admit = cost <= q.limit() && *n + cost <= q.limit();
             prop_assert_eq!(d.allowed, admit);
             if admit {
                 *n += cost;
             } else {
-                prop_assert_eq!(d.retry_after, (cost <= q.limit).then_some(end - now));
+                prop_assert_eq!(d.retry_after, (cost <= q.limit()).then_some(end - now));
             }
-            prop_assert_eq!(d.remaining, q.limit - *n);
-            prop_assert!(*n <= q.limit);
+            prop_assert_eq!(d.remaining, q.limit() - *n);
+            prop_assert!(*n <= q.limit());
         }
         // And at most 2 × limit in a rolling period (the boundary burst).
-        prop_assert!(max_in_rolling_window(&admitted(&trace, &ds), q.period.nominal()) <= 2 * q.limit);
+        prop_assert!(max_in_rolling_window(&admitted(&trace, &ds), q.period().nominal()) <= 2 * q.limit());
     }
 
     /// Sliding window counter = `floor(prev·(end-now)/len) + cur + cost <= limit` written plainly;
@@ -296,21 +296,21 @@ proptest! {
         let mut counts: HashMap<Micros, u64> = HashMap::new();
         for (&(now, cost), (d, _)) in trace.iter().zip(&ds) {
             sane(&q, cost, d)?;
-            let (start, end) = window(q.period, now);
-            let prev = counts.get(&previous_start(q.period, start)).copied().unwrap_or(0);
+            let (start, end) = window(q.period(), now);
+            let prev = counts.get(&previous_start(q.period(), start)).copied().unwrap_or(0);
             let cur = counts.get(&start).copied().unwrap_or(0);
             let est = prev * (end - now) / (end - start) + cur;
-            let admit = cost <= q.limit && est + cost <= q.limit;
+            let admit = cost <= q.limit() && est + cost <= q.limit();
             prop_assert_eq!(d.allowed, admit, "at {} cost {} est {}", now, cost, est);
             if admit {
-                prop_assert_eq!(d.remaining, q.limit - est - cost);
+                prop_assert_eq!(d.remaining, q.limit() - est - cost);
                 *counts.entry(start).or_default() += cost;
             } else {
-                prop_assert_eq!(d.remaining, q.limit.saturating_sub(est));
+                prop_assert_eq!(d.remaining, q.limit().saturating_sub(est));
             }
         }
-        prop_assert!(counts.values().all(|&n| n <= q.limit));
-        prop_assert!(max_in_rolling_window(&admitted(&trace, &ds), q.period.nominal()) <= 2 * q.limit);
+        prop_assert!(counts.values().all(|&n| n <= q.limit()));
+        prop_assert!(max_in_rolling_window(&admitted(&trace, &ds), q.period().nominal()) <= 2 * q.limit());
     }
 
     /// Denied with `retry_after = Some(r)`: the same request passes at `now + r` (no other
@@ -323,7 +323,7 @@ proptest! {
     ) {
         let (limit, period, burst) = parts;
         let mut q = Quota::new(limit, period).with_algorithm(alg);
-        q.burst = burst;
+        q = q.with_burst(burst);
         // A deterministic bursty trace from the seed (proptest shrinks the seed).
         let mut rng = seed | 1;
         let mut next = |n: u64| { rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17; rng % n.max(1) };
@@ -380,7 +380,7 @@ proptest! {
         alg in prop::sample::select(EXACT.to_vec()),
         (q, trace) in quota_parts().prop_flat_map(|(l, p, b)| {
             let mut q = Quota::new(l, p);
-            q.burst = b;
+            q = q.with_burst(b);
             (Just(q), unsorted_trace(q.capacity().max(l), p))
         }),
     ) {
@@ -405,9 +405,9 @@ proptest! {
         offset in 0u64..1_000_000_000_000,
     ) {
         let mut q = Quota::new(limit, period).with_algorithm(Algorithm::CountMinSketch);
-        q.sketch = SketchSize { width, depth };
+        q = q.with_sketch(SketchSize { width, depth });
         let exact_q = q.with_algorithm(Algorithm::SlidingWindowCounter);
-        let mut sketch = Sketch::new(q.sketch);
+        let mut sketch = Sketch::new(q.sketch());
         let mut exact: HashMap<u64, Option<State>> = HashMap::new();
         let mut now = BASE + offset;
         let len = period.nominal();
@@ -472,14 +472,14 @@ proptest! {
                 }
             }
             for (i, &(k, cost, _)) in items.iter().enumerate() {
-                if qs[k].algorithm == Algorithm::CountMinSketch {
+                if qs[k].algorithm() == Algorithm::CountMinSketch {
                     // The sketch judges a repeated key's items by their combined cost (so a
                     // combined cost above the limit is `never_passes`, and a denied item's
                     // `remaining` ignores the earlier items): compare the verdict only.
                     prop_assert_eq!(got[i].allowed, want[i].allowed,
-                        "item {} ({:?}, cost {}) of {:?}", i, qs[k].algorithm, cost, items);
+                        "item {} ({:?}, cost {}) of {:?}", i, qs[k].algorithm(), cost, items);
                 } else {
-                    prop_assert_eq!(got[i], want[i], "item {} ({:?}, cost {}) of {:?}", i, qs[k].algorithm, cost, items);
+                    prop_assert_eq!(got[i], want[i], "item {} ({:?}, cost {}) of {:?}", i, qs[k].algorithm(), cost, items);
                 }
             }
         }

@@ -305,8 +305,8 @@ fn check(set: &RuleSet, file: &str, domain: &str, entries: Entries, want: &Want)
         }
         (Limited(rpu, unit, key), Resolution::Limited { limit, counter_key }) => {
             let q = limit.quota.unwrap_or_else(|| panic!("{ctx}: no quota"));
-            assert_eq!(q.limit, *rpu, "{ctx}");
-            assert_eq!(q.period.unit, *unit, "{ctx}");
+            assert_eq!(q.limit(), *rpu, "{ctx}");
+            assert_eq!(q.period().unit, *unit, "{ctx}");
             assert_eq!(counter_key, *key, "{ctx}");
             assert_eq!(limit.domain, domain, "{ctx}");
         }
@@ -390,10 +390,10 @@ fn extensions_are_decoded() {
     let user = limit(&set, "ext|user");
     let q = user.quota.expect("quota");
     assert_eq!(
-        (q.limit, q.period.unit, q.period.multiplier),
+        (q.limit(), q.period().unit, q.period().multiplier),
         (100, Unit::Minute, 15)
     );
-    assert_eq!((q.algorithm, q.burst), (Algorithm::Gcra, Some(20)));
+    assert_eq!((q.algorithm(), q.burst()), (Algorithm::Gcra, Some(20)));
     assert_eq!(
         user.message.as_deref(),
         Some("retry-with-exponential-backoff")
@@ -402,27 +402,27 @@ fn extensions_are_decoded() {
     assert_eq!(limit(&set, "ext|tenant").quota, Some(q));
     let global = limit(&set, "ext|generic_key=global").quota.expect("quota");
     assert_eq!(
-        (global.algorithm, global.burst, global.capacity()),
+        (global.algorithm(), global.burst(), global.capacity()),
         (Algorithm::TokenBucket, None, 10000)
     );
     let ip = limit(&set, "ext|ip").quota.expect("quota");
-    assert_eq!(ip.algorithm, Algorithm::CountMinSketch);
-    assert_eq!((ip.sketch.width, ip.sketch.depth), (4096, 5));
+    assert_eq!(ip.algorithm(), Algorithm::CountMinSketch);
+    assert_eq!((ip.sketch().width, ip.sketch().depth), (4096, 5));
     let any = limit(&set, "ext|path=*").quota.expect("quota");
     assert_eq!(
-        (any.algorithm, any.period.unit),
+        (any.algorithm(), any.period().unit),
         (Algorithm::FixedWindow, Unit::Year)
     );
     assert_eq!(
         limit(&set, "ext|path=/v1/*")
             .quota
-            .map(|q| (q.algorithm, q.period.unit)),
+            .map(|q| (q.algorithm(), q.period().unit)),
         Some((Algorithm::SlidingWindowLog, Unit::Month))
     );
     assert_eq!(
         limit(&set, "ext|path=/v*/users/*/avatar")
             .quota
-            .map(|q| q.algorithm),
+            .map(|q| q.algorithm()),
         Some(Algorithm::LeakyBucket)
     );
 }
@@ -710,9 +710,14 @@ fn repository_examples_load() {
     let gcra = limit(&set, "api|api_key|action=search")
         .quota
         .expect("quota");
-    assert_eq!((gcra.algorithm, gcra.burst), (Algorithm::Gcra, Some(20)));
     assert_eq!(
-        limit(&set, "api|path=/login|ip").quota.map(|q| q.algorithm),
+        (gcra.algorithm(), gcra.burst()),
+        (Algorithm::Gcra, Some(20))
+    );
+    assert_eq!(
+        limit(&set, "api|path=/login|ip")
+            .quota
+            .map(|q| q.algorithm()),
         Some(Algorithm::SlidingWindowLog)
     );
     assert!(limit(&set, "api|user").message.is_some());

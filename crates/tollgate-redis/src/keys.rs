@@ -107,11 +107,11 @@ pub fn counter_keys(prefix: &str, key: &str, quota: &Quota) -> CounterKeys {
     let main = format!(
         "{prefix}:{{{}}}:{}:{}{}",
         escape(key),
-        algorithm_tag(quota.algorithm),
-        quota.period.multiplier,
-        unit_tag(quota.period.unit)
+        algorithm_tag(quota.algorithm()),
+        quota.period().multiplier,
+        unit_tag(quota.period().unit)
     );
-    let sum = (quota.algorithm == Algorithm::SlidingWindowLog).then(|| format!("{main}:sum"));
+    let sum = (quota.algorithm() == Algorithm::SlidingWindowLog).then(|| format!("{main}:sum"));
     (main, sum)
 }
 
@@ -123,29 +123,30 @@ pub fn valid_prefix(prefix: &str) -> bool {
 /// Reject what the Redis store cannot compute exactly (or at all).
 pub fn check_quota(quota: &Quota) -> Result<(), StoreError> {
     let unsupported = |why: String| Err(StoreError::Unsupported(why));
-    if quota.algorithm == Algorithm::CountMinSketch {
+    if quota.algorithm() == Algorithm::CountMinSketch {
         return unsupported(
             "the count_min_sketch algorithm keeps its sketch in process memory and is only \
              available with the memory store; use sliding_window_counter with Redis"
                 .into(),
         );
     }
-    if quota.period.nominal() > MAX_PERIOD {
+    if quota.period().nominal() > MAX_PERIOD {
         return unsupported(format!(
             "period {} is longer than the Redis store supports (2^50 µs, about 35 years)",
-            quota.period
+            quota.period()
         ));
     }
-    if quota.limit > MAX_COUNT || quota.capacity() > MAX_COUNT {
+    if quota.limit() > MAX_COUNT || quota.capacity() > MAX_COUNT {
         return unsupported("limit or burst above 2^52".into());
     }
-    if quota.algorithm.uses_burst() {
+    if quota.algorithm().uses_burst() {
         if let Some(t) = quota.emission_interval() {
             let span = t.checked_mul(quota.capacity().max(1));
             if span.is_none_or(|s| s > MAX_SPAN) {
                 return unsupported(format!(
                     "burst × period / limit is above 2^51 µs (about 71 years) for {} with limit {}",
-                    quota.algorithm, quota.limit
+                    quota.algorithm(),
+                    quota.limit()
                 ));
             }
         }

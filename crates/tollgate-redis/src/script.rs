@@ -100,15 +100,15 @@ pub fn arguments(call: &Call<'_>, items: &[Entry<'_>]) -> (Vec<String>, Vec<Stri
             keys.push(s.clone());
         }
         let fields: [u64; 10] = [
-            algorithm_code(q.algorithm).into(),
+            algorithm_code(q.algorithm()).into(),
             item.cost.min(MAX_COST),
             item.shadow.into(),
-            q.limit,
+            q.limit(),
             q.capacity().max(1),
             q.emission_interval().unwrap_or(0),
-            unit_code(q.period.unit).into(),
-            q.period.multiplier.max(1).into(),
-            q.period.nominal(),
+            unit_code(q.period().unit).into(),
+            q.period().multiplier.max(1).into(),
+            q.period().nominal(),
             *idx as u64,
         ];
         args.extend(fields.iter().map(u64::to_string));

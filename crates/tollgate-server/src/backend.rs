@@ -135,7 +135,7 @@ pub fn redis_unsupported(set: &RuleSet) -> Vec<String> {
     set.limits()
         .filter_map(|l| {
             let q = l.quota.as_ref()?;
-            let why = if q.algorithm == Algorithm::CountMinSketch {
+            let why = if q.algorithm() == Algorithm::CountMinSketch {
                 "uses algorithm count_min_sketch, which is memory-only: not available with a Redis store (choose sliding_window_counter or run with --store memory)".to_string()
             } else {
                 let Err(StoreError::Unsupported(why)) = keys::check_quota(q) else {
@@ -369,8 +369,8 @@ impl Guarded {
                 .iter()
                 .map(|i| Decision {
                     allowed: true,
-                    limit: i.quota.limit,
-                    remaining: i.quota.limit,
+                    limit: i.quota.limit(),
+                    remaining: i.quota.limit(),
                     ..Decision::default()
                 })
                 .collect(),
@@ -378,7 +378,7 @@ impl Guarded {
                 .iter()
                 .map(|i| Decision {
                     allowed: false,
-                    limit: i.quota.limit,
+                    limit: i.quota.limit(),
                     retry_after: Some(DENY_RETRY),
                     reset_after: DENY_RETRY,
                     ..Decision::default()
@@ -464,11 +464,9 @@ fn family<const N: usize>(
 /// enforced by `n` instances at once.
 fn divide(quota: &Quota, n: u64) -> Quota {
     let share = |v: u64| if v == 0 { 0 } else { (v / n).max(1) };
-    Quota {
-        limit: share(quota.limit),
-        burst: quota.burst.map(share),
-        ..*quota
-    }
+    quota
+        .with_limit(share(quota.limit()))
+        .with_burst(quota.burst().map(share))
 }
 
 /// Ping while the breaker is not healthy; stop when the backend is dropped.
@@ -546,7 +544,7 @@ impl DenyCache {
         self.hits.fetch_add(1, Relaxed);
         Some(Decision {
             allowed: false,
-            limit: e.quota.limit,
+            limit: e.quota.limit(),
             remaining: 0,
             reset_after: e.reset_at.saturating_sub(now),
             retry_after: (e.until != Micros::MAX).then(|| e.until - now),
@@ -557,7 +555,7 @@ impl DenyCache {
     fn learn(&self, now: Micros, items: &[CheckItem<'_>], decisions: &[Decision]) {
         let mut map = self.lock();
         for (i, d) in items.iter().zip(decisions) {
-            if d.allowed || i.shadow || i.cost == 0 || !exact_denial(i.quota.algorithm) {
+            if d.allowed || i.shadow || i.cost == 0 || !exact_denial(i.quota.algorithm()) {
                 continue;
             }
             let until = d.retry_after.map_or(Micros::MAX, |r| now.saturating_add(r));
@@ -628,8 +626,8 @@ mod tests {
     fn local_share_divides_limit_and_burst_at_least_one() {
         let q = Quota::new(10, Unit::Second).with_burst(3);
         let d = divide(&q, 4);
-        assert_eq!((d.limit, d.burst), (2, Some(1)));
-        assert_eq!(divide(&Quota::new(0, Unit::Second), 4).limit, 0);
+        assert_eq!((d.limit(), d.burst()), (2, Some(1)));
+        assert_eq!(divide(&Quota::new(0, Unit::Second), 4).limit(), 0);
         assert_eq!(divide(&q, 1), q);
     }
 

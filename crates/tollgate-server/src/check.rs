@@ -242,7 +242,7 @@ pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckRespons
         },
         window_secs: limit
             .quota
-            .map(|q| secs_ceil(q.period.nominal()))
+            .map(|q| secs_ceil(q.period().nominal()))
             .unwrap_or(0),
     });
     let response = CheckResponse {
@@ -258,8 +258,10 @@ pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckRespons
 
 fn period_text(limit: &Limit) -> String {
     match limit.quota {
-        Some(q) if q.period.multiplier > 1 => format!("{} {}s", q.period.multiplier, q.period.unit),
-        Some(q) => q.period.unit.to_string(),
+        Some(q) if q.period().multiplier > 1 => {
+            format!("{} {}s", q.period().multiplier, q.period().unit)
+        }
+        Some(q) => q.period().unit.to_string(),
         None => "period".into(),
     }
 }
@@ -269,10 +271,10 @@ pub fn limit_info(limit: &Limit) -> Option<LimitInfo> {
     limit.quota.map(|q| LimitInfo {
         id: limit.id.clone(),
         name: limit.name.clone(),
-        requests_per_unit: q.limit,
-        unit: q.period.unit,
-        unit_multiplier: q.period.multiplier,
-        algorithm: q.algorithm,
+        requests_per_unit: q.limit(),
+        unit: q.period().unit,
+        unit_multiplier: q.period().multiplier,
+        algorithm: q.algorithm(),
     })
 }
 

@@ -830,6 +830,6 @@ fn fingerprint_follows_configmap_symlink_swaps() {
     assert_ne!(before, after);
     let rules = tollgate_server::reload::load(&dir, 2).unwrap();
     assert_eq!(rules.hash, after);
-    assert_eq!(rules.set.limits().next().unwrap().quota.unwrap().limit, 2);
+    assert_eq!(rules.set.limits().next().unwrap().quota.unwrap().limit(), 2);
     let _ = std::fs::remove_dir_all(&dir);
 }

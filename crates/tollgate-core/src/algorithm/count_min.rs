@@ -64,7 +64,7 @@ impl Sketch {
     /// clock went backwards) and the window bounds.
     fn rotate(&mut self, now: Micros, quota: &Quota) -> (Micros, Micros, Micros) {
         // roll() on dummy counts (1, 1) tells which way the windows moved.
-        let (now, ws, we, p, c) = roll(quota.period, self.start, 1, 1, now);
+        let (now, ws, we, p, c) = roll(quota.period(), self.start, 1, 1, now);
         match (p, c) {
             (1, 1) => {}
             (1, 0) => {
@@ -86,7 +86,7 @@ impl Sketch {
         let (now, ws, we) = self.rotate(now, quota);
         let prev = self.estimate(&self.prev, hash);
         let cur = self.estimate(&self.cur, hash);
-        decide(quota.period, quota.limit, now, ws, we, prev, cur, cost)
+        decide(quota.period(), quota.limit(), now, ws, we, prev, cur, cost)
     }
 
     /// Record `cost` for the key (conservative update). Call after an admitting [`evaluate`].

@@ -20,18 +20,18 @@ pub struct Window {
 
 /// One step. `state` is `None` when nothing is counted.
 pub fn step(state: Option<Window>, now: Micros, cost: u64, quota: &Quota) -> Outcome<Window> {
-    let (mut start, mut end) = window(quota.period, now);
+    let (mut start, mut end) = window(quota.period(), now);
     let mut count = 0;
     if let Some(w) = state {
         if w.start == start {
             count = w.count;
         } else if w.start > start {
             // The clock went backwards: stay in the window we already counted.
-            (start, end) = window(quota.period, w.start);
+            (start, end) = window(quota.period(), w.start);
             count = w.count;
         }
     }
-    let limit = quota.limit;
+    let limit = quota.limit();
     let reset_after = if count > 0 {
         end.saturating_sub(now)
     } else {

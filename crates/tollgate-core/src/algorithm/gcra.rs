@@ -11,6 +11,7 @@ use crate::decision::Decision;
 use crate::quota::Quota;
 
 /// One step. `tat` is `None` when the key is untracked (full).
+#[inline]
 pub fn step(tat: Option<Micros>, now: Micros, cost: u64, quota: &Quota) -> Outcome<Micros> {
     let Some(t) = quota.emission_interval() else {
         return deny_forever(0, tat);
@@ -30,7 +31,7 @@ pub fn step(tat: Option<Micros>, now: Micros, cost: u64, quota: &Quota) -> Outco
         }
     };
     if cost > burst {
-        let mut d = deny_forever(quota.limit, tat).0;
+        let mut d = deny_forever(quota.limit(), tat).0;
         d.remaining = remaining_before();
         d.reset_after = backlog;
         return (d, tat);
@@ -40,7 +41,7 @@ pub fn step(tat: Option<Micros>, now: Micros, cost: u64, quota: &Quota) -> Outco
     if new_backlog <= cap {
         let decision = Decision {
             allowed: true,
-            limit: quota.limit,
+            limit: quota.limit(),
             remaining: (cap - new_backlog) / t,
             reset_after: new_backlog,
             retry_after: None,
@@ -50,7 +51,7 @@ pub fn step(tat: Option<Micros>, now: Micros, cost: u64, quota: &Quota) -> Outco
     } else {
         let decision = Decision {
             allowed: false,
-            limit: quota.limit,
+            limit: quota.limit(),
             remaining: remaining_before(),
             reset_after: backlog,
             retry_after: Some(new_backlog - cap),

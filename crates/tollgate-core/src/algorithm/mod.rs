@@ -64,7 +64,7 @@ pub enum State {
 /// changed algorithm) is treated as untracked.
 pub fn step(quota: &Quota, state: Option<State>, now: Micros, cost: u64) -> Outcome<State> {
     use Algorithm as A;
-    match quota.algorithm {
+    match quota.algorithm() {
         A::Gcra => {
             let s = match state {
                 Some(State::Gcra(t)) => Some(t),

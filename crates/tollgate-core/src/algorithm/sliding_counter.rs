@@ -123,8 +123,17 @@ pub(crate) fn decide(
 /// One step. `state` is `None` when nothing is counted.
 pub fn step(state: Option<Counter>, now: Micros, cost: u64, quota: &Quota) -> Outcome<Counter> {
     let (s, p, c) = state.map_or((None, 0, 0), |st| (Some(st.start), st.prev, st.cur));
-    let (now, start, end, prev, cur) = roll(quota.period, s, p, c, now);
-    let decision = decide(quota.period, quota.limit, now, start, end, prev, cur, cost);
+    let (now, start, end, prev, cur) = roll(quota.period(), s, p, c, now);
+    let decision = decide(
+        quota.period(),
+        quota.limit(),
+        now,
+        start,
+        end,
+        prev,
+        cur,
+        cost,
+    );
     let cur = if decision.allowed { cur + cost } else { cur };
     let next = (prev > 0 || cur > 0).then_some(Counter { start, prev, cur });
     (decision, next)

@@ -16,7 +16,7 @@ pub type Log = VecDeque<(Micros, u64)>;
 
 /// One step. `log` is `None` when nothing is logged. Returns the log to keep (`None` if empty).
 pub fn step(log: Option<Log>, now: Micros, cost: u64, quota: &Quota) -> Outcome<Log> {
-    let len = quota.period.nominal();
+    let len = quota.period().nominal();
     let mut log = log.unwrap_or_default();
     // Keep entries inside (now - len, now].
     while log
@@ -26,7 +26,7 @@ pub fn step(log: Option<Log>, now: Micros, cost: u64, quota: &Quota) -> Outcome<
         log.pop_front();
     }
     let count: u64 = log.iter().map(|&(_, c)| c).sum();
-    let limit = quota.limit;
+    let limit = quota.limit();
     let empties_in = |log: &Log| {
         log.back()
             .map_or(0, |&(t, _)| (t + len).saturating_sub(now))

@@ -237,7 +237,7 @@ fn three_per_minute_exact_sequences() {
 #[test]
 fn count_min_sketch_sequence_matches_exact_counter() {
     let q = Quota::new(3, Unit::Minute).with_algorithm(Algorithm::CountMinSketch);
-    let mut sk = Sketch::new(q.sketch);
+    let mut sk = Sketch::new(q.sketch());
     let now = BASE + 10 * SECOND;
     for expected in [2, 1, 0] {
         let d = sk.check(42, now, 1, &q);
@@ -427,7 +427,7 @@ fn cost_above_capacity_never_passes() {
         assert!(d.never_passes(), "{alg}");
     }
     let q = Quota::new(3, Unit::Minute).with_algorithm(Algorithm::CountMinSketch);
-    let mut sk = Sketch::new(q.sketch);
+    let mut sk = Sketch::new(q.sketch());
     assert!(sk.check(1, now, 4, &q).never_passes());
     assert!(sk.check(1, now, 3, &q).allowed);
 }
@@ -451,7 +451,7 @@ fn limit_zero_denies_everything_forever() {
         assert_eq!(k.state, None, "{alg}");
     }
     let q = Quota::new(0, Unit::Second).with_algorithm(Algorithm::CountMinSketch);
-    let mut sk = Sketch::new(q.sketch);
+    let mut sk = Sketch::new(q.sketch());
     assert!(sk.check(1, BASE, 1, &q).never_passes());
     assert!(sk.check(1, BASE, 0, &q).never_passes());
 }
@@ -502,7 +502,7 @@ fn time_going_backwards_is_tolerated() {
         assert_eq!(k.hit(now + 2 * MIN, 1), fresh_run, "{alg}");
     }
     let q = Quota::new(3, Unit::Minute).with_algorithm(Algorithm::CountMinSketch);
-    let mut sk = Sketch::new(q.sketch);
+    let mut sk = Sketch::new(q.sketch());
     for _ in 0..3 {
         assert!(sk.check(9, now, 1, &q).allowed);
     }

@@ -54,7 +54,7 @@ pub fn step(bucket: Option<Bucket>, now: Micros, cost: u64, quota: &Quota) -> Ou
     };
     let keep = |tokens: u64, last: Micros| (tokens < cap).then_some(Bucket { tokens, last });
     if cost > cap {
-        let mut d = deny_forever(quota.limit, bucket).0;
+        let mut d = deny_forever(quota.limit(), bucket).0;
         d.remaining = tokens;
         d.reset_after = full_in(tokens, last);
         return (d, keep(tokens, last));
@@ -63,7 +63,7 @@ pub fn step(bucket: Option<Bucket>, now: Micros, cost: u64, quota: &Quota) -> Ou
         tokens -= cost;
         let decision = Decision {
             allowed: true,
-            limit: quota.limit,
+            limit: quota.limit(),
             remaining: tokens,
             reset_after: full_in(tokens, last),
             retry_after: None,
@@ -73,7 +73,7 @@ pub fn step(bucket: Option<Bucket>, now: Micros, cost: u64, quota: &Quota) -> Ou
     } else {
         let decision = Decision {
             allowed: false,
-            limit: quota.limit,
+            limit: quota.limit(),
             remaining: tokens,
             reset_after: full_in(tokens, last),
             retry_after: Some(

@@ -341,21 +341,18 @@ fn rate_limit(node: &Node, errors: &mut Errors) -> Option<RateLimitSpec> {
         return None;
     };
     let multiplier = u32::try_from(multiplier).unwrap_or(u32::MAX);
-    let quota = Quota {
-        limit,
-        period: Period::new(unit, multiplier),
-        burst: burst.and_then(|(_, b)| b),
-        algorithm,
-        sketch,
-    };
+    let quota = Quota::new(limit, Period::new(unit, multiplier))
+        .with_burst(burst.and_then(|(_, b)| b))
+        .with_algorithm(algorithm)
+        .with_sketch(sketch);
     // Bounds that keep the algorithms' arithmetic exact (see `MAX_PERIOD`; `nominal` saturates).
-    if quota.period.nominal() > MAX_PERIOD {
+    if quota.period().nominal() > MAX_PERIOD {
         let at = fields.get("unit_multiplier").map_or(node.pos, |n| n.pos);
         errors.push((
             at,
             format!(
                 "a period of {} is longer than the longest supported (100 years)",
-                quota.period
+                quota.period()
             ),
         ));
         return None;
@@ -366,7 +363,7 @@ fn rate_limit(node: &Node, errors: &mut Errors) -> Option<RateLimitSpec> {
                 n.pos,
                 format!(
                     "`burst` {b} at {limit} per {} takes longer than 100 years to fill: use a smaller burst",
-                    quota.period
+                    quota.period()
                 ),
             ));
             return None;

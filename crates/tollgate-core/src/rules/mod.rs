@@ -27,7 +27,7 @@
 //! .unwrap();
 //! match rules.resolve("api", &[("user", "alice")]) {
 //!     Resolution::Limited { limit, counter_key } => {
-//!         assert_eq!(limit.quota.unwrap().limit, 100);
+//!         assert_eq!(limit.quota.unwrap().limit(), 100);
 //!         assert_eq!(counter_key, "api|user=alice");
 //!     }
 //!     other => panic!("unexpected {other:?}"),
@@ -384,7 +384,7 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 4}
 ");
         let lim = |v: &str| match s.resolve("d", &[("k", v)]) {
-            Resolution::Limited { limit, .. } => limit.quota.map(|q| q.limit),
+            Resolution::Limited { limit, .. } => limit.quota.map(|q| q.limit()),
             _ => None,
         };
         assert_eq!(lim("abc"), Some(4));
@@ -475,17 +475,17 @@ descriptors:
 ");
         let l: Vec<&Limit> = s.limits().collect();
         let q = l[0].quota.expect("quota");
-        assert_eq!(q.limit, 7);
-        assert_eq!(q.period.unit, Unit::Minute);
-        assert_eq!(q.period.multiplier, 15);
-        assert_eq!(q.algorithm, Algorithm::Gcra);
-        assert_eq!(q.burst, Some(3));
+        assert_eq!(q.limit(), 7);
+        assert_eq!(q.period().unit, Unit::Minute);
+        assert_eq!(q.period().multiplier, 15);
+        assert_eq!(q.algorithm(), Algorithm::Gcra);
+        assert_eq!(q.burst(), Some(3));
         assert_eq!(l[0].message.as_deref(), Some("slow down"));
         assert_eq!(l[0].line, 3);
         let q = l[1].quota.expect("quota");
-        assert_eq!((q.sketch.width, q.sketch.depth), (100, 3));
-        assert_eq!(q.burst, None);
-        assert_eq!(q.algorithm, Algorithm::CountMinSketch);
+        assert_eq!((q.sketch().width, q.sketch().depth), (100, 3));
+        assert_eq!(q.burst(), None);
+        assert_eq!(q.algorithm(), Algorithm::CountMinSketch);
     }
 
     #[test]
