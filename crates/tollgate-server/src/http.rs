@@ -24,6 +24,7 @@ use serde_json::{json, Map, Value};
 use std::any::Any;
 use tollgate_core::limiter::LimitOverride;
 use tollgate_core::quota::Unit;
+use tower::ServiceBuilder;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::TraceLayer;
 
@@ -32,8 +33,12 @@ pub const OPENAPI_JSON: &str = include_str!("openapi.json");
 
 /// The HTTP API: `/v1/check`, `/json`, `/v1/rules`, `/healthz`, `/readyz`, `/metrics`,
 /// `/openapi.json`. JSON 404/405 for anything else; panics become a JSON 500.
+///
+/// The panic and trace layers wrap the routed router once, as one service, rather than through
+/// `Router::layer`, which wraps every route and the fallbacks in their own boxed layered service:
+/// each request then cloned about six boxed services (an allocation each) instead of two.
 pub fn router(state: AppState) -> Router {
-    Router::new()
+    let routes = Router::new()
         .route("/v1/check", post(v1_check))
         .route("/json", post(envoy_json))
         .route("/v1/rules", get(v1_rules))
@@ -43,9 +48,12 @@ pub fn router(state: AppState) -> Router {
         .route("/openapi.json", get(openapi))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .with_state(state)
-        .layer(CatchPanicLayer::custom(panic_response))
+        .with_state(state);
+    let layered = ServiceBuilder::new()
         .layer(TraceLayer::new_for_http())
+        .layer(CatchPanicLayer::custom(panic_response))
+        .service(routes);
+    Router::new().fallback_service(layered)
 }
 
 /// The HTTP *ceiling* (for `tollgate bench-ceiling http` and `benches/http.rs`): the same

@@ -833,3 +833,14 @@ fn fingerprint_follows_configmap_symlink_swaps() {
     assert_eq!(rules.set.limits().next().unwrap().quota.unwrap().limit(), 2);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn unknown_paths_and_methods_get_json_errors_through_the_layers() {
+    let app = app(THREE);
+    let r = get(&app, "/no/such/path").await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    assert_eq!(r.body["error"]["code"], "not_found");
+    let r = get(&app, "/v1/check").await;
+    assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(r.body["error"]["code"], "method_not_allowed");
+}
