@@ -4,7 +4,7 @@
 #   gRPC  ShouldRateLimit: bare tonic ceiling vs `tollgate serve`
 #   open loop at half of tollgate's measured maximum (p99), tollgate and the ceilings at that rate;
 #   the machine's own stalls (busy-loop hiccups); idle RSS of `tollgate serve`
-#   optional: --core (tollgate-core vs governor, short), --redis (Redis store vs redis-benchmark)
+#   optional: --core (tollgate-core vs governor, short, plus paired rounds), --redis (Redis store vs redis-benchmark)
 # Every scenario uses the same settings (64 connections, 10,000 keys uniform, 1 s warm-up) and
 # runs --runs times (default 3); the median is reported. Raw JSON goes to --out (default
 # target/bench-results/<date>). See BENCHMARKS.md "Service: HTTP and gRPC against their ceilings".
@@ -299,6 +299,8 @@ if [ "$CORE" = 1 ]; then
   echo "== tollgate-core vs governor (short; BENCHMARKS.md has the full run)"
   cargo bench --locked -p tollgate-core --bench core -- --warm-up-time 1 --measurement-time 2 \
     'single_key/admit/' 2>&1 | grep -E '^(single|keys|threads|step)|time:' | tee "$OUT/core.txt"
+  echo "== GCRA vs governor, paired interleaved rounds (the figure for the <= 1.0x target)"
+  cargo run --locked --release -q -p tollgate-core --example versus -- 100 20000 | tee "$OUT/versus.txt"
 fi
 if [ "$REDIS" = 1 ]; then
   echo "== Redis store vs redis-benchmark EVALSHA (BENCHMARKS.md 'Redis store')"

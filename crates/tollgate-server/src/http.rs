@@ -19,13 +19,16 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use bytes::BytesMut;
+use futures_util::FutureExt;
 use serde::{Serialize, Serializer};
 use serde_json::{json, Map, Value};
 use std::any::Any;
+use std::convert::Infallible;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use tollgate_core::limiter::LimitOverride;
 use tollgate_core::quota::Unit;
-use tower::ServiceBuilder;
-use tower_http::catch_panic::CatchPanicLayer;
+use tower::{Layer, ServiceBuilder};
 use tower_http::trace::TraceLayer;
 
 /// The OpenAPI document served at `/openapi.json` (also checked in as `docs/openapi.json`).
@@ -34,9 +37,17 @@ pub const OPENAPI_JSON: &str = include_str!("openapi.json");
 /// The HTTP API: `/v1/check`, `/json`, `/v1/rules`, `/healthz`, `/readyz`, `/metrics`,
 /// `/openapi.json`. JSON 404/405 for anything else; panics become a JSON 500.
 ///
-/// The panic and trace layers wrap the routed router once, as one service, rather than through
-/// `Router::layer`, which wraps every route and the fallbacks in their own boxed layered service:
-/// each request then cloned about six boxed services (an allocation each) instead of two.
+/// What wraps the routes is kept off the per-request path where it can be:
+/// - a panic is caught around the router's future ([`catch_panics`]), with no boxing of the
+///   response body (tower-http's `CatchPanicLayer` re-boxes every body, an allocation per
+///   response; our bodies are built whole, so nothing can panic after the future is done);
+/// - tower-http's `TraceLayer` (spans and events at DEBUG) is added only when those would be
+///   recorded (`RUST_LOG=tower_http=debug`): filtered out, it still costs a span, two clock
+///   reads and a wrapped body per request. Failures are logged either way, where errors become
+///   responses (`ApiError::into_response`).
+///
+/// Both wrap the routed router once, as one service: `Router::layer` would wrap every route and
+/// the fallbacks in a boxed layered service of their own, cloned per request.
 pub fn router(state: AppState) -> Router {
     let routes = Router::new()
         .route("/v1/check", post(v1_check))
@@ -49,11 +60,25 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state);
-    let layered = ServiceBuilder::new()
-        .layer(TraceLayer::new_for_http())
-        .layer(CatchPanicLayer::custom(panic_response))
+    let caught = ServiceBuilder::new()
+        .map_future(catch_panics)
         .service(routes);
-    Router::new().fallback_service(layered)
+    if tracing::enabled!(target: "tower_http::trace", tracing::Level::DEBUG) {
+        Router::new().fallback_service(TraceLayer::new_for_http().layer(caught))
+    } else {
+        Router::new().fallback_service(caught)
+    }
+}
+
+/// The router's future, with a panic turned into the JSON 500 of [`panic_response`].
+async fn catch_panics<F>(future: F) -> Result<Response, Infallible>
+where
+    F: Future<Output = Result<Response, Infallible>>,
+{
+    AssertUnwindSafe(future)
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|panic| Ok(panic_response(panic)))
 }
 
 /// The HTTP *ceiling* (for `tollgate bench-ceiling http` and `benches/http.rs`): the same
