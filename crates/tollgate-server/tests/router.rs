@@ -844,3 +844,54 @@ async fn unknown_paths_and_methods_get_json_errors_through_the_layers() {
     assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED);
     assert_eq!(r.body["error"]["code"], "method_not_allowed");
 }
+
+/// Counts the spans tower-http's trace layer opens.
+struct TowerHttpSpans(Arc<std::sync::atomic::AtomicUsize>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for TowerHttpSpans {
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        _: &tracing::span::Id,
+        _: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        if attrs.metadata().target().starts_with("tower_http") {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_trace_layer_is_there_only_when_tower_http_debug_is_recorded() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let spans = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let subscriber = tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::filter::Targets::new()
+                .with_target("tower_http", tracing::Level::DEBUG),
+        )
+        .with(TowerHttpSpans(spans.clone()));
+    let count = || spans.load(std::sync::atomic::Ordering::SeqCst);
+    {
+        // Built and called while `RUST_LOG=tower_http=debug` would be in force: traced, and the
+        // answers are the same as untraced.
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let traced = app(THREE);
+        assert_eq!(
+            check(&traced, "d", &[&[("fw", "a")]]).await.status,
+            StatusCode::OK
+        );
+        assert_eq!(get(&traced, "/nope").await.status, StatusCode::NOT_FOUND);
+        assert_eq!(count(), 2, "one request span per request");
+        // A router built before (or without) that filter has no trace layer.
+        let untraced =
+            tracing::subscriber::with_default(tracing::subscriber::NoSubscriber::default(), || {
+                app(THREE)
+            });
+        assert_eq!(
+            check(&untraced, "d", &[&[("fw", "a")]]).await.status,
+            StatusCode::OK
+        );
+        assert_eq!(count(), 2, "no span from the untraced router");
+    }
+}
