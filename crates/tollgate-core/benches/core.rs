@@ -22,11 +22,9 @@ use governor::clock::{Clock as GClock, FakeRelativeClock};
 use governor::RateLimiter;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
-use support::{keys, Governor, BASE};
+use support::{check, keys, Governor, BASE};
 use tollgate_core::algorithm::{self, State};
-use tollgate_core::{
-    Algorithm, CheckItem, Clock, MemoryStore, Micros, Quota, Store, SystemClock, Unit,
-};
+use tollgate_core::{Algorithm, Clock, MemoryStore, Micros, Quota, SystemClock, Unit};
 
 const KEYS: usize = 100_000;
 
@@ -60,17 +58,6 @@ fn quota(alg: Algorithm, load: Load) -> (Quota, Micros) {
             1,
         ),
     }
-}
-
-fn check(store: &MemoryStore, q: &Quota, key: &str, now: Micros) -> bool {
-    let item = CheckItem {
-        rule: "api",
-        key,
-        quota: q,
-        cost: 1,
-        shadow: false,
-    };
-    store.check_one(now, &item).unwrap().allowed
 }
 
 fn run_governor<C: GClock>(lim: &Governor<C>, keys: &[String], offset: usize, iters: u64) {

@@ -23,8 +23,8 @@ use governor::clock::{Clock as GClock, DefaultClock, FakeRelativeClock};
 use governor::RateLimiter;
 use std::hint::black_box;
 use std::time::Instant;
-use support::{gcra_quota, governor_quota, keys, Governor, BASE};
-use tollgate_core::{CheckItem, Clock, MemoryStore, Quota, Store, SystemClock};
+use support::{check, gcra_quota, governor_quota, keys, Governor, BASE};
+use tollgate_core::{Clock, MemoryStore, Quota, SystemClock};
 
 /// One side of a pair: runs `n` checks continuing where the previous batch stopped.
 trait Side {
@@ -50,14 +50,7 @@ impl Side for Ours<'_> {
                 }
                 None => SystemClock.now(),
             };
-            let item = CheckItem {
-                rule: "api",
-                key: &self.keys[self.i],
-                quota: &self.quota,
-                cost: 1,
-                shadow: false,
-            };
-            black_box(self.store.check_one(now, &item).map(|d| d.allowed).ok());
+            black_box(check(&self.store, &self.quota, &self.keys[self.i], now));
             self.i += 1;
             if self.i == self.keys.len() {
                 self.i = 0;

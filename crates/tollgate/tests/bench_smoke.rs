@@ -2,69 +2,25 @@
 //! processes on free ports, 2 s runs over HTTP and gRPC, closed and open loop, `--json` parsed.
 //! No timing thresholds: only that the tool works and accounts for every request.
 
+mod support;
+
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-
-/// A child process killed when dropped.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Start `tollgate ARGS` and return it with its first stdout line (the `listening:` line).
-fn spawn_listening(args: &[&str]) -> (Proc, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args(args)
-        .env_remove("TOLLGATE_RULES")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn tollgate");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let proc = Proc(child);
-    assert!(
-        line.starts_with("listening: "),
-        "no listening line: {line:?}"
-    );
-    (proc, line)
-}
-
-/// The `host:port` following `marker` on a listening line.
-fn addr_after(line: &str, marker: &str) -> String {
-    let rest = &line[line
-        .find(marker)
-        .unwrap_or_else(|| panic!("{marker} in {line}"))
-        + marker.len()..];
-    rest.split(|c: char| c.is_whitespace() || c == ',' || c == ')')
-        .next()
-        .unwrap()
-        .to_string()
-}
+use support::{free_port, temp_dir, tollgate, Server};
 
 /// `tollgate bench TARGET --duration 2s --json ARGS`, parsed and checked for consistency.
 fn bench(target: &str, extra: &[&str]) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args([
-            "bench",
-            target,
-            "--duration",
-            "2s",
-            "--concurrency",
-            "8",
-            "--json",
-        ])
-        .args(extra)
-        .output()
-        .unwrap();
+    let mut args = vec![
+        "bench",
+        target,
+        "--duration",
+        "2s",
+        "--concurrency",
+        "8",
+        "--json",
+    ];
+    args.extend(extra);
+    let out = tollgate(&args);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -88,9 +44,7 @@ fn bench(target: &str, extra: &[&str]) -> Value {
 }
 
 fn rules_file() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("tollgate-bench-smoke-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("bench.yaml");
+    let path = temp_dir("bench-smoke").join("bench.yaml");
     std::fs::write(
         &path,
         // An exact algorithm over a window longer than the test: at most 10 per key for the
@@ -106,17 +60,20 @@ fn rules_file() -> PathBuf {
 #[test]
 fn bench_against_serve_http_and_grpc_closed_and_open_loop() {
     let rules = rules_file();
-    let (_server, line) = spawn_listening(&[
-        "serve",
-        "--http-addr",
-        "127.0.0.1:0",
-        "--grpc-addr",
-        "127.0.0.1:0",
-        "--rules",
-        rules.to_str().unwrap(),
-    ]);
-    let http = format!("http://{}", addr_after(&line, "HTTP http://"));
-    let grpc = format!("grpc://{}", addr_after(&line, "gRPC "));
+    let server = Server::start(
+        &[
+            "--http-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--rules",
+            rules.to_str().unwrap(),
+        ],
+        &support::repo(),
+        "bench-smoke-serve",
+    );
+    let http = format!("http://{}", server.addr("HTTP http://"));
+    let grpc = format!("grpc://{}", server.addr("gRPC "));
     // 5 keys of 10 per hour (exact): at most 50 requests are allowed in all four runs together,
     // so any run beyond that must report denials (the generator reads the verdicts, it does not
     // only count answers).
@@ -153,8 +110,11 @@ fn bench_against_serve_http_and_grpc_closed_and_open_loop() {
 #[test]
 fn bench_against_the_ceilings() {
     for (kind, marker, scheme) in [("http", "HTTP http://", "http"), ("grpc", "gRPC ", "grpc")] {
-        let (_ceiling, line) = spawn_listening(&["bench-ceiling", kind, "--addr", "127.0.0.1:0"]);
-        let target = format!("{scheme}://{}", addr_after(&line, marker));
+        let ceiling = Server::launch(
+            &["bench-ceiling", kind, "--addr", "127.0.0.1:0"],
+            "bench-smoke-ceiling",
+        );
+        let target = format!("{scheme}://{}", ceiling.addr(marker));
         let r = bench(&target, &["--distribution", "zipf:1.1", "--hits", "2"]);
         assert_eq!(r["denied"], 0, "{r}");
     }
@@ -162,20 +122,8 @@ fn bench_against_the_ceilings() {
 
 #[test]
 fn bench_reports_an_unreachable_target_as_an_error() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args([
-            "bench",
-            &format!("http://127.0.0.1:{port}"),
-            "--duration",
-            "1s",
-        ])
-        .output()
-        .unwrap();
+    let target = format!("http://127.0.0.1:{}", free_port());
+    let out = tollgate(&["bench", &target, "--duration", "1s"]);
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("cannot connect"),

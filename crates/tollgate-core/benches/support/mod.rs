@@ -9,7 +9,7 @@ use governor::state::keyed::DashMapStateStore;
 use governor::{Quota as GQuota, RateLimiter};
 use std::num::NonZeroU32;
 use tollgate_core::clock::SECOND;
-use tollgate_core::{Algorithm, Micros, Quota, Unit};
+use tollgate_core::{Algorithm, CheckItem, MemoryStore, Micros, Quota, Store, Unit};
 
 /// 2026-11-22T00:00:00Z: where tollgate's injected time line starts.
 pub const BASE: Micros = 1_795_305_600 * SECOND;
@@ -49,4 +49,19 @@ pub fn gcra_quota(admit: bool) -> Quota {
         Quota::new(1, Unit::Hour)
     }
     .with_algorithm(Algorithm::Gcra)
+}
+
+/// One keyed check of cost 1 through `MemoryStore::check_one`: whether it was allowed.
+pub fn check(store: &MemoryStore, q: &Quota, key: &str, now: Micros) -> bool {
+    let item = CheckItem {
+        rule: "api",
+        key,
+        quota: q,
+        cost: 1,
+        shadow: false,
+    };
+    store
+        .check_one(now, &item)
+        .expect("the memory store cannot fail")
+        .allowed
 }

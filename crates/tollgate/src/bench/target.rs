@@ -9,7 +9,7 @@
 use super::report::Outcome;
 use super::workload::Workload;
 use anyhow::{bail, Context};
-use axum::http::{header, Request, Uri};
+use axum::http::{header, HeaderValue, Request, Uri};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code as PbCode;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use http_body_util::{BodyExt, Full};
@@ -29,8 +29,8 @@ pub enum Target {
     Http {
         /// `host:port` to connect to.
         addr: String,
-        /// The `Host` header.
-        authority: String,
+        /// The `Host` header (a `HeaderValue`: cloned per request for a refcount, not a copy).
+        authority: HeaderValue,
     },
     /// `grpc://host:port`: Envoy RLS v3.
     Grpc {
@@ -58,7 +58,8 @@ impl std::str::FromStr for Target {
         match uri.scheme_str() {
             Some("http") => Ok(Target::Http {
                 addr: addr(80),
-                authority: authority.to_string(),
+                authority: HeaderValue::from_str(authority.as_str())
+                    .with_context(|| format!("target '{url}': host is not a valid Host header"))?,
             }),
             Some("grpc") => Ok(Target::Grpc { addr: addr(8081) }),
             _ => bail!("target must start with http:// or grpc://, got '{url}'"),
@@ -150,7 +151,7 @@ impl Client {
 #[derive(Debug)]
 pub struct HttpClient {
     addr: String,
-    authority: String,
+    authority: HeaderValue,
     conn: Option<SendRequest<Full<Bytes>>>,
 }
 
@@ -211,9 +212,9 @@ mod tests {
 
     #[test]
     fn parses_targets() {
-        let http = |addr: &str, authority: &str| Target::Http {
+        let http = |addr: &str, authority: &'static str| Target::Http {
             addr: addr.into(),
-            authority: authority.into(),
+            authority: HeaderValue::from_static(authority),
         };
         for (url, want) in [
             (

@@ -1,5 +1,6 @@
-//! Shared by the end-to-end tests: `tollgate serve` as a child process (bound port read from its
-//! `listening:` line), temporary directories, free ports and a blocking HTTP call.
+//! Shared by the end-to-end tests: `tollgate serve` (or any subcommand that prints a
+//! `listening:` line, such as `bench-ceiling`) as a child process, its bound addresses read from
+//! that line, temporary directories, free ports and a blocking HTTP call.
 
 #![allow(dead_code)]
 
@@ -32,7 +33,10 @@ pub fn port_is_free(port: u16) -> bool {
 
 pub struct Server {
     pub child: Child,
+    /// `http://127.0.0.1:PORT` of the HTTP listener (empty when the line names none).
     pub base: String,
+    /// The `listening:` line.
+    pub line: String,
     pub log: PathBuf,
 }
 
@@ -58,6 +62,34 @@ impl Server {
         cwd: &Path,
         log_name: &str,
     ) -> Result<Server, String> {
+        let serve: Vec<&str> = std::iter::once("serve")
+            .chain(args.iter().copied())
+            .collect();
+        let server = Self::launch_env(&serve, env, cwd, log_name)?;
+        assert!(
+            server.line.starts_with("listening: HTTP http://"),
+            "{}",
+            server.line
+        );
+        assert!(
+            server.line.contains("curl -s localhost:"),
+            "{}",
+            server.line
+        );
+        Ok(server)
+    }
+
+    /// Start `tollgate ARGS` (any subcommand that prints a `listening:` line) and wait for it.
+    pub fn launch(args: &[&str], log_name: &str) -> Server {
+        Self::launch_env(args, &[], &repo(), log_name).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn launch_env(
+        args: &[&str],
+        env: &[(&str, &str)],
+        cwd: &Path,
+        log_name: &str,
+    ) -> Result<Server, String> {
         let log = temp_dir(log_name).join("stderr.log");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_tollgate"));
         // A test says every setting it means: none leaks in from the caller's environment.
@@ -67,14 +99,13 @@ impl Server {
             }
         }
         let mut child = cmd
-            .arg("serve")
             .args(args)
             .envs(env.iter().copied())
             .current_dir(cwd)
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
-            .expect("spawn tollgate serve");
+            .expect("spawn tollgate");
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -94,19 +125,22 @@ impl Server {
                 ));
             }
         };
-        assert!(line.starts_with("listening: HTTP http://"), "{line}");
-        assert!(line.contains("curl -s localhost:"), "{line}");
-        let addr = line["listening: HTTP http://".len()..]
-            .split_whitespace()
-            .next()
-            .unwrap()
-            .to_string();
-        let port = addr.rsplit(':').next().unwrap();
+        assert!(line.starts_with("listening: "), "{line}");
+        let base = match addr_after(&line, "HTTP http://") {
+            Some(addr) => format!("http://127.0.0.1:{}", addr.rsplit(':').next().unwrap()),
+            None => String::new(),
+        };
         Ok(Server {
             child,
-            base: format!("http://127.0.0.1:{port}"),
+            base,
+            line,
             log,
         })
+    }
+
+    /// The `host:port` following `marker` (`"HTTP http://"`, `"gRPC "`) on the listening line.
+    pub fn addr(&self, marker: &str) -> String {
+        addr_after(&self.line, marker).unwrap_or_else(|| panic!("no {marker:?} in {}", self.line))
     }
 
     pub fn stderr(&self) -> String {
@@ -144,6 +178,14 @@ impl Drop for Server {
             let _ = self.child.wait();
         }
     }
+}
+
+/// The `host:port` following `marker` on a listening line.
+fn addr_after(line: &str, marker: &str) -> Option<String> {
+    let rest = &line[line.find(marker)? + marker.len()..];
+    rest.split(|c: char| c.is_whitespace() || c == ',' || c == ')')
+        .next()
+        .map(str::to_string)
 }
 
 pub fn http(base: &str, method: Method, path: &str, body: Option<Value>) -> HttpResponse {
