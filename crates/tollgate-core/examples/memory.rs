@@ -72,13 +72,7 @@ fn measure(alg: Algorithm, n: u64) {
         if i >= 1 << 24 {
             write!(key, "#{}", i >> 24).unwrap();
         }
-        let item = CheckItem {
-            rule: "api",
-            key: &key,
-            quota: &quota,
-            cost: 1,
-            shadow: false,
-        };
+        let item = CheckItem::hit("api", &key, &quota);
         assert!(store.check(now + i, &[item]).unwrap()[0].allowed);
     }
     let after = rss_bytes();

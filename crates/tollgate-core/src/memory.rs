@@ -637,11 +637,8 @@ mod tests {
 
     fn item<'a>(key: &'a str, quota: &'a Quota, cost: u64) -> CheckItem<'a> {
         CheckItem {
-            rule: "r",
-            key,
-            quota,
             cost,
-            shadow: false,
+            ..CheckItem::hit("r", key, quota)
         }
     }
 

@@ -25,6 +25,20 @@ pub struct CheckItem<'a> {
     pub shadow: bool,
 }
 
+impl<'a> CheckItem<'a> {
+    /// One hit (cost 1, not shadowed) on `key` under `rule`'s `quota`; other costs and shadow
+    /// mode by struct update: `CheckItem { cost: 5, ..CheckItem::hit(rule, key, quota) }`.
+    pub fn hit(rule: &'a str, key: &'a str, quota: &'a Quota) -> Self {
+        CheckItem {
+            rule,
+            key,
+            quota,
+            cost: 1,
+            shadow: false,
+        }
+    }
+}
+
 /// A store could not decide (only remote stores fail; the memory store never does).
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

@@ -30,14 +30,7 @@ fn keys(n: usize) -> Vec<String> {
 }
 
 fn attempt(store: &MemoryStore, q: &Quota, key: &str, now: Micros) -> bool {
-    let item = CheckItem {
-        rule: "api",
-        key,
-        quota: q,
-        cost: 1,
-        shadow: false,
-    };
-    store.check(now, &[item]).unwrap()[0].allowed
+    store.check(now, &[CheckItem::hit("api", key, q)]).unwrap()[0].allowed
 }
 
 /// Attempt `i` of thread `t`: which key and at which time step.
@@ -185,11 +178,8 @@ fn multi_key_all_or_nothing_under_contention() {
                         let items: Vec<CheckItem<'_>> = picked
                             .iter()
                             .map(|&k| CheckItem {
-                                rule: "api",
-                                key: &ks[k],
-                                quota: &quotas[k],
                                 cost,
-                                shadow: false,
+                                ..CheckItem::hit("api", &ks[k], &quotas[k])
                             })
                             .collect();
                         let d = store.check(NOW, &items).unwrap();
@@ -210,11 +200,8 @@ fn multi_key_all_or_nothing_under_contention() {
                 q.limit()
             );
             let item = CheckItem {
-                rule: "api",
-                key: &ks[k],
-                quota: q,
                 cost: 0,
-                shadow: false,
+                ..CheckItem::hit("api", &ks[k], q)
             };
             let left = store.check(NOW, &[item]).unwrap()[0].remaining;
             assert_eq!(left, q.limit() - used, "{alg}: key {k}");

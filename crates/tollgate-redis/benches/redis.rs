@@ -52,13 +52,7 @@ fn main() {
             at64 = rate;
         }
     }
-    let item = CheckItem {
-        rule: "bench",
-        key: "bench|caller=shared",
-        quota: &quota,
-        cost: 1,
-        shadow: false,
-    };
+    let item = CheckItem::hit("bench", "bench|caller=shared", &quota);
     let cmd = script::command_line(&prefix, &item, "bench");
     let host_port = url
         .trim_start_matches("redis://")
@@ -122,13 +116,7 @@ async fn run(
                 let key = format!("bench|caller={i}");
                 let mut n = 0;
                 while !stop.load(Ordering::Relaxed) && n < per_task_cap {
-                    let item = CheckItem {
-                        rule: "bench",
-                        key: &key,
-                        quota: &quota,
-                        cost: 1,
-                        shadow: false,
-                    };
+                    let item = CheckItem::hit("bench", &key, &quota);
                     store.check(None, &[item]).await.expect("bench check");
                     n += 1;
                 }

@@ -73,18 +73,12 @@ fn cluster_conformance_and_cross_slot_refunds() {
             let both = |ca, cb| {
                 [
                     CheckItem {
-                        rule: "w",
-                        key: &a,
-                        quota: &wide,
                         cost: ca,
-                        shadow: false,
+                        ..CheckItem::hit("w", &a, &wide)
                     },
                     CheckItem {
-                        rule: "n",
-                        key: &b,
-                        quota: &narrow,
                         cost: cb,
-                        shadow: false,
+                        ..CheckItem::hit("n", &b, &narrow)
                     },
                 ]
             };

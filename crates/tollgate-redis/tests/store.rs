@@ -22,11 +22,8 @@ fn options(what: &str) -> RedisOptions {
 
 fn item<'a>(key: &'a str, quota: &'a Quota, cost: u64) -> CheckItem<'a> {
     CheckItem {
-        rule: "r",
-        key,
-        quota,
         cost,
-        shadow: false,
+        ..CheckItem::hit("r", key, quota)
     }
 }
 

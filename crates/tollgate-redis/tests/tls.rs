@@ -19,13 +19,7 @@ async fn rediss_connects_and_checks() {
         .unwrap_or_else(|e| panic!("{e}"));
     store.ping().await.unwrap();
     let q = Quota::new(2, Unit::Minute).with_algorithm(Algorithm::FixedWindow);
-    let item = CheckItem {
-        rule: "r",
-        key: "tls",
-        quota: &q,
-        cost: 1,
-        shadow: false,
-    };
+    let item = CheckItem::hit("r", "tls", &q);
     let allowed: Vec<bool> = {
         let mut v = Vec::new();
         for _ in 0..3 {

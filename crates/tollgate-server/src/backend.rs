@@ -645,11 +645,8 @@ mod tests {
         let c = DenyCache::default();
         let q = Quota::new(5, Unit::Minute).with_algorithm(Algorithm::FixedWindow);
         let item = |cost| CheckItem {
-            rule: "d|k",
-            key: "d|k=v",
-            quota: &q,
             cost,
-            shadow: false,
+            ..CheckItem::hit("d|k", "d|k=v", &q)
         };
         let denied = Decision {
             allowed: false,

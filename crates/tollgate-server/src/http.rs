@@ -1,5 +1,6 @@
-//! The HTTP API (DESIGN.md section 5): [`router`] builds the axum `Router`; no sockets here, so
-//! tests drive it with `tower::ServiceExt::oneshot`.
+//! The HTTP API (DESIGN.md section 5): [`router`] builds the axum `Router`, [`service`] the same
+//! routes as the one service `serve` runs; no sockets here, so tests drive both with
+//! `tower::ServiceExt::oneshot`.
 //!
 //! Request bodies are parsed by hand from a `serde_json::Value` so every mistake gets its own
 //! error code and status (never a 500). Unknown fields are ignored for forward compatibility.
@@ -28,7 +29,7 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use tollgate_core::limiter::LimitOverride;
 use tollgate_core::quota::Unit;
-use tower::{Layer, ServiceBuilder};
+use tower::{Layer, Service, ServiceBuilder};
 use tower_http::trace::TraceLayer;
 
 /// The OpenAPI document served at `/openapi.json` (also checked in as `docs/openapi.json`).
@@ -37,18 +38,33 @@ pub const OPENAPI_JSON: &str = include_str!("openapi.json");
 /// The HTTP API: `/v1/check`, `/json`, `/v1/rules`, `/healthz`, `/readyz`, `/metrics`,
 /// `/openapi.json`. JSON 404/405 for anything else; panics become a JSON 500.
 ///
-/// What wraps the routes is kept off the per-request path where it can be:
-/// - a panic is caught around the router's future ([`catch_panics`]), with no boxing of the
-///   response body (tower-http's `CatchPanicLayer` re-boxes every body, an allocation per
-///   response; our bodies are built whole, so nothing can panic after the future is done);
-/// - tower-http's `TraceLayer` (spans and events at DEBUG) is added only when those would be
-///   recorded (`RUST_LOG=tower_http=debug`): filtered out, it still costs a span, two clock
-///   reads and a wrapped body per request. Failures are logged either way, where errors become
-///   responses (`ApiError::into_response`).
-///
-/// Both wrap the routed router once, as one service: `Router::layer` would wrap every route and
-/// the fallbacks in a boxed layered service of their own, cloned per request.
+/// This is [`service`] as a `Router` (tests drive it with `oneshot`; an embedding application
+/// can nest or merge it), plus tower-http's `TraceLayer` when [`trace_wanted`]. `serve` runs
+/// [`service`] itself when no trace layer is wanted: a `Router` around it routes every request
+/// a second time, for nothing (about 2,000 instructions and three allocations per request).
 pub fn router(state: AppState) -> Router {
+    let api = service(state);
+    if trace_wanted() {
+        Router::new().fallback_service(TraceLayer::new_for_http().layer(api))
+    } else {
+        Router::new().fallback_service(api)
+    }
+}
+
+/// The routes of [`router`] as one service, with panics caught around the router's future
+/// ([`catch_panics`]). What is on the per-request path is kept small:
+/// - no tower-http `CatchPanicLayer`: it re-boxes every response body (an allocation per
+///   response); our bodies are built whole, so nothing can panic after the future is done;
+/// - the panic catching wraps the routed router once, as one service: `Router::layer` would
+///   wrap every route and the fallbacks in a boxed layered service of their own, cloned per
+///   request.
+pub fn service(
+    state: AppState,
+) -> impl Service<Request, Response = Response, Error = Infallible, Future: Send + 'static>
+       + Clone
+       + Send
+       + Sync
+       + 'static {
     let routes = Router::new()
         .route("/v1/check", post(v1_check))
         .route("/json", post(envoy_json))
@@ -60,14 +76,17 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state);
-    let caught = ServiceBuilder::new()
+    ServiceBuilder::new()
         .map_future(catch_panics)
-        .service(routes);
-    if tracing::enabled!(target: "tower_http::trace", tracing::Level::DEBUG) {
-        Router::new().fallback_service(TraceLayer::new_for_http().layer(caught))
-    } else {
-        Router::new().fallback_service(caught)
-    }
+        .service(routes)
+}
+
+/// Whether tower-http's `TraceLayer` (spans and events at DEBUG) would record anything
+/// (`RUST_LOG=tower_http=debug`). Filtered out, it still costs a span, two clock reads and a
+/// wrapped body per request, so it is only installed when this is true. Failures are logged
+/// either way, where errors become responses (`ApiError::into_response`).
+pub fn trace_wanted() -> bool {
+    tracing::enabled!(target: "tower_http::trace", tracing::Level::DEBUG)
 }
 
 /// The router's future, with a panic turned into the JSON 500 of [`panic_response`].
@@ -159,6 +178,10 @@ fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(ct) = headers.get(header::CONTENT_TYPE) else {
         return Ok(());
     };
+    // What nearly every client sends, answered without the general parse below.
+    if ct.as_bytes() == b"application/json" {
+        return Ok(());
+    }
     let text = ct.to_str().unwrap_or("");
     let mime = text.split(';').next().unwrap_or("").trim().as_bytes();
     // Case-insensitive without allocating a lower-case copy.

@@ -12,6 +12,7 @@ use crate::backend::{redis_unsupported, Guarded, RedisSettings};
 use crate::reload::{self, WatchOptions};
 use crate::state::{AppState, RequestLimits};
 use anyhow::{bail, Context};
+use axum::ServiceExt as _;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -198,11 +199,21 @@ pub async fn serve(
         store: state.store_label(),
     });
 
-    let app = crate::http::router(state.clone());
-    axum::serve(http, app)
+    // The API service itself, not `http::router`'s `Router` around it (which would route every
+    // request twice), unless the trace layer is wanted: that one comes with the `Router`.
+    let served = if crate::http::trace_wanted() {
+        axum::serve(http, crate::http::router(state.clone()))
+            .with_graceful_shutdown(wait_for_shutdown(rx.clone()))
+            .await
+    } else {
+        axum::serve(
+            http,
+            crate::http::service(state.clone()).into_make_service(),
+        )
         .with_graceful_shutdown(wait_for_shutdown(rx.clone()))
         .await
-        .context("HTTP server failed")?;
+    };
+    served.context("HTTP server failed")?;
     grpc.await
         .context("gRPC server task failed")?
         .context("gRPC server failed")?;

@@ -64,7 +64,19 @@ impl Resp {
 }
 
 async fn call(app: &App, req: Request<Body>) -> Resp {
-    let resp = app.router.clone().oneshot(req).await.expect("infallible");
+    send(app.router.clone(), req).await
+}
+
+/// One request through any service shaped like the API (`router`, or `http::service`).
+async fn send<S>(svc: S, req: Request<Body>) -> Resp
+where
+    S: tower::Service<
+        Request<Body>,
+        Response = axum::response::Response,
+        Error = std::convert::Infallible,
+    >,
+{
+    let resp = svc.oneshot(req).await.expect("infallible");
     let status = resp.status();
     let headers = resp.headers().clone();
     let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
@@ -536,12 +548,7 @@ async fn malformed_requests_get_status_and_code() {
     .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     // Routing errors are JSON too.
-    let r = get(&app, "/v1/check").await;
-    assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED);
-    assert_eq!(r.body["error"]["code"], "method_not_allowed");
-    let r = get(&app, "/nope").await;
-    assert_eq!(r.status, StatusCode::NOT_FOUND);
-    assert_eq!(r.body["error"]["code"], "not_found");
+    routing_errors_are_json(&app, "/nope").await;
     let m = get(&app, "/metrics").await.text;
     assert!(
         m.contains("tollgate_request_errors_total{code=\"invalid_hits\"} 5"),
@@ -836,62 +843,88 @@ fn fingerprint_follows_configmap_symlink_swaps() {
 
 #[tokio::test]
 async fn unknown_paths_and_methods_get_json_errors_through_the_layers() {
-    let app = app(THREE);
-    let r = get(&app, "/no/such/path").await;
-    assert_eq!(r.status, StatusCode::NOT_FOUND);
-    assert_eq!(r.body["error"]["code"], "not_found");
-    let r = get(&app, "/v1/check").await;
+    routing_errors_are_json(&app(THREE), "/no/such/path").await;
+}
+
+/// A GET on `/v1/check` is a JSON 405, and `unknown_path` a JSON 404.
+async fn routing_errors_are_json(app: &App, unknown_path: &str) {
+    let r = get(app, "/v1/check").await;
     assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED);
     assert_eq!(r.body["error"]["code"], "method_not_allowed");
+    let r = get(app, unknown_path).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    assert_eq!(r.body["error"]["code"], "not_found");
 }
 
-/// Counts the spans tower-http's trace layer opens.
-struct TowerHttpSpans(Arc<std::sync::atomic::AtomicUsize>);
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for TowerHttpSpans {
-    fn on_new_span(
-        &self,
-        attrs: &tracing::span::Attributes<'_>,
-        _: &tracing::span::Id,
-        _: tracing_subscriber::layer::Context<'_, S>,
-    ) {
-        if attrs.metadata().target().starts_with("tower_http") {
-            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        }
-    }
-}
-
+/// `serve` runs `service(state)` itself, without `router`'s `Router` around it (which would route
+/// every request twice). Every kind of answer must be the same through both, byte for byte:
+/// allowed, denied, bad requests, 404, 405, and a panic.
 #[tokio::test]
-async fn the_trace_layer_is_there_only_when_tower_http_debug_is_recorded() {
-    use tracing_subscriber::layer::SubscriberExt;
-    let spans = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let subscriber = tracing_subscriber::registry()
-        .with(
-            tracing_subscriber::filter::Targets::new()
-                .with_target("tower_http", tracing::Level::DEBUG),
-        )
-        .with(TowerHttpSpans(spans.clone()));
-    let count = || spans.load(std::sync::atomic::Ordering::SeqCst);
-    {
-        // Built and called while `RUST_LOG=tower_http=debug` would be in force: traced, and the
-        // answers are the same as untraced.
-        let _guard = tracing::subscriber::set_default(subscriber);
-        let traced = app(THREE);
-        assert_eq!(
-            check(&traced, "d", &[&[("fw", "a")]]).await.status,
-            StatusCode::OK
-        );
-        assert_eq!(get(&traced, "/nope").await.status, StatusCode::NOT_FOUND);
-        assert_eq!(count(), 2, "one request span per request");
-        // A router built before (or without) that filter has no trace layer.
-        let untraced =
-            tracing::subscriber::with_default(tracing::subscriber::NoSubscriber::default(), || {
-                app(THREE)
-            });
-        assert_eq!(
-            check(&untraced, "d", &[&[("fw", "a")]]).await.status,
-            StatusCode::OK
-        );
-        assert_eq!(count(), 2, "no span from the untraced router");
+async fn the_served_service_answers_exactly_as_the_router() {
+    use axum::response::Response;
+    use std::convert::Infallible;
+    use tower::Service;
+
+    fn requests() -> Vec<Request<Body>> {
+        let check = |descriptors: &[&[(&str, &str)]]| {
+            Request::post("/v1/check")
+                .header("content-type", "application/json")
+                .body(Body::from(req("d", descriptors).to_string()))
+                .unwrap()
+        };
+        vec![
+            check(&[&[("fw", "a")]]),
+            check(&[&[("fw", "a")], &[("gcra", "a")]]),
+            check(&[&[("fw", "a")]]),
+            check(&[&[("fw", "a")]]), // the fourth of 3 per minute: denied
+            check(&[&[("nothing", "a")]]),
+            Request::post("/v1/check")
+                .header("content-type", "application/json")
+                .body(Body::from("{not json"))
+                .unwrap(),
+            Request::get("/v1/check").body(Body::empty()).unwrap(),
+            Request::get("/nowhere").body(Body::empty()).unwrap(),
+            Request::get("/healthz").body(Body::empty()).unwrap(),
+        ]
     }
+    async fn answers<S>(svc: S, reqs: Vec<Request<Body>>) -> Vec<String>
+    where
+        S: Service<Request<Body>, Response = Response, Error = Infallible> + Clone,
+    {
+        let mut out = Vec::new();
+        for r in reqs {
+            let r = send(svc.clone(), r).await;
+            let mut headers: Vec<String> = r
+                .headers
+                .iter()
+                .map(|(k, v)| format!("{k}: {}", v.to_str().unwrap()))
+                .collect();
+            headers.sort();
+            out.push(format!("{} {headers:?} {}", r.status, r.text));
+        }
+        out
+    }
+    let state = || app(THREE).state;
+    let via_router = answers(router(state()), requests()).await;
+    let served = answers(tollgate_server::http::service(state()), requests()).await;
+    assert_eq!(served, via_router);
+    let starts =
+        |i: usize, status: &str| assert!(via_router[i].starts_with(status), "{}", via_router[i]);
+    starts(0, "200 OK");
+    starts(3, "429 Too Many Requests");
+    starts(5, "400 Bad Request");
+    starts(6, "405 Method Not Allowed");
+    starts(7, "404 Not Found");
+    assert!(via_router[3].contains("retry-after"), "{}", via_router[3]);
+
+    let state = || app_with_store(Arc::new(PanickingStore)).state;
+    let one = || requests().into_iter().take(1).collect::<Vec<_>>();
+    let via_router = answers(router(state()), one()).await;
+    let served = answers(tollgate_server::http::service(state()), one()).await;
+    assert_eq!(served, via_router);
+    assert!(
+        served[0].starts_with("500 Internal Server Error"),
+        "{}",
+        served[0]
+    );
 }

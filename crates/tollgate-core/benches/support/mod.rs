@@ -53,15 +53,8 @@ pub fn gcra_quota(admit: bool) -> Quota {
 
 /// One keyed check of cost 1 through `MemoryStore::check_one`: whether it was allowed.
 pub fn check(store: &MemoryStore, q: &Quota, key: &str, now: Micros) -> bool {
-    let item = CheckItem {
-        rule: "api",
-        key,
-        quota: q,
-        cost: 1,
-        shadow: false,
-    };
     store
-        .check_one(now, &item)
+        .check_one(now, &CheckItem::hit("api", key, q))
         .expect("the memory store cannot fail")
         .allowed
 }
