@@ -2,17 +2,17 @@
 //! routes as the one service `serve` runs; no sockets here, so tests drive both with
 //! `tower::ServiceExt::oneshot`.
 //!
-//! Request bodies are parsed by hand from a `serde_json::Value` so every mistake gets its own
-//! error code and status (never a 500). Unknown fields are ignored for forward compatibility.
-//! Check responses are the opposite (the hot path): written straight into one pre-sized buffer
-//! (no `Value` tree), rate-limit header values formatted on the stack into one shared buffer.
+//! Check request bodies are read in one pass by [`crate::wire`], which gives every mistake its
+//! own error code and status (never a 500). Check responses are written straight into one
+//! pre-sized buffer (no `Value` tree), rate-limit header values formatted on the stack into one
+//! shared buffer.
 
 use crate::backend::{Backend, BreakerState};
 use crate::check::decide;
 use crate::error::ApiError;
-use crate::grpc::unit_from_proto;
-use crate::model::{ms_ceil, CheckRequest, CheckResponse, Descriptor, DescriptorStatus};
+use crate::model::{ms_ceil, CheckResponse, DescriptorStatus};
 use crate::state::AppState;
+pub use crate::wire::{parse_request, Dialect};
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
@@ -22,13 +22,11 @@ use axum::Router;
 use bytes::BytesMut;
 use futures_util::FutureExt;
 use serde::{Serialize, Serializer};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use std::any::Any;
 use std::convert::Infallible;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use tollgate_core::limiter::LimitOverride;
-use tollgate_core::quota::Unit;
 use tower::{Layer, Service, ServiceBuilder};
 use tower_http::trace::TraceLayer;
 
@@ -109,10 +107,7 @@ pub fn ceiling_router() -> Router {
     /// What tollgate answers for one allowed descriptor.
     const OK_BODY: &str = r#"{"overall_code":"OK","statuses":[{"code":"OK","current_limit":{"name":null,"requests_per_unit":1000000000,"unit":"SECOND"},"limit_remaining":999999999,"duration_until_reset_ms":1,"retry_after_ms":null,"message":null}],"delay_ms":null}"#;
     async fn check(body: Bytes) -> Response {
-        let parsed = serde_json::from_slice(&body)
-            .ok()
-            .and_then(|v| parse_request(&v, Dialect::Native).ok());
-        match parsed {
+        match parse_request(&body, Dialect::Native).ok() {
             Some(req) => {
                 std::hint::black_box(req);
                 ([(header::CONTENT_TYPE, "application/json")], OK_BODY).into_response()
@@ -141,8 +136,8 @@ async fn method_not_allowed() -> Response {
     ApiError::MethodNotAllowed.into_response()
 }
 
-/// Read the body as JSON, enforcing the size limit and (when `strict_type`) the content type.
-async fn read_json(state: &AppState, req: Request, strict_type: bool) -> Result<Value, ApiError> {
+/// Read the body, enforcing the size limit and (when `strict_type`) the JSON content type.
+async fn read_body(state: &AppState, req: Request, strict_type: bool) -> Result<Bytes, ApiError> {
     if strict_type {
         check_content_type(req.headers())?;
     }
@@ -157,7 +152,7 @@ async fn read_json(state: &AppState, req: Request, strict_type: bool) -> Result<
             return Err(ApiError::PayloadTooLarge { limit });
         }
     }
-    let bytes: Bytes = axum::body::to_bytes(req.into_body(), limit)
+    axum::body::to_bytes(req.into_body(), limit)
         .await
         .map_err(|e| {
             // The only errors are the length limit and a broken connection.
@@ -168,9 +163,7 @@ async fn read_json(state: &AppState, req: Request, strict_type: bool) -> Result<
             } else {
                 ApiError::invalid("invalid_body", format!("cannot read body: {e}"))
             }
-        })?;
-    serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::invalid("invalid_json", format!("body is not valid JSON: {e}")))
+        })
 }
 
 /// JSON only; a missing content type is accepted (as envoyproxy/ratelimit does).
@@ -209,7 +202,7 @@ fn fail(state: &AppState, e: ApiError) -> Response {
 
 async fn v1_check(State(state): State<AppState>, req: Request) -> Response {
     let result = async {
-        let body = read_json(&state, req, true).await?;
+        let body = read_body(&state, req, true).await?;
         parse_request(&body, Dialect::Native)
     }
     .await;
@@ -371,7 +364,7 @@ fn json_str(buf: &mut Vec<u8>, s: &str) {
 async fn envoy_json(State(state): State<AppState>, req: Request) -> Response {
     let result = async {
         // Any content type: envoyproxy/ratelimit's clients (`curl --data`) send none or a form type.
-        let body = read_json(&state, req, false).await?;
+        let body = read_body(&state, req, false).await?;
         parse_request(&body, Dialect::ProtoJson)
     }
     .await;
@@ -489,176 +482,6 @@ impl Serialize for ProtoDuration {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(self)
     }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Request parsing
-
-/// Which JSON spelling a request uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dialect {
-    /// `/v1/check`: snake_case, integers as JSON numbers, `hits_addend: 0` is a pure query.
-    Native,
-    /// `/json`: protojson `RateLimitRequest`; camelCase or snake_case names, 64-bit integers
-    /// may be strings, request `hitsAddend` 0 or absent means 1 (as Envoy).
-    ProtoJson,
-}
-
-fn field<'v>(
-    obj: &'v Map<String, Value>,
-    snake: &str,
-    camel: &str,
-    d: Dialect,
-) -> Option<&'v Value> {
-    match obj.get(snake) {
-        Some(v) if !v.is_null() => Some(v),
-        _ if d == Dialect::ProtoJson && camel != snake => obj.get(camel).filter(|v| !v.is_null()),
-        _ => None,
-    }
-}
-
-fn hits_value(v: &Value, what: &str, d: Dialect) -> Result<u64, ApiError> {
-    let bad = || {
-        ApiError::invalid(
-            "invalid_hits",
-            format!("`{what}` must be a non-negative integer, got {v}"),
-        )
-    };
-    match v {
-        Value::Number(n) => n.as_u64().ok_or_else(bad),
-        Value::String(s) if d == Dialect::ProtoJson => s.parse::<u64>().map_err(|_| bad()),
-        _ => Err(bad()),
-    }
-}
-
-/// A descriptor's `limit` override: `{"requests_per_unit": N, "unit": "minute"}` (protojson:
-/// `requestsPerUnit`, and `unit` as Envoy's enum name such as `"MINUTE"` or its number).
-fn limit_override(v: &Value, i: usize, d: Dialect) -> Result<LimitOverride, ApiError> {
-    let bad = |m: String| ApiError::invalid("invalid_limit", format!("descriptors[{i}].limit{m}"));
-    let obj = v
-        .as_object()
-        .ok_or_else(|| bad(format!(" must be an object, got {v}")))?;
-    let requests_per_unit = match field(obj, "requests_per_unit", "requestsPerUnit", d) {
-        // proto3: an absent number is 0.
-        None if d == Dialect::ProtoJson => 0,
-        None => return Err(bad(".requests_per_unit is missing".into())),
-        Some(n) => hits_value(n, "", d).map_err(|_| {
-            bad(format!(
-                ".requests_per_unit must be a non-negative integer, got {n}"
-            ))
-        })?,
-    };
-    let unit = match field(obj, "unit", "unit", d) {
-        Some(Value::String(s)) => s.parse::<Unit>().map_err(|e| bad(format!(".unit: {e}")))?,
-        Some(Value::Number(n)) if d == Dialect::ProtoJson => n
-            .as_u64()
-            .and_then(|n| i32::try_from(n).ok())
-            .and_then(unit_from_proto)
-            .ok_or_else(|| bad(format!(".unit: unknown unit number {n}")))?,
-        None => return Err(bad(".unit is missing".into())),
-        Some(other) => return Err(bad(format!(".unit must be a unit name, got {other}"))),
-    };
-    Ok(LimitOverride {
-        requests_per_unit,
-        unit,
-    })
-}
-
-/// Parse a check request body (see [`Dialect`]). Does not apply size limits beyond the body
-/// limit: [`crate::check::validate`] does.
-pub fn parse_request(body: &Value, d: Dialect) -> Result<CheckRequest, ApiError> {
-    let invalid = |m: String| ApiError::invalid("invalid_request", m);
-    let obj = body
-        .as_object()
-        .ok_or_else(|| invalid("the body must be a JSON object".into()))?;
-    let domain = match field(obj, "domain", "domain", d) {
-        None => String::new(),
-        Some(Value::String(s)) => s.clone(),
-        Some(other) => return Err(invalid(format!("`domain` must be a string, got {other}"))),
-    };
-    let hits = match field(obj, "hits_addend", "hitsAddend", d) {
-        None => None,
-        Some(v) => {
-            let h = hits_value(v, "hits_addend", d)?;
-            if d == Dialect::ProtoJson && h == 0 {
-                None
-            } else {
-                Some(h)
-            }
-        }
-    };
-    let list = match field(obj, "descriptors", "descriptors", d) {
-        None => &[][..],
-        Some(Value::Array(a)) => a.as_slice(),
-        Some(other) => {
-            return Err(invalid(format!(
-                "`descriptors` must be an array, got {other}"
-            )))
-        }
-    };
-    let mut descriptors = Vec::with_capacity(list.len().min(64));
-    for (i, dv) in list.iter().enumerate() {
-        let dobj = dv
-            .as_object()
-            .ok_or_else(|| invalid(format!("descriptors[{i}] must be an object")))?;
-        let entries = match field(dobj, "entries", "entries", d) {
-            None => &[][..],
-            Some(Value::Array(a)) => a.as_slice(),
-            Some(_) => {
-                return Err(invalid(format!(
-                    "descriptors[{i}].entries must be an array"
-                )))
-            }
-        };
-        let mut out = Vec::with_capacity(entries.len().min(16));
-        for (j, ev) in entries.iter().enumerate() {
-            let eobj = ev.as_object().ok_or_else(|| {
-                invalid(format!("descriptors[{i}].entries[{j}] must be an object"))
-            })?;
-            let key = match eobj.get("key") {
-                Some(Value::String(s)) => s.clone(),
-                None | Some(Value::Null) => {
-                    return Err(ApiError::invalid(
-                        "invalid_entry",
-                        format!("descriptors[{i}].entries[{j}].key is missing"),
-                    ))
-                }
-                Some(_) => {
-                    return Err(invalid(format!(
-                        "descriptors[{i}].entries[{j}].key must be a string"
-                    )))
-                }
-            };
-            let value = match eobj.get("value") {
-                Some(Value::String(s)) => s.clone(),
-                None | Some(Value::Null) => String::new(),
-                Some(_) => {
-                    return Err(invalid(format!(
-                        "descriptors[{i}].entries[{j}].value must be a string"
-                    )))
-                }
-            };
-            out.push((key, value));
-        }
-        let dhits = match field(dobj, "hits_addend", "hitsAddend", d) {
-            None => None,
-            Some(v) => Some(hits_value(v, &format!("descriptors[{i}].hits_addend"), d)?),
-        };
-        let limit = match field(dobj, "limit", "limit", d) {
-            None => None,
-            Some(v) => Some(limit_override(v, i, d)?),
-        };
-        descriptors.push(Descriptor {
-            entries: out,
-            hits: dhits,
-            limit,
-        });
-    }
-    Ok(CheckRequest {
-        domain,
-        descriptors,
-        hits,
-    })
 }
 
 // ---------------------------------------------------------------------------------------------

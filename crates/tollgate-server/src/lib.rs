@@ -16,6 +16,7 @@ pub mod model;
 pub mod reload;
 pub mod serve;
 pub mod state;
+pub mod wire;
 
 pub use check::decide;
 pub use error::{ApiError, ErrorClass};

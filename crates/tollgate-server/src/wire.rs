@@ -1,0 +1,757 @@
+//! Check requests from the JSON body of `POST /v1/check` and `POST /json`, read in one pass.
+//!
+//! Why not a `serde_json::Value` tree walked afterwards (as before): the tree costs an
+//! allocation per object, per key and per string, then a copy of every string we keep and a
+//! drop of the whole tree, about a quarter of an HTTP check's instructions. Why not a derived
+//! struct: every mistake would become one generic serde message, and users are owed a code and
+//! a message per mistake (never a 500).
+//!
+//! So it is done in two steps:
+//! 1. collecting: each known field is read straight from the tokenizer into a [`Got`]: absent
+//!    (or `null`, which protojson treats alike), the expected kind, or anything else kept as a
+//!    `Value` for the error message;
+//! 2. [`assemble`]: the collected fields are checked in a fixed order.
+//!
+//! A request with several mistakes therefore gets the same error whatever the order of its
+//! keys. A key given twice keeps its last value, as when a JSON object is read into a map.
+//! Unknown fields are skipped for forward compatibility. They are still read as a `Value`, so
+//! exactly the JSON a `Value` accepts is accepted: serde's `IgnoredAny` lets lone surrogate
+//! escapes through.
+//!
+//! Size and count limits are not applied here but by [`crate::check::validate`].
+
+use crate::error::ApiError;
+use crate::grpc::unit_from_proto;
+use crate::model::{CheckRequest, Descriptor};
+use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+use serde_json::Value;
+use std::fmt;
+use std::marker::PhantomData;
+use tollgate_core::limiter::LimitOverride;
+
+/// Which JSON spelling a request uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// `/v1/check`: snake_case, integers as JSON numbers, `hits_addend: 0` is a pure query.
+    Native,
+    /// `/json`: protojson `RateLimitRequest`; camelCase or snake_case names, 64-bit integers
+    /// may be strings, request `hitsAddend` 0 or absent means 1 (as Envoy).
+    ProtoJson,
+}
+
+/// Parse a check request body (see [`Dialect`]). Invalid JSON is `invalid_json`; JSON of the
+/// wrong shape gets the code of its first mistake (`invalid_request`, `invalid_hits`, ...).
+pub fn parse_request(body: &[u8], d: Dialect) -> Result<CheckRequest, ApiError> {
+    let collected = collect(body)
+        .map_err(|e| ApiError::invalid("invalid_json", format!("body is not valid JSON: {e}")))?;
+    assemble(collected, d)
+}
+
+/// The request's fields as read, or the JSON syntax error.
+fn collect(body: &[u8]) -> Result<Got<RawBody>, serde_json::Error> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let got = Slot(Fields::<RawBody>(PhantomData)).deserialize(&mut de)?;
+    de.end()?;
+    Ok(got)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Collecting
+
+/// A field as read.
+#[derive(Debug, Clone, Default, PartialEq)]
+enum Got<T> {
+    /// Absent, or `null`.
+    #[default]
+    Absent,
+    /// The expected kind.
+    Is(T),
+    /// Anything else, for the error message.
+    Other(Value),
+}
+
+/// A string or a non-negative integer: what every leaf field of a request is.
+#[derive(Debug, Clone, PartialEq)]
+enum Scalar {
+    U64(u64),
+    Str(String),
+}
+
+/// What a slot expects. Whatever it does not expect becomes [`Got::Other`] (the defaults).
+trait Shape<'de>: Sized {
+    type Out;
+
+    fn string(self, s: String) -> Got<Self::Out> {
+        Got::Other(Value::String(s))
+    }
+
+    fn uint(self, n: u64) -> Got<Self::Out> {
+        Got::Other(n.into())
+    }
+
+    fn seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Got<Self::Out>, A::Error> {
+        Value::deserialize(SeqAccessDeserializer::new(seq)).map(Got::Other)
+    }
+
+    fn map<A: MapAccess<'de>>(self, map: A) -> Result<Got<Self::Out>, A::Error> {
+        Value::deserialize(MapAccessDeserializer::new(map)).map(Got::Other)
+    }
+}
+
+/// Reads one JSON value of any kind into a [`Got`] of its shape.
+struct Slot<S>(S);
+
+impl<'de, S: Shape<'de>> DeserializeSeed<'de> for Slot<S> {
+    type Value = Got<S::Out>;
+
+    fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<Self::Value, D::Error> {
+        de.deserialize_any(self)
+    }
+}
+
+impl<'de, S: Shape<'de>> Visitor<'de> for Slot<S> {
+    type Value = Got<S::Out>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(Got::Absent)
+    }
+
+    fn visit_none<E>(self) -> Result<Self::Value, E> {
+        Ok(Got::Absent)
+    }
+
+    fn visit_bool<E>(self, b: bool) -> Result<Self::Value, E> {
+        Ok(Got::Other(b.into()))
+    }
+
+    fn visit_u64<E>(self, n: u64) -> Result<Self::Value, E> {
+        Ok(self.0.uint(n))
+    }
+
+    fn visit_i64<E>(self, n: i64) -> Result<Self::Value, E> {
+        // serde_json calls this for negative integers only (`-0` is a float); were it given a
+        // non-negative one, it is what `visit_u64` would get.
+        match u64::try_from(n) {
+            Ok(n) => Ok(self.0.uint(n)),
+            Err(_) => Ok(Got::Other(n.into())),
+        }
+    }
+
+    fn visit_f64<E>(self, n: f64) -> Result<Self::Value, E> {
+        Ok(Got::Other(n.into()))
+    }
+
+    fn visit_str<E>(self, s: &str) -> Result<Self::Value, E> {
+        Ok(self.0.string(s.to_owned()))
+    }
+
+    fn visit_string<E>(self, s: String) -> Result<Self::Value, E> {
+        Ok(self.0.string(s))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+        self.0.seq(seq)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        self.0.map(map)
+    }
+}
+
+/// A leaf field: [`Scalar`].
+#[derive(Clone, Copy)]
+struct Leaf;
+
+impl<'de> Shape<'de> for Leaf {
+    type Out = Scalar;
+
+    fn string(self, s: String) -> Got<Scalar> {
+        Got::Is(Scalar::Str(s))
+    }
+
+    fn uint(self, n: u64) -> Got<Scalar> {
+        Got::Is(Scalar::U64(n))
+    }
+}
+
+/// An array whose elements have shape `S`.
+#[derive(Clone, Copy)]
+struct List<S>(S);
+
+impl<'de, S: Shape<'de> + Copy> Shape<'de> for List<S> {
+    type Out = Vec<Got<S::Out>>;
+
+    fn seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Got<Self::Out>, A::Error> {
+        let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(1).min(64));
+        while let Some(item) = seq.next_element_seed(Slot(self.0))? {
+            out.push(item);
+        }
+        Ok(Got::Is(out))
+    }
+}
+
+/// The fields of one kind of JSON object that a request reads.
+trait Object: Default {
+    /// The keys read, in the order of [`Object::read`]'s index.
+    const KEYS: &'static [&'static str];
+    /// Read the value of `KEYS[key]` (a later duplicate replaces an earlier one).
+    fn read<'de, A: MapAccess<'de>>(&mut self, key: usize, map: &mut A) -> Result<(), A::Error>;
+}
+
+/// An object of kind `O`.
+struct Fields<O>(PhantomData<O>);
+
+impl<O> Clone for Fields<O> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<O> Copy for Fields<O> {}
+
+impl<'de, O: Object> Shape<'de> for Fields<O> {
+    type Out = O;
+
+    fn map<A: MapAccess<'de>>(self, mut map: A) -> Result<Got<O>, A::Error> {
+        let mut out = O::default();
+        while let Some(key) = map.next_key_seed(KeyIndex(O::KEYS))? {
+            match key {
+                Some(i) => out.read(i, &mut map)?,
+                None => {
+                    map.next_value::<Value>()?;
+                }
+            }
+        }
+        Ok(Got::Is(out))
+    }
+}
+
+/// A map key as its index in a list of known keys (`None`: unknown), without allocating.
+struct KeyIndex(&'static [&'static str]);
+
+impl<'de> DeserializeSeed<'de> for KeyIndex {
+    type Value = Option<usize>;
+
+    fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<Self::Value, D::Error> {
+        de.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for KeyIndex {
+    type Value = Option<usize>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an object key")
+    }
+
+    fn visit_str<E>(self, key: &str) -> Result<Self::Value, E> {
+        Ok(self.0.iter().position(|k| *k == key))
+    }
+}
+
+fn next<'de, A: MapAccess<'de>, S: Shape<'de>>(
+    map: &mut A,
+    shape: S,
+) -> Result<Got<S::Out>, A::Error> {
+    map.next_value_seed(Slot(shape))
+}
+
+/// The request object.
+#[derive(Debug, Default, PartialEq)]
+struct RawBody {
+    domain: Got<Scalar>,
+    hits: Got<Scalar>,
+    hits_camel: Got<Scalar>,
+    descriptors: Got<Vec<Got<RawDescriptor>>>,
+}
+
+impl Object for RawBody {
+    const KEYS: &'static [&'static str] = &["domain", "hits_addend", "hitsAddend", "descriptors"];
+
+    fn read<'de, A: MapAccess<'de>>(&mut self, key: usize, map: &mut A) -> Result<(), A::Error> {
+        match key {
+            0 => self.domain = next(map, Leaf)?,
+            1 => self.hits = next(map, Leaf)?,
+            2 => self.hits_camel = next(map, Leaf)?,
+            _ => self.descriptors = next(map, List(Fields(PhantomData)))?,
+        }
+        Ok(())
+    }
+}
+
+/// One element of `descriptors`.
+#[derive(Debug, Default, PartialEq)]
+struct RawDescriptor {
+    entries: Got<Vec<Got<RawEntry>>>,
+    hits: Got<Scalar>,
+    hits_camel: Got<Scalar>,
+    limit: Got<RawLimit>,
+}
+
+impl Object for RawDescriptor {
+    const KEYS: &'static [&'static str] = &["entries", "hits_addend", "hitsAddend", "limit"];
+
+    fn read<'de, A: MapAccess<'de>>(&mut self, key: usize, map: &mut A) -> Result<(), A::Error> {
+        match key {
+            0 => self.entries = next(map, List(Fields(PhantomData)))?,
+            1 => self.hits = next(map, Leaf)?,
+            2 => self.hits_camel = next(map, Leaf)?,
+            _ => self.limit = next(map, Fields(PhantomData))?,
+        }
+        Ok(())
+    }
+}
+
+/// One element of a descriptor's `entries`.
+#[derive(Debug, Default, PartialEq)]
+struct RawEntry {
+    key: Got<Scalar>,
+    value: Got<Scalar>,
+}
+
+impl Object for RawEntry {
+    const KEYS: &'static [&'static str] = &["key", "value"];
+
+    fn read<'de, A: MapAccess<'de>>(&mut self, key: usize, map: &mut A) -> Result<(), A::Error> {
+        match key {
+            0 => self.key = next(map, Leaf)?,
+            _ => self.value = next(map, Leaf)?,
+        }
+        Ok(())
+    }
+}
+
+/// A descriptor's `limit`.
+#[derive(Debug, Default, PartialEq)]
+struct RawLimit {
+    requests_per_unit: Got<Scalar>,
+    requests_per_unit_camel: Got<Scalar>,
+    unit: Got<Scalar>,
+}
+
+impl Object for RawLimit {
+    const KEYS: &'static [&'static str] = &["requests_per_unit", "requestsPerUnit", "unit"];
+
+    fn read<'de, A: MapAccess<'de>>(&mut self, key: usize, map: &mut A) -> Result<(), A::Error> {
+        match key {
+            0 => self.requests_per_unit = next(map, Leaf)?,
+            1 => self.requests_per_unit_camel = next(map, Leaf)?,
+            _ => self.unit = next(map, Leaf)?,
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Assembling
+
+impl Got<Scalar> {
+    /// The value as JSON, for an error message.
+    fn shown(&self) -> Value {
+        match self {
+            Got::Absent => Value::Null,
+            Got::Is(Scalar::U64(n)) => (*n).into(),
+            Got::Is(Scalar::Str(s)) => Value::String(s.clone()),
+            Got::Other(v) => v.clone(),
+        }
+    }
+}
+
+/// A field spelt in snake_case, or (protojson only, when the snake_case one is absent or null)
+/// in camelCase.
+fn pick<T>(snake: Got<T>, camel: Got<T>, d: Dialect) -> Got<T> {
+    match snake {
+        Got::Absent if d == Dialect::ProtoJson => camel,
+        snake => snake,
+    }
+}
+
+fn hits_value(v: &Got<Scalar>, what: &str, d: Dialect) -> Result<u64, ApiError> {
+    let bad = || {
+        ApiError::invalid(
+            "invalid_hits",
+            format!("`{what}` must be a non-negative integer, got {}", v.shown()),
+        )
+    };
+    match v {
+        Got::Is(Scalar::U64(n)) => Ok(*n),
+        Got::Is(Scalar::Str(s)) if d == Dialect::ProtoJson => s.parse::<u64>().map_err(|_| bad()),
+        _ => Err(bad()),
+    }
+}
+
+/// A descriptor's `limit` override: `{"requests_per_unit": N, "unit": "minute"}` (protojson:
+/// `requestsPerUnit`, and `unit` as Envoy's enum name such as `"MINUTE"` or its number).
+fn limit_override(v: Got<RawLimit>, i: usize, d: Dialect) -> Result<LimitOverride, ApiError> {
+    let bad = |m: String| ApiError::invalid("invalid_limit", format!("descriptors[{i}].limit{m}"));
+    let raw = match v {
+        Got::Is(raw) => raw,
+        Got::Other(v) => return Err(bad(format!(" must be an object, got {v}"))),
+        Got::Absent => unreachable!("an absent limit is no override"),
+    };
+    let requests_per_unit = match pick(raw.requests_per_unit, raw.requests_per_unit_camel, d) {
+        // proto3: an absent number is 0.
+        Got::Absent if d == Dialect::ProtoJson => 0,
+        Got::Absent => return Err(bad(".requests_per_unit is missing".into())),
+        n => hits_value(&n, "", d).map_err(|_| {
+            bad(format!(
+                ".requests_per_unit must be a non-negative integer, got {}",
+                n.shown()
+            ))
+        })?,
+    };
+    let unit = match raw.unit {
+        Got::Is(Scalar::Str(s)) => s.parse().map_err(|e| bad(format!(".unit: {e}")))?,
+        Got::Is(Scalar::U64(n)) if d == Dialect::ProtoJson => i32::try_from(n)
+            .ok()
+            .and_then(unit_from_proto)
+            .ok_or_else(|| bad(format!(".unit: unknown unit number {n}")))?,
+        Got::Other(Value::Number(n)) if d == Dialect::ProtoJson => {
+            return Err(bad(format!(".unit: unknown unit number {n}")))
+        }
+        Got::Absent => return Err(bad(".unit is missing".into())),
+        other => {
+            return Err(bad(format!(
+                ".unit must be a unit name, got {}",
+                other.shown()
+            )))
+        }
+    };
+    Ok(LimitOverride {
+        requests_per_unit,
+        unit,
+    })
+}
+
+/// Check the collected fields in a fixed order and build the request.
+fn assemble(body: Got<RawBody>, d: Dialect) -> Result<CheckRequest, ApiError> {
+    let invalid = |m: String| ApiError::invalid("invalid_request", m);
+    let Got::Is(body) = body else {
+        return Err(invalid("the body must be a JSON object".into()));
+    };
+    let domain = match body.domain {
+        Got::Absent => String::new(),
+        Got::Is(Scalar::Str(s)) => s,
+        other => {
+            return Err(invalid(format!(
+                "`domain` must be a string, got {}",
+                other.shown()
+            )))
+        }
+    };
+    let hits = match pick(body.hits, body.hits_camel, d) {
+        Got::Absent => None,
+        v => match hits_value(&v, "hits_addend", d)? {
+            0 if d == Dialect::ProtoJson => None,
+            h => Some(h),
+        },
+    };
+    let list = match body.descriptors {
+        Got::Absent => Vec::new(),
+        Got::Is(list) => list,
+        Got::Other(v) => return Err(invalid(format!("`descriptors` must be an array, got {v}"))),
+    };
+    let mut descriptors = Vec::with_capacity(list.len());
+    for (i, raw) in list.into_iter().enumerate() {
+        let Got::Is(raw) = raw else {
+            return Err(invalid(format!("descriptors[{i}] must be an object")));
+        };
+        let entries = match raw.entries {
+            Got::Absent => Vec::new(),
+            Got::Is(entries) => entries,
+            Got::Other(_) => {
+                return Err(invalid(format!(
+                    "descriptors[{i}].entries must be an array"
+                )))
+            }
+        };
+        let mut out = Vec::with_capacity(entries.len());
+        for (j, entry) in entries.into_iter().enumerate() {
+            let Got::Is(entry) = entry else {
+                return Err(invalid(format!(
+                    "descriptors[{i}].entries[{j}] must be an object"
+                )));
+            };
+            let key = match entry.key {
+                Got::Is(Scalar::Str(s)) => s,
+                Got::Absent => {
+                    return Err(ApiError::invalid(
+                        "invalid_entry",
+                        format!("descriptors[{i}].entries[{j}].key is missing"),
+                    ))
+                }
+                _ => {
+                    return Err(invalid(format!(
+                        "descriptors[{i}].entries[{j}].key must be a string"
+                    )))
+                }
+            };
+            let value = match entry.value {
+                Got::Is(Scalar::Str(s)) => s,
+                Got::Absent => String::new(),
+                _ => {
+                    return Err(invalid(format!(
+                        "descriptors[{i}].entries[{j}].value must be a string"
+                    )))
+                }
+            };
+            out.push((key, value));
+        }
+        let hits = match pick(raw.hits, raw.hits_camel, d) {
+            Got::Absent => None,
+            v => Some(hits_value(&v, &format!("descriptors[{i}].hits_addend"), d)?),
+        };
+        let limit = match raw.limit {
+            Got::Absent => None,
+            v => Some(limit_override(v, i, d)?),
+        };
+        descriptors.push(Descriptor {
+            entries: out,
+            hits,
+            limit,
+        });
+    }
+    Ok(CheckRequest {
+        domain,
+        descriptors,
+        hits,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// JSON text of one leaf: the kinds and edge cases a request field can get.
+    fn leaf() -> impl Strategy<Value = String> + Clone {
+        prop::sample::select(vec![
+            r#""a""#,
+            r#""""#,
+            r#""user_1""#,
+            "5",
+            "0",
+            "-0",
+            "-1",
+            "1.5",
+            "1.0",
+            "1e3",
+            "18446744073709551615",
+            "18446744073709551616",
+            "4294967296",
+            r#""7""#,
+            r#""+5""#,
+            r#""-1""#,
+            r#""MINUTE""#,
+            r#""minute""#,
+            r#""fortnight""#,
+            "2",
+            "7",
+            "null",
+            "true",
+            "[]",
+            "{}",
+            r#"[1,"a"]"#,
+            r#"{"b":1,"a":[null]}"#,
+            r#""\u00e9\n""#,
+            r#""\ud800""#,
+        ])
+        .prop_map(str::to_string)
+    }
+
+    /// A JSON object from `(key, value text)` pairs (keys may repeat).
+    fn object(fields: Vec<(&'static str, String)>) -> String {
+        let body: Vec<String> = fields.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+        format!("{{{}}}", body.join(","))
+    }
+
+    /// An object with up to 4 of `keys` (repeats allowed), each with a value of its strategy.
+    fn fields(keys: Vec<(&'static str, BoxedStrategy<String>)>) -> BoxedStrategy<String> {
+        let one = prop::strategy::Union::new(
+            keys.into_iter()
+                .map(|(k, v)| v.prop_map(move |v| (k, v)).boxed()),
+        );
+        prop::collection::vec(one, 0..5).prop_map(object).boxed()
+    }
+
+    /// Mostly `typed`, sometimes any leaf.
+    fn or_leaf(typed: BoxedStrategy<String>) -> BoxedStrategy<String> {
+        prop_oneof![4 => typed, 1 => leaf()].boxed()
+    }
+
+    fn array(item: BoxedStrategy<String>) -> BoxedStrategy<String> {
+        prop::collection::vec(item, 0..4)
+            .prop_map(|v| format!("[{}]", v.join(",")))
+            .boxed()
+    }
+
+    /// Request-shaped JSON text with wrong kinds, nulls, duplicates, both spellings, unknown
+    /// keys; sometimes cut short, followed by garbage or holding a byte that is not UTF-8.
+    fn body() -> impl Strategy<Value = Vec<u8>> {
+        let leaf = || leaf().boxed();
+        // Mostly one of `good` (so that later fields get checked too), sometimes any leaf.
+        let mostly = |good: &[&'static str]| {
+            let good: Vec<String> = good.iter().map(|s| s.to_string()).collect();
+            prop_oneof![3 => prop::sample::select(good), 1 => leaf()].boxed()
+        };
+        let count = || mostly(&["0", "1", "5", r#""7""#]);
+        let text = || mostly(&[r#""a""#, r#""b""#]);
+        let limit = or_leaf(fields(vec![
+            ("requests_per_unit", count()),
+            ("requestsPerUnit", count()),
+            ("unit", mostly(&[r#""minute""#, r#""HOUR""#, "2", "9"])),
+            ("x", leaf()),
+        ]));
+        let entry = or_leaf(fields(vec![
+            ("key", text()),
+            ("value", text()),
+            ("x", leaf()),
+        ]));
+        let descriptor = or_leaf(fields(vec![
+            ("entries", or_leaf(array(entry))),
+            ("hits_addend", count()),
+            ("hitsAddend", count()),
+            ("limit", limit),
+            ("x", leaf()),
+        ]));
+        let body = or_leaf(fields(vec![
+            ("domain", text()),
+            ("hits_addend", count()),
+            ("hitsAddend", count()),
+            ("descriptors", or_leaf(array(descriptor))),
+            ("x", leaf()),
+        ]));
+        (body, 0..12usize, any::<usize>()).prop_map(|(text, damage, at)| {
+            let mut bytes = text.into_bytes();
+            match damage {
+                0 => bytes.truncate(at % (bytes.len() + 1)),
+                1 => bytes.extend_from_slice(b" x"),
+                2 => bytes.insert(at % (bytes.len() + 1), 0xff),
+                _ => {}
+            }
+            bytes
+        })
+    }
+
+    /// What [`collect`] must read: the same fields looked up in a `serde_json::Value` tree
+    /// (the previous implementation's first step, and the obvious reading of the JSON).
+    fn collect_via_value(v: &Value) -> Got<RawBody> {
+        fn got<T>(v: Option<&Value>, typed: impl FnOnce(&Value) -> Option<T>) -> Got<T> {
+            match v {
+                None | Some(Value::Null) => Got::Absent,
+                Some(v) => typed(v).map_or_else(|| Got::Other(v.clone()), Got::Is),
+            }
+        }
+        fn leaf(v: Option<&Value>) -> Got<Scalar> {
+            got(v, |v| match v {
+                Value::String(s) => Some(Scalar::Str(s.clone())),
+                Value::Number(n) => n.as_u64().map(Scalar::U64),
+                _ => None,
+            })
+        }
+        fn list<T>(v: Option<&Value>, item: impl Fn(&Value) -> Got<T>) -> Got<Vec<Got<T>>> {
+            got(v, |v| v.as_array().map(|a| a.iter().map(item).collect()))
+        }
+        fn object<T>(
+            v: Option<&Value>,
+            read: impl FnOnce(&serde_json::Map<String, Value>) -> T,
+        ) -> Got<T> {
+            got(v, |v| v.as_object().map(read))
+        }
+        object(Some(v), |o| RawBody {
+            domain: leaf(o.get("domain")),
+            hits: leaf(o.get("hits_addend")),
+            hits_camel: leaf(o.get("hitsAddend")),
+            descriptors: list(o.get("descriptors"), |d| {
+                object(Some(d), |o| RawDescriptor {
+                    entries: list(o.get("entries"), |e| {
+                        object(Some(e), |o| RawEntry {
+                            key: leaf(o.get("key")),
+                            value: leaf(o.get("value")),
+                        })
+                    }),
+                    hits: leaf(o.get("hits_addend")),
+                    hits_camel: leaf(o.get("hitsAddend")),
+                    limit: object(o.get("limit"), |o| RawLimit {
+                        requests_per_unit: leaf(o.get("requests_per_unit")),
+                        requests_per_unit_camel: leaf(o.get("requestsPerUnit")),
+                        unit: leaf(o.get("unit")),
+                    }),
+                })
+            }),
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// One pass reads what a `Value` tree holds: kinds, nulls, duplicate keys (the last
+        /// wins), unknown keys, and exactly the same JSON syntax errors.
+        #[test]
+        fn reads_what_a_value_tree_holds(bytes in body()) {
+            let via_value = serde_json::from_slice::<Value>(&bytes).map(|v| collect_via_value(&v));
+            prop_assert_eq!(
+                collect(&bytes).map_err(|e| e.to_string()),
+                via_value.map_err(|e| e.to_string()),
+                "{}", String::from_utf8_lossy(&bytes)
+            );
+        }
+    }
+
+    #[test]
+    fn the_first_mistake_in_a_fixed_order_whatever_the_key_order() {
+        let err = |body: &str, d| parse_request(body.as_bytes(), d).unwrap_err().to_string();
+        for body in [
+            r#"{"descriptors": 5, "domain": 7}"#,
+            r#"{"domain": 7, "descriptors": 5}"#,
+        ] {
+            assert_eq!(
+                err(body, Dialect::Native),
+                "`domain` must be a string, got 7"
+            );
+        }
+        let limit = r#"{"domain": "d", "descriptors": [{"limit": {"unit": 9, "requestsPerUnit": -2},
+            "entries": [{"key": "k"}]}]}"#;
+        assert_eq!(
+            err(limit, Dialect::Native),
+            "descriptors[0].limit.requests_per_unit is missing"
+        );
+        assert_eq!(
+            err(limit, Dialect::ProtoJson),
+            "descriptors[0].limit.requests_per_unit must be a non-negative integer, got -2"
+        );
+        assert_eq!(
+            err(r#"{"domain": "a", "domain": ["b"]}"#, Dialect::Native),
+            r#"`domain` must be a string, got ["b"]"#
+        );
+        // Unknown keys are skipped, but their JSON is checked as strictly as the rest.
+        let lone = err(r#"{"domain": "a", "x": "\ud800"}"#, Dialect::Native);
+        assert!(lone.starts_with("body is not valid JSON: "), "{lone}");
+    }
+
+    #[test]
+    fn both_spellings_and_proto_defaults() {
+        let body = r#"{"domain": "d", "hitsAddend": "0", "descriptors": [
+            {"entries": [{"key": "k", "value": null}], "hitsAddend": "3",
+             "limit": {"requestsPerUnit": "10", "unit": 4}}]}"#;
+        let req = parse_request(body.as_bytes(), Dialect::ProtoJson).unwrap();
+        assert_eq!(req.hits, None, "protojson hitsAddend 0 means 1");
+        let d = &req.descriptors[0];
+        assert_eq!(d.entries, vec![("k".to_string(), String::new())]);
+        assert_eq!(d.hits, Some(3));
+        let limit = d.limit.unwrap();
+        assert_eq!(
+            (limit.requests_per_unit, limit.unit),
+            (10, tollgate_core::quota::Unit::Day)
+        );
+        // Native: camelCase is unknown, strings are not numbers.
+        let req = parse_request(body.as_bytes(), Dialect::Native);
+        assert_eq!(req.unwrap_err().code(), "invalid_limit");
+    }
+}
