@@ -7,10 +7,10 @@
 //! a message per mistake (never a 500).
 //!
 //! So it is done in two steps:
-//! 1. collecting: each known field is read straight from the tokenizer into a [`Got`]: absent
+//! 1. collecting: each known field is read straight from the tokenizer into a `Got`: absent
 //!    (or `null`, which protojson treats alike), the expected kind, or anything else kept as a
 //!    `Value` for the error message;
-//! 2. [`assemble`]: the collected fields are checked in a fixed order.
+//! 2. `assemble`: the collected fields are checked in a fixed order.
 //!
 //! A request with several mistakes therefore gets the same error whatever the order of its
 //! keys. A key given twice keeps its last value, as when a JSON object is read into a map.
