@@ -386,14 +386,32 @@ fn hits_value(v: &Got<Scalar>, what: &str, d: Dialect) -> Result<u64, ApiError> 
     }
 }
 
-/// A descriptor's `limit` override: `{"requests_per_unit": N, "unit": "minute"}` (protojson:
-/// `requestsPerUnit`, and `unit` as Envoy's enum name such as `"MINUTE"` or its number).
-fn limit_override(v: Got<RawLimit>, i: usize, d: Dialect) -> Result<LimitOverride, ApiError> {
+/// An optional `hits_addend` (protojson: or `hitsAddend`); `what` names it in errors.
+fn hits(
+    snake: Got<Scalar>,
+    camel: Got<Scalar>,
+    what: impl FnOnce() -> String,
+    d: Dialect,
+) -> Result<Option<u64>, ApiError> {
+    match pick(snake, camel, d) {
+        Got::Absent => Ok(None),
+        v => hits_value(&v, &what(), d).map(Some),
+    }
+}
+
+/// A descriptor's optional `limit` override: `{"requests_per_unit": N, "unit": "minute"}`
+/// (protojson: `requestsPerUnit`, and `unit` as Envoy's enum name such as `"MINUTE"` or its
+/// number).
+fn limit_override(
+    v: Got<RawLimit>,
+    i: usize,
+    d: Dialect,
+) -> Result<Option<LimitOverride>, ApiError> {
     let bad = |m: String| ApiError::invalid("invalid_limit", format!("descriptors[{i}].limit{m}"));
     let raw = match v {
+        Got::Absent => return Ok(None),
         Got::Is(raw) => raw,
         Got::Other(v) => return Err(bad(format!(" must be an object, got {v}"))),
-        Got::Absent => unreachable!("an absent limit is no override"),
     };
     let requests_per_unit = match pick(raw.requests_per_unit, raw.requests_per_unit_camel, d) {
         // proto3: an absent number is 0.
@@ -423,15 +441,19 @@ fn limit_override(v: Got<RawLimit>, i: usize, d: Dialect) -> Result<LimitOverrid
             )))
         }
     };
-    Ok(LimitOverride {
+    Ok(Some(LimitOverride {
         requests_per_unit,
         unit,
-    })
+    }))
 }
 
-/// Check the collected fields in a fixed order and build the request.
+fn invalid(message: String) -> ApiError {
+    ApiError::invalid("invalid_request", message)
+}
+
+/// Check the collected fields in a fixed order and build the request. The first mistake is
+/// reported: the request's own fields, then each descriptor in order.
 fn assemble(body: Got<RawBody>, d: Dialect) -> Result<CheckRequest, ApiError> {
-    let invalid = |m: String| ApiError::invalid("invalid_request", m);
     let Got::Is(body) = body else {
         return Err(invalid("the body must be a JSON object".into()));
     };
@@ -445,83 +467,87 @@ fn assemble(body: Got<RawBody>, d: Dialect) -> Result<CheckRequest, ApiError> {
             )))
         }
     };
-    let hits = match pick(body.hits, body.hits_camel, d) {
-        Got::Absent => None,
-        v => match hits_value(&v, "hits_addend", d)? {
-            0 if d == Dialect::ProtoJson => None,
-            h => Some(h),
-        },
-    };
+    let hits = hits(body.hits, body.hits_camel, || "hits_addend".into(), d)?
+        // protojson (as Envoy): a request `hitsAddend` of 0 means 1.
+        .filter(|&h| !(d == Dialect::ProtoJson && h == 0));
     let list = match body.descriptors {
         Got::Absent => Vec::new(),
         Got::Is(list) => list,
         Got::Other(v) => return Err(invalid(format!("`descriptors` must be an array, got {v}"))),
     };
-    let mut descriptors = Vec::with_capacity(list.len());
-    for (i, raw) in list.into_iter().enumerate() {
-        let Got::Is(raw) = raw else {
-            return Err(invalid(format!("descriptors[{i}] must be an object")));
-        };
-        let entries = match raw.entries {
-            Got::Absent => Vec::new(),
-            Got::Is(entries) => entries,
-            Got::Other(_) => {
-                return Err(invalid(format!(
-                    "descriptors[{i}].entries must be an array"
-                )))
-            }
-        };
-        let mut out = Vec::with_capacity(entries.len());
-        for (j, entry) in entries.into_iter().enumerate() {
-            let Got::Is(entry) = entry else {
-                return Err(invalid(format!(
-                    "descriptors[{i}].entries[{j}] must be an object"
-                )));
-            };
-            let key = match entry.key {
-                Got::Is(Scalar::Str(s)) => s,
-                Got::Absent => {
-                    return Err(ApiError::invalid(
-                        "invalid_entry",
-                        format!("descriptors[{i}].entries[{j}].key is missing"),
-                    ))
-                }
-                _ => {
-                    return Err(invalid(format!(
-                        "descriptors[{i}].entries[{j}].key must be a string"
-                    )))
-                }
-            };
-            let value = match entry.value {
-                Got::Is(Scalar::Str(s)) => s,
-                Got::Absent => String::new(),
-                _ => {
-                    return Err(invalid(format!(
-                        "descriptors[{i}].entries[{j}].value must be a string"
-                    )))
-                }
-            };
-            out.push((key, value));
-        }
-        let hits = match pick(raw.hits, raw.hits_camel, d) {
-            Got::Absent => None,
-            v => Some(hits_value(&v, &format!("descriptors[{i}].hits_addend"), d)?),
-        };
-        let limit = match raw.limit {
-            Got::Absent => None,
-            v => Some(limit_override(v, i, d)?),
-        };
-        descriptors.push(Descriptor {
-            entries: out,
-            hits,
-            limit,
-        });
-    }
+    let descriptors = list
+        .into_iter()
+        .enumerate()
+        .map(|(i, raw)| descriptor(raw, i, d))
+        .collect::<Result<_, _>>()?;
     Ok(CheckRequest {
         domain,
         descriptors,
         hits,
     })
+}
+
+/// `descriptors[i]`: its entries, then its own hits, then its limit.
+fn descriptor(raw: Got<RawDescriptor>, i: usize, d: Dialect) -> Result<Descriptor, ApiError> {
+    let Got::Is(raw) = raw else {
+        return Err(invalid(format!("descriptors[{i}] must be an object")));
+    };
+    let entries = match raw.entries {
+        Got::Absent => Vec::new(),
+        Got::Is(entries) => entries,
+        Got::Other(_) => {
+            return Err(invalid(format!(
+                "descriptors[{i}].entries must be an array"
+            )))
+        }
+    };
+    Ok(Descriptor {
+        entries: entries
+            .into_iter()
+            .enumerate()
+            .map(|(j, raw)| entry(raw, i, j))
+            .collect::<Result<_, _>>()?,
+        hits: hits(
+            raw.hits,
+            raw.hits_camel,
+            || format!("descriptors[{i}].hits_addend"),
+            d,
+        )?,
+        limit: limit_override(raw.limit, i, d)?,
+    })
+}
+
+/// `descriptors[i].entries[j]`: a key (required) and a value (absent or null: empty).
+fn entry(raw: Got<RawEntry>, i: usize, j: usize) -> Result<(String, String), ApiError> {
+    let Got::Is(raw) = raw else {
+        return Err(invalid(format!(
+            "descriptors[{i}].entries[{j}] must be an object"
+        )));
+    };
+    let key = match raw.key {
+        Got::Is(Scalar::Str(s)) => s,
+        Got::Absent => {
+            return Err(ApiError::invalid(
+                "invalid_entry",
+                format!("descriptors[{i}].entries[{j}].key is missing"),
+            ))
+        }
+        _ => {
+            return Err(invalid(format!(
+                "descriptors[{i}].entries[{j}].key must be a string"
+            )))
+        }
+    };
+    let value = match raw.value {
+        Got::Is(Scalar::Str(s)) => s,
+        Got::Absent => String::new(),
+        _ => {
+            return Err(invalid(format!(
+                "descriptors[{i}].entries[{j}].value must be a string"
+            )))
+        }
+    };
+    Ok((key, value))
 }
 
 #[cfg(test)]
