@@ -475,16 +475,26 @@ fn assemble(body: Got<RawBody>, d: Dialect) -> Result<CheckRequest, ApiError> {
         Got::Is(list) => list,
         Got::Other(v) => return Err(invalid(format!("`descriptors` must be an array, got {v}"))),
     };
-    let descriptors = list
-        .into_iter()
-        .enumerate()
-        .map(|(i, raw)| descriptor(raw, i, d))
-        .collect::<Result<_, _>>()?;
+    let descriptors = each(list, |i, raw| descriptor(raw, i, d))?;
     Ok(CheckRequest {
         domain,
         descriptors,
         hits,
     })
+}
+
+/// `f(index, item)` over `list`, stopping at the first error. Not `collect::<Result<Vec<_>>>`:
+/// that reuses `list`'s allocation in place and then shrinks it with a `realloc`, about 900
+/// instructions more per request (callgrind).
+fn each<T, U>(
+    list: Vec<T>,
+    mut f: impl FnMut(usize, T) -> Result<U, ApiError>,
+) -> Result<Vec<U>, ApiError> {
+    let mut out = Vec::with_capacity(list.len());
+    for (i, item) in list.into_iter().enumerate() {
+        out.push(f(i, item)?);
+    }
+    Ok(out)
 }
 
 /// `descriptors[i]`: its entries, then its own hits, then its limit.
@@ -502,11 +512,7 @@ fn descriptor(raw: Got<RawDescriptor>, i: usize, d: Dialect) -> Result<Descripto
         }
     };
     Ok(Descriptor {
-        entries: entries
-            .into_iter()
-            .enumerate()
-            .map(|(j, raw)| entry(raw, i, j))
-            .collect::<Result<_, _>>()?,
+        entries: each(entries, |j, raw| entry(raw, i, j))?,
         hits: hits(
             raw.hits,
             raw.hits_camel,
