@@ -808,3 +808,44 @@ fn period_and_bucket_fill_time_bounds_are_inclusive() {
     assert!(err.contains("takes longer than 100 years to fill"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A listed rule file that cannot be read is an error naming it (and a dangling link's
+/// target), never a skipped file; `rule_files` lists it so a watcher sees it; a directory named
+/// `*.yaml` is not a rule file.
+#[cfg(unix)]
+#[test]
+fn dangling_symlinks_are_errors_not_skipped_files() {
+    use std::os::unix::fs::symlink;
+    use tollgate_core::rules::rule_files;
+    let root = std::env::temp_dir().join(format!("tollgate-rules-lost-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(root.join("dir.yaml")).expect("mkdir");
+    std::fs::write(root.join("api.yaml"), "domain: api\n").expect("write");
+    symlink("gone/api.yaml", root.join("lost.yaml")).expect("symlink");
+    assert_eq!(
+        rule_files(&root),
+        [root.join("api.yaml"), root.join("lost.yaml")]
+    );
+    let errors = load_err(&root);
+    assert_eq!(errors.len(), 1, "{errors}");
+    assert_eq!(
+        errors.0[0].file,
+        root.join("lost.yaml").display().to_string()
+    );
+    assert!(
+        errors.0[0]
+            .message
+            .contains("dangling symlink: its target gone/api.yaml does not exist"),
+        "{errors}"
+    );
+    // The rules path itself a dangling link: an error too, never an empty set.
+    let errors = load_err(&root.join("lost.yaml"));
+    assert!(errors.0[0]
+        .message
+        .starts_with("cannot read rules: dangling symlink"));
+    assert!(rule_files(&root.join("nope")).is_empty());
+    // Removing the entry is removing the domain.
+    std::fs::remove_file(root.join("lost.yaml")).expect("rm");
+    assert_eq!(load(&root).domains().count(), 1);
+    let _ = std::fs::remove_dir_all(&root);
+}

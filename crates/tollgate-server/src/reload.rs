@@ -4,6 +4,12 @@
 //! logged with file:line, shown by `GET /v1/rules` and counted in
 //! `tollgate_rule_reloads_total{result="failure"}`.
 //!
+//! Losing files is treated like breaking them, never as removing rules: a listed rule file that
+//! cannot be read (dangling symlink, a ConfigMap `..data` pointing nowhere, permission denied)
+//! fails the load, and so does a missing rules path (see [`RuleSet::load`]). Only a file gone from
+//! the directory listing removes its domain, and not the last one: a reload from some domains to
+//! none is refused, because a lost mount or a stray `rm` must not unlimit all traffic.
+//!
 //! Counters survive reloads: the memory store keys a counter by its counter key, algorithm and
 //! period, so a limit whose descriptor path is unchanged keeps its state.
 
@@ -18,28 +24,10 @@ use tollgate_core::clock::{Clock, SystemClock};
 use tollgate_core::rules::{RuleErrors, RuleSet};
 
 /// The files [`RuleSet::load`] reads for `path`, sorted: the file itself, or the visible
-/// `*.yaml` / `*.yml` regular files (symlinks followed) of a directory.
+/// `*.yaml` / `*.yml` entries of a directory (symlinks followed; dangling ones included, so the
+/// fingerprint sees a link lose its target). See [`tollgate_core::rules::rule_files`].
 pub fn rule_files(path: &Path) -> Vec<PathBuf> {
-    let Ok(meta) = std::fs::metadata(path) else {
-        return Vec::new();
-    };
-    if !meta.is_dir() {
-        return vec![path.to_path_buf()];
-    }
-    let mut out: Vec<PathBuf> = std::fs::read_dir(path)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| {
-            e.file_name().to_str().is_some_and(|n| {
-                !n.starts_with('.') && (n.ends_with(".yaml") || n.ends_with(".yml"))
-            })
-        })
-        .map(|e| e.path())
-        .filter(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file()))
-        .collect();
-    out.sort();
-    out
+    tollgate_core::rules::rule_files(path)
 }
 
 /// A hash of the rule files' names and contents (unreadable files and a missing path hash
@@ -79,7 +67,8 @@ pub fn load(path: &Path, generation: u64) -> Result<LoadedRules, RuleErrors> {
 /// Reload now: swap in the rules at `path`, or keep the running ones and record the error.
 /// Returns whether the new rules are active.
 pub fn reload_now(state: &AppState, path: &Path) -> bool {
-    let generation = state.rules().generation + 1;
+    let running = state.rules();
+    let generation = running.generation + 1;
     let loaded = load(path, generation)
         .map_err(|errors| errors.iter().map(ToString::to_string).collect::<Vec<_>>())
         .and_then(|rules| {
@@ -90,6 +79,21 @@ pub fn reload_now(state: &AppState, path: &Path) -> bool {
                 Ok(rules)
             } else {
                 Err(problems)
+            }
+        })
+        .and_then(|rules| {
+            // Every rule file gone at once looks like a lost mount, not a decision: unlimited
+            // traffic is the one outcome a rate limiter must never reach by accident.
+            if rules.set.is_empty() && !running.set.is_empty() {
+                Err(vec![format!(
+                    "{}: no rule files left, which would remove every domain ({} loaded) and \
+                     limit no request; refused. To remove every limit, keep one file holding \
+                     only `domain: <name>`, or restart",
+                    path.display(),
+                    running.set.domains().count()
+                )])
+            } else {
+                Ok(rules)
             }
         });
     match loaded {
@@ -102,13 +106,39 @@ pub fn reload_now(state: &AppState, path: &Path) -> bool {
                 limits = rules.set.limits().count(),
                 "rules reloaded"
             );
+            // Only a file gone from the directory drops its domain (an unreadable one fails the
+            // load): deliberate, but it unlimits traffic, so it is said loudly.
+            let removed: Vec<&str> = running
+                .set
+                .domains()
+                .map(|d| d.name.as_str())
+                .filter(|name| rules.set.domain(name).is_none())
+                .collect();
+            if !removed.is_empty() {
+                tracing::warn!(
+                    path = %path.display(),
+                    removed = %removed.join(", "),
+                    "domains removed with their rule files: their requests are no longer limited"
+                );
+            }
+            if rules.set.is_empty() {
+                tracing::warn!(
+                    path = %path.display(),
+                    "no rate-limit domains in the rules: no request will be limited"
+                );
+            }
+            drop(running);
             state.swap_rules(rules);
             state.metrics().reload(true);
             true
         }
         Err(errors) => {
             for e in &errors {
-                tracing::error!(error = %e, "rules reload failed; keeping the running rules");
+                tracing::error!(
+                    path = %path.display(),
+                    error = %e,
+                    "rules reload failed; keeping the running rules"
+                );
             }
             state.set_reload_error(ReloadError {
                 at: SystemClock.now(),

@@ -175,6 +175,14 @@ pub async fn serve(
         store = %state.store_label(),
         "rules loaded"
     );
+    if rules.set.is_empty() {
+        // A typo in --rules (an empty or wrong directory) must not pass for "no limits" unseen.
+        tracing::warn!(
+            rules = %config.rules.display(),
+            "no rate-limit domains in {}: no request will be limited",
+            config.rules.display()
+        );
+    }
     drop(rules);
 
     let watcher = tokio::spawn(reload::watch(

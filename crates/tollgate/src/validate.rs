@@ -1,4 +1,5 @@
-//! `tollgate validate PATH`: load the rules exactly as the service would and report every error.
+//! `tollgate validate PATH`: load the rules exactly as the service would and report every error
+//! (a dangling symlink or an unreadable rule file is one, with its path).
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -14,6 +15,12 @@ pub fn run(path: &Path) -> ExitCode {
                 "{}: ok ({domains} domain(s), {limits} limit(s))",
                 path.display()
             );
+            if domains == 0 {
+                eprintln!(
+                    "warning: {}: no domains: `tollgate serve` would limit no request",
+                    path.display()
+                );
+            }
             ExitCode::SUCCESS
         }
         Err(errors) => {

@@ -43,7 +43,7 @@ pub use error::{RuleError, RuleErrors};
 
 use crate::quota::Quota;
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use tree::{Found, Tree};
 
 /// The counter key of a descriptor taken literally (no rule's `share_threshold` applied):
@@ -136,53 +136,19 @@ impl RuleSet {
     /// each, not recursive). Hidden entries are skipped, so a Kubernetes ConfigMap mount works:
     /// its visible `*.yaml` entries are symlinks into the hidden `..data` directory, and are
     /// followed. An empty directory gives an empty rule set.
+    ///
+    /// A rule file that is listed but cannot be read is an error, never a skipped file: a
+    /// dangling symlink (a ConfigMap `..data` pointing nowhere, a link whose target was deleted),
+    /// permission denied, an I/O error. Only an entry that is gone from the directory is gone
+    /// from the rules. A missing or unreadable rules path is an error too.
     pub fn load(path: &Path) -> Result<RuleSet, RuleErrors> {
-        let shown = path.display().to_string();
-        let meta = std::fs::metadata(path)
-            .map_err(|e| RuleError::new(&shown, 0, 0, format!("cannot read rules: {e}")))?;
+        let (paths, mut errors) = list(path)?;
         let mut files = Vec::new();
-        let mut errors = Vec::new();
-        if meta.is_dir() {
-            let entries = std::fs::read_dir(path).map_err(|e| {
-                RuleError::new(&shown, 0, 0, format!("cannot read rules directory: {e}"))
-            })?;
-            let mut paths = Vec::new();
-            for entry in entries {
-                let entry = match entry {
-                    Ok(e) => e,
-                    Err(e) => {
-                        errors.push(RuleError::new(
-                            &shown,
-                            0,
-                            0,
-                            format!("cannot read rules directory: {e}"),
-                        ));
-                        continue;
-                    }
-                };
-                let name = entry.file_name();
-                let Some(name) = name.to_str() else { continue };
-                if name.starts_with('.') || !(name.ends_with(".yaml") || name.ends_with(".yml")) {
-                    continue;
-                }
-                let p = entry.path();
-                // Follows symlinks; dangling links and directories named *.yaml are skipped.
-                if std::fs::metadata(&p).is_ok_and(|m| m.is_file()) {
-                    paths.push(p);
-                }
-            }
-            paths.sort();
-            for p in paths {
-                let name = p.display().to_string();
-                match std::fs::read_to_string(&p) {
-                    Ok(text) => files.push((name, text)),
-                    Err(e) => errors.push(RuleError::new(name, 0, 0, format!("cannot read: {e}"))),
-                }
-            }
-        } else {
-            match std::fs::read_to_string(path) {
-                Ok(text) => files.push((shown, text)),
-                Err(e) => errors.push(RuleError::new(shown, 0, 0, format!("cannot read: {e}"))),
+        for p in paths {
+            let name = p.display().to_string();
+            match std::fs::read_to_string(&p) {
+                Ok(text) => files.push((name, text)),
+                Err(e) => errors.push(unreadable(&p, &e)),
             }
         }
         match Self::from_sources(&files) {
@@ -301,6 +267,95 @@ impl RuleSet {
     /// Whether there are no domains.
     pub fn is_empty(&self) -> bool {
         self.domains.is_empty()
+    }
+}
+
+/// The files [`RuleSet::load`] reads for `path`, sorted: the path itself when it is not a
+/// directory, else its visible `*.yaml` / `*.yml` entries that are not directories, unreadable
+/// ones (dangling symlinks, permission denied) included. Empty when the path cannot be read.
+pub fn rule_files(path: &Path) -> Vec<PathBuf> {
+    list(path).map(|(paths, _)| paths).unwrap_or_default()
+}
+
+/// [`rule_files`] and the problems met while listing (an entry that cannot be examined is
+/// listed: reading it reports why); `Err` when `path` itself cannot be read.
+fn list(path: &Path) -> Result<(Vec<PathBuf>, Vec<RuleError>), RuleError> {
+    let shown = path.display().to_string();
+    let meta = std::fs::metadata(path).map_err(|e| {
+        RuleError::new(
+            &shown,
+            0,
+            0,
+            format!("cannot read rules: {}", why(path, &e)),
+        )
+    })?;
+    if !meta.is_dir() {
+        return Ok((vec![path.to_path_buf()], Vec::new()));
+    }
+    let entries = std::fs::read_dir(path)
+        .map_err(|e| RuleError::new(&shown, 0, 0, format!("cannot read rules directory: {e}")))?;
+    let mut paths = Vec::new();
+    let mut errors = Vec::new();
+    for entry in entries {
+        let entry = match entry {
+            Ok(e) => e,
+            Err(e) => {
+                errors.push(RuleError::new(
+                    &shown,
+                    0,
+                    0,
+                    format!("cannot read rules directory: {e}"),
+                ));
+                continue;
+            }
+        };
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if name.starts_with('.') || !(name.ends_with(".yaml") || name.ends_with(".yml")) {
+            continue;
+        }
+        let p = entry.path();
+        // Follows symlinks. A directory named *.yaml is not a rule file; an entry that cannot be
+        // examined is listed, so that losing a file is never mistaken for removing it.
+        match std::fs::metadata(&p) {
+            Ok(m) if m.is_dir() => {}
+            Ok(m) if m.is_file() => paths.push(p),
+            Ok(_) => {
+                errors.push(RuleError::new(
+                    p.display().to_string(),
+                    0,
+                    0,
+                    "not a regular file",
+                ));
+            }
+            // Reading it fails too, and [`RuleSet::load`] reports that.
+            Err(_) => paths.push(p),
+        }
+    }
+    paths.sort();
+    errors.sort_by(|a, b| a.file.cmp(&b.file));
+    Ok((paths, errors))
+}
+
+/// The error for a rule file that cannot be read, naming a dangling symlink's target.
+fn unreadable(p: &Path, e: &std::io::Error) -> RuleError {
+    RuleError::new(
+        p.display().to_string(),
+        0,
+        0,
+        format!("cannot read: {}", why(p, e)),
+    )
+}
+
+/// What `e` means for `p`: for a dangling symlink, which target is missing.
+fn why(p: &Path, e: &std::io::Error) -> String {
+    let is_link = std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink());
+    match std::fs::read_link(p) {
+        Ok(target) if is_link && e.kind() == std::io::ErrorKind::NotFound => format!(
+            "dangling symlink: its target {} does not exist ({e})",
+            target.display()
+        ),
+        _ => e.to_string(),
     }
 }
 
