@@ -383,7 +383,9 @@ pub async fn serve(
         .add_service(RateLimitGrpc::new(state).into_server())
         .prepare();
     let builder = limits.builder();
-    let slots = Arc::new(Semaphore::new(max_connections.clamp(1, Semaphore::MAX_PERMITS)));
+    let slots = Arc::new(Semaphore::new(
+        max_connections.clamp(1, Semaphore::MAX_PERMITS),
+    ));
     let (drain_tx, drain_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
     tokio::pin!(shutdown);
@@ -479,19 +481,28 @@ async fn connection(
         }
         Ok(Err(_)) => return,
         Err(_) => {
-            tracing::debug!("gRPC connection closed: no HTTP/2 preface within the handshake timeout");
+            tracing::debug!(
+                "gRPC connection closed: no HTTP/2 preface within the handshake timeout"
+            );
             return;
         }
     }
-    let timeout = limits.request_timeout;
     let service = hyper::service::service_fn(move |req: HttpRequest<Incoming>| {
+        // The client's own deadline, when shorter (Envoy sends its rate-limit timeout).
+        let timeout = req
+            .headers()
+            .get("grpc-timeout")
+            .and_then(|v| parse_grpc_timeout(v.as_bytes()))
+            .map_or(limits.request_timeout, |t| t.min(limits.request_timeout));
         let call = routes.clone().oneshot(req);
         async move {
             Ok::<_, Infallible>(match tokio::time::timeout(timeout, call).await {
                 Ok(Ok(response)) => response,
                 Ok(Err(never)) => match never {},
-                Err(_) => Status::deadline_exceeded("request not completed within the server's request timeout")
-                    .into_http(),
+                Err(_) => Status::deadline_exceeded(
+                    "request not completed within the server's request timeout",
+                )
+                .into_http(),
             })
         }
     });
@@ -515,6 +526,25 @@ async fn connection(
             tracing::debug!("gRPC connection closed: max connection age and grace reached");
         }
     }
+}
+
+/// A `grpc-timeout` header value: at most 8 digits and a unit (`H`, `M`, `S`, `m`, `u`, `n`);
+/// `None` when malformed (then only the server's request timeout applies).
+fn parse_grpc_timeout(v: &[u8]) -> Option<Duration> {
+    let (&unit, digits) = v.split_last()?;
+    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    Some(match unit {
+        b'H' => Duration::from_secs(n * 3600),
+        b'M' => Duration::from_secs(n * 60),
+        b'S' => Duration::from_secs(n),
+        b'm' => Duration::from_millis(n),
+        b'u' => Duration::from_micros(n),
+        b'n' => Duration::from_nanos(n),
+        _ => return None,
+    })
 }
 
 /// A connection whose preface was read (to time it), handed to hyper as if it were not: the
@@ -572,10 +602,35 @@ impl AsyncWrite for Replayed {
         Pin::new(&mut self.io).poll_flush(cx)
     }
 
-    fn poll_shutdown(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<std::io::Result<()>> {
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeout_header() {
+        assert_eq!(parse_grpc_timeout(b"20m"), Some(Duration::from_millis(20)));
+        assert_eq!(parse_grpc_timeout(b"1S"), Some(Duration::from_secs(1)));
+        assert_eq!(parse_grpc_timeout(b"2H"), Some(Duration::from_secs(7200)));
+        assert_eq!(
+            parse_grpc_timeout(b"99999999n"),
+            Some(Duration::from_nanos(99_999_999))
+        );
+        for bad in [&b""[..], b"m", b"123456789m", b"10x", b"-1S", b"1.5S"] {
+            assert_eq!(parse_grpc_timeout(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn default_limits_bound_a_connection() {
+        let l = GrpcLimits::default();
+        assert_eq!(l.max_concurrent_streams, 100);
+        assert_eq!(l.max_header_list_bytes, 16 * 1024);
+        assert!(l.stream_window_bytes <= l.connection_window_bytes);
+        assert_eq!(nonzero(Duration::ZERO), None);
     }
 }

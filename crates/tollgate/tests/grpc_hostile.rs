@@ -31,6 +31,7 @@ const END_HEADERS: u8 = 0x4;
 const ACK: u8 = 0x1;
 const REFUSED_STREAM: u32 = 0x7;
 const SETTINGS_MAX_CONCURRENT_STREAMS: u16 = 0x3;
+const SETTINGS_MAX_HEADER_LIST_SIZE: u16 = 0x6;
 
 /// One HTTP/2 frame as read.
 #[derive(Debug)]
@@ -42,6 +43,14 @@ struct Frame {
 }
 
 impl Frame {
+    /// The value of setting `id` in a SETTINGS frame.
+    fn setting(&self, id: u16) -> Option<u32> {
+        self.payload
+            .chunks(6)
+            .find(|s| u16::from_be_bytes([s[0], s[1]]) == id)
+            .map(|s| u32::from_be_bytes(s[2..6].try_into().unwrap()))
+    }
+
     fn u32_at(&self, at: usize) -> u32 {
         u32::from_be_bytes(self.payload[at..at + 4].try_into().unwrap()) & 0x7fff_ffff
     }
@@ -146,6 +155,11 @@ const RULES: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {
 
 /// `tollgate serve` on ephemeral ports with `extra` flags; returns it and its gRPC address.
 fn start(extra: &[&str], name: &str) -> (Server, String) {
+    start_env(extra, &[], name)
+}
+
+/// [`start`] with `TOLLGATE_*` variables.
+fn start_env(extra: &[&str], env: &[(&str, &str)], name: &str) -> (Server, String) {
     let dir = temp_dir(name);
     std::fs::write(dir.join("rules.yaml"), RULES).unwrap();
     let rules = dir.join("rules.yaml").display().to_string();
@@ -158,7 +172,7 @@ fn start(extra: &[&str], name: &str) -> (Server, String) {
         &rules,
     ];
     args.extend_from_slice(extra);
-    let server = Server::start(&args, &repo(), name);
+    let server = Server::start_env(&args, env, &repo(), name);
     let grpc = server.addr("gRPC ");
     (server, grpc)
 }
@@ -231,11 +245,7 @@ fn stream_flood_on_one_connection_is_capped_and_memory_stays_small() {
         while let Some(f) = read_frame(&mut reader) {
             match f.kind {
                 SETTINGS if f.flags & ACK == 0 => {
-                    for s in f.payload.chunks(6) {
-                        if u16::from_be_bytes([s[0], s[1]]) == SETTINGS_MAX_CONCURRENT_STREAMS {
-                            advertised = Some(u32::from_be_bytes(s[2..6].try_into().unwrap()));
-                        }
-                    }
+                    advertised = f.setting(SETTINGS_MAX_CONCURRENT_STREAMS);
                 }
                 RST_STREAM if f.u32_at(0) == REFUSED_STREAM => {
                     refused.insert(f.stream);
@@ -276,7 +286,11 @@ fn stream_flood_on_one_connection_is_capped_and_memory_stays_small() {
     );
     // Another client is served (the flooding connection itself may have been sent GOAWAY
     // ENHANCE_YOUR_CALM after too many refusals).
-    assert_eq!(call_blocking(&addr), Ok(1), "OK (code 1) on another connection");
+    assert_eq!(
+        call_blocking(&addr),
+        Ok(1),
+        "OK (code 1) on another connection"
+    );
     drop(conn);
 }
 
@@ -378,4 +392,62 @@ fn over_max_connections_a_client_waits_then_is_served() {
         .recv_timeout(Duration::from_secs(30))
         .expect("served once a connection closed");
     assert_eq!(answer, Ok(1));
+}
+
+/// A connection that never sends the HTTP/2 preface is closed after `--grpc-handshake-timeout`;
+/// a call whose request never comes is answered after `--grpc-request-timeout`, freeing its
+/// stream.
+#[test]
+fn silent_connection_and_unfinished_call_time_out() {
+    let (_server, addr) = start(
+        &[
+            "--grpc-handshake-timeout",
+            "500ms",
+            "--grpc-request-timeout",
+            "500ms",
+        ],
+        "grpc-timeouts",
+    );
+    let mut silent = TcpStream::connect(&addr).unwrap();
+    silent
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    match silent.read(&mut buf) {
+        Ok(0) => {}
+        Err(e) if e.kind() == ErrorKind::ConnectionReset => {}
+        other => panic!("silent connection not closed: {other:?}"),
+    }
+
+    let mut conn = RawH2::connect(&addr);
+    conn.open_stream(1).unwrap();
+    let answer = loop {
+        let f = conn.read_frame().expect("connection open");
+        if f.kind == HEADERS && f.stream == 1 {
+            break f;
+        }
+    };
+    assert_ne!(answer.flags & END_STREAM, 0, "a trailers-only error answer");
+}
+
+/// The HTTP/2 limits also come from `TOLLGATE_*` variables.
+#[test]
+fn grpc_limits_from_environment_variables() {
+    let (_server, addr) = start_env(
+        &[],
+        &[
+            ("TOLLGATE_GRPC_MAX_CONCURRENT_STREAMS", "7"),
+            ("TOLLGATE_GRPC_MAX_HEADER_LIST_BYTES", "4096"),
+            ("TOLLGATE_GRPC_KEEPALIVE_INTERVAL", "300ms"),
+            ("TOLLGATE_GRPC_KEEPALIVE_TIMEOUT", "10s"),
+            ("TOLLGATE_MAX_CONNECTIONS", "5"),
+            ("TOLLGATE_SHUTDOWN_TIMEOUT", "2s"),
+        ],
+        "grpc-env",
+    );
+    let mut conn = RawH2::connect(&addr);
+    let settings = conn.wait_for(SETTINGS).expect("server SETTINGS");
+    assert_eq!(settings.setting(SETTINGS_MAX_CONCURRENT_STREAMS), Some(7));
+    assert_eq!(settings.setting(SETTINGS_MAX_HEADER_LIST_SIZE), Some(4096));
+    assert!(conn.wait_for(PING).is_some(), "keepalive PING");
 }
