@@ -19,6 +19,12 @@
 //!   when `--response-headers` is on.
 //!
 //! Errors are mapped once, by [`status_from`].
+//!
+//! [`serve`] runs the services on hyper's HTTP/2 connections itself rather than with tonic's
+//! `Server`, which leaves the concurrent streams per connection unlimited, has no handshake
+//! timeout or cap on connections, and waits for every connection at shutdown without bound:
+//! here each of those is bounded by [`GrpcLimits`], `--max-connections` and
+//! `--shutdown-timeout`.
 
 use crate::check::decide;
 use crate::error::{ApiError, ErrorClass};
