@@ -19,6 +19,12 @@
 //!   when `--response-headers` is on.
 //!
 //! Errors are mapped once, by [`status_from`].
+//!
+//! [`serve`] runs the services on hyper's HTTP/2 connections itself rather than with tonic's
+//! `Server`, which leaves the concurrent streams per connection unlimited, has no handshake
+//! timeout or cap on connections, and waits for every connection at shutdown without bound:
+//! here each of those is bounded by [`GrpcLimits`], `--max-connections` and
+//! `--shutdown-timeout`.
 
 use crate::check::decide;
 use crate::error::{ApiError, ErrorClass};
@@ -35,14 +41,28 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use futures_util::FutureExt;
+use hyper::body::Incoming;
+use hyper::server::conn::http2;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use std::convert::Infallible;
 use std::future::Future;
+use std::io::ErrorKind;
 use std::panic::AssertUnwindSafe;
-use tokio::net::TcpListener;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
 use tollgate_core::limiter::LimitOverride;
 use tollgate_core::quota::Unit;
-use tonic::transport::server::TcpIncoming;
+use tonic::codegen::http::Request as HttpRequest;
+use tonic::service::Routes;
 use tonic::{Request, Response, Status};
 use tonic_health::ServingStatus;
+use tower::ServiceExt as _;
 
 /// The fully-qualified name of the RLS service (also a health-check service name).
 pub const RLS_SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";
@@ -252,35 +272,371 @@ pub fn status_from(e: &ApiError) -> Status {
     status
 }
 
-/// Serve RLS and health on `listener` until `shutdown` resolves (in-flight calls finish).
-/// Health reports SERVING for `""` and for [`RLS_SERVICE_NAME`].
+/// The HTTP/2 client connection preface (RFC 9113 section 3.4): the first bytes of every
+/// connection; the handshake timeout is on these.
+const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// HTTP/2 and connection limits of the gRPC listener (`--grpc-*` flags). A zero duration turns
+/// the keepalive pings and the connection age off.
 ///
-/// At shutdown, health `Watch` streams get NOT_SERVING and then end: an open `Watch` is a call
-/// that never finishes, and would otherwise hold the graceful shutdown forever.
+/// The defaults bound one connection's memory to about `max_concurrent_streams` requests of at
+/// most `--max-body-bytes` plus the connection window, whatever the client sends: streams beyond
+/// the cap are refused (`REFUSED_STREAM`), and a stream that never finishes its request is
+/// answered `DEADLINE_EXCEEDED` after `request_timeout`, freeing its slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrpcLimits {
+    /// `SETTINGS_MAX_CONCURRENT_STREAMS` (`--grpc-max-concurrent-streams`, default 100, Envoy's
+    /// recommended edge value and RFC 9113's suggested minimum). Streams beyond it are refused.
+    pub max_concurrent_streams: u32,
+    /// `SETTINGS_MAX_HEADER_LIST_SIZE` (`--grpc-max-header-list-bytes`, default 16 KiB).
+    pub max_header_list_bytes: u32,
+    /// Interval of the server's HTTP/2 PING frames (`--grpc-keepalive-interval`, default 60 s).
+    pub keepalive_interval: Duration,
+    /// A PING not acknowledged within this closes the connection (`--grpc-keepalive-timeout`,
+    /// default 20 s, as gRPC).
+    pub keepalive_timeout: Duration,
+    /// After this, a connection gets GOAWAY so the client reconnects, and a load balancer such as
+    /// Envoy rebalances (`--grpc-max-connection-age`, default 24 h as envoyproxy/ratelimit).
+    pub max_connection_age: Duration,
+    /// How long calls may still run on a connection past its age before it is closed
+    /// (`--grpc-max-connection-age-grace`, default 1 h as envoyproxy/ratelimit).
+    pub max_connection_age_grace: Duration,
+    /// A call not answered within this (body still unsent included) gets DEADLINE_EXCEEDED
+    /// (`--grpc-request-timeout`, default 10 s).
+    pub request_timeout: Duration,
+    /// A connection that has not sent the HTTP/2 preface within this is closed
+    /// (`--grpc-handshake-timeout`, default 10 s).
+    pub handshake_timeout: Duration,
+    /// Per-stream receive window (`SETTINGS_INITIAL_WINDOW_SIZE`), 64 KiB: the most a client may
+    /// send on a stream before the service reads it.
+    pub stream_window_bytes: u32,
+    /// Per-connection receive window, 1 MiB: the most a client may have in flight on one
+    /// connection.
+    pub connection_window_bytes: u32,
+    /// `SETTINGS_MAX_FRAME_SIZE`, 16 KiB (the protocol's minimum).
+    pub max_frame_bytes: u32,
+}
+
+impl Default for GrpcLimits {
+    fn default() -> Self {
+        Self {
+            max_concurrent_streams: 100,
+            max_header_list_bytes: 16 * 1024,
+            keepalive_interval: Duration::from_secs(60),
+            keepalive_timeout: Duration::from_secs(20),
+            max_connection_age: Duration::from_secs(24 * 3600),
+            max_connection_age_grace: Duration::from_secs(3600),
+            request_timeout: Duration::from_secs(10),
+            handshake_timeout: Duration::from_secs(10),
+            stream_window_bytes: 64 * 1024,
+            connection_window_bytes: 1024 * 1024,
+            max_frame_bytes: 16 * 1024,
+        }
+    }
+}
+
+impl GrpcLimits {
+    /// The HTTP/2 connection settings these limits stand for.
+    fn builder(&self) -> http2::Builder<TokioExecutor> {
+        let mut b = http2::Builder::new(TokioExecutor::new());
+        b.timer(TokioTimer::new())
+            .max_concurrent_streams(self.max_concurrent_streams)
+            .max_header_list_size(self.max_header_list_bytes)
+            .initial_stream_window_size(self.stream_window_bytes)
+            .initial_connection_window_size(self.connection_window_bytes)
+            .max_frame_size(self.max_frame_bytes)
+            .keep_alive_interval(nonzero(self.keepalive_interval))
+            .keep_alive_timeout(self.keepalive_timeout);
+        b
+    }
+}
+
+fn nonzero(d: Duration) -> Option<Duration> {
+    (!d.is_zero()).then_some(d)
+}
+
+/// Sleep for `d`, or forever when it is `None`.
+async fn sleep_or_never(d: Option<Duration>) {
+    match d {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Serve RLS and health on `listener` until `shutdown` resolves. Health reports SERVING for `""`
+/// and for [`RLS_SERVICE_NAME`].
+///
+/// Connections are served by hyper's HTTP/2 server with `limits`, at most `max_connections` at
+/// once: at the cap the listener is not accepted from (clients wait in the kernel's backlog).
+///
+/// At shutdown, the listener closes, health turns NOT_SERVING (open `Watch` streams get it and
+/// then end: an open `Watch` is a call that never finishes), every connection gets GOAWAY and
+/// in-flight calls finish; after `shutdown_timeout` the connections left (a client that never
+/// finishes a call, or only sent the preface and never answers) are dropped, and this returns.
 pub async fn serve(
     state: AppState,
     listener: TcpListener,
+    limits: GrpcLimits,
+    max_connections: usize,
+    shutdown_timeout: Duration,
     shutdown: impl Future<Output = ()> + Send,
-) -> Result<(), tonic::transport::Error> {
+) -> std::io::Result<()> {
     let (mut reporter, health) = tonic_health::server::health_reporter();
     reporter
         .set_service_status(RLS_SERVICE_NAME, ServingStatus::Serving)
         .await;
-    let signal = async move {
-        shutdown.await;
-        for name in ["", RLS_SERVICE_NAME] {
-            reporter
-                .set_service_status(name, ServingStatus::NotServing)
-                .await;
-        }
-        for name in ["", RLS_SERVICE_NAME] {
-            reporter.clear_service_status(name).await;
-        }
-    };
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    tonic::transport::Server::builder()
-        .add_service(health)
+    let routes = Routes::new(health)
         .add_service(RateLimitGrpc::new(state).into_server())
-        .serve_with_incoming_shutdown(incoming, signal)
-        .await
+        .prepare();
+    let builder = limits.builder();
+    let slots = Arc::new(Semaphore::new(
+        max_connections.clamp(1, Semaphore::MAX_PERMITS),
+    ));
+    let (drain_tx, drain_rx) = watch::channel(false);
+    let mut connections = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        let slot = tokio::select! {
+            () = &mut shutdown => break,
+            s = slots.clone().acquire_owned() => s.expect("the semaphore is never closed"),
+        };
+        let tcp = tokio::select! {
+            () = &mut shutdown => break,
+            tcp = accept(&listener) => tcp,
+        };
+        connections.spawn(connection(
+            tcp,
+            slot,
+            builder.clone(),
+            routes.clone(),
+            limits,
+            drain_rx.clone(),
+        ));
+        // Reap the finished ones so the set stays as large as the open connections.
+        while connections.try_join_next().is_some() {}
+    }
+    drop(listener);
+    for name in ["", RLS_SERVICE_NAME] {
+        reporter
+            .set_service_status(name, ServingStatus::NotServing)
+            .await;
+    }
+    for name in ["", RLS_SERVICE_NAME] {
+        reporter.clear_service_status(name).await;
+    }
+    let _ = drain_tx.send(true);
+    let drained = tokio::time::timeout(shutdown_timeout, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            connections = connections.len(),
+            timeout = ?shutdown_timeout,
+            "gRPC shutdown timeout: closing the connections left"
+        );
+        connections.shutdown().await;
+    }
+    Ok(())
+}
+
+/// The next connection. Errors that concern one connection are skipped; others (out of file
+/// descriptors, ...) are logged and retried after a pause instead of spinning.
+async fn accept(listener: &TcpListener) -> TcpStream {
+    loop {
+        match listener.accept().await {
+            Ok((tcp, _)) => return tcp,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::ConnectionAborted
+                        | ErrorKind::ConnectionReset
+                        | ErrorKind::ConnectionRefused
+                ) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "gRPC accept failed; retrying in 100 ms");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// One connection, holding its `_slot` of `--max-connections` until it closes: the preface
+/// within the handshake timeout, then HTTP/2 until the client leaves, the connection's age
+/// (GOAWAY, then at most the grace) or shutdown (`drain`: GOAWAY, then until the caller gives
+/// up and drops this task).
+async fn connection(
+    mut tcp: TcpStream,
+    _slot: OwnedSemaphorePermit,
+    builder: http2::Builder<TokioExecutor>,
+    routes: Routes,
+    limits: GrpcLimits,
+    mut drain: watch::Receiver<bool>,
+) {
+    let _ = tcp.set_nodelay(true);
+    let mut preface = [0u8; PREFACE.len()];
+    let read = tokio::select! {
+        r = tokio::time::timeout(limits.handshake_timeout, tcp.read_exact(&mut preface)) => r,
+        _ = drain.wait_for(|d| *d) => return,
+    };
+    match read {
+        Ok(Ok(_)) if &preface == PREFACE => {}
+        Ok(Ok(_)) => {
+            tracing::debug!("gRPC connection closed: not HTTP/2");
+            return;
+        }
+        Ok(Err(_)) => return,
+        Err(_) => {
+            tracing::debug!(
+                "gRPC connection closed: no HTTP/2 preface within the handshake timeout"
+            );
+            return;
+        }
+    }
+    let service = hyper::service::service_fn(move |req: HttpRequest<Incoming>| {
+        // The client's own deadline, when shorter (Envoy sends its rate-limit timeout).
+        let timeout = req
+            .headers()
+            .get("grpc-timeout")
+            .and_then(|v| parse_grpc_timeout(v.as_bytes()))
+            .map_or(limits.request_timeout, |t| t.min(limits.request_timeout));
+        let call = routes.clone().oneshot(req);
+        async move {
+            Ok::<_, Infallible>(match tokio::time::timeout(timeout, call).await {
+                Ok(Ok(response)) => response,
+                Ok(Err(never)) => match never {},
+                Err(_) => Status::deadline_exceeded(
+                    "request not completed within the server's request timeout",
+                )
+                .into_http(),
+            })
+        }
+    });
+    let conn = builder.serve_connection(TokioIo::new(Replayed::new(tcp)), service);
+    tokio::pin!(conn);
+    let aged = tokio::select! {
+        r = conn.as_mut() => {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "gRPC connection ended");
+            }
+            return;
+        }
+        () = sleep_or_never(nonzero(limits.max_connection_age)) => true,
+        _ = drain.wait_for(|d| *d) => false,
+    };
+    conn.as_mut().graceful_shutdown();
+    let grace = aged.then_some(limits.max_connection_age_grace);
+    tokio::select! {
+        _ = conn.as_mut() => {}
+        () = sleep_or_never(grace) => {
+            tracing::debug!("gRPC connection closed: max connection age and grace reached");
+        }
+    }
+}
+
+/// A `grpc-timeout` header value: at most 8 digits and a unit (`H`, `M`, `S`, `m`, `u`, `n`);
+/// `None` when malformed (then only the server's request timeout applies).
+fn parse_grpc_timeout(v: &[u8]) -> Option<Duration> {
+    let (&unit, digits) = v.split_last()?;
+    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    Some(match unit {
+        b'H' => Duration::from_secs(n * 3600),
+        b'M' => Duration::from_secs(n * 60),
+        b'S' => Duration::from_secs(n),
+        b'm' => Duration::from_millis(n),
+        b'u' => Duration::from_micros(n),
+        b'n' => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+/// A connection whose preface was read (to time it), handed to hyper as if it were not: the
+/// preface is read again first.
+struct Replayed {
+    io: TcpStream,
+    replayed: usize,
+}
+
+impl Replayed {
+    fn new(io: TcpStream) -> Self {
+        Self { io, replayed: 0 }
+    }
+}
+
+impl AsyncRead for Replayed {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        if this.replayed < PREFACE.len() {
+            let n = buf.remaining().min(PREFACE.len() - this.replayed);
+            buf.put_slice(&PREFACE[this.replayed..this.replayed + n]);
+            this.replayed += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Replayed {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeout_header() {
+        assert_eq!(parse_grpc_timeout(b"20m"), Some(Duration::from_millis(20)));
+        assert_eq!(parse_grpc_timeout(b"1S"), Some(Duration::from_secs(1)));
+        assert_eq!(parse_grpc_timeout(b"2H"), Some(Duration::from_secs(7200)));
+        assert_eq!(
+            parse_grpc_timeout(b"99999999n"),
+            Some(Duration::from_nanos(99_999_999))
+        );
+        for bad in [&b""[..], b"m", b"123456789m", b"10x", b"-1S", b"1.5S"] {
+            assert_eq!(parse_grpc_timeout(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn default_limits_bound_a_connection() {
+        let l = GrpcLimits::default();
+        assert_eq!(l.max_concurrent_streams, 100);
+        assert_eq!(l.max_header_list_bytes, 16 * 1024);
+        assert!(l.stream_window_bytes <= l.connection_window_bytes);
+        assert_eq!(nonzero(Duration::ZERO), None);
+    }
 }

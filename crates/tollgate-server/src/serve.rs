@@ -51,6 +51,13 @@ pub struct ServeConfig {
     pub reload_interval: Duration,
     /// Memory store sweep interval.
     pub sweep_interval: Duration,
+    /// `--max-connections`: open connections per listener; at the cap, new ones wait.
+    pub max_connections: usize,
+    /// `--shutdown-timeout`: after a shutdown signal, how long in-flight requests may finish
+    /// before the connections left are dropped.
+    pub shutdown_timeout: Duration,
+    /// `--grpc-*`: HTTP/2 and connection limits of the gRPC listener.
+    pub grpc_limits: crate::grpc::GrpcLimits,
 }
 
 impl Default for ServeConfig {
@@ -68,6 +75,9 @@ impl Default for ServeConfig {
             limits: RequestLimits::default(),
             reload_interval: Duration::from_millis(500),
             sweep_interval: Duration::from_secs(10),
+            max_connections: 10_000,
+            shutdown_timeout: Duration::from_secs(10),
+            grpc_limits: crate::grpc::GrpcLimits::default(),
         }
     }
 }
@@ -163,6 +173,9 @@ pub async fn serve(
     let grpc = tokio::spawn(crate::grpc::serve(
         state.clone(),
         grpc,
+        config.grpc_limits,
+        config.max_connections,
+        config.shutdown_timeout,
         wait_for_shutdown(rx.clone()),
     ));
 

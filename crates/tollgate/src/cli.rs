@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 use tollgate_server::backend::{Policy, RedisSettings};
+use tollgate_server::grpc::GrpcLimits;
 use tollgate_server::serve::ServeConfig;
 use tollgate_server::RequestLimits;
 
@@ -132,6 +133,71 @@ pub struct ServeArgs {
     /// How often the rules path is checked for changes, in milliseconds.
     #[arg(long, env = "TOLLGATE_RELOAD_INTERVAL_MS", default_value_t = 500)]
     reload_interval_ms: u64,
+    /// Most open connections per listener; at the cap, new ones wait in the kernel's backlog.
+    #[arg(long, env = "TOLLGATE_MAX_CONNECTIONS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    max_connections: u64,
+    /// After SIGTERM/SIGINT, how long in-flight requests may finish before the connections left
+    /// are dropped (e.g. `10s`, `500ms`).
+    #[arg(long, env = "TOLLGATE_SHUTDOWN_TIMEOUT", default_value = "10s",
+          value_parser = crate::bench::parse_duration)]
+    shutdown_timeout: Duration,
+    #[command(flatten)]
+    grpc: GrpcArgs,
+}
+
+/// `tollgate serve` flags of the gRPC listener's HTTP/2 limits (see `GrpcLimits`).
+#[derive(Debug, clap::Args)]
+struct GrpcArgs {
+    /// gRPC: most concurrent streams (calls) per connection; more are refused (REFUSED_STREAM).
+    #[arg(long, env = "TOLLGATE_GRPC_MAX_CONCURRENT_STREAMS", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    grpc_max_concurrent_streams: u32,
+    /// gRPC: largest request header list, in bytes.
+    #[arg(long, env = "TOLLGATE_GRPC_MAX_HEADER_LIST_BYTES", default_value_t = 16 * 1024,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    grpc_max_header_list_bytes: u32,
+    /// gRPC: interval of HTTP/2 keepalive PINGs (`0s`: none).
+    #[arg(long, env = "TOLLGATE_GRPC_KEEPALIVE_INTERVAL", default_value = "60s",
+          value_parser = crate::bench::parse_duration)]
+    grpc_keepalive_interval: Duration,
+    /// gRPC: a keepalive PING not answered within this closes the connection.
+    #[arg(long, env = "TOLLGATE_GRPC_KEEPALIVE_TIMEOUT", default_value = "20s",
+          value_parser = crate::bench::parse_duration)]
+    grpc_keepalive_timeout: Duration,
+    /// gRPC: a connection older than this gets GOAWAY, so clients reconnect and rebalance
+    /// (`0s`: never).
+    #[arg(long, env = "TOLLGATE_GRPC_MAX_CONNECTION_AGE", default_value = "24h",
+          value_parser = crate::bench::parse_duration)]
+    grpc_max_connection_age: Duration,
+    /// gRPC: how long calls may still run past the connection's age before it is closed.
+    #[arg(long, env = "TOLLGATE_GRPC_MAX_CONNECTION_AGE_GRACE", default_value = "1h",
+          value_parser = crate::bench::parse_duration)]
+    grpc_max_connection_age_grace: Duration,
+    /// gRPC: a call not answered within this (request body included) gets DEADLINE_EXCEEDED.
+    #[arg(long, env = "TOLLGATE_GRPC_REQUEST_TIMEOUT", default_value = "10s",
+          value_parser = crate::bench::parse_duration)]
+    grpc_request_timeout: Duration,
+    /// gRPC: a connection that has not sent the HTTP/2 preface within this is closed.
+    #[arg(long, env = "TOLLGATE_GRPC_HANDSHAKE_TIMEOUT", default_value = "10s",
+          value_parser = crate::bench::parse_duration)]
+    grpc_handshake_timeout: Duration,
+}
+
+impl GrpcArgs {
+    fn limits(&self) -> GrpcLimits {
+        GrpcLimits {
+            max_concurrent_streams: self.grpc_max_concurrent_streams,
+            max_header_list_bytes: self.grpc_max_header_list_bytes,
+            keepalive_interval: self.grpc_keepalive_interval,
+            keepalive_timeout: self.grpc_keepalive_timeout,
+            max_connection_age: self.grpc_max_connection_age,
+            max_connection_age_grace: self.grpc_max_connection_age_grace,
+            request_timeout: self.grpc_request_timeout,
+            handshake_timeout: self.grpc_handshake_timeout,
+            ..GrpcLimits::default()
+        }
+    }
 }
 
 impl ServeArgs {
@@ -157,6 +223,9 @@ impl ServeArgs {
                 ..RequestLimits::default()
             },
             reload_interval: Duration::from_millis(self.reload_interval_ms.max(10)),
+            max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
+            shutdown_timeout: self.shutdown_timeout,
+            grpc_limits: self.grpc.limits(),
             ..ServeConfig::default()
         }
     }
