@@ -132,6 +132,41 @@ pub struct ServeArgs {
     /// How often the rules path is checked for changes, in milliseconds.
     #[arg(long, env = "TOLLGATE_RELOAD_INTERVAL_MS", default_value_t = 500)]
     reload_interval_ms: u64,
+    /// HTTP: a client must send a complete request head within this (from connecting, or from
+    /// the first byte of the next request on a kept-alive connection), else it is dropped.
+    #[arg(long, env = "TOLLGATE_HEADER_READ_TIMEOUT", default_value = "10s",
+          value_parser = positive_duration)]
+    header_read_timeout: Duration,
+    /// HTTP: a request body must arrive within this once the head is in, else 408 and the
+    /// connection is closed.
+    #[arg(long, env = "TOLLGATE_BODY_READ_TIMEOUT", default_value = "10s",
+          value_parser = positive_duration)]
+    body_read_timeout: Duration,
+    /// HTTP: a connection with no request in flight for this long is closed.
+    #[arg(long, env = "TOLLGATE_IDLE_TIMEOUT", default_value = "60s",
+          value_parser = positive_duration)]
+    idle_timeout: Duration,
+    /// Most client connections open at once, per listener; beyond it new connections wait in
+    /// the kernel's backlog until one closes.
+    #[arg(long, env = "TOLLGATE_MAX_CONNECTIONS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    max_connections: u64,
+    /// On SIGTERM/SIGINT: how long in-flight requests may take to finish before the remaining
+    /// connections are dropped and the process exits.
+    #[arg(long, env = "TOLLGATE_SHUTDOWN_TIMEOUT", default_value = "10s",
+          value_parser = positive_duration)]
+    shutdown_timeout: Duration,
+}
+
+/// A duration such as `10s`, `500ms` or `2m`, not zero.
+fn positive_duration(text: &str) -> Result<Duration, String> {
+    let d = crate::bench::parse_duration(text)?;
+    if d.is_zero() {
+        return Err(format!(
+            "'{text}' is zero: use a positive duration such as 10s"
+        ));
+    }
+    Ok(d)
 }
 
 impl ServeArgs {
@@ -157,6 +192,11 @@ impl ServeArgs {
                 ..RequestLimits::default()
             },
             reload_interval: Duration::from_millis(self.reload_interval_ms.max(10)),
+            header_read_timeout: self.header_read_timeout,
+            body_read_timeout: self.body_read_timeout,
+            idle_timeout: self.idle_timeout,
+            max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
+            shutdown_timeout: self.shutdown_timeout,
             ..ServeConfig::default()
         }
     }
