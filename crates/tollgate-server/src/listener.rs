@@ -379,6 +379,24 @@ enum Preface {
     Http2,
 }
 
+impl Preface {
+    /// What the protocol looks like once `bytes` (the next ones read) are in.
+    fn after(self, bytes: &[u8]) -> Preface {
+        let Preface::Unknown(matched) = self else {
+            return self;
+        };
+        let want = &H2_PREFACE[matched..];
+        let n = want.len().min(bytes.len());
+        if bytes[..n] != want[..n] {
+            Preface::Http1
+        } else if matched + n == H2_PREFACE.len() {
+            Preface::Http2
+        } else {
+            Preface::Unknown(matched + n)
+        }
+    }
+}
+
 /// The socket, noting when an idle HTTP/1.1 connection starts sending its next request head
 /// (HTTP/2 frames such as PING arrive on idle connections: no head is being read there).
 struct Tracked {
@@ -389,17 +407,7 @@ struct Tracked {
 
 impl Tracked {
     fn on_read(&mut self, bytes: &[u8]) {
-        if let Preface::Unknown(matched) = self.preface {
-            let want = &H2_PREFACE[matched..];
-            let n = want.len().min(bytes.len());
-            self.preface = if bytes[..n] != want[..n] {
-                Preface::Http1
-            } else if matched + n == H2_PREFACE.len() {
-                Preface::Http2
-            } else {
-                Preface::Unknown(matched + n)
-            };
-        }
+        self.preface = self.preface.after(bytes);
         let a = &self.activity;
         if self.preface == Preface::Http1
             && a.served.load(Relaxed)
@@ -469,28 +477,49 @@ mod tests {
         }
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn deadlines_follow_the_connection() {
+    #[test]
+    fn deadlines_follow_the_connection() {
         let a = Arc::new(Activity::new());
         let l = limits();
+        let ms = Duration::from_millis;
         // Fresh: the header timeout runs from accept.
         assert_eq!(a.deadline(&l), Some(a.born + l.header_read_timeout));
         assert!(a.reading_head());
         let r = RequestGuard::begin(a.clone());
         assert_eq!(a.deadline(&l), None, "in flight");
-        tokio::time::advance(Duration::from_secs(3)).await;
         drop(r);
-        // Idle after a request: the idle timeout runs from its end.
-        let idle = a.deadline(&l).unwrap();
-        assert_eq!(idle, a.born + Duration::from_secs(3) + l.idle_timeout);
+        // Idle after a request: the idle timeout runs from its end (here, 3 s after accept).
+        a.idle_since.store(a.stamp(a.born + ms(3000)), Relaxed);
+        assert_eq!(a.deadline(&l), Some(a.born + ms(3000) + l.idle_timeout));
         assert!(!a.reading_head());
-        // The next HTTP/1.1 head begins: the header timeout runs from its first byte.
-        tokio::time::advance(Duration::from_secs(5)).await;
-        a.head_since.store(a.stamp(Instant::now()), Relaxed);
+        // The next HTTP/1.1 head begins (8 s after accept): the header timeout runs from there.
+        a.head_since.store(a.stamp(a.born + ms(8000)), Relaxed);
         assert_eq!(
             a.deadline(&l),
-            Some(a.born + Duration::from_secs(8) + l.header_read_timeout)
+            Some(a.born + ms(8000) + l.header_read_timeout)
         );
         assert!(a.reading_head());
+        // A request clears it.
+        drop(RequestGuard::begin(a.clone()));
+        assert_eq!(a.head_since.load(Relaxed), 0);
+    }
+
+    #[test]
+    fn preface_detection() {
+        let sniff = |chunks: &[&[u8]]| {
+            let mut p = Preface::Unknown(0);
+            for c in chunks {
+                p = p.after(c);
+            }
+            p
+        };
+        assert_eq!(sniff(&[H2_PREFACE]), Preface::Http2);
+        assert_eq!(
+            sniff(&[b"PRI * HT", b"TP/2.0\r\n\r\nSM\r\n\r\n\0\0"]),
+            Preface::Http2
+        );
+        assert_eq!(sniff(&[b"PRI * HT"]), Preface::Unknown(8));
+        assert_eq!(sniff(&[b"P", b"OST / HTTP/1.1"]), Preface::Http1);
+        assert_eq!(sniff(&[b"GET / HTTP/1.1\r\n"]), Preface::Http1);
     }
 }
