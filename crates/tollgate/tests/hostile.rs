@@ -302,6 +302,11 @@ fn sigterm_ends_despite_half_sent_requests_and_a_raw_h2_preface() {
         .unwrap();
     let mut h2 = connect(&addr);
     h2.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").unwrap();
+    // The same on the gRPC port: the whole shutdown is bounded, not only the HTTP side.
+    let mut grpc_h2 = connect(&server.addr("gRPC "));
+    grpc_h2
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .unwrap();
     let body =
         br#"{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"inflight"}]}]}"#;
     // In flight at SIGTERM: head and half the body are in.
@@ -350,6 +355,7 @@ fn sigterm_ends_despite_half_sent_requests_and_a_raw_h2_preface() {
     // Both holders were dropped, not answered.
     assert!(closed_within(&mut half_head, GENEROUS).0);
     assert!(closed_within(&mut h2, GENEROUS).0);
+    assert!(closed_within(&mut grpc_h2, GENEROUS).0);
 }
 
 #[test]
