@@ -68,6 +68,9 @@ impl Default for ConnLimits {
     }
 }
 
+/// Largest request head (HTTP/1.1 read buffer, HTTP/2 header list) a connection may send.
+const MAX_HEAD_BYTES: usize = 64 * 1024;
+
 /// At most one "connection cap reached" WARN per this interval.
 const CAP_WARN_EVERY: Duration = Duration::from_secs(10);
 
@@ -84,7 +87,13 @@ pub async fn serve<S>(
     S::Future: Send + 'static,
 {
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
-    let builder = Arc::new(Builder::new(TokioExecutor::new()));
+    let mut builder = Builder::new(TokioExecutor::new());
+    // What one connection may make the process buffer for a request head: hyper's defaults
+    // (~400 KB for HTTP/1.1, 16 MB of HTTP/2 header list) times the connection cap would be
+    // gigabytes. 64 KiB is 8 times what nginx accepts by default; beyond it: 431.
+    builder.http1().max_buf_size(MAX_HEAD_BYTES);
+    builder.http2().max_header_list_size(MAX_HEAD_BYTES as u32);
+    let builder = Arc::new(builder);
     let (close_tx, close_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
     let mut last_cap_warn: Option<Instant> = None;
