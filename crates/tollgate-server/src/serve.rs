@@ -297,21 +297,30 @@ pub async fn serve(
         let service = crate::http::service(state.clone());
         tokio::spawn(listener::serve(http, service, limits, counters, rx.clone()))
     };
-    tokio::select! {
-        ended = &mut http_task => {
-            ended.context("HTTP server task failed")?;
-            bail!("HTTP server stopped before shutdown");
-        }
-        _ = wait_for_shutdown(rx.clone()) => {}
-    }
+    // The listener only ends once shutdown is requested (it may see that first).
+    let early = tokio::select! {
+        biased;
+        _ = wait_for_shutdown(rx.clone()) => None,
+        ended = &mut http_task => Some(ended),
+    };
     // One deadline for the whole shutdown. The HTTP listener drops its connections at its own
     // (same) deadline; the second of slack lets it do so before being aborted itself.
     let deadline = tokio::time::Instant::now() + config.shutdown_timeout;
-    match tokio::time::timeout_at(deadline + Duration::from_secs(1), &mut http_task).await {
-        Ok(ended) => ended.context("HTTP server task failed")?,
-        Err(_) => {
-            tracing::warn!("shutdown timeout: HTTP server aborted");
-            http_task.abort();
+    match early {
+        Some(ended) => {
+            ended.context("HTTP server task failed")?;
+            if !*rx.borrow() {
+                bail!("HTTP server stopped before shutdown");
+            }
+        }
+        None => {
+            match tokio::time::timeout_at(deadline + Duration::from_secs(1), &mut http_task).await {
+                Ok(ended) => ended.context("HTTP server task failed")?,
+                Err(_) => {
+                    tracing::warn!("shutdown timeout: HTTP server aborted");
+                    http_task.abort();
+                }
+            }
         }
     }
     match tokio::time::timeout_at(deadline, &mut grpc).await {
