@@ -14,8 +14,10 @@
 //!   told to finish (idle ones close at once, in-flight requests complete), and whatever is still
 //!   open after [`ConnLimits::shutdown_timeout`] is dropped.
 //!
-//! The body-read timeout is not here: the handler reads the body (`http::read_body`), so it can
-//! answer 408 in JSON.
+//! - a body-read timeout: each request body is wrapped ([`TimedBody`]) so that a body not
+//!   complete within it fails with [`BodyTimedOut`]; the handler reading it answers 408 in JSON
+//!   (`http::read_body`) and closes the connection. A body that came with its head costs no
+//!   timer: one is only armed when the body has to be waited for.
 //!
 //! Why not hyper's own `header_read_timeout`: it also runs while an HTTP/1.1 connection waits
 //! idle for its next request, so the idle timeout could never exceed it. Each connection instead
@@ -31,6 +33,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder;
 use std::convert::Infallible;
+use std::future::Future;
 use std::io;
 use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
@@ -49,6 +52,8 @@ use tower::{Service, ServiceExt as _};
 pub struct ConnLimits {
     /// `--header-read-timeout`: longest wait for a complete request head.
     pub header_read_timeout: Duration,
+    /// `--body-read-timeout`: longest wait for a whole request body once its head is in.
+    pub body_read_timeout: Duration,
     /// `--idle-timeout`: longest a connection may stay open with no request in flight.
     pub idle_timeout: Duration,
     /// `--max-connections`: most connections open at once.
@@ -61,6 +66,7 @@ impl Default for ConnLimits {
     fn default() -> Self {
         Self {
             header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             max_connections: 10_000,
             shutdown_timeout: Duration::from_secs(10),
@@ -233,7 +239,8 @@ where
         let tracker = activity.clone();
         let hyper_service = hyper::service::service_fn(move |req: Request<Incoming>| {
             let request = RequestGuard::begin(tracker.clone());
-            let response = service.clone().oneshot(req.map(Body::new));
+            let req = req.map(|body| Body::new(TimedBody::new(body, limits.body_read_timeout)));
+            let response = service.clone().oneshot(req);
             async move {
                 let response = response.await;
                 drop(request);
@@ -373,6 +380,77 @@ impl Drop for RequestGuard {
         let a = &self.0;
         a.idle_since.store(a.stamp(Instant::now()), Relaxed);
         a.in_flight.fetch_sub(1, Relaxed);
+    }
+}
+
+/// A request body that did not arrive within the body-read timeout (the error [`TimedBody`]
+/// yields; find it in an error's `source` chain with [`BodyTimedOut::find`]).
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("request body not received within {} ms", .0.as_millis())]
+pub struct BodyTimedOut(pub Duration);
+
+impl BodyTimedOut {
+    /// The [`BodyTimedOut`] in `err` or its sources, if any.
+    pub fn find(err: &(dyn std::error::Error + 'static)) -> Option<BodyTimedOut> {
+        let mut next = Some(err);
+        while let Some(e) = next {
+            if let Some(t) = e.downcast_ref::<BodyTimedOut>() {
+                return Some(*t);
+            }
+            next = e.source();
+        }
+        None
+    }
+}
+
+/// A request body with a deadline, counted from when the head was received.
+pub struct TimedBody {
+    inner: Incoming,
+    timeout: Duration,
+    deadline: Instant,
+    /// Armed on the first wait only.
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl TimedBody {
+    fn new(inner: Incoming, timeout: Duration) -> Self {
+        Self {
+            inner,
+            timeout,
+            deadline: Instant::now() + timeout,
+            sleep: None,
+        }
+    }
+}
+
+impl hyper::body::Body for TimedBody {
+    type Data = bytes::Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let this = self.get_mut();
+        if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
+            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
+        }
+        let deadline = this.deadline;
+        let sleep = this
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        match sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(BodyTimedOut(this.timeout))))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
     }
 }
 

@@ -101,12 +101,8 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<AppState> {
     }
     let rules = reload::load(&config.rules, 1)
         .map_err(|e| anyhow::anyhow!("invalid rules in {}:\n{e}", config.rules.display()))?;
-    let limits = RequestLimits {
-        body_read_timeout: config.body_read_timeout,
-        ..config.limits
-    };
     let builder = AppState::builder(rules)
-        .limits(limits)
+        .limits(config.limits)
         .rules_path(config.rules.clone())
         .response_headers(config.response_headers);
     let builder = if config.store == "memory" {
@@ -167,6 +163,7 @@ pub fn check_connection_limits(config: &ServeConfig) -> anyhow::Result<()> {
 pub fn connection_limits(config: &ServeConfig) -> ConnLimits {
     ConnLimits {
         header_read_timeout: config.header_read_timeout,
+        body_read_timeout: config.body_read_timeout,
         idle_timeout: config.idle_timeout,
         max_connections: config.max_connections,
         shutdown_timeout: config.shutdown_timeout,

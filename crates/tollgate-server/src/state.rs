@@ -6,7 +6,6 @@ use crate::metrics::{Metrics, RuleSlots};
 use arc_swap::ArcSwap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 use tollgate_core::clock::{Clock, Micros, SystemClock};
 use tollgate_core::rules::RuleSet;
 use tollgate_core::store::Store;
@@ -67,8 +66,6 @@ pub struct RequestLimits {
     pub max_domain_bytes: usize,
     /// Maximum cost (`hits_addend`) of one request or descriptor.
     pub max_hits: u64,
-    /// Longest wait for a whole HTTP request body once its headers are in (HTTP 408 beyond).
-    pub body_read_timeout: Duration,
 }
 
 impl Default for RequestLimits {
@@ -81,7 +78,6 @@ impl Default for RequestLimits {
             max_value_bytes: 1024,
             max_domain_bytes: 256,
             max_hits: u32::MAX as u64,
-            body_read_timeout: Duration::from_secs(10),
         }
     }
 }
