@@ -405,3 +405,24 @@ fn oversized_request_heads_get_431() {
     assert!(closed);
     assert!(r.is_empty() || r.starts_with("HTTP/1.1 431"), "{r}");
 }
+
+#[test]
+fn open_files_limit_is_raised_and_a_cap_beyond_it_warned() {
+    let server = start(&["--max-connections", "1000000000"], "hostile-nofile");
+    // Linux caps descriptors near 2^30: two listeners of 10^9 never fit.
+    let until = Instant::now() + GENEROUS;
+    while !server.stderr().contains("exceeds the open-files limit") {
+        assert!(Instant::now() < until, "no WARN: {}", server.stderr());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if let Ok(limits) = std::fs::read_to_string(format!("/proc/{}/limits", server.child.id())) {
+        let line = limits
+            .lines()
+            .find(|l| l.starts_with("Max open files"))
+            .expect("open files line");
+        let v: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(v[3], v[4], "soft limit raised to the hard limit: {line}");
+    }
+    let response = get(&http_addr(&server), "/healthz");
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+}
