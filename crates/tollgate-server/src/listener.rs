@@ -104,7 +104,7 @@ pub async fn serve<S>(
     let mut tasks = JoinSet::new();
     let mut last_cap_warn: Option<Instant> = None;
     let mut last_accept_warn: Option<Instant> = None;
-    loop {
+    'accept: loop {
         // A slot first: at the cap nothing is accepted (the kernel's backlog holds new clients).
         let permit = match slots.clone().try_acquire_owned() {
             Ok(p) => p,
@@ -117,14 +117,16 @@ pub async fn serve<S>(
                         "HTTP connection cap reached: new connections wait until one closes"
                     );
                 }
-                tokio::select! {
-                    biased;
-                    _ = stopped(&mut shutdown) => break,
-                    Some(_) = tasks.join_next() => continue,
-                    p = slots.clone().acquire_owned() => match p {
-                        Ok(p) => p,
-                        Err(_) => break,
-                    },
+                loop {
+                    tokio::select! {
+                        biased;
+                        _ = stopped(&mut shutdown) => break 'accept,
+                        Some(_) = tasks.join_next() => {}
+                        p = slots.clone().acquire_owned() => match p {
+                            Ok(p) => break p,
+                            Err(_) => break 'accept,
+                        },
+                    }
                 }
             }
         };
