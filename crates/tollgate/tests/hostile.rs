@@ -99,6 +99,9 @@ fn idle_connections_beyond_the_cap_are_dropped_and_the_well_behaved_are_served()
     let mut first = [0u8; 12];
     kept.read_exact(&mut first).unwrap();
     assert_eq!(&first, b"HTTP/1.1 200");
+    // An HTTP/2 connection (preface and nothing else).
+    let mut h2 = connect(&addr);
+    h2.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").unwrap();
     // 80 more that never send a byte: 30 beyond the cap wait in the kernel's backlog.
     let mut idle: Vec<TcpStream> = (0..80).map(|_| connect(&addr)).collect();
 
@@ -109,6 +112,8 @@ fn idle_connections_beyond_the_cap_are_dropped_and_the_well_behaved_are_served()
     // Every idle connection is closed by the server, the kept-alive one included.
     let (closed, _) = closed_within(&mut kept, GENEROUS);
     assert!(closed, "idle keep-alive connection still open");
+    let (closed, _) = closed_within(&mut h2, GENEROUS);
+    assert!(closed, "idle HTTP/2 connection still open");
     for (i, s) in idle.iter_mut().enumerate() {
         let (closed, got) = closed_within(s, GENEROUS);
         assert!(closed, "idle connection {i} still open");
