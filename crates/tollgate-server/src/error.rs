@@ -42,6 +42,10 @@ pub enum ApiError {
         /// The limit in bytes.
         limit: usize,
     },
+    /// The body did not arrive within the body-read timeout (HTTP 408; the connection is
+    /// closed).
+    #[error("request body not received within {} ms", .0.as_millis())]
+    BodyTimeout(std::time::Duration),
     /// The body is not JSON.
     #[error("unsupported content type `{0}`: send `Content-Type: application/json`")]
     UnsupportedMediaType(String),
@@ -73,6 +77,8 @@ impl ApiError {
         match self {
             ApiError::Invalid { .. } => ErrorClass::InvalidInput,
             ApiError::PayloadTooLarge { .. } => ErrorClass::TooLarge,
+            // The client's fault; only the HTTP listener reads bodies this way (see `status`).
+            ApiError::BodyTimeout(_) => ErrorClass::InvalidInput,
             ApiError::UnsupportedMediaType(_) => ErrorClass::UnsupportedMediaType,
             ApiError::NotFound(_) => ErrorClass::NotFound,
             ApiError::MethodNotAllowed => ErrorClass::MethodNotAllowed,
@@ -86,6 +92,7 @@ impl ApiError {
         match self {
             ApiError::Invalid { code, .. } => code,
             ApiError::PayloadTooLarge { .. } => "payload_too_large",
+            ApiError::BodyTimeout(_) => "body_timeout",
             ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
             ApiError::NotFound(_) => "not_found",
             ApiError::MethodNotAllowed => "method_not_allowed",
@@ -96,6 +103,9 @@ impl ApiError {
 
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
+        if let ApiError::BodyTimeout(_) = self {
+            return StatusCode::REQUEST_TIMEOUT;
+        }
         match self.class() {
             ErrorClass::InvalidInput => StatusCode::BAD_REQUEST,
             ErrorClass::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
@@ -121,10 +131,19 @@ impl IntoResponse for ApiError {
         } else {
             tracing::debug!(code = self.code(), error = %self, "bad request");
         }
-        (
+        let mut response = (
             status,
             axum::Json(error_body(self.code(), &self.to_string())),
         )
-            .into_response()
+            .into_response();
+        if status == StatusCode::REQUEST_TIMEOUT {
+            // The rest of the body may still come: close rather than read it as the next
+            // request (HTTP/1.1; HTTP/2 drops connection headers, the stream ends anyway).
+            response.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+        }
+        response
     }
 }

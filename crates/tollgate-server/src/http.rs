@@ -10,6 +10,8 @@
 use crate::backend::{Backend, BreakerState};
 use crate::check::decide;
 use crate::error::ApiError;
+use crate::listener::BodyTimedOut;
+use crate::metrics::DropReason;
 use crate::model::{ms_ceil, CheckResponse, DescriptorStatus};
 use crate::state::AppState;
 pub use crate::wire::{parse_request, Dialect};
@@ -136,7 +138,9 @@ async fn method_not_allowed() -> Response {
     ApiError::MethodNotAllowed.into_response()
 }
 
-/// Read the body, enforcing the size limit and (when `strict_type`) the JSON content type.
+/// Read the body, enforcing the size limit and (when `strict_type`) the JSON content type. A
+/// body that times out ([`BodyTimedOut`], also a `Content-Length` that promises more than is
+/// sent) is a 408.
 async fn read_body(state: &AppState, req: Request, strict_type: bool) -> Result<Bytes, ApiError> {
     if strict_type {
         check_content_type(req.headers())?;
@@ -155,11 +159,18 @@ async fn read_body(state: &AppState, req: Request, strict_type: bool) -> Result<
     axum::body::to_bytes(req.into_body(), limit)
         .await
         .map_err(|e| {
-            // The only errors are the length limit and a broken connection.
+            // The errors are the length limit, the body-read timeout (bodies served by
+            // `crate::listener`) and a broken connection.
             if std::error::Error::source(&e)
                 .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
             {
                 ApiError::PayloadTooLarge { limit }
+            } else if let Some(t) = BodyTimedOut::find(&e) {
+                state
+                    .metrics()
+                    .http_connections
+                    .dropped(DropReason::BodyTimeout, 1);
+                ApiError::BodyTimeout(t.0)
             } else {
                 ApiError::invalid("invalid_body", format!("cannot read body: {e}"))
             }

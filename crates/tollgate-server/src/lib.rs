@@ -11,6 +11,7 @@ pub mod client;
 pub mod error;
 pub mod grpc;
 pub mod http;
+pub mod listener;
 pub mod metrics;
 pub mod model;
 pub mod reload;

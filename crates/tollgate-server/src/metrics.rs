@@ -71,6 +71,8 @@ pub struct Metrics {
     reloads_failed: AtomicU64,
     rules_generation: AtomicU64,
     rules_limits: AtomicU64,
+    /// Connections of the HTTP listener (open, dropped, cap reached).
+    pub http_connections: Arc<ConnectionMetrics>,
 }
 
 /// Bound on distinct `(domain, rule)` label pairs; beyond it detailed labels fold into the rule id.
@@ -275,10 +277,101 @@ impl Metrics {
             self.rules_generation.load(Relaxed),
             self.rules_limits.load(Relaxed)
         );
+        self.http_connections.render(&mut out, "http");
         for (name, help, v) in extra {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         }
         out
+    }
+}
+
+/// Why the server closed a client connection (`reason` label of
+/// `tollgate_connections_dropped_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropReason {
+    /// No complete request headers within the header-read timeout.
+    HeaderTimeout,
+    /// A request body that did not arrive within the body-read timeout (answered 408).
+    BodyTimeout,
+    /// A keep-alive connection idle for longer than the idle timeout.
+    IdleTimeout,
+    /// Still open when the shutdown timeout ran out.
+    Shutdown,
+}
+
+impl DropReason {
+    const ALL: [DropReason; 4] = [
+        DropReason::HeaderTimeout,
+        DropReason::BodyTimeout,
+        DropReason::IdleTimeout,
+        DropReason::Shutdown,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DropReason::HeaderTimeout => "header_timeout",
+            DropReason::BodyTimeout => "body_timeout",
+            DropReason::IdleTimeout => "idle_timeout",
+            DropReason::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// Connection counters of one listener, shared (`Arc`) with its accept loop.
+#[derive(Debug, Default)]
+pub struct ConnectionMetrics {
+    open: AtomicU64,
+    dropped: [AtomicU64; DropReason::ALL.len()],
+    cap_reached: AtomicU64,
+}
+
+impl ConnectionMetrics {
+    /// A connection was accepted.
+    pub fn opened(&self) {
+        self.open.fetch_add(1, Relaxed);
+    }
+
+    /// A connection ended (for whatever reason).
+    pub fn closed(&self) {
+        self.open.fetch_sub(1, Relaxed);
+    }
+
+    /// Connections open now.
+    pub fn open(&self) -> u64 {
+        self.open.load(Relaxed)
+    }
+
+    /// `n` connections were closed by the server for `reason`.
+    pub fn dropped(&self, reason: DropReason, n: u64) {
+        self.dropped[reason as usize].fetch_add(n, Relaxed);
+    }
+
+    /// The accept loop found every connection slot taken and waited for one.
+    pub fn cap_reached(&self) {
+        self.cap_reached.fetch_add(1, Relaxed);
+    }
+
+    fn render(&self, out: &mut String, listener: &str) {
+        let _ = writeln!(
+            out,
+            "# HELP tollgate_connections_open Client connections open now.\n# TYPE tollgate_connections_open gauge\ntollgate_connections_open{{listener=\"{listener}\"}} {}",
+            self.open()
+        );
+        out.push_str("# HELP tollgate_connections_dropped_total Client connections closed by the server: a timeout, or still open at the shutdown deadline.\n# TYPE tollgate_connections_dropped_total counter\n");
+        for r in DropReason::ALL {
+            let _ = writeln!(
+                out,
+                "tollgate_connections_dropped_total{{listener=\"{listener}\",reason=\"{}\"}} {}",
+                r.as_str(),
+                self.dropped[r as usize].load(Relaxed)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP tollgate_connections_cap_reached_total Times the accept loop waited because every connection slot was taken.\n# TYPE tollgate_connections_cap_reached_total counter\ntollgate_connections_cap_reached_total{{listener=\"{listener}\"}} {}",
+            self.cap_reached.load(Relaxed)
+        );
     }
 }
 

@@ -5,14 +5,19 @@
 //! A Redis store is connected lazily: the service starts even when Redis is down (degraded, the
 //! failure policy decides) and returns to Redis by itself when it answers.
 //!
-//! Shutdown is graceful: listeners stop accepting, in-flight requests finish, background tasks
-//! stop, then [`serve`] returns `Ok(())`.
+//! Shutdown is graceful and bounded: listeners stop accepting, in-flight requests finish, idle
+//! connections close at once, background tasks stop, then [`serve`] returns `Ok(())`; whatever
+//! is still open after `--shutdown-timeout` is dropped.
+//!
+//! The HTTP listener is our own accept loop ([`crate::listener`]): connection cap, header-read
+//! and idle timeouts. At start the open-files limit is raised to its hard limit (see
+//! [`raise_open_files_limit`]).
 
 use crate::backend::{redis_unsupported, Guarded, RedisSettings};
+use crate::listener::{self, ConnLimits};
 use crate::reload::{self, WatchOptions};
 use crate::state::{AppState, RequestLimits};
 use anyhow::{bail, Context};
-use axum::ServiceExt as _;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -51,10 +56,15 @@ pub struct ServeConfig {
     pub reload_interval: Duration,
     /// Memory store sweep interval.
     pub sweep_interval: Duration,
-    /// `--max-connections`: open connections per listener; at the cap, new ones wait.
+    /// `--header-read-timeout`: an HTTP client must send a complete request head within it.
+    pub header_read_timeout: Duration,
+    /// `--body-read-timeout`: an HTTP request body must arrive within it (else 408).
+    pub body_read_timeout: Duration,
+    /// `--idle-timeout`: a connection with no request in flight is closed after it.
+    pub idle_timeout: Duration,
+    /// `--max-connections`: most connections open at once, per listener.
     pub max_connections: usize,
-    /// `--shutdown-timeout`: after a shutdown signal, how long in-flight requests may finish
-    /// before the connections left are dropped.
+    /// `--shutdown-timeout`: how long shutdown waits for open connections before dropping them.
     pub shutdown_timeout: Duration,
     /// `--grpc-*`: HTTP/2 and connection limits of the gRPC listener.
     pub grpc_limits: crate::grpc::GrpcLimits,
@@ -75,6 +85,9 @@ impl Default for ServeConfig {
             limits: RequestLimits::default(),
             reload_interval: Duration::from_millis(500),
             sweep_interval: Duration::from_secs(10),
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
             max_connections: 10_000,
             shutdown_timeout: Duration::from_secs(10),
             grpc_limits: crate::grpc::GrpcLimits::default(),
@@ -131,6 +144,68 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<AppState> {
     Ok(builder.build())
 }
 
+/// Reject connection limits that would make the service unusable (zero timeouts or cap).
+pub fn check_connection_limits(config: &ServeConfig) -> anyhow::Result<()> {
+    for (flag, value) in [
+        ("--header-read-timeout", config.header_read_timeout),
+        ("--body-read-timeout", config.body_read_timeout),
+        ("--idle-timeout", config.idle_timeout),
+        ("--shutdown-timeout", config.shutdown_timeout),
+    ] {
+        if value.is_zero() {
+            bail!("{flag} must be greater than zero (e.g. 10s)");
+        }
+    }
+    if config.max_connections == 0 {
+        bail!("--max-connections must be at least 1");
+    }
+    Ok(())
+}
+
+/// The HTTP listener's limits in `config`.
+pub fn connection_limits(config: &ServeConfig) -> ConnLimits {
+    ConnLimits {
+        header_read_timeout: config.header_read_timeout,
+        body_read_timeout: config.body_read_timeout,
+        idle_timeout: config.idle_timeout,
+        max_connections: config.max_connections,
+        shutdown_timeout: config.shutdown_timeout,
+    }
+}
+
+/// Descriptors the process may need besides client connections (Redis connections, rule
+/// files, logs, the listeners themselves).
+const FD_HEADROOM: u64 = 256;
+
+/// Raise the soft `RLIMIT_NOFILE` to the hard limit (the default soft limit, often 1024, would
+/// run out long before `--max-connections`) and WARN when both listeners at their cap plus some
+/// headroom could still exceed it. Returns the limit in force.
+pub fn raise_open_files_limit(max_connections: usize) -> Option<u64> {
+    let needed = (max_connections as u64)
+        .saturating_mul(2)
+        .saturating_add(FD_HEADROOM);
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) => {
+            if needed > limit {
+                tracing::warn!(
+                    open_files_limit = limit,
+                    max_connections,
+                    needed,
+                    "--max-connections (per listener, two listeners) exceeds the open-files limit: \
+                     raise the hard limit (ulimit -Hn, LimitNOFILE=) or lower --max-connections"
+                );
+            } else {
+                tracing::debug!(open_files_limit = limit, "open-files limit");
+            }
+            Some(limit)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read or raise the open-files limit");
+            None
+        }
+    }
+}
+
 /// Where the server listens (after binding: port 0 is resolved).
 #[derive(Debug, Clone)]
 pub struct Bound {
@@ -159,6 +234,8 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
     on_bound: impl FnOnce(Bound) + Send,
 ) -> anyhow::Result<()> {
+    check_connection_limits(&config)?;
+    raise_open_files_limit(config.max_connections);
     let state = build_state(&config).await?;
     let http = TcpListener::bind(config.http_addr)
         .await
@@ -170,7 +247,7 @@ pub async fn serve(
         .await
         .with_context(|| format!("cannot listen for gRPC on {}", config.grpc_addr))?;
     let grpc_addr = Some(grpc.local_addr()?);
-    let grpc = tokio::spawn(crate::grpc::serve(
+    let mut grpc = tokio::spawn(crate::grpc::serve(
         state.clone(),
         grpc,
         config.grpc_limits,
@@ -222,22 +299,50 @@ pub async fn serve(
 
     // The API service itself, not `http::router`'s `Router` around it (which would route every
     // request twice), unless the trace layer is wanted: that one comes with the `Router`.
-    let served = if crate::http::trace_wanted() {
-        axum::serve(http, crate::http::router(state.clone()))
-            .with_graceful_shutdown(wait_for_shutdown(rx.clone()))
-            .await
+    let limits = connection_limits(&config);
+    let counters = state.metrics().http_connections.clone();
+    let mut http_task = if crate::http::trace_wanted() {
+        let service = crate::http::router(state.clone());
+        tokio::spawn(listener::serve(http, service, limits, counters, rx.clone()))
     } else {
-        axum::serve(
-            http,
-            crate::http::service(state.clone()).into_make_service(),
-        )
-        .with_graceful_shutdown(wait_for_shutdown(rx.clone()))
-        .await
+        let service = crate::http::service(state.clone());
+        tokio::spawn(listener::serve(http, service, limits, counters, rx.clone()))
     };
-    served.context("HTTP server failed")?;
-    grpc.await
-        .context("gRPC server task failed")?
-        .context("gRPC server failed")?;
+    // The listener only ends once shutdown is requested (it may see that first).
+    let early = tokio::select! {
+        biased;
+        _ = wait_for_shutdown(rx.clone()) => None,
+        ended = &mut http_task => Some(ended),
+    };
+    // One deadline for the whole shutdown. The HTTP listener drops its connections at its own
+    // (same) deadline; the second of slack lets it do so before being aborted itself.
+    let deadline = tokio::time::Instant::now() + config.shutdown_timeout;
+    match early {
+        Some(ended) => {
+            ended.context("HTTP server task failed")?;
+            if !*rx.borrow() {
+                bail!("HTTP server stopped before shutdown");
+            }
+        }
+        None => {
+            match tokio::time::timeout_at(deadline + Duration::from_secs(1), &mut http_task).await {
+                Ok(ended) => ended.context("HTTP server task failed")?,
+                Err(_) => {
+                    tracing::warn!("shutdown timeout: HTTP server aborted");
+                    http_task.abort();
+                }
+            }
+        }
+    }
+    match tokio::time::timeout_at(deadline, &mut grpc).await {
+        Ok(ended) => ended
+            .context("gRPC server task failed")?
+            .context("gRPC server failed")?,
+        Err(_) => {
+            tracing::warn!("shutdown timeout: gRPC server aborted with connections still open");
+            grpc.abort();
+        }
+    }
     let _ = watcher.await;
     let _ = sweeper.await;
     tracing::info!("stopped");

@@ -133,14 +133,29 @@ pub struct ServeArgs {
     /// How often the rules path is checked for changes, in milliseconds.
     #[arg(long, env = "TOLLGATE_RELOAD_INTERVAL_MS", default_value_t = 500)]
     reload_interval_ms: u64,
-    /// Most open connections per listener; at the cap, new ones wait in the kernel's backlog.
+    /// HTTP: a client must send a complete request head within this (from connecting, or from
+    /// the first byte of the next request on a kept-alive connection), else it is dropped.
+    #[arg(long, env = "TOLLGATE_HEADER_READ_TIMEOUT", default_value = "10s",
+          value_parser = positive_duration)]
+    header_read_timeout: Duration,
+    /// HTTP: a request body must arrive within this once the head is in, else 408 and the
+    /// connection is closed.
+    #[arg(long, env = "TOLLGATE_BODY_READ_TIMEOUT", default_value = "10s",
+          value_parser = positive_duration)]
+    body_read_timeout: Duration,
+    /// HTTP: a connection with no request in flight for this long is closed.
+    #[arg(long, env = "TOLLGATE_IDLE_TIMEOUT", default_value = "60s",
+          value_parser = positive_duration)]
+    idle_timeout: Duration,
+    /// Most client connections open at once, per listener; beyond it new connections wait in
+    /// the kernel's backlog until one closes.
     #[arg(long, env = "TOLLGATE_MAX_CONNECTIONS", default_value_t = 10_000,
           value_parser = clap::value_parser!(u64).range(1..))]
     max_connections: u64,
-    /// After SIGTERM/SIGINT, how long in-flight requests may finish before the connections left
-    /// are dropped (e.g. `10s`, `500ms`).
+    /// On SIGTERM/SIGINT: how long in-flight requests may take to finish before the remaining
+    /// connections are dropped and the process exits.
     #[arg(long, env = "TOLLGATE_SHUTDOWN_TIMEOUT", default_value = "10s",
-          value_parser = crate::bench::parse_duration)]
+          value_parser = positive_duration)]
     shutdown_timeout: Duration,
     #[command(flatten)]
     grpc: GrpcArgs,
@@ -163,7 +178,7 @@ struct GrpcArgs {
     grpc_keepalive_interval: Duration,
     /// gRPC: a keepalive PING not answered within this closes the connection.
     #[arg(long, env = "TOLLGATE_GRPC_KEEPALIVE_TIMEOUT", default_value = "20s",
-          value_parser = crate::bench::parse_duration)]
+          value_parser = positive_duration)]
     grpc_keepalive_timeout: Duration,
     /// gRPC: a connection older than this gets GOAWAY, so clients reconnect and rebalance
     /// (`0s`: never).
@@ -176,11 +191,11 @@ struct GrpcArgs {
     grpc_max_connection_age_grace: Duration,
     /// gRPC: a call not answered within this (request body included) gets DEADLINE_EXCEEDED.
     #[arg(long, env = "TOLLGATE_GRPC_REQUEST_TIMEOUT", default_value = "10s",
-          value_parser = crate::bench::parse_duration)]
+          value_parser = positive_duration)]
     grpc_request_timeout: Duration,
     /// gRPC: a connection that has not sent the HTTP/2 preface within this is closed.
     #[arg(long, env = "TOLLGATE_GRPC_HANDSHAKE_TIMEOUT", default_value = "10s",
-          value_parser = crate::bench::parse_duration)]
+          value_parser = positive_duration)]
     grpc_handshake_timeout: Duration,
 }
 
@@ -198,6 +213,17 @@ impl GrpcArgs {
             ..GrpcLimits::default()
         }
     }
+}
+
+/// A duration such as `10s`, `500ms` or `2m`, not zero.
+fn positive_duration(text: &str) -> Result<Duration, String> {
+    let d = crate::bench::parse_duration(text)?;
+    if d.is_zero() {
+        return Err(format!(
+            "'{text}' is zero: use a positive duration such as 10s"
+        ));
+    }
+    Ok(d)
 }
 
 impl ServeArgs {
@@ -223,6 +249,9 @@ impl ServeArgs {
                 ..RequestLimits::default()
             },
             reload_interval: Duration::from_millis(self.reload_interval_ms.max(10)),
+            header_read_timeout: self.header_read_timeout,
+            body_read_timeout: self.body_read_timeout,
+            idle_timeout: self.idle_timeout,
             max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
             shutdown_timeout: self.shutdown_timeout,
             grpc_limits: self.grpc.limits(),
