@@ -521,7 +521,12 @@ fn hits_value(
     };
     match v {
         Got::Is(Scalar::U64(n)) => Ok(*n),
-        Got::Is(Scalar::Str(s)) if d == Dialect::ProtoJson => s.parse::<u64>().map_err(|_| bad()),
+        // Decimal digits only (as Go's protojson): `u64::from_str` would also take a `+`.
+        Got::Is(Scalar::Str(s))
+            if d == Dialect::ProtoJson && !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            s.parse::<u64>().map_err(|_| bad())
+        }
         _ => Err(bad()),
     }
 }
