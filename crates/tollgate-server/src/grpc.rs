@@ -52,8 +52,8 @@ use tonic::codegen::{http, Body, BoxFuture, StdError};
 use tonic::server::{NamedService, UnaryService};
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
-use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 use tonic_health::ServingStatus;
+use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 
 /// The fully-qualified name of the RLS service (also a health-check service name).
 pub const RLS_SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";

@@ -508,22 +508,24 @@ fn pick<T>(
 }
 
 /// A count: a JSON number (protojson: or a decimal string); `what` names it in the error.
-fn hits_value(
-    v: &Got<Scalar>,
-    what: impl FnOnce() -> String,
-    d: Dialect,
-) -> Result<u64, ApiError> {
+fn hits_value(v: &Got<Scalar>, what: impl FnOnce() -> String, d: Dialect) -> Result<u64, ApiError> {
     let bad = || {
         ApiError::invalid(
             "invalid_hits",
-            format!("`{}` must be a non-negative integer, got {}", what(), v.shown()),
+            format!(
+                "`{}` must be a non-negative integer, got {}",
+                what(),
+                v.shown()
+            ),
         )
     };
     match v {
         Got::Is(Scalar::U64(n)) => Ok(*n),
         // Decimal digits only (as Go's protojson): `u64::from_str` would also take a `+`.
         Got::Is(Scalar::Str(s))
-            if d == Dialect::ProtoJson && !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) =>
+            if d == Dialect::ProtoJson
+                && !s.is_empty()
+                && s.bytes().all(|b| b.is_ascii_digit()) =>
         {
             s.parse::<u64>().map_err(|_| bad())
         }
@@ -566,22 +568,18 @@ fn limit_override(
             "requestsPerUnit",
         )
     };
-    let requests_per_unit = match pick(
-        raw.requests_per_unit,
-        raw.requests_per_unit_camel,
-        d,
-        names,
-    )? {
-        // proto3: an absent number is 0.
-        Got::Absent if d == Dialect::ProtoJson => 0,
-        Got::Absent => return Err(bad(".requests_per_unit is missing".into())),
-        n => hits_value(&n, String::new, d).map_err(|_| {
-            bad(format!(
-                ".requests_per_unit must be a non-negative integer, got {}",
-                n.shown()
-            ))
-        })?,
-    };
+    let requests_per_unit =
+        match pick(raw.requests_per_unit, raw.requests_per_unit_camel, d, names)? {
+            // proto3: an absent number is 0.
+            Got::Absent if d == Dialect::ProtoJson => 0,
+            Got::Absent => return Err(bad(".requests_per_unit is missing".into())),
+            n => hits_value(&n, String::new, d).map_err(|_| {
+                bad(format!(
+                    ".requests_per_unit must be a non-negative integer, got {}",
+                    n.shown()
+                ))
+            })?,
+        };
     let unit = match raw.unit {
         Got::Is(Scalar::Str(s)) => s.parse().map_err(|e| bad(format!(".unit: {e}")))?,
         Got::Is(Scalar::U64(n)) if d == Dialect::ProtoJson => i32::try_from(n)
@@ -671,12 +669,7 @@ fn descriptor(raw: Got<RawDescriptor>, i: usize, d: Dialect) -> Result<Descripto
     };
     Ok(Descriptor {
         entries: each(entries, |j, raw| entry(raw, i, j))?,
-        hits: hits(
-            raw.hits,
-            raw.hits_camel,
-            || format!("descriptors[{i}]."),
-            d,
-        )?,
+        hits: hits(raw.hits, raw.hits_camel, || format!("descriptors[{i}]."), d)?,
         limit: limit_override(raw.limit, i, d)?,
     })
 }
@@ -951,7 +944,9 @@ mod tests {
             match self {
                 Tree::Leaf(v) => v.clone(),
                 Tree::Array(items) => items.iter().map(Tree::value).collect(),
-                Tree::Object(fields) => fields.iter().map(|(k, v)| (k.clone(), v.value())).collect(),
+                Tree::Object(fields) => {
+                    fields.iter().map(|(k, v)| (k.clone(), v.value())).collect()
+                }
             }
         }
     }
@@ -1047,7 +1042,10 @@ mod tests {
                 r#"{"descriptors":[{"limit":{"unit":"minute","unit":"hour"}}]}"#,
                 "unit",
             ),
-            (r#"{"descriptors":[{"entries":[],"entries":[]}]}"#, "entries"),
+            (
+                r#"{"descriptors":[{"entries":[],"entries":[]}]}"#,
+                "entries",
+            ),
         ] {
             let m = fails(body, native);
             assert!(m.starts_with(&format!("duplicate key `{key}` at ")), "{m}");
@@ -1067,7 +1065,8 @@ mod tests {
         assert!(m.contains("`descriptors[0].limit.requestsPerUnit`"), "{m}");
         assert!(parse_request(both.as_bytes(), native).is_ok());
         // The same key in two objects is no duplicate.
-        let ok = r#"{"domain":"d","x":{"k":1},"descriptors":[{"entries":[{"key":"k"},{"key":"k"}]}]}"#;
+        let ok =
+            r#"{"domain":"d","x":{"k":1},"descriptors":[{"entries":[{"key":"k"},{"key":"k"}]}]}"#;
         assert!(parse_request(ok.as_bytes(), native).is_ok());
     }
 
