@@ -20,8 +20,9 @@
 //!
 //! Errors are mapped once, by [`status_from`]. A request that is not valid protobuf (garbage
 //! bytes, a `domain` that is not UTF-8, groups nested past prost's recursion limit) is the
-//! client's fault: INVALID_ARGUMENT with prost's message and the `invalid_protobuf` error code,
-//! not the INTERNAL that tonic's prost codec answers. That is done once, in the codec
+//! client's fault: INVALID_ARGUMENT with prost's message and the `invalid_protobuf` error code
+//! (counted in `tollgate_request_errors_total`), not the INTERNAL that tonic's prost codec
+//! answers. That is done once, in the codec
 //! ([`RlsCodec`]), which is why the service is served by [`RlsServer`] (the generated
 //! `RateLimitServiceServer` hard-wires tonic-prost's codec). A message larger than
 //! `--max-body-bytes` is refused by tonic before decoding: OUT_OF_RANGE with a message.
@@ -119,10 +120,11 @@ where
             return Box::pin(async { Ok(Status::unimplemented("").into_http()) });
         }
         let method = ShouldRateLimit(Arc::clone(&self.inner));
+        let codec = RlsCodec(Some(Arc::clone(&self.inner)));
         let max = self.max_decoding_message_size;
         Box::pin(async move {
             let mut grpc =
-                tonic::server::Grpc::new(RlsCodec).apply_max_message_size_config(Some(max), None);
+                tonic::server::Grpc::new(codec).apply_max_message_size_config(Some(max), None);
             Ok(grpc.unary(method, req).await)
         })
     }
@@ -142,10 +144,10 @@ impl UnaryService<RateLimitRequest> for ShouldRateLimit {
 }
 
 /// tonic-prost's codec for the RLS messages, except that a request that does not decode is
-/// INVALID_ARGUMENT (the client sent it) rather than INTERNAL. Zero-sized: nothing is
-/// allocated per call except on that error path.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct RlsCodec;
+/// INVALID_ARGUMENT (the client sent it) rather than INTERNAL, and counted. It holds the
+/// service (for its metrics) until its one decoder takes it: nothing is allocated per call
+/// except on that error path.
+struct RlsCodec(Option<Arc<RateLimitGrpc>>);
 
 impl Codec for RlsCodec {
     type Encode = RateLimitResponse;
@@ -158,13 +160,18 @@ impl Codec for RlsCodec {
     }
 
     fn decoder(&mut self) -> Self::Decoder {
-        RlsDecoder(ProstCodec::<RateLimitResponse, RateLimitRequest>::default().decoder())
+        RlsDecoder {
+            prost: ProstCodec::<RateLimitResponse, RateLimitRequest>::default().decoder(),
+            service: self.0.take(),
+        }
     }
 }
 
 /// [`RlsCodec`]'s decoder: tonic-prost's, with its decode errors made INVALID_ARGUMENT.
-#[derive(Debug, Clone, Default)]
-pub struct RlsDecoder(ProstDecoder<RateLimitRequest>);
+struct RlsDecoder {
+    prost: ProstDecoder<RateLimitRequest>,
+    service: Option<Arc<RateLimitGrpc>>,
+}
 
 impl Decoder for RlsDecoder {
     type Item = RateLimitRequest;
@@ -172,7 +179,10 @@ impl Decoder for RlsDecoder {
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<Self::Item>, Self::Error> {
         // tonic-prost's only error is prost's `DecodeError`, as INTERNAL with its message.
-        self.0.decode(buf).map_err(|e| {
+        self.prost.decode(buf).map_err(|e| {
+            if let Some(service) = &self.service {
+                service.state.metrics().error(INVALID_PROTOBUF);
+            }
             status_from(&ApiError::invalid(
                 INVALID_PROTOBUF,
                 format!("request is not a valid RateLimitRequest: {}", e.message()),
@@ -181,7 +191,7 @@ impl Decoder for RlsDecoder {
     }
 
     fn buffer_settings(&self) -> tonic::codec::BufferSettings {
-        self.0.buffer_settings()
+        self.prost.buffer_settings()
     }
 }
 

@@ -300,9 +300,10 @@ fn field(number: u8, bytes: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Garbage, a `domain` that is not UTF-8, and groups nested 200 deep are INVALID_ARGUMENT with
-/// prost's reason and the `invalid_protobuf` code (they were INTERNAL); an oversize message
-/// stays OUT_OF_RANGE; a valid request on the same connection is then answered.
+/// Garbage, a `domain` that is not UTF-8, groups nested 200 deep and a truncated field are
+/// INVALID_ARGUMENT with prost's reason and the `invalid_protobuf` code (they were INTERNAL),
+/// and counted; an oversize message stays OUT_OF_RANGE; a valid request on the same connection
+/// is then answered.
 #[test]
 fn malformed_protobuf_is_invalid_argument() {
     let server = start("contract-grpc");
@@ -362,4 +363,10 @@ fn malformed_protobuf_is_invalid_argument() {
         // RateLimitResponse.overall_code (field 1) = OK (1).
         assert_eq!(reply.get(..2), Some(&[1 << 3, 1][..]), "{reply:?}");
     });
+    // Counted like every client error.
+    let metrics = raw(&server.base, Method::GET, "/metrics", None).body;
+    assert!(
+        metrics.contains("tollgate_request_errors_total{code=\"invalid_protobuf\"} 4"),
+        "{metrics}"
+    );
 }
