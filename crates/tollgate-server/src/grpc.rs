@@ -22,9 +22,8 @@
 //! bytes, a `domain` that is not UTF-8, groups nested past prost's recursion limit) is the
 //! client's fault: INVALID_ARGUMENT with prost's message and the `invalid_protobuf` error code
 //! (counted in `tollgate_request_errors_total`), not the INTERNAL that tonic's prost codec
-//! answers. That is done once, in the codec
-//! ([`RlsCodec`]), which is why the service is served by [`RlsServer`] (the generated
-//! `RateLimitServiceServer` hard-wires tonic-prost's codec). A message larger than
+//! answers. That is done once, in the codec (`RlsCodec`), which is why the service is served by
+//! [`RlsServer`] (the generated `RateLimitServiceServer` hard-wires tonic-prost's codec). A message larger than
 //! `--max-body-bytes` is refused by tonic before decoding: OUT_OF_RANGE with a message.
 
 use crate::check::decide;
@@ -90,8 +89,8 @@ impl RateLimitGrpc {
 }
 
 /// The RLS service as tonic serves it: what envoy-types generates as `RateLimitServiceServer`
-/// (same routing, same two boxed futures per call, no compression), with [`RlsCodec`] in place
-/// of tonic-prost's codec. Any other path of the service is UNIMPLEMENTED.
+/// (same routing, same two boxed futures per call, no compression), with a codec of its own in
+/// place of tonic-prost's (undecodable requests are INVALID_ARGUMENT, see the module docs). Any other path of the service is UNIMPLEMENTED.
 #[derive(Debug, Clone)]
 pub struct RlsServer {
     inner: Arc<RateLimitGrpc>,
