@@ -616,6 +616,29 @@ async fn duplicate_keys_are_refused_at_any_depth() {
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
 }
 
+/// Domain, key and value lengths are in characters, as the OpenAPI document's `maxLength`
+/// counts them: 256 two-byte characters pass (512 bytes), 257 do not.
+#[tokio::test]
+async fn lengths_are_counted_in_characters() {
+    let app = app(THREE);
+    let s = |n: usize| "é".repeat(n);
+    let body = |domain: String, key: String, value: String| json!({"domain": domain, "descriptors": [{"entries": [{"key": key, "value": value}]}]});
+    for path in ["/v1/check", "/json"] {
+        let r = post(&app, path, body(s(256), s(256), s(1024))).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+        for (b, code) in [
+            (body(s(257), s(1), s(1)), "invalid_domain"),
+            (body(s(1), s(257), s(1)), "key_too_long"),
+            (body(s(1), s(1), s(1025)), "value_too_long"),
+        ] {
+            let r = post(&app, path, b).await;
+            assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
+            assert_eq!(r.body["error"]["code"], code);
+            assert!(r.text.contains("characters"), "{}", r.text);
+        }
+    }
+}
+
 #[tokio::test]
 async fn envoy_json_endpoint_matches_v1_check() {
     let native = app(THREE);
