@@ -22,6 +22,14 @@ need_cmd() {
   fi
 }
 
+# need_pkg DEBIAN_PACKAGE: install a package that has no command to look for (as root).
+need_pkg() {
+  [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+    || die "the Debian package '$1' is required: install it (or run this script as root)"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$1" >/dev/null \
+    || die "apt-get install $1 failed"
+}
+
 # Redis: the store tests talk to a real server on 127.0.0.1:6379 and start their own
 # (cluster, TLS, outage) from the redis-server binary.
 need_cmd redis-server redis-server
@@ -36,6 +44,23 @@ if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
   for _ in $(seq 50); do redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && break; sleep 0.1; done
   redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 || die "redis-server did not answer on 127.0.0.1:6379"
 fi
+
+# schemathesis (PyPI): the OpenAPI fuzz test (crates/tollgate/tests/contract.rs) runs it from a
+# venv in target/schemathesis, made here when missing (needs python3 with venv; apt-get when root).
+schemathesis_venv=target/schemathesis
+if ! "$schemathesis_venv/bin/schemathesis" --version >/dev/null 2>&1; then
+  need_cmd python3 python3
+  python3 -m venv --help >/dev/null 2>&1 && python3 -c 'import ensurepip' >/dev/null 2>&1 \
+    || need_pkg python3-venv
+  echo "scripts/test.sh: installing schemathesis into $schemathesis_venv"
+  rm -rf "$schemathesis_venv"
+  python3 -m venv "$schemathesis_venv" || die "python3 -m venv $schemathesis_venv failed"
+  "$schemathesis_venv/bin/pip" install -q 'schemathesis>=4.32,<5' \
+    || die "pip install schemathesis failed (the OpenAPI fuzz test needs it)"
+  "$schemathesis_venv/bin/schemathesis" --version >/dev/null 2>&1 \
+    || die "schemathesis still missing in $schemathesis_venv after installing it"
+fi
+export TOLLGATE_TEST_SCHEMATHESIS="$PWD/$schemathesis_venv/bin/schemathesis"
 
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 export RUST_BACKTRACE=1

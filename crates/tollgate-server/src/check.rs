@@ -26,12 +26,11 @@ pub fn validate(limits: &RequestLimits, req: &CheckRequest) -> Result<(), ApiErr
             "`domain` must not be empty",
         ));
     }
-    if req.domain.len() > limits.max_domain_bytes {
+    if let Some(n) = too_long(&req.domain, limits.max_domain_bytes) {
         return Err(ApiError::invalid(
             "invalid_domain",
             format!(
-                "`domain` is {} bytes, more than the maximum {}",
-                req.domain.len(),
+                "`domain` is {n} characters, more than the maximum {}",
                 limits.max_domain_bytes
             ),
         ));
@@ -79,22 +78,20 @@ pub fn validate(limits: &RequestLimits, req: &CheckRequest) -> Result<(), ApiErr
                     format!("descriptors[{i}].entries[{j}].key must not be empty"),
                 ));
             }
-            if k.len() > limits.max_key_bytes {
+            if let Some(n) = too_long(k, limits.max_key_bytes) {
                 return Err(ApiError::invalid(
                     "key_too_long",
                     format!(
-                        "descriptors[{i}].entries[{j}].key is {} bytes, more than the maximum {}",
-                        k.len(),
+                        "descriptors[{i}].entries[{j}].key is {n} characters, more than the maximum {}",
                         limits.max_key_bytes
                     ),
                 ));
             }
-            if v.len() > limits.max_value_bytes {
+            if let Some(n) = too_long(v, limits.max_value_bytes) {
                 return Err(ApiError::invalid(
                     "value_too_long",
                     format!(
-                        "descriptors[{i}].entries[{j}].value is {} bytes, more than the maximum {}",
-                        v.len(),
+                        "descriptors[{i}].entries[{j}].value is {n} characters, more than the maximum {}",
                         limits.max_value_bytes
                     ),
                 ));
@@ -119,6 +116,17 @@ pub fn validate(limits: &RequestLimits, req: &CheckRequest) -> Result<(), ApiErr
         }
     }
     Ok(())
+}
+
+/// `s`'s length in characters (Unicode scalar values) when it is more than `max`. Characters,
+/// as JSON Schema's `maxLength` counts them, so the OpenAPI document states the limit exactly;
+/// the bytes are at most 4x (and the body is capped anyway). Counted only when the byte length
+/// is over `max` (no character has fewer than one byte).
+fn too_long(s: &str, max: usize) -> Option<usize> {
+    if s.len() <= max {
+        return None;
+    }
+    Some(s.chars().count()).filter(|&n| n > max)
 }
 
 fn check_hits(limits: &RequestLimits, hits: u64, field: &str) -> Result<(), ApiError> {

@@ -18,7 +18,13 @@
 //! - `response_headers_to_add`: the same headers as HTTP ([`crate::model::HeaderValues::pairs`])
 //!   when `--response-headers` is on.
 //!
-//! Errors are mapped once, by [`status_from`].
+//! Errors are mapped once, by [`status_from`]. A request that is not valid protobuf (garbage
+//! bytes, a `domain` that is not UTF-8, groups nested past prost's recursion limit) is the
+//! client's fault: INVALID_ARGUMENT with prost's message and the `invalid_protobuf` error code
+//! (counted in `tollgate_request_errors_total`), not the INTERNAL that tonic's prost codec
+//! answers. That is done once, in the codec (`RlsCodec`), which is why the service is served by
+//! [`RlsServer`] (the generated `RateLimitServiceServer` hard-wires tonic-prost's codec). A message larger than
+//! `--max-body-bytes` is refused by tonic before decoding: OUT_OF_RANGE with a message.
 //!
 //! [`serve`] runs the services on hyper's HTTP/2 connections itself rather than with tonic's
 //! `Server`, which leaves the concurrent streams per connection unlimited, has no handshake
@@ -35,9 +41,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_li
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code as PbCode, DescriptorStatus as PbStatus, RateLimit as PbRateLimit,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
-    RateLimitService, RateLimitServiceServer,
-};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use futures_util::FutureExt;
@@ -58,10 +62,14 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tollgate_core::limiter::LimitOverride;
 use tollgate_core::quota::Unit;
+use tonic::codec::{Codec, DecodeBuf, Decoder};
 use tonic::codegen::http::Request as HttpRequest;
+use tonic::codegen::{http, Body, BoxFuture, StdError};
+use tonic::server::{NamedService, UnaryService};
 use tonic::service::Routes;
 use tonic::{Request, Response, Status};
 use tonic_health::ServingStatus;
+use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 use tower::ServiceExt as _;
 
 /// The fully-qualified name of the RLS service (also a health-check service name).
@@ -69,6 +77,12 @@ pub const RLS_SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService"
 
 /// Metadata key carrying [`ApiError::code`] on error statuses (e.g. `no_descriptors`).
 pub const ERROR_CODE_METADATA: &str = "tollgate-error-code";
+
+/// The error code (in [`ERROR_CODE_METADATA`]) of a request that is not valid protobuf.
+pub const INVALID_PROTOBUF: &str = "invalid_protobuf";
+
+/// The HTTP/2 path of `ShouldRateLimit`.
+const SHOULD_RATE_LIMIT_PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
 /// The `RateLimitService` implementation: one [`AppState`] clone, shared with HTTP.
 #[derive(Debug, Clone)]
@@ -83,9 +97,117 @@ impl RateLimitGrpc {
     }
 
     /// The tonic service, with the request size capped at `--max-body-bytes` like HTTP.
-    pub fn into_server(self) -> RateLimitServiceServer<Self> {
-        let max = self.state.limits().max_body_bytes;
-        RateLimitServiceServer::new(self).max_decoding_message_size(max)
+    pub fn into_server(self) -> RlsServer {
+        RlsServer {
+            max_decoding_message_size: self.state.limits().max_body_bytes,
+            inner: Arc::new(self),
+        }
+    }
+}
+
+/// The RLS service as tonic serves it: what envoy-types generates as `RateLimitServiceServer`
+/// (same routing, same two boxed futures per call, no compression), with a codec of its own in
+/// place of tonic-prost's (undecodable requests are INVALID_ARGUMENT, see the module docs). Any other path of the service is UNIMPLEMENTED.
+#[derive(Debug, Clone)]
+pub struct RlsServer {
+    inner: Arc<RateLimitGrpc>,
+    max_decoding_message_size: usize,
+}
+
+impl NamedService for RlsServer {
+    const NAME: &'static str = RLS_SERVICE_NAME;
+}
+
+impl<B> tower::Service<http::Request<B>> for RlsServer
+where
+    B: Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        if req.uri().path() != SHOULD_RATE_LIMIT_PATH {
+            return Box::pin(async { Ok(Status::unimplemented("").into_http()) });
+        }
+        let method = ShouldRateLimit(Arc::clone(&self.inner));
+        let codec = RlsCodec(Some(Arc::clone(&self.inner)));
+        let max = self.max_decoding_message_size;
+        Box::pin(async move {
+            let mut grpc =
+                tonic::server::Grpc::new(codec).apply_max_message_size_config(Some(max), None);
+            Ok(grpc.unary(method, req).await)
+        })
+    }
+}
+
+/// One `ShouldRateLimit` call, as tonic's unary plumbing wants it.
+struct ShouldRateLimit(Arc<RateLimitGrpc>);
+
+impl UnaryService<RateLimitRequest> for ShouldRateLimit {
+    type Response = RateLimitResponse;
+    type Future = BoxFuture<Response<RateLimitResponse>, Status>;
+
+    fn call(&mut self, request: Request<RateLimitRequest>) -> Self::Future {
+        let inner = Arc::clone(&self.0);
+        Box::pin(async move { inner.should_rate_limit(request).await })
+    }
+}
+
+/// tonic-prost's codec for the RLS messages, except that a request that does not decode is
+/// INVALID_ARGUMENT (the client sent it) rather than INTERNAL, and counted. It holds the
+/// service (for its metrics) until its one decoder takes it: nothing is allocated per call
+/// except on that error path.
+struct RlsCodec(Option<Arc<RateLimitGrpc>>);
+
+impl Codec for RlsCodec {
+    type Encode = RateLimitResponse;
+    type Decode = RateLimitRequest;
+    type Encoder = ProstEncoder<RateLimitResponse>;
+    type Decoder = RlsDecoder;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        ProstCodec::<RateLimitResponse, RateLimitRequest>::default().encoder()
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        RlsDecoder {
+            prost: ProstCodec::<RateLimitResponse, RateLimitRequest>::default().decoder(),
+            service: self.0.take(),
+        }
+    }
+}
+
+/// [`RlsCodec`]'s decoder: tonic-prost's, with its decode errors made INVALID_ARGUMENT.
+struct RlsDecoder {
+    prost: ProstDecoder<RateLimitRequest>,
+    service: Option<Arc<RateLimitGrpc>>,
+}
+
+impl Decoder for RlsDecoder {
+    type Item = RateLimitRequest;
+    type Error = Status;
+
+    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<Self::Item>, Self::Error> {
+        // tonic-prost's only error is prost's `DecodeError`, as INTERNAL with its message.
+        self.prost.decode(buf).map_err(|e| {
+            if let Some(service) = &self.service {
+                service.state.metrics().error(INVALID_PROTOBUF);
+            }
+            status_from(&ApiError::invalid(
+                INVALID_PROTOBUF,
+                format!("request is not a valid RateLimitRequest: {}", e.message()),
+            ))
+        })
+    }
+
+    fn buffer_settings(&self) -> tonic::codec::BufferSettings {
+        self.prost.buffer_settings()
     }
 }
 

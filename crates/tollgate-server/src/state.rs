@@ -58,11 +58,11 @@ pub struct RequestLimits {
     pub max_descriptors: usize,
     /// Maximum entries per descriptor.
     pub max_entries: usize,
-    /// Maximum key length in bytes.
+    /// Maximum key length in characters (JSON Schema's `maxLength`; at most 4x in bytes).
     pub max_key_bytes: usize,
-    /// Maximum value length in bytes.
+    /// Maximum value length in characters.
     pub max_value_bytes: usize,
-    /// Maximum domain length in bytes.
+    /// Maximum domain length in characters.
     pub max_domain_bytes: usize,
     /// Maximum cost (`hits_addend`) of one request or descriptor.
     pub max_hits: u64,

@@ -13,20 +13,26 @@
 //! 2. `assemble`: the collected fields are checked in a fixed order.
 //!
 //! A request with several mistakes therefore gets the same error whatever the order of its
-//! keys. A key given twice keeps its last value, as when a JSON object is read into a map.
-//! Unknown fields are skipped for forward compatibility. They are still read as a `Value`, so
-//! exactly the JSON a `Value` accepts is accepted: serde's `IgnoredAny` lets lone surrogate
-//! escapes through.
+//! keys. Unknown fields are skipped for forward compatibility. They are still read (as a
+//! `Value`), so exactly the JSON a `Value` accepts is accepted: serde's `IgnoredAny` lets lone
+//! surrogate escapes through.
+//!
+//! A key given twice in one object, at any depth (known field or not, inside an unknown field's
+//! value too), is `duplicate_key`, naming the key: a proxy in front may read the first of two
+//! `domain`s where a map keeps the last, and the two must not disagree on what was asked
+//! (parser-differential safety). Known fields are tracked in a bitset per object, so the check
+//! allocates nothing for a request without unknown fields; unknown keys are remembered in a set
+//! created at the first one. In protojson (`/json`) a field given under both of its names
+//! (`hits_addend` and `hitsAddend`) is the same field twice, and a duplicate as well.
 //!
 //! Size and count limits are not applied here but by [`crate::check::validate`].
 
 use crate::error::ApiError;
 use crate::grpc::unit_from_proto;
 use crate::model::{CheckRequest, Descriptor};
-use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
-use serde::Deserialize;
 use serde_json::Value;
+use std::collections::BTreeSet;
 use std::fmt;
 use std::marker::PhantomData;
 use tollgate_core::limiter::LimitOverride;
@@ -41,12 +47,27 @@ pub enum Dialect {
     ProtoJson,
 }
 
-/// Parse a check request body (see [`Dialect`]). Invalid JSON is `invalid_json`; JSON of the
-/// wrong shape gets the code of its first mistake (`invalid_request`, `invalid_hits`, ...).
+/// Parse a check request body (see [`Dialect`]). Invalid JSON is `invalid_json`, a key given
+/// twice `duplicate_key`; JSON of the wrong shape gets the code of its first mistake
+/// (`invalid_request`, `invalid_hits`, ...).
 pub fn parse_request(body: &[u8], d: Dialect) -> Result<CheckRequest, ApiError> {
-    let collected = collect(body)
-        .map_err(|e| ApiError::invalid("invalid_json", format!("body is not valid JSON: {e}")))?;
+    let collected = collect(body).map_err(|e| {
+        // The only data (not syntax) error collecting raises is a duplicate key.
+        if e.classify() == serde_json::error::Category::Data {
+            ApiError::invalid(DUPLICATE_KEY, e.to_string())
+        } else {
+            ApiError::invalid("invalid_json", format!("body is not valid JSON: {e}"))
+        }
+    })?;
     assemble(collected, d)
+}
+
+/// The error code of a key given twice.
+const DUPLICATE_KEY: &str = "duplicate_key";
+
+/// The error raised while reading an object that names `key` twice.
+fn duplicate<E: serde::de::Error>(key: &str) -> E {
+    E::custom(format_args!("duplicate key `{key}`"))
 }
 
 /// The request's fields as read, or the JSON syntax error.
@@ -92,11 +113,83 @@ trait Shape<'de>: Sized {
     }
 
     fn seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Got<Self::Out>, A::Error> {
-        Value::deserialize(SeqAccessDeserializer::new(seq)).map(Got::Other)
+        Strict.visit_seq(seq).map(Got::Other)
     }
 
     fn map<A: MapAccess<'de>>(self, map: A) -> Result<Got<Self::Out>, A::Error> {
-        Value::deserialize(MapAccessDeserializer::new(map)).map(Got::Other)
+        Strict.visit_map(map).map(Got::Other)
+    }
+}
+
+/// Any JSON value as a `Value`, read as serde_json's own `Value` reads it except that an
+/// object naming a key twice is an error (a `Value` keeps the last).
+struct Strict;
+
+impl<'de> DeserializeSeed<'de> for Strict {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<Value, D::Error> {
+        de.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Strict {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_bool<E>(self, b: bool) -> Result<Value, E> {
+        Ok(Value::Bool(b))
+    }
+
+    fn visit_u64<E>(self, n: u64) -> Result<Value, E> {
+        Ok(n.into())
+    }
+
+    fn visit_i64<E>(self, n: i64) -> Result<Value, E> {
+        Ok(n.into())
+    }
+
+    fn visit_f64<E>(self, n: f64) -> Result<Value, E> {
+        Ok(serde_json::Number::from_f64(n).map_or(Value::Null, Value::Number))
+    }
+
+    fn visit_str<E>(self, s: &str) -> Result<Value, E> {
+        Ok(Value::String(s.to_owned()))
+    }
+
+    fn visit_string<E>(self, s: String) -> Result<Value, E> {
+        Ok(Value::String(s))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64));
+        while let Some(item) = seq.next_element_seed(Strict)? {
+            out.push(item);
+        }
+        Ok(Value::Array(out))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut out = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if out.contains_key(&key) {
+                return Err(duplicate(&key));
+            }
+            let value = map.next_value_seed(Strict)?;
+            out.insert(key, value);
+        }
+        Ok(Value::Object(out))
     }
 }
 
@@ -198,9 +291,9 @@ impl<'de, S: Shape<'de> + Copy> Shape<'de> for List<S> {
 
 /// The fields of one kind of JSON object that a request reads.
 trait Object: Default {
-    /// The keys read, in the order of [`Object::read`]'s index.
+    /// The keys read, in the order of [`Object::read`]'s index (at most 32).
     const KEYS: &'static [&'static str];
-    /// Read the value of `KEYS[key]` (a later duplicate replaces an earlier one).
+    /// Read the value of `KEYS[key]` (once per object: a duplicate is an error before).
     fn read<'de, A: MapAccess<'de>>(&mut self, key: usize, map: &mut A) -> Result<(), A::Error>;
 }
 
@@ -220,11 +313,26 @@ impl<'de, O: Object> Shape<'de> for Fields<O> {
 
     fn map<A: MapAccess<'de>>(self, mut map: A) -> Result<Got<O>, A::Error> {
         let mut out = O::default();
+        // Known keys seen so far, one bit per index; unknown ones (rare) in a set made at the
+        // first.
+        let mut seen = 0u32;
+        let mut unknown: Option<BTreeSet<String>> = None;
         while let Some(key) = map.next_key_seed(KeyIndex(O::KEYS))? {
             match key {
-                Some(i) => out.read(i, &mut map)?,
-                None => {
-                    map.next_value::<Value>()?;
+                Key::Known(i) => {
+                    if seen & (1 << i) != 0 {
+                        return Err(duplicate(O::KEYS[i]));
+                    }
+                    seen |= 1 << i;
+                    out.read(i, &mut map)?;
+                }
+                Key::Unknown(name) => {
+                    let set = unknown.get_or_insert_with(BTreeSet::new);
+                    if set.contains(&name) {
+                        return Err(duplicate(&name));
+                    }
+                    map.next_value_seed(Strict)?;
+                    set.insert(name);
                 }
             }
         }
@@ -232,11 +340,19 @@ impl<'de, O: Object> Shape<'de> for Fields<O> {
     }
 }
 
-/// A map key as its index in a list of known keys (`None`: unknown), without allocating.
+/// An object key as [`KeyIndex`] reads it.
+enum Key {
+    /// The index of a known key.
+    Known(usize),
+    /// Any other key, kept to tell a duplicate.
+    Unknown(String),
+}
+
+/// A map key as its index in a list of known keys, without allocating; or an unknown key.
 struct KeyIndex(&'static [&'static str]);
 
 impl<'de> DeserializeSeed<'de> for KeyIndex {
-    type Value = Option<usize>;
+    type Value = Key;
 
     fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<Self::Value, D::Error> {
         de.deserialize_str(self)
@@ -244,14 +360,17 @@ impl<'de> DeserializeSeed<'de> for KeyIndex {
 }
 
 impl<'de> Visitor<'de> for KeyIndex {
-    type Value = Option<usize>;
+    type Value = Key;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("an object key")
     }
 
     fn visit_str<E>(self, key: &str) -> Result<Self::Value, E> {
-        Ok(self.0.iter().position(|k| *k == key))
+        Ok(match self.0.iter().position(|k| *k == key) {
+            Some(i) => Key::Known(i),
+            None => Key::Unknown(key.to_owned()),
+        })
     }
 }
 
@@ -363,39 +482,68 @@ impl Got<Scalar> {
     }
 }
 
-/// A field spelt in snake_case, or (protojson only, when the snake_case one is absent or null)
-/// in camelCase.
-fn pick<T>(snake: Got<T>, camel: Got<T>, d: Dialect) -> Got<T> {
-    match snake {
-        Got::Absent if d == Dialect::ProtoJson => camel,
-        snake => snake,
+/// A field spelt in snake_case, or (protojson only) in camelCase. In protojson both names are
+/// the one field, so giving both is a duplicate (`what` names the field in the error, e.g.
+/// `descriptors[0].`, `hits_addend`, `hitsAddend`); a `null` counts as absent.
+fn pick<T>(
+    snake: Got<T>,
+    camel: Got<T>,
+    d: Dialect,
+    what: impl FnOnce() -> (String, &'static str, &'static str),
+) -> Result<Got<T>, ApiError> {
+    if d == Dialect::Native {
+        return Ok(snake);
+    }
+    match (snake, camel) {
+        (Got::Absent, camel) => Ok(camel),
+        (snake, Got::Absent) => Ok(snake),
+        _ => {
+            let (at, snake, camel) = what();
+            Err(ApiError::invalid(
+                DUPLICATE_KEY,
+                format!("duplicate key: `{at}{snake}` and `{at}{camel}` are the same field"),
+            ))
+        }
     }
 }
 
-fn hits_value(v: &Got<Scalar>, what: &str, d: Dialect) -> Result<u64, ApiError> {
+/// A count: a JSON number (protojson: or a decimal string); `what` names it in the error.
+fn hits_value(v: &Got<Scalar>, what: impl FnOnce() -> String, d: Dialect) -> Result<u64, ApiError> {
     let bad = || {
         ApiError::invalid(
             "invalid_hits",
-            format!("`{what}` must be a non-negative integer, got {}", v.shown()),
+            format!(
+                "`{}` must be a non-negative integer, got {}",
+                what(),
+                v.shown()
+            ),
         )
     };
     match v {
         Got::Is(Scalar::U64(n)) => Ok(*n),
-        Got::Is(Scalar::Str(s)) if d == Dialect::ProtoJson => s.parse::<u64>().map_err(|_| bad()),
+        // Decimal digits only (as Go's protojson): `u64::from_str` would also take a `+`.
+        Got::Is(Scalar::Str(s))
+            if d == Dialect::ProtoJson
+                && !s.is_empty()
+                && s.bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            s.parse::<u64>().map_err(|_| bad())
+        }
         _ => Err(bad()),
     }
 }
 
-/// An optional `hits_addend` (protojson: or `hitsAddend`); `what` names it in errors.
+/// An optional `hits_addend` (protojson: or `hitsAddend`); `at` prefixes its name in errors
+/// (`""` or `"descriptors[i]."`).
 fn hits(
     snake: Got<Scalar>,
     camel: Got<Scalar>,
-    what: impl FnOnce() -> String,
+    at: impl Fn() -> String,
     d: Dialect,
 ) -> Result<Option<u64>, ApiError> {
-    match pick(snake, camel, d) {
+    match pick(snake, camel, d, || (at(), "hits_addend", "hitsAddend"))? {
         Got::Absent => Ok(None),
-        v => hits_value(&v, &what(), d).map(Some),
+        v => hits_value(&v, || format!("{}hits_addend", at()), d).map(Some),
     }
 }
 
@@ -413,17 +561,25 @@ fn limit_override(
         Got::Is(raw) => raw,
         Got::Other(v) => return Err(bad(format!(" must be an object, got {v}"))),
     };
-    let requests_per_unit = match pick(raw.requests_per_unit, raw.requests_per_unit_camel, d) {
-        // proto3: an absent number is 0.
-        Got::Absent if d == Dialect::ProtoJson => 0,
-        Got::Absent => return Err(bad(".requests_per_unit is missing".into())),
-        n => hits_value(&n, "", d).map_err(|_| {
-            bad(format!(
-                ".requests_per_unit must be a non-negative integer, got {}",
-                n.shown()
-            ))
-        })?,
+    let names = || {
+        (
+            format!("descriptors[{i}].limit."),
+            "requests_per_unit",
+            "requestsPerUnit",
+        )
     };
+    let requests_per_unit =
+        match pick(raw.requests_per_unit, raw.requests_per_unit_camel, d, names)? {
+            // proto3: an absent number is 0.
+            Got::Absent if d == Dialect::ProtoJson => 0,
+            Got::Absent => return Err(bad(".requests_per_unit is missing".into())),
+            n => hits_value(&n, String::new, d).map_err(|_| {
+                bad(format!(
+                    ".requests_per_unit must be a non-negative integer, got {}",
+                    n.shown()
+                ))
+            })?,
+        };
     let unit = match raw.unit {
         Got::Is(Scalar::Str(s)) => s.parse().map_err(|e| bad(format!(".unit: {e}")))?,
         Got::Is(Scalar::U64(n)) if d == Dialect::ProtoJson => i32::try_from(n)
@@ -467,7 +623,7 @@ fn assemble(body: Got<RawBody>, d: Dialect) -> Result<CheckRequest, ApiError> {
             )))
         }
     };
-    let hits = hits(body.hits, body.hits_camel, || "hits_addend".into(), d)?
+    let hits = hits(body.hits, body.hits_camel, String::new, d)?
         // protojson (as Envoy): a request `hitsAddend` of 0 means 1.
         .filter(|&h| !(d == Dialect::ProtoJson && h == 0));
     let list = match body.descriptors {
@@ -513,12 +669,7 @@ fn descriptor(raw: Got<RawDescriptor>, i: usize, d: Dialect) -> Result<Descripto
     };
     Ok(Descriptor {
         entries: each(entries, |j, raw| entry(raw, i, j))?,
-        hits: hits(
-            raw.hits,
-            raw.hits_camel,
-            || format!("descriptors[{i}].hits_addend"),
-            d,
-        )?,
+        hits: hits(raw.hits, raw.hits_camel, || format!("descriptors[{i}]."), d)?,
         limit: limit_override(raw.limit, i, d)?,
     })
 }
@@ -720,19 +871,121 @@ mod tests {
         })
     }
 
+    /// A JSON document with every object's keys kept in order, duplicates included (what a
+    /// `Value` cannot show).
+    enum Tree {
+        Leaf(Value),
+        Array(Vec<Tree>),
+        Object(Vec<(String, Tree)>),
+    }
+
+    impl<'de> serde::Deserialize<'de> for Tree {
+        fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+            struct V;
+            impl<'de> Visitor<'de> for V {
+                type Value = Tree;
+                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    f.write_str("JSON")
+                }
+                fn visit_unit<E>(self) -> Result<Tree, E> {
+                    Ok(Tree::Leaf(Value::Null))
+                }
+                fn visit_bool<E>(self, b: bool) -> Result<Tree, E> {
+                    Ok(Tree::Leaf(b.into()))
+                }
+                fn visit_u64<E>(self, n: u64) -> Result<Tree, E> {
+                    Ok(Tree::Leaf(n.into()))
+                }
+                fn visit_i64<E>(self, n: i64) -> Result<Tree, E> {
+                    Ok(Tree::Leaf(n.into()))
+                }
+                fn visit_f64<E>(self, n: f64) -> Result<Tree, E> {
+                    Ok(Tree::Leaf(n.into()))
+                }
+                fn visit_str<E>(self, s: &str) -> Result<Tree, E> {
+                    Ok(Tree::Leaf(s.into()))
+                }
+                fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Tree, A::Error> {
+                    let mut out = Vec::new();
+                    while let Some(t) = seq.next_element()? {
+                        out.push(t);
+                    }
+                    Ok(Tree::Array(out))
+                }
+                fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Tree, A::Error> {
+                    let mut out = Vec::new();
+                    while let Some(kv) = map.next_entry()? {
+                        out.push(kv);
+                    }
+                    Ok(Tree::Object(out))
+                }
+            }
+            de.deserialize_any(V)
+        }
+    }
+
+    impl Tree {
+        /// The first key that repeats in its object, in reading order.
+        fn first_duplicate(&self) -> Option<&str> {
+            match self {
+                Tree::Leaf(_) => None,
+                Tree::Array(items) => items.iter().find_map(Tree::first_duplicate),
+                Tree::Object(fields) => fields.iter().enumerate().find_map(|(i, (k, v))| {
+                    if fields[..i].iter().any(|(seen, _)| seen == k) {
+                        Some(k.as_str())
+                    } else {
+                        v.first_duplicate()
+                    }
+                }),
+            }
+        }
+
+        fn value(&self) -> Value {
+            match self {
+                Tree::Leaf(v) => v.clone(),
+                Tree::Array(items) => items.iter().map(Tree::value).collect(),
+                Tree::Object(fields) => {
+                    fields.iter().map(|(k, v)| (k.clone(), v.value())).collect()
+                }
+            }
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(2000))]
 
-        /// One pass reads what a `Value` tree holds: kinds, nulls, duplicate keys (the last
-        /// wins), unknown keys, and exactly the same JSON syntax errors.
+        /// One pass reads what a `Value` tree holds (kinds, nulls, unknown keys) and exactly the
+        /// same JSON syntax errors, except that the first key repeated in an object, at any
+        /// depth, is an error naming it, raised where it is read (before any later syntax error).
         #[test]
         fn reads_what_a_value_tree_holds(bytes in body()) {
-            let via_value = serde_json::from_slice::<Value>(&bytes).map(|v| collect_via_value(&v));
-            prop_assert_eq!(
-                collect(&bytes).map_err(|e| e.to_string()),
-                via_value.map_err(|e| e.to_string()),
-                "{}", String::from_utf8_lossy(&bytes)
-            );
+            let text = String::from_utf8_lossy(&bytes);
+            let got = collect(&bytes);
+            match serde_json::from_slice::<Tree>(&bytes) {
+                Ok(tree) => match tree.first_duplicate() {
+                    Some(key) => {
+                        let e = got.expect_err("a duplicate key is an error");
+                        prop_assert_eq!(e.classify(), serde_json::error::Category::Data);
+                        let want = format!("duplicate key `{key}` at ");
+                        prop_assert!(e.to_string().starts_with(&want), "{} in {}", e, text);
+                    }
+                    None => prop_assert_eq!(
+                        got.map_err(|e| e.to_string()),
+                        Ok(collect_via_value(&tree.value())),
+                        "{}", text
+                    ),
+                },
+                Err(syntax) => {
+                    let e = got.expect_err("invalid JSON is an error");
+                    if e.classify() == serde_json::error::Category::Data {
+                        // A duplicate read before the syntax error.
+                        prop_assert!(e.column() <= syntax.column(), "{} / {} in {}", e, syntax, text);
+                        prop_assert!(e.to_string().starts_with("duplicate key `"), "{}", e);
+                    } else {
+                        prop_assert_eq!(e.to_string(), syntax.to_string(), "{}", text);
+                    }
+                }
+            }
         }
     }
 
@@ -760,11 +1013,61 @@ mod tests {
         );
         assert_eq!(
             err(r#"{"domain": "a", "domain": ["b"]}"#, Dialect::Native),
-            r#"`domain` must be a string, got ["b"]"#
+            "duplicate key `domain` at line 1 column 24"
         );
         // Unknown keys are skipped, but their JSON is checked as strictly as the rest.
         let lone = err(r#"{"domain": "a", "x": "\ud800"}"#, Dialect::Native);
         assert!(lone.starts_with("body is not valid JSON: "), "{lone}");
+    }
+
+    #[test]
+    fn duplicate_keys_at_any_depth_name_the_key() {
+        let fails = |body: &str, d| {
+            let e = parse_request(body.as_bytes(), d).unwrap_err();
+            assert_eq!(e.code(), "duplicate_key", "{body}: {e}");
+            e.to_string()
+        };
+        let native = Dialect::Native;
+        for (body, key) in [
+            (r#"{"domain":"nope","domain":"api"}"#, "domain"),
+            (r#"{"dom\u0061in":"nope","domain":"api"}"#, "domain"),
+            (r#"{"x":1,"x":1}"#, "x"),
+            (r#"{"x":{"a":[{"b":1,"b":2}]}}"#, "b"),
+            (r#"{"domain":{"a":1,"a":1}}"#, "a"),
+            (
+                r#"{"descriptors":[{"entries":[{"key":"k","key":"k"}]}]}"#,
+                "key",
+            ),
+            (
+                r#"{"descriptors":[{"limit":{"unit":"minute","unit":"hour"}}]}"#,
+                "unit",
+            ),
+            (
+                r#"{"descriptors":[{"entries":[],"entries":[]}]}"#,
+                "entries",
+            ),
+        ] {
+            let m = fails(body, native);
+            assert!(m.starts_with(&format!("duplicate key `{key}` at ")), "{m}");
+        }
+        // Two spellings of one protojson field; in /v1/check camelCase is an unknown key.
+        let m = fails(
+            r#"{"domain":"d","hits_addend":1,"hitsAddend":2}"#,
+            Dialect::ProtoJson,
+        );
+        assert_eq!(
+            m,
+            "duplicate key: `hits_addend` and `hitsAddend` are the same field"
+        );
+        let both = r#"{"domain":"d","descriptors":[{"entries":[{"key":"k"}],
+            "limit":{"unit":"MINUTE","requests_per_unit":1,"requestsPerUnit":2}}]}"#;
+        let m = fails(both, Dialect::ProtoJson);
+        assert!(m.contains("`descriptors[0].limit.requestsPerUnit`"), "{m}");
+        assert!(parse_request(both.as_bytes(), native).is_ok());
+        // The same key in two objects is no duplicate.
+        let ok =
+            r#"{"domain":"d","x":{"k":1},"descriptors":[{"entries":[{"key":"k"},{"key":"k"}]}]}"#;
+        assert!(parse_request(ok.as_bytes(), native).is_ok());
     }
 
     #[test]

@@ -556,6 +556,89 @@ async fn malformed_requests_get_status_and_code() {
     );
 }
 
+/// A key given twice, at any depth, is a 400 `duplicate_key` naming the key, on both check
+/// endpoints (a proxy in front may read the first `domain` where a map keeps the last); nothing
+/// is counted.
+#[tokio::test]
+async fn duplicate_keys_are_refused_at_any_depth() {
+    let app = app(THREE);
+    let cases = [
+        (
+            r#"{"domain":"nope","domain":"d","descriptors":[{"entries":[{"key":"fw","value":"a"}]}]}"#,
+            "domain",
+        ),
+        (
+            r#"{"domain":"d","descriptors":[{"entries":[{"key":"fw","value":"a","value":"b"}]}]}"#,
+            "value",
+        ),
+        (
+            r#"{"domain":"d","descriptors":[{"entries":[{"key":"fw","value":"a"}],"hits_addend":1,"hits_addend":0}]}"#,
+            "hits_addend",
+        ),
+        (
+            r#"{"domain":"d","future":1,"future":2,"descriptors":[{"entries":[{"key":"fw","value":"a"}]}]}"#,
+            "future",
+        ),
+        (
+            r#"{"domain":"d","x":{"y":[{"z":1,"z":1}]},"descriptors":[{"entries":[{"key":"fw","value":"a"}]}]}"#,
+            "z",
+        ),
+    ];
+    for path in ["/v1/check", "/json"] {
+        for (body, key) in cases {
+            let r = post_raw(&app, path, Some("application/json"), body.into()).await;
+            assert_eq!(
+                r.status,
+                StatusCode::BAD_REQUEST,
+                "{path} {body}: {}",
+                r.text
+            );
+            assert_eq!(r.body["error"]["code"], "duplicate_key", "{}", r.text);
+            let message = r.body["error"]["message"].as_str().unwrap();
+            assert!(message.contains(&format!("`{key}`")), "{message}");
+        }
+    }
+    // protojson: one field under its two names is a duplicate on /json only.
+    let both = r#"{"domain":"d","descriptors":[{"entries":[{"key":"fw","value":"a"}]}],"hits_addend":1,"hitsAddend":1}"#;
+    let r = post_raw(&app, "/json", None, both.into()).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
+    assert_eq!(r.body["error"]["code"], "duplicate_key");
+    let r = post_raw(&app, "/v1/check", None, both.into()).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    // Only that request was counted (3 per minute: two more pass).
+    for _ in 0..2 {
+        assert_eq!(
+            check(&app, "d", &[&[("fw", "a")]]).await.status,
+            StatusCode::OK
+        );
+    }
+    let r = check(&app, "d", &[&[("fw", "a")]]).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+}
+
+/// Domain, key and value lengths are in characters, as the OpenAPI document's `maxLength`
+/// counts them: 256 two-byte characters pass (512 bytes), 257 do not.
+#[tokio::test]
+async fn lengths_are_counted_in_characters() {
+    let app = app(THREE);
+    let s = |n: usize| "é".repeat(n);
+    let body = |domain: String, key: String, value: String| json!({"domain": domain, "descriptors": [{"entries": [{"key": key, "value": value}]}]});
+    for path in ["/v1/check", "/json"] {
+        let r = post(&app, path, body(s(256), s(256), s(1024))).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+        for (b, code) in [
+            (body(s(257), s(1), s(1)), "invalid_domain"),
+            (body(s(1), s(257), s(1)), "key_too_long"),
+            (body(s(1), s(1), s(1025)), "value_too_long"),
+        ] {
+            let r = post(&app, path, b).await;
+            assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
+            assert_eq!(r.body["error"]["code"], code);
+            assert!(r.text.contains("characters"), "{}", r.text);
+        }
+    }
+}
+
 #[tokio::test]
 async fn envoy_json_endpoint_matches_v1_check() {
     let native = app(THREE);
