@@ -7,8 +7,14 @@
 //! - **Timeouts.** Every call is bounded by [`RedisOptions::timeout`] (default 50 ms), and a
 //!   timeout is reported as [`StoreError::Timeout`], distinct from [`StoreError::Unavailable`], so
 //!   a failure policy upstream can tell a slow Redis from an absent one.
-//! - **Health.** [`RedisStore::is_healthy`] reports whether the last call succeeded: a cheap
-//!   signal for readiness probes and circuit breakers; [`RedisStore::ping`] asks Redis.
+//! - **Errors.** Every failure is classified ([`tollgate_core::FaultKind`]: refused, lost,
+//!   authentication, no such database, out of memory, `WRONGTYPE`, script, ...) with a message
+//!   for humans, so an operator reads "Redis rejected the credentials", not a timeout; a failure
+//!   of one key or script call is told apart from an outage ([`tollgate_core::FaultKind::is_outage`]).
+//! - **Health.** [`RedisStore::is_healthy`] reports whether the last call reached a working
+//!   Redis, [`RedisStore::last_error`] the last failure: cheap signals for readiness and circuit
+//!   breakers. [`RedisStore::ping`] asks Redis; [`RedisStore::probe`] does what requests need
+//!   (a write with a TTL), so a server that answers `PING` but refuses writes is not "back".
 //! - **Secrets.** The URL's password is redacted in `Debug` and `Display`.
 //! - **Cluster.** Items are grouped by hash slot and each group is one script call, all groups
 //!   concurrently. If any group blocks the request, every other group that consumed is refunded
@@ -25,9 +31,9 @@ use redis::{RedisError, Script};
 use std::fmt;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
-use tollgate_core::{CheckItem, Decision, Micros, StoreError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+use tollgate_core::{CheckItem, Decision, FaultKind, Micros, StoreError};
 
 /// Settings of a [`RedisStore`] (the address and credentials are in the URL).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,8 +73,20 @@ struct Inner {
     url: String,
     script: Script,
     healthy: AtomicBool,
+    last_error: Mutex<Option<LastError>>,
     seed: u64,
     counter: AtomicU64,
+}
+
+/// The last failure of a store (see [`RedisStore::last_error`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LastError {
+    /// Its kind.
+    pub kind: FaultKind,
+    /// Its message (no secrets).
+    pub message: String,
+    /// When it happened, in milliseconds since the Unix epoch.
+    pub at_ms: u64,
 }
 
 /// The Redis / Redis Cluster store. Cheap to clone (shared connection).
@@ -118,8 +136,96 @@ pub fn redact(url: &str) -> String {
     format!("{}{}{}", &url[..scheme_end + 3], user, &rest[at..])
 }
 
-fn unavailable(e: RedisError) -> StoreError {
-    StoreError::Unavailable(e.to_string())
+/// `e` as a typed [`StoreError`] with a message for humans. `url` is the redacted store URL.
+pub fn classify(e: &RedisError, url: &str) -> StoreError {
+    use redis::{ErrorKind as K, ServerErrorKind as S};
+    let detail = e.detail().unwrap_or("").trim();
+    let code = e.code().unwrap_or("");
+    let failed = |kind: FaultKind, message: String| StoreError::Failed { kind, message };
+    if e.is_timeout() {
+        return StoreError::Timeout(0);
+    }
+    if e.is_connection_refusal() {
+        return failed(
+            FaultKind::ConnectionRefused,
+            format!("cannot connect to Redis at {url}: connection refused (is it running?)"),
+        );
+    }
+    let text = e.to_string();
+    if e.kind() == K::AuthenticationFailed
+        || matches!(code, "NOAUTH" | "WRONGPASS")
+        || text.contains("NOAUTH")
+        || text.contains("WRONGPASS")
+    {
+        return failed(
+            FaultKind::AuthFailed,
+            format!("Redis at {url} rejected the credentials (authentication failed): check the user and password in the store URL"),
+        );
+    }
+    if text.contains("DB index is out of range") || text.contains("invalid DB index") {
+        let db = url.rsplit_once('/').map_or("", |(_, db)| db);
+        return failed(
+            FaultKind::NoSuchDb,
+            format!("Redis at {url} has no database {db} (SELECT failed: DB index is out of range): check the database number in the store URL"),
+        );
+    }
+    match (e.kind(), code) {
+        (K::Server(S::NoPerm), _) | (_, "NOPERM") => failed(
+            FaultKind::NoPermission,
+            format!("the Redis user lacks a permission the rate-limit script needs: {detail}"),
+        ),
+        (K::Server(S::ReadOnly), _) => failed(
+            FaultKind::ReadOnly,
+            format!("Redis at {url} is a read-only replica: point the store URL at the primary"),
+        ),
+        (K::Server(S::BusyLoading), _) => failed(
+            FaultKind::Busy,
+            format!("Redis at {url} is loading its data set and cannot serve yet"),
+        ),
+        (_, "BUSY") => failed(
+            FaultKind::Busy,
+            format!("Redis at {url} is busy running a script"),
+        ),
+        (_, "OOM") => failed(
+            FaultKind::OutOfMemory,
+            format!("Redis at {url} is out of memory and refuses writes (maxmemory reached with a noeviction policy): counters cannot be updated"),
+        ),
+        (_, "WRONGTYPE") => failed(
+            FaultKind::WrongType,
+            "a counter key in Redis holds a value of another type (WRONGTYPE): something else writes under the key prefix; delete the key or use another --redis-prefix".to_string(),
+        ),
+        (K::Io | K::ClusterConnectionNotFound, _) => failed(
+            FaultKind::ConnectionLost,
+            format!("lost the connection to Redis at {url}: {}", io_reason(e)),
+        ),
+        _ if text.contains("user_script") || text.contains("Error running script") => failed(
+            FaultKind::Script,
+            format!("the rate-limit script failed in Redis: {}", first_line(&text)),
+        ),
+        _ if e.is_connection_dropped() => failed(
+            FaultKind::ConnectionLost,
+            format!("lost the connection to Redis at {url}: {}", io_reason(e)),
+        ),
+        _ => failed(
+            FaultKind::Other,
+            format!("Redis at {url} answered with an error: {}", first_line(&text)),
+        ),
+    }
+}
+
+/// The reason of an I/O failure in words (not the client library's debug form).
+fn io_reason(e: &RedisError) -> String {
+    match e.detail() {
+        Some(d) if !d.is_empty() => d.to_string(),
+        _ => first_line(&e.to_string())
+            .trim_end_matches("- Io")
+            .trim_end_matches(" -")
+            .to_string(),
+    }
+}
+
+fn first_line(s: &str) -> &str {
+    s.lines().next().unwrap_or("").trim()
 }
 
 /// Node URLs of a `redis+cluster://[user:pass@]h1:p1,h2:p2` URL.
@@ -173,7 +279,9 @@ impl RedisStore {
             } else if let Some(rest) = url.strip_prefix("rediss+cluster://") {
                 Self::connect_cluster("rediss", rest, &opts).await
             } else if url.starts_with("redis://") || url.starts_with("rediss://") {
-                let client = redis::Client::open(url).map_err(unavailable)?;
+                let client = redis::Client::open(url).map_err(|e| {
+                    StoreError::Unsupported(format!("store URL {}: {}", redact(url), first_line(&e.to_string())))
+                })?;
                 let cfg = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(opts.connect_timeout))
                     .set_response_timeout(Some(opts.timeout))
@@ -184,7 +292,7 @@ impl RedisStore {
                 } else {
                     client.get_connection_manager_with_config(cfg).await
                 };
-                Ok(Conn::Single(cm.map_err(unavailable)?))
+                Ok(Conn::Single(cm.map_err(|e| classify(&e, &redact(url)))?))
             } else {
                 Err(StoreError::Unsupported(format!(
                     "store URL {} (expected redis://, rediss://, redis+cluster:// or rediss+cluster://)",
@@ -197,17 +305,50 @@ impl RedisStore {
             .await
             .map_err(|_| StoreError::Timeout(opts.connect_timeout.as_millis() as u64 * 2))??;
         let rs = std::collections::hash_map::RandomState::new();
-        Ok(RedisStore {
+        let store = RedisStore {
             inner: Arc::new(Inner {
                 conn,
                 url: redact(url),
                 opts,
                 script: script::script(),
                 healthy: AtomicBool::new(!lazy),
+                last_error: Mutex::new(None),
                 seed: rs.hash_one(0x746f6c6cu32),
                 counter: AtomicU64::new(0),
             }),
-        })
+        };
+        if lazy {
+            store.check_credentials().await?;
+        }
+        Ok(store)
+    }
+
+    /// One round trip at start, for a lazily connected store: a configuration the server
+    /// rejects (wrong password, no such database) fails now, with a clear error, instead of
+    /// running degraded forever; a server that is merely down (or slow) is fine (it may come up).
+    async fn check_credentials(&self) -> Result<(), StoreError> {
+        let mut cmd = redis::cmd("PING");
+        cmd.arg("tollgate");
+        let t = self.inner.opts.connect_timeout;
+        let r = match tokio::time::timeout(t, self.exec::<String>(&cmd)).await {
+            Err(_) => return Ok(()),
+            Ok(r) => r,
+        };
+        match r {
+            Err(e) => match classify(&e, &self.inner.url) {
+                e @ StoreError::Failed {
+                    kind: FaultKind::AuthFailed | FaultKind::NoSuchDb,
+                    ..
+                } => Err(e),
+                // Down or slow: start anyway (the caller decides what "degraded" means).
+                StoreError::Timeout(_) => Ok(()),
+                e => self.record::<()>(Err(e)).or(Ok(())),
+            },
+            Ok(_) => {
+                self.inner.healthy.store(true, Ordering::Relaxed);
+                Ok(())
+            }
+        }
     }
 
     async fn connect_cluster(
@@ -216,12 +357,16 @@ impl RedisStore {
         opts: &RedisOptions,
     ) -> Result<Conn, StoreError> {
         let nodes = cluster_nodes(scheme, rest)?;
+        let url = redact(&format!("{scheme}+cluster://{rest}"));
         let client = ClusterClient::builder(nodes)
             .connection_timeout(opts.connect_timeout)
             .response_timeout(opts.timeout)
             .build()
-            .map_err(unavailable)?;
-        let conn = client.get_async_connection().await.map_err(unavailable)?;
+            .map_err(|e| classify(&e, &url))?;
+        let conn = client
+            .get_async_connection()
+            .await
+            .map_err(|e| classify(&e, &url))?;
         Ok(Conn::Cluster(conn))
     }
 
@@ -230,9 +375,21 @@ impl RedisStore {
         matches!(self.inner.conn, Conn::Cluster(_))
     }
 
-    /// Whether the last call to Redis succeeded (no I/O: for readiness and circuit breakers).
+    /// Whether the last call to Redis reached a working server (no I/O: for readiness and
+    /// circuit breakers). A failure of one key or script call (`WRONGTYPE`, out of memory on a
+    /// write) does not make the store unhealthy.
     pub fn is_healthy(&self) -> bool {
         self.inner.healthy.load(Ordering::Relaxed)
+    }
+
+    /// The last failure, if any call has failed (it stays after a recovery: compare its time
+    /// with the health).
+    pub fn last_error(&self) -> Option<LastError> {
+        self.inner
+            .last_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// The store URL with its password redacted.
@@ -259,20 +416,69 @@ impl RedisStore {
         self.record(r)
     }
 
+    /// What a request needs, without touching a counter: a write with a TTL
+    /// (`SET <prefix>:probe 1 PX 10000`). Fails, unlike [`RedisStore::ping`], while Redis
+    /// refuses writes (out of memory, read-only replica).
+    pub async fn probe(&self) -> Result<(), StoreError> {
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(format!("{}:probe", self.inner.opts.prefix))
+            .arg(1)
+            .arg("PX")
+            .arg(10_000);
+        let r = self.query::<String>(&cmd).await.map(|_| ());
+        self.record(r)
+    }
+
     /// One command, bounded by the timeout.
     async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, StoreError> {
-        self.bounded(async {
-            match self.inner.conn.clone() {
-                Conn::Single(mut c) => cmd.query_async::<T>(&mut c).await,
-                Conn::Cluster(mut c) => cmd.query_async::<T>(&mut c).await,
-            }
-        })
-        .await
+        self.bounded(self.exec(cmd)).await
+    }
+
+    async fn exec<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, RedisError> {
+        match self.inner.conn.clone() {
+            Conn::Single(mut c) => cmd.query_async::<T>(&mut c).await,
+            Conn::Cluster(mut c) => cmd.query_async::<T>(&mut c).await,
+        }
     }
 
     fn record<T>(&self, r: Result<T, StoreError>) -> Result<T, StoreError> {
-        let ok = !matches!(r, Err(StoreError::Timeout(_) | StoreError::Unavailable(_)));
-        self.inner.healthy.store(ok, Ordering::Relaxed);
+        match &r {
+            Ok(_) => {
+                // A load first: the healthy path writes nothing shared.
+                if !self.inner.healthy.load(Ordering::Relaxed) {
+                    self.inner.healthy.store(true, Ordering::Relaxed);
+                }
+            }
+            Err(StoreError::Unsupported(_)) => {}
+            Err(e) => {
+                let kind = e.kind();
+                if kind.is_outage() {
+                    self.inner.healthy.store(false, Ordering::Relaxed);
+                } else {
+                    // The server answered: it is up, whatever this key or write did.
+                    self.inner.healthy.store(true, Ordering::Relaxed);
+                }
+                let at_ms = SystemTime::now()
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64);
+                let mut last = self
+                    .inner
+                    .last_error
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                match last.as_mut() {
+                    // Same failure again: only the time moves (no allocation per request).
+                    Some(l) if l.kind == kind => l.at_ms = at_ms,
+                    _ => {
+                        *last = Some(LastError {
+                            kind,
+                            message: e.to_string(),
+                            at_ms,
+                        })
+                    }
+                }
+            }
+        }
         r
     }
 
@@ -283,8 +489,11 @@ impl RedisStore {
         let t = self.inner.opts.timeout;
         match tokio::time::timeout(t, fut).await {
             Err(_) => Err(StoreError::Timeout(t.as_millis() as u64)),
-            Ok(Err(e)) if e.is_timeout() => Err(StoreError::Timeout(t.as_millis() as u64)),
-            Ok(r) => r.map_err(unavailable),
+            Ok(Err(e)) => match classify(&e, &self.inner.url) {
+                StoreError::Timeout(_) => Err(StoreError::Timeout(t.as_millis() as u64)),
+                e => Err(e),
+            },
+            Ok(Ok(v)) => Ok(v),
         }
     }
 
@@ -405,6 +614,10 @@ impl RedisStore {
                 StoreError::Timeout(ms) => StoreError::Timeout(*ms),
                 StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
                 StoreError::Unsupported(m) => StoreError::Unsupported(m.clone()),
+                StoreError::Failed { kind, message } => StoreError::Failed {
+                    kind: *kind,
+                    message: message.clone(),
+                },
             });
         let blocked = failed.is_some() || replies.iter().flatten().any(|r| r.blocked);
         let mut decisions = vec![Decision::default(); items.len()];
