@@ -44,6 +44,9 @@ pub struct RedisOptions {
     pub connect_timeout: Duration,
     /// First part of every key (`<prefix>:{...}:...`). Default `tollgate`. No braces.
     pub prefix: String,
+    /// How long [`RedisStore::check_within`] callers may let a call go on past `timeout` (the
+    /// connection's own response timeout is `timeout + patience`). Default 1 s.
+    pub patience: Duration,
     /// Added to every key's TTL. Default 0: a key lives exactly until its counter is full again
     /// (rounded up to a millisecond). Replays with an explicit `now` unrelated to the real clock
     /// (tests, `simulate`) set a grace so keys outlive the replay.
@@ -56,6 +59,7 @@ impl Default for RedisOptions {
             timeout: Duration::from_millis(50),
             connect_timeout: Duration::from_secs(1),
             prefix: "tollgate".to_owned(),
+            patience: Duration::from_secs(1),
             ttl_grace: Duration::ZERO,
         }
     }
@@ -284,7 +288,7 @@ impl RedisStore {
                 })?;
                 let cfg = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(opts.connect_timeout))
-                    .set_response_timeout(Some(opts.timeout))
+                    .set_response_timeout(Some(opts.timeout + opts.patience))
                     .set_number_of_retries(2)
                     .set_max_delay(Duration::from_secs(1));
                 let cm = if lazy {
@@ -360,7 +364,7 @@ impl RedisStore {
         let url = redact(&format!("{scheme}+cluster://{rest}"));
         let client = ClusterClient::builder(nodes)
             .connection_timeout(opts.connect_timeout)
-            .response_timeout(opts.timeout)
+            .response_timeout(opts.timeout + opts.patience)
             .build()
             .map_err(|e| classify(&e, &url))?;
         let conn = client
@@ -431,7 +435,7 @@ impl RedisStore {
 
     /// One command, bounded by the timeout.
     async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, StoreError> {
-        self.bounded(self.exec(cmd)).await
+        self.bounded(self.inner.opts.timeout, self.exec(cmd)).await
     }
 
     async fn exec<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, RedisError> {
@@ -484,9 +488,9 @@ impl RedisStore {
 
     async fn bounded<T>(
         &self,
+        t: Duration,
         fut: impl std::future::Future<Output = Result<T, RedisError>>,
     ) -> Result<T, StoreError> {
-        let t = self.inner.opts.timeout;
         match tokio::time::timeout(t, fut).await {
             Err(_) => Err(StoreError::Timeout(t.as_millis() as u64)),
             Ok(Err(e)) => match classify(&e, &self.inner.url) {
@@ -500,7 +504,12 @@ impl RedisStore {
     /// One script call: `EVALSHA`, and after `NOSCRIPT` (a restart, a failover, `SCRIPT FLUSH`)
     /// `EVAL` with the source, which cannot fail that way and caches the script again. (A
     /// load-then-`EVALSHA` retry races with a concurrent flush: seen under load.)
-    async fn run(&self, call: &Call<'_>, part: &[script::Entry<'_>]) -> Result<Reply, StoreError> {
+    async fn run(
+        &self,
+        bound: Duration,
+        call: &Call<'_>,
+        part: &[script::Entry<'_>],
+    ) -> Result<Reply, StoreError> {
         let (keys, args) = script::arguments(call, part);
         let cmd = |name: &str, script: &str| {
             let mut c = redis::cmd(name);
@@ -511,7 +520,7 @@ impl RedisStore {
         // Built only after NOSCRIPT: it carries the whole script source (tens of KB).
         let eval = || cmd("EVAL", script::SOURCE);
         let v: Vec<i64> = self
-            .bounded(async {
+            .bounded(bound, async {
                 match self.inner.conn.clone() {
                     Conn::Single(mut c) => eval_or_load(&mut c, &evalsha, eval).await,
                     Conn::Cluster(mut c) => eval_or_load(&mut c, &evalsha, eval).await,
@@ -557,12 +566,31 @@ impl RedisStore {
             return Ok(Vec::new());
         }
         script::validate(items, now)?;
-        let r = self.check_valid(now, items).await;
+        let r = self.check_valid(self.inner.opts.timeout, now, items).await;
+        self.record(r)
+    }
+
+    /// [`RedisStore::check`] bounded by `bound` instead of the store's timeout (at most
+    /// `timeout + patience`, the connection's own limit): for a caller that starts deciding
+    /// what to do after `timeout` but still wants Redis' answer if it comes (a slow call may have
+    /// been counted; see tollgate-server's breaker).
+    pub async fn check_within(
+        &self,
+        bound: Duration,
+        now: Option<Micros>,
+        items: &[CheckItem<'_>],
+    ) -> Result<Vec<Decision>, StoreError> {
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        script::validate(items, now)?;
+        let r = self.check_valid(bound, now, items).await;
         self.record(r)
     }
 
     async fn check_valid(
         &self,
+        bound: Duration,
         now: Option<Micros>,
         items: &[CheckItem<'_>],
     ) -> Result<Vec<Decision>, StoreError> {
@@ -598,13 +626,13 @@ impl RedisStore {
             }
         }
         if groups.len() <= 1 {
-            return Ok(self.run(&call, &all).await?.decisions);
+            return Ok(self.run(bound, &call, &all).await?.decisions);
         }
 
         let call_ref = &call;
         let calls = groups.iter().map(|(_, g)| {
             let part: Vec<_> = g.iter().map(|&i| all[i]).collect();
-            async move { self.run(call_ref, &part).await }
+            async move { self.run(bound, call_ref, &part).await }
         });
         let replies = join_all(calls).await;
         let mut failed = replies
@@ -647,7 +675,7 @@ impl RedisStore {
                 ..call
             };
             // Keep refunding the other groups even if this one fails; report the first error.
-            match self.run(&refund, &part).await {
+            match self.run(bound, &refund, &part).await {
                 Ok(r) => {
                     for (&i, d) in undo.iter().zip(&r.decisions) {
                         decisions[i] = *d;

@@ -2,8 +2,13 @@
 //! called synchronously: no extra `await`, no extra allocation) or Redis guarded by a failure
 //! policy and a circuit breaker ([`Guarded`]).
 //!
+//! Slow is not down: a call slower than the per-call timeout (50 ms by default) counts toward
+//! opening the breaker, but the request keeps waiting for Redis' answer (it may have been
+//! counted) until the answer comes, the breaker opens, or `timeout + patience` (1 s) passes; so
+//! a loaded Redis stays exact, and only an outage hands decisions to the policy.
+//!
 //! Why a breaker and not just a timeout: during an outage every call would wait for the per-call
-//! timeout (50 ms by default). The breaker opens on an outage, not on one bad key nor on queueing:
+//! timeout. The breaker opens on an outage, not on one bad key nor on queueing:
 //! after [`FAILURES_TO_OPEN`] consecutive connection-level failures (refused, reset,
 //! authentication, ...), or consecutive timeouts that persist for [`TIMEOUTS_OPEN_AFTER`] with no
 //! success in between (isolated timeouts of a loaded Redis interleaved with answers never open
@@ -230,6 +235,8 @@ struct Breaker {
     /// When the current run of failures began (0: none).
     since: AtomicU64,
     transitions: [AtomicU64; 3],
+    /// Wakes the calls waiting on a slow Redis when the breaker opens.
+    opened: tokio::sync::Notify,
 }
 
 impl Breaker {
@@ -245,6 +252,9 @@ impl Breaker {
             .is_ok()
         {
             self.transitions[to as usize].fetch_add(1, Relaxed);
+            if to == BreakerState::Open {
+                self.opened.notify_waiters();
+            }
             match to {
                 BreakerState::Open => tracing::warn!(
                     from = from.as_str(),
@@ -311,6 +321,8 @@ pub struct Guarded {
     degraded: [AtomicU64; 3],
     /// Store errors by kind ([`FaultKind::ALL`] order).
     errors: [AtomicU64; FaultKind::ALL.len()],
+    /// Calls slower than the per-call timeout (answered or not).
+    slow: AtomicU64,
     condition: Condition,
 }
 
@@ -384,6 +396,7 @@ impl Guarded {
             breaker: Breaker::default(),
             degraded: Default::default(),
             errors: Default::default(),
+            slow: AtomicU64::new(0),
             condition: Condition::default(),
         });
         if let Err(e) = g.store.probe().await {
@@ -462,7 +475,8 @@ impl Guarded {
         if self.breaker.state() == BreakerState::Open {
             return Ok(self.fallback(now, items, false, false));
         }
-        match self.store.check(None, items).await {
+        match self.call(now, items).await {
+            Err(None) => Ok(self.fallback(now, items, true, true)),
             Ok(decisions) => {
                 self.breaker.success();
                 self.condition.answered(now);
@@ -475,12 +489,17 @@ impl Guarded {
                 Ok(Outcome::store(decisions))
             }
             // Not a failure: a request this store cannot serve.
-            Err(e @ StoreError::Unsupported(_)) => Err(e),
-            Err(e) => {
+            Err(Some(e @ StoreError::Unsupported(_))) => Err(e),
+            Err(Some(e)) => {
                 self.count_error(&e, now);
                 let kind = e.kind();
                 if kind.is_outage() {
-                    self.breaker.failure(kind, now);
+                    let opts = self.store.options();
+                    let late = match kind {
+                        FaultKind::Timeout => (opts.timeout + opts.patience).as_micros() as Micros,
+                        _ => 0,
+                    };
+                    self.breaker.failure(kind, now.saturating_add(late));
                 } else {
                     // Redis answered: a fault of this request's keys or writes, not an outage.
                     self.breaker.success();
@@ -488,6 +507,38 @@ impl Guarded {
                 let possibly_consumed = kind == FaultKind::Timeout;
                 Ok(self.fallback(now, items, true, possibly_consumed))
             }
+        }
+    }
+
+    /// Ask Redis. A call slower than the per-call timeout is a sign of an outage (it counts
+    /// toward opening the breaker) but also of mere queueing, and it may have been counted: so
+    /// the request keeps waiting for Redis' answer (at most `timeout + patience`) unless the
+    /// breaker opens meanwhile (`Err(None)`: decide by the policy, the cost possibly consumed).
+    async fn call(
+        &self,
+        now: Micros,
+        items: &[CheckItem<'_>],
+    ) -> Result<Vec<Decision>, Option<StoreError>> {
+        let opts = self.store.options();
+        let call = self
+            .store
+            .check_within(opts.timeout + opts.patience, None, items);
+        tokio::pin!(call);
+        if let Ok(r) = tokio::time::timeout(opts.timeout, &mut call).await {
+            return r.map_err(Some);
+        }
+        self.slow.fetch_add(1, Relaxed);
+        let opened = self.breaker.opened.notified();
+        tokio::pin!(opened);
+        opened.as_mut().enable();
+        let late = now.saturating_add(opts.timeout.as_micros() as Micros);
+        self.breaker.failure(FaultKind::Timeout, late);
+        if self.breaker.state() == BreakerState::Open {
+            return Err(None);
+        }
+        tokio::select! {
+            r = &mut call => r.map_err(Some),
+            () = &mut opened => Err(None),
         }
     }
 
@@ -631,6 +682,11 @@ impl Guarded {
             "Redis store errors, by kind (timeout and connection kinds may open the breaker; the others fail one request).",
             "kind",
             FaultKind::ALL.map(|k| (k.as_str(), self.errors(k))),
+        );
+        let _ = writeln!(
+            out,
+            "# HELP tollgate_redis_slow_calls_total Redis calls slower than the per-call timeout (waited for while Redis answers others).\n# TYPE tollgate_redis_slow_calls_total counter\ntollgate_redis_slow_calls_total {}",
+            self.slow.load(Relaxed)
         );
         if let Some(c) = &self.deny_cache {
             let _ = writeln!(
