@@ -284,7 +284,11 @@ impl RedisStore {
                 Self::connect_cluster("rediss", rest, &opts).await
             } else if url.starts_with("redis://") || url.starts_with("rediss://") {
                 let client = redis::Client::open(url).map_err(|e| {
-                    StoreError::Unsupported(format!("store URL {}: {}", redact(url), first_line(&e.to_string())))
+                    StoreError::Unsupported(format!(
+                        "store URL {}: {}",
+                        redact(url),
+                        first_line(&e.to_string())
+                    ))
                 })?;
                 let cfg = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(opts.connect_timeout))

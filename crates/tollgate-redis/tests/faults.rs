@@ -61,7 +61,9 @@ async fn redis_down_at_start_is_refused_not_a_timeout() {
     };
     let url = format!("redis://127.0.0.1:{dead}");
     // Down is not a configuration error: a lazy store starts (and reports why it cannot work).
-    let store = RedisStore::connect_lazy(&url, options("down")).await.unwrap();
+    let store = RedisStore::connect_lazy(&url, options("down"))
+        .await
+        .unwrap();
     assert!(!store.is_healthy());
     let q = Quota::new(10, Unit::Minute);
     let e = store

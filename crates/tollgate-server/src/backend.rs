@@ -617,10 +617,8 @@ impl Guarded {
         };
         let decisions = if items.iter().zip(&shares).any(|(i, s)| short(i, s)) {
             // Denied by the ledger: report the others as a blocked request does (cost 0).
-            let queries: Vec<CheckItem<'_>> = local
-                .iter()
-                .map(|i| CheckItem { cost: 0, ..*i })
-                .collect();
+            let queries: Vec<CheckItem<'_>> =
+                local.iter().map(|i| CheckItem { cost: 0, ..*i }).collect();
             let mut ds = self.local.check(now, &queries).unwrap_or_default();
             for ((i, s), d) in items.iter().zip(&shares).zip(ds.iter_mut()) {
                 if let (true, Some((share, until))) = (short(i, s), s) {

@@ -185,7 +185,10 @@ async fn outage_local_policy_divides_limits_then_returns_to_redis() {
         m.contains("tollgate_store_errors_total 3") || m.contains("tollgate_store_errors_total 2"),
         "{m}"
     );
-    assert!(m.contains("tollgate_redis_errors_total{kind=\"wrongtype\"} 0"), "{m}");
+    assert!(
+        m.contains("tollgate_redis_errors_total{kind=\"wrongtype\"} 0"),
+        "{m}"
+    );
     assert!(m.contains("tollgate_store_breaker_transitions_total{to=\"open\"} 1"));
     assert!(m.contains("tollgate_degraded_decisions_total{policy=\"local\"} 6"));
 

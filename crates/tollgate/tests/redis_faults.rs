@@ -75,7 +75,10 @@ fn body(key: &str, value: &str) -> Value {
 
 fn check(base: &str, key: &str, value: &str) -> (u16, Value) {
     let r = http(base, Method::POST, "/v1/check", Some(body(key, value)));
-    (r.status, serde_json::from_str(&r.body).unwrap_or(Value::Null))
+    (
+        r.status,
+        serde_json::from_str(&r.body).unwrap_or(Value::Null),
+    )
 }
 
 fn readyz(base: &str) -> Value {
@@ -103,7 +106,13 @@ fn serve_must_exit(store: &str, name: &str) -> (Option<i32>, String, Duration) {
     let log = temp_dir(name).join("stderr.log");
     let started = Instant::now();
     let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args(["serve", "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"])
+        .args([
+            "serve",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "127.0.0.1:0",
+        ])
         .args(["--rules", &rules, "--store", store])
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
@@ -135,7 +144,10 @@ fn wrong_password_or_missing_db_fails_at_start() {
     eprintln!("wrong password: exit {code:?} after {took:?}: {stderr}");
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("rejected the credentials"), "{stderr}");
-    assert!(!stderr.contains("hunter2-wrong"), "password leaked: {stderr}");
+    assert!(
+        !stderr.contains("hunter2-wrong"),
+        "password leaked: {stderr}"
+    );
 
     let open = RedisServer::start(&[]);
     let (code, stderr, took) = serve_must_exit(&format!("{}/99", open.url()), "faults-db");
@@ -195,7 +207,10 @@ fn wrongtype_at_one_key_is_not_an_outage() {
         20
     );
     assert_eq!(
-        metric(&s.base, "tollgate_degraded_decisions_total{policy=\"local\"}"),
+        metric(
+            &s.base,
+            "tollgate_degraded_decisions_total{policy=\"local\"}"
+        ),
         20,
         "only the bad key's requests were decided by the policy"
     );
@@ -218,7 +233,11 @@ fn out_of_memory_is_reported_and_the_breaker_does_not_flap() {
     let started = Instant::now();
     let mut n = 0;
     while started.elapsed() < Duration::from_secs(2) {
-        assert_eq!(check(&s.base, "fw", &format!("u{n}")).0, 200, "local policy");
+        assert_eq!(
+            check(&s.base, "fw", &format!("u{n}")).0,
+            200,
+            "local policy"
+        );
         n += 1;
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -233,10 +252,16 @@ fn out_of_memory_is_reported_and_the_breaker_does_not_flap() {
         "{r}"
     );
     assert_eq!(
-        metric(&s.base, "tollgate_redis_errors_total{kind=\"out_of_memory\"}"),
+        metric(
+            &s.base,
+            "tollgate_redis_errors_total{kind=\"out_of_memory\"}"
+        ),
         n
     );
-    let (open, half) = (transitions(&s.base, "open"), transitions(&s.base, "half_open"));
+    let (open, half) = (
+        transitions(&s.base, "open"),
+        transitions(&s.base, "half_open"),
+    );
     eprintln!("{n} requests under OOM: {open} opens, {half} half-opens");
     assert_eq!((open, half), (0, 0), "the breaker flapped");
     let logged = s.stderr().matches("out of memory").count();
@@ -257,12 +282,19 @@ fn out_of_memory_is_reported_and_the_breaker_does_not_flap() {
     assert!(redis.cli(&["PING"]).contains("PONG"));
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(readyz(&s.base)["store_state"], "open");
-    assert_eq!(transitions(&s.base, "half_open"), 0, "a PING is not a write");
+    assert_eq!(
+        transitions(&s.base, "half_open"),
+        0,
+        "a PING is not a write"
+    );
     redis.cli(&["CONFIG", "SET", "maxmemory", "0"]);
     let started = Instant::now();
     while readyz(&s.base)["store_state"] != "healthy" {
         check(&s.base, "fw", "after");
-        assert!(started.elapsed() < Duration::from_secs(10), "never recovered");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "never recovered"
+        );
         std::thread::sleep(Duration::from_millis(25));
     }
 }
@@ -423,7 +455,10 @@ fn redis_stalls_neither_open_the_breaker_nor_grant_a_fresh_budget() {
     eprintln!(
         "under {stalls} stalls: admitted {seen:?}; {slow} calls slower than 50 ms, {timeouts} timed out, breaker opened {opened} times"
     );
-    assert!(slow > 0, "the stalls slowed no call: the test tests nothing");
+    assert!(
+        slow > 0,
+        "the stalls slowed no call: the test tests nothing"
+    );
     assert_eq!(opened, 0, "queueing opened the breaker");
     for (key, admitted) in seen {
         // Slow calls waited for Redis' answer instead of a fresh local budget (2 x 150).
