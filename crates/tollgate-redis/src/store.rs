@@ -309,9 +309,14 @@ impl RedisStore {
             }
         };
         // Bounded: a server that accepts but never answers must not hang startup.
+        let connect_ms = opts.connect_timeout.as_millis() as u64;
         let conn = tokio::time::timeout(opts.connect_timeout * 2, connecting)
             .await
-            .map_err(|_| StoreError::Timeout(opts.connect_timeout.as_millis() as u64 * 2))??;
+            .map_err(|_| StoreError::Timeout(connect_ms * 2))?
+            .map_err(|e| match e {
+                StoreError::Timeout(_) => StoreError::Timeout(connect_ms),
+                e => e,
+            })?;
         let rs = std::collections::hash_map::RandomState::new();
         let store = RedisStore {
             inner: Arc::new(Inner {

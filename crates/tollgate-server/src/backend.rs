@@ -402,7 +402,7 @@ impl Guarded {
         if let Err(e) = g.store.probe().await {
             g.count_error(&e, 0);
             if e.kind().is_outage() {
-                tracing::warn!(store = %g.store, "Redis cannot serve at start ({e}): starting degraded");
+                // Logged as the store's error (count_error) and as the breaker opening.
                 g.breaker
                     .transition(BreakerState::Healthy, BreakerState::Open);
             }

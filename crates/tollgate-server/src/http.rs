@@ -525,6 +525,11 @@ pub fn rules_json(state: &AppState) -> Value {
             json!({"domain": d.name, "file": d.file, "limits": limits})
         })
         .collect();
+    let report = state
+        .backend()
+        .redis()
+        .map(|g| g.report())
+        .unwrap_or_default();
     let store = match state.backend().redis() {
         Some(g) => json!({
             "kind": "redis",
@@ -534,8 +539,8 @@ pub fn rules_json(state: &AppState) -> Value {
             "on_store_error": g.settings().policy.as_str(),
             "expected_instances": g.settings().expected_instances,
             "local_deny_cache": g.settings().deny_cache,
-            "condition": g.report()["store_condition"],
-            "last_error": g.report()["store_error"],
+            "condition": report["store_condition"],
+            "last_error": report["store_error"],
         }),
         None => json!({"kind": "memory"}),
     };
@@ -567,6 +572,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
     match state.backend() {
         Backend::Redis(g) => {
             let s = g.state();
+            let report = g.report();
             let status = if s == BreakerState::Healthy {
                 "ready"
             } else {
@@ -577,8 +583,8 @@ async fn readyz(State(state): State<AppState>) -> Response {
                 "store": "redis",
                 "store_state": s.as_str(),
                 "on_store_error": g.settings().policy.as_str(),
-                "store_condition": g.report()["store_condition"],
-                "store_error": g.report()["store_error"],
+                "store_condition": report["store_condition"],
+                "store_error": report["store_error"],
             }))
             .into_response()
         }
