@@ -186,7 +186,11 @@ pub fn classify(e: &RedisError, url: &str) -> StoreError {
             FaultKind::Busy,
             format!("Redis at {url} is loading its data set and cannot serve yet"),
         ),
-        (_, "BUSY") => failed(
+        (K::Server(S::ClusterDown | S::MasterDown), _) => failed(
+            FaultKind::ConnectionLost,
+            format!("the Redis Cluster at {url} cannot serve: {}", first_line(&text)),
+        ),
+        (K::Server(S::TryAgain), _) | (_, "BUSY") => failed(
             FaultKind::Busy,
             format!("Redis at {url} is busy running a script"),
         ),

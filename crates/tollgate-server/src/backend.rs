@@ -728,8 +728,13 @@ async fn probe(g: Weak<Guarded>) {
     loop {
         tick.tick().await;
         let Some(g) = g.upgrade() else { return };
-        if g.state() != BreakerState::Healthy && g.store.probe().await.is_ok() {
-            g.breaker.probe_ok();
+        if g.state() != BreakerState::Healthy {
+            match g.store.probe().await {
+                Ok(()) => g.breaker.probe_ok(),
+                // Logged when its kind changes (e.g. Redis is back but out of memory); the probe
+                // has no clock, so a success clears it at once.
+                Err(e) => g.condition.failed(&e, 0, &g.store),
+            }
         }
     }
 }
