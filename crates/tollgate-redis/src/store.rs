@@ -192,7 +192,10 @@ pub fn classify(e: &RedisError, url: &str) -> StoreError {
         ),
         (K::Server(S::TryAgain), _) | (_, "BUSY") => failed(
             FaultKind::Busy,
-            format!("Redis at {url} is busy running a script"),
+            format!(
+                "Redis at {url} is busy (a long-running script, or a cluster slot moving): {}",
+                first_line(&text)
+            ),
         ),
         (_, "OOM") => failed(
             FaultKind::OutOfMemory,
