@@ -20,4 +20,4 @@ pub use decision::Decision;
 pub use memory::MemoryStore;
 pub use quota::{Algorithm, Period, Quota, SketchSize, Unit, MAX_PERIOD};
 pub use rules::{Domain, Limit, Resolution, RuleError, RuleErrors, RuleSet};
-pub use store::{CheckItem, Store, StoreError};
+pub use store::{CheckItem, FaultKind, Store, StoreError};

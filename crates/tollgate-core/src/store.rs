@@ -51,6 +51,109 @@ pub enum StoreError {
     /// The request cannot be served by this store (e.g. an algorithm it does not support).
     #[error("unsupported by this store: {0}")]
     Unsupported(String),
+    /// The backend failed in a way it told us about (refused, lost, authentication, out of
+    /// memory, a value of the wrong type, ...): `message` is for humans, `kind` for code.
+    #[error("{message}")]
+    Failed {
+        /// What went wrong.
+        kind: FaultKind,
+        /// A sentence for logs and `/readyz` (no secrets).
+        message: String,
+    },
+}
+
+/// What kind of failure a store error is: for metrics, logs and for telling an outage (the
+/// store cannot serve anyone) from a fault of one request (one key, one script call).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FaultKind {
+    /// No answer within the per-call timeout.
+    Timeout,
+    /// Nothing accepts connections at the address.
+    ConnectionRefused,
+    /// The connection broke (reset, closed, DNS, TLS, ...).
+    ConnectionLost,
+    /// The server rejected the credentials (or requires some).
+    AuthFailed,
+    /// The database number in the URL does not exist on the server.
+    NoSuchDb,
+    /// The user lacks an ACL permission the calls need.
+    NoPermission,
+    /// The server is a read-only replica.
+    ReadOnly,
+    /// The server is loading its data set or busy running a script.
+    Busy,
+    /// The server is out of memory and refuses writes (`maxmemory` with `noeviction`).
+    OutOfMemory,
+    /// A key holds a value of another type (`WRONGTYPE`).
+    WrongType,
+    /// The script failed inside the server.
+    Script,
+    /// Any other failure.
+    Other,
+}
+
+impl FaultKind {
+    /// Every kind, in metric order.
+    pub const ALL: [FaultKind; 12] = [
+        FaultKind::Timeout,
+        FaultKind::ConnectionRefused,
+        FaultKind::ConnectionLost,
+        FaultKind::AuthFailed,
+        FaultKind::NoSuchDb,
+        FaultKind::NoPermission,
+        FaultKind::ReadOnly,
+        FaultKind::Busy,
+        FaultKind::OutOfMemory,
+        FaultKind::WrongType,
+        FaultKind::Script,
+        FaultKind::Other,
+    ];
+
+    /// Stable name (metric label, `/readyz`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FaultKind::Timeout => "timeout",
+            FaultKind::ConnectionRefused => "connection_refused",
+            FaultKind::ConnectionLost => "connection_lost",
+            FaultKind::AuthFailed => "auth_failed",
+            FaultKind::NoSuchDb => "no_such_db",
+            FaultKind::NoPermission => "no_permission",
+            FaultKind::ReadOnly => "read_only",
+            FaultKind::Busy => "busy",
+            FaultKind::OutOfMemory => "out_of_memory",
+            FaultKind::WrongType => "wrongtype",
+            FaultKind::Script => "script",
+            FaultKind::Other => "other",
+        }
+    }
+
+    /// Whether this failure means the store serves nobody (so a circuit breaker may open), as
+    /// opposed to a fault of one request's keys or script call, or of writes only.
+    pub fn is_outage(self) -> bool {
+        matches!(
+            self,
+            FaultKind::Timeout
+                | FaultKind::ConnectionRefused
+                | FaultKind::ConnectionLost
+                | FaultKind::AuthFailed
+                | FaultKind::NoSuchDb
+                | FaultKind::NoPermission
+                | FaultKind::ReadOnly
+                | FaultKind::Busy
+        )
+    }
+}
+
+impl StoreError {
+    /// The kind of failure (`Unavailable` is a lost connection, `Unsupported` is `Other`).
+    pub fn kind(&self) -> FaultKind {
+        match self {
+            StoreError::Timeout(_) => FaultKind::Timeout,
+            StoreError::Unavailable(_) => FaultKind::ConnectionLost,
+            StoreError::Unsupported(_) => FaultKind::Other,
+            StoreError::Failed { kind, .. } => *kind,
+        }
+    }
 }
 
 /// A place counters live.

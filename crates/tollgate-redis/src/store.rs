@@ -7,8 +7,14 @@
 //! - **Timeouts.** Every call is bounded by [`RedisOptions::timeout`] (default 50 ms), and a
 //!   timeout is reported as [`StoreError::Timeout`], distinct from [`StoreError::Unavailable`], so
 //!   a failure policy upstream can tell a slow Redis from an absent one.
-//! - **Health.** [`RedisStore::is_healthy`] reports whether the last call succeeded: a cheap
-//!   signal for readiness probes and circuit breakers; [`RedisStore::ping`] asks Redis.
+//! - **Errors.** Every failure is classified ([`tollgate_core::FaultKind`]: refused, lost,
+//!   authentication, no such database, out of memory, `WRONGTYPE`, script, ...) with a message
+//!   for humans, so an operator reads "Redis rejected the credentials", not a timeout; a failure
+//!   of one key or script call is told apart from an outage ([`tollgate_core::FaultKind::is_outage`]).
+//! - **Health.** [`RedisStore::is_healthy`] reports whether the last call reached a working
+//!   Redis, [`RedisStore::last_error`] the last failure: cheap signals for readiness and circuit
+//!   breakers. [`RedisStore::ping`] asks Redis; [`RedisStore::probe`] does what requests need
+//!   (a write with a TTL), so a server that answers `PING` but refuses writes is not "back".
 //! - **Secrets.** The URL's password is redacted in `Debug` and `Display`.
 //! - **Cluster.** Items are grouped by hash slot and each group is one script call, all groups
 //!   concurrently. If any group blocks the request, every other group that consumed is refunded
@@ -25,9 +31,9 @@ use redis::{RedisError, Script};
 use std::fmt;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
-use tollgate_core::{CheckItem, Decision, Micros, StoreError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+use tollgate_core::{CheckItem, Decision, FaultKind, Micros, StoreError};
 
 /// Settings of a [`RedisStore`] (the address and credentials are in the URL).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,6 +44,9 @@ pub struct RedisOptions {
     pub connect_timeout: Duration,
     /// First part of every key (`<prefix>:{...}:...`). Default `tollgate`. No braces.
     pub prefix: String,
+    /// How long [`RedisStore::check_within`] callers may let a call go on past `timeout` (the
+    /// connection's own response timeout is `timeout + patience`). Default 1 s.
+    pub patience: Duration,
     /// Added to every key's TTL. Default 0: a key lives exactly until its counter is full again
     /// (rounded up to a millisecond). Replays with an explicit `now` unrelated to the real clock
     /// (tests, `simulate`) set a grace so keys outlive the replay.
@@ -50,6 +59,7 @@ impl Default for RedisOptions {
             timeout: Duration::from_millis(50),
             connect_timeout: Duration::from_secs(1),
             prefix: "tollgate".to_owned(),
+            patience: Duration::from_secs(1),
             ttl_grace: Duration::ZERO,
         }
     }
@@ -67,8 +77,20 @@ struct Inner {
     url: String,
     script: Script,
     healthy: AtomicBool,
+    last_error: Mutex<Option<LastError>>,
     seed: u64,
     counter: AtomicU64,
+}
+
+/// The last failure of a store (see [`RedisStore::last_error`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LastError {
+    /// Its kind.
+    pub kind: FaultKind,
+    /// Its message (no secrets).
+    pub message: String,
+    /// When it happened, in milliseconds since the Unix epoch.
+    pub at_ms: u64,
 }
 
 /// The Redis / Redis Cluster store. Cheap to clone (shared connection).
@@ -118,8 +140,103 @@ pub fn redact(url: &str) -> String {
     format!("{}{}{}", &url[..scheme_end + 3], user, &rest[at..])
 }
 
-fn unavailable(e: RedisError) -> StoreError {
-    StoreError::Unavailable(e.to_string())
+/// `e` as a typed [`StoreError`] with a message for humans. `url` is the redacted store URL.
+pub fn classify(e: &RedisError, url: &str) -> StoreError {
+    use redis::{ErrorKind as K, ServerErrorKind as S};
+    let detail = e.detail().unwrap_or("").trim();
+    let code = e.code().unwrap_or("");
+    let failed = |kind: FaultKind, message: String| StoreError::Failed { kind, message };
+    if e.is_timeout() {
+        return StoreError::Timeout(0);
+    }
+    if e.is_connection_refusal() {
+        return failed(
+            FaultKind::ConnectionRefused,
+            format!("cannot connect to Redis at {url}: connection refused (is it running?)"),
+        );
+    }
+    let text = e.to_string();
+    if e.kind() == K::AuthenticationFailed
+        || matches!(code, "NOAUTH" | "WRONGPASS")
+        || text.contains("NOAUTH")
+        || text.contains("WRONGPASS")
+    {
+        return failed(
+            FaultKind::AuthFailed,
+            format!("Redis at {url} rejected the credentials (authentication failed): check the user and password in the store URL"),
+        );
+    }
+    if text.contains("DB index is out of range") || text.contains("invalid DB index") {
+        let db = url.rsplit_once('/').map_or("", |(_, db)| db);
+        return failed(
+            FaultKind::NoSuchDb,
+            format!("Redis at {url} has no database {db} (SELECT failed: DB index is out of range): check the database number in the store URL"),
+        );
+    }
+    match (e.kind(), code) {
+        (K::Server(S::NoPerm), _) | (_, "NOPERM") => failed(
+            FaultKind::NoPermission,
+            format!("the Redis user lacks a permission the rate-limit script needs: {detail}"),
+        ),
+        (K::Server(S::ReadOnly), _) => failed(
+            FaultKind::ReadOnly,
+            format!("Redis at {url} is a read-only replica: point the store URL at the primary"),
+        ),
+        (K::Server(S::BusyLoading), _) => failed(
+            FaultKind::Busy,
+            format!("Redis at {url} is loading its data set and cannot serve yet"),
+        ),
+        (K::Server(S::ClusterDown | S::MasterDown), _) => failed(
+            FaultKind::ConnectionLost,
+            format!("the Redis Cluster at {url} cannot serve: {}", first_line(&text)),
+        ),
+        (K::Server(S::TryAgain), _) | (_, "BUSY") => failed(
+            FaultKind::Busy,
+            format!(
+                "Redis at {url} is busy (a long-running script, or a cluster slot moving): {}",
+                first_line(&text)
+            ),
+        ),
+        (_, "OOM") => failed(
+            FaultKind::OutOfMemory,
+            format!("Redis at {url} is out of memory and refuses writes (maxmemory reached with a noeviction policy): counters cannot be updated"),
+        ),
+        (_, "WRONGTYPE") => failed(
+            FaultKind::WrongType,
+            "a counter key in Redis holds a value of another type (WRONGTYPE): something else writes under the key prefix; delete the key or use another --redis-prefix".to_string(),
+        ),
+        (K::Io | K::ClusterConnectionNotFound, _) => failed(
+            FaultKind::ConnectionLost,
+            format!("lost the connection to Redis at {url}: {}", io_reason(e)),
+        ),
+        _ if text.contains("user_script") || text.contains("Error running script") => failed(
+            FaultKind::Script,
+            format!("the rate-limit script failed in Redis: {}", first_line(&text)),
+        ),
+        _ if e.is_connection_dropped() => failed(
+            FaultKind::ConnectionLost,
+            format!("lost the connection to Redis at {url}: {}", io_reason(e)),
+        ),
+        _ => failed(
+            FaultKind::Other,
+            format!("Redis at {url} answered with an error: {}", first_line(&text)),
+        ),
+    }
+}
+
+/// The reason of an I/O failure in words (not the client library's debug form).
+fn io_reason(e: &RedisError) -> String {
+    match e.detail() {
+        Some(d) if !d.is_empty() => d.to_string(),
+        _ => first_line(&e.to_string())
+            .trim_end_matches("- Io")
+            .trim_end_matches(" -")
+            .to_string(),
+    }
+}
+
+fn first_line(s: &str) -> &str {
+    s.lines().next().unwrap_or("").trim()
 }
 
 /// Node URLs of a `redis+cluster://[user:pass@]h1:p1,h2:p2` URL.
@@ -173,10 +290,16 @@ impl RedisStore {
             } else if let Some(rest) = url.strip_prefix("rediss+cluster://") {
                 Self::connect_cluster("rediss", rest, &opts).await
             } else if url.starts_with("redis://") || url.starts_with("rediss://") {
-                let client = redis::Client::open(url).map_err(unavailable)?;
+                let client = redis::Client::open(url).map_err(|e| {
+                    StoreError::Unsupported(format!(
+                        "store URL {}: {}",
+                        redact(url),
+                        first_line(&e.to_string())
+                    ))
+                })?;
                 let cfg = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(opts.connect_timeout))
-                    .set_response_timeout(Some(opts.timeout))
+                    .set_response_timeout(Some(opts.timeout + opts.patience))
                     .set_number_of_retries(2)
                     .set_max_delay(Duration::from_secs(1));
                 let cm = if lazy {
@@ -184,7 +307,7 @@ impl RedisStore {
                 } else {
                     client.get_connection_manager_with_config(cfg).await
                 };
-                Ok(Conn::Single(cm.map_err(unavailable)?))
+                Ok(Conn::Single(cm.map_err(|e| classify(&e, &redact(url)))?))
             } else {
                 Err(StoreError::Unsupported(format!(
                     "store URL {} (expected redis://, rediss://, redis+cluster:// or rediss+cluster://)",
@@ -193,21 +316,59 @@ impl RedisStore {
             }
         };
         // Bounded: a server that accepts but never answers must not hang startup.
+        let connect_ms = opts.connect_timeout.as_millis() as u64;
         let conn = tokio::time::timeout(opts.connect_timeout * 2, connecting)
             .await
-            .map_err(|_| StoreError::Timeout(opts.connect_timeout.as_millis() as u64 * 2))??;
+            .map_err(|_| StoreError::Timeout(connect_ms * 2))?
+            .map_err(|e| match e {
+                StoreError::Timeout(_) => StoreError::Timeout(connect_ms),
+                e => e,
+            })?;
         let rs = std::collections::hash_map::RandomState::new();
-        Ok(RedisStore {
+        let store = RedisStore {
             inner: Arc::new(Inner {
                 conn,
                 url: redact(url),
                 opts,
                 script: script::script(),
                 healthy: AtomicBool::new(!lazy),
+                last_error: Mutex::new(None),
                 seed: rs.hash_one(0x746f6c6cu32),
                 counter: AtomicU64::new(0),
             }),
-        })
+        };
+        if lazy {
+            store.check_credentials().await?;
+        }
+        Ok(store)
+    }
+
+    /// One round trip at start, for a lazily connected store: a configuration the server
+    /// rejects (wrong password, no such database) fails now, with a clear error, instead of
+    /// running degraded forever; a server that is merely down (or slow) is fine (it may come up).
+    async fn check_credentials(&self) -> Result<(), StoreError> {
+        let mut cmd = redis::cmd("PING");
+        cmd.arg("tollgate");
+        let t = self.inner.opts.connect_timeout;
+        let r = match tokio::time::timeout(t, self.exec::<String>(&cmd)).await {
+            Err(_) => return Ok(()),
+            Ok(r) => r,
+        };
+        match r {
+            Err(e) => match classify(&e, &self.inner.url) {
+                e @ StoreError::Failed {
+                    kind: FaultKind::AuthFailed | FaultKind::NoSuchDb,
+                    ..
+                } => Err(e),
+                // Down or slow: start anyway (the caller decides what "degraded" means).
+                StoreError::Timeout(_) => Ok(()),
+                e => self.record::<()>(Err(e)).or(Ok(())),
+            },
+            Ok(_) => {
+                self.inner.healthy.store(true, Ordering::Relaxed);
+                Ok(())
+            }
+        }
     }
 
     async fn connect_cluster(
@@ -216,12 +377,16 @@ impl RedisStore {
         opts: &RedisOptions,
     ) -> Result<Conn, StoreError> {
         let nodes = cluster_nodes(scheme, rest)?;
+        let url = redact(&format!("{scheme}+cluster://{rest}"));
         let client = ClusterClient::builder(nodes)
             .connection_timeout(opts.connect_timeout)
-            .response_timeout(opts.timeout)
+            .response_timeout(opts.timeout + opts.patience)
             .build()
-            .map_err(unavailable)?;
-        let conn = client.get_async_connection().await.map_err(unavailable)?;
+            .map_err(|e| classify(&e, &url))?;
+        let conn = client
+            .get_async_connection()
+            .await
+            .map_err(|e| classify(&e, &url))?;
         Ok(Conn::Cluster(conn))
     }
 
@@ -230,9 +395,21 @@ impl RedisStore {
         matches!(self.inner.conn, Conn::Cluster(_))
     }
 
-    /// Whether the last call to Redis succeeded (no I/O: for readiness and circuit breakers).
+    /// Whether the last call to Redis reached a working server (no I/O: for readiness and
+    /// circuit breakers). A failure of one key or script call (`WRONGTYPE`, out of memory on a
+    /// write) does not make the store unhealthy.
     pub fn is_healthy(&self) -> bool {
         self.inner.healthy.load(Ordering::Relaxed)
+    }
+
+    /// The last failure, if any call has failed (it stays after a recovery: compare its time
+    /// with the health).
+    pub fn last_error(&self) -> Option<LastError> {
+        self.inner
+            .last_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// The store URL with its password redacted.
@@ -259,39 +436,96 @@ impl RedisStore {
         self.record(r)
     }
 
+    /// What a request needs, without touching a counter: a write with a TTL
+    /// (`SET <prefix>:probe 1 PX 10000`). Fails, unlike [`RedisStore::ping`], while Redis
+    /// refuses writes (out of memory, read-only replica).
+    pub async fn probe(&self) -> Result<(), StoreError> {
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(format!("{}:probe", self.inner.opts.prefix))
+            .arg(1)
+            .arg("PX")
+            .arg(10_000);
+        let r = self.query::<String>(&cmd).await.map(|_| ());
+        self.record(r)
+    }
+
     /// One command, bounded by the timeout.
     async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, StoreError> {
-        self.bounded(async {
-            match self.inner.conn.clone() {
-                Conn::Single(mut c) => cmd.query_async::<T>(&mut c).await,
-                Conn::Cluster(mut c) => cmd.query_async::<T>(&mut c).await,
-            }
-        })
-        .await
+        self.bounded(self.inner.opts.timeout, self.exec(cmd)).await
+    }
+
+    async fn exec<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, RedisError> {
+        match self.inner.conn.clone() {
+            Conn::Single(mut c) => cmd.query_async::<T>(&mut c).await,
+            Conn::Cluster(mut c) => cmd.query_async::<T>(&mut c).await,
+        }
     }
 
     fn record<T>(&self, r: Result<T, StoreError>) -> Result<T, StoreError> {
-        let ok = !matches!(r, Err(StoreError::Timeout(_) | StoreError::Unavailable(_)));
-        self.inner.healthy.store(ok, Ordering::Relaxed);
+        match &r {
+            Ok(_) => {
+                // A load first: the healthy path writes nothing shared.
+                if !self.inner.healthy.load(Ordering::Relaxed) {
+                    self.inner.healthy.store(true, Ordering::Relaxed);
+                }
+            }
+            Err(StoreError::Unsupported(_)) => {}
+            Err(e) => {
+                let kind = e.kind();
+                if kind.is_outage() {
+                    self.inner.healthy.store(false, Ordering::Relaxed);
+                } else {
+                    // The server answered: it is up, whatever this key or write did.
+                    self.inner.healthy.store(true, Ordering::Relaxed);
+                }
+                let at_ms = SystemTime::now()
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64);
+                let mut last = self
+                    .inner
+                    .last_error
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                match last.as_mut() {
+                    // Same failure again: only the time moves (no allocation per request).
+                    Some(l) if l.kind == kind => l.at_ms = at_ms,
+                    _ => {
+                        *last = Some(LastError {
+                            kind,
+                            message: e.to_string(),
+                            at_ms,
+                        })
+                    }
+                }
+            }
+        }
         r
     }
 
     async fn bounded<T>(
         &self,
+        t: Duration,
         fut: impl std::future::Future<Output = Result<T, RedisError>>,
     ) -> Result<T, StoreError> {
-        let t = self.inner.opts.timeout;
         match tokio::time::timeout(t, fut).await {
             Err(_) => Err(StoreError::Timeout(t.as_millis() as u64)),
-            Ok(Err(e)) if e.is_timeout() => Err(StoreError::Timeout(t.as_millis() as u64)),
-            Ok(r) => r.map_err(unavailable),
+            Ok(Err(e)) => match classify(&e, &self.inner.url) {
+                StoreError::Timeout(_) => Err(StoreError::Timeout(t.as_millis() as u64)),
+                e => Err(e),
+            },
+            Ok(Ok(v)) => Ok(v),
         }
     }
 
     /// One script call: `EVALSHA`, and after `NOSCRIPT` (a restart, a failover, `SCRIPT FLUSH`)
     /// `EVAL` with the source, which cannot fail that way and caches the script again. (A
     /// load-then-`EVALSHA` retry races with a concurrent flush: seen under load.)
-    async fn run(&self, call: &Call<'_>, part: &[script::Entry<'_>]) -> Result<Reply, StoreError> {
+    async fn run(
+        &self,
+        bound: Duration,
+        call: &Call<'_>,
+        part: &[script::Entry<'_>],
+    ) -> Result<Reply, StoreError> {
         let (keys, args) = script::arguments(call, part);
         let cmd = |name: &str, script: &str| {
             let mut c = redis::cmd(name);
@@ -302,7 +536,7 @@ impl RedisStore {
         // Built only after NOSCRIPT: it carries the whole script source (tens of KB).
         let eval = || cmd("EVAL", script::SOURCE);
         let v: Vec<i64> = self
-            .bounded(async {
+            .bounded(bound, async {
                 match self.inner.conn.clone() {
                     Conn::Single(mut c) => eval_or_load(&mut c, &evalsha, eval).await,
                     Conn::Cluster(mut c) => eval_or_load(&mut c, &evalsha, eval).await,
@@ -348,12 +582,31 @@ impl RedisStore {
             return Ok(Vec::new());
         }
         script::validate(items, now)?;
-        let r = self.check_valid(now, items).await;
+        let r = self.check_valid(self.inner.opts.timeout, now, items).await;
+        self.record(r)
+    }
+
+    /// [`RedisStore::check`] bounded by `bound` instead of the store's timeout (at most
+    /// `timeout + patience`, the connection's own limit): for a caller that starts deciding
+    /// what to do after `timeout` but still wants Redis' answer if it comes (a slow call may have
+    /// been counted; see tollgate-server's breaker).
+    pub async fn check_within(
+        &self,
+        bound: Duration,
+        now: Option<Micros>,
+        items: &[CheckItem<'_>],
+    ) -> Result<Vec<Decision>, StoreError> {
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        script::validate(items, now)?;
+        let r = self.check_valid(bound, now, items).await;
         self.record(r)
     }
 
     async fn check_valid(
         &self,
+        bound: Duration,
         now: Option<Micros>,
         items: &[CheckItem<'_>],
     ) -> Result<Vec<Decision>, StoreError> {
@@ -389,13 +642,13 @@ impl RedisStore {
             }
         }
         if groups.len() <= 1 {
-            return Ok(self.run(&call, &all).await?.decisions);
+            return Ok(self.run(bound, &call, &all).await?.decisions);
         }
 
         let call_ref = &call;
         let calls = groups.iter().map(|(_, g)| {
             let part: Vec<_> = g.iter().map(|&i| all[i]).collect();
-            async move { self.run(call_ref, &part).await }
+            async move { self.run(bound, call_ref, &part).await }
         });
         let replies = join_all(calls).await;
         let mut failed = replies
@@ -405,6 +658,10 @@ impl RedisStore {
                 StoreError::Timeout(ms) => StoreError::Timeout(*ms),
                 StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
                 StoreError::Unsupported(m) => StoreError::Unsupported(m.clone()),
+                StoreError::Failed { kind, message } => StoreError::Failed {
+                    kind: *kind,
+                    message: message.clone(),
+                },
             });
         let blocked = failed.is_some() || replies.iter().flatten().any(|r| r.blocked);
         let mut decisions = vec![Decision::default(); items.len()];
@@ -434,7 +691,7 @@ impl RedisStore {
                 ..call
             };
             // Keep refunding the other groups even if this one fails; report the first error.
-            match self.run(&refund, &part).await {
+            match self.run(bound, &refund, &part).await {
                 Ok(r) => {
                     for (&i, d) in undo.iter().zip(&r.decisions) {
                         decisions[i] = *d;

@@ -2,13 +2,30 @@
 //! called synchronously: no extra `await`, no extra allocation) or Redis guarded by a failure
 //! policy and a circuit breaker ([`Guarded`]).
 //!
+//! Slow is not down: a call slower than the per-call timeout (50 ms by default) counts toward
+//! opening the breaker, but the request keeps waiting for Redis' answer (it may have been
+//! counted) until the answer comes, the breaker opens, or `timeout + patience` (1 s) passes; so
+//! a loaded Redis stays exact, and only an outage hands decisions to the policy.
+//!
 //! Why a breaker and not just a timeout: during an outage every call would wait for the per-call
-//! timeout (50 ms by default). After [`FAILURES_TO_OPEN`] consecutive failures the breaker opens
-//! and decisions use the policy without touching Redis (microseconds). A background probe pings
-//! Redis every [`PROBE_INTERVAL`]; a successful ping half-opens the breaker (traffic goes back to
-//! Redis; one failure re-opens it, one success or the next ping closes it), so the service returns
-//! to Redis by itself. A failed call is never an error for the client: that request is decided by
-//! the policy too, and every degraded decision is counted.
+//! timeout. The breaker opens on an outage, not on one bad key nor on queueing:
+//! after [`FAILURES_TO_OPEN`] consecutive connection-level failures (refused, reset,
+//! authentication, ...), or consecutive timeouts that persist for [`TIMEOUTS_OPEN_AFTER`] with no
+//! success in between (isolated timeouts of a loaded Redis interleaved with answers never open
+//! it). A failure of one key or script call (`WRONGTYPE`, a script error, out of memory on a
+//! write) is decided by the policy and counted, and leaves the breaker alone. Open, decisions use
+//! the policy without touching Redis (microseconds). A background probe writes a key with a TTL
+//! (what requests need: a Redis that answers `PING` but refuses writes is not back) every
+//! [`PROBE_INTERVAL`]; a successful probe half-opens the breaker (traffic goes back to Redis; one
+//! failure re-opens it, one success or the next probe closes it), so the service returns to
+//! Redis by itself. A failed call is never an error for the client: that request is decided by
+//! the policy too, and every degraded decision and store error (by kind) is counted; the store's
+//! own error is logged once per change and shown in `/readyz` and `/v1/rules`.
+//!
+//! A timed-out call may have been counted by Redis. The `local` policy therefore remembers the
+//! last `remaining` Redis reported per key ([`Ledger`], bounded) and never lets its fallback grant
+//! more than that share (divided by `--expected-instances`), charging a timed-out call's cost as
+//! possibly consumed: a slow Redis cannot turn into a fresh local budget per instance.
 //!
 //! The optional deny cache ([`DenyCache`]) answers keys Redis reported as denied until the time
 //! Redis said they could pass again; see docs/operations.md for where that is exact.
@@ -21,13 +38,24 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tollgate_core::quota::Algorithm;
 use tollgate_core::rules::RuleSet;
-use tollgate_core::{CheckItem, Decision, MemoryStore, Micros, Quota, Store, StoreError};
+use tollgate_core::store::blocks;
+use tollgate_core::{
+    CheckItem, Decision, FaultKind, MemoryStore, Micros, Quota, Store, StoreError,
+};
 use tollgate_redis::{keys, RedisStore};
 
-/// Consecutive store failures that open the breaker.
+/// Consecutive connection-level store failures that open the breaker.
 pub const FAILURES_TO_OPEN: u32 = 3;
-/// How often an open (or half-open) breaker pings Redis.
+/// Timeouts open the breaker only when they go on this long with no success in between
+/// (and at least [`FAILURES_TO_OPEN`] of them): an outage, not queueing.
+pub const TIMEOUTS_OPEN_AFTER: Duration = Duration::from_secs(1);
+/// How often an open (or half-open) breaker probes Redis.
 pub const PROBE_INTERVAL: Duration = Duration::from_millis(250);
+/// A failing store is reported as answering again only after this long without a failure (so
+/// isolated failures between successes log once, not once per request).
+const QUIET: Micros = 1_000_000;
+/// Bound on the ledger's entries (beyond it, new keys are not remembered until others expire).
+const LEDGER_MAX: usize = 100_000;
 /// `retry_after` of a denial made by the `deny` policy: the store may be back by then.
 const DENY_RETRY: Micros = 1_000_000;
 /// Bound on the deny cache's entries (beyond it, new denials are not cached until expiry).
@@ -204,7 +232,11 @@ impl BreakerState {
 struct Breaker {
     state: AtomicU8,
     failures: AtomicU32,
+    /// When the current run of failures began (0: none).
+    since: AtomicU64,
     transitions: [AtomicU64; 3],
+    /// Wakes the calls waiting on a slow Redis when the breaker opens.
+    opened: tokio::sync::Notify,
 }
 
 impl Breaker {
@@ -220,6 +252,9 @@ impl Breaker {
             .is_ok()
         {
             self.transitions[to as usize].fetch_add(1, Relaxed);
+            if to == BreakerState::Open {
+                self.opened.notify_waiters();
+            }
             match to {
                 BreakerState::Open => tracing::warn!(
                     from = from.as_str(),
@@ -238,17 +273,24 @@ impl Breaker {
         // Loads first: the healthy path writes nothing shared.
         if self.failures.load(Relaxed) != 0 {
             self.failures.store(0, Relaxed);
+            self.since.store(0, Relaxed);
         }
         if self.state() == BreakerState::HalfOpen {
             self.transition(BreakerState::HalfOpen, BreakerState::Healthy);
         }
     }
 
-    fn failure(&self) {
+    /// An outage-kind failure at `now`: a timeout counts only once timeouts have lasted
+    /// [`TIMEOUTS_OPEN_AFTER`] with no success in between.
+    fn failure(&self, kind: FaultKind, now: Micros) {
         let n = self.failures.fetch_add(1, Relaxed) + 1;
+        let _ = self.since.compare_exchange(0, now.max(1), Relaxed, Relaxed);
+        let lasted = now.saturating_sub(self.since.load(Relaxed));
+        let enough = n >= FAILURES_TO_OPEN
+            && (kind != FaultKind::Timeout || lasted >= TIMEOUTS_OPEN_AFTER.as_micros() as Micros);
         match self.state() {
             BreakerState::HalfOpen => self.transition(BreakerState::HalfOpen, BreakerState::Open),
-            BreakerState::Healthy if n >= FAILURES_TO_OPEN => {
+            BreakerState::Healthy if enough => {
                 self.transition(BreakerState::Healthy, BreakerState::Open)
             }
             _ => {}
@@ -257,6 +299,7 @@ impl Breaker {
 
     fn probe_ok(&self) {
         self.failures.store(0, Relaxed);
+        self.since.store(0, Relaxed);
         match self.state() {
             BreakerState::Open => self.transition(BreakerState::Open, BreakerState::HalfOpen),
             BreakerState::HalfOpen => {
@@ -273,8 +316,60 @@ pub struct Guarded {
     settings: RedisSettings,
     breaker: Breaker,
     local: Arc<MemoryStore>,
+    ledger: Option<Ledger>,
     deny_cache: Option<DenyCache>,
     degraded: [AtomicU64; 3],
+    /// Store errors by kind ([`FaultKind::ALL`] order).
+    errors: [AtomicU64; FaultKind::ALL.len()],
+    /// Calls slower than the per-call timeout (answered or not).
+    slow: AtomicU64,
+    condition: Condition,
+}
+
+/// The store's current failure, logged once per change: set by a failure of another kind than
+/// the current one, cleared by a success [`QUIET`] after the last failure.
+#[derive(Default)]
+struct Condition {
+    failing: std::sync::atomic::AtomicBool,
+    /// The kind being reported and the time of its last occurrence.
+    current: Mutex<Option<(FaultKind, Micros)>>,
+}
+
+impl Condition {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<(FaultKind, Micros)>> {
+        self.current.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn failed(&self, e: &StoreError, now: Micros, store: &RedisStore) {
+        let kind = e.kind();
+        let mut cur = self.lock();
+        if cur.map(|(k, _)| k) != Some(kind) {
+            tracing::warn!(kind = kind.as_str(), store = %store.url(), "Redis store error: {e}");
+        }
+        *cur = Some((kind, now));
+        self.failing.store(true, Relaxed);
+    }
+
+    fn answered(&self, now: Micros) {
+        if !self.failing.load(Relaxed) {
+            return;
+        }
+        let mut cur = self.lock();
+        if let Some((kind, at)) = *cur {
+            if now.saturating_sub(at) >= QUIET {
+                tracing::info!(was = kind.as_str(), "Redis store answers again");
+                *cur = None;
+                self.failing.store(false, Relaxed);
+            }
+        }
+    }
+
+    fn get(&self) -> Option<FaultKind> {
+        if !self.failing.load(Relaxed) {
+            return None;
+        }
+        self.lock().map(|(k, _)| k)
+    }
 }
 
 impl std::fmt::Debug for Guarded {
@@ -294,19 +389,56 @@ impl Guarded {
     pub async fn start(store: RedisStore, settings: RedisSettings) -> Arc<Guarded> {
         let g = Arc::new(Guarded {
             local: Arc::new(MemoryStore::new(settings.max_keys.max(1))),
+            ledger: (settings.policy == Policy::Local).then(Ledger::default),
             deny_cache: settings.deny_cache.then(DenyCache::default),
             store,
             settings,
             breaker: Breaker::default(),
             degraded: Default::default(),
+            errors: Default::default(),
+            slow: AtomicU64::new(0),
+            condition: Condition::default(),
         });
-        if let Err(e) = g.store.ping().await {
-            tracing::warn!(error = %e, store = %g.store, "Redis is not reachable at start: starting degraded");
-            g.breaker
-                .transition(BreakerState::Healthy, BreakerState::Open);
+        if let Err(e) = g.store.probe().await {
+            g.count_error(&e, 0);
+            if e.kind().is_outage() {
+                // Logged as the store's error (count_error) and as the breaker opening.
+                g.breaker
+                    .transition(BreakerState::Healthy, BreakerState::Open);
+            }
         }
         tokio::spawn(probe(Arc::downgrade(&g)));
         g
+    }
+
+    /// Count and (once per change) log a store error.
+    fn count_error(&self, e: &StoreError, now: Micros) {
+        let kind = e.kind();
+        if let Some(i) = FaultKind::ALL.iter().position(|k| *k == kind) {
+            self.errors[i].fetch_add(1, Relaxed);
+        }
+        self.condition.failed(e, now, &self.store);
+    }
+
+    /// Store errors of `kind` so far.
+    pub fn errors(&self, kind: FaultKind) -> u64 {
+        FaultKind::ALL
+            .iter()
+            .position(|k| *k == kind)
+            .map_or(0, |i| self.errors[i].load(Relaxed))
+    }
+
+    /// The store's condition for `/readyz` and `/v1/rules`: `store_condition` (`ok`, or the kind
+    /// of the failure going on) and `store_error` (the last failure: kind, message, time; null
+    /// when none happened).
+    pub fn report(&self) -> serde_json::Value {
+        let last = self.store.last_error().map(|e| {
+            serde_json::json!({"kind": e.kind.as_str(), "message": e.message, "at_ms": e.at_ms})
+        });
+        serde_json::json!({
+            "store_condition": self.condition.get().map_or("ok", FaultKind::as_str),
+            "store_error": last,
+        })
     }
 
     /// The Redis store.
@@ -341,27 +473,84 @@ impl Guarded {
             }
         }
         if self.breaker.state() == BreakerState::Open {
-            return Ok(self.fallback(now, items, false));
+            return Ok(self.fallback(now, items, false, false));
         }
-        match self.store.check(None, items).await {
+        match self.call(now, items).await {
+            Err(None) => Ok(self.fallback(now, items, true, true)),
             Ok(decisions) => {
                 self.breaker.success();
+                self.condition.answered(now);
                 if let Some(cache) = &self.deny_cache {
                     cache.learn(now, items, &decisions);
                 }
+                if let Some(ledger) = &self.ledger {
+                    ledger.learn(now, items, &decisions, self.settings.expected_instances);
+                }
                 Ok(Outcome::store(decisions))
             }
-            Err(e @ (StoreError::Timeout(_) | StoreError::Unavailable(_))) => {
-                tracing::debug!(error = %e, "Redis call failed");
-                self.breaker.failure();
-                Ok(self.fallback(now, items, true))
+            // Not a failure: a request this store cannot serve.
+            Err(Some(e @ StoreError::Unsupported(_))) => Err(e),
+            Err(Some(e)) => {
+                self.count_error(&e, now);
+                let kind = e.kind();
+                if kind.is_outage() {
+                    let opts = self.store.options();
+                    let late = match kind {
+                        FaultKind::Timeout => (opts.timeout + opts.patience).as_micros() as Micros,
+                        _ => 0,
+                    };
+                    self.breaker.failure(kind, now.saturating_add(late));
+                } else {
+                    // Redis answered: a fault of this request's keys or writes, not an outage.
+                    self.breaker.success();
+                }
+                let possibly_consumed = kind == FaultKind::Timeout;
+                Ok(self.fallback(now, items, true, possibly_consumed))
             }
-            // Not an outage: a request this store cannot serve.
-            Err(e) => Err(e),
         }
     }
 
-    fn fallback(&self, now: Micros, items: &[CheckItem<'_>], store_failed: bool) -> Outcome {
+    /// Ask Redis. A call slower than the per-call timeout is a sign of an outage (it counts
+    /// toward opening the breaker) but also of mere queueing, and it may have been counted: so
+    /// the request keeps waiting for Redis' answer (at most `timeout + patience`) unless the
+    /// breaker opens meanwhile (`Err(None)`: decide by the policy, the cost possibly consumed).
+    async fn call(
+        &self,
+        now: Micros,
+        items: &[CheckItem<'_>],
+    ) -> Result<Vec<Decision>, Option<StoreError>> {
+        let opts = self.store.options();
+        let call = self
+            .store
+            .check_within(opts.timeout + opts.patience, None, items);
+        tokio::pin!(call);
+        if let Ok(r) = tokio::time::timeout(opts.timeout, &mut call).await {
+            return r.map_err(Some);
+        }
+        self.slow.fetch_add(1, Relaxed);
+        let opened = self.breaker.opened.notified();
+        tokio::pin!(opened);
+        opened.as_mut().enable();
+        let late = now.saturating_add(opts.timeout.as_micros() as Micros);
+        self.breaker.failure(FaultKind::Timeout, late);
+        if self.breaker.state() == BreakerState::Open {
+            return Err(None);
+        }
+        tokio::select! {
+            r = &mut call => r.map_err(Some),
+            () = &mut opened => Err(None),
+        }
+    }
+
+    /// Decide by the policy. `possibly_consumed`: the store call timed out, so Redis may have
+    /// counted the items' costs (the ledger charges them whatever the local decision).
+    fn fallback(
+        &self,
+        now: Micros,
+        items: &[CheckItem<'_>],
+        store_failed: bool,
+        possibly_consumed: bool,
+    ) -> Outcome {
         let policy = self.settings.policy;
         self.degraded[policy as usize].fetch_add(1, Relaxed);
         let decisions = match policy {
@@ -384,26 +573,76 @@ impl Guarded {
                     ..Decision::default()
                 })
                 .collect(),
-            // The memory store never fails.
-            Policy::Local => match self.settings.expected_instances.max(1) {
-                // One instance: the limits as written (dividing by 1 changes nothing).
-                1 => self.local.check(now, items).unwrap_or_default(),
-                n => {
-                    let quotas: Vec<Quota> = items.iter().map(|i| divide(i.quota, n)).collect();
-                    let local: Vec<CheckItem<'_>> = items
-                        .iter()
-                        .zip(&quotas)
-                        .map(|(i, quota)| CheckItem { quota, ..*i })
-                        .collect();
-                    self.local.check(now, &local).unwrap_or_default()
-                }
-            },
+            Policy::Local => self.local_decide(now, items, possibly_consumed),
         };
         Outcome {
             decisions,
             degraded: Some(policy),
             store_failed,
         }
+    }
+
+    /// The `local` policy: the in-memory limiter over the limits divided by
+    /// `--expected-instances`, never granting more of a key than the ledger's share of what
+    /// Redis last reported remaining.
+    fn local_decide(
+        &self,
+        now: Micros,
+        items: &[CheckItem<'_>],
+        possibly_consumed: bool,
+    ) -> Vec<Decision> {
+        let n = self.settings.expected_instances.max(1);
+        let quotas: Vec<Quota> = items.iter().map(|i| divide(i.quota, n)).collect();
+        let local: Vec<CheckItem<'_>> = items
+            .iter()
+            .zip(&quotas)
+            .map(|(i, quota)| CheckItem { quota, ..*i })
+            .collect();
+        let Some(ledger) = &self.ledger else {
+            // The memory store never fails.
+            return self.local.check(now, &local).unwrap_or_default();
+        };
+        let mut map = ledger.lock();
+        // The ledger's share of each item (None: Redis told us nothing current about it).
+        let shares: Vec<Option<(u64, Micros)>> = items
+            .iter()
+            .map(|i| {
+                map.get(i.key)
+                    .filter(|s| s.until > now && s.quota == *i.quota)
+                    .map(|s| (s.share, s.until))
+            })
+            .collect();
+        let short = |i: &CheckItem<'_>, s: &Option<(u64, Micros)>| {
+            !i.shadow && i.cost > 0 && s.is_some_and(|(share, _)| share < i.cost)
+        };
+        let decisions = if items.iter().zip(&shares).any(|(i, s)| short(i, s)) {
+            // Denied by the ledger: report the others as a blocked request does (cost 0).
+            let queries: Vec<CheckItem<'_>> =
+                local.iter().map(|i| CheckItem { cost: 0, ..*i }).collect();
+            let mut ds = self.local.check(now, &queries).unwrap_or_default();
+            for ((i, s), d) in items.iter().zip(&shares).zip(ds.iter_mut()) {
+                if let (true, Some((share, until))) = (short(i, s), s) {
+                    d.allowed = false;
+                    d.remaining = *share;
+                    d.retry_after = Some(until - now);
+                    d.reset_after = d.reset_after.max(until - now);
+                }
+            }
+            ds
+        } else {
+            self.local.check(now, &local).unwrap_or_default()
+        };
+        let admitted = !blocks(items, &decisions);
+        let mut decisions = decisions;
+        if admitted || possibly_consumed {
+            for (i, d) in items.iter().zip(decisions.iter_mut()) {
+                if let Some(s) = map.get_mut(i.key).filter(|s| s.until > now) {
+                    s.share = s.share.saturating_sub(i.cost);
+                    d.remaining = d.remaining.min(s.share);
+                }
+            }
+        }
+        decisions
     }
 
     /// Append this backend's metrics (Prometheus text format).
@@ -434,6 +673,18 @@ impl Guarded {
             "Requests decided by the failure policy instead of Redis.",
             "policy",
             Policy::ALL.map(|p| (p.as_str(), self.degraded_decisions(p))),
+        );
+        family(
+            out,
+            ("tollgate_redis_errors_total", "counter"),
+            "Redis store errors, by kind (timeout and connection kinds may open the breaker; the others fail one request).",
+            "kind",
+            FaultKind::ALL.map(|k| (k.as_str(), self.errors(k))),
+        );
+        let _ = writeln!(
+            out,
+            "# HELP tollgate_redis_slow_calls_total Redis calls slower than the per-call timeout (waited for while Redis answers others).\n# TYPE tollgate_redis_slow_calls_total counter\ntollgate_redis_slow_calls_total {}",
+            self.slow.load(Relaxed)
         );
         if let Some(c) = &self.deny_cache {
             let _ = writeln!(
@@ -469,15 +720,72 @@ fn divide(quota: &Quota, n: u64) -> Quota {
         .with_burst(quota.burst().map(share))
 }
 
-/// Ping while the breaker is not healthy; stop when the backend is dropped.
+/// Probe (a write with a TTL) while the breaker is not healthy; stop when the backend is
+/// dropped.
 async fn probe(g: Weak<Guarded>) {
     let mut tick = tokio::time::interval(PROBE_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
         let Some(g) = g.upgrade() else { return };
-        if g.state() != BreakerState::Healthy && g.store.ping().await.is_ok() {
-            g.breaker.probe_ok();
+        if g.state() != BreakerState::Healthy {
+            match g.store.probe().await {
+                Ok(()) => g.breaker.probe_ok(),
+                // Logged when its kind changes (e.g. Redis is back but out of memory); the probe
+                // has no clock, so a success clears it at once.
+                Err(e) => g.condition.failed(&e, 0, &g.store),
+            }
+        }
+    }
+}
+
+/// What Redis last reported for a key, for the `local` policy's fallback.
+struct Seen {
+    quota: Quota,
+    /// This instance's share of the key's remaining (remaining / `--expected-instances`),
+    /// less what the fallback granted or timed-out calls may have consumed since.
+    share: u64,
+    /// Local time after which the report says nothing (Redis' `reset_after`: by then the key
+    /// is full again).
+    until: Micros,
+}
+
+/// The last `remaining` Redis reported per key (bounded), so the fallback starts from what the
+/// store already granted in the current window instead of a fresh budget.
+#[derive(Default)]
+pub struct Ledger {
+    map: Mutex<HashMap<String, Seen>>,
+}
+
+impl Ledger {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Seen>> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn learn(&self, now: Micros, items: &[CheckItem<'_>], decisions: &[Decision], n: u64) {
+        let n = n.max(1);
+        let mut map = self.lock();
+        for (i, d) in items.iter().zip(decisions) {
+            if d.reset_after == 0 {
+                map.remove(i.key);
+                continue;
+            }
+            let seen = Seen {
+                quota: *i.quota,
+                share: d.remaining / n,
+                until: now.saturating_add(d.reset_after),
+            };
+            if let Some(s) = map.get_mut(i.key) {
+                *s = seen;
+                continue;
+            }
+            if map.len() >= LEDGER_MAX {
+                map.retain(|_, s| s.until > now);
+                if map.len() >= LEDGER_MAX {
+                    continue;
+                }
+            }
+            map.insert(i.key.to_owned(), seen);
         }
     }
 }
@@ -586,23 +894,24 @@ mod tests {
 
     #[test]
     fn breaker_opens_after_three_failures_and_closes_through_half_open() {
+        let refused = FaultKind::ConnectionRefused;
         let b = Breaker::default();
-        b.failure();
-        b.failure();
+        b.failure(refused, 10);
+        b.failure(refused, 20);
         assert_eq!(b.state(), BreakerState::Healthy);
         b.success();
-        b.failure();
-        b.failure();
+        b.failure(refused, 30);
+        b.failure(refused, 40);
         assert_eq!(
             b.state(),
             BreakerState::Healthy,
             "successes reset the count"
         );
-        b.failure();
+        b.failure(refused, 50);
         assert_eq!(b.state(), BreakerState::Open);
         b.probe_ok();
         assert_eq!(b.state(), BreakerState::HalfOpen);
-        b.failure();
+        b.failure(refused, 60);
         assert_eq!(
             b.state(),
             BreakerState::Open,
@@ -620,6 +929,27 @@ mod tests {
             ),
             (2, 2, 1)
         );
+    }
+
+    #[test]
+    fn timeouts_open_the_breaker_only_when_they_persist() {
+        let b = Breaker::default();
+        let second = TIMEOUTS_OPEN_AFTER.as_micros() as Micros;
+        // Queueing: bursts of timeouts, each ended by a success.
+        for burst in 0..10 {
+            let t0 = 1 + burst * 2 * second;
+            for k in 0..50 {
+                b.failure(FaultKind::Timeout, t0 + k * 1_000);
+            }
+            b.success();
+        }
+        assert_eq!(b.state(), BreakerState::Healthy);
+        // An outage: timeouts only, for longer than the window.
+        let t0 = 100 * second;
+        for k in 0..=10 {
+            b.failure(FaultKind::Timeout, t0 + k * second / 10);
+        }
+        assert_eq!(b.state(), BreakerState::Open);
     }
 
     #[test]

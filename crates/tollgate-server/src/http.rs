@@ -536,6 +536,11 @@ pub fn rules_json(state: &AppState) -> Value {
             json!({"domain": d.name, "file": d.file, "limits": limits})
         })
         .collect();
+    let report = state
+        .backend()
+        .redis()
+        .map(|g| g.report())
+        .unwrap_or_default();
     let store = match state.backend().redis() {
         Some(g) => json!({
             "kind": "redis",
@@ -545,6 +550,8 @@ pub fn rules_json(state: &AppState) -> Value {
             "on_store_error": g.settings().policy.as_str(),
             "expected_instances": g.settings().expected_instances,
             "local_deny_cache": g.settings().deny_cache,
+            "condition": report["store_condition"],
+            "last_error": report["store_error"],
         }),
         None => json!({"kind": "memory"}),
     };
@@ -569,11 +576,14 @@ async fn healthz() -> Response {
 /// Ready: the memory store always; a custom store when it answers an empty check. With Redis
 /// the service is ready whatever the store state (the failure policy answers during an outage,
 /// so taking every instance out of rotation would only turn a degraded service into none):
-/// `status` is `ready` when Redis answers and `degraded` while the breaker is open or half-open.
+/// `status` is `ready` when Redis answers and `degraded` while the breaker is open or half-open;
+/// `store_condition` names a failure going on (`ok`, `out_of_memory`, `wrongtype`, ...) and
+/// `store_error` the last one (kind, message, `at_ms`).
 async fn readyz(State(state): State<AppState>) -> Response {
     match state.backend() {
         Backend::Redis(g) => {
             let s = g.state();
+            let report = g.report();
             let status = if s == BreakerState::Healthy {
                 "ready"
             } else {
@@ -584,6 +594,8 @@ async fn readyz(State(state): State<AppState>) -> Response {
                 "store": "redis",
                 "store_state": s.as_str(),
                 "on_store_error": g.settings().policy.as_str(),
+                "store_condition": report["store_condition"],
+                "store_error": report["store_error"],
             }))
             .into_response()
         }

@@ -101,7 +101,8 @@ pub struct ServeArgs {
         default_value = "memory"
     )]
     store: String,
-    /// Redis: bound on each call, in milliseconds.
+    /// Redis: a call slower than this (milliseconds) counts toward opening the breaker; the
+    /// request waits for the answer up to 1 s more unless the breaker opens.
     #[arg(long, env = "TOLLGATE_REDIS_TIMEOUT_MS", default_value_t = 50)]
     redis_timeout_ms: u64,
     /// Redis: first part of every key (`<prefix>:{...}:...`); no braces.
