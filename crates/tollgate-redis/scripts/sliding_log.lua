@@ -90,26 +90,34 @@ local function log_step(st, now, cost, p)
   local cut = now - len
   local eff = cut
   if st.h ~= nil and st.h > eff then eff = st.h end
-  -- Persisted entries: `dead` expired ones first (ranks 0..dead-1), then `live` ones whose
-  -- costs sum to top - base.
-  local dead, live, base, top, last, future = 0, 0, 0, 0, nil, false
+  -- Persisted entries: `dead` expired ones first (ranks 0..dead-1), then the live ones, whose
+  -- costs sum to top - base; `first` is the oldest live one (cum, time). phys_top is the cum
+  -- of the newest entry in the set, dead or alive (new entries continue from it).
+  local dead, live, base, top, last, future = nil, false, 0, 0, nil, false
+  local phys_top, first_cum, first_t = 0, 0, 0
   if st.h ~= nil then
-    local card = redis.call('ZCARD', z)
-    dead = redis.call('ZCOUNT', z, '-inf', fmt(eff))
-    live = card - dead
-    if live > 0 then
-      local newest = redis.call('ZRANGE', z, -1, -1, 'WITHSCORES')
-      top = log_parse(newest[1])
+    local newest = redis.call('ZRANGE', z, -1, -1, 'WITHSCORES')
+    if #newest == 2 then
+      phys_top = log_parse(newest[1])
       last = tonumber(newest[2])
-      if last > now then
-        future = true
-        last = now
-      end
-      if dead > 0 then
-        base = log_parse(redis.call('ZRANGE', z, dead - 1, dead - 1)[1])
+      if last > eff then
+        live, top = true, phys_top
+        if last > now then
+          future = true
+          last = now
+        end
+        dead = redis.call('ZCOUNT', z, '-inf', fmt(eff))
+        if dead > 0 then
+          local pair = redis.call('ZRANGE', z, dead - 1, dead, 'WITHSCORES')
+          base = log_parse(pair[1])
+          first_cum, first_t = log_parse(pair[3]), tonumber(pair[4])
+        else
+          local one = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
+          local c, k = log_parse(one[1])
+          base, first_cum, first_t = c - k, c, tonumber(one[2])
+        end
       else
-        local c, k = log_parse(redis.call('ZRANGE', z, 0, 0)[1])
-        base = c - k
+        last = nil
       end
     end
   end
@@ -119,8 +127,10 @@ local function log_step(st, now, cost, p)
     added[i] = e
     added_sum = added_sum + e
   end
+  -- dead is only worth passing on when it counts what save() prunes (entries up to cut).
   local ns = { h = st.h, added = added, now = now, cut = cut, live = live, future = future,
-               stepped = true }
+               phys_top = phys_top, stepped = true }
+  if eff == cut then ns.dead = dead end
   local count = top - base + added_sum
   if #added > 0 then last = now end
   local function empties_in()
@@ -139,21 +149,25 @@ local function log_step(st, now, cost, p)
   end
   -- Wait until enough of the oldest entries have left the window: the first entry whose cum
   -- reaches base + excess. Persisted entries come first, then this request's (at `now`).
+  -- Every cost is at least 1, so it is at most `excess` ranks past the first live one.
   local to_free = count + cost - limit
   local retry = len
   if to_free <= top - base then
     local target = base + to_free
-    local lo, hi = dead, math.min(dead + to_free - 1, dead + live - 1)
-    while lo < hi do
-      local mid = lo + idiv(hi - lo, 2)
-      if log_parse(redis.call('ZRANGE', z, mid, mid)[1]) >= target then
-        hi = mid
-      else
-        lo = mid + 1
+    local t = first_t
+    if first_cum < target then
+      local lo = dead + 1
+      local hi = math.min(dead + to_free - 1, redis.call('ZCARD', z) - 1)
+      while lo < hi do
+        local mid = lo + idiv(hi - lo, 2)
+        if log_parse(redis.call('ZRANGE', z, mid, mid)[1]) >= target then
+          hi = mid
+        else
+          lo = mid + 1
+        end
       end
+      t = tonumber(redis.call('ZRANGE', z, lo, lo, 'WITHSCORES')[2])
     end
-    local e = redis.call('ZRANGE', z, lo, lo, 'WITHSCORES')
-    local t = tonumber(e[2])
     if t > now then t = now end
     retry = sat_sub(t + len, now)
   end
@@ -163,7 +177,7 @@ end
 local function log_save(p, old, new, ttl)
   local z, s = p.keys[1], p.keys[2]
   local now = new.now
-  if new.live + #new.added == 0 then
+  if not new.live and #new.added == 0 then
     -- Nothing left in the window: forget the key (UNLINK frees a long set off the main thread).
     if old.h ~= nil then redis.call('UNLINK', z, s) end
     return
@@ -178,7 +192,8 @@ local function log_save(p, old, new, ttl)
       h = NO_HORIZON
       changed = true
     else
-      local dead = redis.call('ZCOUNT', z, '-inf', fmt(new.cut))
+      local dead = new.dead
+      if dead == nil then dead = redis.call('ZCOUNT', z, '-inf', fmt(new.cut)) end
       if dead > 0 then
         local n = math.min(dead, LOG_PRUNE)
         redis.call('ZREMRANGEBYRANK', z, 0, n - 1)
@@ -201,9 +216,12 @@ local function log_save(p, old, new, ttl)
     end
   end
   if #new.added > #old.added then
-    local newest = redis.call('ZRANGE', z, -1, -1)
-    local cum = 0
-    if #newest > 0 then cum = log_parse(newest[1]) end
+    local cum = new.phys_top
+    if old.stepped then
+      -- An earlier item of this request may have written the set since it was read.
+      local newest = redis.call('ZRANGE', z, -1, -1)
+      if #newest > 0 then cum = log_parse(newest[1]) end
+    end
     if cum > LOG_REBASE then
       log_renumber(p)
       cum = log_parse(redis.call('ZRANGE', z, -1, -1)[1])

@@ -493,6 +493,11 @@ fn long_log_traces(t0: Micros) -> Vec<Trace> {
             reqs: vec![req("log", q, 2), req("log", q, 1)],
         });
     }
+    // A query then a hit on a key with no log yet, in one request.
+    steps.push(Step {
+        t: t0 + 11 * SECOND,
+        reqs: vec![req("fresh", q, 0), req("fresh", q, 2), req("fresh", q, 0)],
+    });
     for i in 0..8 {
         steps.push(Step {
             t: t0 + 60 * SECOND + i * 800 * ms,
