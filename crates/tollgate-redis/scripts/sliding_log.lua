@@ -38,11 +38,12 @@ local function log_member(cum, cost, rest)
   return string.format('%016d', cum) .. ':' .. fmt(cost) .. ':' .. rest
 end
 
+-- Write the horizon, with the set's TTL (ttl = nil: none, as the set has none).
 local function log_mark(p, h, ttl)
   if ttl ~= nil then
     redis.call('SET', p.keys[2], 'v2:' .. fmt(h), 'PX', ttl)
   else
-    redis.call('SET', p.keys[2], 'v2:' .. fmt(h), 'KEEPTTL')
+    redis.call('SET', p.keys[2], 'v2:' .. fmt(h))
   end
 end
 
@@ -81,7 +82,11 @@ local function log_load(p)
   if redis.call('EXISTS', z) == 0 then return { h = nil, added = {} } end
   log_renumber(p)
   local pttl = redis.call('PTTL', z)
-  if pttl > 0 then log_mark(p, NO_HORIZON, pttl) else redis.call('DEL', s) end
+  if pttl == -2 then
+    redis.call('DEL', s)
+    return { h = nil, added = {} }
+  end
+  if pttl > 0 then log_mark(p, NO_HORIZON, pttl) else log_mark(p, NO_HORIZON, nil) end
   return { h = NO_HORIZON, added = {} }
 end
 

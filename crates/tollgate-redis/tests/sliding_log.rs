@@ -242,6 +242,63 @@ async fn previous_layout_is_read() {
     support::delete_prefix(SHARED_URL, &store.options().prefix);
 }
 
+/// Running totals near 2^52 (a log that never emptied through ~2^52 of admitted cost) are
+/// renumbered from zero before they could leave the range where doubles are exact.
+#[tokio::test]
+async fn running_totals_are_renumbered_before_2_pow_52() {
+    let store = RedisStore::connect(SHARED_URL, options("slog-rebase"))
+        .await
+        .unwrap();
+    let q = log(20, Unit::Minute);
+    let key = "api|user=busy";
+    let (set, sum) = counter_keys(&store.options().prefix, key, &q);
+    let mut c = con();
+    let big: u64 = (1 << 52) + 1_000;
+    for (t, cum, cost, id) in [(T0, big, 3, "x"), (T0 + SECOND, big + 5, 5, "y")] {
+        let _: () = redis::cmd("ZADD")
+            .arg(&set)
+            .arg(t)
+            .arg(format!("{cum:016}:{cost}:{id}:0"))
+            .query(&mut c)
+            .unwrap();
+    }
+    let _: () = redis::cmd("SET")
+        .arg(sum.unwrap())
+        .arg("v2:-9007199254740992")
+        .arg("EX")
+        .arg(600)
+        .query(&mut c)
+        .unwrap();
+    let _: () = redis::cmd("EXPIRE")
+        .arg(&set)
+        .arg(600)
+        .query(&mut c)
+        .unwrap();
+    let check = |t: Micros, cost: u64| {
+        let (store, q) = (store.clone(), q);
+        async move { store.check(Some(t), &[item(key, &q, cost)]).await.unwrap()[0] }
+    };
+    let d = check(T0 + 2 * SECOND, 2).await;
+    assert_eq!((d.allowed, d.remaining), (true, 10));
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&set)
+        .arg(0)
+        .arg(-1)
+        .query(&mut c)
+        .unwrap();
+    let cums: Vec<u64> = members
+        .iter()
+        .map(|m| m.split(':').next().unwrap().parse().unwrap())
+        .collect();
+    assert!(cums.iter().all(|&n| n < 1 << 40), "{members:?}");
+    // x (3) leaves; y (5) and the new 2 remain.
+    let d = check(T0 + MINUTE, 0).await;
+    assert_eq!(d.remaining, 13);
+    let d = check(T0 + MINUTE + SECOND, 11).await;
+    assert_eq!((d.allowed, d.remaining), (true, 7));
+    support::delete_prefix(SHARED_URL, &store.options().prefix);
+}
+
 /// Clock steps on both stores: quota used after a day's jump forward stays used after the
 /// jump back (no fresh quota), but is waited on for at most the period; after a year back,
 /// `retry_after` and `reset_after` stay within the period (they were a year: unbounded).
