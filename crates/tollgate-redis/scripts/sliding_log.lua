@@ -25,7 +25,7 @@
 -- times may sit in another order than the Rust log's, which changes nothing: decisions depend on
 -- times and sums.
 
-local LOG_PRUNE = 64
+local LOG_PRUNE = 16
 local NO_HORIZON = -TWO53
 local LOG_REBASE = 4503599627370496 -- 2^52: cums are renumbered from 0 before passing it
 

@@ -18,7 +18,7 @@ const DAY: Micros = 86_400 * SECOND;
 /// 2026-11-22T00:00:00Z.
 const T0: Micros = 1_795_305_600 * SECOND;
 /// The most expired entries one call removes from the set (`LOG_PRUNE` in sliding_log.lua).
-const PRUNE_CAP: u64 = 64;
+const PRUNE_CAP: u64 = 16;
 
 fn options(what: &str) -> RedisOptions {
     RedisOptions {
