@@ -185,6 +185,7 @@ local function log_save(p, old, new, ttl)
   if not new.live and #new.added == 0 then
     -- Nothing left in the window: forget the key (UNLINK frees a long set off the main thread).
     if old.h ~= nil then redis.call('UNLINK', z, s) end
+    new.h = nil
     return
   end
   local changed = false
@@ -238,6 +239,9 @@ local function log_save(p, old, new, ttl)
     if h == nil then h = NO_HORIZON end
     changed = true
   end
+  -- A later item of this request on the same key saves with this state as `old`: it must see
+  -- the horizon as written now, not as loaded.
+  new.h = h
   if not changed then return end
   log_mark(p, h, ttl)
   redis.call('PEXPIRE', z, ttl)

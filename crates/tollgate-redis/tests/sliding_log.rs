@@ -5,7 +5,9 @@
 
 mod support;
 
+use proptest::prelude::*;
 use std::time::Duration;
+use support::conformance::{replay, Req, Step, Trace};
 use support::SHARED_URL;
 use tollgate_core::{Algorithm, CheckItem, Decision, MemoryStore, Micros, Quota, Store, Unit};
 use tollgate_redis::keys::counter_keys;
@@ -335,5 +337,74 @@ async fn clock_steps_keep_retry_within_the_period() {
     // A period after that, the quota is back.
     let d = both(&store, &mem, key, &q, T0 - 365 * DAY + MINUTE, 1).await;
     assert!(d.allowed, "{d:?}");
+    support::delete_prefix(SHARED_URL, &store.options().prefix);
+}
+
+/// Random long logs (limits in the hundreds, hundreds of requests, costs up to 4, a key repeated
+/// in one request, the clock stepping back by up to two periods): so many entries expire between
+/// some steps that pruning is capped, and Redis still decides exactly as the memory store.
+#[test]
+fn random_long_logs_match_memory_store() {
+    let rt = support::runtime();
+    let store = rt
+        .block_on(RedisStore::connect(SHARED_URL, options("slog-random")))
+        .unwrap();
+    let strategy = (
+        50u64..400,
+        prop::collection::vec(
+            (
+                prop_oneof![
+                    4 => Just(0i64),
+                    8 => 0i64..300_000,
+                    1 => (MINUTE as i64)..(2 * MINUTE as i64),
+                    1 => -(2 * MINUTE as i64)..0,
+                ],
+                0u64..5,
+                prop::bool::weighted(0.1),
+            ),
+            200..400,
+        ),
+    )
+        .prop_map(|(limit, steps)| {
+            let q = log(limit, Unit::Minute);
+            let mut t = T0 as i64;
+            let req = |cost| Req {
+                key: "k".into(),
+                quota: q,
+                cost,
+                shadow: false,
+            };
+            Trace {
+                name: format!("random long log {limit}/min"),
+                steps: steps
+                    .into_iter()
+                    .map(|(dt, cost, twice)| {
+                        t += dt;
+                        let mut reqs = vec![req(cost)];
+                        if twice {
+                            reqs.push(req(cost / 2));
+                        }
+                        Step {
+                            t: t as Micros,
+                            reqs,
+                        }
+                    })
+                    .collect(),
+            }
+        });
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(16),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(&strategy, |trace| {
+            rt.block_on(replay(&store, &trace));
+            Ok(())
+        })
+        .unwrap();
     support::delete_prefix(SHARED_URL, &store.options().prefix);
 }

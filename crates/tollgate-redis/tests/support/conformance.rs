@@ -508,6 +508,32 @@ fn long_log_traces(t0: Micros) -> Vec<Trace> {
         name: "long log refunds".into(),
         steps,
     });
+
+    // Capped pruning leaves a horizon; the clock steps back behind it and one request logs two
+    // entries on the key: both stay counted.
+    let q = log(100);
+    let mut steps: Vec<Step> = (0..80)
+        .map(|i| Step {
+            t: t0 + i * 100 * ms,
+            reqs: vec![req("k", q, 1)],
+        })
+        .collect();
+    for (t, costs) in [
+        (t0 + 130 * SECOND, vec![1]),
+        (t0 + 40 * SECOND, vec![2, 1]),
+        (t0 + 40 * SECOND + 1, vec![1]),
+        (t0 + 41 * SECOND, vec![0]),
+        (t0 + 100 * SECOND, vec![0, 3]),
+    ] {
+        steps.push(Step {
+            t,
+            reqs: costs.into_iter().map(|c| req("k", q, c)).collect(),
+        });
+    }
+    out.push(Trace {
+        name: "long log horizon and repeated key".into(),
+        steps,
+    });
     out
 }
 
