@@ -99,10 +99,11 @@ fn unit_tag(u: Unit) -> &'static str {
     }
 }
 
-/// The Redis keys of one counter: the main key and, for a sliding log, the key of its sum.
+/// The Redis keys of one counter: the main key and, for a sliding log, its `:sum` key (which
+/// holds the log's pruning horizon, see `scripts/sliding_log.lua`).
 pub type CounterKeys = (String, Option<String>);
 
-/// The Redis keys of one counter: one, or two for a sliding log (the set, then its sum).
+/// The Redis keys of one counter: one, or two for a sliding log (the set, then its `:sum` key).
 pub fn counter_keys(prefix: &str, key: &str, quota: &Quota) -> CounterKeys {
     let main = format!(
         "{prefix}:{{{}}}:{}:{}{}",

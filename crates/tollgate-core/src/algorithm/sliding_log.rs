@@ -4,6 +4,12 @@
 //! limit (one entry per admitted request still in the window), so it suits small limits such as
 //! logins per minute. Denied requests are not logged (seed 001's variant logs them too, which
 //! lets a client that keeps retrying lock itself out forever).
+//!
+//! Clock steps: an entry later than `now` can only mean the clock went backwards since it was
+//! logged. Such entries are clamped to `now` (kept and counted, so a forward-then-back step does
+//! not hand out a fresh quota, but never waited on for longer than one period), which also keeps
+//! the log sorted with every new entry at its end. With a monotonic clock nothing is ever
+//! clamped, so decisions are unchanged. `retry_after` and `reset_after` never exceed the period.
 
 use super::{deny_forever, Outcome};
 use crate::clock::Micros;
@@ -25,6 +31,13 @@ pub fn step(log: Option<Log>, now: Micros, cost: u64, quota: &Quota) -> Outcome<
     {
         log.pop_front();
     }
+    // Clamp entries from the future (the clock went backwards): they are the newest ones.
+    for e in log.iter_mut().rev() {
+        if e.0 <= now {
+            break;
+        }
+        e.0 = now;
+    }
     let count: u64 = log.iter().map(|&(_, c)| c).sum();
     let limit = quota.limit();
     let empties_in = |log: &Log| {
@@ -39,9 +52,8 @@ pub fn step(log: Option<Log>, now: Micros, cost: u64, quota: &Quota) -> Outcome<
     }
     if count + cost <= limit {
         if cost > 0 {
-            // Keep the log sorted even if the clock went backwards.
-            let at = log.partition_point(|&(t, _)| t <= now);
-            log.insert(at, (now, cost));
+            // Every entry is at or before `now` (clamped above): the log stays sorted.
+            log.push_back((now, cost));
         }
         let decision = Decision {
             allowed: true,

@@ -373,6 +373,7 @@ pub fn traces() -> Vec<Trace> {
             ],
         ));
     }
+    out.extend(long_log_traces(t0));
     // Mixed algorithms in one request.
     let mixed: Vec<Req> = ALGORITHMS
         .iter()
@@ -403,6 +404,134 @@ pub fn traces() -> Vec<Trace> {
     });
     out.push(Trace {
         name: "mixed algorithms".into(),
+        steps,
+    });
+    out
+}
+
+/// Sliding logs of hundreds of entries: costs above 1, expiry in the middle of the log (more
+/// expired entries than one call prunes in Redis), time stepping back behind what was pruned,
+/// clock jumps forward and back (entries from the future are clamped), and cross-slot refunds
+/// of a long log's entries (on a cluster).
+fn long_log_traces(t0: Micros) -> Vec<Trace> {
+    let log =
+        |limit: u64| Quota::new(limit, Unit::Minute).with_algorithm(Algorithm::SlidingWindowLog);
+    let ms = 1_000;
+    let mut out = Vec::new();
+    let q = log(600);
+    let mut t: Vec<(Micros, u64)> = (0..500).map(|i| (t0 + i * 10 * ms, 1)).collect();
+    t.extend((0..20).map(|i| (t0 + 30 * SECOND + i * ms, 3)));
+    t.extend([
+        (t0 + 45 * SECOND, 50),
+        (t0 + 45 * SECOND, 40),
+        (t0 + 45 * SECOND, 1),
+        // 251 entries expire: more than one call prunes.
+        (t0 + 62_500 * ms, 5),
+        (t0 + 62_500 * ms, 300),
+        (t0 + 62_500 * ms, 0),
+        // Back behind what was pruned, then forward again.
+        (t0 + 61_500 * ms, 0),
+        (t0 + 61_500 * ms, 2),
+        (t0 + 63 * SECOND, 0),
+        (t0 + 64 * SECOND, 100),
+        (t0 + 66 * SECOND, 0),
+        (t0 + 80 * SECOND, 200),
+        (t0 + 89_999 * ms, 0),
+        (t0 + 90 * SECOND, 7),
+        (t0 + 90_001 * ms, 0),
+        (t0 + 95 * SECOND, 1),
+    ]);
+    // Refill, then let everything but the newest expire while steps walk through it.
+    t.extend((0..300).map(|i| (t0 + 100 * SECOND + i * 100 * ms, 1 + i % 3)));
+    t.extend((0..40).map(|i| (t0 + 160 * SECOND + i * 700 * ms, i % 4)));
+    out.push(single("long log expiring in the middle".into(), q, &t));
+
+    // Clock jumps: a day forward (quota used there), back (still used, but waits at most a
+    // period), a year back, forward again.
+    let q = log(200);
+    let day = DAY;
+    let mut t: Vec<(Micros, u64)> = (0..150).map(|i| (t0 + i * ms, 1)).collect();
+    t.extend((0..60).map(|i| (t0 + day + i * ms, 1 + i % 2)));
+    t.extend([
+        (t0 + day + SECOND, 1),
+        (t0 + 5 * SECOND, 1),
+        (t0 + 5 * SECOND, 0),
+    ]);
+    t.extend((0..10).map(|i| (t0 + 6 * SECOND + i * SECOND, 1)));
+    t.extend([
+        (t0 + 65 * SECOND, 0),
+        (t0 + 65 * SECOND, 150),
+        (t0 - 365 * day, 0),
+        (t0 - 365 * day, 10),
+        (t0 - 365 * day + 30 * SECOND, 200),
+        (t0 - 365 * day + 61 * SECOND, 30),
+        (t0 + day + 2 * SECOND, 0),
+        (t0 + day + 2 * SECOND, 180),
+        (t0 + 10 * SECOND, 25),
+        (t0 + 10 * SECOND + 61 * SECOND, 0),
+        (t0 + 10 * SECOND + 61 * SECOND, 200),
+    ]);
+    out.push(single("long log clock jumps".into(), q, &t));
+
+    // Multi-item requests on a long log: a denial elsewhere blocks (on a cluster: refunds) the
+    // log's entries, in the middle of a long log and with later entries around it.
+    let narrow = Quota::new(1, Unit::Minute).with_algorithm(Algorithm::FixedWindow);
+    let q = log(400);
+    let mut steps: Vec<Step> = (0..250)
+        .map(|i| Step {
+            t: t0 + i * 20 * ms,
+            reqs: vec![req("log", q, 1 + i % 2)],
+        })
+        .collect();
+    for i in 0..6 {
+        steps.push(Step {
+            t: t0 + 10 * SECOND + i * ms,
+            reqs: vec![req("log", q, 3), req("gate", narrow, 1)],
+        });
+        steps.push(Step {
+            t: t0 + 10 * SECOND + i * ms,
+            reqs: vec![req("log", q, 2), req("log", q, 1)],
+        });
+    }
+    // A query then a hit on a key with no log yet, in one request.
+    steps.push(Step {
+        t: t0 + 11 * SECOND,
+        reqs: vec![req("fresh", q, 0), req("fresh", q, 2), req("fresh", q, 0)],
+    });
+    for i in 0..8 {
+        steps.push(Step {
+            t: t0 + 60 * SECOND + i * 800 * ms,
+            reqs: vec![req("log", q, 4), req("gate", narrow, 0)],
+        });
+    }
+    out.push(Trace {
+        name: "long log refunds".into(),
+        steps,
+    });
+
+    // Capped pruning leaves a horizon; the clock steps back behind it and one request logs two
+    // entries on the key: both stay counted.
+    let q = log(100);
+    let mut steps: Vec<Step> = (0..80)
+        .map(|i| Step {
+            t: t0 + i * 100 * ms,
+            reqs: vec![req("k", q, 1)],
+        })
+        .collect();
+    for (t, costs) in [
+        (t0 + 130 * SECOND, vec![1]),
+        (t0 + 40 * SECOND, vec![2, 1]),
+        (t0 + 40 * SECOND + 1, vec![1]),
+        (t0 + 41 * SECOND, vec![0]),
+        (t0 + 100 * SECOND, vec![0, 3]),
+    ] {
+        steps.push(Step {
+            t,
+            reqs: costs.into_iter().map(|c| req("k", q, c)).collect(),
+        });
+    }
+    out.push(Trace {
+        name: "long log horizon and repeated key".into(),
         steps,
     });
     out
