@@ -945,6 +945,120 @@ mod tests {
     }
 
     #[test]
+    fn a_flood_of_distinct_keys_never_frees_a_denied_client() {
+        // The attack: 10,000 keys, a client denied at 3/minute, then 20,000 distinct keys.
+        for alg in Algorithm::ALL
+            .into_iter()
+            .filter(|a| *a != Algorithm::CountMinSketch)
+        {
+            let s = MemoryStore::with_seed(10_000, 1, 2);
+            let q = Quota::new(3, Unit::Minute).with_algorithm(alg);
+            let now = 1_795_305_600 * SECOND;
+            for _ in 0..3 {
+                assert!(s.check_one(now, &item("victim", &q, 1)).unwrap().allowed);
+            }
+            assert!(!s.check_one(now, &item("victim", &q, 1)).unwrap().allowed);
+            for i in 0..20_000u64 {
+                s.check_one(now + i, &item(&format!("flood-{i}"), &q, 1))
+                    .unwrap();
+            }
+            let d = s.check_one(now + 20_000, &item("victim", &q, 1)).unwrap();
+            assert!(!d.allowed, "{alg}: the denied client got through");
+            // Held close to the bound (each shard within one entry of its share), never above.
+            assert!((9_936..=10_000).contains(&s.len()), "{alg}: {}", s.len());
+            assert!(s.evictions() >= 10_000, "{alg}: {}", s.evictions());
+        }
+    }
+
+    #[test]
+    fn eviction_steps_are_small_and_the_bound_is_exact() {
+        for max in [1_000, 64 * 200 + 7] {
+            let s = MemoryStore::with_seed(max, 1, 2);
+            // One window: every key shares one expiry (the old eviction dropped them all at once).
+            let q = Quota::new(5, Unit::Hour).with_algorithm(Algorithm::FixedWindow);
+            let mut low = usize::MAX;
+            for i in 0..3 * max {
+                s.check_one(SECOND, &item(&format!("k{i}"), &q, 1)).unwrap();
+                if i > 2 * max {
+                    low = low.min(s.len());
+                }
+                assert!(s.len() <= max, "{max}: {}", s.len());
+            }
+            // Each shard evicts at most 1/64 of its share at a time.
+            assert!(low >= max - max / 64 - SHARDS, "{max}: {low}");
+        }
+    }
+
+    #[test]
+    fn denying_entries_go_last_expired_first() {
+        // 4 entries per shard, about 3 of them denying (2/minute, both used).
+        let s = MemoryStore::with_seed(SHARDS * 4, 1, 2);
+        let q = Quota::new(2, Unit::Minute).with_algorithm(Algorithm::Gcra);
+        let denied: Vec<String> = (0..SHARDS * 3).map(|i| format!("d{i}")).collect();
+        for k in &denied {
+            s.check_one(SECOND, &item(k, &q, 2)).unwrap();
+        }
+        // A flood of non-denying keys takes the remaining room, evicting among themselves.
+        for i in 0..SHARDS * 40 {
+            s.check_one(SECOND, &item(&format!("f{i}"), &q, 1)).unwrap();
+        }
+        let still = denied
+            .iter()
+            .filter(|k| !s.check_one(SECOND, &item(k, &q, 1)).unwrap().allowed)
+            .count();
+        // A shard that drew more than 4 denied keys had to evict some; the others keep them all.
+        assert!(still >= SHARDS * 3 - SHARDS, "{still}");
+        assert!(s.len() <= SHARDS * 4);
+    }
+
+    proptest::proptest! {
+        /// Whatever the traffic, an eviction never removes a possibly-denying entry while the
+        /// shard still held another candidate, nor a live entry while an expired one was left.
+        #[test]
+        fn eviction_order_holds(
+            ops in proptest::collection::vec((0u64..400, 1u64..4, 0u64..3_000_000), 1..600),
+        ) {
+            let s = MemoryStore::with_seed(SHARDS * 3, 5, 6);
+            let q = Quota::new(3, Unit::Second).with_algorithm(Algorithm::FixedWindow);
+            let mut now = SECOND;
+            for (key, cost, gap) in ops {
+                now += gap;
+                let h = s.key_hash(&item(&format!("{key}"), &q, cost));
+                let idx = s.shard_of(h);
+                let (before, had) = {
+                    let g = lock(&s.shards[idx]);
+                    let ranks: Vec<(Key, u64)> =
+                        g.slots.iter().map(|(k, v)| (*k, slot_rank(k, v, now))).collect();
+                    (ranks, g.contains(h))
+                };
+                s.check_one(now, &item(&format!("{key}"), &q, cost)).unwrap();
+                let g = lock(&s.shards[idx]);
+                let gone: Vec<u64> = before
+                    .iter()
+                    .filter(|(k, _)| *k != h && !g.slots.contains_key(k))
+                    .map(|(_, r)| *r)
+                    .collect();
+                let kept: Vec<u64> = before
+                    .iter()
+                    .filter(|(k, _)| g.slots.contains_key(k))
+                    .map(|(_, r)| *r)
+                    .collect();
+                proptest::prop_assert!(g.len() <= g.cap);
+                if had || gone.is_empty() {
+                    continue;
+                }
+                let worst_gone = gone.iter().max().copied().unwrap_or(0);
+                if worst_gone >= DENYING {
+                    proptest::prop_assert!(kept.iter().all(|r| *r >= DENYING), "{gone:?} {kept:?}");
+                }
+                if worst_gone > 0 {
+                    proptest::prop_assert!(kept.iter().all(|r| *r > 0), "{gone:?} {kept:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn count_min_sketch_memory_is_fixed_whatever_the_keys() {
         let s = MemoryStore::with_seed(1000, 1, 2);
         let q = Quota::new(5, Unit::Second).with_algorithm(Algorithm::CountMinSketch);
