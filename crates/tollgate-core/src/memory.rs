@@ -421,6 +421,16 @@ impl Shard {
         d
     }
 
+    /// Keep `h`'s state clamped as a step at `now` would clamp it, when that changes it (see
+    /// [`algorithm::clamp`]): for requests that write nothing else.
+    fn keep_clamp(&mut self, h: Key, quota: &Quota, now: Micros) {
+        let Some(state) = self.get(h) else { return };
+        if let Some(c) = algorithm::clamp(quota, &state, now) {
+            let (d, next) = algorithm::step(quota, Some(c), now, 0);
+            self.set(h, next, now + d.reset_after, d.remaining == 0, now);
+        }
+    }
+
     /// Drop every entry that is back to full at `now`; how many were dropped.
     fn sweep(&mut self, now: Micros) -> usize {
         let before = self.len();
@@ -687,6 +697,11 @@ impl MemoryStore {
                     };
                 }
             }
+            for (i, item) in items.iter().enumerate() {
+                if sketches[i].is_none() {
+                    locked(&mut guards, self.shard_of(hashes[i])).keep_clamp(hashes[i], item.quota, now);
+                }
+            }
             return decisions;
         }
 
@@ -704,7 +719,9 @@ impl MemoryStore {
             let next = pending[p].1.take();
             p += 1;
             if !decisions[i].allowed {
-                continue; // a denied shadow item consumes nothing
+                // A denied shadow item consumes nothing (but a clamped state is kept).
+                locked(&mut guards, self.shard_of(h)).keep_clamp(h, item.quota, now);
+                continue;
             }
             let expires_at = now + decisions[i].reset_after;
             let denying = decisions[i].remaining == 0;
