@@ -224,15 +224,24 @@ impl Slot {
             }
             Layout::Bucket => {
                 let (d, b) = token_bucket::step(Some(self.as_bucket()), now, cost, quota);
-                (d, b.map(|b| Slot::bucket(b, now + d.reset_after, d.remaining == 0)))
+                (
+                    d,
+                    b.map(|b| Slot::bucket(b, now + d.reset_after, d.remaining == 0)),
+                )
             }
             Layout::Window => {
                 let (d, w) = fixed_window::step(Some(self.as_window()), now, cost, quota);
-                (d, w.map(|w| Slot::window(w, now + d.reset_after, d.remaining == 0)))
+                (
+                    d,
+                    w.map(|w| Slot::window(w, now + d.reset_after, d.remaining == 0)),
+                )
             }
             Layout::Counter => {
                 let (d, c) = sliding_counter::step(Some(self.as_counter()), now, cost, quota);
-                (d, c.map(|c| Slot::counter(c, now + d.reset_after, d.remaining == 0)))
+                (
+                    d,
+                    c.map(|c| Slot::counter(c, now + d.reset_after, d.remaining == 0)),
+                )
             }
         };
         match next {
@@ -699,7 +708,8 @@ impl MemoryStore {
             }
             for (i, item) in items.iter().enumerate() {
                 if sketches[i].is_none() {
-                    locked(&mut guards, self.shard_of(hashes[i])).keep_clamp(hashes[i], item.quota, now);
+                    locked(&mut guards, self.shard_of(hashes[i]))
+                        .keep_clamp(hashes[i], item.quota, now);
                 }
             }
             return decisions;
@@ -906,7 +916,10 @@ mod tests {
                 assert_eq!(slot.unpack(layout), state);
                 assert_eq!(slot.denying(layout), denying, "{layout:?}");
                 let at = slot.expires_at(layout);
-                assert!(at >= expires && at < expires + 2 * SECOND, "{layout:?}: {at}");
+                assert!(
+                    at >= expires && at < expires + 2 * SECOND,
+                    "{layout:?}: {at}"
+                );
             }
         }
         assert!(

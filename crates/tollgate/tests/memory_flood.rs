@@ -143,5 +143,8 @@ fn the_store_holds_close_to_max_keys() {
     // It used to hold about 585 (eviction dropped 10 % or more of a shard at once, and every
     // key sharing the threshold's expiry).
     assert!((990..=1_000).contains(&keys), "{keys} keys held");
-    assert_eq!(metric(&server.base, "tollgate_memory_evictions_total"), 2_000);
+    assert_eq!(
+        metric(&server.base, "tollgate_memory_evictions_total"),
+        2_000
+    );
 }

@@ -75,9 +75,8 @@ pub fn clamp(quota: &Quota, state: &State, now: Micros) -> Option<State> {
     match state {
         State::Gcra(t) => changed(*t, gcra::clamp(*t, now, quota)).map(State::Gcra),
         State::Leaky(t) => changed(*t, gcra::clamp(*t, now, quota)).map(State::Leaky),
-        State::Bucket(b) => {
-            changed(b.last, token_bucket::clamp(*b, now).last).map(|last| State::Bucket(Bucket { last, ..*b }))
-        }
+        State::Bucket(b) => changed(b.last, token_bucket::clamp(*b, now).last)
+            .map(|last| State::Bucket(Bucket { last, ..*b })),
         State::Window(w) => fixed_window::clamp(*w, now, quota).map(State::Window),
         State::Counter(c) => sliding_counter::clamp(*c, now, quota).map(State::Counter),
         State::Log(_) => None,

@@ -723,6 +723,9 @@ fn a_day_forward_and_back_does_not_lock_out_for_a_day() {
             }
             at += d.retry_after.unwrap();
         }
-        assert!(admitted && at <= t + 3 * SECOND, "{alg}: still denied at {at}");
+        assert!(
+            admitted && at <= t + 3 * SECOND,
+            "{alg}: still denied at {at}"
+        );
     }
 }
