@@ -24,7 +24,7 @@
 //!   of cost 1, and it is not full again yet) is never evicted while the shard holds any other
 //!   candidate: a flood of distinct keys cannot free a client that is being denied. Only a
 //!   shard made entirely of such entries evicts them (a batch, soonest full first). That flag
-//!   costs no memory: it rides in a spare bit of each state (see [`Slot`]). Evictions are
+//!   costs no memory: it rides in a spare bit of each state (see `Slot`). Evictions are
 //!   counted ([`MemoryStore::evictions`]). Count-min-sketch limits are not affected: their
 //!   memory is fixed.
 
