@@ -729,3 +729,19 @@ fn a_day_forward_and_back_does_not_lock_out_for_a_day() {
         );
     }
 }
+
+#[test]
+fn count_min_sketch_window_is_clamped_after_a_step_back() {
+    let q = Quota::new(3, Unit::Minute).with_algorithm(Algorithm::CountMinSketch);
+    let mut sk = Sketch::new(q.sketch());
+    let now = BASE + 10 * MIN + 10 * SECOND;
+    for _ in 0..3 {
+        assert!(sk.check(9, now, 1, &q).allowed);
+    }
+    for back in [1, MIN, 10 * MIN, YEAR] {
+        let d = sk.check(9, now - back, 1, &q);
+        assert!(!d.allowed, "{back} µs back");
+        assert!(d.retry_after.unwrap() <= 2 * MIN, "{back}: {d:?}");
+        assert!(d.reset_after <= 2 * MIN, "{back}: {d:?}");
+    }
+}
