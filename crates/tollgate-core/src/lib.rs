@@ -15,7 +15,7 @@ pub mod rules;
 pub mod store;
 pub mod window;
 
-pub use clock::{Clock, ManualClock, Micros, SystemClock};
+pub use clock::{Clock, ManualClock, Micros, MonotonicWallClock, SystemClock};
 pub use decision::Decision;
 pub use memory::MemoryStore;
 pub use quota::{Algorithm, Period, Quota, SketchSize, Unit, MAX_PERIOD};

@@ -15,12 +15,18 @@
 //!   touching several keys locks their shards in index order, so it cannot deadlock.
 //! - **Expiry**: a step that leaves a key full removes it; every entry knows when it will be full
 //!   again, and [`MemoryStore::sweep`] drops those past it.
-//! - **Bounded**: at most `max_keys` entries. When a shard is full, a new key first evicts every
-//!   expired entry (free: they hold nothing), then, if still above 90 %, the entries that will
-//!   be full soonest (they hold the least usage, so forgetting them admits the least extra). An
-//!   evicted key starts again from a full allowance: that is the accuracy cost of a flood of
-//!   distinct keys, and it falls on the keys that used the least. Count-min-sketch limits are
-//!   not affected: their memory is fixed.
+//! - **Bounded**: at most `max_keys` entries (each shard holds its share). A new key in a full
+//!   shard evicts in small steps: every expired entry (free: they hold nothing), or else a
+//!   batch of 1/64 of the shard (at least one): the entries that will be full again soonest
+//!   (they hold the least usage, so forgetting them admits the least extra; for the usual
+//!   limits that is also the least recently used). An evicted key starts again from a full
+//!   allowance, so an entry that may be **denying** (its last step left nothing for a request
+//!   of cost 1, and it is not full again yet) is never evicted while the shard holds any other
+//!   candidate: a flood of distinct keys cannot free a client that is being denied. Only a
+//!   shard made entirely of such entries evicts them (a batch, soonest full first). That flag
+//!   costs no memory: it rides in a spare bit of each state (see `Slot`). Evictions are
+//!   counted ([`MemoryStore::evictions`]). Count-min-sketch limits are not affected: their
+//!   memory is fixed.
 
 use crate::algorithm::{
     self, gcra, leaky_bucket, sliding_log, Bucket, Counter, Log, Sketch, State, Window,
@@ -72,8 +78,19 @@ fn narrow(n: u64) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 
-fn secs_up(t: Micros) -> u64 {
-    u64::from(narrow(t.div_ceil(SECOND)))
+/// An `expires` field (see [`Slot`]): the expiry in 2-second units (rounded up) over the flag.
+fn expiry_field(t: Micros, denying: bool) -> u64 {
+    u64::from(narrow(t.div_ceil(2 * SECOND)).min(u32::MAX >> 1)) << 1 | u64::from(denying)
+}
+
+fn field_expiry(f: u64) -> Micros {
+    (f >> 1) * 2 * SECOND
+}
+
+/// A sliding-window log's expiry with the flag in its lowest bit (the expiry rounded up to even
+/// microseconds).
+fn log_expiry(t: Micros, denying: bool) -> Micros {
+    t.saturating_add(1) & !1 | Micros::from(denying)
 }
 
 fn low(w: u64) -> u64 {
@@ -88,41 +105,44 @@ fn high(w: u64) -> u64 {
 ///
 /// | layout | word 0 | word 1 |
 /// |---|---|---|
-/// | GCRA, leaky bucket | `tat` / `free_at` (µs) | 0 |
-/// | token bucket | `tokens` (low 32), `expires` (s, high 32) | `last` (µs) |
-/// | fixed window | `count` (low 32), `expires` (s, high 32) | `start` (µs) |
-/// | sliding counter | `prev` (low 32), `cur` (high 32) | `start` (s, low 32), `expires` (s, high 32) |
+/// | GCRA, leaky bucket | `tat` / `free_at` (µs) | `denying` (0 or 1) |
+/// | token bucket | `tokens` (low 32), `expires` (high 32) | `last` (µs) |
+/// | fixed window | `count` (low 32), `expires` (high 32) | `start` (µs) |
+/// | sliding counter | `prev` (low 32), `cur` (high 32) | `start` (s, low 32), `expires` (high 32) |
 ///
-/// Counts are 32-bit (limits are at most `u32::MAX`, as in Envoy's API). Expiries round up to
-/// whole seconds (a key can only be kept longer, never forgotten early); a sliding counter's start
-/// is a window start, which is always a whole second. Seconds are 32-bit: good until 2106.
+/// Counts are 32-bit (limits are at most `u32::MAX`, as in Envoy's API). An `expires` field is
+/// the expiry in 2-second units, rounded up (a key can only be kept longer, never forgotten
+/// early), shifted left by one over the `denying` bit: 31 bits of 2 s, good until 2106. A
+/// sliding counter's start is a window start, which is always a whole second (32-bit seconds:
+/// until 2106 too). `denying` means the last step left nothing for a request of cost 1: the
+/// entry is then evicted last (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Slot([u64; 2]);
 
 impl Slot {
-    fn one_word(t: Micros) -> Slot {
-        Slot([t, 0])
+    fn one_word(t: Micros, denying: bool) -> Slot {
+        Slot([t, u64::from(denying)])
     }
 
-    fn bucket(b: Bucket, expires_at: Micros) -> Slot {
+    fn bucket(b: Bucket, expires_at: Micros, denying: bool) -> Slot {
         Slot([
-            u64::from(narrow(b.tokens)) | secs_up(expires_at) << 32,
+            u64::from(narrow(b.tokens)) | expiry_field(expires_at, denying) << 32,
             b.last,
         ])
     }
 
-    fn window(w: Window, expires_at: Micros) -> Slot {
+    fn window(w: Window, expires_at: Micros, denying: bool) -> Slot {
         Slot([
-            u64::from(narrow(w.count)) | secs_up(expires_at) << 32,
+            u64::from(narrow(w.count)) | expiry_field(expires_at, denying) << 32,
             w.start,
         ])
     }
 
-    fn counter(c: Counter, expires_at: Micros) -> Slot {
+    fn counter(c: Counter, expires_at: Micros, denying: bool) -> Slot {
         debug_assert_eq!(c.start % SECOND, 0, "window starts are whole seconds");
         Slot([
             u64::from(narrow(c.prev)) | u64::from(narrow(c.cur)) << 32,
-            u64::from(narrow(c.start / SECOND)) | secs_up(expires_at) << 32,
+            u64::from(narrow(c.start / SECOND)) | expiry_field(expires_at, denying) << 32,
         ])
     }
 
@@ -149,12 +169,12 @@ impl Slot {
     }
 
     /// `state` as a slot, or back the log (logs are not slots).
-    fn pack(state: State, expires_at: Micros) -> Result<Slot, Log> {
+    fn pack(state: State, expires_at: Micros, denying: bool) -> Result<Slot, Log> {
         Ok(match state {
-            State::Gcra(t) | State::Leaky(t) => Slot::one_word(t),
-            State::Bucket(b) => Slot::bucket(b, expires_at),
-            State::Window(w) => Slot::window(w, expires_at),
-            State::Counter(c) => Slot::counter(c, expires_at),
+            State::Gcra(t) | State::Leaky(t) => Slot::one_word(t, denying),
+            State::Bucket(b) => Slot::bucket(b, expires_at, denying),
+            State::Window(w) => Slot::window(w, expires_at, denying),
+            State::Counter(c) => Slot::counter(c, expires_at, denying),
             State::Log(l) => return Err(l),
         })
     }
@@ -173,8 +193,17 @@ impl Slot {
     fn expires_at(self, layout: Layout) -> Micros {
         match layout {
             Layout::Gcra | Layout::Leaky => self.0[0],
-            Layout::Bucket | Layout::Window => high(self.0[0]) * SECOND,
-            Layout::Counter => high(self.0[1]) * SECOND,
+            Layout::Bucket | Layout::Window => field_expiry(high(self.0[0])),
+            Layout::Counter => field_expiry(high(self.0[1])),
+        }
+    }
+
+    /// Whether the last step left nothing for a request of cost 1.
+    fn denying(self, layout: Layout) -> bool {
+        match layout {
+            Layout::Gcra | Layout::Leaky => self.0[1] & 1 == 1,
+            Layout::Bucket | Layout::Window => high(self.0[0]) & 1 == 1,
+            Layout::Counter => high(self.0[1]) & 1 == 1,
         }
     }
 
@@ -187,23 +216,32 @@ impl Slot {
         let (d, next) = match layout {
             Layout::Gcra => {
                 let (d, t) = gcra::step(Some(self.0[0]), now, cost, quota);
-                (d, t.map(Slot::one_word))
+                (d, t.map(|t| Slot::one_word(t, d.remaining == 0)))
             }
             Layout::Leaky => {
                 let (d, t) = leaky_bucket::step(Some(self.0[0]), now, cost, quota);
-                (d, t.map(Slot::one_word))
+                (d, t.map(|t| Slot::one_word(t, d.remaining == 0)))
             }
             Layout::Bucket => {
                 let (d, b) = token_bucket::step(Some(self.as_bucket()), now, cost, quota);
-                (d, b.map(|b| Slot::bucket(b, now + d.reset_after)))
+                (
+                    d,
+                    b.map(|b| Slot::bucket(b, now + d.reset_after, d.remaining == 0)),
+                )
             }
             Layout::Window => {
                 let (d, w) = fixed_window::step(Some(self.as_window()), now, cost, quota);
-                (d, w.map(|w| Slot::window(w, now + d.reset_after)))
+                (
+                    d,
+                    w.map(|w| Slot::window(w, now + d.reset_after, d.remaining == 0)),
+                )
             }
             Layout::Counter => {
                 let (d, c) = sliding_counter::step(Some(self.as_counter()), now, cost, quota);
-                (d, c.map(|c| Slot::counter(c, now + d.reset_after)))
+                (
+                    d,
+                    c.map(|c| Slot::counter(c, now + d.reset_after, d.remaining == 0)),
+                )
             }
         };
         match next {
@@ -272,12 +310,41 @@ fn slot_expiry(k: &Key, s: &Slot) -> Micros {
     k.layout().map_or(0, |l| s.expires_at(l))
 }
 
+/// The eviction rank bit of an entry that may be denying.
+const DENYING: u64 = 1 << 63;
+
+/// Eviction order at `now`, lowest first: expired (0), then by expiry, then the entries that may
+/// be denying (by expiry).
+fn rank(expires_at: Micros, denying: bool, now: Micros) -> u64 {
+    if expires_at <= now {
+        0
+    } else {
+        expires_at.min(DENYING - 1) | if denying { DENYING } else { 0 }
+    }
+}
+
+fn slot_rank(k: &Key, s: &Slot, now: Micros) -> u64 {
+    match k.layout() {
+        Some(l) => rank(s.expires_at(l), s.denying(l), now),
+        None => 0,
+    }
+}
+
+fn log_rank(e: Micros, now: Micros) -> u64 {
+    rank(e & !1, e & 1 == 1, now)
+}
+
 /// One shard: fixed-size states, and the sliding-window logs (variable length) beside them.
 #[derive(Default)]
 struct Shard {
     slots: Map<Slot>,
-    /// Each log with when it is empty again.
+    /// Each log with when it is empty again, the `denying` flag in the lowest bit
+    /// ([`log_expiry`]).
     logs: Map<(Log, Micros)>,
+    /// This shard's share of `max_keys`.
+    cap: usize,
+    /// Live (not expired) entries evicted so far.
+    evictions: u64,
 }
 
 impl Shard {
@@ -301,27 +368,35 @@ impl Shard {
     }
 
     /// Keep `state` for `h` (new keys make room first), or forget `h` when `state` is `None`.
-    fn set(&mut self, h: Key, state: Option<State>, expires_at: Micros, cap: usize, now: Micros) {
+    /// `denying`: the step that made `state` left nothing for a request of cost 1.
+    fn set(
+        &mut self,
+        h: Key,
+        state: Option<State>,
+        expires_at: Micros,
+        denying: bool,
+        now: Micros,
+    ) {
         let Some(state) = state else {
             self.slots.remove(&h);
             self.logs.remove(&h);
             return;
         };
         if !self.contains(h) {
-            self.make_room(cap, now);
+            self.make_room(now);
         }
-        match Slot::pack(state, expires_at) {
+        match Slot::pack(state, expires_at, denying) {
             Ok(slot) => {
                 self.slots.insert(h, slot);
             }
             Err(log) => {
-                self.logs.insert(h, (log, expires_at));
+                self.logs.insert(h, (log, log_expiry(expires_at, denying)));
             }
         }
     }
 
     /// One check of one key, its state stepped in place.
-    fn step(&mut self, h: Key, quota: &Quota, now: Micros, cost: u64, cap: usize) -> Decision {
+    fn step(&mut self, h: Key, quota: &Quota, now: Micros, cost: u64) -> Decision {
         match h.layout() {
             Some(layout) => {
                 if let Some(slot) = self.slots.get_mut(&h) {
@@ -336,7 +411,10 @@ impl Shard {
                 if let Some((log, expires)) = self.logs.get_mut(&h) {
                     let (d, next) = sliding_log::step(Some(std::mem::take(log)), now, cost, quota);
                     match next {
-                        Some(l) => (*log, *expires) = (l, now + d.reset_after),
+                        Some(l) => {
+                            (*log, *expires) =
+                                (l, log_expiry(now + d.reset_after, d.remaining == 0))
+                        }
                         None => {
                             self.logs.remove(&h);
                         }
@@ -347,36 +425,68 @@ impl Shard {
         }
         let (d, next) = algorithm::step(quota, None, now, cost);
         if next.is_some() {
-            self.set(h, next, now + d.reset_after, cap, now);
+            self.set(h, next, now + d.reset_after, d.remaining == 0, now);
         }
         d
+    }
+
+    /// Keep `h`'s state clamped as a step at `now` would clamp it, when that changes it (see
+    /// [`algorithm::clamp`]): for requests that write nothing else.
+    fn keep_clamp(&mut self, h: Key, quota: &Quota, now: Micros) {
+        let Some(state) = self.get(h) else { return };
+        if let Some(c) = algorithm::clamp(quota, &state, now) {
+            let (d, next) = algorithm::step(quota, Some(c), now, 0);
+            self.set(h, next, now + d.reset_after, d.remaining == 0, now);
+        }
     }
 
     /// Drop every entry that is back to full at `now`; how many were dropped.
     fn sweep(&mut self, now: Micros) -> usize {
         let before = self.len();
         self.slots.retain(|k, s| slot_expiry(k, s) > now);
-        self.logs.retain(|_, (_, e)| *e > now);
+        self.logs.retain(|_, (_, e)| *e & !1 > now);
         before - self.len()
     }
 
-    /// Make room for one more entry under `cap`.
-    fn make_room(&mut self, cap: usize, now: Micros) {
-        if self.len() < cap {
+    /// Make room for one more entry under the shard's cap: drop every expired entry, or at least
+    /// a batch (1/64 of the cap, at least one) in eviction order ([`rank`]), taking entries that
+    /// may be denying only when nothing else is left. One scan per batch: amortised, a few
+    /// dozen entries looked at per new key, and the shard stays within a batch of its cap.
+    fn make_room(&mut self, now: Micros) {
+        if self.len() < self.cap {
             return;
         }
-        self.sweep(now);
-        let target = cap - cap / 10;
-        if self.len() <= target {
-            return;
-        }
-        let mut expiries: Vec<Micros> = (self.slots.iter().map(|(k, s)| slot_expiry(k, s)))
-            .chain(self.logs.values().map(|(_, e)| *e))
+        let batch = (self.cap / 64).max(1);
+        let mut ranks: Vec<u64> = (self.slots.iter().map(|(k, s)| slot_rank(k, s, now)))
+            .chain(self.logs.values().map(|(_, e)| log_rank(*e, now)))
             .collect();
-        let excess = self.len() - target;
-        let (_, &mut threshold, _) = expiries.select_nth_unstable(excess - 1);
-        self.slots.retain(|k, s| slot_expiry(k, s) > threshold);
-        self.logs.retain(|_, (_, e)| *e > threshold);
+        let expired = ranks.iter().filter(|r| **r == 0).count();
+        let others = ranks.iter().filter(|r| **r < DENYING).count();
+        let n = if others > 0 {
+            expired.max(batch).min(others)
+        } else {
+            batch.min(ranks.len())
+        };
+        if n == 0 {
+            return;
+        }
+        let (below, &mut threshold, _) = ranks.select_nth_unstable(n - 1);
+        // Entries ranked at the threshold (often many: a window's keys share one expiry) are
+        // taken only as far as the batch needs.
+        let mut ties = n - below.iter().filter(|r| **r < threshold).count();
+        let mut keep = |r: u64| {
+            if r < threshold {
+                false
+            } else if r == threshold && ties > 0 {
+                ties -= 1;
+                false
+            } else {
+                true
+            }
+        };
+        self.slots.retain(|k, s| keep(slot_rank(k, s, now)));
+        self.logs.retain(|_, (_, e)| keep(log_rank(*e, now)));
+        self.evictions += n.saturating_sub(expired) as u64;
     }
 }
 
@@ -385,7 +495,7 @@ pub struct MemoryStore {
     k0: u64,
     k1: u64,
     shards: Box<[Mutex<Shard>]>,
-    shard_cap: usize,
+    max_keys: usize,
     sketches: RwLock<HashMap<u128, Arc<Mutex<Sketch>>>>,
 }
 
@@ -393,7 +503,7 @@ impl std::fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryStore")
             .field("keys", &self.len())
-            .field("max_keys", &(self.shard_cap * SHARDS))
+            .field("max_keys", &self.max_keys)
             .finish()
     }
 }
@@ -418,12 +528,22 @@ impl MemoryStore {
     /// A store with a fixed hash key: identical runs give identical results even where hashes
     /// matter (count-min-sketch collisions, eviction order). For `simulate` and tests.
     pub fn with_seed(max_keys: usize, k0: u64, k1: u64) -> Self {
-        let shards = (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect();
+        // Each shard's share of `max_keys`, the remainder spread over the first ones: they add
+        // up to `max_keys` (at least one per shard).
+        let shards = (0..SHARDS)
+            .map(|i| {
+                let cap = max_keys / SHARDS + usize::from(i < max_keys % SHARDS);
+                Mutex::new(Shard {
+                    cap: cap.max(1),
+                    ..Shard::default()
+                })
+            })
+            .collect();
         Self {
             k0,
             k1,
             shards,
-            shard_cap: max_keys.div_ceil(SHARDS).max(1),
+            max_keys,
             sketches: RwLock::new(HashMap::new()),
         }
     }
@@ -478,6 +598,12 @@ impl MemoryStore {
         self.shards.iter().map(|s| lock(s).len()).sum()
     }
 
+    /// Live entries evicted to make room for new keys so far (expired ones dropped are not
+    /// counted: they held nothing).
+    pub fn evictions(&self) -> u64 {
+        self.shards.iter().map(|s| lock(s).evictions).sum()
+    }
+
     /// Whether no key is tracked.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -503,7 +629,7 @@ impl MemoryStore {
             return lock(&self.sketch(item)).check(h.wide(), now, item.cost, item.quota);
         }
         let h = self.key_hash(item);
-        lock(&self.shards[self.shard_of(h)]).step(h, item.quota, now, item.cost, self.shard_cap)
+        lock(&self.shards[self.shard_of(h)]).step(h, item.quota, now, item.cost)
     }
 
     fn check_many(&self, now: Micros, items: &[CheckItem<'_>]) -> Vec<Decision> {
@@ -580,6 +706,12 @@ impl MemoryStore {
                     };
                 }
             }
+            for (i, item) in items.iter().enumerate() {
+                if sketches[i].is_none() {
+                    locked(&mut guards, self.shard_of(hashes[i]))
+                        .keep_clamp(hashes[i], item.quota, now);
+                }
+            }
             return decisions;
         }
 
@@ -597,10 +729,13 @@ impl MemoryStore {
             let next = pending[p].1.take();
             p += 1;
             if !decisions[i].allowed {
-                continue; // a denied shadow item consumes nothing
+                // A denied shadow item consumes nothing (but a clamped state is kept).
+                locked(&mut guards, self.shard_of(h)).keep_clamp(h, item.quota, now);
+                continue;
             }
             let expires_at = now + decisions[i].reset_after;
-            locked(&mut guards, self.shard_of(h)).set(h, next, expires_at, self.shard_cap, now);
+            let denying = decisions[i].remaining == 0;
+            locked(&mut guards, self.shard_of(h)).set(h, next, expires_at, denying, now);
         }
         decisions
     }
@@ -776,13 +911,19 @@ mod tests {
             // for them is that timestamp); the others keep the one they are given.
             let one_word = matches!(layout, Layout::Gcra | Layout::Leaky);
             let expires = if one_word { t } else { t + 90 * SECOND + 1 };
-            let slot = Slot::pack(state.clone(), expires).unwrap();
-            assert_eq!(slot.unpack(layout), state);
-            let at = slot.expires_at(layout);
-            assert!(at >= expires && at < expires + SECOND, "{layout:?}: {at}");
+            for denying in [false, true] {
+                let slot = Slot::pack(state.clone(), expires, denying).unwrap();
+                assert_eq!(slot.unpack(layout), state);
+                assert_eq!(slot.denying(layout), denying, "{layout:?}");
+                let at = slot.expires_at(layout);
+                assert!(
+                    at >= expires && at < expires + 2 * SECOND,
+                    "{layout:?}: {at}"
+                );
+            }
         }
         assert!(
-            Slot::pack(State::Log(Log::new()), t).is_err(),
+            Slot::pack(State::Log(Log::new()), t, false).is_err(),
             "logs are not slots"
         );
     }
@@ -831,6 +972,120 @@ mod tests {
         }
         assert!(s.len() <= SHARDS * 10, "{}", s.len());
         assert_eq!(limited(&s, 2 * SECOND), 128, "expired evicted first");
+    }
+
+    #[test]
+    fn a_flood_of_distinct_keys_never_frees_a_denied_client() {
+        // The attack: 10,000 keys, a client denied at 3/minute, then 20,000 distinct keys.
+        for alg in Algorithm::ALL
+            .into_iter()
+            .filter(|a| *a != Algorithm::CountMinSketch)
+        {
+            let s = MemoryStore::with_seed(10_000, 1, 2);
+            let q = Quota::new(3, Unit::Minute).with_algorithm(alg);
+            let now = 1_795_305_600 * SECOND;
+            for _ in 0..3 {
+                assert!(s.check_one(now, &item("victim", &q, 1)).unwrap().allowed);
+            }
+            assert!(!s.check_one(now, &item("victim", &q, 1)).unwrap().allowed);
+            for i in 0..20_000u64 {
+                s.check_one(now + i, &item(&format!("flood-{i}"), &q, 1))
+                    .unwrap();
+            }
+            let d = s.check_one(now + 20_000, &item("victim", &q, 1)).unwrap();
+            assert!(!d.allowed, "{alg}: the denied client got through");
+            // Held close to the bound (each shard within one entry of its share), never above.
+            assert!((9_936..=10_000).contains(&s.len()), "{alg}: {}", s.len());
+            assert!(s.evictions() >= 10_000, "{alg}: {}", s.evictions());
+        }
+    }
+
+    #[test]
+    fn eviction_steps_are_small_and_the_bound_is_exact() {
+        for max in [1_000, 64 * 200 + 7] {
+            let s = MemoryStore::with_seed(max, 1, 2);
+            // One window: every key shares one expiry (the old eviction dropped them all at once).
+            let q = Quota::new(5, Unit::Hour).with_algorithm(Algorithm::FixedWindow);
+            let mut low = usize::MAX;
+            for i in 0..3 * max {
+                s.check_one(SECOND, &item(&format!("k{i}"), &q, 1)).unwrap();
+                if i > 2 * max {
+                    low = low.min(s.len());
+                }
+                assert!(s.len() <= max, "{max}: {}", s.len());
+            }
+            // Each shard evicts at most 1/64 of its share at a time.
+            assert!(low >= max - max / 64 - SHARDS, "{max}: {low}");
+        }
+    }
+
+    #[test]
+    fn denying_entries_go_last_expired_first() {
+        // 4 entries per shard, about 3 of them denying (2/minute, both used).
+        let s = MemoryStore::with_seed(SHARDS * 4, 1, 2);
+        let q = Quota::new(2, Unit::Minute).with_algorithm(Algorithm::Gcra);
+        let denied: Vec<String> = (0..SHARDS * 3).map(|i| format!("d{i}")).collect();
+        for k in &denied {
+            s.check_one(SECOND, &item(k, &q, 2)).unwrap();
+        }
+        // A flood of non-denying keys takes the remaining room, evicting among themselves.
+        for i in 0..SHARDS * 40 {
+            s.check_one(SECOND, &item(&format!("f{i}"), &q, 1)).unwrap();
+        }
+        let still = denied
+            .iter()
+            .filter(|k| !s.check_one(SECOND, &item(k, &q, 1)).unwrap().allowed)
+            .count();
+        // A shard that drew more than 4 denied keys had to evict some; the others keep them all.
+        assert!(still >= SHARDS * 3 - SHARDS, "{still}");
+        assert!(s.len() <= SHARDS * 4);
+    }
+
+    proptest::proptest! {
+        /// Whatever the traffic, an eviction never removes a possibly-denying entry while the
+        /// shard still held another candidate, nor a live entry while an expired one was left.
+        #[test]
+        fn eviction_order_holds(
+            ops in proptest::collection::vec((0u64..400, 1u64..4, 0u64..3_000_000), 1..600),
+        ) {
+            let s = MemoryStore::with_seed(SHARDS * 3, 5, 6);
+            let q = Quota::new(3, Unit::Second).with_algorithm(Algorithm::FixedWindow);
+            let mut now = SECOND;
+            for (key, cost, gap) in ops {
+                now += gap;
+                let h = s.key_hash(&item(&format!("{key}"), &q, cost));
+                let idx = s.shard_of(h);
+                let (before, had) = {
+                    let g = lock(&s.shards[idx]);
+                    let ranks: Vec<(Key, u64)> =
+                        g.slots.iter().map(|(k, v)| (*k, slot_rank(k, v, now))).collect();
+                    (ranks, g.contains(h))
+                };
+                s.check_one(now, &item(&format!("{key}"), &q, cost)).unwrap();
+                let g = lock(&s.shards[idx]);
+                let gone: Vec<u64> = before
+                    .iter()
+                    .filter(|(k, _)| *k != h && !g.slots.contains_key(k))
+                    .map(|(_, r)| *r)
+                    .collect();
+                let kept: Vec<u64> = before
+                    .iter()
+                    .filter(|(k, _)| g.slots.contains_key(k))
+                    .map(|(_, r)| *r)
+                    .collect();
+                proptest::prop_assert!(g.len() <= g.cap);
+                if had || gone.is_empty() {
+                    continue;
+                }
+                let worst_gone = gone.iter().max().copied().unwrap_or(0);
+                if worst_gone >= DENYING {
+                    proptest::prop_assert!(kept.iter().all(|r| *r >= DENYING), "{gone:?} {kept:?}");
+                }
+                if worst_gone > 0 {
+                    proptest::prop_assert!(kept.iter().all(|r| *r > 0), "{gone:?} {kept:?}");
+                }
+            }
+        }
     }
 
     #[test]

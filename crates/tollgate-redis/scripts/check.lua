@@ -9,7 +9,10 @@
 --     nothing); a request of exactly one item writes its (normalised) state whatever the outcome,
 --     like MemoryStore's single-item path;
 --   * a state back to full is deleted; every write sets a TTL of reset_after rounded up to whole
---     milliseconds (at least 1) plus the configured grace.
+--     milliseconds (at least 1) plus the configured grace;
+--   * a state an algorithm clamps (the clock went back, see its `clamp`) is written clamped even
+--     by a blocked request or a denied shadow item, which write nothing else (memory.rs
+--     `keep_clamp`): otherwise every retry would find it as far ahead as before.
 --
 -- Mode 'r' (refund) undoes the given admitted items of an earlier call with the same request id
 -- and time, then answers a cost-0 query for each: used when another cluster slot blocked.
@@ -92,6 +95,17 @@ for i, p in ipairs(items) do
   decisions[i], nexts[i] = d, nx
 end
 
+-- Write the clamped stored state of item p, when its algorithm clamps it.
+local function keep_clamp(p)
+  local a, name = ALG[p.alg], p.keys[1]
+  if a.clamp == nil then return end
+  local c = a.clamp(stored[name], now, p)
+  if c == nil then return end
+  local d, nx = a.step(c, now, 0, p)
+  a.save(p, stored[name], nx, ttl_ms(d.reset))
+  stored[name] = nx
+end
+
 local blocked = false
 for i, p in ipairs(items) do
   if not p.shadow and not decisions[i].allowed then blocked = true end
@@ -108,6 +122,8 @@ if blocked then
   if single then
     local p = items[1]
     ALG[p.alg].save(p, stored[p.keys[1]], nexts[1], ttl_ms(decisions[1].reset))
+  else
+    for _, p in ipairs(items) do keep_clamp(p) end
   end
 else
   for i, p in ipairs(items) do
@@ -115,6 +131,8 @@ else
       local name = p.keys[1]
       ALG[p.alg].save(p, stored[name], nexts[i], ttl_ms(decisions[i].reset))
       stored[name] = nexts[i]
+    else
+      keep_clamp(p)
     end
   end
 end

@@ -18,8 +18,11 @@ local function fw_step(st, now, cost, p)
     if st[1] == start then
       count = st[2]
     elseif st[1] > start then
-      -- The clock went backwards: stay in the window already counted.
-      start, wend = window(p, st[1])
+      -- The clock went back: count in the state's window, clamped to the next one, as at its
+      -- start (fixed_window.rs).
+      if st[1] > wend then st = { wend, st[2] } end
+      now = st[1]
+      start, wend = window(p, now)
       count = st[2]
     end
   end
@@ -47,6 +50,12 @@ end
 ALG[4] = {
   load = function(p) return load_string(p, fw_decode) end,
   step = fw_step,
+  clamp = function(st, now, p)
+    if st == nil or st[1] <= now then return nil end
+    local _, wend = window(p, now)
+    if st[1] > wend then return { wend, st[2] } end
+    return nil
+  end,
   save = function(p, old, new, ttl) save_string(p, fw_encode, old, new, ttl) end,
   -- Undo an admitted cost, only in the window it went into (`now` is the check's time). A
   -- state in another window was rolled on by other requests since: this cost is not in it, and

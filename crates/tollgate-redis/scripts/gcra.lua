@@ -7,6 +7,8 @@ local function gcra_step(tat, now, cost, p)
   if t == 0 then return deny_forever(0), tat end
   local burst = p.burst
   local cap = t * burst
+  -- Clock stepped back: a tat beyond now + cap is clamped to it (gcra.rs `clamp`).
+  if tat ~= nil and tat > now + cap then tat = now + cap end
   local base = now
   if tat ~= nil and tat > now then base = tat end
   local backlog = base - now
@@ -36,9 +38,16 @@ local function tat_refund(p, now, cost)
   end
 end
 
+-- The clamped tat when it differs (see gcra_step), else nil.
+local function tat_clamp(tat, now, p)
+  if tat ~= nil and p.T > 0 and tat > now + p.T * p.burst then return now + p.T * p.burst end
+  return nil
+end
+
 ALG[1] = {
   load = function(p) return load_string(p, tonumber) end,
   step = gcra_step,
+  clamp = tat_clamp,
   save = function(p, old, new, ttl) save_string(p, fmt, old, new, ttl) end,
   refund = function(p, now, cost) tat_refund(p, now, cost) end,
 }

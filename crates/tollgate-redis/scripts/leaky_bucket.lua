@@ -5,7 +5,7 @@
 local function leaky_step(free_at, now, cost, p)
   local d, keep = gcra_step(free_at, now, cost, p)
   if d.allowed and cost > 0 and free_at ~= nil and free_at > now then
-    d.delay = free_at - now
+    d.delay = (tat_clamp(free_at, now, p) or free_at) - now
   end
   return d, keep
 end
@@ -13,6 +13,7 @@ end
 ALG[2] = {
   load = function(p) return load_string(p, tonumber) end,
   step = leaky_step,
+  clamp = tat_clamp,
   save = function(p, old, new, ttl) save_string(p, fmt, old, new, ttl) end,
   -- The queue position is a timestamp like GCRA's tat: the same refund applies.
   refund = function(p, now, cost) tat_refund(p, now, cost) end,

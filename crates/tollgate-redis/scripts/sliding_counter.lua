@@ -21,6 +21,8 @@ local function sc_roll(p, st, now)
   local s, prev, cur = st[1], st[2], st[3]
   if s == ws then return now, ws, we, prev, cur end
   if s > ws then
+    -- The clock went back: clamped to the next window (sliding_counter.rs).
+    if s > we then s = we end
     local ws2, we2 = window(p, s)
     return s, ws2, we2, prev, cur
   end
@@ -82,6 +84,12 @@ end
 ALG[6] = {
   load = function(p) return load_string(p, sc_decode) end,
   step = sc_step,
+  clamp = function(st, now, p)
+    if st == nil or st[1] <= now then return nil end
+    local _, wend = window(p, now)
+    if st[1] > wend then return { wend, st[2], st[3] } end
+    return nil
+  end,
   save = function(p, old, new, ttl) save_string(p, sc_encode, old, new, ttl) end,
   -- Undo an admitted cost in the count of the window the check counted in.
   refund = function(p, now, cost)

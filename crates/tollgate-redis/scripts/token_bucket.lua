@@ -17,6 +17,8 @@ local function tb_step(st, now, cost, p)
   local cap = p.burst
   local tokens, last = cap, now
   if st ~= nil then tokens, last = st[1], st[2] end
+  -- Clock stepped back: refill resumes from now (token_bucket.rs `clamp`).
+  if last > now then last = now end
   if now > last then
     local refill = idiv(now - last, t)
     if tokens + refill >= cap then
@@ -50,6 +52,10 @@ end
 ALG[3] = {
   load = function(p) return load_string(p, tb_decode) end,
   step = tb_step,
+  clamp = function(st, now, p)
+    if st ~= nil and st[2] > now then return { st[1], now } end
+    return nil
+  end,
   save = function(p, old, new, ttl) save_string(p, tb_encode, old, new, ttl) end,
   -- Undo an admitted cost: tokens += cost, capped; a full bucket is deleted.
   refund = function(p, now, cost)

@@ -619,6 +619,9 @@ async fn metrics(State(state): State<AppState>) -> Response {
         ));
     }
     let mut text = state.metrics().render(&extra);
+    if let Some(m) = state.memory_store() {
+        crate::metrics::render_evictions(&mut text, m.evictions());
+    }
     if let Some(g) = state.backend().redis() {
         g.render_metrics(&mut text);
     }

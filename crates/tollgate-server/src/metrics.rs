@@ -395,6 +395,15 @@ impl std::ops::Deref for LimitCounters<'_> {
     }
 }
 
+/// Append the memory store's eviction counter (`tollgate_memory_evictions_total`: live keys
+/// evicted to make room for new ones; `tollgate_memory_keys` is the gauge of keys held).
+pub fn render_evictions(out: &mut String, evictions: u64) {
+    let _ = writeln!(
+        out,
+        "# HELP tollgate_memory_evictions_total Live keys evicted by the memory store to make room for new ones.\n# TYPE tollgate_memory_evictions_total counter\ntollgate_memory_evictions_total {evictions}"
+    );
+}
+
 /// Escape a label value (`\`, `"`, newline).
 fn escape(s: &str) -> String {
     s.replace('\\', "\\\\")

@@ -6,7 +6,7 @@ use crate::metrics::{Metrics, RuleSlots};
 use arc_swap::ArcSwap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use tollgate_core::clock::{Clock, Micros, SystemClock};
+use tollgate_core::clock::{Clock, Micros, MonotonicWallClock, SystemClock};
 use tollgate_core::rules::RuleSet;
 use tollgate_core::store::Store;
 use tollgate_core::MemoryStore;
@@ -123,7 +123,8 @@ impl AppStateBuilder {
     pub fn rules(&self) -> &LoadedRules {
         &self.rules
     }
-    /// Use this clock (default: the system clock). Tests pass a `ManualClock`.
+    /// Use this clock (default: [`MonotonicWallClock`], which does not follow wall-clock steps).
+    /// Tests pass a `ManualClock`.
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
@@ -180,15 +181,15 @@ impl AppStateBuilder {
 }
 
 impl AppState {
-    /// A builder with a fresh memory store ([`tollgate_core::memory::DEFAULT_MAX_KEYS`]) and the
-    /// system clock.
+    /// A builder with a fresh memory store ([`tollgate_core::memory::DEFAULT_MAX_KEYS`]) and a
+    /// [`MonotonicWallClock`].
     pub fn builder(rules: LoadedRules) -> AppStateBuilder {
         let memory = Arc::new(MemoryStore::new(tollgate_core::memory::DEFAULT_MAX_KEYS));
         AppStateBuilder {
             rules,
             backend: Backend::Local(memory.clone()),
             memory: Some(memory),
-            clock: Arc::new(SystemClock),
+            clock: Arc::new(MonotonicWallClock::new()),
             limits: RequestLimits::default(),
             rules_path: None,
             response_headers: false,

@@ -4,11 +4,25 @@
 //! `T = period / limit` and capacity `burst` (default `limit`), a request of cost `c` is admitted
 //! iff `max(tat, now) + c·T - now <= burst·T`. This is the algorithm `governor` and redis-cell use;
 //! it admits exactly what a token bucket of `burst` tokens refilled every `T` would.
+//!
+//! A monotonic clock never leaves `tat` more than `burst·T` ahead of `now` (an admitted request
+//! sets at most that much backlog). A `tat` further ahead means the clock stepped back (or the
+//! state is corrupt): it is clamped to `now + burst·T` ([`clamp`], "as used as possible"), and the
+//! clamped value is kept, so a client is denied for at most `burst·T` instead of for the size of
+//! the step, and `retry_after`/`reset_after` never exceed `burst·T`.
 
 use super::{deny_forever, Outcome};
 use crate::clock::Micros;
 use crate::decision::Decision;
 use crate::quota::Quota;
+
+/// `tat` clamped to the furthest a monotonic clock can leave it: `now + burst·T`.
+pub fn clamp(tat: Micros, now: Micros, quota: &Quota) -> Micros {
+    match quota.emission_interval() {
+        Some(t) => tat.min(now.saturating_add(t.saturating_mul(quota.capacity().max(1)))),
+        None => tat,
+    }
+}
 
 /// One step. `tat` is `None` when the key is untracked (full).
 #[inline]
@@ -18,6 +32,8 @@ pub fn step(tat: Option<Micros>, now: Micros, cost: u64, quota: &Quota) -> Outco
     };
     let burst = quota.capacity().max(1);
     let cap = t.saturating_mul(burst);
+    // See the module docs: a no-op unless the clock went back.
+    let tat = tat.map(|x| x.min(now.saturating_add(cap)));
     let base = tat.unwrap_or(now).max(now);
     let backlog = base - now;
     // Only the denials need this (a division: computed in their branches, not up front). Most

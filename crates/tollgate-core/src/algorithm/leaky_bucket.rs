@@ -19,7 +19,7 @@ pub fn step(free_at: Option<Micros>, now: Micros, cost: u64, quota: &Quota) -> O
     let (mut decision, next) = gcra::step(free_at, now, cost, quota);
     if decision.allowed && cost > 0 {
         // A pure query (cost 0) waits for nothing.
-        decision.delay = free_at.map_or(0, |f| f.saturating_sub(now));
+        decision.delay = free_at.map_or(0, |f| gcra::clamp(f, now, quota).saturating_sub(now));
     }
     (decision, next)
 }

@@ -5,6 +5,13 @@
 //! "full": every step returns `None` when its result is back to that, so stores can drop it.
 //! Denied requests never consume; `cost = 0` is a pure query.
 //!
+//! Time may step (Redis `TIME` follows the host's wall clock). Each algorithm clamps a state
+//! that lies further in the future than a monotonic clock could have left it, keeps the clamped
+//! state (a step that writes nothing else still writes that, see [`clamp`]), and so bounds
+//! `retry_after`/`reset_after` by its period (times `burst / limit` for GCRA and the buckets,
+//! two windows for the sliding window counter). For every state a monotonic clock can reach the
+//! clamp is a no-op.
+//!
 //! The count-min-sketch limiter keeps one shared [`Sketch`] per limit instead of per-key state;
 //! its exact per-key counterpart (used by [`step`] and as its reference) is the sliding window
 //! counter it approximates.
@@ -58,6 +65,22 @@ pub enum State {
     Counter(Counter),
     /// Sliding window log.
     Log(Log),
+}
+
+/// `state` clamped as the step at `now` would clamp it (see the module docs), or `None` when the
+/// clamp leaves it as it is. Stores write the clamped state even when a request is blocked and
+/// writes nothing else: otherwise every retry would find the state as far ahead as before.
+pub fn clamp(quota: &Quota, state: &State, now: Micros) -> Option<State> {
+    let changed = |a: Micros, b: Micros| (a != b).then_some(b);
+    match state {
+        State::Gcra(t) => changed(*t, gcra::clamp(*t, now, quota)).map(State::Gcra),
+        State::Leaky(t) => changed(*t, gcra::clamp(*t, now, quota)).map(State::Leaky),
+        State::Bucket(b) => changed(b.last, token_bucket::clamp(*b, now).last)
+            .map(|last| State::Bucket(Bucket { last, ..*b })),
+        State::Window(w) => fixed_window::clamp(*w, now, quota).map(State::Window),
+        State::Counter(c) => sliding_counter::clamp(*c, now, quota).map(State::Counter),
+        State::Log(_) => None,
+    }
 }
 
 /// One step of `quota.algorithm` for one key. A state of another algorithm's shape (the rule

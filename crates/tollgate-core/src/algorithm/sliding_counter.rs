@@ -9,6 +9,11 @@
 //! a rolling window it can admit more than `limit` when they were not (see docs/algorithms.md).
 //!
 //! [`decide`] is shared with the count-min-sketch limiter, which feeds it estimated counts.
+//!
+//! Clock steps back are handled as in the fixed window: a state in the next window is decided
+//! as at that window's start; one further ahead is clamped to the next window, counts kept
+//! ([`clamp`]). `retry_after` and `reset_after` stay within two windows (the most a monotonic
+//! clock gives too: the current window's count decays over the next one).
 
 use super::{deny_forever, Outcome};
 use crate::clock::Micros;
@@ -27,8 +32,19 @@ pub struct Counter {
     pub cur: u64,
 }
 
-/// The counts as seen from `now`: windows rolled forward, and the instant clamped forward if
-/// the clock went backwards. Returns (now, window start, window end, prev, cur).
+/// `c` with a start beyond the window after `now`'s clamped to that next window; `None` when it
+/// is not that far ahead.
+pub fn clamp(c: Counter, now: Micros, quota: &Quota) -> Option<Counter> {
+    if c.start <= now {
+        return None;
+    }
+    let next = window(quota.period(), now).1;
+    (c.start > next).then_some(Counter { start: next, ..c })
+}
+
+/// The counts as seen from `now`: windows rolled forward, and, if the clock went backwards, the
+/// start clamped to the next window and the instant clamped forward to it. Returns (now, window
+/// start, window end, prev, cur).
 pub(crate) fn roll(
     period: Period,
     start: Option<Micros>,
@@ -40,6 +56,7 @@ pub(crate) fn roll(
     match start {
         Some(s) if s == ws => (now, ws, we, prev, cur),
         Some(s) if s > ws => {
+            let s = s.min(we);
             let (ws, we) = window(period, s);
             (s, ws, we, prev, cur)
         }

@@ -582,3 +582,166 @@ fn other_algorithms_state_is_untracked() {
     let foreign = counter(BASE, 3, 3);
     assert_eq!(step(&q, foreign, BASE, 1), step(&q, None, BASE, 1));
 }
+
+/// The algorithms that clamp state ahead of the clock (the sliding log has its own rules).
+const CLAMPED: [Algorithm; 5] = [
+    Algorithm::Gcra,
+    Algorithm::LeakyBucket,
+    Algorithm::TokenBucket,
+    Algorithm::FixedWindow,
+    Algorithm::SlidingWindowCounter,
+];
+
+/// The most `retry_after`, `reset_after` and `delay` may be, whatever the clock did: `burst·T`
+/// for GCRA and the buckets, one window for the fixed window, two for the sliding counter.
+fn duration_bound(q: &Quota, now: Micros) -> Micros {
+    let window_len = {
+        let (s, e) = crate::window::window(q.period(), now);
+        e - s
+    };
+    match q.algorithm() {
+        Algorithm::FixedWindow => window_len,
+        Algorithm::SlidingWindowCounter => 2 * window_len,
+        _ => q.emission_interval().unwrap_or(0) * q.capacity().max(1),
+    }
+}
+
+fn clamp_quota() -> impl proptest::strategy::Strategy<Value = Quota> {
+    use proptest::prelude::*;
+    (
+        0usize..CLAMPED.len(),
+        1u64..20,
+        prop_oneof![
+            Just(Unit::Second),
+            Just(Unit::Minute),
+            Just(Unit::Hour),
+            Just(Unit::Day)
+        ],
+        1u32..4,
+        proptest::option::of(1u64..30),
+    )
+        .prop_map(|(a, limit, unit, mult, burst)| {
+            Quota::new(limit, Period::new(unit, mult))
+                .with_algorithm(CLAMPED[a])
+                .with_burst(burst)
+        })
+}
+
+proptest::proptest! {
+    /// With a monotonic clock the clamp never fires: decisions are those of the unclamped
+    /// algorithm.
+    #[test]
+    fn clamp_never_fires_on_a_monotonic_clock(
+        q in clamp_quota(),
+        steps in proptest::collection::vec((0u64..3_000_000_000, 0u64..4), 1..80),
+    ) {
+        let mut k = Key::new(q);
+        let mut now = BASE;
+        for (gap, cost) in steps {
+            now += gap % (2 * duration_bound(&q, now) + 2);
+            if let Some(s) = &k.state {
+                proptest::prop_assert_eq!(clamp(&q, s, now), None, "{:?} at {}", s, now);
+            }
+            k.hit(now, cost);
+        }
+    }
+
+    /// Whatever jumps the clock makes, back and forth, durations stay within the bound.
+    #[test]
+    fn durations_stay_bounded_after_arbitrary_jumps(
+        q in clamp_quota(),
+        steps in proptest::collection::vec((-(2 * YEAR as i64)..2 * YEAR as i64, 0u64..4), 1..60),
+    ) {
+        let mut k = Key::new(q);
+        for (offset, cost) in steps {
+            let now = (BASE as i64 + offset) as Micros;
+            let d = k.hit(now, cost);
+            let bound = duration_bound(&q, now);
+            proptest::prop_assert!(d.reset_after <= bound, "{d:?} > {bound}");
+            proptest::prop_assert!(d.retry_after.unwrap_or(0) <= bound, "{d:?} > {bound}");
+            proptest::prop_assert!(d.delay <= bound, "{d:?} > {bound}");
+            // And a kept state is clamped: the next check at the same instant clamps nothing.
+            if let Some(s) = &k.state {
+                proptest::prop_assert_eq!(clamp(&q, s, now), None);
+            }
+        }
+    }
+
+    /// A client that used its quota is not re-admitted by the clock going back: its next request
+    /// is denied. Within one window back, the fixed window and sliding counter lose nothing: when
+    /// the clock returns, the client is still denied. And with no request while the clock was
+    /// back, nothing changed for any algorithm.
+    #[test]
+    fn a_backward_jump_does_not_readmit(
+        a in 0usize..CLAMPED.len(),
+        back in 1u64..(2 * YEAR),
+        within in 0u64..MIN,
+    ) {
+        let alg = CLAMPED[a];
+        let q = Quota::new(3, Unit::Minute).with_algorithm(alg);
+        let t = BASE + 5 * MIN + 30 * SECOND;
+        let mut k = Key::new(q);
+        for _ in 0..3 {
+            proptest::prop_assert!(k.hit(t, 1).allowed);
+        }
+        let untouched = k.state.clone();
+        let d = k.hit(t - back, 1);
+        proptest::prop_assert!(!d.allowed, "{alg}: {back} µs back");
+        proptest::prop_assert!(d.retry_after.unwrap() <= duration_bound(&q, t - back));
+        let windowed = matches!(alg, Algorithm::FixedWindow | Algorithm::SlidingWindowCounter);
+        if windowed && back <= 30 * SECOND {
+            proptest::prop_assert!(!k.hit(t + within % (30 * SECOND), 1).allowed, "{alg}");
+        }
+        k.state = untouched;
+        proptest::prop_assert!(!k.peek(t, 1).allowed, "{alg}");
+    }
+}
+
+#[test]
+fn a_day_forward_and_back_does_not_lock_out_for_a_day() {
+    // The field report: GCRA 1/s, a request during a one-day step forward, then the clock back.
+    let day = 86_400 * SECOND;
+    for alg in CLAMPED {
+        let mut k = Key::with(1, Unit::Second, alg);
+        let t = BASE + 500_000;
+        assert!(k.hit(t, 1).allowed);
+        assert!(k.hit(t + day, 1).allowed, "{alg}");
+        let d = k.hit(t + SECOND / 10, 1);
+        assert!(!d.allowed, "{alg}");
+        let retry = d.retry_after.unwrap();
+        let bound = duration_bound(&k.quota, t);
+        assert!(retry <= bound, "{alg}: retry after {retry} µs");
+        // Retrying when told works (the fixed window and sliding counter may ask once more:
+        // the state was clamped to the next window).
+        let mut at = t + SECOND / 10 + retry;
+        let mut admitted = false;
+        for _ in 0..3 {
+            let d = k.hit(at, 1);
+            if d.allowed {
+                admitted = true;
+                break;
+            }
+            at += d.retry_after.unwrap();
+        }
+        assert!(
+            admitted && at <= t + 3 * SECOND,
+            "{alg}: still denied at {at}"
+        );
+    }
+}
+
+#[test]
+fn count_min_sketch_window_is_clamped_after_a_step_back() {
+    let q = Quota::new(3, Unit::Minute).with_algorithm(Algorithm::CountMinSketch);
+    let mut sk = Sketch::new(q.sketch());
+    let now = BASE + 10 * MIN + 10 * SECOND;
+    for _ in 0..3 {
+        assert!(sk.check(9, now, 1, &q).allowed);
+    }
+    for back in [1, MIN, 10 * MIN, YEAR] {
+        let d = sk.check(9, now - back, 1, &q);
+        assert!(!d.allowed, "{back} µs back");
+        assert!(d.retry_after.unwrap() <= 2 * MIN, "{back}: {d:?}");
+        assert!(d.reset_after <= 2 * MIN, "{back}: {d:?}");
+    }
+}

@@ -5,6 +5,11 @@
 //! credited (`last`); refill is credited in whole tokens and the leftover fraction of a token is
 //! kept by advancing `last` by exactly `tokens·T`, so nothing drifts. An untracked key is a full
 //! bucket. Integer-only, so the Lua port in Redis computes identical results.
+//!
+//! A monotonic clock never leaves `last` after `now`. A `last` in the future means the clock
+//! stepped back: it is clamped to `now` (the tokens stay as they are, nothing is refilled for
+//! the step) and kept, so refill resumes from the new time instead of waiting for the clock to
+//! catch up, and `retry_after`/`reset_after` stay within `burst·T`.
 
 use super::{deny_forever, Outcome};
 use crate::clock::Micros;
@@ -20,6 +25,14 @@ pub struct Bucket {
     pub last: Micros,
 }
 
+/// `bucket` with `last` clamped to `now` (see the module docs).
+pub fn clamp(bucket: Bucket, now: Micros) -> Bucket {
+    Bucket {
+        last: bucket.last.min(now),
+        ..bucket
+    }
+}
+
 /// One step. `bucket` is `None` when the bucket is full.
 pub fn step(bucket: Option<Bucket>, now: Micros, cost: u64, quota: &Quota) -> Outcome<Bucket> {
     let Some(t) = quota.emission_interval() else {
@@ -33,6 +46,7 @@ pub fn step(bucket: Option<Bucket>, now: Micros, cost: u64, quota: &Quota) -> Ou
         tokens: cap,
         last: now,
     });
+    last = last.min(now);
     if now > last {
         let refill = (now - last) / t;
         if tokens.saturating_add(refill) >= cap {

@@ -406,6 +406,63 @@ pub fn traces() -> Vec<Trace> {
         name: "mixed algorithms".into(),
         steps,
     });
+    // Wall-clock steps (Redis `TIME` follows them): a day forward and back, a year back and
+    // forward, single items (the state is written whatever the outcome) and requests blocked by
+    // another item or with a denied shadow item (only the clamp is written).
+    let day = 86_400 * s;
+    let jumps: Vec<(i64, u64)> = vec![
+        (0, 1),
+        (0, 1),
+        (0, 1),
+        (0, 1),
+        (0, 1),
+        (day, 1),
+        (0, 1),
+        (-day, 1),
+        (0, 1),
+        (s, 1),
+        (2 * s, 1),
+        (-365 * day, 1),
+        (0, 1),
+        (30 * s, 1),
+        (365 * day, 1),
+        (-40 * s, 2),
+        (3600 * s, 1),
+        (-7 * day, 0),
+        (0, 1),
+    ];
+    for alg in ALGORITHMS {
+        let q = |limit: u64, unit: Unit| Quota::new(limit, unit).with_algorithm(alg);
+        for (qn, quota) in [
+            ("1/s", q(1, Unit::Second)),
+            ("3/min", q(3, Unit::Minute)),
+            ("4/day burst 2", q(4, Unit::Day).with_burst(2)),
+        ] {
+            out.push(single(
+                format!("clock jumps {alg} {qn}"),
+                quota,
+                &walk(t0, &jumps),
+            ));
+        }
+        let (a, b) = (q(2, Unit::Minute), q(1, Unit::Hour));
+        let both = |ca: u64, cb: u64| vec![req("a", a, ca), req("b", b, cb)];
+        let steps = walk(t0, &jumps)
+            .into_iter()
+            .enumerate()
+            .map(|(i, (t, c))| Step {
+                t,
+                reqs: match i % 3 {
+                    0 => both(c, c),
+                    1 => vec![req("a", a, c), shadow(req("b", b, c))],
+                    _ => both(c, 0),
+                },
+            })
+            .collect();
+        out.push(Trace {
+            name: format!("clock jumps blocked {alg}"),
+            steps,
+        });
+    }
     out
 }
 
@@ -563,6 +620,7 @@ pub fn random_trace(alg: Algorithm, backwards: bool) -> impl Strategy<Value = Tr
         3 => 1i64..2_000,
         4 => 1i64..(2 * DAY as i64),
         2 => -(HOUR as i64)..0,
+        1 => -(30 * DAY as i64)..0,
         1 => 0i64..(400 * DAY as i64),
     ];
     let item = (0usize..2, 0u64..15, proptest::bool::weighted(0.2));
