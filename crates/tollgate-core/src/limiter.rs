@@ -13,7 +13,7 @@
 use crate::clock::Micros;
 use crate::decision::Decision;
 use crate::quota::{Quota, Unit};
-use crate::rules::{counter_key, Limit, Resolution, RuleSet};
+use crate::rules::{counter_key, Limit, Resolution, RuleSet, StatsKey};
 use crate::store::{CheckItem, Store, StoreError};
 
 /// One descriptor of a request: its entries in order, and an optional cost of its own.
@@ -75,6 +75,12 @@ impl Overrides {
                         detailed_metric: false,
                         value_to_metric: false,
                         share_threshold: false,
+                        quota_mode: false,
+                        metadata: None,
+                        stats: StatsKey::of_descriptor(
+                            &d.name,
+                            desc.entries.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+                        ),
                         file: "(request)".into(),
                         line: 0,
                     })
@@ -201,7 +207,9 @@ impl<'r> Plan<'r> {
                     key,
                     quota: q,
                     cost: *cost,
-                    shadow: limit.shadow_mode,
+                    // A quota-mode limit that is over does not block the request by itself, so
+                    // it must not stop the other counters from counting it either.
+                    shadow: limit.shadow_mode || limit.quota_mode,
                 }),
                 _ => None,
             })
@@ -247,7 +255,8 @@ pub enum Status<'r> {
 }
 
 impl Status<'_> {
-    /// Whether this descriptor blocks the request (denied and not in shadow mode).
+    /// Whether this descriptor is over its limit and reported OVER_LIMIT (denied, not in shadow
+    /// mode). It blocks the request, except in quota mode (see [`Verdict::allowed`]).
     pub fn blocks(&self) -> bool {
         matches!(self, Status::Limited { limit, decision } if !decision.allowed && !limit.shadow_mode)
     }
@@ -266,9 +275,35 @@ pub struct Verdict<'r> {
 }
 
 impl<'r> Verdict<'r> {
-    /// Whether the request may proceed.
+    /// Whether the request may proceed: no limit blocks it, except that limits in `quota_mode`
+    /// block only together, as in envoyproxy/ratelimit: the request is denied when a limit not
+    /// in quota mode is over, or when it has quota-mode limits and every one of them is over.
     pub fn allowed(&self) -> bool {
-        !self.statuses.iter().any(Status::blocks)
+        self.allowed_with_quota_mode(false)
+    }
+
+    /// [`Verdict::allowed`], with every descriptor in quota mode when `everywhere` (envoyproxy/
+    /// ratelimit's global `QUOTA_MODE`: then descriptors without a limit count as passed quota
+    /// descriptors, unlimited ones not at all).
+    pub fn allowed_with_quota_mode(&self, everywhere: bool) -> bool {
+        let (mut quota, mut quota_over) = (0usize, 0usize);
+        for s in &self.statuses {
+            let in_quota_mode = match s {
+                Status::Limited { limit, .. } => everywhere || limit.quota_mode,
+                Status::NoLimit => everywhere,
+                Status::Unlimited(_) => false,
+            };
+            match (s.blocks(), in_quota_mode) {
+                (true, false) => return false,
+                (true, true) => {
+                    quota += 1;
+                    quota_over += 1;
+                }
+                (false, true) => quota += 1,
+                (false, false) => {}
+            }
+        }
+        quota == 0 || quota_over < quota
     }
 
     /// The limit that governs the response headers: when denied, the blocking limit with the

@@ -217,7 +217,7 @@ pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckRespons
                     DescriptorStatus {
                         code: if blocks { Code::OverLimit } else { Code::Ok },
                         limit: limit_info(limit),
-                        remaining: decision.remaining,
+                        remaining: reported_remaining(decision),
                         reset_after: Some(decision.reset_after),
                         retry_after: if blocks { decision.retry_after } else { None },
                         delay: (decision.allowed && decision.delay > 0).then_some(decision.delay),
@@ -233,7 +233,7 @@ pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckRespons
 
     let headers = verdict.binding().map(|(limit, d)| HeaderValues {
         limit: d.limit,
-        remaining: d.remaining,
+        remaining: reported_remaining(&d),
         reset_secs: secs_ceil(d.reset_after),
         retry_after_secs: if d.allowed {
             None
@@ -254,6 +254,17 @@ pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckRespons
     metrics.request(allowed);
     metrics.observe_latency(started.elapsed());
     Ok(response)
+}
+
+/// What a status reports as remaining: 0 once the limit is over (denied, shadow mode or not),
+/// as envoyproxy/ratelimit reports it, whatever the store computed (a denied request consumes
+/// nothing here, so the counter itself may still have room for a cheaper request).
+pub fn reported_remaining(decision: &tollgate_core::Decision) -> u64 {
+    if decision.allowed {
+        decision.remaining
+    } else {
+        0
+    }
 }
 
 fn period_text(limit: &Limit) -> String {
@@ -299,15 +310,10 @@ fn record(
         return;
     }
     let metrics = state.metrics();
-    let c = if limit.detailed_metric || limit.value_to_metric {
-        let mut s = domain.to_string();
-        for (k, v) in &desc.entries {
-            s.push('|');
-            s.push_str(k);
-            s.push('=');
-            s.push_str(v);
-        }
-        LimitCounters::Shared(metrics.rule(domain, &s, &limit.id))
+    let c = if !limit.stats.is_static() {
+        // `detailed_metric` / `value_to_metric`: the request's values are in the stats key.
+        let key = limit.stats.for_request(&desc.entries);
+        LimitCounters::Shared(metrics.rule(domain, &key, limit.stats.base()))
     } else {
         // The common case: pre-resolved, no lookup by strings.
         metrics.limit_counters(&rules.counters, &rules.set, limit)
