@@ -1543,6 +1543,31 @@ fn differences_denied_requests_consume_nothing() {
 }
 
 #[test]
+fn differences_week_month_year_are_calendar_periods() {
+    use tollgate_core::window::{days_from_civil, window};
+    use tollgate_core::Period;
+    // envoyproxy/ratelimit: windows of 7, 30 and 365 days counted from the Unix epoch.
+    // tollgate: weeks start on Monday, months on the 1st, years on January 1st (UTC).
+    let day = 86_400 * SECOND;
+    let at = |y, m, d| days_from_civil(y, m, d) as u64 * day;
+    let now = at(2024, 3, 15) + 3_600 * SECOND;
+    let envoy = |len_days: u64| {
+        let len = len_days * day;
+        (now - now % len, now - now % len + len)
+    };
+    let cases = [
+        (Unit::Week, (at(2024, 3, 11), at(2024, 3, 18)), 7),
+        (Unit::Month, (at(2024, 3, 1), at(2024, 4, 1)), 30),
+        (Unit::Year, (at(2024, 1, 1), at(2025, 1, 1)), 365),
+    ];
+    for (unit, calendar, envoy_days) in cases {
+        let got = window(Period::new(unit, 1), now);
+        assert_eq!(got, calendar, "{unit:?}");
+        assert_ne!(got, envoy(envoy_days), "{unit:?} would be envoy's window");
+    }
+}
+
+#[test]
 fn behaviour_count() {
     let resolutions: usize = RESOLVE.iter().map(|r| r.2.len()).sum();
     let total = resolutions + REJECT.len() + STATS.len();
