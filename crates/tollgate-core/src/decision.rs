@@ -23,6 +23,18 @@ pub struct Decision {
 }
 
 impl Decision {
+    /// The remaining a status reports, as envoyproxy/ratelimit reports it: 0 once the limit is
+    /// over (denied, in shadow or quota mode too), else [`Decision::remaining`]. A denied
+    /// request consumes nothing here, so the counter itself may still have room for a cheaper
+    /// request; clients are told there is none left for this one.
+    pub fn reported_remaining(&self) -> u64 {
+        if self.allowed {
+            self.remaining
+        } else {
+            0
+        }
+    }
+
     /// Denied, and retrying cannot help (cost above what the limit can ever admit).
     pub fn never_passes(&self) -> bool {
         !self.allowed && self.retry_after.is_none()

@@ -315,7 +315,7 @@ impl<'r> Verdict<'r> {
             _ => None,
         });
         if self.allowed() {
-            limited.min_by_key(|(_, d)| (d.remaining, std::cmp::Reverse(d.reset_after)))
+            limited.min_by_key(|(_, d)| (d.reported_remaining(), std::cmp::Reverse(d.reset_after)))
         } else {
             limited
                 .filter(|(_, d)| !d.allowed)

@@ -61,7 +61,10 @@ type Entries = &'static [(&'static str, &'static str)];
 
 /// Files envoyproxy/ratelimit loads (each alone: one domain per file, as it loads them unless
 /// merging), with descriptors and what they resolve to.
-const RESOLVE: &[(&str, &str, &[(Entries, Want)])] = &[
+/// (file or directory, domain, descriptors with what they resolve to).
+type Resolve = (&'static str, &'static str, &'static [(Entries, Want)]);
+
+const RESOLVE: &[Resolve] = &[
     (
         "config/basic_config.yaml",
         "test-domain",
@@ -718,7 +721,15 @@ const RESOLVE: &[(&str, &str, &[(Entries, Want)])] = &[
 
 /// Files envoyproxy/ratelimit rejects (alone, or after the file in `.1`), its error, and what
 /// tollgate must say: (file, loaded after, envoy's error, line, substring of tollgate's message).
-const REJECT: &[(&str, Option<&str>, &str, usize, &str)] = &[
+type Reject = (
+    &'static str,
+    Option<&'static str>,
+    &'static str,
+    usize,
+    &'static str,
+);
+
+const REJECT: &[Reject] = &[
     (
         "config/bad_limit_unit.yaml",
         None,

@@ -217,7 +217,7 @@ pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckRespons
                     DescriptorStatus {
                         code: if blocks { Code::OverLimit } else { Code::Ok },
                         limit: limit_info(limit),
-                        remaining: reported_remaining(decision),
+                        remaining: decision.reported_remaining(),
                         reset_after: Some(decision.reset_after),
                         retry_after: if blocks { decision.retry_after } else { None },
                         delay: (decision.allowed && decision.delay > 0).then_some(decision.delay),
@@ -233,9 +233,10 @@ pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckRespons
 
     let headers = verdict.binding().map(|(limit, d)| HeaderValues {
         limit: d.limit,
-        remaining: reported_remaining(&d),
+        remaining: d.reported_remaining(),
         reset_secs: secs_ceil(d.reset_after),
-        retry_after_secs: if d.allowed {
+        // An allowed request may be bound by a quota-mode limit that is over: no Retry-After.
+        retry_after_secs: if d.allowed || allowed {
             None
         } else {
             d.retry_after.map(|r| secs_ceil(r).max(1))
@@ -254,17 +255,6 @@ pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckRespons
     metrics.request(allowed);
     metrics.observe_latency(started.elapsed());
     Ok(response)
-}
-
-/// What a status reports as remaining: 0 once the limit is over (denied, shadow mode or not),
-/// as envoyproxy/ratelimit reports it, whatever the store computed (a denied request consumes
-/// nothing here, so the counter itself may still have room for a cheaper request).
-pub fn reported_remaining(decision: &tollgate_core::Decision) -> u64 {
-    if decision.allowed {
-        decision.remaining
-    } else {
-        0
-    }
 }
 
 fn period_text(limit: &Limit) -> String {

@@ -13,6 +13,7 @@
 //! | 5 | shadow-mode limit over: code OK, `limit_remaining` 0 | base_limiter.go (shadow keeps remaining 0) |
 //! | 6 | quota-mode limit over with another quota limit under: overall OK, status OVER_LIMIT | TestServiceQuotaModeOnlySomeOverTheLimit |
 //! | 7 | only quota limit over, regular under: overall OVER_LIMIT | TestServiceMixedPerDescriptorModes |
+//! | 7b | rate-limit headers from the descriptor with the least remaining (the over quota one) | service.go (minimumDescriptor) |
 //! | 8-15 | metric `rule` labels equal envoy's stats keys (static, detailed, value_to_metric on parents, wildcard, share_threshold hiding the value with value_to_metric / detailed_metric) | config_test.go, README examples 8, 10, 11 |
 
 use axum::body::Body;
@@ -200,6 +201,11 @@ descriptors:
     assert_eq!(r.body["statuses"][0]["limit_remaining"], 0);
     assert_eq!(r.body["statuses"][1]["code"], "OK");
     assert_eq!(r.body["statuses"][1]["limit_remaining"], 4);
+    // Headers from the descriptor closest to its limit (the over one, as envoy picks it), and
+    // no Retry-After on an allowed request.
+    let header = |name: &str| r.headers.get(name).and_then(|v| v.to_str().ok());
+    assert_eq!(header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(header("retry-after"), None);
     // The only quota limit over, the regular one under: OVER_LIMIT overall.
     let r = post(
         &app,
