@@ -276,6 +276,30 @@ async fn metric_rule_labels_are_envoy_stats_keys() {
         let line = format!("tollgate_total_hits{{domain=\"{domain}\",rule=\"{rule}\"}} {hits}");
         assert!(m.contains(&line), "missing {line} in\n{m}");
     }
+    // `/v1/rules` lists each rule's stats key (the configured path) and quota mode.
+    let rules = send(&app, Request::get("/v1/rules").body(Body::empty()).unwrap())
+        .await
+        .body;
+    let listed: Vec<String> = rules["domains"]
+        .as_array()
+        .expect("domains")
+        .iter()
+        .flat_map(|d| d["limits"].as_array().cloned().unwrap_or_default())
+        .map(|l| {
+            assert_eq!(l["quota_mode"], false);
+            l["stats_key"].as_str().unwrap_or_default().to_string()
+        })
+        .collect();
+    assert!(
+        listed.iter().any(|k| k == "test-domain.route_api/*.method"),
+        "{listed:?}"
+    );
+    assert!(
+        listed
+            .iter()
+            .any(|k| k == "example10.route.http_method.subject_id"),
+        "{listed:?}"
+    );
     // share_threshold hides the request's value even with value_to_metric / detailed_metric.
     for hidden in [
         "files/a.pdf",
