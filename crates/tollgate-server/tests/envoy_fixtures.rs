@@ -14,6 +14,7 @@
 //! | 6 | quota-mode limit over with another quota limit under: overall OK, status OVER_LIMIT | TestServiceQuotaModeOnlySomeOverTheLimit |
 //! | 7 | only quota limit over, regular under: overall OVER_LIMIT | TestServiceMixedPerDescriptorModes |
 //! | 7b | rate-limit headers from the descriptor with the least remaining (the over quota one) | service.go (minimumDescriptor) |
+//! | 1-7b | the same on the Redis store (shared counters, Lua scripts) | |
 //! | 8-15 | metric `rule` labels equal envoy's stats keys (static, detailed, value_to_metric on parents, wildcard, share_threshold hiding the value with value_to_metric / detailed_metric) | config_test.go, README examples 8, 10, 11 |
 
 use axum::body::Body;
@@ -24,7 +25,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use tollgate_core::rules::RuleSet;
 use tollgate_core::ManualClock;
+use tollgate_redis::{RedisOptions, RedisStore};
+use tollgate_server::backend::{Guarded, RedisSettings};
 use tollgate_server::{router, AppState, LoadedRules};
+use tollgate_testsupport::{delete_prefix, unique_prefix, SHARED_URL};
 use tower::ServiceExt;
 
 /// 2023-11-14T22:14:00Z: a whole minute, in µs.
@@ -36,7 +40,7 @@ fn fixture(rel: &str) -> PathBuf {
         .join(rel)
 }
 
-fn app(files: &[&str]) -> Router {
+fn fixture_set(files: &[&str]) -> RuleSet {
     let sources: Vec<(String, String)> = files
         .iter()
         .map(|f| {
@@ -45,8 +49,29 @@ fn app(files: &[&str]) -> Router {
             (p.display().to_string(), text)
         })
         .collect();
-    let set = RuleSet::from_sources(&sources).unwrap_or_else(|e| panic!("{e}"));
-    app_with(set)
+    RuleSet::from_sources(&sources).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn app(files: &[&str]) -> Router {
+    app_with(fixture_set(files))
+}
+
+/// The same rules on the shared Redis (wall clock) under a fresh key prefix, returned for
+/// cleanup.
+async fn redis_app(set: RuleSet) -> (Router, String) {
+    let prefix = unique_prefix("envoy-fixtures");
+    let opts = RedisOptions {
+        prefix: prefix.clone(),
+        ..RedisOptions::default()
+    };
+    let store = RedisStore::connect_lazy(SHARED_URL, opts)
+        .await
+        .expect("redis store");
+    let guarded = Guarded::start(store, RedisSettings::default()).await;
+    let state = AppState::builder(LoadedRules::inline(set))
+        .redis(guarded)
+        .build();
+    (router(state), prefix)
 }
 
 fn app_with(set: RuleSet) -> Router {
@@ -105,8 +130,18 @@ fn body(domain: &str, descriptors: &[&[(&str, &str)]], hits: u64) -> Value {
 
 #[tokio::test]
 async fn over_limit_reports_zero_remaining_on_v1_check_and_json() {
+    over_limit_reports_zero_remaining(&app(&["config/basic_config.yaml"])).await;
+}
+
+#[tokio::test]
+async fn over_limit_reports_zero_remaining_on_redis() {
+    let (app, prefix) = redis_app(fixture_set(&["config/basic_config.yaml"])).await;
+    over_limit_reports_zero_remaining(&app).await;
+    delete_prefix(SHARED_URL, &prefix);
+}
+
+async fn over_limit_reports_zero_remaining(app: &Router) {
     // basic_config.yaml: key2 is 20/minute. Hits 21 on a fresh counter is over.
-    let app = app(&["config/basic_config.yaml"]);
     let r = post(
         &app,
         "/v1/check",
@@ -122,7 +157,7 @@ async fn over_limit_reports_zero_remaining_on_v1_check_and_json() {
             .and_then(|v| v.to_str().ok()),
         Some("0")
     );
-    let r = post(&app, "/json", body("test-domain", &[&[("key2", "b")]], 21)).await;
+    let r = post(app, "/json", body("test-domain", &[&[("key2", "b")]], 21)).await;
     assert_eq!(r.body["overallCode"], "OVER_LIMIT", "{}", r.text);
     let s = &r.body["statuses"][0];
     assert_eq!(s["code"], "OVER_LIMIT");
@@ -162,28 +197,42 @@ async fn shadow_mode_over_limit_is_ok_with_zero_remaining() {
         .contains("tollgate_shadow_mode{domain=\"test-domain\",rule=\"test-domain.key2\"} 21"));
 }
 
-#[tokio::test]
-async fn quota_mode_limits_block_only_together() {
-    let set = RuleSet::from_sources(&[(
+/// Quota-mode rules on the sliding log (exact on Redis' wall clock too).
+fn quota_set() -> RuleSet {
+    RuleSet::from_sources(&[(
         "quota.yaml".to_string(),
         "domain: q
 descriptors:
   - key: regular
-    rate_limit: {unit: minute, requests_per_unit: 1}
+    rate_limit: {unit: hour, requests_per_unit: 1, algorithm: sliding_window_log}
   - key: quota
     quota_mode: true
     metadata: {name: service_q}
-    rate_limit: {unit: minute, requests_per_unit: 1}
+    rate_limit: {unit: hour, requests_per_unit: 1, algorithm: sliding_window_log}
   - key: quota2
     quota_mode: true
-    rate_limit: {unit: minute, requests_per_unit: 5}
+    rate_limit: {unit: hour, requests_per_unit: 5, algorithm: sliding_window_log}
 "
         .to_string(),
     )])
-    .unwrap_or_else(|e| panic!("{e}"));
-    let app = app_with(set);
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[tokio::test]
+async fn quota_mode_limits_block_only_together() {
+    quota_mode(&app_with(quota_set())).await;
+}
+
+#[tokio::test]
+async fn quota_mode_limits_block_only_together_on_redis() {
+    let (app, prefix) = redis_app(quota_set()).await;
+    quota_mode(&app).await;
+    delete_prefix(SHARED_URL, &prefix);
+}
+
+async fn quota_mode(app: &Router) {
     assert_eq!(
-        post(&app, "/v1/check", body("q", &[&[("quota", "a")]], 1))
+        post(app, "/v1/check", body("q", &[&[("quota", "a")]], 1))
             .await
             .status,
         StatusCode::OK
