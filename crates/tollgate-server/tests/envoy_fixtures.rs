@@ -143,7 +143,7 @@ async fn over_limit_reports_zero_remaining_on_redis() {
 async fn over_limit_reports_zero_remaining(app: &Router) {
     // basic_config.yaml: key2 is 20/minute. Hits 21 on a fresh counter is over.
     let r = post(
-        &app,
+        app,
         "/v1/check",
         body("test-domain", &[&[("key2", "a")]], 21),
     )
@@ -170,7 +170,7 @@ async fn over_limit_reports_zero_remaining(app: &Router) {
     );
     // Default mode: the denied request consumed nothing (envoy would have counted 21).
     let r = post(
-        &app,
+        app,
         "/v1/check",
         body("test-domain", &[&[("key2", "a")]], 1),
     )
@@ -239,7 +239,7 @@ async fn quota_mode(app: &Router) {
     );
     // One quota limit over, another under: OK overall, the over one says so.
     let r = post(
-        &app,
+        app,
         "/v1/check",
         body("q", &[&[("quota", "a")], &[("quota2", "b")]], 1),
     )
@@ -257,7 +257,7 @@ async fn quota_mode(app: &Router) {
     assert_eq!(header("retry-after"), None);
     // The only quota limit over, the regular one under: OVER_LIMIT overall.
     let r = post(
-        &app,
+        app,
         "/v1/check",
         body("q", &[&[("regular", "r")], &[("quota", "a")]], 1),
     )
