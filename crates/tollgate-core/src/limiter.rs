@@ -40,9 +40,10 @@ pub struct LimitOverride {
     pub unit: Unit,
 }
 
-/// Last part of the rule id (and metric label) shared by every override limit of a domain,
-/// `<domain>|=override`: rule keys are never empty, so no configured rule's id has a part that
-/// starts with `=`, and the label carries no request values (bounded cardinality).
+/// Last part of the rule id shared by every override limit of a domain, `<domain>|=override`:
+/// rule keys are never empty, so no configured rule's id has a part that starts with `=`. It
+/// carries no request values, so it is also the bounded metric name that an override's stats
+/// key (the descriptor's, as envoyproxy/ratelimit names it) folds into past the series cap.
 const OVERRIDE_ID: &str = "=override";
 
 /// The limits that the [`LimitOverride`]s of one request stand for, one slot per descriptor.
