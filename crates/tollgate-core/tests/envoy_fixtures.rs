@@ -1579,6 +1579,25 @@ fn differences_week_month_year_are_calendar_periods() {
 }
 
 #[test]
+fn differences_stricter_validation() {
+    // envoyproxy/ratelimit loads both (the first as 0 requests, the second ignoring the count).
+    for (yaml, needle) in [
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second}\n",
+            "missing required field `requests_per_unit`",
+        ),
+        (
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, requests_per_unit: 5}\n",
+            "`unlimited: true` cannot be combined with `requests_per_unit`",
+        ),
+    ] {
+        let e = RuleSet::from_sources(&[("s.yaml".into(), yaml.into())]).expect_err(yaml);
+        assert!(e.to_string().starts_with("s.yaml:4:"), "{e}");
+        assert!(e.to_string().contains(needle), "{e}");
+    }
+}
+
+#[test]
 fn behaviour_count() {
     let resolutions: usize = RESOLVE.iter().map(|r| r.2.len()).sum();
     let total = resolutions + REJECT.len() + STATS.len();
