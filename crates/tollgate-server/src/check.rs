@@ -152,10 +152,11 @@ pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckRespons
     let overrides = Overrides::new(&rules.set, &req.domain, &req.descriptors);
     let plan = Plan::with_overrides(&rules.set, &overrides, &req.domain, &req.descriptors, hits);
     let items = plan.items();
+    let now = state.now();
     let (decisions, degraded) = if items.is_empty() {
         (Vec::new(), None)
     } else {
-        match state.backend().check(state.now(), &items).await {
+        match state.backend().check(now, &items).await {
             Ok(o) => {
                 if o.store_failed {
                     metrics.store_error();
@@ -218,7 +219,7 @@ pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckRespons
                         code: if blocks { Code::OverLimit } else { Code::Ok },
                         limit: limit_info(limit),
                         remaining: decision.reported_remaining(),
-                        reset_after: Some(decision.reset_after),
+                        reset_after: Some(reset(limit, decision, now)),
                         retry_after: if blocks { decision.retry_after } else { None },
                         delay: (decision.allowed && decision.delay > 0).then_some(decision.delay),
                         message,
@@ -234,7 +235,7 @@ pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckRespons
     let headers = verdict.binding().map(|(limit, d)| HeaderValues {
         limit: d.limit,
         remaining: d.reported_remaining(),
-        reset_secs: secs_ceil(d.reset_after),
+        reset_secs: secs_ceil(reset(limit, &d, now)),
         // An allowed request may be bound by a quota-mode limit that is over: no Retry-After.
         retry_after_secs: if d.allowed || allowed {
             None
@@ -255,6 +256,13 @@ pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckRespons
     metrics.request(allowed);
     metrics.observe_latency(started.elapsed());
     Ok(response)
+}
+
+/// A status's `duration_until_reset` (see `Decision::reported_reset`).
+fn reset(limit: &Limit, decision: &tollgate_core::Decision, now: tollgate_core::Micros) -> u64 {
+    limit.quota.map_or(decision.reset_after, |q| {
+        decision.reported_reset(q.period(), now)
+    })
 }
 
 fn period_text(limit: &Limit) -> String {

@@ -9,6 +9,7 @@
 //! | 1 | hits 21 on a fresh 20/minute limit: OVER_LIMIT, `limit_remaining` 0 on `/v1/check` | base_limiter.go (over limit: remaining 0) |
 //! | 2 | the same on `/json` (`limitRemaining` omitted = 0) | same |
 //! | 3 | `X-RateLimit-Remaining` 0 on the denial | service headers: remaining of the over descriptor |
+//! | 3b | `duration_until_reset` of that denial is the end of the current window, not 0 | base_limiter.go (CalculateReset for every status) |
 //! | 4 | the denial consumed nothing in default mode (difference: envoy counts it) | migration guide |
 //! | 5 | shadow-mode limit over: code OK, `limit_remaining` 0 | base_limiter.go (shadow keeps remaining 0) |
 //! | 6 | quota-mode limit over with another quota limit under: overall OK, status OVER_LIMIT | TestServiceQuotaModeOnlySomeOverTheLimit |
@@ -151,6 +152,12 @@ async fn over_limit_reports_zero_remaining(app: &Router) {
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{}", r.text);
     assert_eq!(r.body["statuses"][0]["code"], "OVER_LIMIT");
     assert_eq!(r.body["statuses"][0]["limit_remaining"], 0, "{}", r.text);
+    // Never 0 once over (nothing to reset on a fresh counter): the end of the current minute
+    // window, as envoy reports it.
+    let reset = r.body["statuses"][0]["duration_until_reset_ms"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(reset > 0 && reset <= 60_000, "{}", r.text);
     assert_eq!(
         r.headers
             .get("x-ratelimit-remaining")
