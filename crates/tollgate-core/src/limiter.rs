@@ -13,7 +13,7 @@
 use crate::clock::Micros;
 use crate::decision::Decision;
 use crate::quota::{Quota, Unit};
-use crate::rules::{counter_key, Limit, Resolution, RuleSet};
+use crate::rules::{counter_key, Limit, Resolution, RuleSet, StatsKey};
 use crate::store::{CheckItem, Store, StoreError};
 
 /// One descriptor of a request: its entries in order, and an optional cost of its own.
@@ -40,9 +40,10 @@ pub struct LimitOverride {
     pub unit: Unit,
 }
 
-/// Last part of the rule id (and metric label) shared by every override limit of a domain,
-/// `<domain>|=override`: rule keys are never empty, so no configured rule's id has a part that
-/// starts with `=`, and the label carries no request values (bounded cardinality).
+/// Last part of the rule id shared by every override limit of a domain, `<domain>|=override`:
+/// rule keys are never empty, so no configured rule's id has a part that starts with `=`. It
+/// carries no request values, so it is also the bounded metric name that an override's stats
+/// key (the descriptor's, as envoyproxy/ratelimit names it) folds into past the series cap.
 const OVERRIDE_ID: &str = "=override";
 
 /// The limits that the [`LimitOverride`]s of one request stand for, one slot per descriptor.
@@ -75,6 +76,12 @@ impl Overrides {
                         detailed_metric: false,
                         value_to_metric: false,
                         share_threshold: false,
+                        quota_mode: false,
+                        metadata: None,
+                        stats: StatsKey::of_descriptor(
+                            &d.name,
+                            desc.entries.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+                        ),
                         file: "(request)".into(),
                         line: 0,
                     })
@@ -201,7 +208,9 @@ impl<'r> Plan<'r> {
                     key,
                     quota: q,
                     cost: *cost,
-                    shadow: limit.shadow_mode,
+                    // A quota-mode limit that is over does not block the request by itself, so
+                    // it must not stop the other counters from counting it either.
+                    shadow: limit.shadow_mode || limit.quota_mode,
                 }),
                 _ => None,
             })
@@ -247,7 +256,8 @@ pub enum Status<'r> {
 }
 
 impl Status<'_> {
-    /// Whether this descriptor blocks the request (denied and not in shadow mode).
+    /// Whether this descriptor is over its limit and reported OVER_LIMIT (denied, not in shadow
+    /// mode). It blocks the request, except in quota mode (see [`Verdict::allowed`]).
     pub fn blocks(&self) -> bool {
         matches!(self, Status::Limited { limit, decision } if !decision.allowed && !limit.shadow_mode)
     }
@@ -266,9 +276,35 @@ pub struct Verdict<'r> {
 }
 
 impl<'r> Verdict<'r> {
-    /// Whether the request may proceed.
+    /// Whether the request may proceed: no limit blocks it, except that limits in `quota_mode`
+    /// block only together, as in envoyproxy/ratelimit: the request is denied when a limit not
+    /// in quota mode is over, or when it has quota-mode limits and every one of them is over.
     pub fn allowed(&self) -> bool {
-        !self.statuses.iter().any(Status::blocks)
+        self.allowed_with_quota_mode(false)
+    }
+
+    /// [`Verdict::allowed`], with every descriptor in quota mode when `everywhere` (envoyproxy/
+    /// ratelimit's global `QUOTA_MODE`: then descriptors without a limit count as passed quota
+    /// descriptors, unlimited ones not at all).
+    pub fn allowed_with_quota_mode(&self, everywhere: bool) -> bool {
+        let (mut quota, mut quota_over) = (0usize, 0usize);
+        for s in &self.statuses {
+            let in_quota_mode = match s {
+                Status::Limited { limit, .. } => everywhere || limit.quota_mode,
+                Status::NoLimit => everywhere,
+                Status::Unlimited(_) => false,
+            };
+            match (s.blocks(), in_quota_mode) {
+                (true, false) => return false,
+                (true, true) => {
+                    quota += 1;
+                    quota_over += 1;
+                }
+                (false, true) => quota += 1,
+                (false, false) => {}
+            }
+        }
+        quota == 0 || quota_over < quota
     }
 
     /// The limit that governs the response headers: when denied, the blocking limit with the
@@ -280,7 +316,7 @@ impl<'r> Verdict<'r> {
             _ => None,
         });
         if self.allowed() {
-            limited.min_by_key(|(_, d)| (d.remaining, std::cmp::Reverse(d.reset_after)))
+            limited.min_by_key(|(_, d)| (d.reported_remaining(), std::cmp::Reverse(d.reset_after)))
         } else {
             limited
                 .filter(|(_, d)| !d.allowed)

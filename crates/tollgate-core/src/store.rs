@@ -21,7 +21,8 @@ pub struct CheckItem<'a> {
     pub quota: &'a Quota,
     /// Cost of this request against this counter (0 = query).
     pub cost: u64,
-    /// Shadow mode: counted, never blocks.
+    /// Counted, never blocks the other items (shadow mode, and quota mode, whose limits block
+    /// only all together: decided by the caller from the decisions).
     pub shadow: bool,
 }
 

@@ -160,10 +160,11 @@ pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckRespons
     let overrides = Overrides::new(&rules.set, &req.domain, &req.descriptors);
     let plan = Plan::with_overrides(&rules.set, &overrides, &req.domain, &req.descriptors, hits);
     let items = plan.items();
+    let now = state.now();
     let (decisions, degraded) = if items.is_empty() {
         (Vec::new(), None)
     } else {
-        match state.backend().check(state.now(), &items).await {
+        match state.backend().check(now, &items).await {
             Ok(o) => {
                 if o.store_failed {
                     metrics.store_error();
@@ -225,8 +226,8 @@ pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckRespons
                     DescriptorStatus {
                         code: if blocks { Code::OverLimit } else { Code::Ok },
                         limit: limit_info(limit),
-                        remaining: decision.remaining,
-                        reset_after: Some(decision.reset_after),
+                        remaining: decision.reported_remaining(),
+                        reset_after: Some(reset(limit, decision, now)),
                         retry_after: if blocks { decision.retry_after } else { None },
                         delay: (decision.allowed && decision.delay > 0).then_some(decision.delay),
                         message,
@@ -241,9 +242,10 @@ pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckRespons
 
     let headers = verdict.binding().map(|(limit, d)| HeaderValues {
         limit: d.limit,
-        remaining: d.remaining,
-        reset_secs: secs_ceil(d.reset_after),
-        retry_after_secs: if d.allowed {
+        remaining: d.reported_remaining(),
+        reset_secs: secs_ceil(reset(limit, &d, now)),
+        // An allowed request may be bound by a quota-mode limit that is over: no Retry-After.
+        retry_after_secs: if d.allowed || allowed {
             None
         } else {
             d.retry_after.map(|r| secs_ceil(r).max(1))
@@ -262,6 +264,13 @@ pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckRespons
     metrics.request(allowed);
     metrics.observe_latency(started.elapsed());
     Ok(response)
+}
+
+/// A status's `duration_until_reset` (see `Decision::reported_reset`).
+fn reset(limit: &Limit, decision: &tollgate_core::Decision, now: tollgate_core::Micros) -> u64 {
+    limit.quota.map_or(decision.reset_after, |q| {
+        decision.reported_reset(q.period(), now)
+    })
 }
 
 fn period_text(limit: &Limit) -> String {
@@ -307,15 +316,10 @@ fn record(
         return;
     }
     let metrics = state.metrics();
-    let c = if limit.detailed_metric || limit.value_to_metric {
-        let mut s = domain.to_string();
-        for (k, v) in &desc.entries {
-            s.push('|');
-            s.push_str(k);
-            s.push('=');
-            s.push_str(v);
-        }
-        LimitCounters::Shared(metrics.rule(domain, &s, &limit.id))
+    let c = if !limit.stats.is_static() {
+        // `detailed_metric` / `value_to_metric`: the request's values are in the stats key.
+        let key = limit.stats.for_request(&desc.entries);
+        LimitCounters::Shared(metrics.rule(domain, &key, limit.stats.base()))
     } else {
         // The common case: pre-resolved, no lookup by strings.
         metrics.limit_counters(&rules.counters, &rules.set, limit)

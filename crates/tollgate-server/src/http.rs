@@ -529,6 +529,8 @@ pub fn rules_json(state: &AppState) -> Value {
                         "message": l.message,
                         "replaces": l.replaces,
                         "detailed_metric": l.detailed_metric || l.value_to_metric,
+                        "quota_mode": l.quota_mode,
+                        "stats_key": l.stats.base(),
                         "source": format!("{}:{}", l.file, l.line),
                     })
                 })

@@ -6,9 +6,12 @@
 //! loaded rule set ([`RuleSlots`], indexed by the rule's position) and then only bumped with
 //! relaxed atomic adds; the latency histogram bumps one bucket (cumulated when rendered).
 //!
-//! Cardinality stays bounded: the `rule` label is the rule's id (`api|user`), never a request
-//! value, unless the rule has `detailed_metric` or `value_to_metric`, in which case it is the
-//! request's `domain|key=value|...` path (the operator opted in).
+//! The `rule` label is the rule's stats key as envoyproxy/ratelimit names it
+//! (`api.user`, `api.path_/login.ip`; see `tollgate_core::rules::StatsKey`), so dashboards keep
+//! their series when a deployment moves over. Cardinality stays bounded: the key holds no
+//! request value unless the rule has `detailed_metric` or `value_to_metric` (the operator opted
+//! in), and then at most [`MAX_SERIES`] series exist before new ones fold into the rule's
+//! configured path.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
@@ -33,7 +36,7 @@ pub struct RuleCounters {
 }
 
 /// One loaded rule set's counters, slot `i` for the `i`-th of [`RuleSet::limits`], each filled
-/// on the rule's first use from the `(domain, rule id)` map (so counters survive reloads). An
+/// on the rule's first use from the `(domain, stats key)` map (so counters survive reloads). An
 /// empty table (the `Default`) is valid: every lookup then takes the map path.
 #[derive(Debug, Default)]
 pub struct RuleSlots(Box<[OnceLock<Arc<RuleCounters>>]>);
@@ -75,7 +78,8 @@ pub struct Metrics {
     pub http_connections: Arc<ConnectionMetrics>,
 }
 
-/// Bound on distinct `(domain, rule)` label pairs; beyond it detailed labels fold into the rule id.
+/// Bound on distinct `(domain, rule)` label pairs; beyond it detailed labels fold into the rule's
+/// configured path.
 const MAX_SERIES: usize = 10_000;
 
 impl Metrics {
@@ -101,7 +105,7 @@ impl Metrics {
             .clone()
     }
 
-    /// The counters of `limit` (keyed by its id), a rule of `set` whose [`RuleSlots`] are
+    /// The counters of `limit` (keyed by its stats key), a rule of `set` whose [`RuleSlots`] are
     /// `slots`: after the rule's first use, an index and an atomic load, no lock, no allocation.
     pub fn limit_counters<'s>(
         &self,
@@ -110,10 +114,14 @@ impl Metrics {
         limit: &Limit,
     ) -> LimitCounters<'s> {
         match set.index_of(limit).and_then(|i| slots.0.get(i)) {
-            Some(slot) => LimitCounters::Slot(
-                slot.get_or_init(|| self.rule(&limit.domain, &limit.id, &limit.id)),
-            ),
-            None => LimitCounters::Shared(self.rule(&limit.domain, &limit.id, &limit.id)),
+            Some(slot) => {
+                LimitCounters::Slot(slot.get_or_init(|| {
+                    self.rule(&limit.domain, limit.stats.base(), limit.stats.base())
+                }))
+            }
+            // A limit given with the request: named after the descriptor, folded into the
+            // bounded rule id past the series cap.
+            None => LimitCounters::Shared(self.rule(&limit.domain, limit.stats.base(), &limit.id)),
         }
     }
 
@@ -459,6 +467,6 @@ mod tests {
         assert_eq!(c.total_hits.load(Relaxed), 4);
         assert!(m
             .render(&[])
-            .contains("tollgate_total_hits{domain=\"d\",rule=\"d|k\"} 4"));
+            .contains("tollgate_total_hits{domain=\"d\",rule=\"d.k\"} 4"));
     }
 }

@@ -342,19 +342,19 @@ async fn example_rules_nested_unlimited_shadow_and_unmatched() {
     assert_eq!(m.status, StatusCode::OK);
     assert!(
         m.text
-            .contains("tollgate_shadow_mode{domain=\"api\",rule=\"api|tenant\"} 60"),
+            .contains("tollgate_shadow_mode{domain=\"api\",rule=\"api.tenant\"} 60"),
         "{}",
         m.text
     );
     assert!(m
         .text
-        .contains("tollgate_over_limit{domain=\"api\",rule=\"api|path=/login|ip\"} 1"));
+        .contains("tollgate_over_limit{domain=\"api\",rule=\"api.path_/login.ip\"} 1"));
     assert!(m
         .text
-        .contains("tollgate_within_limit{domain=\"api\",rule=\"api|path=/login|ip\"} 5"));
+        .contains("tollgate_within_limit{domain=\"api\",rule=\"api.path_/login.ip\"} 5"));
     assert!(m
         .text
-        .contains("tollgate_near_limit{domain=\"api\",rule=\"api|path=/login|ip\"} 1"));
+        .contains("tollgate_near_limit{domain=\"api\",rule=\"api.path_/login.ip\"} 1"));
     assert!(m
         .text
         .contains("tollgate_unmatched_total{domain=\"\",reason=\"unknown_domain\"} 1"));
@@ -463,9 +463,9 @@ async fn envoy_readme_examples_as_served_decisions() {
     assert!(r.body["statuses"][0]["current_limit"].is_null());
 
     let m = get(&app, "/metrics").await.text;
-    assert!(m.contains("tollgate_total_hits{domain=\"example8\",rule=\"example8|key1=foo\"} 1"));
+    assert!(m.contains("tollgate_total_hits{domain=\"example8\",rule=\"example8.key1_foo\"} 1"));
     assert!(m.contains(
-        "tollgate_shadow_mode{domain=\"example6\",rule=\"example6|service|user=user-a\"} 2"
+        "tollgate_shadow_mode{domain=\"example6\",rule=\"example6.service.user_user-a\"} 2"
     ));
 }
 

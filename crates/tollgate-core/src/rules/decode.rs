@@ -6,8 +6,10 @@
 //! that one run reports every problem of a file. Each helper therefore records the error and
 //! returns `None`, and the caller carries on with what it could read.
 
+use super::metadata::MetaValue;
 use super::yaml::{Entry, Kind, Node, Pos};
 use crate::quota::{Algorithm, Period, Quota, SketchSize, Unit, MAX_PERIOD};
+use std::collections::BTreeMap;
 
 /// Deepest descriptor nesting accepted (a request descriptor has at most this many entries).
 pub(crate) const MAX_DEPTH: usize = 16;
@@ -28,6 +30,8 @@ const DESCRIPTOR_FIELDS: &[&str] = &[
     "detailed_metric",
     "value_to_metric",
     "share_threshold",
+    "quota_mode",
+    "metadata",
     "message",
 ];
 const RATE_LIMIT_FIELDS: &[&str] = &[
@@ -64,6 +68,8 @@ pub(crate) struct DescriptorSpec {
     pub detailed_metric: bool,
     pub value_to_metric: bool,
     pub share_threshold: bool,
+    pub quota_mode: bool,
+    pub metadata: Option<BTreeMap<String, MetaValue>>,
     pub message: Option<String>,
     pub children: Vec<DescriptorSpec>,
 }
@@ -196,6 +202,28 @@ fn descriptor(node: &Node, depth: usize, errors: &mut Errors) -> Option<Descript
     let detailed_metric = flag(&fields, "detailed_metric", errors);
     let value_to_metric = flag(&fields, "value_to_metric", errors);
     let share_threshold = flag(&fields, "share_threshold", errors);
+    // As envoyproxy/ratelimit: sharing a threshold needs a wildcard to share it among (it checks
+    // `key_value`, so a `*` in the key passes too).
+    if share_threshold {
+        if let (Some(n), Some(k)) = (fields.get("share_threshold"), &key) {
+            let composite = match &value {
+                Some(v) => format!("{k}_{v}"),
+                None => k.clone(),
+            };
+            if !composite.contains('*') {
+                errors.push((
+                    n.pos,
+                    format!(
+                        "`share_threshold` can only be used with wildcard values (containing `*`), but found key `{composite}`"
+                    ),
+                ));
+            }
+        }
+    }
+    let quota_mode = flag(&fields, "quota_mode", errors);
+    let metadata = fields
+        .get("metadata")
+        .and_then(|n| super::metadata::decode(n, errors));
     let message = fields
         .get("message")
         .and_then(|n| string(n, "message", errors));
@@ -212,6 +240,8 @@ fn descriptor(node: &Node, depth: usize, errors: &mut Errors) -> Option<Descript
         detailed_metric,
         value_to_metric,
         share_threshold,
+        quota_mode,
+        metadata,
         message,
         children,
     })
@@ -509,7 +539,7 @@ fn flag(fields: &Fields<'_>, field: &str, errors: &mut Errors) -> bool {
 
 /// YAML 1.2 core booleans, plus the YAML 1.1 forms Go's yaml.v2 (used by envoyproxy/ratelimit)
 /// also accepts, so that its files load unchanged.
-fn parse_bool(s: &str) -> Option<bool> {
+pub(crate) fn parse_bool(s: &str) -> Option<bool> {
     match s {
         "true" | "True" | "TRUE" | "yes" | "Yes" | "YES" | "on" | "On" | "ON" | "y" | "Y" => {
             Some(true)

@@ -36,13 +36,17 @@
 
 mod decode;
 mod error;
+mod metadata;
+mod stats;
 mod tree;
 mod yaml;
 
 pub use error::{RuleError, RuleErrors};
+pub use metadata::MetaValue;
+pub use stats::StatsKey;
 
 use crate::quota::Quota;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use tree::{Found, Tree};
 
@@ -77,6 +81,16 @@ pub struct Limit {
     pub value_to_metric: bool,
     /// `share_threshold`: under a wildcard value, all matching values share one counter.
     pub share_threshold: bool,
+    /// `quota_mode`: when this limit is over, the request is still OK unless every quota-mode
+    /// limit of the request is over (or a limit not in quota mode is); see
+    /// [`crate::limiter::Verdict::allowed`].
+    pub quota_mode: bool,
+    /// `metadata`: an arbitrary map of the descriptor, returned to Envoy as dynamic metadata
+    /// when the limit passes (and the service is configured to return it).
+    pub metadata: Option<BTreeMap<String, MetaValue>>,
+    /// The rule's stats key as envoyproxy/ratelimit names it (`domain.key_value.key`), used as
+    /// the rule's metric name.
+    pub stats: StatsKey,
     /// The file the rule is defined in.
     pub file: String,
     /// The line of the descriptor that defines the rule (1-based).
@@ -571,7 +585,7 @@ descriptors:
         assert_eq!(e[3].column, 51);
         assert_eq!(
             e[2].to_string(),
-            "t.yaml:7:5: unknown field `bogus` in a descriptor (allowed: key, value, rate_limit, descriptors, shadow_mode, detailed_metric, value_to_metric, share_threshold, message)"
+            "t.yaml:7:5: unknown field `bogus` in a descriptor (allowed: key, value, rate_limit, descriptors, shadow_mode, detailed_metric, value_to_metric, share_threshold, quota_mode, metadata, message)"
         );
     }
 

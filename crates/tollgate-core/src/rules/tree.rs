@@ -8,6 +8,7 @@
 //! and refer to limits by index, so the tree has no reference cycles and no lifetimes.
 
 use super::decode::DescriptorSpec;
+use super::stats::{StatsKey, StatsLevel};
 use super::Limit;
 use std::collections::HashMap;
 
@@ -66,7 +67,7 @@ impl Tree {
         let mut tree = Tree::default();
         let mut id = String::new();
         escape_into(&mut id, domain);
-        let root = tree.level(domain, file, &id, descriptors, limits);
+        let root = tree.level(domain, file, &id, &mut Vec::new(), descriptors, limits);
         tree.root = root;
         tree
     }
@@ -76,11 +77,20 @@ impl Tree {
         domain: &str,
         file: &str,
         parent_id: &str,
+        path: &mut Vec<StatsLevel>,
         descriptors: Vec<DescriptorSpec>,
         limits: &mut Vec<Limit>,
     ) -> Level {
         let mut level = Level::default();
         for d in descriptors {
+            let wildcard = d.value.as_deref().is_some_and(|v| v.contains('*'));
+            path.push(StatsLevel {
+                key: d.key.clone(),
+                value: d.value.clone(),
+                wildcard,
+                share: wildcard && d.share_threshold,
+                value_to_metric: d.value_to_metric,
+            });
             let mut id = String::with_capacity(parent_id.len() + d.key.len() + 16);
             id.push_str(parent_id);
             id.push('|');
@@ -101,12 +111,16 @@ impl Tree {
                     detailed_metric: d.detailed_metric,
                     value_to_metric: d.value_to_metric,
                     share_threshold: d.share_threshold,
+                    quota_mode: d.quota_mode,
+                    metadata: d.metadata.clone(),
+                    stats: StatsKey::compile(domain, path, d.detailed_metric),
                     file: file.to_string(),
                     line: d.pos.line,
                 });
                 limits.len() - 1
             });
-            let children = self.level(domain, file, &id, d.children, limits);
+            let children = self.level(domain, file, &id, path, d.children, limits);
+            path.pop();
             let pattern = d
                 .value
                 .as_deref()
