@@ -352,6 +352,7 @@ fn assert_unchecked(r: &Reply) {
 
 #[test]
 fn envoy_enforces_tollgate_limits_per_ip_header_nested_and_replaces() {
+    envoy_bin();
     let grpc = format!("127.0.0.1:{}", free_port());
     let server = start_tollgate(&grpc, "envoy-limits");
     let envoy = Envoy::start(&grpc, false);
@@ -460,6 +461,7 @@ fn envoy_enforces_tollgate_limits_per_ip_header_nested_and_replaces() {
 
 #[test]
 fn envoy_failure_mode_deny_false_passes_and_true_answers_500_while_tollgate_is_down() {
+    envoy_bin();
     let grpc = format!("127.0.0.1:{}", free_port());
     let mut server = start_tollgate(&grpc, "envoy-failure");
     let open = Envoy::start(&grpc, false);
