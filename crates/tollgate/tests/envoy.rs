@@ -229,6 +229,18 @@ impl Reply {
             .map(|(_, v)| v.as_str())
     }
 
+    /// Every value of the header `name`, sorted.
+    fn all(&self, name: &str) -> Vec<&str> {
+        let mut v: Vec<&str> = self
+            .headers
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
     /// The `x-ratelimit-limit`, `-remaining` and `-reset` headers Envoy added.
     fn draft03(&self) -> (Option<&str>, Option<u64>, Option<u64>) {
         let num = |n| self.header(n).map(|v: &str| v.parse::<u64>().unwrap());
@@ -301,22 +313,21 @@ fn tollgate_requests(server: &Server) -> (u64, u64) {
     )
 }
 
-fn start_tollgate(grpc: &str, name: &str) -> Server {
+/// `tollgate serve` on the shipped rules, its gRPC listener on `grpc`, plus `extra` flags.
+fn start_tollgate(grpc: &str, name: &str, extra: &[&str]) -> Server {
     let http_addr = format!("127.0.0.1:{}", free_port());
     let rules = repo().join("examples/envoy/rules.yaml");
     let rules = rules.to_str().unwrap();
-    Server::start(
-        &[
-            "--rules",
-            rules,
-            "--http-addr",
-            &http_addr,
-            "--grpc-addr",
-            grpc,
-        ],
-        Path::new(&repo()),
-        name,
-    )
+    let mut args = vec![
+        "--rules",
+        rules,
+        "--http-addr",
+        &http_addr,
+        "--grpc-addr",
+        grpc,
+    ];
+    args.extend(extra);
+    Server::start(&args, Path::new(&repo()), name)
 }
 
 /// Assert an allowed request that went through tollgate: 200, no `x-envoy-ratelimited`, and the
@@ -354,7 +365,7 @@ fn assert_unchecked(r: &Reply) {
 fn envoy_enforces_tollgate_limits_per_ip_header_nested_and_replaces() {
     envoy_bin();
     let grpc = format!("127.0.0.1:{}", free_port());
-    let server = start_tollgate(&grpc, "envoy-limits");
+    let server = start_tollgate(&grpc, "envoy-limits", &[]);
     let envoy = Envoy::start(&grpc, false);
     let (a, b) = ("127.0.0.2", "127.0.0.3");
 
@@ -463,7 +474,7 @@ fn envoy_enforces_tollgate_limits_per_ip_header_nested_and_replaces() {
 fn envoy_failure_mode_deny_false_passes_and_true_answers_500_while_tollgate_is_down() {
     envoy_bin();
     let grpc = format!("127.0.0.1:{}", free_port());
-    let mut server = start_tollgate(&grpc, "envoy-failure");
+    let mut server = start_tollgate(&grpc, "envoy-failure", &[]);
     let open = Envoy::start(&grpc, false);
     let closed = Envoy::start(&grpc, true);
     let a = "127.0.0.2";
@@ -497,7 +508,7 @@ fn envoy_failure_mode_deny_false_passes_and_true_answers_500_while_tollgate_is_d
     assert_eq!((open.ratelimit("ok"), closed.ratelimit("ok")), (1, 1));
 
     // tollgate back on the same address (a fresh memory store): Envoy reconnects by itself.
-    let server = start_tollgate(&grpc, "envoy-failure-back");
+    let server = start_tollgate(&grpc, "envoy-failure-back", &[]);
     let until = Instant::now() + Duration::from_secs(30);
     loop {
         let r = closed.get(a, "/key", &k("again"));
@@ -514,4 +525,40 @@ fn envoy_failure_mode_deny_false_passes_and_true_answers_500_while_tollgate_is_d
     }
     assert_eq!(tollgate_requests(&server), (1, 0));
     assert_eq!(closed.ratelimit("ok"), 2);
+}
+
+#[test]
+fn envoy_adds_tollgate_response_headers_to_allowed_and_limited_responses() {
+    envoy_bin();
+    let grpc = format!("127.0.0.1:{}", free_port());
+    let _server = start_tollgate(&grpc, "envoy-headers", &["--response-headers"]);
+    let envoy = Envoy::start(&grpc, false);
+    let (a, k) = ("127.0.0.2", [("x-api-key", "h")]);
+
+    // tollgate's response_headers_to_add reach the client next to Envoy's own draft-03 headers
+    // (hence two x-ratelimit-limit: tollgate's plain count, Envoy's with the policy).
+    let r = envoy.get(a, "/key", &k);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.all("x-ratelimit-limit"), ["2", "2, 2;w=3600"], "{r:?}");
+    assert_eq!(r.all("x-ratelimit-remaining"), ["1", "1"], "{r:?}");
+    assert_eq!(r.all("ratelimit-policy"), ["2;w=3600"], "{r:?}");
+    assert!(
+        r.header("ratelimit")
+            .is_some_and(|v| v.starts_with("limit=2, remaining=1, reset=")),
+        "{r:?}"
+    );
+    assert_eq!(r.header("retry-after"), None, "{r:?}");
+    envoy.get(a, "/key", &k);
+
+    // On the 429 too, with tollgate's retry-after.
+    let r = envoy.get(a, "/key", &k);
+    assert_eq!(r.status, 429, "{r:?}");
+    assert_eq!(r.header("x-envoy-ratelimited"), Some("true"), "{r:?}");
+    assert_eq!(r.all("x-ratelimit-remaining"), ["0", "0"], "{r:?}");
+    let retry: u64 = r
+        .header("retry-after")
+        .expect("retry-after")
+        .parse()
+        .unwrap();
+    assert!((3000..=3600).contains(&retry), "{r:?}");
 }
