@@ -125,22 +125,25 @@ impl Envoy {
             admin: format!("http://127.0.0.1:{admin}"),
             dir,
         };
-        envoy.wait_ready();
+        envoy.wait_ready(&[port, app]);
         envoy
     }
 
-    /// Poll the admin `/ready` (200 once the listeners are up), failing with Envoy's log if it
-    /// exits or is not ready within a generous bound.
-    fn wait_ready(&mut self) {
+    /// Poll the admin `/ready` (200 once Envoy is live), then the `listeners` ports: a worker
+    /// may start listening a moment after `/ready` says so. Fails with Envoy's log if it exits
+    /// or is not ready within a generous bound.
+    fn wait_ready(&mut self, listeners: &[u16]) {
         let until = Instant::now() + Duration::from_secs(60);
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
                 panic!("Envoy exited ({status}):\n{}", self.logs());
             }
-            if let Some(r) = try_http(&self.admin, "/ready") {
-                if r.status == 200 {
-                    return;
-                }
+            let ready = try_http(&self.admin, "/ready").is_some_and(|r| r.status == 200)
+                && listeners
+                    .iter()
+                    .all(|p| std::net::TcpStream::connect(("127.0.0.1", *p)).is_ok());
+            if ready {
+                return;
             }
             assert!(
                 Instant::now() < until,
