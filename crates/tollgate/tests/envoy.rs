@@ -65,8 +65,20 @@ struct Envoy {
 
 impl Envoy {
     /// Start Envoy on examples/envoy/envoy.yaml, calling tollgate at `grpc` (`host:port`), with
-    /// `failure_mode_deny` as given. Returns once Envoy's admin says it is live.
+    /// `failure_mode_deny` as given. Returns once Envoy is live and its listeners accept.
     fn start(grpc: &str, failure_mode_deny: bool) -> Envoy {
+        // A port found free may be taken by another test before Envoy binds it: new ports then.
+        for _ in 0..5 {
+            match Self::try_start(grpc, failure_mode_deny) {
+                Ok(envoy) => return envoy,
+                Err(log) if log.contains("Address already in use") => continue,
+                Err(log) => panic!("{log}"),
+            }
+        }
+        panic!("Envoy could not bind free ports in 5 attempts");
+    }
+
+    fn try_start(grpc: &str, failure_mode_deny: bool) -> Result<Envoy, String> {
         static BASE_ID: AtomicU32 = AtomicU32::new(0);
         let bin = envoy_bin();
         let dir = temp_dir("envoy");
@@ -125,25 +137,25 @@ impl Envoy {
             admin: format!("http://127.0.0.1:{admin}"),
             dir,
         };
-        envoy.wait_ready(&[port, app]);
-        envoy
+        envoy.wait_ready(&[port, app])?;
+        Ok(envoy)
     }
 
     /// Poll the admin `/ready` (200 once Envoy is live), then the `listeners` ports: a worker
     /// may start listening a moment after `/ready` says so. Fails with Envoy's log if it exits
     /// or is not ready within a generous bound.
-    fn wait_ready(&mut self, listeners: &[u16]) {
+    fn wait_ready(&mut self, listeners: &[u16]) -> Result<(), String> {
         let until = Instant::now() + Duration::from_secs(60);
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
-                panic!("Envoy exited ({status}):\n{}", self.logs());
+                return Err(format!("Envoy exited ({status}):\n{}", self.logs()));
             }
             let ready = try_http(&self.admin, "/ready").is_some_and(|r| r.status == 200)
                 && listeners
                     .iter()
                     .all(|p| std::net::TcpStream::connect(("127.0.0.1", *p)).is_ok());
             if ready {
-                return;
+                return Ok(());
             }
             assert!(
                 Instant::now() < until,
@@ -316,21 +328,36 @@ fn tollgate_requests(server: &Server) -> (u64, u64) {
     )
 }
 
-/// `tollgate serve` on the shipped rules, its gRPC listener on `grpc`, plus `extra` flags.
-fn start_tollgate(grpc: &str, name: &str, extra: &[&str]) -> Server {
-    let http_addr = format!("127.0.0.1:{}", free_port());
+/// `tollgate serve` on the shipped rules plus `extra` flags, and its gRPC address: on `grpc`
+/// when given (a restart on the same address), else on a free port.
+fn start_tollgate(grpc: Option<&str>, name: &str, extra: &[&str]) -> (Server, String) {
     let rules = repo().join("examples/envoy/rules.yaml");
     let rules = rules.to_str().unwrap();
-    let mut args = vec![
-        "--rules",
-        rules,
-        "--http-addr",
-        &http_addr,
-        "--grpc-addr",
-        grpc,
-    ];
-    args.extend(extra);
-    Server::start(&args, Path::new(&repo()), name)
+    // A port found free may be taken by another test before tollgate binds it: try again, on
+    // new ports, or (a fixed address) once the other side has let it go.
+    let mut last = String::new();
+    for _ in 0..10 {
+        let grpc = grpc.map_or_else(|| format!("127.0.0.1:{}", free_port()), str::to_string);
+        let http_addr = format!("127.0.0.1:{}", free_port());
+        let mut args = vec![
+            "--rules",
+            rules,
+            "--http-addr",
+            &http_addr,
+            "--grpc-addr",
+            &grpc,
+        ];
+        args.extend(extra);
+        match Server::try_start(&args, Path::new(&repo()), name) {
+            Ok(server) => return (server, grpc),
+            Err(e) if e.contains("Address already in use") => {
+                last = e;
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    panic!("tollgate could not bind its ports in 10 attempts: {last}");
 }
 
 /// Assert an allowed request that went through tollgate: 200, no `x-envoy-ratelimited`, and the
@@ -367,8 +394,7 @@ fn assert_unchecked(r: &Reply) {
 #[test]
 fn envoy_enforces_tollgate_limits_per_ip_header_nested_and_replaces() {
     envoy_bin();
-    let grpc = format!("127.0.0.1:{}", free_port());
-    let server = start_tollgate(&grpc, "envoy-limits", &[]);
+    let (server, grpc) = start_tollgate(None, "envoy-limits", &[]);
     let envoy = Envoy::start(&grpc, false);
     let (a, b) = ("127.0.0.2", "127.0.0.3");
 
@@ -476,8 +502,7 @@ fn envoy_enforces_tollgate_limits_per_ip_header_nested_and_replaces() {
 #[test]
 fn envoy_failure_mode_deny_false_passes_and_true_answers_500_while_tollgate_is_down() {
     envoy_bin();
-    let grpc = format!("127.0.0.1:{}", free_port());
-    let mut server = start_tollgate(&grpc, "envoy-failure", &[]);
+    let (mut server, grpc) = start_tollgate(None, "envoy-failure", &[]);
     let open = Envoy::start(&grpc, false);
     let closed = Envoy::start(&grpc, true);
     let a = "127.0.0.2";
@@ -511,7 +536,7 @@ fn envoy_failure_mode_deny_false_passes_and_true_answers_500_while_tollgate_is_d
     assert_eq!((open.ratelimit("ok"), closed.ratelimit("ok")), (1, 1));
 
     // tollgate back on the same address (a fresh memory store): Envoy reconnects by itself.
-    let server = start_tollgate(&grpc, "envoy-failure-back", &[]);
+    let (server, _) = start_tollgate(Some(&grpc), "envoy-failure-back", &[]);
     let until = Instant::now() + Duration::from_secs(30);
     loop {
         let r = closed.get(a, "/key", &k("again"));
@@ -533,8 +558,7 @@ fn envoy_failure_mode_deny_false_passes_and_true_answers_500_while_tollgate_is_d
 #[test]
 fn envoy_adds_tollgate_response_headers_to_allowed_and_limited_responses() {
     envoy_bin();
-    let grpc = format!("127.0.0.1:{}", free_port());
-    let _server = start_tollgate(&grpc, "envoy-headers", &["--response-headers"]);
+    let (_server, grpc) = start_tollgate(None, "envoy-headers", &["--response-headers"]);
     let envoy = Envoy::start(&grpc, false);
     let (a, k) = ("127.0.0.2", [("x-api-key", "h")]);
 
