@@ -51,6 +51,8 @@ pub struct ServeConfig {
     pub reload_interval: Duration,
     /// Memory store sweep interval.
     pub sweep_interval: Duration,
+    /// `--trusted-proxies`: peers whose `X-Forwarded-For` / `X-Real-IP` are believed.
+    pub trusted_proxies: Vec<tollgate_core::request::Cidr>,
 }
 
 impl Default for ServeConfig {
@@ -68,6 +70,7 @@ impl Default for ServeConfig {
             limits: RequestLimits::default(),
             reload_interval: Duration::from_millis(500),
             sweep_interval: Duration::from_secs(10),
+            trusted_proxies: Vec::new(),
         }
     }
 }
@@ -84,7 +87,8 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<AppState> {
     let builder = AppState::builder(rules)
         .limits(config.limits)
         .rules_path(config.rules.clone())
-        .response_headers(config.response_headers);
+        .response_headers(config.response_headers)
+        .trusted_proxies(config.trusted_proxies.clone());
     let builder = if config.store == "memory" {
         builder.memory_store(Arc::new(MemoryStore::new(config.max_keys)))
     } else if config.store.starts_with("redis") {
@@ -210,13 +214,17 @@ pub async fn serve(
     // The API service itself, not `http::router`'s `Router` around it (which would route every
     // request twice), unless the trace layer is wanted: that one comes with the `Router`.
     let served = if crate::http::trace_wanted() {
-        axum::serve(http, crate::http::router(state.clone()))
-            .with_graceful_shutdown(wait_for_shutdown(rx.clone()))
+        axum::serve(
+            http,
+            crate::http::router(state.clone()).into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(wait_for_shutdown(rx.clone()))
             .await
     } else {
         axum::serve(
             http,
-            crate::http::service(state.clone()).into_make_service(),
+            // The peer address reaches handlers as `ConnectInfo` (forward-auth's client address).
+            crate::http::service(state.clone()).into_make_service_with_connect_info::<SocketAddr>(),
         )
         .with_graceful_shutdown(wait_for_shutdown(rx.clone()))
         .await

@@ -132,6 +132,11 @@ pub struct ServeArgs {
     /// How often the rules path is checked for changes, in milliseconds.
     #[arg(long, env = "TOLLGATE_RELOAD_INTERVAL_MS", default_value_t = 500)]
     reload_interval_ms: u64,
+    /// Proxies (comma-separated addresses or CIDR blocks, e.g. `127.0.0.1/32,10.0.0.0/8`) whose
+    /// `X-Forwarded-For` / `X-Real-IP` give the client address; empty trusts none. A forward-auth
+    /// gateway must be listed.
+    #[arg(long, env = "TOLLGATE_TRUSTED_PROXIES", value_delimiter = ',')]
+    trusted_proxies: Vec<tollgate_core::request::Cidr>,
 }
 
 impl ServeArgs {
@@ -157,6 +162,7 @@ impl ServeArgs {
                 ..RequestLimits::default()
             },
             reload_interval: Duration::from_millis(self.reload_interval_ms.max(10)),
+            trusted_proxies: self.trusted_proxies.clone(),
             ..ServeConfig::default()
         }
     }
