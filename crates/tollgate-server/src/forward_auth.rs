@@ -25,8 +25,10 @@ use axum::response::{IntoResponse, Response};
 use std::net::SocketAddr;
 use tollgate_core::request::{client_address, RequestParts};
 
-/// Set on a 200 answer when a shadow-mode rule would have limited the request: the request may
-/// go through, and a backend that sees it can degrade instead of refusing.
+/// On every 200 answer that applied a rule: `true` when a shadow-mode rule would have limited the
+/// request (it may go through, and a backend that sees it can degrade instead of refusing), else
+/// `false`. Always present, because Caddy before 2.7 copies an absent header as the literal text
+/// of its placeholder.
 pub static SHADOW_HEADER: HeaderName = HeaderName::from_static("x-ratelimit-shadow-limited");
 
 /// The denying rule's `message`, on a denial, when it is printable ASCII (what nginx can copy
@@ -146,10 +148,11 @@ fn answer(resp: &CheckResponse, deny_status: StatusCode, json: bool) -> Response
     if resp.allowed {
         let mut r = StatusCode::OK.into_response();
         add_headers(r.headers_mut(), resp);
-        if resp.statuses.iter().any(|s| s.shadowed) {
-            r.headers_mut()
-                .insert(SHADOW_HEADER.clone(), HeaderValue::from_static("true"));
-        }
+        let shadowed = resp.statuses.iter().any(|s| s.shadowed);
+        r.headers_mut().insert(
+            SHADOW_HEADER.clone(),
+            HeaderValue::from_static(if shadowed { "true" } else { "false" }),
+        );
         return r;
     }
     let message = resp
@@ -189,7 +192,12 @@ mod tests {
             deny_status(Some("a=1&deny_status=403")).unwrap(),
             StatusCode::FORBIDDEN
         );
-        for bad in ["deny_status=200", "deny_status=x", "deny_status=", "deny_status=503"] {
+        for bad in [
+            "deny_status=200",
+            "deny_status=x",
+            "deny_status=",
+            "deny_status=503",
+        ] {
             assert!(deny_status(Some(bad)).is_err(), "{bad}");
         }
     }

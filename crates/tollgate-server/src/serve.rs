@@ -219,7 +219,7 @@ pub async fn serve(
             crate::http::router(state.clone()).into_make_service_with_connect_info::<SocketAddr>(),
         )
         .with_graceful_shutdown(wait_for_shutdown(rx.clone()))
-            .await
+        .await
     } else {
         axum::serve(
             http,

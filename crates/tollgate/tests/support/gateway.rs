@@ -197,12 +197,22 @@ impl Gateway {
 
     /// nginx from `examples/nginx/nginx.conf`; `edit` may change the config further (e.g.
     /// uncomment the fail-open line).
-    pub fn nginx(name: &str, tollgate_port: u16, upstream: u16, edit: impl Fn(String) -> String) -> Gateway {
+    pub fn nginx(
+        name: &str,
+        tollgate_port: u16,
+        upstream: u16,
+        edit: impl Fn(String) -> String,
+    ) -> Gateway {
         need("nginx", "nginx");
         let dir = temp_dir(name);
         let port = free_port();
         let conf = dir.join("nginx.conf");
-        let text = edit(Self::config("examples/nginx/nginx.conf", port, tollgate_port, upstream));
+        let text = edit(Self::config(
+            "examples/nginx/nginx.conf",
+            port,
+            tollgate_port,
+            upstream,
+        ));
         std::fs::write(&conf, text).unwrap();
         std::fs::create_dir_all(dir.join("logs")).unwrap();
         let log = dir.join("error.log");
@@ -212,7 +222,10 @@ impl Gateway {
             .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
         // As root, workers would switch to `nobody`, which cannot use the temporary prefix.
         let user = if root { "user root;" } else { "" };
-        let globals = format!("daemon off; pid {}; {user}", dir.join("nginx.pid").display());
+        let globals = format!(
+            "daemon off; pid {}; {user}",
+            dir.join("nginx.pid").display()
+        );
         let child = Command::new("nginx")
             .arg("-p")
             .arg(&dir)
