@@ -119,9 +119,14 @@ impl Target {
     /// run full of errors).
     pub async fn connect(&self, workers: usize) -> anyhow::Result<Vec<Client>> {
         match self {
-            Target::Http { addr, authority } | Target::Get { addr, authority, .. } => {
+            Target::Http { addr, authority }
+            | Target::Get {
+                addr, authority, ..
+            } => {
                 let get = match self {
-                    Target::Get { path, headers, .. } => Some(Arc::new((path.clone(), headers.clone()))),
+                    Target::Get { path, headers, .. } => {
+                        Some(Arc::new((path.clone(), headers.clone())))
+                    }
                     _ => None,
                 };
                 let mut clients = Vec::with_capacity(workers);
