@@ -10,6 +10,7 @@
 # Rounds are interleaved (A B C, A B C, ...) so that drift of the machine hits all alike.
 #
 # Usage: scripts/bench-gateway.sh [--runs 3] [--duration 5s] [--concurrency 32] [--no-build]
+#        (BENCH_BIN=path/to/tollgate with --no-build uses that binary)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,7 +30,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 command -v nginx >/dev/null || { echo "scripts/bench-gateway.sh: nginx is required (apt-get install nginx)" >&2; exit 1; }
-BIN=target/release/tollgate
+BIN=${BENCH_BIN:-target/release/tollgate}   # BENCH_BIN: a release binary built elsewhere
 if [ "$BUILD" = 1 ]; then
   cargo build --release --locked -p tollgate 2>&1 | tail -n 1
 fi
