@@ -136,7 +136,23 @@ pub struct ServeArgs {
     /// `X-Forwarded-For` / `X-Real-IP` give the client address; empty trusts none. A forward-auth
     /// gateway must be listed.
     #[arg(long, env = "TOLLGATE_TRUSTED_PROXIES", value_delimiter = ',')]
-    trusted_proxies: Vec<tollgate_core::request::Cidr>,
+    trusted_proxies: Vec<TrustedProxy>,
+}
+
+/// One `--trusted-proxies` item: an address block, or nothing for an empty item (so that
+/// `TOLLGATE_TRUSTED_PROXIES=` means "trust none", like leaving it unset).
+#[derive(Debug, Clone, Copy)]
+struct TrustedProxy(Option<tollgate_core::request::Cidr>);
+
+impl std::str::FromStr for TrustedProxy {
+    type Err = tollgate_core::request::CidrError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.trim().is_empty() {
+            return Ok(TrustedProxy(None));
+        }
+        s.parse().map(|c| TrustedProxy(Some(c)))
+    }
 }
 
 impl ServeArgs {
@@ -162,7 +178,7 @@ impl ServeArgs {
                 ..RequestLimits::default()
             },
             reload_interval: Duration::from_millis(self.reload_interval_ms.max(10)),
-            trusted_proxies: self.trusted_proxies.clone(),
+            trusted_proxies: self.trusted_proxies.iter().filter_map(|t| t.0).collect(),
             ..ServeConfig::default()
         }
     }

@@ -399,3 +399,66 @@ fn validate_reports_http_section_errors_with_lines() {
         "{err}"
     );
 }
+
+#[test]
+fn trusted_proxies_from_the_environment_and_bad_blocks() {
+    let dir = temp_dir("gw-env");
+    std::fs::write(dir.join("web.yaml"), RULES).unwrap();
+    let args = [
+        "--rules",
+        "web.yaml",
+        "--http-addr",
+        "127.0.0.1:0",
+        "--grpc-addr",
+        "127.0.0.1:0",
+    ];
+    // Trusted through the variable: X-Forwarded-For is believed.
+    let server = Server::start_env(
+        &args,
+        &[("TOLLGATE_TRUSTED_PROXIES", "10.0.0.0/8,127.0.0.1")],
+        &dir,
+        "gw-env",
+    );
+    let port: u16 = server.base.rsplit(':').next().unwrap().parse().unwrap();
+    for _ in 0..3 {
+        let r = get(
+            "127.0.0.1",
+            port,
+            "/v1/forward-auth/web",
+            &[("X-Forwarded-For", "192.0.2.50")],
+        );
+        assert_eq!(r.status, 200, "{r:?}");
+    }
+    let r = get(
+        "127.0.0.1",
+        port,
+        "/v1/forward-auth/web",
+        &[("X-Forwarded-For", "192.0.2.50")],
+    );
+    assert_eq!(r.status, 429, "{r:?}");
+    let r = get(
+        "127.0.0.1",
+        port,
+        "/v1/forward-auth/web",
+        &[("X-Forwarded-For", "192.0.2.51")],
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+    drop(server);
+    // An empty variable trusts nobody; a bad block is refused at start.
+    let server = Server::start_env(
+        &args,
+        &[("TOLLGATE_TRUSTED_PROXIES", "")],
+        &dir,
+        "gw-env-empty",
+    );
+    drop(server);
+    let out = tollgate(&[
+        "serve",
+        "--trusted-proxies",
+        "10.0.0.0/33",
+        "--rules",
+        "examples/nginx/rules.yaml",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid address block `10.0.0.0/33`"));
+}
