@@ -462,3 +462,35 @@ fn trusted_proxies_from_the_environment_and_bad_blocks() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid address block `10.0.0.0/33`"));
 }
+
+#[test]
+fn bench_drives_forward_auth() {
+    let (_tollgate, tg) = tollgate_with("gw-bench", RULES);
+    let target = format!("http://127.0.0.1:{tg}/v1/forward-auth/web");
+    let out = tollgate(&[
+        "bench",
+        &target,
+        "--header",
+        "X-Api-Key: k{key}",
+        "--keys",
+        "5",
+        "--duration",
+        "1s",
+        "--concurrency",
+        "4",
+        "--json",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let n = |k: &str| r[k].as_u64().unwrap_or_else(|| panic!("{k} in {r}"));
+    assert_eq!(n("errors"), 0, "{r}");
+    assert_eq!(n("allowed") + n("denied"), n("requests"), "{r}");
+    // Every request comes from 127.0.0.1 (3 per hour): exactly 3 allowed, whatever the keys.
+    assert_eq!(n("allowed"), 3, "{r}");
+    assert!(n("denied") > 0, "{r}");
+}
