@@ -447,3 +447,28 @@ proptest! {
         let _ = a.descriptors(&parts(&h, &path, "1.1.1.1"));
     }
 }
+
+#[test]
+fn garbage_http_sections_never_panic() {
+    for http in [
+        "  {a: 1}\n",
+        "  - 1\n",
+        "  - actions: {remote_address: {}}\n",
+        "  - actions: [1, [2], {}]\n",
+        "  - actions: [{remote_address: {}, generic_key: {descriptor_value: x}}]\n",
+        "  - actions: [{remote_address: [1]}]\n",
+        "  - actions: [{remote_address: {x: 1}}]\n",
+        "  - actions: [{masked_remote_address: {v4_prefix_mask_len: -1, v6_prefix_mask_len: 129}}]\n",
+        "  - actions: [{header_value_match: {descriptor_value: v, headers: []}}]\n",
+        "  - actions: [{header_value_match: {descriptor_value: v, headers: [{name: x, exact_match: a, prefix_match: b}]}}]\n",
+        "  - actions: [{header_value_match: {descriptor_value: v, headers: [{name: x, string_match: {}}]}}]\n",
+        "  - actions: [{header_value_match: {descriptor_value: v, headers: [{name: x, string_match: {safe_regex: {regex: 'a{99999999}'}}}]}}]\n",
+        "  - actions: [{query_parameter_value_match: {descriptor_value: v, query_parameters: [{string_match: {exact: a}}]}}]\n",
+        "  - actions: [{request_headers: {header_name: '', descriptor_key: k}}]\n",
+        "  - actions: [{generic_key: {descriptor_value: ''}}]\n",
+    ] {
+        let text = format!("domain: web\nhttp:\n{http}");
+        let e = RuleSet::from_sources(&[("g.yaml".to_string(), text)]).expect_err(http);
+        assert!(e.iter().all(|e| e.line > 0 && !e.message.is_empty()), "{e}");
+    }
+}
