@@ -36,6 +36,9 @@ need_cmd redis-server redis-server
 need_cmd redis-cli redis-tools
 # libfaketime: the clock-step test runs `tollgate serve` on a wall clock read from a file.
 need_cmd faketime faketime
+# Gateways: the forward-auth tests (crates/tollgate/tests/gateways.rs) run real nginx and Caddy.
+need_cmd nginx nginx
+need_cmd caddy caddy
 if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
   echo "scripts/test.sh: no Redis on 127.0.0.1:6379, starting one for the tests"
   redis_dir=$(mktemp -d)

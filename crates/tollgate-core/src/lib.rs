@@ -2,7 +2,7 @@
 //!
 //! The pure, synchronous heart of tollgate: rate-limiting algorithms as pure steps over an
 //! injected clock, the rule model (envoyproxy/ratelimit's YAML plus extensions), and the
-//! in-memory store. No async runtime, no sockets, no reads of the system clock.
+//! in-memory store, and the request -> descriptors mapping of the rules' `http` section. No async runtime, no sockets, no reads of the system clock.
 
 pub mod algorithm;
 pub mod clock;
@@ -11,6 +11,7 @@ mod fingerprint;
 pub mod limiter;
 pub mod memory;
 pub mod quota;
+pub mod request;
 pub mod rules;
 pub mod store;
 pub mod window;

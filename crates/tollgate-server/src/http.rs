@@ -73,6 +73,10 @@ pub fn service(
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
+        .route(
+            "/v1/forward-auth/{domain}",
+            axum::routing::any(crate::forward_auth::forward_auth),
+        )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state);

@@ -9,6 +9,7 @@ pub mod backend;
 pub mod check;
 pub mod client;
 pub mod error;
+pub mod forward_auth;
 pub mod grpc;
 pub mod http;
 pub mod listener;

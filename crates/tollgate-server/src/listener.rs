@@ -232,6 +232,7 @@ where
         } = self;
         metrics.opened();
         let _open = OpenGuard(&metrics);
+        let peer = stream.peer_addr().ok();
         let activity = Arc::new(Activity::new());
         let io = TokioIo::new(Tracked {
             inner: stream,
@@ -239,9 +240,14 @@ where
             preface: Preface::Unknown(0),
         });
         let tracker = activity.clone();
+        // Handlers that need the client's address (forward-auth) read it as axum's `ConnectInfo`.
+        let peer = peer.map(axum::extract::ConnectInfo);
         let hyper_service = hyper::service::service_fn(move |req: Request<Incoming>| {
             let request = RequestGuard::begin(tracker.clone());
-            let req = req.map(|body| Body::new(TimedBody::new(body, limits.body_read_timeout)));
+            let mut req = req.map(|body| Body::new(TimedBody::new(body, limits.body_read_timeout)));
+            if let Some(peer) = peer {
+                req.extensions_mut().insert(peer);
+            }
             let response = service.clone().oneshot(req);
             async move {
                 let response = response.await;

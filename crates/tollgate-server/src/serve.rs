@@ -68,6 +68,8 @@ pub struct ServeConfig {
     pub shutdown_timeout: Duration,
     /// `--grpc-*`: HTTP/2 and connection limits of the gRPC listener.
     pub grpc_limits: crate::grpc::GrpcLimits,
+    /// `--trusted-proxies`: peers whose `X-Forwarded-For` / `X-Real-IP` are believed.
+    pub trusted_proxies: Vec<tollgate_core::request::Cidr>,
 }
 
 impl Default for ServeConfig {
@@ -91,6 +93,7 @@ impl Default for ServeConfig {
             max_connections: 10_000,
             shutdown_timeout: Duration::from_secs(10),
             grpc_limits: crate::grpc::GrpcLimits::default(),
+            trusted_proxies: Vec::new(),
         }
     }
 }
@@ -107,7 +110,8 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<AppState> {
     let builder = AppState::builder(rules)
         .limits(config.limits)
         .rules_path(config.rules.clone())
-        .response_headers(config.response_headers);
+        .response_headers(config.response_headers)
+        .trusted_proxies(config.trusted_proxies.clone());
     let builder = if config.store == "memory" {
         builder.memory_store(Arc::new(MemoryStore::new(config.max_keys)))
     } else if config.store.starts_with("redis") {

@@ -7,6 +7,7 @@ use arc_swap::ArcSwap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use tollgate_core::clock::{Clock, Micros, MonotonicWallClock, SystemClock};
+use tollgate_core::request::Cidr;
 use tollgate_core::rules::RuleSet;
 use tollgate_core::store::Store;
 use tollgate_core::MemoryStore;
@@ -92,6 +93,7 @@ struct Shared {
     limits: RequestLimits,
     rules_path: Option<PathBuf>,
     response_headers: bool,
+    trusted_proxies: Vec<Cidr>,
 }
 
 /// The state every handler and background task shares. Clone freely.
@@ -116,6 +118,7 @@ pub struct AppStateBuilder {
     limits: RequestLimits,
     rules_path: Option<PathBuf>,
     response_headers: bool,
+    trusted_proxies: Vec<Cidr>,
 }
 
 impl AppStateBuilder {
@@ -162,6 +165,11 @@ impl AppStateBuilder {
         self.response_headers = on;
         self
     }
+    /// Proxies whose `X-Forwarded-For` / `X-Real-IP` are believed (`--trusted-proxies`).
+    pub fn trusted_proxies(mut self, proxies: Vec<Cidr>) -> Self {
+        self.trusted_proxies = proxies;
+        self
+    }
     /// The state.
     pub fn build(self) -> AppState {
         let metrics = Metrics::new();
@@ -176,6 +184,7 @@ impl AppStateBuilder {
             limits: self.limits,
             rules_path: self.rules_path,
             response_headers: self.response_headers,
+            trusted_proxies: self.trusted_proxies,
         }))
     }
 }
@@ -193,6 +202,7 @@ impl AppState {
             limits: RequestLimits::default(),
             rules_path: None,
             response_headers: false,
+            trusted_proxies: Vec::new(),
         }
     }
 
@@ -282,5 +292,10 @@ impl AppState {
     /// Whether gRPC responses should carry rate-limit headers (`--response-headers`).
     pub fn response_headers(&self) -> bool {
         self.0.response_headers
+    }
+
+    /// Proxies whose forwarded client address is believed (`--trusted-proxies`).
+    pub fn trusted_proxies(&self) -> &[Cidr] {
+        &self.0.trusted_proxies
     }
 }

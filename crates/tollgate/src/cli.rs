@@ -158,6 +158,11 @@ pub struct ServeArgs {
     #[arg(long, env = "TOLLGATE_SHUTDOWN_TIMEOUT", default_value = "10s",
           value_parser = positive_duration)]
     shutdown_timeout: Duration,
+    /// Proxies (comma-separated addresses or CIDR blocks, e.g. `127.0.0.1/32,10.0.0.0/8`) whose
+    /// `X-Forwarded-For` / `X-Real-IP` give the client address; empty trusts none. A forward-auth
+    /// gateway must be listed.
+    #[arg(long, env = "TOLLGATE_TRUSTED_PROXIES", value_delimiter = ',')]
+    trusted_proxies: Vec<TrustedProxy>,
     #[command(flatten)]
     grpc: GrpcArgs,
 }
@@ -227,6 +232,22 @@ fn positive_duration(text: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// One `--trusted-proxies` item: an address block, or nothing for an empty item (so that
+/// `TOLLGATE_TRUSTED_PROXIES=` means "trust none", like leaving it unset).
+#[derive(Debug, Clone, Copy)]
+struct TrustedProxy(Option<tollgate_core::request::Cidr>);
+
+impl std::str::FromStr for TrustedProxy {
+    type Err = tollgate_core::request::CidrError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.trim().is_empty() {
+            return Ok(TrustedProxy(None));
+        }
+        s.parse().map(|c| TrustedProxy(Some(c)))
+    }
+}
+
 impl ServeArgs {
     fn config(&self) -> ServeConfig {
         ServeConfig {
@@ -256,6 +277,7 @@ impl ServeArgs {
             max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
             shutdown_timeout: self.shutdown_timeout,
             grpc_limits: self.grpc.limits(),
+            trusted_proxies: self.trusted_proxies.iter().filter_map(|t| t.0).collect(),
             ..ServeConfig::default()
         }
     }

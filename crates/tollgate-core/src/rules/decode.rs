@@ -20,7 +20,7 @@ const MAX_SKETCH_WIDTH: u64 = 1 << 24;
 /// Largest sketch depth accepted (rows).
 const MAX_SKETCH_DEPTH: u64 = 16;
 
-const ROOT_FIELDS: &[&str] = &["domain", "descriptors"];
+const ROOT_FIELDS: &[&str] = &["domain", "descriptors", "http"];
 const DESCRIPTOR_FIELDS: &[&str] = &[
     "key",
     "value",
@@ -54,6 +54,8 @@ pub(crate) struct DomainSpec {
     pub name: String,
     pub name_pos: Pos,
     pub descriptors: Vec<DescriptorSpec>,
+    /// The `http` section (request -> descriptors), when present.
+    pub http: Option<crate::request::HttpActions>,
 }
 
 /// One descriptor (a node of the tree), validated.
@@ -124,11 +126,15 @@ pub(crate) fn decode_file(root: Option<&Node>, errors: &mut Errors) -> Option<Do
         None => Vec::new(),
         Some(node) => descriptor_list(node, 1, errors),
     };
+    let http = fields
+        .get("http")
+        .map(|node| super::http::decode(node, errors));
     let (name, name_pos) = domain?;
     Some(DomainSpec {
         name,
         name_pos,
         descriptors,
+        http,
     })
 }
 
@@ -447,12 +453,12 @@ fn replaces(node: &Node, own_name: Option<&str>, errors: &mut Errors) -> Vec<Str
 }
 
 /// A mapping's fields, checked against the allowed names. Null values count as absent.
-struct Fields<'a> {
+pub(super) struct Fields<'a> {
     entries: &'a [Entry],
 }
 
 impl<'a> Fields<'a> {
-    fn new(
+    pub(super) fn new(
         node: &'a Node,
         what: &str,
         allowed: &[&str],
@@ -480,7 +486,7 @@ impl<'a> Fields<'a> {
         Some(Fields { entries })
     }
 
-    fn get(&self, name: &str) -> Option<&'a Node> {
+    pub(super) fn get(&self, name: &str) -> Option<&'a Node> {
         self.entries
             .iter()
             .find(|e| e.key == name)
@@ -489,7 +495,7 @@ impl<'a> Fields<'a> {
     }
 }
 
-fn string(node: &Node, field: &str, errors: &mut Errors) -> Option<String> {
+pub(super) fn string(node: &Node, field: &str, errors: &mut Errors) -> Option<String> {
     match &node.kind {
         Kind::Scalar { text, .. } => Some(text.clone()),
         _ => {
@@ -502,7 +508,7 @@ fn string(node: &Node, field: &str, errors: &mut Errors) -> Option<String> {
     }
 }
 
-fn bounded(s: String, node: &Node, field: &str, errors: &mut Errors) -> Option<String> {
+pub(super) fn bounded(s: String, node: &Node, field: &str, errors: &mut Errors) -> Option<String> {
     if s.len() > MAX_LEN {
         errors.push((
             node.pos,
@@ -517,7 +523,7 @@ fn bounded(s: String, node: &Node, field: &str, errors: &mut Errors) -> Option<S
     }
 }
 
-fn flag(fields: &Fields<'_>, field: &str, errors: &mut Errors) -> bool {
+pub(super) fn flag(fields: &Fields<'_>, field: &str, errors: &mut Errors) -> bool {
     let Some(node) = fields.get(field) else {
         return false;
     };
@@ -553,7 +559,13 @@ pub(crate) fn parse_bool(s: &str) -> Option<bool> {
 
 /// An unsigned integer in `min..=max`: decimal (optionally `+`, `_` separators as in YAML
 /// 1.1), `0x` hexadecimal or `0o` octal. Quoted strings and floats are type errors.
-fn integer(node: &Node, field: &str, min: u64, max: u64, errors: &mut Errors) -> Option<u64> {
+pub(super) fn integer(
+    node: &Node,
+    field: &str,
+    min: u64,
+    max: u64,
+    errors: &mut Errors,
+) -> Option<u64> {
     let text = match &node.kind {
         Kind::Scalar {
             text,

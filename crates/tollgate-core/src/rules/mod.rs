@@ -36,6 +36,7 @@
 
 mod decode;
 mod error;
+mod http;
 mod metadata;
 mod stats;
 mod tree;
@@ -112,6 +113,14 @@ pub struct Domain {
     /// The file it was loaded from.
     pub file: String,
     tree: Tree,
+    http: Option<crate::request::HttpActions>,
+}
+
+impl Domain {
+    /// The domain's `http` section (how a request's descriptors are derived), when it has one.
+    pub fn http(&self) -> Option<&crate::request::HttpActions> {
+        self.http.as_ref()
+    }
 }
 
 /// What applies to one request descriptor.
@@ -229,6 +238,7 @@ impl RuleSet {
                 name: spec.name,
                 file: file.to_string(),
                 tree,
+                http: spec.http,
             });
         }
         Ok(set)

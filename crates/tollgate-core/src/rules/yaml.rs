@@ -73,6 +73,15 @@ impl Node {
             if matches!(text.as_str(), "" | "~" | "null" | "Null" | "NULL"))
     }
 
+    /// An empty mapping at `pos` (what a null action body such as `remote_address:` stands for).
+    pub fn empty_map(pos: Pos) -> Node {
+        Node {
+            pos,
+            kind: Kind::Map(Vec::new()),
+            weight: 1,
+        }
+    }
+
     /// A short description of the node's type for "expected X, found Y" messages.
     pub fn describe(&self) -> String {
         match &self.kind {

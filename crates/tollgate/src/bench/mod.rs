@@ -21,8 +21,14 @@ use std::time::Duration;
 /// `tollgate bench` flags.
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
-    /// `http://host:port` (POST /v1/check) or `grpc://host:port` (Envoy RLS v3 ShouldRateLimit).
+    /// `http://host:port` (POST /v1/check), `grpc://host:port` (Envoy RLS v3 ShouldRateLimit),
+    /// or `http://host:port/path` (GET that path with the `--header`s, e.g. forward-auth's
+    /// `/v1/forward-auth/web`, or a gateway in front of an API; 2xx allowed, 429 denied).
     target: String,
+    /// GET targets: a request header `Name: value`; `{key}` in the value is replaced by a key
+    /// number drawn per request (as in `--descriptor`). Repeat for several.
+    #[arg(long = "header")]
+    headers: Vec<String>,
     /// HTTP connections (one request in flight each) or concurrent gRPC calls.
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
@@ -88,7 +94,10 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 /// Run the benchmark and print the report. Exit 0 when it ran (whatever the errors: they are
 /// in the report), an error when it could not start.
 pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
-    let target: target::Target = args.target.parse()?;
+    let target = args
+        .target
+        .parse::<target::Target>()?
+        .with_headers(&args.headers)?;
     if args.concurrency == 0 {
         bail!("--concurrency must be at least 1");
     }

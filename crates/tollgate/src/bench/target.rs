@@ -1,5 +1,7 @@
-//! Where `tollgate bench` sends requests: `http://host:port` (`POST /v1/check`) or
-//! `grpc://host:port` (Envoy RLS v3 `ShouldRateLimit`), and the per-worker clients.
+//! Where `tollgate bench` sends requests: `http://host:port` (`POST /v1/check`),
+//! `grpc://host:port` (Envoy RLS v3 `ShouldRateLimit`) or `http://host:port/any/path` (`GET` of
+//! that path with the `--header`s: forward-auth, `/v1/forward-auth/{domain}`, or a gateway in
+//! front of an API), and the per-worker clients.
 //!
 //! HTTP: one keep-alive HTTP/1.1 connection per worker (hyper's connection API, no pool), so
 //! `--concurrency` is the number of connections, as with wrk. A connection that fails or times
@@ -16,6 +18,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
+use std::sync::Arc;
 use tokio::net::TcpStream;
 use tonic::transport::{Channel, Endpoint};
 
@@ -37,6 +40,18 @@ pub enum Target {
         /// `host:port` to connect to.
         addr: String,
     },
+    /// `http://host:port/path`: GET `path` (with its query) and the `--header`s; 2xx is
+    /// allowed, 429 denied.
+    Get {
+        /// `host:port` to connect to.
+        addr: String,
+        /// The `Host` header.
+        authority: HeaderValue,
+        /// Path and query.
+        path: String,
+        /// `--header` name and value templates (`{key}` replaced per request).
+        headers: Vec<(header::HeaderName, String)>,
+    },
 }
 
 impl std::str::FromStr for Target {
@@ -49,13 +64,22 @@ impl std::str::FromStr for Target {
         let authority = uri
             .authority()
             .with_context(|| format!("target '{url}' has no host:port"))?;
-        if !matches!(uri.path(), "" | "/") {
-            bail!("target '{url}' must not have a path (HTTP always uses /v1/check)");
+        if uri.path() == "/v1/check" {
+            bail!("target '{url}': leave the path out, http://host:port posts to /v1/check (a path means GET that path)");
         }
         let host = authority.host();
         let addr =
             |default_port: u16| format!("{host}:{}", authority.port_u16().unwrap_or(default_port));
         match uri.scheme_str() {
+            Some("http") if !matches!(uri.path(), "" | "/") => Ok(Target::Get {
+                addr: addr(80),
+                authority: HeaderValue::from_str(authority.as_str())
+                    .with_context(|| format!("target '{url}': host is not a valid Host header"))?,
+                path: uri
+                    .path_and_query()
+                    .map_or("/".to_string(), |p| p.as_str().to_string()),
+                headers: Vec::new(),
+            }),
             Some("http") => Ok(Target::Http {
                 addr: addr(80),
                 authority: HeaderValue::from_str(authority.as_str())
@@ -68,17 +92,50 @@ impl std::str::FromStr for Target {
 }
 
 impl Target {
+    /// The same target sending `headers` (`Name: value`, `{key}` replaced per request): GET
+    /// targets only.
+    pub fn with_headers(mut self, headers: &[String]) -> anyhow::Result<Self> {
+        let Target::Get { headers: h, .. } = &mut self else {
+            if headers.is_empty() {
+                return Ok(self);
+            }
+            bail!("--header only applies to a GET target (http://host:port/path)");
+        };
+        for text in headers {
+            let (name, value) = text
+                .split_once(':')
+                .with_context(|| format!("--header '{text}' is not `Name: value`"))?;
+            let name = header::HeaderName::from_bytes(name.trim().as_bytes())
+                .with_context(|| format!("--header '{text}': invalid header name"))?;
+            let value = value.trim().to_string();
+            HeaderValue::from_str(&value.replace("{key}", "0"))
+                .with_context(|| format!("--header '{text}': invalid header value"))?;
+            h.push((name, value));
+        }
+        Ok(self)
+    }
+
     /// Clients for `workers` workers, connected (a target that is down fails here, not with a
     /// run full of errors).
     pub async fn connect(&self, workers: usize) -> anyhow::Result<Vec<Client>> {
         match self {
-            Target::Http { addr, authority } => {
+            Target::Http { addr, authority }
+            | Target::Get {
+                addr, authority, ..
+            } => {
+                let get = match self {
+                    Target::Get { path, headers, .. } => {
+                        Some(Arc::new((path.clone(), headers.clone())))
+                    }
+                    _ => None,
+                };
                 let mut clients = Vec::with_capacity(workers);
                 for _ in 0..workers {
                     let mut c = HttpClient {
                         addr: addr.clone(),
                         authority: authority.clone(),
                         conn: None,
+                        get: get.clone(),
                     };
                     c.connection()
                         .await
@@ -124,6 +181,7 @@ impl Client {
     /// future is dropped); call [`Client::reset`] after one.
     pub async fn call(&mut self, workload: &Workload, key: u64) -> Outcome {
         match self {
+            Client::Http(c) if c.get.is_some() => c.get(key).await,
             Client::Http(c) => c.check(workload.http_body(key)).await,
             Client::Grpc(c) => match c.should_rate_limit(workload.grpc_request(key)).await {
                 Ok(resp) => match PbCode::try_from(resp.get_ref().overall_code) {
@@ -153,7 +211,12 @@ pub struct HttpClient {
     addr: String,
     authority: HeaderValue,
     conn: Option<SendRequest<Full<Bytes>>>,
+    /// GET targets: the path and the header templates.
+    get: Option<Arc<GetSpec>>,
 }
+
+/// A GET target's path and `--header` templates.
+type GetSpec = (String, Vec<(header::HeaderName, String)>);
 
 impl HttpClient {
     async fn connection(&mut self) -> anyhow::Result<&mut SendRequest<Full<Bytes>>> {
@@ -170,8 +233,36 @@ impl HttpClient {
         Ok(self.conn.as_mut().expect("just set"))
     }
 
+    async fn get(&mut self, key: u64) -> Outcome {
+        let Some(spec) = self.get.clone() else {
+            return Outcome::Error("not_a_get_target".into());
+        };
+        let mut req = Request::get(spec.0.as_str()).header(header::HOST, self.authority.clone());
+        let key = key.to_string();
+        for (name, template) in &spec.1 {
+            let value = if template.contains("{key}") {
+                template.replace("{key}", &key)
+            } else {
+                template.clone()
+            };
+            req = req.header(name, value);
+        }
+        match req.body(Full::new(Bytes::new())) {
+            Ok(req) => self.send(req).await,
+            Err(_) => Outcome::Error("invalid_request".into()),
+        }
+    }
+
     async fn check(&mut self, body: String) -> Outcome {
-        let authority = self.authority.clone();
+        let req = Request::post("/v1/check")
+            .header(header::HOST, self.authority.clone())
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .expect("a valid request");
+        self.send(req).await
+    }
+
+    async fn send(&mut self, req: Request<Full<Bytes>>) -> Outcome {
         let sender = match self.connection().await {
             Ok(s) => s,
             Err(_) => return Outcome::Error("connect".into()),
@@ -180,11 +271,6 @@ impl HttpClient {
             self.conn = None;
             return Outcome::Error("connection_closed".into());
         }
-        let req = Request::post("/v1/check")
-            .header(header::HOST, authority)
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from(body)))
-            .expect("a valid request");
         let resp = match sender.send_request(req).await {
             Ok(r) => r,
             Err(_) => {
@@ -199,7 +285,7 @@ impl HttpClient {
             return Outcome::Error("io".into());
         }
         match status {
-            200 => Outcome::Allowed,
+            200..=299 => Outcome::Allowed,
             429 => Outcome::Denied,
             s => Outcome::Error(format!("http_{s}")),
         }
@@ -240,5 +326,23 @@ mod tests {
         ] {
             assert!(bad.parse::<Target>().is_err(), "{bad}");
         }
+        let get = "http://127.0.0.1:8080/v1/forward-auth/web?deny_status=403"
+            .parse::<Target>()
+            .unwrap()
+            .with_headers(&["X-Api-Key: k{key}".into()])
+            .unwrap();
+        match get {
+            Target::Get { path, headers, .. } => {
+                assert_eq!(path, "/v1/forward-auth/web?deny_status=403");
+                assert_eq!(headers[0].0.as_str(), "x-api-key");
+                assert_eq!(headers[0].1, "k{key}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!("http://x:1"
+            .parse::<Target>()
+            .unwrap()
+            .with_headers(&["a: b".into()])
+            .is_err());
     }
 }

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod gateway;
+
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
