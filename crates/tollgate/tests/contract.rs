@@ -25,6 +25,8 @@ mod support;
 use support::*;
 
 const RULES: &str = "domain: api
+http:
+  - actions: [{request_headers: {header_name: x-user, descriptor_key: user}}]
 descriptors:
   - key: user
     rate_limit: {unit: minute, requests_per_unit: 5, algorithm: sliding_window_log}
