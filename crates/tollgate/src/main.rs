@@ -2,6 +2,7 @@
 
 mod bench;
 mod check;
+mod human;
 mod cli;
 mod serve;
 mod simulate;

@@ -40,6 +40,7 @@ mod tree;
 mod yaml;
 
 pub use error::{RuleError, RuleErrors};
+pub use decode::nearest;
 
 use crate::quota::Quota;
 use std::collections::HashMap;
