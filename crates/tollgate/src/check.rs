@@ -266,7 +266,10 @@ mod tests {
     fn unmatched_notes() {
         let known = vec!["api".to_string(), "auth".to_string()];
         let n = unmatched_note("API", Some(&known));
-        assert!(n.contains("`API` is unknown") && n.contains("did you mean `api`?"), "{n}");
+        assert!(
+            n.contains("`API` is unknown") && n.contains("did you mean `api`?"),
+            "{n}"
+        );
         assert!(unmatched_note("api", Some(&known)).contains("is known but no rule matched"));
     }
 }

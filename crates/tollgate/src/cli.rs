@@ -250,16 +250,17 @@ fn listen_addr(text: &str) -> Result<ListenAddr, String> {
     }
     let port_only = text.strip_prefix(':').unwrap_or(text);
     if let Ok(port) = port_only.parse::<u16>() {
-        return Ok(ListenAddr(Some(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)))));
+        return Ok(ListenAddr(Some(SocketAddr::from((
+            Ipv4Addr::UNSPECIFIED,
+            port,
+        )))));
     }
     if let Ok(addr) = text.parse::<SocketAddr>() {
         return Ok(ListenAddr(Some(addr)));
     }
     let resolved: Vec<SocketAddr> = text
         .to_socket_addrs()
-        .map_err(|e| {
-            format!("'{text}': {e} (expected host:port, ip:port, :port, port or off)")
-        })?
+        .map_err(|e| format!("'{text}': {e} (expected host:port, ip:port, :port, port or off)"))?
         .collect();
     resolved
         .iter()

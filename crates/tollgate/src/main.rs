@@ -2,8 +2,8 @@
 
 mod bench;
 mod check;
-mod human;
 mod cli;
+mod human;
 mod serve;
 mod simulate;
 mod trace;

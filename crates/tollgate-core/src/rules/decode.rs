@@ -658,7 +658,10 @@ mod tests {
     #[test]
     fn nearest_names() {
         assert_eq!(edit_distance("kitten", "sitting"), 3);
-        assert_eq!(nearest("requests_per_minit", &["unit", "requests_per_unit"]), Some("requests_per_unit"));
+        assert_eq!(
+            nearest("requests_per_minit", &["unit", "requests_per_unit"]),
+            Some("requests_per_unit")
+        );
         assert_eq!(nearest("API", &["api", "auth"]), Some("api"));
         assert_eq!(nearest("zzz", &["api", "auth"]), None);
     }

@@ -39,8 +39,8 @@ mod error;
 mod tree;
 mod yaml;
 
-pub use error::{RuleError, RuleErrors};
 pub use decode::nearest;
+pub use error::{RuleError, RuleErrors};
 
 use crate::quota::Quota;
 use std::collections::HashMap;
