@@ -1,4 +1,4 @@
-//! The Envoy RLS v3 gRPC service (DESIGN.md section 5):
+//! The Envoy RLS v3 gRPC service:
 //! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` on the `envoy-types`
 //! pre-generated protobuf types (no protoc), plus the standard `grpc.health.v1.Health` service.
 //!

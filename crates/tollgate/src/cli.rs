@@ -1,4 +1,4 @@
-//! Command-line surface (DESIGN.md section 7): raw arguments here, validated and dispatched to
+//! Command-line surface: raw arguments here, validated and dispatched to
 //! one module per subcommand.
 
 use clap::{Parser, Subcommand};
