@@ -167,12 +167,20 @@ fn listen_addresses_as_people_write_them() {
             "off",
             "--grpc-addr",
             &format!("127.0.0.1:{grpc_port}"),
+            "--log-format",
+            "json",
         ],
         "first-hour-http-off",
     );
     assert_eq!(
         server.line,
         format!("listening: gRPC 127.0.0.1:{grpc_port}, store memory")
+    );
+    let log = server.stderr();
+    assert!(log.contains("\"http\":\"off\""), "{log}");
+    assert!(
+        log.contains(&format!("\"grpc\":\"127.0.0.1:{grpc_port}\"")),
+        "{log}"
     );
     drop(server);
 
