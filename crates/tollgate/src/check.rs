@@ -179,12 +179,20 @@ fn unmatched_note(domain: &str, known: Option<&[String]>) -> String {
     let hint = tollgate_core::rules::nearest(domain, &names)
         .map(|n| format!("did you mean `{n}`? "))
         .unwrap_or_default();
-    let mut listed: Vec<&str> = names.iter().take(10).copied().collect();
-    listed.sort_unstable();
-    let more = if names.len() > 10 { ", ..." } else { "" };
+    // The nearest names first (edit distance, case-insensitive), at most five.
+    let lower = domain.to_lowercase();
+    let mut listed = names.clone();
+    listed.sort_by_key(|n| {
+        (
+            tollgate_core::rules::edit_distance(&lower, &n.to_lowercase()),
+            *n,
+        )
+    });
+    let more = if listed.len() > 5 { ", ..." } else { "" };
+    listed.truncate(5);
     format!(
-        "note: domain `{domain}` is unknown (domains are case-sensitive; {hint}known: {}{more}); \
-         the answer is OK with no limit",
+        "note: domain `{domain}` is unknown (domains are case-sensitive; {hint}nearest known: \
+         {}{more}); the answer is OK with no limit",
         listed.join(", ")
     )
 }
@@ -271,5 +279,12 @@ mod tests {
             "{n}"
         );
         assert!(unmatched_note("api", Some(&known)).contains("is known but no rule matched"));
+        let many: Vec<String> = ["zeta", "alpha", "users", "user", "beta", "gamma", "delta"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let n = unmatched_note("usr", Some(&many));
+        assert!(n.contains("nearest known: user, users, beta,"), "{n}");
+        assert!(n.ends_with(", ...); the answer is OK with no limit"), "{n}");
     }
 }

@@ -431,7 +431,7 @@ pub fn nearest<'k>(name: &str, known: &[&'k str]) -> Option<&'k str> {
 }
 
 /// Levenshtein distance (insertions, deletions, substitutions), on chars.
-fn edit_distance(a: &str, b: &str) -> usize {
+pub fn edit_distance(a: &str, b: &str) -> usize {
     let b: Vec<char> = b.chars().collect();
     let mut row: Vec<usize> = (0..=b.len()).collect();
     for (i, ca) in a.chars().enumerate() {

@@ -39,7 +39,7 @@ mod error;
 mod tree;
 mod yaml;
 
-pub use decode::nearest;
+pub use decode::{edit_distance, nearest};
 pub use error::{RuleError, RuleErrors};
 
 use crate::quota::Quota;
