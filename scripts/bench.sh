@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Service benchmarks of issue 5, side by side in one run with one load generator (`tollgate bench`):
+# Service benchmarks, side by side in one run with one load generator (`tollgate bench`):
 #   HTTP  /v1/check: bare axum ceiling vs `tollgate serve` (memory store), allowed and denied paths
 #   gRPC  ShouldRateLimit: bare tonic ceiling vs `tollgate serve`
 #   open loop at half of tollgate's measured maximum (p99), tollgate and the ceilings at that rate,
@@ -271,7 +271,7 @@ IDLE_RSS=$(rss_kb "$T_PID")
 start_server serve-tight "${serve_args[@]}" --rules benches/rules/tight-limit.yaml
 D_HTTP="$SERVER_PID http://$(http_addr)"; D_GRPC="$SERVER_PID grpc://$(grpc_addr)"
 
-# tollgate serve over Redis (issue 5: Redis store at 64 concurrent requests, p99 < 2 ms on
+# tollgate serve over Redis (target: Redis store at 64 concurrent requests, p99 < 2 ms on
 # loopback), when a Redis answers on 127.0.0.1:6379. Its ceiling is redis-benchmark's EVALSHA
 # (`--redis`).
 REDIS_SERVICE=0

@@ -93,10 +93,17 @@ fi
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 export RUST_BACKTRACE=1
 
-echo "== build"
-cargo build --workspace --all-targets --locked 2>&1 | tail -n 3
+# Each phase says when it starts and how long it took; cargo's own progress (one line per crate
+# compiled) shows while it builds: a cold build takes minutes (see README.md).
+started=$SECONDS
+phase() { echo "== $* ($(date +%H:%M:%S), $((SECONDS - started)) s so far)"; }
 
-echo "== tests"
+phase "build: every crate, test and bench (cold: minutes, see README.md; warm: seconds)"
+cargo build --workspace --all-targets --locked
+
+phase "tests"
 # Benches are compiled and run once each in test mode (fast) so they cannot rot.
 cargo test --workspace --all-targets --locked
+phase "doc tests"
 cargo test --workspace --doc --locked
+phase "done"

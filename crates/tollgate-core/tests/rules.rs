@@ -433,12 +433,12 @@ const BAD: &[(&str, usize, &str)] = &[
     (
         "unknown_field.yaml",
         5,
-        "unknown field `Value` in a descriptor (allowed: key, value,",
+        "unknown field `Value` in a descriptor (did you mean `value`? allowed: key, value,",
     ),
     (
         "unknown_rate_limit_field.yaml",
         7,
-        "unknown field `requests_per_minute` in rate_limit (allowed: unit, requests_per_unit,",
+        "unknown field `requests_per_minute` in rate_limit (did you mean `requests_per_unit`? allowed: unit, requests_per_unit,",
     ),
     (
         "wrong_type.yaml",

@@ -58,7 +58,11 @@ pub fn validate(limits: &RequestLimits, req: &CheckRequest) -> Result<(), ApiErr
         if d.entries.is_empty() {
             return Err(ApiError::invalid(
                 "invalid_descriptor",
-                format!("descriptors[{i}] has no entries"),
+                format!(
+                    "descriptors[{i}] has no entries: expected \
+                     {{\"entries\":[{{\"key\":\"user\",\"value\":\"alice\"}}]}} \
+                     (key/value pairs go inside `entries`)"
+                ),
             ));
         }
         if d.entries.len() > limits.max_entries {
@@ -195,7 +199,13 @@ pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckRespons
                     if known_domain {
                         metrics.unmatched(&req.domain, "no_rule");
                     } else {
-                        metrics.unmatched("", "unknown_domain");
+                        if metrics.unknown_domain(&req.domain) {
+                            tracing::warn!(
+                                domain = ?req.domain,
+                                "unknown domain: answered OK with no limit (domains are \
+                                 case-sensitive; logged once, counted in tollgate_unmatched_total)"
+                            );
+                        }
                     }
                     DescriptorStatus::new(Code::Ok, None, 0)
                 }

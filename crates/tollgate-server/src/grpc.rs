@@ -1,6 +1,8 @@
-//! The Envoy RLS v3 gRPC service (DESIGN.md section 5):
+//! The Envoy RLS v3 gRPC service:
 //! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` on the `envoy-types`
-//! pre-generated protobuf types (no protoc), plus the standard `grpc.health.v1.Health` service.
+//! pre-generated protobuf types (no protoc), plus the standard `grpc.health.v1.Health` service
+//! and gRPC server reflection (v1 and v1alpha, so `grpcurl HOST:PORT list` and `describe` work with
+//! no proto files), which serves [`RLS_DESCRIPTOR_SET`].
 //!
 //! Like HTTP, this is only a translation layer: protobuf in, [`CheckRequest`] to
 //! [`crate::check::decide`], [`CheckResponse`] back to protobuf, so every transport gives the
@@ -485,8 +487,13 @@ async fn sleep_or_never(d: Option<Duration>) {
     }
 }
 
-/// Serve RLS and health on `listener` until `shutdown` resolves. Health reports SERVING for `""`
-/// and for [`RLS_SERVICE_NAME`].
+/// The encoded `FileDescriptorSet` of `envoy.service.ratelimit.v3` and its imports, served by
+/// the reflection service (`envoy-types` ships generated code, not descriptors; regenerate with
+/// `scripts/gen-rls-descriptors.sh` when its version changes).
+pub const RLS_DESCRIPTOR_SET: &[u8] = include_bytes!("../proto/rls_descriptor_set.bin");
+
+/// Serve RLS, health and reflection on `listener` until `shutdown` resolves. Health reports
+/// SERVING for `""` and for [`RLS_SERVICE_NAME`].
 ///
 /// Connections are served by hyper's HTTP/2 server with `limits`, at most `max_connections` at
 /// once: at the cap the listener is not accepted from (clients wait in the kernel's backlog).
@@ -507,8 +514,19 @@ pub async fn serve(
     reporter
         .set_service_status(RLS_SERVICE_NAME, ServingStatus::Serving)
         .await;
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(RLS_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
     let routes = Routes::new(health)
         .add_service(RateLimitGrpc::new(state).into_server())
+        .add_service(reflection().build_v1().map_err(std::io::Error::other)?)
+        .add_service(
+            reflection()
+                .build_v1alpha()
+                .map_err(std::io::Error::other)?,
+        )
         .prepare();
     let builder = limits.builder();
     let slots = Arc::new(Semaphore::new(

@@ -1,6 +1,6 @@
 //! # tollgate-server
 //!
-//! The service around `tollgate-core` (DESIGN.md section 5): the HTTP JSON API ([`http::router`]),
+//! The service around `tollgate-core`: the HTTP JSON API ([`http::router`]),
 //! the transport-neutral decision shared with the Envoy RLS gRPC service ([`check::decide`] on
 //! [`model`] types) over a [`backend`] (memory, or Redis with a failure policy), metrics, health, rules hot reload ([`reload`]) and the `serve` wiring
 //! ([`serve::serve`]).

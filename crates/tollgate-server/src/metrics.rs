@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 use tollgate_core::rules::{Limit, RuleSet};
@@ -66,6 +66,8 @@ struct Histogram {
 pub struct Metrics {
     rules: RwLock<HashMap<(String, String), Arc<RuleCounters>>>,
     unmatched: RwLock<BTreeMap<(String, &'static str), u64>>,
+    /// Distinct unknown domain names labelled in `unmatched` (at most [`MAX_UNKNOWN_DOMAINS`]).
+    unknown_domains: AtomicUsize,
     requests: [AtomicU64; 2],
     errors: RwLock<BTreeMap<&'static str, u64>>,
     latency: Histogram,
@@ -81,6 +83,10 @@ pub struct Metrics {
 /// Bound on distinct `(domain, rule)` label pairs; beyond it detailed labels fold into the rule's
 /// configured path.
 const MAX_SERIES: usize = 10_000;
+
+/// Unknown domain names labelled one by one in `tollgate_unmatched_total`; further ones are
+/// counted under the label `other` (the names are client input: the bound keeps /metrics small).
+pub const MAX_UNKNOWN_DOMAINS: usize = 100;
 
 impl Metrics {
     /// Empty metrics.
@@ -125,11 +131,40 @@ impl Metrics {
         }
     }
 
-    /// A descriptor matched no rule (`reason` = `unknown_domain` or `no_rule`). `domain` must be
-    /// a configured domain or empty (unknown domains are not labelled: they are client input).
+    /// A descriptor of a configured `domain` matched no rule (`reason` = `no_rule`); unknown
+    /// domains go through [`Metrics::unknown_domain`].
     pub fn unmatched(&self, domain: &str, reason: &'static str) {
         let mut m = self.unmatched.write().unwrap_or_else(|e| e.into_inner());
         *m.entry((domain.to_string(), reason)).or_default() += 1;
+    }
+
+    /// A descriptor named a domain the rules do not have: counted under its name for the first
+    /// [`MAX_UNKNOWN_DOMAINS`] names, then under `other`. True the first time a label is used
+    /// (the caller logs that once; later occurrences only count).
+    pub fn unknown_domain(&self, domain: &str) -> bool {
+        const REASON: &str = "unknown_domain";
+        let key = (domain.to_string(), REASON);
+        if let Some(v) = self
+            .unmatched
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(&key)
+        {
+            *v += 1;
+            return false;
+        }
+        let mut m = self.unmatched.write().unwrap_or_else(|e| e.into_inner());
+        let key = if self.unknown_domains.load(Relaxed) < MAX_UNKNOWN_DOMAINS {
+            if !m.contains_key(&key) {
+                self.unknown_domains.fetch_add(1, Relaxed);
+            }
+            key
+        } else {
+            ("other".to_string(), REASON)
+        };
+        let count = m.entry(key).or_default();
+        *count += 1;
+        *count == 1
     }
 
     /// A request was answered (`allowed` = overall OK).
@@ -228,7 +263,7 @@ impl Metrics {
         }
         drop(rules);
 
-        out.push_str("# HELP tollgate_unmatched_total Descriptors that matched no rule (reason: unknown_domain, no_rule).\n# TYPE tollgate_unmatched_total counter\n");
+        out.push_str("# HELP tollgate_unmatched_total Descriptors that matched no rule (reason: unknown_domain, by domain name up to 100 names then `other`; no_rule).\n# TYPE tollgate_unmatched_total counter\n");
         for ((domain, reason), v) in self
             .unmatched
             .read()

@@ -32,10 +32,11 @@ use tollgate_redis::{RedisOptions, RedisStore};
 /// Everything `serve` needs (each field is a `tollgate serve` flag and `TOLLGATE_*` variable).
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
-    /// HTTP listen address (`--http-addr`, default `0.0.0.0:8080`).
-    pub http_addr: SocketAddr,
-    /// gRPC listen address (`--grpc-addr`, default `0.0.0.0:8081`).
-    pub grpc_addr: SocketAddr,
+    /// HTTP listen address (`--http-addr`, default `0.0.0.0:8080`); `None`: no HTTP listener.
+    pub http_addr: Option<SocketAddr>,
+    /// gRPC listen address (`--grpc-addr`, default `0.0.0.0:8081`); `None`: no gRPC listener.
+    /// At least one of the two is on.
+    pub grpc_addr: Option<SocketAddr>,
     /// Rules file or directory (`--rules`).
     pub rules: PathBuf,
     /// `--store`: `memory`, `redis://..`, `rediss://..` or `redis+cluster://h1:p1,h2:p2`.
@@ -75,8 +76,8 @@ pub struct ServeConfig {
 impl Default for ServeConfig {
     fn default() -> Self {
         Self {
-            http_addr: SocketAddr::from(([0, 0, 0, 0], 8080)),
-            grpc_addr: SocketAddr::from(([0, 0, 0, 0], 8081)),
+            http_addr: Some(SocketAddr::from(([0, 0, 0, 0], 8080))),
+            grpc_addr: Some(SocketAddr::from(([0, 0, 0, 0], 8081))),
             rules: PathBuf::from("examples/rules"),
             store: "memory".into(),
             redis_timeout: Duration::from_millis(50),
@@ -105,6 +106,16 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<AppState> {
     if config.max_keys == 0 {
         bail!("--max-keys must be at least 1");
     }
+    if !config.rules.exists() {
+        let cwd = std::env::current_dir()
+            .map(|d| d.display().to_string())
+            .unwrap_or_else(|_| "?".into());
+        bail!(
+            "rules path {} not found (relative to the working directory {cwd}): set it with \
+             --rules PATH or TOLLGATE_RULES",
+            config.rules.display()
+        );
+    }
     let rules = reload::load(&config.rules, 1)
         .map_err(|e| anyhow::anyhow!("invalid rules in {}:\n{e}", config.rules.display()))?;
     let builder = AppState::builder(rules)
@@ -115,7 +126,7 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<AppState> {
     let builder = if config.store == "memory" {
         builder.memory_store(Arc::new(MemoryStore::new(config.max_keys)))
     } else if config.store.starts_with("redis") {
-        let problems = redis_unsupported(&builder.rules().set);
+        let problems = store_rule_problems(&config.store, &builder.rules().set);
         if !problems.is_empty() {
             bail!(
                 "rules in {} cannot run on a Redis store:\n{}",
@@ -146,6 +157,22 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<AppState> {
         );
     };
     Ok(builder.build())
+}
+
+/// Limits of `set` that the store named by `--store` cannot serve (count-min sketch and
+/// out-of-range periods on Redis; none on memory): the check `serve` makes at start and
+/// `validate --store` makes.
+pub fn store_rule_problems(store: &str, set: &tollgate_core::rules::RuleSet) -> Vec<String> {
+    if store.starts_with("redis") {
+        redis_unsupported(set)
+    } else {
+        Vec::new()
+    }
+}
+
+/// Whether `--store` names a store `serve` supports (`memory` or a Redis URL scheme).
+pub fn store_supported(store: &str) -> bool {
+    store == "memory" || store.starts_with("redis")
 }
 
 /// Reject connection limits that would make the service unusable (zero timeouts or cap).
@@ -213,9 +240,9 @@ pub fn raise_open_files_limit(max_connections: usize) -> Option<u64> {
 /// Where the server listens (after binding: port 0 is resolved).
 #[derive(Debug, Clone)]
 pub struct Bound {
-    /// HTTP.
-    pub http: SocketAddr,
-    /// gRPC, once the gRPC service is wired in.
+    /// HTTP, unless turned off.
+    pub http: Option<SocketAddr>,
+    /// gRPC, unless turned off.
     pub grpc: Option<SocketAddr>,
     /// The store (`memory` or the Redis URL, password redacted).
     pub store: String,
@@ -240,25 +267,41 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     check_connection_limits(&config)?;
     raise_open_files_limit(config.max_connections);
+    if config.http_addr.is_none() && config.grpc_addr.is_none() {
+        bail!("--http-addr and --grpc-addr are both off: turn at least one listener on");
+    }
     let state = build_state(&config).await?;
-    let http = TcpListener::bind(config.http_addr)
-        .await
-        .with_context(|| format!("cannot listen for HTTP on {}", config.http_addr))?;
-    let http_addr = http.local_addr()?;
+    let http = match config.http_addr {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen for HTTP on {addr}"))?,
+        ),
+        None => None,
+    };
+    let http_addr = http.as_ref().map(TcpListener::local_addr).transpose()?;
     let (tx, rx) = shutdown_channel();
 
-    let grpc = TcpListener::bind(config.grpc_addr)
-        .await
-        .with_context(|| format!("cannot listen for gRPC on {}", config.grpc_addr))?;
-    let grpc_addr = Some(grpc.local_addr()?);
-    let mut grpc = tokio::spawn(crate::grpc::serve(
-        state.clone(),
-        grpc,
-        config.grpc_limits,
-        config.max_connections,
-        config.shutdown_timeout,
-        wait_for_shutdown(rx.clone()),
-    ));
+    let grpc = match config.grpc_addr {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen for gRPC on {addr}"))?,
+        ),
+        None => None,
+    };
+    let grpc_addr = grpc.as_ref().map(TcpListener::local_addr).transpose()?;
+    let mut grpc = match grpc {
+        Some(grpc) => tokio::spawn(crate::grpc::serve(
+            state.clone(),
+            grpc,
+            config.grpc_limits,
+            config.max_connections,
+            config.shutdown_timeout,
+            wait_for_shutdown(rx.clone()),
+        )),
+        None => tokio::spawn(async { Ok::<(), std::io::Error>(()) }),
+    };
 
     let rules = state.rules();
     tracing::info!(
@@ -305,12 +348,17 @@ pub async fn serve(
     // request twice), unless the trace layer is wanted: that one comes with the `Router`.
     let limits = connection_limits(&config);
     let counters = state.metrics().http_connections.clone();
-    let mut http_task = if crate::http::trace_wanted() {
-        let service = crate::http::router(state.clone());
-        tokio::spawn(listener::serve(http, service, limits, counters, rx.clone()))
-    } else {
-        let service = crate::http::service(state.clone());
-        tokio::spawn(listener::serve(http, service, limits, counters, rx.clone()))
+    let mut http_task = match http {
+        // No HTTP listener: a task that ends at shutdown stands in for it.
+        None => tokio::spawn(wait_for_shutdown(rx.clone())),
+        Some(http) if crate::http::trace_wanted() => {
+            let service = crate::http::router(state.clone());
+            tokio::spawn(listener::serve(http, service, limits, counters, rx.clone()))
+        }
+        Some(http) => {
+            let service = crate::http::service(state.clone());
+            tokio::spawn(listener::serve(http, service, limits, counters, rx.clone()))
+        }
     };
     // The listener only ends once shutdown is requested (it may see that first).
     let early = tokio::select! {
@@ -355,15 +403,17 @@ pub async fn serve(
 
 /// The start-up line: where to send a request.
 pub fn listening_message(bound: &Bound) -> String {
-    let port = bound.http.port();
-    let grpc = bound
-        .grpc
-        .map(|g| format!(", gRPC {g}"))
-        .unwrap_or_default();
-    format!(
-        "listening: HTTP http://{} (try: curl -s localhost:{port}/v1/check -H 'content-type: application/json' -d '{{\"domain\":\"api\",\"descriptors\":[{{\"entries\":[{{\"key\":\"user\",\"value\":\"alice\"}}]}}]}}'){grpc}, store {}",
-        bound.http, bound.store
-    )
+    let mut parts = Vec::new();
+    if let Some(http) = bound.http {
+        let port = http.port();
+        parts.push(format!(
+            "HTTP http://{http} (try: curl -s localhost:{port}/v1/check -H 'content-type: application/json' -d '{{\"domain\":\"api\",\"descriptors\":[{{\"entries\":[{{\"key\":\"user\",\"value\":\"alice\"}}]}}]}}')"
+        ));
+    }
+    if let Some(grpc) = bound.grpc {
+        parts.push(format!("gRPC {grpc}"));
+    }
+    format!("listening: {}, store {}", parts.join(", "), bound.store)
 }
 
 /// Drop expired memory-store entries every `every` until shutdown.

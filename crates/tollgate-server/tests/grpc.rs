@@ -90,8 +90,8 @@ impl Server {
         let rules = dir.join("rules.yaml");
         std::fs::write(&rules, RULES).unwrap();
         let config = ServeConfig {
-            http_addr: "127.0.0.1:0".parse().unwrap(),
-            grpc_addr: "127.0.0.1:0".parse().unwrap(),
+            http_addr: Some("127.0.0.1:0".parse().unwrap()),
+            grpc_addr: Some("127.0.0.1:0".parse().unwrap()),
             rules,
             response_headers,
             ..ServeConfig::default()
@@ -112,7 +112,7 @@ impl Server {
             .expect("server bound in time")
             .expect("server started");
         Server {
-            http: bound.http,
+            http: bound.http.expect("HTTP address reported"),
             grpc: bound.grpc.expect("gRPC address reported"),
             stop: Some(stop),
             task,

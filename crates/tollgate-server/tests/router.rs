@@ -357,7 +357,7 @@ async fn example_rules_nested_unlimited_shadow_and_unmatched() {
         .contains("tollgate_near_limit{domain=\"api\",rule=\"api.path_/login.ip\"} 1"));
     assert!(m
         .text
-        .contains("tollgate_unmatched_total{domain=\"\",reason=\"unknown_domain\"} 1"));
+        .contains("tollgate_unmatched_total{domain=\"nope\",reason=\"unknown_domain\"} 1"));
     assert!(m
         .text
         .contains("tollgate_unmatched_total{domain=\"api\",reason=\"no_rule\"} 1"));

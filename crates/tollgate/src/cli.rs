@@ -1,4 +1,4 @@
-//! Command-line surface (DESIGN.md section 7): raw arguments here, validated and dispatched to
+//! Command-line surface: raw arguments here, validated and dispatched to
 //! one module per subcommand.
 
 use clap::{Parser, Subcommand};
@@ -25,6 +25,16 @@ enum Command {
     Validate {
         /// A rules file or a directory of them.
         path: PathBuf,
+        /// The store the rules are meant for (as `serve --store`): with a Redis URL the limits
+        /// a Redis store cannot serve (e.g. `count_min_sketch`) are errors. Nothing is
+        /// connected.
+        #[arg(
+            long,
+            env = "TOLLGATE_STORE",
+            hide_env_values = true,
+            default_value = "memory"
+        )]
+        store: String,
     },
     /// Replay a trace on a manual clock and print one decision per line (CSV).
     ///
@@ -54,7 +64,11 @@ enum Command {
     /// Stops gracefully on SIGTERM or SIGINT (in-flight requests finish, exit 0); SIGHUP forces a
     /// rules reload.
     Serve(Box<ServeArgs>),
-    /// Ask a running service for a decision: exit 0 allowed, 1 limited, 2 error.
+    /// Ask a running service for a decision: exit 0 allowed, 1 limited, 2 error, 3 no rule
+    /// matched (with --strict).
+    ///
+    /// An unknown domain or a descriptor no rule matches is answered OK with no limit (as Envoy
+    /// expects); `check` then says which of the two it was.
     Check {
         /// Base URL of the service's HTTP API.
         #[arg(long, env = "TOLLGATE_URL", default_value = "http://127.0.0.1:8080")]
@@ -71,6 +85,10 @@ enum Command {
         /// Print the raw JSON response instead of a summary.
         #[arg(long)]
         json: bool,
+        /// Exit 3 when the answer is OK only because no rule matched (unknown domain, or no
+        /// rule for these entries).
+        #[arg(long)]
+        strict: bool,
     },
     /// Load-test a tollgate (or any Envoy RLS) server: throughput, allowed/denied, errors and
     /// latency percentiles.
@@ -83,12 +101,15 @@ enum Command {
 /// `tollgate serve` flags; each also reads a `TOLLGATE_*` environment variable.
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
-    /// HTTP listen address.
-    #[arg(long, env = "TOLLGATE_HTTP_ADDR", default_value = "0.0.0.0:8080")]
-    http_addr: SocketAddr,
-    /// gRPC (Envoy RLS v3) listen address.
-    #[arg(long, env = "TOLLGATE_GRPC_ADDR", default_value = "0.0.0.0:8081")]
-    grpc_addr: SocketAddr,
+    /// HTTP listen address: `host:port` (a host name is resolved at start), `:port` or `port`
+    /// (all interfaces), or `off`.
+    #[arg(long, env = "TOLLGATE_HTTP_ADDR", default_value = "0.0.0.0:8080",
+          value_parser = listen_addr)]
+    http_addr: ListenAddr,
+    /// gRPC (Envoy RLS v3) listen address: as --http-addr (`off`: no gRPC listener).
+    #[arg(long, env = "TOLLGATE_GRPC_ADDR", default_value = "0.0.0.0:8081",
+          value_parser = listen_addr)]
+    grpc_addr: ListenAddr,
     /// Rules file or directory (watched and hot-reloaded).
     #[arg(long, env = "TOLLGATE_RULES", default_value = crate::simulate::DEFAULT_RULES)]
     rules: PathBuf,
@@ -221,6 +242,40 @@ impl GrpcArgs {
     }
 }
 
+/// A listen address, or none (`off`).
+#[derive(Debug, Clone, Copy)]
+struct ListenAddr(Option<SocketAddr>);
+
+/// `host:port`, `ip:port`, `[v6]:port`, `:port`, `port` (both: every interface, `0.0.0.0`) or
+/// `off`. A host name is resolved here, at start (IPv4 first, as `localhost` usually means).
+fn listen_addr(text: &str) -> Result<ListenAddr, String> {
+    use std::net::{Ipv4Addr, ToSocketAddrs};
+    let text = text.trim();
+    if text.eq_ignore_ascii_case("off") {
+        return Ok(ListenAddr(None));
+    }
+    let port_only = text.strip_prefix(':').unwrap_or(text);
+    if let Ok(port) = port_only.parse::<u16>() {
+        return Ok(ListenAddr(Some(SocketAddr::from((
+            Ipv4Addr::UNSPECIFIED,
+            port,
+        )))));
+    }
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(ListenAddr(Some(addr)));
+    }
+    let resolved: Vec<SocketAddr> = text
+        .to_socket_addrs()
+        .map_err(|e| format!("'{text}': {e} (expected host:port, ip:port, :port, port or off)"))?
+        .collect();
+    resolved
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or_else(|| resolved.first())
+        .map(|a| ListenAddr(Some(*a)))
+        .ok_or_else(|| format!("'{text}' resolves to no address"))
+}
+
 /// A duration such as `10s`, `500ms` or `2m`, not zero.
 fn positive_duration(text: &str) -> Result<Duration, String> {
     let d = crate::bench::parse_duration(text)?;
@@ -251,8 +306,8 @@ impl std::str::FromStr for TrustedProxy {
 impl ServeArgs {
     fn config(&self) -> ServeConfig {
         ServeConfig {
-            http_addr: self.http_addr,
-            grpc_addr: self.grpc_addr,
+            http_addr: self.http_addr.0,
+            grpc_addr: self.grpc_addr.0,
             rules: self.rules.clone(),
             store: self.store.clone(),
             redis_timeout: Duration::from_millis(self.redis_timeout_ms),
@@ -286,7 +341,7 @@ impl ServeArgs {
 /// Run the parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Validate { path } => Ok(crate::validate::run(&path)),
+        Command::Validate { path, store } => Ok(crate::validate::run(&path, &store)),
         Command::Simulate {
             rules,
             store,
@@ -299,7 +354,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             descriptors,
             hits,
             json,
-        } => crate::check::run(&url, &domain, &descriptors, hits, json),
+            strict,
+        } => crate::check::run(&url, &domain, &descriptors, hits, json, strict),
         Command::Bench(args) => crate::bench::run(&args),
         Command::BenchCeiling(args) => crate::bench::ceiling::run(&args),
     }

@@ -3,6 +3,7 @@
 mod bench;
 mod check;
 mod cli;
+mod human;
 mod serve;
 mod simulate;
 mod trace;

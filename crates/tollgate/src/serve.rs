@@ -52,7 +52,12 @@ pub fn run(config: ServeConfig, log_format: LogFormat) -> anyhow::Result<ExitCod
         let shutdown = shutdown_signal();
         serve(config, shutdown, |bound| {
             let msg = listening_message(&bound);
-            tracing::info!(http = %bound.http, grpc = ?bound.grpc, "listening");
+            let off = || "off".to_string();
+            tracing::info!(
+                http = %bound.http.map_or_else(off, |a| a.to_string()),
+                grpc = %bound.grpc.map_or_else(off, |a| a.to_string()),
+                "listening"
+            );
             println!("{msg}");
         })
         .await

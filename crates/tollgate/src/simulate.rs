@@ -25,6 +25,13 @@ use tollgate_server::backend::redis_unsupported;
 pub const DEFAULT_RULES: &str = "examples/rules";
 
 pub fn run(rules_path: &Path, store: &str, input: Option<&Path>) -> anyhow::Result<ExitCode> {
+    if !rules_path.exists() {
+        bail!(
+            "rules path {} not found (relative to the working directory): set it with --rules \
+             PATH or TOLLGATE_RULES",
+            rules_path.display()
+        );
+    }
     let rules = RuleSet::load(rules_path)
         .map_err(|e| anyhow::anyhow!("invalid rules in {}:\n{e}", rules_path.display()))?;
     let mut store = Replay::open(store, &rules)?;
@@ -37,7 +44,9 @@ pub fn run(rules_path: &Path, store: &str, input: Option<&Path>) -> anyhow::Resu
     };
     let name = input.map_or("<stdin>".to_string(), |p| p.display().to_string());
     let mut out = BufWriter::new(std::io::stdout().lock());
-    writeln!(out, "{HEADER}")?;
+    // The header goes out with the first decision (or at the end): an input that cannot be read
+    // or parsed from its first line fails with nothing on standard output.
+    let mut header = Some(HEADER);
     for (n, line) in reader.lines().enumerate() {
         let line = line.with_context(|| format!("{name}:{}: cannot read", n + 1))?;
         let Some(ev) = parse_line(&line).map_err(|e| anyhow::anyhow!("{name}:{}: {e}", n + 1))?
@@ -63,6 +72,9 @@ pub fn run(rules_path: &Path, store: &str, input: Option<&Path>) -> anyhow::Resu
             ),
             _ => Default::default(),
         };
+        if let Some(h) = header.take() {
+            writeln!(out, "{h}")?;
+        }
         writeln!(
             out,
             "{},{},{},{},{},{remaining},{retry},{reset},{delay}",
@@ -72,6 +84,9 @@ pub fn run(rules_path: &Path, store: &str, input: Option<&Path>) -> anyhow::Resu
             ev.hits,
             verdict.allowed(),
         )?;
+    }
+    if let Some(h) = header.take() {
+        writeln!(out, "{h}")?;
     }
     out.flush()?;
     store.clean_up()?;

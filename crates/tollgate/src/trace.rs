@@ -1,4 +1,4 @@
-//! The `simulate` trace format (DESIGN.md section 7, a contract): parsing input lines and
+//! The `simulate` trace format (a contract: scripts and tests rely on it): parsing input lines and
 //! formatting output rows.
 
 use tollgate_core::limiter::Descriptor;

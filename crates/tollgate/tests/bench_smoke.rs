@@ -1,4 +1,4 @@
-//! CI smoke run of `tollgate bench` (issue 5): real `tollgate serve` and `tollgate bench-ceiling`
+//! CI smoke run of `tollgate bench`: real `tollgate serve` and `tollgate bench-ceiling`
 //! processes on free ports, 2 s runs over HTTP and gRPC, closed and open loop, `--json` parsed.
 //! No timing thresholds: only that the tool works and accounts for every request.
 

@@ -200,7 +200,7 @@ fn four_instances_admit_exactly_the_limit() {
     delete_prefix(SHARED_URL, &prefix);
 }
 
-/// Issue 4: once Redis answers again, the service is back on it within 2 s by itself (the
+/// Once Redis answers again, the service is back on it within 2 s by itself (the
 /// breaker's probe runs every 250 ms).
 const BACK_WITHIN: Duration = Duration::from_secs(2);
 

@@ -1,4 +1,4 @@
-//! Count-min-sketch limiter (seed 001): a sliding window counter whose per-key counts come from
+//! Count-min-sketch limiter: a sliding window counter whose per-key counts come from
 //! two count-min sketches (previous and current aligned window) shared by every key of a limit.
 //!
 //! Memory is fixed (`2 × depth × width × 4` bytes per limit) whatever the number of keys, which

@@ -3,7 +3,7 @@
 //!
 //! A request of cost `c` at fraction `f` of the current window is admitted iff
 //! `floor(prev · (1 - f)) + current + c <= limit`. Rounding the weighted part down matches both
-//! worked examples in the seeds (7/min, 5 previous, 3 current at 1:18: `floor(3.5) + 3 + 1 = 7`,
+//! worked examples of docs/algorithms.md (7/min, 5 previous, 3 current at 1:18: `floor(3.5) + 3 + 1 = 7`,
 //! allowed; 40/interval, 50 previous, 5 current at 41 %: `floor(29.5) + 5 + 1 = 35`, allowed).
 //! Two counters per key; it assumes the previous window's requests were evenly spread, so over
 //! a rolling window it can admit more than `limit` when they were not (see docs/algorithms.md).

@@ -1,4 +1,4 @@
-//! Unit tests of the algorithm steps: the seeds' worked examples and exact sequences.
+//! Unit tests of the algorithm steps: the worked examples of docs/algorithms.md and exact sequences.
 
 use super::*;
 use crate::clock::SECOND;

@@ -452,6 +452,37 @@ fn replaces(node: &Node, own_name: Option<&str>, errors: &mut Errors) -> Vec<Str
     out
 }
 
+/// The name in `known` closest to `name` (edit distance at most a third of its length, at
+/// least 1; case-insensitive), for "did you mean" hints.
+pub fn nearest<'k>(name: &str, known: &[&'k str]) -> Option<&'k str> {
+    let name = name.to_lowercase();
+    let limit = (name.chars().count() / 3).max(1);
+    known
+        .iter()
+        .map(|k| (edit_distance(&name, &k.to_lowercase()), *k))
+        .filter(|(d, _)| *d <= limit)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
+}
+
+/// Levenshtein distance (insertions, deletions, substitutions), on chars.
+pub fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diag = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let next = (row[j + 1] + 1)
+                .min(row[j] + 1)
+                .min(diag + usize::from(ca != *cb));
+            diag = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
 /// A mapping's fields, checked against the allowed names. Null values count as absent.
 pub(super) struct Fields<'a> {
     entries: &'a [Entry],
@@ -473,10 +504,13 @@ impl<'a> Fields<'a> {
         };
         for e in entries {
             if !allowed.contains(&e.key.as_str()) {
+                let hint = nearest(&e.key, allowed)
+                    .map(|n| format!("did you mean `{n}`? "))
+                    .unwrap_or_default();
                 errors.push((
                     e.key_pos,
                     format!(
-                        "unknown field `{}` in {what} (allowed: {})",
+                        "unknown field `{}` in {what} ({hint}allowed: {})",
                         e.key,
                         allowed.join(", ")
                     ),
@@ -662,6 +696,17 @@ fn parse_uint(text: &str) -> Result<u64, IntError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nearest_names() {
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert_eq!(
+            nearest("requests_per_minit", &["unit", "requests_per_unit"]),
+            Some("requests_per_unit")
+        );
+        assert_eq!(nearest("API", &["api", "auth"]), Some("api"));
+        assert_eq!(nearest("zzz", &["api", "auth"]), None);
+    }
 
     #[test]
     fn uints() {

@@ -8,8 +8,9 @@
 use std::fmt;
 
 /// One problem in a rule file, at the position of the offending YAML node.
+///
+/// Shown as `file:line:column: message`, or `file: message` when it concerns the whole file.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{file}:{line}:{column}: {message}")]
 pub struct RuleError {
     /// The file name, as given to [`RuleSet::load`](super::RuleSet::load) or
     /// [`RuleSet::from_sources`](super::RuleSet::from_sources).
@@ -35,6 +36,20 @@ impl RuleError {
             line,
             column,
             message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for RuleError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.line == 0 {
+            write!(f, "{}: {}", self.file, self.message)
+        } else {
+            write!(
+                f,
+                "{}:{}:{}: {}",
+                self.file, self.line, self.column, self.message
+            )
         }
     }
 }

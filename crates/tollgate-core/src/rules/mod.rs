@@ -1,5 +1,5 @@
 //! Rules: which limit applies to a request descriptor, loaded from envoyproxy/ratelimit's YAML
-//! format plus tollgate's extensions (see `docs/rules.md` and DESIGN.md section 4).
+//! format plus tollgate's extensions (see `docs/rules.md`).
 //!
 //! A [`RuleSet`] is built once from files ([`RuleSet::load`]) or strings
 //! ([`RuleSet::from_sources`]), fully validated (every problem reported with file, line and
@@ -42,6 +42,7 @@ mod stats;
 mod tree;
 mod yaml;
 
+pub use decode::{edit_distance, nearest};
 pub use error::{RuleError, RuleErrors};
 pub use metadata::MetaValue;
 pub use stats::StatsKey;

@@ -1,5 +1,5 @@
-//! `tollgate bench`: a load generator for tollgate or any Envoy RLS server (DESIGN.md section 7,
-//! issue 5), and the hidden `tollgate bench-ceiling` servers it is compared with.
+//! `tollgate bench`: a load generator for tollgate or any Envoy RLS server,
+//! and the hidden `tollgate bench-ceiling` servers it is compared with.
 //!
 //! One file per concern: [`target`] (URLs and clients), [`workload`] (descriptor templates, key
 //! space, distribution), [`run`] (closed and open loop drivers), [`report`] (HdrHistogram
