@@ -81,6 +81,7 @@ pub fn algorithm_tag(a: Algorithm) -> &'static str {
         Algorithm::LeakyBucket => "leaky",
         Algorithm::TokenBucket => "token",
         Algorithm::FixedWindow => "fixed",
+        Algorithm::EnvoyFixedWindow => "envoy",
         Algorithm::SlidingWindowLog => "log",
         Algorithm::SlidingWindowCounter => "counter",
         Algorithm::CountMinSketch => "cms",

@@ -42,6 +42,7 @@ fn algorithm_code(a: Algorithm) -> u8 {
         Algorithm::LeakyBucket => 2,
         Algorithm::TokenBucket => 3,
         Algorithm::FixedWindow => 4,
+        Algorithm::EnvoyFixedWindow => 7,
         Algorithm::SlidingWindowLog => 5,
         Algorithm::SlidingWindowCounter => 6,
         Algorithm::CountMinSketch => 0,
