@@ -27,7 +27,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tollgate_core::MemoryStore;
 use tollgate_redis::store::redact;
-use tollgate_redis::{RedisOptions, RedisStore};
+use tollgate_core::rules::RuleDefaults;
+use tollgate_core::Algorithm;
+use tollgate_redis::{KeyLayout, RedisOptions, RedisStore};
 
 /// Everything `serve` needs (each field is a `tollgate serve` flag and `TOLLGATE_*` variable).
 #[derive(Debug, Clone)]
@@ -68,6 +70,17 @@ pub struct ServeConfig {
     pub shutdown_timeout: Duration,
     /// `--grpc-*`: HTTP/2 and connection limits of the gRPC listener.
     pub grpc_limits: crate::grpc::GrpcLimits,
+    /// `--default-algorithm`: the algorithm of rules that name none (and of per-request limit
+    /// overrides); `None`: sliding_window_counter. Applied at start and on every reload.
+    pub default_algorithm: Option<Algorithm>,
+    /// `--count-denied-hits`: envoy_fixed_window limits count the hits of requests that another
+    /// limit denies (envoyproxy/ratelimit's default counting).
+    pub count_denied_hits: bool,
+    /// `--redis-key-layout`: where envoy_fixed_window counters live on Redis (`envoy`: shared
+    /// with envoyproxy/ratelimit; `--redis-prefix` is then its `CACHE_KEY_PREFIX`, used as is).
+    pub redis_key_layout: KeyLayout,
+    /// `--redis-expiration-jitter`: envoy key layout, up to this much extra on each `EXPIRE`.
+    pub redis_expiration_jitter: Duration,
 }
 
 impl Default for ServeConfig {
@@ -91,6 +104,10 @@ impl Default for ServeConfig {
             max_connections: 10_000,
             shutdown_timeout: Duration::from_secs(10),
             grpc_limits: crate::grpc::GrpcLimits::default(),
+            default_algorithm: None,
+            count_denied_hits: false,
+            redis_key_layout: KeyLayout::Tollgate,
+            redis_expiration_jitter: Duration::ZERO,
         }
     }
 }
@@ -102,7 +119,11 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<AppState> {
     if config.max_keys == 0 {
         bail!("--max-keys must be at least 1");
     }
-    let rules = reload::load(&config.rules, 1)
+    let defaults = RuleDefaults {
+        algorithm: config.default_algorithm,
+        count_denied_hits: config.count_denied_hits,
+    };
+    let rules = reload::load_with(&config.rules, 1, defaults)
         .map_err(|e| anyhow::anyhow!("invalid rules in {}:\n{e}", config.rules.display()))?;
     let builder = AppState::builder(rules)
         .limits(config.limits)
@@ -125,6 +146,8 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<AppState> {
         let opts = RedisOptions {
             timeout: config.redis_timeout,
             prefix: config.redis_prefix.clone(),
+            key_layout: config.redis_key_layout,
+            expiration_jitter: config.redis_expiration_jitter,
             ..RedisOptions::default()
         };
         let store = RedisStore::connect_lazy(&config.store, opts)
