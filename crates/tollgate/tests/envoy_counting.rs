@@ -138,3 +138,76 @@ fn envoy_counting_and_keys_shared_with_envoy_pods() {
     }
     panic!("three minutes turned during the scenario");
 }
+
+/// `--default-algorithm` holds at start and after a hot reload (memory store, env settings):
+/// a request denied by one descriptor still counts on the other (envoy_fixed_window with
+/// `TOLLGATE_COUNT_DENIED_HITS`), where the all-or-nothing default would count nothing.
+#[test]
+fn default_algorithm_survives_a_reload() {
+    const YEARLY: &str = "domain: d
+descriptors:
+  - key: a
+    rate_limit: {unit: year, requests_per_unit: 1}
+  - key: b
+    rate_limit: {unit: year, requests_per_unit: LIMIT}
+";
+    let dir = temp_dir("envoy-default-reload");
+    let file = dir.join("d.yaml");
+    std::fs::write(&file, YEARLY.replace("LIMIT", "5")).unwrap();
+    let rules = dir.display().to_string();
+    let http_addr = format!("127.0.0.1:{}", free_port());
+    let grpc_addr = format!("127.0.0.1:{}", free_port());
+    let server = Server::start_env(
+        &[
+            "--http-addr",
+            &http_addr,
+            "--grpc-addr",
+            &grpc_addr,
+            "--rules",
+            &rules,
+            "--reload-interval-ms",
+            "50",
+        ],
+        &[
+            ("TOLLGATE_DEFAULT_ALGORITHM", "envoy_fixed_window"),
+            ("TOLLGATE_COUNT_DENIED_HITS", "true"),
+        ],
+        &repo(),
+        "envoy-default-reload",
+    );
+    let pair = |v: &str, hits: u64| {
+        let body = json!({
+            "domain": "d",
+            "hits_addend": hits,
+            "descriptors": [
+                {"entries": [{"key": "a", "value": v}]},
+                {"entries": [{"key": "b", "value": v}]},
+            ]
+        });
+        let r = http(&server.base, Method::POST, "/v1/check", Some(body));
+        let b: Value = serde_json::from_str(&r.body).unwrap_or(Value::Null);
+        (r.status, b)
+    };
+    pair("u1", 1);
+    let (status, b) = pair("u1", 1);
+    assert_eq!(status, 429, "{b}");
+    assert_eq!(b["statuses"][1]["limit_remaining"], 3, "b counted twice: {b}");
+
+    std::fs::write(&file, YEARLY.replace("LIMIT", "10")).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, b) = pair("probe", 0);
+        if b["statuses"][1]["current_limit"]["requests_per_unit"] == 10 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "not reloaded: {b}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    pair("u2", 1);
+    let (status, b) = pair("u2", 1);
+    assert_eq!(status, 429, "{b}");
+    assert_eq!(
+        b["statuses"][1]["limit_remaining"], 8,
+        "still envoy_fixed_window after the reload: {b}"
+    );
+}
