@@ -288,9 +288,14 @@ impl RedisStore {
     async fn open(url: &str, opts: RedisOptions, lazy: bool) -> Result<RedisStore, StoreError> {
         let envoy = opts.key_layout == KeyLayout::Envoy;
         // envoy's CACHE_KEY_PREFIX may be empty; tollgate's keys need a prefix before the tag.
-        if !keys::valid_prefix(&opts.prefix) && !(envoy && !opts.prefix.contains(['{', '}'])) {
+        let usable = if envoy {
+            !opts.prefix.contains(['{', '}'])
+        } else {
+            keys::valid_prefix(&opts.prefix)
+        };
+        if !usable {
             return Err(StoreError::Unsupported(format!(
-                "key prefix {:?} must be non-empty and contain no braces",
+                "key prefix {:?} must contain no braces (and, with tollgate's key layout, not be empty)",
                 opts.prefix
             )));
         }

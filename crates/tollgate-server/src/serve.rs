@@ -25,10 +25,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tollgate_core::MemoryStore;
-use tollgate_redis::store::redact;
 use tollgate_core::rules::RuleDefaults;
 use tollgate_core::Algorithm;
+use tollgate_core::MemoryStore;
+use tollgate_redis::store::redact;
 use tollgate_redis::{KeyLayout, RedisOptions, RedisStore};
 
 /// Everything `serve` needs (each field is a `tollgate serve` flag and `TOLLGATE_*` variable).

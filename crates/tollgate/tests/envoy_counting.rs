@@ -51,7 +51,10 @@ fn check(base: &str, user: &str) -> (u16, Value) {
         ]
     });
     let r = http(base, Method::POST, "/v1/check", Some(body));
-    (r.status, serde_json::from_str(&r.body).unwrap_or(Value::Null))
+    (
+        r.status,
+        serde_json::from_str(&r.body).unwrap_or(Value::Null),
+    )
 }
 
 #[test]
@@ -118,14 +121,22 @@ fn envoy_counting_and_keys_shared_with_envoy_pods() {
         assert_eq!(s1, 200, "{b1}");
         assert_eq!(b1["statuses"][0]["limit_remaining"], 0, "{b1}");
         assert_eq!(b1["statuses"][1]["limit_remaining"], 1, "{b1}");
-        let reset = b1["statuses"][0]["duration_until_reset_ms"].as_u64().unwrap();
-        assert!(reset <= 60_000, "envoy's window end, not a rolling period: {b1}");
+        let reset = b1["statuses"][0]["duration_until_reset_ms"]
+            .as_u64()
+            .unwrap();
+        assert!(
+            reset <= 60_000,
+            "envoy's window end, not a rolling period: {b1}"
+        );
         assert_eq!(s2, 429, "{b2}");
         assert_eq!(b2["statuses"][0]["code"], "OVER_LIMIT", "{b2}");
         assert_eq!(b2["statuses"][0]["limit_remaining"], 0, "{b2}");
         assert_eq!(b2["statuses"][1]["code"], "OK", "{b2}");
         assert_eq!(b2["statuses"][1]["limit_remaining"], 0, "{b2}");
-        assert_eq!(user_count, 6, "the denied hit counts on the denied descriptor");
+        assert_eq!(
+            user_count, 6,
+            "the denied hit counts on the denied descriptor"
+        );
         assert_eq!(path_count, 2, "and on the others of the request");
         assert_eq!(envoy_path, 3);
         assert!((1..=65).contains(&ttl), "EXPIRE window + jitter: {ttl}");
@@ -191,7 +202,10 @@ descriptors:
     pair("u1", 1);
     let (status, b) = pair("u1", 1);
     assert_eq!(status, 429, "{b}");
-    assert_eq!(b["statuses"][1]["limit_remaining"], 3, "b counted twice: {b}");
+    assert_eq!(
+        b["statuses"][1]["limit_remaining"], 3,
+        "b counted twice: {b}"
+    );
 
     std::fs::write(&file, YEARLY.replace("LIMIT", "10")).unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
