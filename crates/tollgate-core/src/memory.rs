@@ -785,6 +785,46 @@ mod tests {
         assert_eq!(std::mem::size_of::<(Key, Slot)>(), 32);
     }
 
+    /// envoyproxy/ratelimit's own sequence for `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`: keys
+    /// at 13 of 15 and 13 of 14, 2 hits each: the one over counts (15), the other does not
+    /// (stays at 13, 2 left); with envoy's default counting both count.
+    #[test]
+    fn envoy_counting_with_and_without_stop() {
+        let q15 = Quota::new(15, Unit::Hour).with_algorithm(Algorithm::EnvoyFixedWindow);
+        let q14 = Quota::new(14, Unit::Hour).with_algorithm(Algorithm::EnvoyFixedWindow);
+        let now = 1_000_000 * SECOND;
+        for count_denied in [false, true] {
+            let s = MemoryStore::with_seed(1000, 1, 2);
+            let pair = |cost| {
+                [
+                    CheckItem {
+                        count_denied,
+                        ..item("key4", &q15, cost)
+                    },
+                    CheckItem {
+                        count_denied,
+                        ..item("key5", &q14, cost)
+                    },
+                ]
+            };
+            let d = s.check(now, &pair(13)).unwrap();
+            assert!(d[0].allowed && d[1].allowed);
+            assert_eq!((d[0].remaining, d[1].remaining), (2, 1));
+            let d = s.check(now, &pair(2)).unwrap();
+            assert!(d[0].allowed && !d[1].allowed);
+            assert_eq!(d[1].remaining, 0);
+            let left = s.check(now, &[item("key4", &q15, 0)]).unwrap()[0];
+            if count_denied {
+                assert_eq!((d[0].remaining, left.remaining), (0, 0), "counted");
+            } else {
+                assert_eq!((d[0].remaining, left.remaining), (2, 2), "not counted");
+            }
+            // The denied key counted its hits either way: 15 of 14.
+            let over = s.check(now, &[item("key5", &q14, 0)]).unwrap()[0];
+            assert!(!over.allowed, "{count_denied}");
+        }
+    }
+
     #[test]
     fn all_or_nothing_across_keys() {
         let s = MemoryStore::with_seed(1000, 1, 2);

@@ -144,6 +144,33 @@ mod tests {
         assert!(d.allowed && d.remaining == 1);
     }
 
+    proptest::proptest! {
+        /// Every window contains `now`, starts on a whole multiple of its length in seconds
+        /// (envoy's `now / divider * divider`), and `reset_after` is envoy's
+        /// `divider - now % divider` (exactly, on whole seconds).
+        #[test]
+        fn alignment_and_reset_are_envoys(
+            secs in 0u64..4_000_000_000,
+            frac in 0u64..SECOND,
+            unit in proptest::sample::select(Unit::ALL.to_vec()),
+            mult in 1u32..5,
+        ) {
+            let period = Period::new(unit, mult);
+            let len = window_secs(period);
+            let now = secs * SECOND + frac;
+            let (start, end) = window(period, now);
+            proptest::prop_assert!(start <= now && now < end);
+            proptest::prop_assert_eq!(start, secs / len * len * SECOND);
+            proptest::prop_assert_eq!(end - start, len * SECOND);
+            let q = Quota::new(3, period).with_algorithm(Algorithm::EnvoyFixedWindow);
+            let d = step(None, secs * SECOND, 1, &q).0;
+            proptest::prop_assert_eq!(d.reset_after, (len - secs % len) * SECOND);
+            // Never more than envoy's whole-second value.
+            let d = step(None, now, 1, &q).0;
+            proptest::prop_assert!(d.reset_after <= (len - secs % len) * SECOND);
+        }
+    }
+
     #[test]
     fn cost_above_limit_never_passes_but_counts() {
         let (d, s) = step(None, 0, 5, &q(3, Unit::Second));
