@@ -1,6 +1,7 @@
 -- envoy_fixed_window.lua: envoyproxy/ratelimit's fixed window (algorithm/envoy_fixed_window.rs):
 -- epoch-aligned windows of envoy's fixed lengths, the cost counted before the comparison (a
--- denied step keeps its count), reset at the end of the window whatever the count.
+-- denied step keeps its count), reset at the end of the window whatever the count, from `now`
+-- in whole seconds as envoy computes it.
 --
 -- Two key layouts. tollgate's: the counter's key holds "start count" like fixed_window.lua.
 -- envoy's (p.envoy): KEYS[i] is envoyproxy/ratelimit's cache key without its window start
@@ -36,7 +37,7 @@ local function ef_step(st, now, cost, p)
   end
   local keep = nil
   if after > 0 then keep = { start, after } end
-  return decision(allowed, limit, rem, wend - now, retry, 0), keep
+  return decision(allowed, limit, rem, wend - (now - now % 1000000), retry, 0), keep
 end
 
 ALG[7] = {

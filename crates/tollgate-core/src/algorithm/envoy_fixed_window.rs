@@ -12,8 +12,9 @@
 //!   keeps the incremented state; retrying while over the limit keeps it over. Whether the
 //!   *allowed* items of a request that another item denies count too is the store's business
 //!   ([`crate::store::CheckItem::count_denied`]).
-//! - **`reset_after`** is the time to the end of the window, whatever the count (envoy's
-//!   `duration_until_reset`), and `remaining` is 0 when denied.
+//! - **`reset_after`** is envoy's `duration_until_reset`, whatever the count: the end of the
+//!   window minus `now` in whole seconds (`divider - now % divider`, so up to a second more
+//!   than the exact time left), and `remaining` is 0 when denied. `retry_after` is exact.
 //!
 //! A state of another window is not this window's count: it is dropped, as envoy's per-window
 //! Redis keys are never read again. A clock that goes back by a window therefore starts that
@@ -66,7 +67,7 @@ pub fn step(state: Option<Window>, now: Micros, cost: u64, quota: &Quota) -> Out
         allowed,
         limit,
         remaining: if allowed { limit - after } else { 0 },
-        reset_after: end - now,
+        reset_after: end - (now - now % SECOND),
         // A cost above the limit never passes; any other denial passes in the next window.
         retry_after: (!allowed && cost <= limit).then_some(end - now),
         delay: 0,
@@ -111,8 +112,7 @@ mod tests {
 
     #[test]
     fn reset_is_envoys_duration_until_reset() {
-        // envoy: divider - now % divider, on whole seconds; here exact, and the same on whole
-        // seconds.
+        // envoy: divider - now % divider, on whole seconds.
         for (unit, now_s) in [
             (Unit::Minute, 1234),
             (Unit::Hour, 1_000_000),
@@ -165,9 +165,9 @@ mod tests {
             let q = Quota::new(3, period).with_algorithm(Algorithm::EnvoyFixedWindow);
             let d = step(None, secs * SECOND, 1, &q).0;
             proptest::prop_assert_eq!(d.reset_after, (len - secs % len) * SECOND);
-            // Never more than envoy's whole-second value.
+            // Whole seconds, as envoy computes it, at any fraction of a second.
             let d = step(None, now, 1, &q).0;
-            proptest::prop_assert!(d.reset_after <= (len - secs % len) * SECOND);
+            proptest::prop_assert_eq!(d.reset_after, (len - secs % len) * SECOND);
         }
     }
 
