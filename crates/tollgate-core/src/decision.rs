@@ -26,8 +26,8 @@ pub struct Decision {
 impl Decision {
     /// The remaining a status reports, as envoyproxy/ratelimit reports it: 0 once the limit is
     /// over (denied, in shadow or quota mode too), else [`Decision::remaining`]. A denied
-    /// request consumes nothing here, so the counter itself may still have room for a cheaper
-    /// request; clients are told there is none left for this one.
+    /// request consumes nothing (but with envoy_fixed_window), so the counter itself may still
+    /// have room for a cheaper request; clients are told there is none left for this one.
     pub fn reported_remaining(&self) -> u64 {
         if self.allowed {
             self.remaining

@@ -20,5 +20,5 @@ pub use clock::{Clock, ManualClock, Micros, MonotonicWallClock, SystemClock};
 pub use decision::Decision;
 pub use memory::MemoryStore;
 pub use quota::{Algorithm, Period, Quota, SketchSize, Unit, MAX_PERIOD};
-pub use rules::{Domain, Limit, Resolution, RuleError, RuleErrors, RuleSet};
+pub use rules::{Domain, Limit, Resolution, RuleDefaults, RuleError, RuleErrors, RuleSet};
 pub use store::{CheckItem, FaultKind, Store, StoreError};

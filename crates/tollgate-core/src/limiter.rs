@@ -30,7 +30,7 @@ pub struct Descriptor {
 /// A per-request limit (Envoy's `RateLimitDescriptor.limit`), as envoyproxy/ratelimit applies
 /// it: when the domain is known, it replaces whatever rule the descriptor matches (or adds a
 /// limit where none matches), never in shadow mode. Its counter is the descriptor's own
-/// (`domain|key=value|...` with the request's values) under the default algorithm, so the same
+/// (`domain|key=value|...` with the request's values) under the rule set's default algorithm, so the same
 /// override on the same descriptor from any instance shares one counter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LimitOverride {
@@ -69,7 +69,10 @@ impl Overrides {
                         id: format!("{}|{OVERRIDE_ID}", d.name),
                         domain: d.name.clone(),
                         name: None,
-                        quota: Some(Quota::new(o.requests_per_unit, o.unit)),
+                        quota: Some(
+                            Quota::new(o.requests_per_unit, o.unit)
+                                .with_algorithm(rules.defaults().algorithm()),
+                        ),
                         shadow_mode: false,
                         message: None,
                         replaces: Vec::new(),
@@ -77,6 +80,8 @@ impl Overrides {
                         value_to_metric: false,
                         share_threshold: false,
                         quota_mode: false,
+                        algorithm_named: false,
+                        count_denied_hits: rules.defaults().count_denied_hits,
                         metadata: None,
                         stats: StatsKey::of_descriptor(
                             &d.name,
@@ -211,6 +216,7 @@ impl<'r> Plan<'r> {
                     // A quota-mode limit that is over does not block the request by itself, so
                     // it must not stop the other counters from counting it either.
                     shadow: limit.shadow_mode || limit.quota_mode,
+                    count_denied: limit.count_denied_hits,
                 }),
                 _ => None,
             })

@@ -35,7 +35,7 @@ use crate::clock::{Micros, SECOND};
 use crate::decision::Decision;
 use crate::fingerprint::sip13_128;
 use crate::quota::{Algorithm, Quota};
-use crate::store::{blocks, CheckItem, Store, StoreError};
+use crate::store::{blocks, consumes, CheckItem, Store, StoreError};
 use parking_lot::{Mutex, MutexGuard, RwLock};
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
@@ -67,7 +67,7 @@ fn tag_of(alg: Algorithm) -> u64 {
         Algorithm::Gcra => Layout::Gcra as u64,
         Algorithm::LeakyBucket => Layout::Leaky as u64,
         Algorithm::TokenBucket => Layout::Bucket as u64,
-        Algorithm::FixedWindow => Layout::Window as u64,
+        Algorithm::FixedWindow | Algorithm::EnvoyFixedWindow => Layout::Window as u64,
         // The count-min sketch's exact counterpart (it never stores per-key state itself).
         Algorithm::SlidingWindowCounter | Algorithm::CountMinSketch => Layout::Counter as u64,
         Algorithm::SlidingWindowLog => LOG_TAG,
@@ -212,7 +212,7 @@ impl Slot {
     /// caller drops it). GCRA and leaky-bucket slots step their one word directly.
     #[inline]
     fn step(&mut self, layout: Layout, quota: &Quota, now: Micros, cost: u64) -> (Decision, bool) {
-        use crate::algorithm::{fixed_window, sliding_counter, token_bucket};
+        use crate::algorithm::{envoy_fixed_window, fixed_window, sliding_counter, token_bucket};
         let (d, next) = match layout {
             Layout::Gcra => {
                 let (d, t) = gcra::step(Some(self.0[0]), now, cost, quota);
@@ -230,7 +230,11 @@ impl Slot {
                 )
             }
             Layout::Window => {
-                let (d, w) = fixed_window::step(Some(self.as_window()), now, cost, quota);
+                let (d, w) = if quota.algorithm() == Algorithm::EnvoyFixedWindow {
+                    envoy_fixed_window::step(Some(self.as_window()), now, cost, quota)
+                } else {
+                    fixed_window::step(Some(self.as_window()), now, cost, quota)
+                };
                 (
                     d,
                     w.map(|w| Slot::window(w, now + d.reset_after, d.remaining == 0)),
@@ -691,28 +695,27 @@ impl MemoryStore {
             decisions.push(d);
         }
 
-        if blocks(items, &decisions) {
-            // Nothing consumes: report what each allowed item has left, unconsumed.
-            for (i, item) in items.iter().enumerate() {
-                if decisions[i].allowed && item.cost > 0 {
-                    let h = hashes[i];
-                    decisions[i] = if let Some(sk) = &sketches[i] {
-                        let g = locked(&mut sketch_guards, Arc::as_ptr(sk));
-                        g.evaluate(h.wide(), now, 0, item.quota)
-                    } else {
-                        let shard = locked(&mut guards, self.shard_of(h));
-                        let state = shard.get(h);
-                        algorithm::step(item.quota, state, now, 0).0
-                    };
-                }
+        let blocked = blocks(items, &decisions);
+        let any_denied = decisions.iter().any(|d| !d.allowed);
+        let commit: Vec<bool> = items
+            .iter()
+            .zip(&decisions)
+            .map(|(item, d)| consumes(item, d, any_denied, blocked))
+            .collect();
+        // An allowed item that does not consume reports what it has left, unconsumed (a cost-0
+        // query against the stored state, before anything of this request is written).
+        for (i, item) in items.iter().enumerate() {
+            if decisions[i].allowed && item.cost > 0 && !commit[i] {
+                let h = hashes[i];
+                decisions[i] = if let Some(sk) = &sketches[i] {
+                    let g = locked(&mut sketch_guards, Arc::as_ptr(sk));
+                    g.evaluate(h.wide(), now, 0, item.quota)
+                } else {
+                    let shard = locked(&mut guards, self.shard_of(h));
+                    let state = shard.get(h);
+                    algorithm::step(item.quota, state, now, 0).0
+                };
             }
-            for (i, item) in items.iter().enumerate() {
-                if sketches[i].is_none() {
-                    locked(&mut guards, self.shard_of(hashes[i]))
-                        .keep_clamp(hashes[i], item.quota, now);
-                }
-            }
-            return decisions;
         }
 
         // Commit: per-key states in order (the last write of a repeated key is its final state).
@@ -720,7 +723,7 @@ impl MemoryStore {
         for (i, item) in items.iter().enumerate() {
             let h = hashes[i];
             if let Some(sk) = &sketches[i] {
-                if decisions[i].allowed {
+                if commit[i] {
                     let g = locked(&mut sketch_guards, Arc::as_ptr(sk));
                     g.record(h.wide(), item.cost);
                 }
@@ -728,8 +731,8 @@ impl MemoryStore {
             }
             let next = pending[p].1.take();
             p += 1;
-            if !decisions[i].allowed {
-                // A denied shadow item consumes nothing (but a clamped state is kept).
+            if !commit[i] {
+                // Nothing consumed (but a clamped state is kept).
                 locked(&mut guards, self.shard_of(h)).keep_clamp(h, item.quota, now);
                 continue;
             }
@@ -780,6 +783,46 @@ mod tests {
     #[test]
     fn entry_is_32_bytes() {
         assert_eq!(std::mem::size_of::<(Key, Slot)>(), 32);
+    }
+
+    /// envoyproxy/ratelimit's own sequence for `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`: keys
+    /// at 13 of 15 and 13 of 14, 2 hits each: the one over counts (15), the other does not
+    /// (stays at 13, 2 left); with envoy's default counting both count.
+    #[test]
+    fn envoy_counting_with_and_without_stop() {
+        let q15 = Quota::new(15, Unit::Hour).with_algorithm(Algorithm::EnvoyFixedWindow);
+        let q14 = Quota::new(14, Unit::Hour).with_algorithm(Algorithm::EnvoyFixedWindow);
+        let now = 1_000_000 * SECOND;
+        for count_denied in [false, true] {
+            let s = MemoryStore::with_seed(1000, 1, 2);
+            let pair = |cost| {
+                [
+                    CheckItem {
+                        count_denied,
+                        ..item("key4", &q15, cost)
+                    },
+                    CheckItem {
+                        count_denied,
+                        ..item("key5", &q14, cost)
+                    },
+                ]
+            };
+            let d = s.check(now, &pair(13)).unwrap();
+            assert!(d[0].allowed && d[1].allowed);
+            assert_eq!((d[0].remaining, d[1].remaining), (2, 1));
+            let d = s.check(now, &pair(2)).unwrap();
+            assert!(d[0].allowed && !d[1].allowed);
+            assert_eq!(d[1].remaining, 0);
+            let left = s.check(now, &[item("key4", &q15, 0)]).unwrap()[0];
+            if count_denied {
+                assert_eq!((d[0].remaining, left.remaining), (0, 0), "counted");
+            } else {
+                assert_eq!((d[0].remaining, left.remaining), (2, 2), "not counted");
+            }
+            // The denied key counted its hits either way: 15 of 14.
+            let over = s.check(now, &[item("key5", &q14, 0)]).unwrap()[0];
+            assert!(!over.allowed, "{count_denied}");
+        }
     }
 
     #[test]

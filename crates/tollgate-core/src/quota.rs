@@ -167,11 +167,14 @@ pub enum Algorithm {
     Gcra,
     /// Sliding window counter over count-min sketches: fixed memory for any number of keys.
     CountMinSketch,
+    /// envoyproxy/ratelimit's fixed window: epoch-aligned windows of fixed length (a month is
+    /// 30 days, a year 365), and a request's hits counted even when it is over the limit.
+    EnvoyFixedWindow,
 }
 
 impl Algorithm {
     /// All algorithms.
-    pub const ALL: [Algorithm; 7] = [
+    pub const ALL: [Algorithm; 8] = [
         Algorithm::TokenBucket,
         Algorithm::LeakyBucket,
         Algorithm::FixedWindow,
@@ -179,6 +182,7 @@ impl Algorithm {
         Algorithm::SlidingWindowCounter,
         Algorithm::Gcra,
         Algorithm::CountMinSketch,
+        Algorithm::EnvoyFixedWindow,
     ];
 
     /// snake_case name as written in rule files.
@@ -191,6 +195,7 @@ impl Algorithm {
             Algorithm::SlidingWindowCounter => "sliding_window_counter",
             Algorithm::Gcra => "gcra",
             Algorithm::CountMinSketch => "count_min_sketch",
+            Algorithm::EnvoyFixedWindow => "envoy_fixed_window",
         }
     }
 

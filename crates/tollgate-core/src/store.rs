@@ -4,10 +4,16 @@
 //! non-shadow item is denied, no item consumes anything, and the other items report what they
 //! have left without consuming (a cost-0 query). Shadow-mode items are evaluated and counted when
 //! they pass, but never block the request.
+//!
+//! [`Algorithm::EnvoyFixedWindow`] items count as envoyproxy/ratelimit counts, which is not
+//! all-or-nothing: a denied item always keeps its (incremented) count, and an allowed one
+//! consumes when no item of the request is denied (shadow items included, as envoy's
+//! `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` compares every key) or when it is marked
+//! [`CheckItem::count_denied`] (envoy's default). See [`consumes`].
 
 use crate::clock::Micros;
 use crate::decision::Decision;
-use crate::quota::Quota;
+use crate::quota::{Algorithm, Quota};
 
 /// One counter to check as part of a request.
 #[derive(Debug, Clone, Copy)]
@@ -24,6 +30,11 @@ pub struct CheckItem<'a> {
     /// Counted, never blocks the other items (shadow mode, and quota mode, whose limits block
     /// only all together: decided by the caller from the decisions).
     pub shadow: bool,
+    /// [`Algorithm::EnvoyFixedWindow`] only: this item consumes even when another item of the
+    /// request is denied (envoyproxy/ratelimit's default counting). Off, it consumes only when
+    /// no item is denied (`STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`). Ignored by the other
+    /// algorithms, which are all-or-nothing.
+    pub count_denied: bool,
 }
 
 impl<'a> CheckItem<'a> {
@@ -36,6 +47,7 @@ impl<'a> CheckItem<'a> {
             quota,
             cost: 1,
             shadow: false,
+            count_denied: false,
         }
     }
 }
@@ -176,6 +188,17 @@ pub fn blocks(items: &[CheckItem<'_>], decisions: &[Decision]) -> bool {
         .iter()
         .zip(decisions)
         .any(|(i, d)| !i.shadow && !d.allowed)
+}
+
+/// Whether `item`, decided `d`, keeps its new state in a request where `any_denied` (any item,
+/// shadow or not, was denied) and `blocked` ([`blocks`]). All-or-nothing for every algorithm
+/// but [`Algorithm::EnvoyFixedWindow`] (see the module docs).
+pub fn consumes(item: &CheckItem<'_>, d: &Decision, any_denied: bool, blocked: bool) -> bool {
+    if item.quota.algorithm() == Algorithm::EnvoyFixedWindow {
+        !d.allowed || item.count_denied || !any_denied
+    } else {
+        d.allowed && !blocked
+    }
 }
 
 impl<S: Store + ?Sized> Store for std::sync::Arc<S> {

@@ -442,7 +442,7 @@ proptest! {
         for ((per_mille, jitter), items) in requests {
             now += SECOND * per_mille / 100 + jitter;
             let check: Vec<CheckItem<'_>> = items.iter().map(|&(k, cost, shadow)| CheckItem {
-                rule: names[k], key: names[k], quota: &qs[k], cost, shadow,
+                rule: names[k], key: names[k], quota: &qs[k], cost, shadow, count_denied: cost % 2 == 0,
             }).collect();
             let got = store.check(now, &check).unwrap();
             // Model: evaluate in order against tentative states.
@@ -457,18 +457,25 @@ proptest! {
                 nexts.push(next);
             }
             let blocked = items.iter().zip(&want).any(|(&(_, _, shadow), d)| !shadow && !d.allowed);
-            if blocked {
-                for (i, &(k, cost, _)) in items.iter().enumerate() {
-                    if want[i].allowed && cost > 0 {
-                        let st = model.get(&k).cloned().flatten();
-                        want[i] = algorithm::step(&qs[k], st, now, 0).0;
-                    }
+            let any_denied = want.iter().any(|d| !d.allowed);
+            // All-or-nothing, except envoy_fixed_window: a denied item counts, an allowed one
+            // when nothing is denied or it counts denied requests.
+            let commit: Vec<bool> = items.iter().zip(&want).map(|(&(k, cost, _), d)| {
+                if qs[k].algorithm() == Algorithm::EnvoyFixedWindow {
+                    !d.allowed || cost % 2 == 0 || !any_denied
+                } else {
+                    d.allowed && !blocked
                 }
-            } else {
-                for (i, &(k, _, _)) in items.iter().enumerate() {
-                    if want[i].allowed {
-                        model.insert(k, nexts[i].take());
-                    }
+            }).collect();
+            for (i, &(k, cost, _)) in items.iter().enumerate() {
+                if want[i].allowed && cost > 0 && !commit[i] {
+                    let st = model.get(&k).cloned().flatten();
+                    want[i] = algorithm::step(&qs[k], st, now, 0).0;
+                }
+            }
+            for (i, &(k, _, _)) in items.iter().enumerate() {
+                if commit[i] {
+                    model.insert(k, nexts[i].take());
                 }
             }
             for (i, &(k, cost, _)) in items.iter().enumerate() {

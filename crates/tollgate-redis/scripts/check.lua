@@ -8,6 +8,8 @@
 --   * otherwise the admitted items' states are written in order (a denied shadow item writes
 --     nothing); a request of exactly one item writes its (normalised) state whatever the outcome,
 --     like MemoryStore's single-item path;
+--   * except envoy_fixed_window items (store.rs `consumes`): a denied one writes its count, an
+--     admitted one writes when no item is denied or it counts denied requests;
 --   * a state back to full is deleted; every write sets a TTL of reset_after rounded up to whole
 --     milliseconds (at least 1) plus the configured grace;
 --   * a state an algorithm clamps (the clock went back, see its `clamp`) is written clamped even
@@ -18,8 +20,9 @@
 -- and time, then answers a cost-0 query for each: used when another cluster slot blocked.
 --
 -- ARGV: now ('' = Redis TIME), request id, mode ('c' | 'r'), single ('1' | '0'), grace ms,
---       item count, then 10 fields per item: algorithm, cost, shadow, limit, burst, T,
---       unit, multiplier, nominal period, index in the request.
+--       item count, then 13 fields per item: algorithm, cost, shadow, limit, burst, T,
+--       unit, multiplier, nominal period, index in the request, count denied, envoy key
+--       layout, EXPIRE seconds (envoy layout).
 -- KEYS: one per item, two for a sliding log (the set and its sum).
 -- Returns: { now, blocked, then per item: allowed, limit, remaining, reset_after,
 --            retry_after (-1 = none), delay }.
@@ -38,12 +41,14 @@ local n = tonumber(ARGV[6])
 local items = {}
 local k = 1
 for i = 1, n do
-  local b = 6 + (i - 1) * 10
+  local b = 6 + (i - 1) * 13
   local p = {
     alg = tonumber(ARGV[b + 1]), cost = tonumber(ARGV[b + 2]), shadow = ARGV[b + 3] == '1',
     limit = tonumber(ARGV[b + 4]), burst = tonumber(ARGV[b + 5]), T = tonumber(ARGV[b + 6]),
     unit = tonumber(ARGV[b + 7]), mult = tonumber(ARGV[b + 8]), len = tonumber(ARGV[b + 9]),
     idx = tonumber(ARGV[b + 10]), reqid = reqid,
+    cd = ARGV[b + 11] == '1', envoy = ARGV[b + 12] == '1', expire = tonumber(ARGV[b + 13]),
+    now = now,
   }
   p.keys = { KEYS[k] }
   k = k + 1
@@ -106,34 +111,41 @@ local function keep_clamp(p)
   stored[name] = nx
 end
 
-local blocked = false
+local blocked, any_denied = false, false
 for i, p in ipairs(items) do
-  if not p.shadow and not decisions[i].allowed then blocked = true end
+  if not decisions[i].allowed then
+    any_denied = true
+    if not p.shadow then blocked = true end
+  end
+end
+if blocked then out[2] = 1 end
+
+-- Whether item i keeps its new state (store.rs `consumes`).
+local commit = {}
+for i, p in ipairs(items) do
+  local d = decisions[i]
+  if p.alg == 7 then
+    commit[i] = (not d.allowed) or p.cd or not any_denied
+  else
+    commit[i] = d.allowed and not blocked
+  end
 end
 
-if blocked then
-  out[2] = 1
-  for i, p in ipairs(items) do
-    if decisions[i].allowed and p.cost > 0 then
-      local a = ALG[p.alg]
-      decisions[i] = (a.step(stored[p.keys[1]], now, 0, p))
-    end
+-- An admitted item that does not consume reports a cost-0 query against the stored state.
+for i, p in ipairs(items) do
+  if decisions[i].allowed and p.cost > 0 and not commit[i] then
+    local a = ALG[p.alg]
+    decisions[i] = (a.step(stored[p.keys[1]], now, 0, p))
   end
-  if single then
-    local p = items[1]
-    ALG[p.alg].save(p, stored[p.keys[1]], nexts[1], ttl_ms(decisions[1].reset))
+end
+
+for i, p in ipairs(items) do
+  local name = p.keys[1]
+  if single or commit[i] then
+    ALG[p.alg].save(p, stored[name], nexts[i], ttl_ms(decisions[i].reset))
+    stored[name] = nexts[i]
   else
-    for _, p in ipairs(items) do keep_clamp(p) end
-  end
-else
-  for i, p in ipairs(items) do
-    if single or decisions[i].allowed then
-      local name = p.keys[1]
-      ALG[p.alg].save(p, stored[name], nexts[i], ttl_ms(decisions[i].reset))
-      stored[name] = nexts[i]
-    else
-      keep_clamp(p)
-    end
+    keep_clamp(p)
   end
 end
 

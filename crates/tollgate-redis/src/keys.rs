@@ -81,6 +81,7 @@ pub fn algorithm_tag(a: Algorithm) -> &'static str {
         Algorithm::LeakyBucket => "leaky",
         Algorithm::TokenBucket => "token",
         Algorithm::FixedWindow => "fixed",
+        Algorithm::EnvoyFixedWindow => "envoy",
         Algorithm::SlidingWindowLog => "log",
         Algorithm::SlidingWindowCounter => "counter",
         Algorithm::CountMinSketch => "cms",
@@ -114,6 +115,65 @@ pub fn counter_keys(prefix: &str, key: &str, quota: &Quota) -> CounterKeys {
     );
     let sum = (quota.algorithm() == Algorithm::SlidingWindowLog).then(|| format!("{main}:sum"));
     (main, sum)
+}
+
+/// Where a Redis store keeps [`Algorithm::EnvoyFixedWindow`] counters (the other algorithms
+/// always use tollgate's layout).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KeyLayout {
+    /// `<prefix>:{<counter key>}:envoy:<period>`, like every other counter.
+    #[default]
+    Tollgate,
+    /// envoyproxy/ratelimit's: `<prefix><domain>_<key>_<value>_..._<window start>` holding an
+    /// integer, incremented with `INCRBY` and given `EXPIRE <window + jitter>`, so that
+    /// envoyproxy/ratelimit and tollgate instances on one Redis share their counters. The prefix
+    /// is used as is (envoy's `CACHE_KEY_PREFIX`, empty by default). Standalone Redis only: the
+    /// keys carry no hash tag and the window start is appended inside the script.
+    Envoy,
+}
+
+impl std::str::FromStr for KeyLayout {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "tollgate" => Ok(KeyLayout::Tollgate),
+            "envoy" => Ok(KeyLayout::Envoy),
+            _ => Err(format!(
+                "unknown Redis key layout '{s}' (expected tollgate or envoy)"
+            )),
+        }
+    }
+}
+
+/// envoyproxy/ratelimit's cache key for the counter key `key` (`domain|k=v|...`, escaped as
+/// the rules module escapes it), without the window start the script appends:
+/// `<prefix><domain>_<k1>_<v1>_<k2>_<v2>_`.
+pub fn envoy_base_key(prefix: &str, key: &str) -> String {
+    let mut out = String::with_capacity(prefix.len() + key.len() + 8);
+    out.push_str(prefix);
+    let mut chars = key.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                if let Some(n) = chars.next() {
+                    out.push(n);
+                }
+            }
+            '|' | '=' => out.push('_'),
+            c => out.push(c),
+        }
+    }
+    out.push('_');
+    out
+}
+
+/// The keys of one counter under `layout` (see [`KeyLayout`] and [`counter_keys`]).
+pub fn counter_keys_in(layout: KeyLayout, prefix: &str, key: &str, quota: &Quota) -> CounterKeys {
+    if layout == KeyLayout::Envoy && quota.algorithm() == Algorithm::EnvoyFixedWindow {
+        (envoy_base_key(prefix, key), None)
+    } else {
+        counter_keys(prefix, key, quota)
+    }
 }
 
 /// Whether a key prefix is usable (no hash-tag braces, not empty).
@@ -216,6 +276,26 @@ mod tests {
         let (k, s) = counter_keys("tg", "api|ip=1.2.3.4", &q);
         assert_eq!(k, "tg:{api|ip=1.2.3.4}:log:15m");
         assert_eq!(slot(&k), slot(&s.unwrap()));
+    }
+
+    #[test]
+    fn envoy_keys_are_envoys_cache_keys() {
+        // envoyproxy/ratelimit's cache_key.go: `<prefix><domain>_<key>_<value>_..._<start>`.
+        assert_eq!(
+            envoy_base_key("", "domain|key2=value2|subkey2=subvalue2"),
+            "domain_key2_value2_subkey2_subvalue2_"
+        );
+        assert_eq!(envoy_base_key("p:", r"d|k\=x=v\|w"), "p:d_k=x_v|w_");
+        let q = Quota::new(1, Unit::Minute).with_algorithm(Algorithm::EnvoyFixedWindow);
+        assert_eq!(
+            counter_keys_in(KeyLayout::Envoy, "", "d|k=v", &q),
+            ("d_k_v_".to_owned(), None)
+        );
+        let fw = Quota::new(1, Unit::Minute).with_algorithm(Algorithm::FixedWindow);
+        assert_eq!(
+            counter_keys_in(KeyLayout::Envoy, "tg", "d|k=v", &fw).0,
+            "tg:{d|k=v}:fixed:1m"
+        );
     }
 
     #[test]

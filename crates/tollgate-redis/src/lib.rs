@@ -18,4 +18,5 @@ pub mod keys;
 pub mod script;
 pub mod store;
 
+pub use keys::KeyLayout;
 pub use store::{RedisOptions, RedisStore};

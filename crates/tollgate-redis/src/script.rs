@@ -6,7 +6,7 @@
 //! falls back to `EVAL` with [`SOURCE`], which also caches the script again (see
 //! `RedisStore::run`); [`redis::Script`] is kept for its SHA.
 
-use crate::keys::{self, CounterKeys, MAX_COST};
+use crate::keys::{self, CounterKeys, KeyLayout, MAX_COST};
 use redis::{Script, ScriptInvocation};
 use tollgate_core::{Algorithm, CheckItem, Decision, Micros, StoreError, Unit};
 
@@ -17,6 +17,7 @@ pub const SOURCE: &str = concat!(
     include_str!("../scripts/leaky_bucket.lua"),
     include_str!("../scripts/token_bucket.lua"),
     include_str!("../scripts/fixed_window.lua"),
+    include_str!("../scripts/envoy_fixed_window.lua"),
     include_str!("../scripts/sliding_log.lua"),
     include_str!("../scripts/sliding_counter.lua"),
     include_str!("../scripts/check.lua"),
@@ -42,6 +43,7 @@ fn algorithm_code(a: Algorithm) -> u8 {
         Algorithm::LeakyBucket => 2,
         Algorithm::TokenBucket => 3,
         Algorithm::FixedWindow => 4,
+        Algorithm::EnvoyFixedWindow => 7,
         Algorithm::SlidingWindowLog => 5,
         Algorithm::SlidingWindowCounter => 6,
         Algorithm::CountMinSketch => 0,
@@ -72,6 +74,21 @@ pub struct Call<'a> {
     pub single: bool,
     /// Extra TTL in milliseconds.
     pub grace_ms: u64,
+    /// Where envoy_fixed_window counters live.
+    pub layout: KeyLayout,
+    /// Envoy layout: `EXPIRE` adds a jitter in `[0, jitter_max_s)` seconds (envoy's
+    /// `EXPIRATION_JITTER_MAX_SECONDS`), drawn from `jitter_seed` per item.
+    pub jitter_max_s: u64,
+    /// Seed of this call's jitters.
+    pub jitter_seed: u64,
+}
+
+/// SplitMix64: a cheap, well-mixed draw for expiry jitter (not for anything secret).
+fn splitmix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// One item of a call: its index in the request, the item, its keys.
@@ -80,7 +97,7 @@ pub type Entry<'a> = (usize, &'a CheckItem<'a>, &'a CounterKeys);
 /// The keys and arguments of one call for `items` (with their index in the request and keys).
 pub fn arguments(call: &Call<'_>, items: &[Entry<'_>]) -> (Vec<String>, Vec<String>) {
     let mut keys = Vec::with_capacity(items.len() + 1);
-    let mut args = Vec::with_capacity(6 + 10 * items.len());
+    let mut args = Vec::with_capacity(6 + 13 * items.len());
     args.extend([
         call.now.map_or(String::new(), |n| n.to_string()),
         call.reqid.to_owned(),
@@ -99,7 +116,16 @@ pub fn arguments(call: &Call<'_>, items: &[Entry<'_>]) -> (Vec<String>, Vec<Stri
         if let Some(s) = sum {
             keys.push(s.clone());
         }
-        let fields: [u64; 10] = [
+        let envoy = call.layout == KeyLayout::Envoy && q.algorithm() == Algorithm::EnvoyFixedWindow;
+        let jitter = if call.jitter_max_s > 0 {
+            splitmix(call.jitter_seed ^ (*idx as u64)) % call.jitter_max_s
+        } else {
+            0
+        };
+        let expire = tollgate_core::algorithm::envoy_fixed_window::window_secs(q.period())
+            + jitter
+            + call.grace_ms.div_ceil(1000);
+        let fields: [u64; 13] = [
             algorithm_code(q.algorithm()).into(),
             item.cost.min(MAX_COST),
             item.shadow.into(),
@@ -110,6 +136,9 @@ pub fn arguments(call: &Call<'_>, items: &[Entry<'_>]) -> (Vec<String>, Vec<Stri
             q.period().multiplier.max(1).into(),
             q.period().nominal(),
             *idx as u64,
+            item.count_denied.into(),
+            envoy.into(),
+            expire,
         ];
         args.extend(fields.iter().map(u64::to_string));
     }
@@ -144,6 +173,9 @@ pub fn command_line(prefix: &str, item: &CheckItem<'_>, reqid: &str) -> String {
         mode: Mode::Check,
         single: true,
         grace_ms: 0,
+        layout: KeyLayout::Tollgate,
+        jitter_max_s: 0,
+        jitter_seed: 0,
     };
     let (k, a) = arguments(&call, &[(0, item, &keys)]);
     let quote = |s: &String| {

@@ -21,7 +21,7 @@
 //!   by the same script in refund mode (exact per algorithm, see `scripts/check.lua`), which
 //!   also answers the cost-0 queries a blocked request reports.
 
-use crate::keys;
+use crate::keys::{self, KeyLayout};
 use crate::script::{self, Call, Mode, Reply};
 use futures_util::future::join_all;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -33,6 +33,7 @@ use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
+use tollgate_core::store::consumes;
 use tollgate_core::{CheckItem, Decision, FaultKind, Micros, StoreError};
 
 /// Settings of a [`RedisStore`] (the address and credentials are in the URL).
@@ -51,6 +52,11 @@ pub struct RedisOptions {
     /// (rounded up to a millisecond). Replays with an explicit `now` unrelated to the real clock
     /// (tests, `simulate`) set a grace so keys outlive the replay.
     pub ttl_grace: Duration,
+    /// Where envoy_fixed_window counters live (see [`KeyLayout`]). Default tollgate's.
+    pub key_layout: KeyLayout,
+    /// [`KeyLayout::Envoy`]: a random extra of up to this (exclusive, whole seconds) on each
+    /// counter's `EXPIRE`, as envoy's `EXPIRATION_JITTER_MAX_SECONDS`. Default 0.
+    pub expiration_jitter: Duration,
 }
 
 impl Default for RedisOptions {
@@ -61,6 +67,8 @@ impl Default for RedisOptions {
             prefix: "tollgate".to_owned(),
             patience: Duration::from_secs(1),
             ttl_grace: Duration::ZERO,
+            key_layout: KeyLayout::Tollgate,
+            expiration_jitter: Duration::ZERO,
         }
     }
 }
@@ -278,11 +286,25 @@ impl RedisStore {
     }
 
     async fn open(url: &str, opts: RedisOptions, lazy: bool) -> Result<RedisStore, StoreError> {
-        if !keys::valid_prefix(&opts.prefix) {
+        let envoy = opts.key_layout == KeyLayout::Envoy;
+        // envoy's CACHE_KEY_PREFIX may be empty; tollgate's keys need a prefix before the tag.
+        let usable = if envoy {
+            !opts.prefix.contains(['{', '}'])
+        } else {
+            keys::valid_prefix(&opts.prefix)
+        };
+        if !usable {
             return Err(StoreError::Unsupported(format!(
-                "key prefix {:?} must be non-empty and contain no braces",
+                "key prefix {:?} must contain no braces (and, with tollgate's key layout, not be empty)",
                 opts.prefix
             )));
+        }
+        if envoy && url.contains("+cluster://") {
+            return Err(StoreError::Unsupported(
+                "the envoy key layout needs a standalone Redis: envoyproxy/ratelimit's keys \
+                 have no hash tag, so one request's counters span cluster slots"
+                    .into(),
+            ));
         }
         let connecting = async {
             if let Some(rest) = url.strip_prefix("redis+cluster://") {
@@ -613,7 +635,7 @@ impl RedisStore {
         let prefix = &self.inner.opts.prefix;
         let keys: Vec<keys::CounterKeys> = items
             .iter()
-            .map(|i| keys::counter_keys(prefix, i.key, i.quota))
+            .map(|i| keys::counter_keys_in(self.inner.opts.key_layout, prefix, i.key, i.quota))
             .collect();
         let reqid = self.next_reqid();
         let call = Call {
@@ -622,6 +644,9 @@ impl RedisStore {
             mode: Mode::Check,
             single: items.len() == 1,
             grace_ms: self.inner.opts.ttl_grace.as_millis() as u64,
+            layout: self.inner.opts.key_layout,
+            jitter_max_s: self.inner.opts.expiration_jitter.as_secs(),
+            jitter_seed: self.inner.seed ^ self.inner.counter.load(Ordering::Relaxed),
         };
         let all: Vec<script::Entry<'_>> = items
             .iter()
@@ -670,15 +695,23 @@ impl RedisStore {
             for (&i, d) in g.iter().zip(&reply.decisions) {
                 decisions[i] = *d;
             }
-            if !blocked || reply.blocked {
-                continue;
-            }
-            // This group committed but the request is blocked (or failed) elsewhere: give back
-            // what it consumed and report cost-0 queries, as a blocked request does.
+        }
+        let any_denied = blocked || decisions.iter().any(|d| !d.allowed);
+        for ((_, g), reply) in groups.iter().zip(&replies) {
+            let Ok(reply) = reply else { continue };
+            // What this group committed but the whole request must not: give it back and
+            // report cost-0 queries, as a blocked request does (see `consumes`).
+            let local_denied = reply.decisions.iter().any(|d| !d.allowed);
             let undo: Vec<usize> = g
                 .iter()
                 .copied()
-                .filter(|&i| decisions[i].allowed && items[i].cost > 0)
+                .filter(|&i| {
+                    let (it, d) = (&items[i], &decisions[i]);
+                    d.allowed
+                        && it.cost > 0
+                        && consumes(it, d, local_denied, reply.blocked)
+                        && !consumes(it, d, any_denied, blocked)
+                })
                 .collect();
             if undo.is_empty() {
                 continue;

@@ -7,6 +7,8 @@ use proptest::prelude::*;
 use std::time::Duration;
 use support::conformance::{random_trace, replay, traces, ALGORITHMS};
 use support::runtime;
+use tollgate_core::Algorithm;
+use tollgate_redis::KeyLayout;
 use tollgate_redis::{RedisOptions, RedisStore};
 
 /// Options for replays: explicit times unrelated to the real clock, so keys get a generous TTL
@@ -45,7 +47,7 @@ fn random_traces_match_memory_store() {
             replay_options("prop"),
         ))
         .unwrap();
-    for alg in ALGORITHMS {
+    for alg in ALGORITHMS.into_iter().chain([Algorithm::EnvoyFixedWindow]) {
         let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
             cases: std::env::var("PROPTEST_CASES")
                 .ok()
@@ -62,4 +64,49 @@ fn random_traces_match_memory_store() {
             .unwrap_or_else(|e| panic!("{alg}: {e}"));
     }
     support::delete_prefix(support::SHARED_URL, &store.options().prefix);
+}
+
+/// envoyproxy/ratelimit's key layout (a key per window, `INCRBY`/`EXPIRE`) decides as the
+/// memory store does, on the hand-written suite and on random traces whose time only moves
+/// forward (going back, envoy's layout finds the older window's key again, as envoy does, where
+/// the memory store keeps one state per counter).
+#[test]
+fn envoy_key_layout_matches_memory_store() {
+    let rt = runtime();
+    let base = replay_options("envoy");
+    // envoy's keys are `<prefix><domain>_...`: end the prefix with `:` for delete_prefix.
+    let ns = base.prefix.clone();
+    let opts = RedisOptions {
+        key_layout: KeyLayout::Envoy,
+        expiration_jitter: Duration::from_secs(30),
+        prefix: format!("{ns}:"),
+        ..base
+    };
+    let store = rt
+        .block_on(RedisStore::connect(support::SHARED_URL, opts))
+        .unwrap();
+    rt.block_on(async {
+        for t in traces().iter().filter(|t| {
+            t.steps.windows(2).all(|w| w[0].t <= w[1].t)
+                && t.steps
+                    .iter()
+                    .flat_map(|s| &s.reqs)
+                    .any(|r| r.quota.algorithm() == Algorithm::EnvoyFixedWindow)
+        }) {
+            replay(&store, t).await;
+        }
+    });
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 48,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(&random_trace(Algorithm::EnvoyFixedWindow, false), |trace| {
+            rt.block_on(replay(&store, &trace));
+            Ok(())
+        })
+        .unwrap();
+    let written = support::delete_prefix(support::SHARED_URL, &ns);
+    assert!(written > 0, "envoy keys written");
 }

@@ -154,6 +154,9 @@ async fn refund_in_the_middle_keeps_later_costs() {
             mode,
             single: true,
             grace_ms: 120_000,
+            layout: tollgate_redis::KeyLayout::Tollgate,
+            jitter_max_s: 0,
+            jitter_seed: 0,
         };
         let inv = invocation(&lua, &call, &[(0, &it, &keys)]);
         let mut con = con.clone();
@@ -373,6 +376,7 @@ fn random_long_logs_match_memory_store() {
                 quota: q,
                 cost,
                 shadow: false,
+                count_denied: false,
             };
             Trace {
                 name: format!("random long log {limit}/min"),

@@ -509,6 +509,9 @@ async fn refund_never_comes_off_a_later_window() {
             mode: Mode::Refund,
             single: false,
             grace_ms: 0,
+            layout: tollgate_redis::KeyLayout::Tollgate,
+            jitter_max_s: 0,
+            jitter_seed: 0,
         };
         let _: redis::Value = invocation(&lua, &call, &[(0, &first, &keys)])
             .invoke_async(&mut con)

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::sync::watch;
 use tollgate_core::clock::{Clock, SystemClock};
-use tollgate_core::rules::{RuleErrors, RuleSet};
+use tollgate_core::rules::{RuleDefaults, RuleErrors, RuleSet};
 
 /// The files [`RuleSet::load`] reads for `path`, sorted: the file itself, or the visible
 /// `*.yaml` / `*.yml` entries of a directory (symlinks followed; dangling ones included, so the
@@ -53,8 +53,18 @@ pub fn fingerprint(path: &Path) -> String {
 
 /// Load and validate the rules at `path`.
 pub fn load(path: &Path, generation: u64) -> Result<LoadedRules, RuleErrors> {
+    load_with(path, generation, RuleDefaults::default())
+}
+
+/// Load and validate the rules at `path`, with the server's [`RuleDefaults`] applied (a reload
+/// applies the running rules' defaults again).
+pub fn load_with(
+    path: &Path,
+    generation: u64,
+    defaults: RuleDefaults,
+) -> Result<LoadedRules, RuleErrors> {
     let hash = fingerprint(path);
-    let set = RuleSet::load(path)?;
+    let set = RuleSet::load(path)?.with_defaults(defaults);
     Ok(LoadedRules {
         counters: RuleSlots::new(&set),
         set,
@@ -69,7 +79,7 @@ pub fn load(path: &Path, generation: u64) -> Result<LoadedRules, RuleErrors> {
 pub fn reload_now(state: &AppState, path: &Path) -> bool {
     let running = state.rules();
     let generation = running.generation + 1;
-    let loaded = load(path, generation)
+    let loaded = load_with(path, generation, running.set.defaults())
         .map_err(|errors| errors.iter().map(ToString::to_string).collect::<Vec<_>>())
         .and_then(|rules| {
             // Rules the backend cannot serve (count-min sketch on Redis) are refused like

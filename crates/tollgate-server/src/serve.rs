@@ -25,9 +25,11 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tollgate_core::rules::RuleDefaults;
+use tollgate_core::Algorithm;
 use tollgate_core::MemoryStore;
 use tollgate_redis::store::redact;
-use tollgate_redis::{RedisOptions, RedisStore};
+use tollgate_redis::{KeyLayout, RedisOptions, RedisStore};
 
 /// Everything `serve` needs (each field is a `tollgate serve` flag and `TOLLGATE_*` variable).
 #[derive(Debug, Clone)]
@@ -71,6 +73,17 @@ pub struct ServeConfig {
     pub grpc_limits: crate::grpc::GrpcLimits,
     /// `--trusted-proxies`: peers whose `X-Forwarded-For` / `X-Real-IP` are believed.
     pub trusted_proxies: Vec<tollgate_core::request::Cidr>,
+    /// `--default-algorithm`: the algorithm of rules that name none (and of per-request limit
+    /// overrides); `None`: sliding_window_counter. Applied at start and on every reload.
+    pub default_algorithm: Option<Algorithm>,
+    /// `--count-denied-hits`: envoy_fixed_window limits count the hits of requests that another
+    /// limit denies (envoyproxy/ratelimit's default counting).
+    pub count_denied_hits: bool,
+    /// `--redis-key-layout`: where envoy_fixed_window counters live on Redis (`envoy`: shared
+    /// with envoyproxy/ratelimit; `--redis-prefix` is then its `CACHE_KEY_PREFIX`, used as is).
+    pub redis_key_layout: KeyLayout,
+    /// `--redis-expiration-jitter`: envoy key layout, up to this much extra on each `EXPIRE`.
+    pub redis_expiration_jitter: Duration,
 }
 
 impl Default for ServeConfig {
@@ -95,6 +108,10 @@ impl Default for ServeConfig {
             shutdown_timeout: Duration::from_secs(10),
             grpc_limits: crate::grpc::GrpcLimits::default(),
             trusted_proxies: Vec::new(),
+            default_algorithm: None,
+            count_denied_hits: false,
+            redis_key_layout: KeyLayout::Tollgate,
+            redis_expiration_jitter: Duration::ZERO,
         }
     }
 }
@@ -116,7 +133,11 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<AppState> {
             config.rules.display()
         );
     }
-    let rules = reload::load(&config.rules, 1)
+    let defaults = RuleDefaults {
+        algorithm: config.default_algorithm,
+        count_denied_hits: config.count_denied_hits,
+    };
+    let rules = reload::load_with(&config.rules, 1, defaults)
         .map_err(|e| anyhow::anyhow!("invalid rules in {}:\n{e}", config.rules.display()))?;
     let builder = AppState::builder(rules)
         .limits(config.limits)
@@ -140,6 +161,8 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<AppState> {
         let opts = RedisOptions {
             timeout: config.redis_timeout,
             prefix: config.redis_prefix.clone(),
+            key_layout: config.redis_key_layout,
+            expiration_jitter: config.redis_expiration_jitter,
             ..RedisOptions::default()
         };
         let store = RedisStore::connect_lazy(&config.store, opts)

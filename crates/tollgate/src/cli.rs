@@ -186,6 +186,33 @@ pub struct ServeArgs {
     trusted_proxies: Vec<TrustedProxy>,
     #[command(flatten)]
     grpc: GrpcArgs,
+    #[command(flatten)]
+    counting: CountingArgs,
+}
+
+/// `tollgate serve` flags of what rules mean and how counters are kept (envoyproxy/ratelimit
+/// compatibility among them).
+#[derive(Debug, clap::Args)]
+struct CountingArgs {
+    /// The algorithm of rules that name none (and of per-request limit overrides), e.g.
+    /// `envoy_fixed_window` for envoyproxy/ratelimit's fixed windows. Default:
+    /// sliding_window_counter.
+    #[arg(long, env = "TOLLGATE_DEFAULT_ALGORITHM")]
+    default_algorithm: Option<tollgate_core::Algorithm>,
+    /// envoy_fixed_window limits also count the hits of requests that another limit denies
+    /// (envoyproxy/ratelimit's default; off is its STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT).
+    #[arg(long, env = "TOLLGATE_COUNT_DENIED_HITS")]
+    count_denied_hits: bool,
+    /// Redis: where envoy_fixed_window counters live: `tollgate` (hash-tagged keys) or `envoy`
+    /// (envoyproxy/ratelimit's keys and increments, shared with its pods; standalone Redis only;
+    /// --redis-prefix is then used as is, like its CACHE_KEY_PREFIX).
+    #[arg(long, env = "TOLLGATE_REDIS_KEY_LAYOUT", default_value = "tollgate")]
+    redis_key_layout: tollgate_redis::KeyLayout,
+    /// Redis, envoy key layout: a random extra of up to this on each counter's expiry (like
+    /// EXPIRATION_JITTER_MAX_SECONDS), e.g. `300s`.
+    #[arg(long, env = "TOLLGATE_REDIS_EXPIRATION_JITTER", default_value = "0s",
+          value_parser = crate::bench::parse_duration)]
+    redis_expiration_jitter: Duration,
 }
 
 /// `tollgate serve` flags of the gRPC listener's HTTP/2 limits (see `GrpcLimits`).
@@ -333,6 +360,10 @@ impl ServeArgs {
             shutdown_timeout: self.shutdown_timeout,
             grpc_limits: self.grpc.limits(),
             trusted_proxies: self.trusted_proxies.iter().filter_map(|t| t.0).collect(),
+            default_algorithm: self.counting.default_algorithm,
+            count_denied_hits: self.counting.count_denied_hits,
+            redis_key_layout: self.counting.redis_key_layout,
+            redis_expiration_jitter: self.counting.redis_expiration_jitter,
             ..ServeConfig::default()
         }
     }

@@ -3,7 +3,8 @@
 //! A step never reads a clock and never mutates shared data: stores (memory, Redis) own the state
 //! and apply a step atomically per key. `None` state means "untracked", which is the same as
 //! "full": every step returns `None` when its result is back to that, so stores can drop it.
-//! Denied requests never consume; `cost = 0` is a pure query.
+//! Denied requests never consume (except in [`envoy_fixed_window`], which counts them as
+//! envoyproxy/ratelimit does); `cost = 0` is a pure query.
 //!
 //! Time may step (Redis `TIME` follows the host's wall clock). Each algorithm clamps a state
 //! that lies further in the future than a monotonic clock could have left it, keeps the clamped
@@ -17,6 +18,7 @@
 //! counter it approximates.
 
 pub mod count_min;
+pub mod envoy_fixed_window;
 pub mod fixed_window;
 pub mod gcra;
 pub mod leaky_bucket;
@@ -77,6 +79,7 @@ pub fn clamp(quota: &Quota, state: &State, now: Micros) -> Option<State> {
         State::Leaky(t) => changed(*t, gcra::clamp(*t, now, quota)).map(State::Leaky),
         State::Bucket(b) => changed(b.last, token_bucket::clamp(*b, now).last)
             .map(|last| State::Bucket(Bucket { last, ..*b })),
+        State::Window(_) if quota.algorithm() == Algorithm::EnvoyFixedWindow => None,
         State::Window(w) => fixed_window::clamp(*w, now, quota).map(State::Window),
         State::Counter(c) => sliding_counter::clamp(*c, now, quota).map(State::Counter),
         State::Log(_) => None,
@@ -118,6 +121,14 @@ pub fn step(quota: &Quota, state: Option<State>, now: Micros, cost: u64) -> Outc
                 _ => None,
             };
             let (d, s) = fixed_window::step(s, now, cost, quota);
+            (d, s.map(State::Window))
+        }
+        A::EnvoyFixedWindow => {
+            let s = match state {
+                Some(State::Window(w)) => Some(w),
+                _ => None,
+            };
+            let (d, s) = envoy_fixed_window::step(s, now, cost, quota);
             (d, s.map(State::Window))
         }
         A::SlidingWindowCounter | A::CountMinSketch => {

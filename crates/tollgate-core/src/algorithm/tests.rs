@@ -202,7 +202,7 @@ fn expected_retry(alg: Algorithm) -> Micros {
         // One token (one emission interval, 20 s) away.
         Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucket => 20 * SECOND,
         // The window ends at 1:00.
-        Algorithm::FixedWindow => 50 * SECOND,
+        Algorithm::FixedWindow | Algorithm::EnvoyFixedWindow => 50 * SECOND,
         // The oldest entry leaves the window 60 s after it was logged.
         Algorithm::SlidingWindowLog => MIN,
         // Next window, the 3 weigh floor(3 × r / 60 s) <= 2 once r < 60 s: 1 µs after 1:00.
@@ -601,6 +601,10 @@ fn duration_bound(q: &Quota, now: Micros) -> Micros {
     };
     match q.algorithm() {
         Algorithm::FixedWindow => window_len,
+        Algorithm::EnvoyFixedWindow => {
+            let (s, e) = super::envoy_fixed_window::window(q.period(), now);
+            e - s
+        }
         Algorithm::SlidingWindowCounter => 2 * window_len,
         _ => q.emission_interval().unwrap_or(0) * q.capacity().max(1),
     }

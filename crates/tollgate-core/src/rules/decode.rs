@@ -83,6 +83,8 @@ pub(crate) struct RateLimitSpec {
     /// `None` = unlimited.
     pub quota: Option<Quota>,
     pub replaces: Vec<String>,
+    /// The rule names an `algorithm` (otherwise the rule set's default applies).
+    pub algorithm_named: bool,
 }
 
 /// Collects errors as `(position, message)`.
@@ -286,6 +288,7 @@ fn rate_limit(node: &Node, errors: &mut Errors) -> Option<RateLimitSpec> {
             name,
             quota: None,
             replaces,
+            algorithm_named: false,
         });
     }
 
@@ -409,6 +412,7 @@ fn rate_limit(node: &Node, errors: &mut Errors) -> Option<RateLimitSpec> {
         name,
         quota: Some(quota),
         replaces,
+        algorithm_named: fields.get("algorithm").is_some(),
     })
 }
 

@@ -47,7 +47,7 @@ pub use error::{RuleError, RuleErrors};
 pub use metadata::MetaValue;
 pub use stats::StatsKey;
 
-use crate::quota::Quota;
+use crate::quota::{Algorithm, Quota};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use tree::{Found, Tree};
@@ -90,6 +90,11 @@ pub struct Limit {
     /// `metadata`: an arbitrary map of the descriptor, returned to Envoy as dynamic metadata
     /// when the limit passes (and the service is configured to return it).
     pub metadata: Option<BTreeMap<String, MetaValue>>,
+    /// The rule names an `algorithm`; otherwise [`RuleDefaults::algorithm`] applies.
+    pub algorithm_named: bool,
+    /// An [`Algorithm::EnvoyFixedWindow`] rule counts the hits of requests that another limit
+    /// denies ([`RuleDefaults::count_denied_hits`]; see [`crate::store::CheckItem::count_denied`]).
+    pub count_denied_hits: bool,
     /// The rule's stats key as envoyproxy/ratelimit names it (`domain.key_value.key`), used as
     /// the rule's metric name.
     pub stats: StatsKey,
@@ -148,6 +153,29 @@ pub struct RuleSet {
     domains: Vec<Domain>,
     by_name: HashMap<String, usize>,
     limits: Vec<Limit>,
+    defaults: RuleDefaults,
+}
+
+/// Server-wide settings that apply to the rules rather than being written in them (so a rule
+/// file means what the server is configured to make it mean, e.g. envoyproxy/ratelimit's
+/// fixed window for rules that name no algorithm). Kept with the rule set so that a reload
+/// applies them again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RuleDefaults {
+    /// The algorithm of rules that name none (and of per-request limit overrides); `None`:
+    /// [`Algorithm::default`].
+    pub algorithm: Option<Algorithm>,
+    /// [`Algorithm::EnvoyFixedWindow`] limits count hits on every descriptor of a request that
+    /// another limit denies (envoyproxy/ratelimit's default; off is its
+    /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`). A denied limit itself always counts.
+    pub count_denied_hits: bool,
+}
+
+impl RuleDefaults {
+    /// The algorithm of rules that name none.
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm.unwrap_or_default()
+    }
 }
 
 impl RuleSet {
@@ -243,6 +271,24 @@ impl RuleSet {
             });
         }
         Ok(set)
+    }
+
+    /// The same rules with `defaults` applied: rules that name no algorithm take
+    /// `defaults.algorithm`, and every limit takes `defaults.count_denied_hits`.
+    pub fn with_defaults(mut self, defaults: RuleDefaults) -> Self {
+        for l in &mut self.limits {
+            if !l.algorithm_named {
+                l.quota = l.quota.map(|q| q.with_algorithm(defaults.algorithm()));
+            }
+            l.count_denied_hits = defaults.count_denied_hits;
+        }
+        self.defaults = defaults;
+        self
+    }
+
+    /// The defaults applied to these rules ([`RuleSet::with_defaults`]).
+    pub fn defaults(&self) -> RuleDefaults {
+        self.defaults
     }
 
     /// Resolves one request descriptor (its entries in order) in a domain.

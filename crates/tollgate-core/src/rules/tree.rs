@@ -112,6 +112,8 @@ impl Tree {
                     value_to_metric: d.value_to_metric,
                     share_threshold: d.share_threshold,
                     quota_mode: d.quota_mode,
+                    algorithm_named: rl.algorithm_named,
+                    count_denied_hits: false,
                     metadata: d.metadata.clone(),
                     stats: StatsKey::compile(domain, path, d.detailed_metric),
                     file: file.to_string(),

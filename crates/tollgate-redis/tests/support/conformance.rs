@@ -30,6 +30,18 @@ pub const ALGORITHMS: [Algorithm; 6] = [
     Algorithm::SlidingWindowCounter,
 ];
 
+/// Every algorithm, envoyproxy/ratelimit's fixed window too (not all-or-nothing, so kept out of
+/// [`ALGORITHMS`], which tests of all-or-nothing iterate).
+pub const ALL_ALGORITHMS: [Algorithm; 7] = [
+    Algorithm::Gcra,
+    Algorithm::LeakyBucket,
+    Algorithm::TokenBucket,
+    Algorithm::FixedWindow,
+    Algorithm::SlidingWindowLog,
+    Algorithm::SlidingWindowCounter,
+    Algorithm::EnvoyFixedWindow,
+];
+
 /// `y-m-d` at `secs` past midnight UTC.
 pub fn at(y: i64, m: u32, d: u32, secs: u64) -> Micros {
     days_from_civil(y, m, d) as u64 * DAY + secs * SECOND
@@ -42,6 +54,8 @@ pub struct Req {
     pub quota: Quota,
     pub cost: u64,
     pub shadow: bool,
+    /// [`CheckItem::count_denied`].
+    pub count_denied: bool,
 }
 
 /// One request at time `t`.
@@ -64,7 +78,13 @@ fn req(key: &str, quota: Quota, cost: u64) -> Req {
         quota,
         cost,
         shadow: false,
+        count_denied: false,
     }
+}
+
+fn counting(mut r: Req) -> Req {
+    r.count_denied = true;
+    r
 }
 
 fn shadow(mut r: Req) -> Req {
@@ -142,7 +162,7 @@ pub fn traces() -> Vec<Trace> {
         (1, 1),
     ];
     let mut out = Vec::new();
-    for alg in ALGORITHMS {
+    for alg in ALL_ALGORITHMS {
         let q = |limit: u64, period: Period| Quota::new(limit, period).with_algorithm(alg);
         let quotas = [
             ("5/s", q(5, Unit::Second.into())),
@@ -374,8 +394,9 @@ pub fn traces() -> Vec<Trace> {
         ));
     }
     out.extend(long_log_traces(t0));
+    out.extend(envoy_traces(t0));
     // Mixed algorithms in one request.
-    let mixed: Vec<Req> = ALGORITHMS
+    let mixed: Vec<Req> = ALL_ALGORITHMS
         .iter()
         .enumerate()
         .map(|(i, &a)| {
@@ -431,7 +452,7 @@ pub fn traces() -> Vec<Trace> {
         (-7 * day, 0),
         (0, 1),
     ];
-    for alg in ALGORITHMS {
+    for alg in ALL_ALGORITHMS {
         let q = |limit: u64, unit: Unit| Quota::new(limit, unit).with_algorithm(alg);
         for (qn, quota) in [
             ("1/s", q(1, Unit::Second)),
@@ -594,6 +615,71 @@ fn long_log_traces(t0: Micros) -> Vec<Trace> {
     out
 }
 
+/// envoyproxy/ratelimit's counting: denied hits count on the denied descriptor, and on the
+/// others unless they stop counting (`STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`); a denied
+/// shadow item stops them too; a multi-key request with a tollgate algorithm in it.
+fn envoy_traces(t0: Micros) -> Vec<Trace> {
+    let envoy = |limit: u64, unit: Unit| {
+        Quota::new(limit, unit).with_algorithm(Algorithm::EnvoyFixedWindow)
+    };
+    let (wide, narrow) = (envoy(5, Unit::Minute), envoy(2, Unit::Minute));
+    let fw = Quota::new(2, Unit::Minute).with_algorithm(Algorithm::FixedWindow);
+    let mut out = Vec::new();
+    for (name, count) in [
+        ("envoy counts denied hits", true),
+        ("envoy stops counting", false),
+    ] {
+        let pair = |cw: u64, cn: u64| {
+            let (mut a, mut b) = (req("wide", wide, cw), req("narrow", narrow, cn));
+            a.count_denied = count;
+            b.count_denied = count;
+            vec![a, b]
+        };
+        let mut steps: Vec<Step> = (0..4)
+            .map(|i| Step {
+                t: t0 + i * SECOND,
+                reqs: pair(1, 1),
+            })
+            .collect();
+        steps.push(Step {
+            t: t0 + 5 * SECOND,
+            reqs: pair(0, 0),
+        });
+        steps.push(Step {
+            t: t0 + 6 * SECOND,
+            reqs: vec![
+                shadow(req("narrow", narrow, 1)),
+                counting(req("wide", wide, 1)),
+            ],
+        });
+        steps.push(Step {
+            t: t0 + 7 * SECOND,
+            reqs: vec![shadow(req("narrow", narrow, 1)), req("wide", wide, 2)],
+        });
+        steps.push(Step {
+            t: t0 + 8 * SECOND,
+            reqs: vec![req("fw", fw, 1), req("wide", wide, 1), req("fw", fw, 2)],
+        });
+        steps.push(Step {
+            t: t0 + 70 * SECOND,
+            reqs: pair(3, 1),
+        });
+        steps.push(Step {
+            t: t0 + 71 * SECOND,
+            reqs: pair(9, 0),
+        });
+        out.push(Trace {
+            name: name.into(),
+            steps,
+        });
+    }
+    // A month is 30 days, a year 365: windows cross calendar boundaries.
+    let month = envoy(2, Unit::Month);
+    let times: Vec<(Micros, u64)> = (0..8).map(|i| (t0 + i * 5 * DAY, 1)).collect();
+    out.push(single("envoy 30-day month".into(), month, &times));
+    out
+}
+
 /// A random trace for `alg`: two quotas, 1-3 items per request over two keys, time moving by
 /// small and large steps, and sometimes backwards when `backwards` is set.
 pub fn random_trace(alg: Algorithm, backwards: bool) -> impl Strategy<Value = Trace> {
@@ -623,7 +709,12 @@ pub fn random_trace(alg: Algorithm, backwards: bool) -> impl Strategy<Value = Tr
         1 => -(30 * DAY as i64)..0,
         1 => 0i64..(400 * DAY as i64),
     ];
-    let item = (0usize..2, 0u64..15, proptest::bool::weighted(0.2));
+    let item = (
+        0usize..2,
+        0u64..15,
+        proptest::bool::weighted(0.2),
+        proptest::bool::ANY,
+    );
     let step = (dt, proptest::collection::vec(item, 1..4));
     (
         [quota.clone(), quota],
@@ -641,11 +732,12 @@ pub fn random_trace(alg: Algorithm, backwards: bool) -> impl Strategy<Value = Tr
                         t,
                         reqs: items
                             .into_iter()
-                            .map(|(k, cost, sh)| Req {
+                            .map(|(k, cost, sh, cd)| Req {
                                 key: ["a", "b"][k].to_owned(),
                                 quota: quotas[k],
                                 cost,
                                 shadow: sh,
+                                count_denied: cd,
                             })
                             .collect(),
                     }
@@ -680,6 +772,7 @@ pub async fn replay(redis: &RedisStore, trace: &Trace) {
                 quota: &r.quota,
                 cost: r.cost,
                 shadow: r.shadow,
+                count_denied: r.count_denied,
             })
             .collect();
         let expected: Vec<Decision> = mem.check(step.t, &items).unwrap();
