@@ -389,8 +389,8 @@ pub async fn serve(
         _ = wait_for_shutdown(rx.clone()) => None,
         ended = &mut http_task => Some(ended),
     };
-    // One deadline for the whole shutdown. The HTTP listener drops its connections at its own
-    // (same) deadline; the second of slack lets it do so before being aborted itself.
+    // One deadline for the whole shutdown. Each listener drops its connections at its own
+    // (same) deadline; the second of slack lets it do so (and say so) before being aborted.
     let deadline = tokio::time::Instant::now() + config.shutdown_timeout;
     match early {
         Some(ended) => {
@@ -409,7 +409,7 @@ pub async fn serve(
             }
         }
     }
-    match tokio::time::timeout_at(deadline, &mut grpc).await {
+    match tokio::time::timeout_at(deadline + Duration::from_secs(1), &mut grpc).await {
         Ok(ended) => ended
             .context("gRPC server task failed")?
             .context("gRPC server failed")?,
