@@ -185,6 +185,25 @@ impl Metrics {
         )
     }
 
+    /// Calls `f` with every `(domain, rule)` pair's counters, in no particular order (the
+    /// envoy-named exports in [`crate::envoy_stats`] read the same counters at flush time).
+    pub fn for_each_rule(&self, mut f: impl FnMut(&str, &str, &RuleCounters)) {
+        let rules = self.rules.read().unwrap_or_else(|e| e.into_inner());
+        for ((domain, rule), c) in rules.iter() {
+            f(domain, rule, c);
+        }
+    }
+
+    /// Service-level totals so far (for the envoy-named exports).
+    pub fn service_totals(&self) -> ServiceTotals {
+        ServiceTotals {
+            requests: self.requests.iter().map(|r| r.load(Relaxed)).sum(),
+            store_errors: self.store_errors.load(Relaxed),
+            rule_sets_loaded: self.rules_generation.load(Relaxed),
+            reloads_failed: self.reloads_failed.load(Relaxed),
+        }
+    }
+
     /// Prometheus text exposition format (version 0.0.4). `extra` gauges are appended as
     /// `(name, help, value)`.
     pub fn render(&self, extra: &[(&str, &str, u64)]) -> String {
@@ -291,6 +310,19 @@ impl Metrics {
         }
         out
     }
+}
+
+/// Service-level totals, see [`Metrics::service_totals`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServiceTotals {
+    /// Requests answered (any overall code).
+    pub requests: u64,
+    /// Store failures.
+    pub store_errors: u64,
+    /// Rule sets activated (the one loaded at start included).
+    pub rule_sets_loaded: u64,
+    /// Failed reloads.
+    pub reloads_failed: u64,
 }
 
 /// Why the server closed a client connection (`reason` label of

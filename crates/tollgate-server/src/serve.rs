@@ -68,6 +68,9 @@ pub struct ServeConfig {
     pub shutdown_timeout: Duration,
     /// `--grpc-*`: HTTP/2 and connection limits of the gRPC listener.
     pub grpc_limits: crate::grpc::GrpcLimits,
+    /// `--statsd-*`, `--envoy-metrics-*`: envoyproxy/ratelimit-named stats (statsd stream,
+    /// Prometheus page); off by default.
+    pub envoy_stats: crate::envoy_stats::EnvoyStats,
 }
 
 impl Default for ServeConfig {
@@ -91,6 +94,7 @@ impl Default for ServeConfig {
             max_connections: 10_000,
             shutdown_timeout: Duration::from_secs(10),
             grpc_limits: crate::grpc::GrpcLimits::default(),
+            envoy_stats: crate::envoy_stats::EnvoyStats::default(),
         }
     }
 }
@@ -285,6 +289,7 @@ pub async fn serve(
         rx.clone(),
     ));
     let sweeper = tokio::spawn(sweep(state.clone(), config.sweep_interval, rx.clone()));
+    let envoy_stats = spawn_envoy_stats(&state, &config.envoy_stats, &rx).await?;
     tokio::spawn(async move {
         shutdown.await;
         tracing::info!("shutting down: finishing in-flight requests");
@@ -345,6 +350,9 @@ pub async fn serve(
     }
     let _ = watcher.await;
     let _ = sweeper.await;
+    for task in envoy_stats {
+        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+    }
     tracing::info!("stopped");
     Ok(())
 }
@@ -360,6 +368,38 @@ pub fn listening_message(bound: &Bound) -> String {
         "listening: HTTP http://{} (try: curl -s localhost:{port}/v1/check -H 'content-type: application/json' -d '{{\"domain\":\"api\",\"descriptors\":[{{\"entries\":[{{\"key\":\"user\",\"value\":\"alice\"}}]}}]}}'){grpc}, store {}",
         bound.http, bound.store
     )
+}
+
+/// Start the envoy-named stats exports of `settings` (statsd sender, Prometheus listener).
+async fn spawn_envoy_stats(
+    state: &AppState,
+    settings: &crate::envoy_stats::EnvoyStats,
+    rx: &watch::Receiver<bool>,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    let mut tasks = Vec::new();
+    if let Some(statsd) = settings.statsd.clone() {
+        tracing::info!(host = %statsd.host, port = statsd.port, protocol = ?statsd.protocol,
+            interval = ?statsd.flush_interval, "sending envoy-named stats to statsd");
+        tasks.push(tokio::spawn(crate::envoy_stats::run_statsd(
+            state.clone(),
+            statsd,
+            rx.clone(),
+        )));
+    }
+    if let Some(prom) = settings.prometheus.clone() {
+        let listener = TcpListener::bind(prom.addr)
+            .await
+            .with_context(|| format!("cannot listen for envoy metrics on {}", prom.addr))?;
+        tracing::info!(addr = %listener.local_addr()?, path = %prom.path, "serving envoy-named metrics");
+        let (state, rx) = (state.clone(), rx.clone());
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = crate::envoy_stats::run_prometheus(state, listener, prom.path, rx).await
+            {
+                tracing::warn!(error = %e, "envoy metrics listener failed");
+            }
+        }));
+    }
+    Ok(tasks)
 }
 
 /// Drop expired memory-store entries every `every` until shutdown.

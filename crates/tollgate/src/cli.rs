@@ -160,6 +160,8 @@ pub struct ServeArgs {
     shutdown_timeout: Duration,
     #[command(flatten)]
     grpc: GrpcArgs,
+    #[command(flatten)]
+    stats: crate::stats_args::StatsArgs,
 }
 
 /// `tollgate serve` flags of the gRPC listener's HTTP/2 limits (see `GrpcLimits`).
@@ -217,7 +219,7 @@ impl GrpcArgs {
 }
 
 /// A duration such as `10s`, `500ms` or `2m`, not zero.
-fn positive_duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn positive_duration(text: &str) -> Result<Duration, String> {
     let d = crate::bench::parse_duration(text)?;
     if d.is_zero() {
         return Err(format!(
@@ -270,7 +272,11 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             store,
             input,
         } => crate::simulate::run(&rules, &store, input.as_deref()),
-        Command::Serve(args) => crate::serve::run(args.config(), args.log_format),
+        Command::Serve(args) => {
+            let mut config = args.config();
+            config.envoy_stats = args.stats.settings().map_err(anyhow::Error::msg)?;
+            crate::serve::run(config, args.log_format)
+        }
         Command::Check {
             url,
             domain,

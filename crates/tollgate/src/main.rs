@@ -5,6 +5,7 @@ mod check;
 mod cli;
 mod serve;
 mod simulate;
+mod stats_args;
 mod trace;
 mod validate;
 
