@@ -333,8 +333,9 @@ fn record(
         }
     } else {
         c.within_limit.fetch_add(cost, Relaxed);
-        if decision.remaining.saturating_mul(5) < decision.limit {
-            c.near_limit.fetch_add(cost, Relaxed);
+        let near = metrics.near_limit_hits(decision.limit, decision.remaining, cost);
+        if near > 0 {
+            c.near_limit.fetch_add(near, Relaxed);
         }
     }
 }

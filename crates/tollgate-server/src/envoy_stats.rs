@@ -257,6 +257,18 @@ pub fn stats_from_env(env: &HashMap<String, String>) -> Result<EnvoyStats, EnvEr
     Ok(out)
 }
 
+/// `NEAR_LIMIT_RATIO` (default 0.8), for `ServeConfig::near_limit_ratio`: in (0, 1].
+pub fn near_limit_ratio_from_env(env: &HashMap<String, String>) -> Result<f32, EnvError> {
+    match env_get(env, "NEAR_LIMIT_RATIO") {
+        None => Ok(0.8),
+        Some(v) => v
+            .parse::<f32>()
+            .ok()
+            .filter(|r| *r > 0.0 && *r <= 1.0)
+            .ok_or_else(|| EnvError::new("NEAR_LIMIT_RATIO", v, "expected a number in (0, 1]")),
+    }
+}
+
 /// A stats key as envoyproxy/ratelimit puts it in a stat name: `:` and `|` become `_`, and so do
 /// the dots inside anything shaped like an IPv4 address (`10.0.0.1` -> `10_0_0_1`).
 pub fn sanitize(key: &str) -> String {
@@ -655,6 +667,16 @@ mod tests {
         ] {
             let e = stats_from_env(&env(&bad)).unwrap_err();
             assert!(bad.iter().any(|(k, _)| *k == e.var), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn near_limit_ratio() {
+        assert_eq!(near_limit_ratio_from_env(&env(&[])).unwrap(), 0.8);
+        let r = near_limit_ratio_from_env(&env(&[("NEAR_LIMIT_RATIO", "0.9")]));
+        assert_eq!(r.unwrap(), 0.9);
+        for bad in ["0", "1.5", "x"] {
+            assert!(near_limit_ratio_from_env(&env(&[("NEAR_LIMIT_RATIO", bad)])).is_err());
         }
     }
 

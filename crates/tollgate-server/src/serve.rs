@@ -71,6 +71,8 @@ pub struct ServeConfig {
     /// `--statsd-*`, `--envoy-metrics-*`: envoyproxy/ratelimit-named stats (statsd stream,
     /// Prometheus page); off by default.
     pub envoy_stats: crate::envoy_stats::EnvoyStats,
+    /// `--near-limit-ratio`: admitted hits past `floor(limit * ratio)` count as near the limit.
+    pub near_limit_ratio: f32,
 }
 
 impl Default for ServeConfig {
@@ -95,6 +97,7 @@ impl Default for ServeConfig {
             shutdown_timeout: Duration::from_secs(10),
             grpc_limits: crate::grpc::GrpcLimits::default(),
             envoy_stats: crate::envoy_stats::EnvoyStats::default(),
+            near_limit_ratio: 0.8,
         }
     }
 }
@@ -145,7 +148,17 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<AppState> {
             redact(&config.store)
         );
     };
-    Ok(builder.build())
+    if !(config.near_limit_ratio > 0.0 && config.near_limit_ratio <= 1.0) {
+        bail!(
+            "--near-limit-ratio must be in (0, 1], got {}",
+            config.near_limit_ratio
+        );
+    }
+    let state = builder.build();
+    state
+        .metrics()
+        .set_near_limit_ratio(config.near_limit_ratio);
+    Ok(state)
 }
 
 /// Reject connection limits that would make the service unusable (zero timeouts or cap).

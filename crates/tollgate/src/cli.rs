@@ -275,6 +275,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve(args) => {
             let mut config = args.config();
             config.envoy_stats = args.stats.settings().map_err(anyhow::Error::msg)?;
+            config.near_limit_ratio = args.stats.near_limit_ratio;
             crate::serve::run(config, args.log_format)
         }
         Command::Check {

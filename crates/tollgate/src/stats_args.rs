@@ -41,6 +41,10 @@ pub struct StatsArgs {
     /// Path of the envoy-named metrics page.
     #[arg(long, env = "TOLLGATE_ENVOY_METRICS_PATH", default_value = "/metrics")]
     envoy_metrics_path: String,
+    /// Admitted hits past `floor(limit * ratio)` count as `near_limit` (envoyproxy/ratelimit's
+    /// `NEAR_LIMIT_RATIO`), in (0, 1].
+    #[arg(long, env = "TOLLGATE_NEAR_LIMIT_RATIO", default_value_t = 0.8)]
+    pub near_limit_ratio: f32,
 }
 
 impl StatsArgs {

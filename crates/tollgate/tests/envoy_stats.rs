@@ -168,7 +168,7 @@ fn statsd_tcp_stream_as_gostats_default_transport() {
 }
 
 #[test]
-fn prometheus_page_with_envoy_metric_names() {
+fn prometheus_page_with_envoy_metric_names_and_near_limit_ratio() {
     let port = free_port();
     let metrics_addr = format!("127.0.0.1:{port}");
     let server = start(
@@ -178,6 +178,9 @@ fn prometheus_page_with_envoy_metric_names() {
             &metrics_addr,
             "--envoy-metrics-path",
             "/stats",
+            // floor(3 * 0.5) = 1: the second and third admitted hits are near the limit.
+            "--near-limit-ratio",
+            "0.5",
         ],
     );
     five_hits(&server);
@@ -188,7 +191,7 @@ fn prometheus_page_with_envoy_metric_names() {
         "ratelimit_service_rate_limit_total_hits{domain=\"api\",key1=\"user\"} 5",
         "ratelimit_service_rate_limit_over_limit{domain=\"api\",key1=\"user\"} 2",
         "ratelimit_service_rate_limit_within_limit{domain=\"api\",key1=\"user\"} 3",
-        "ratelimit_service_rate_limit_near_limit{domain=\"api\",key1=\"user\"} 1",
+        "ratelimit_service_rate_limit_near_limit{domain=\"api\",key1=\"user\"} 2",
         "ratelimit_service_total_requests{grpc_method=\"ShouldRateLimit\"} 5",
         "ratelimit_service_config_load_success 1",
         "ratelimit_service_config_load_error 0",
