@@ -257,6 +257,22 @@ pub fn stats_from_env(env: &HashMap<String, String>) -> Result<EnvoyStats, EnvEr
     Ok(out)
 }
 
+/// Every variable [`stats_from_env`] and [`near_limit_ratio_from_env`] read (so a profile can
+/// tell unknown ones apart).
+pub const KNOWN_VARIABLES: [&str; 11] = [
+    "USE_STATSD",
+    "STATSD_HOST",
+    "STATSD_PORT",
+    "STATSD_PROTOCOL",
+    "STATS_FLUSH_INTERVAL",
+    "EXTRA_TAGS",
+    "DISABLE_STATS",
+    "USE_PROMETHEUS",
+    "PROMETHEUS_ADDR",
+    "PROMETHEUS_PATH",
+    "NEAR_LIMIT_RATIO",
+];
+
 /// `NEAR_LIMIT_RATIO` (default 0.8), for `ServeConfig::near_limit_ratio`: in (0, 1].
 pub fn near_limit_ratio_from_env(env: &HashMap<String, String>) -> Result<f32, EnvError> {
     match env_get(env, "NEAR_LIMIT_RATIO") {
