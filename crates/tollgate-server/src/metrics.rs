@@ -34,6 +34,8 @@ pub struct RuleCounters {
     pub within_limit: AtomicU64,
     /// Hits denied by a shadow-mode rule but let through.
     pub shadow_mode: AtomicU64,
+    /// Hits denied by the local deny cache, without a Redis round trip (also in `over_limit`).
+    pub over_limit_with_local_cache: AtomicU64,
 }
 
 /// One loaded rule set's counters, slot `i` for the `i`-th of [`RuleSet::limits`], each filled

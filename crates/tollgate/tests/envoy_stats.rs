@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 use support::{free_port, http, repo, temp_dir, Server};
 use tollgate_server::client::Method;
 
-const RULES: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 3}\n";
+// Fixed window (envoy's counting): a denial holds until the window ends, so the deny cache
+// may answer it. An hour: five quick hits never straddle a window boundary.
+const RULES: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 3, algorithm: fixed_window}\n";
 
 fn rules(name: &str) -> PathBuf {
     let dir = temp_dir(name);
@@ -38,7 +40,7 @@ fn start(name: &str, extra: &[&str]) -> Server {
     Server::start(&args, &repo(), name)
 }
 
-/// Five hits on a 3/minute limit: 3 within (the third near the limit), 2 over.
+/// Five hits on a 3/hour limit: 3 within (the third near the limit), 2 over.
 fn five_hits(server: &Server) {
     let mut statuses = Vec::new();
     for _ in 0..5 {
@@ -66,8 +68,7 @@ fn expected() -> Vec<(String, u64)> {
 }
 
 /// Sum `name:value|c` lines from `lines` until every expected total is reached (or 30 s).
-fn collect(lines: mpsc::Receiver<String>) -> HashMap<String, u64> {
-    let want = expected();
+fn collect(lines: mpsc::Receiver<String>, want: Vec<(String, u64)>) -> HashMap<String, u64> {
     let mut sums: HashMap<String, u64> = HashMap::new();
     let until = Instant::now() + Duration::from_secs(30);
     while Instant::now() < until {
@@ -91,8 +92,8 @@ fn collect(lines: mpsc::Receiver<String>) -> HashMap<String, u64> {
     sums
 }
 
-#[test]
-fn statsd_udp_stream_carries_envoy_stat_names_counts_and_extra_tags() {
+/// A statsd UDP listener on 127.0.0.1: its address and the lines it receives.
+fn udp_listener() -> (String, mpsc::Receiver<String>) {
     let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
     socket
         .set_read_timeout(Some(Duration::from_millis(200)))
@@ -113,6 +114,12 @@ fn statsd_udp_stream_carries_envoy_stat_names_counts_and_extra_tags() {
             }
         }
     });
+    (addr, rx)
+}
+
+#[test]
+fn statsd_udp_stream_carries_envoy_stat_names_counts_and_extra_tags() {
+    let (addr, rx) = udp_listener();
     let server = start(
         "envoy-stats-udp",
         &[
@@ -125,7 +132,7 @@ fn statsd_udp_stream_carries_envoy_stat_names_counts_and_extra_tags() {
         ],
     );
     five_hits(&server);
-    let sums = collect(rx);
+    let sums = collect(rx, expected());
     // Nothing shadowed, nothing denied by a local cache: those counters never moved, so (as
     // gostats) they were never sent.
     assert!(!sums.keys().any(|k| k.contains("shadow_mode")), "{sums:#?}");
@@ -164,7 +171,7 @@ fn statsd_tcp_stream_as_gostats_default_transport() {
         ],
     );
     five_hits(&server);
-    collect(rx);
+    collect(rx, expected());
 }
 
 #[test]
@@ -199,4 +206,40 @@ fn prometheus_page_with_envoy_metric_names_and_near_limit_ratio() {
         assert!(page.body.contains(line), "{line} in\n{}", page.body);
     }
     assert_eq!(http(&base, Method::GET, "/other", None).status, 404);
+}
+
+#[test]
+fn over_limit_with_local_cache_counts_hits_denied_by_the_deny_cache() {
+    let redis = tollgate_testsupport::RedisServer::start(&[]);
+    let prefix = tollgate_testsupport::unique_prefix("envoy-stats");
+    let url = redis.url();
+    let (addr, rx) = udp_listener();
+    let server = start(
+        "envoy-stats-cache",
+        &[
+            "--store",
+            &url,
+            "--redis-prefix",
+            &prefix,
+            "--redis-timeout-ms",
+            "2000",
+            "--on-store-error",
+            "deny",
+            "--local-deny-cache",
+            "--statsd-addr",
+            &addr,
+            "--statsd-flush-interval",
+            "100ms",
+            "--statsd-tags",
+            "version:1.2,az:eu.1",
+        ],
+    );
+    // The fourth hit is denied by Redis (and learned), the fifth by the cache.
+    five_hits(&server);
+    let mut want = expected();
+    want.push((
+        format!("ratelimit.service.rate_limit.api.user.over_limit_with_local_cache{TAGS}"),
+        1,
+    ));
+    collect(rx, want);
 }
