@@ -144,7 +144,7 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<AppState> {
         builder.redis(Guarded::start(store, settings).await)
     } else {
         bail!(
-            "unsupported --store '{}': expected 'memory', redis://, rediss://, redis+cluster:// or rediss+cluster://",
+            "unsupported --store '{}': expected 'memory', redis://, rediss://, redis+cluster://, rediss+cluster:// or redis+unix://",
             redact(&config.store)
         );
     };

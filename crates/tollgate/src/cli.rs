@@ -93,7 +93,8 @@ pub struct ServeArgs {
     #[arg(long, env = "TOLLGATE_RULES", default_value = crate::simulate::DEFAULT_RULES)]
     rules: PathBuf,
     /// Where counters live: `memory`, `redis://[user:pass@]host:port[/db]`, `rediss://...` (TLS)
-    /// or `redis+cluster://h1:p1,h2:p2` (`rediss+cluster://` for TLS).
+    /// `redis+cluster://h1:p1,h2:p2` (`rediss+cluster://` for TLS) or
+    /// `redis+unix:///path/to.sock[?user=u&pass=p]`.
     #[arg(
         long,
         env = "TOLLGATE_STORE",
