@@ -30,6 +30,18 @@ pub struct EnvoyRedis {
     pub warnings: Vec<(String, String)>,
 }
 
+impl EnvoyRedis {
+    /// Set `config`'s store, Redis timeout (when `REDIS_TIMEOUT` was set) and deny cache
+    /// (warnings are the caller's to log).
+    pub fn apply_to(&self, config: &mut crate::serve::ServeConfig) {
+        config.store = self.store.clone();
+        if let Some(t) = self.timeout {
+            config.redis_timeout = t;
+        }
+        config.redis.deny_cache = self.deny_cache;
+    }
+}
+
 /// Variables of envoy's connection pool that have no counterpart in tollgate.
 const POOL_ONLY: [&str; 10] = [
     "REDIS_POOL_SIZE",
