@@ -128,8 +128,23 @@ impl fmt::Display for RedisStore {
     }
 }
 
-/// `url` with the password of its user info replaced by `***`.
+/// `url` with the password of its user info (or of its `pass=` query parameter, the form of a
+/// `redis+unix://` URL) replaced by `***`.
 pub fn redact(url: &str) -> String {
+    // Only a unix URL: elsewhere a raw `?` may sit inside a password.
+    if let Some((head, query)) = url
+        .strip_prefix("redis+unix://")
+        .and_then(|_| url.split_once('?'))
+    {
+        let query: Vec<String> = query
+            .split('&')
+            .map(|p| match p.strip_prefix("pass=") {
+                Some(_) => "pass=***".to_string(),
+                None => p.to_string(),
+            })
+            .collect();
+        return format!("{head}?{}", query.join("&"));
+    }
     let Some(scheme_end) = url.find("://") else {
         return url.to_owned();
     };
@@ -311,7 +326,10 @@ impl RedisStore {
                 Self::connect_cluster("redis", rest, &opts).await
             } else if let Some(rest) = url.strip_prefix("rediss+cluster://") {
                 Self::connect_cluster("rediss", rest, &opts).await
-            } else if url.starts_with("redis://") || url.starts_with("rediss://") {
+            } else if url.starts_with("redis://")
+                || url.starts_with("rediss://")
+                || url.starts_with("redis+unix://")
+            {
                 let client = redis::Client::open(url).map_err(|e| {
                     StoreError::Unsupported(format!(
                         "store URL {}: {}",
@@ -332,7 +350,7 @@ impl RedisStore {
                 Ok(Conn::Single(cm.map_err(|e| classify(&e, &redact(url)))?))
             } else {
                 Err(StoreError::Unsupported(format!(
-                    "store URL {} (expected redis://, rediss://, redis+cluster:// or rediss+cluster://)",
+                    "store URL {} (expected redis://, rediss://, redis+cluster://, rediss+cluster:// or redis+unix://)",
                     redact(url)
                 )))
             }
@@ -767,6 +785,10 @@ mod tests {
             "redis://user:***@host:6379/0"
         );
         assert_eq!(redact("rediss://:pw@h:1"), "rediss://:***@h:1");
+        assert_eq!(
+            redact("redis+unix:///run/r.sock?user=u&pass=s3cret&db=1"),
+            "redis+unix:///run/r.sock?user=u&pass=***&db=1"
+        );
         assert_eq!(redact("redis://h:1"), "redis://h:1");
         assert_eq!(
             redact("redis+cluster://u:p@a:1,b:2"),

@@ -107,6 +107,9 @@ pub struct Outcome {
     pub degraded: Option<Policy>,
     /// The store was asked and failed (counted in `tollgate_store_errors_total`).
     pub store_failed: bool,
+    /// Answered by the local deny cache, without asking Redis (envoyproxy/ratelimit's
+    /// `over_limit_with_local_cache`).
+    pub from_deny_cache: bool,
 }
 
 impl Outcome {
@@ -115,6 +118,7 @@ impl Outcome {
             decisions,
             degraded: None,
             store_failed: false,
+            from_deny_cache: false,
         }
     }
 }
@@ -469,7 +473,10 @@ impl Guarded {
     async fn check(&self, now: Micros, items: &[CheckItem<'_>]) -> Result<Outcome, StoreError> {
         if let (Some(cache), [one]) = (&self.deny_cache, items) {
             if let Some(d) = cache.get(one, now) {
-                return Ok(Outcome::store(vec![d]));
+                return Ok(Outcome {
+                    from_deny_cache: true,
+                    ..Outcome::store(vec![d])
+                });
             }
         }
         if self.breaker.state() == BreakerState::Open {
@@ -579,6 +586,7 @@ impl Guarded {
             decisions,
             degraded: Some(policy),
             store_failed,
+            from_deny_cache: false,
         }
     }
 

@@ -165,15 +165,15 @@ pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckRespons
     let plan = Plan::with_overrides(&rules.set, &overrides, &req.domain, &req.descriptors, hits);
     let items = plan.items();
     let now = state.now();
-    let (decisions, degraded) = if items.is_empty() {
-        (Vec::new(), None)
+    let (decisions, degraded, from_cache) = if items.is_empty() {
+        (Vec::new(), None, false)
     } else {
         match state.backend().check(now, &items).await {
             Ok(o) => {
                 if o.store_failed {
                     metrics.store_error();
                 }
-                (o.decisions, o.degraded)
+                (o.decisions, o.degraded, o.from_deny_cache)
             }
             Err(e) => {
                 metrics.store_error();
@@ -217,7 +217,7 @@ pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckRespons
                     let blocks = status.blocks();
                     let shadowed = status.shadowed();
                     let never = blocks && decision.never_passes();
-                    record(state, &rules, &req.domain, limit, desc, cost, status, allowed);
+                    record(state, &rules, &req.domain, limit, desc, cost, status, allowed, from_cache);
                     let message = if blocks && policy_denied {
                         Some(DENIED_BY_POLICY.to_owned())
                     } else if blocks {
@@ -317,6 +317,7 @@ fn record(
     cost: u64,
     status: &Status<'_>,
     allowed: bool,
+    from_cache: bool,
 ) {
     let Status::Limited { decision, .. } = status else {
         return;
@@ -338,13 +339,17 @@ fn record(
     c.total_hits.fetch_add(cost, Relaxed);
     if !decision.allowed {
         c.over_limit.fetch_add(cost, Relaxed);
+        if from_cache {
+            c.over_limit_with_local_cache.fetch_add(cost, Relaxed);
+        }
         if status.shadowed() {
             c.shadow_mode.fetch_add(cost, Relaxed);
         }
     } else {
         c.within_limit.fetch_add(cost, Relaxed);
-        if decision.remaining.saturating_mul(5) < decision.limit {
-            c.near_limit.fetch_add(cost, Relaxed);
+        let near = metrics.near_limit_hits(decision.limit, decision.remaining, cost);
+        if near > 0 {
+            c.near_limit.fetch_add(near, Relaxed);
         }
     }
 }

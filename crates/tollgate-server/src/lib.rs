@@ -8,6 +8,8 @@
 pub mod backend;
 pub mod check;
 pub mod client;
+pub mod envoy_redis;
+pub mod envoy_stats;
 pub mod error;
 pub mod forward_auth;
 pub mod grpc;

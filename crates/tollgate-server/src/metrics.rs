@@ -27,12 +27,15 @@ pub struct RuleCounters {
     pub total_hits: AtomicU64,
     /// Hits denied (non-shadow).
     pub over_limit: AtomicU64,
-    /// Hits admitted with less than 20% of the limit remaining.
+    /// Hits admitted past the near-limit threshold (`floor(limit * ratio)`, ratio 0.8 by
+    /// default; see [`Metrics::near_limit_hits`]).
     pub near_limit: AtomicU64,
     /// Hits admitted.
     pub within_limit: AtomicU64,
     /// Hits denied by a shadow-mode rule but let through.
     pub shadow_mode: AtomicU64,
+    /// Hits denied by the local deny cache, without a Redis round trip (also in `over_limit`).
+    pub over_limit_with_local_cache: AtomicU64,
 }
 
 /// One loaded rule set's counters, slot `i` for the `i`-th of [`RuleSet::limits`], each filled
@@ -76,6 +79,8 @@ pub struct Metrics {
     reloads_failed: AtomicU64,
     rules_generation: AtomicU64,
     rules_limits: AtomicU64,
+    /// `f32` bits of the near-limit ratio; 0 means the default 0.8.
+    near_ratio: std::sync::atomic::AtomicU32,
     /// Connections of the HTTP listener (open, dropped, cap reached).
     pub http_connections: Arc<ConnectionMetrics>,
 }
@@ -220,6 +225,48 @@ impl Metrics {
         )
     }
 
+    /// Set the near-limit ratio (envoyproxy/ratelimit's `NEAR_LIMIT_RATIO`, default 0.8).
+    pub fn set_near_limit_ratio(&self, ratio: f32) {
+        self.near_ratio.store(ratio.to_bits(), Relaxed);
+    }
+
+    /// How many of `cost` admitted hits, which left `remaining` of `limit`, count as near the
+    /// limit, as envoyproxy/ratelimit counts them: the hits past `floor(limit * ratio)` (all of
+    /// them if the count was already past it before this request).
+    pub fn near_limit_hits(&self, limit: u64, remaining: u64, cost: u64) -> u64 {
+        let bits = self.near_ratio.load(Relaxed);
+        let ratio = if bits == 0 { 0.8 } else { f32::from_bits(bits) };
+        let threshold = ((limit as f32) * ratio).floor() as u64;
+        let after = limit.saturating_sub(remaining);
+        let before = after.saturating_sub(cost);
+        if after <= threshold {
+            0
+        } else if before >= threshold {
+            cost
+        } else {
+            after - threshold
+        }
+    }
+
+    /// Calls `f` with every `(domain, rule)` pair's counters, in no particular order (the
+    /// envoy-named exports in [`crate::envoy_stats`] read the same counters at flush time).
+    pub fn for_each_rule(&self, mut f: impl FnMut(&str, &str, &RuleCounters)) {
+        let rules = self.rules.read().unwrap_or_else(|e| e.into_inner());
+        for ((domain, rule), c) in rules.iter() {
+            f(domain, rule, c);
+        }
+    }
+
+    /// Service-level totals so far (for the envoy-named exports).
+    pub fn service_totals(&self) -> ServiceTotals {
+        ServiceTotals {
+            requests: self.requests.iter().map(|r| r.load(Relaxed)).sum(),
+            store_errors: self.store_errors.load(Relaxed),
+            rule_sets_loaded: self.rules_generation.load(Relaxed),
+            reloads_failed: self.reloads_failed.load(Relaxed),
+        }
+    }
+
     /// Prometheus text exposition format (version 0.0.4). `extra` gauges are appended as
     /// `(name, help, value)`.
     pub fn render(&self, extra: &[(&str, &str, u64)]) -> String {
@@ -237,7 +284,7 @@ impl Metrics {
             }),
             (
                 "tollgate_near_limit",
-                "Hits admitted with less than 20% of the limit remaining.",
+                "Hits admitted past the near-limit ratio (default 0.8) of the limit.",
                 |c| &c.near_limit,
             ),
             ("tollgate_within_limit", "Hits admitted by a rule.", |c| {
@@ -326,6 +373,19 @@ impl Metrics {
         }
         out
     }
+}
+
+/// Service-level totals, see [`Metrics::service_totals`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServiceTotals {
+    /// Requests answered (any overall code).
+    pub requests: u64,
+    /// Store failures.
+    pub store_errors: u64,
+    /// Rule sets activated (the one loaded at start included).
+    pub rule_sets_loaded: u64,
+    /// Failed reloads.
+    pub reloads_failed: u64,
 }
 
 /// Why the server closed a client connection (`reason` label of
@@ -477,6 +537,33 @@ mod tests {
         assert!(text.contains("le=\"0.05\"} 2\n"));
         assert!(text.contains("le=\"+Inf\"} 3\n"));
         assert!(text.contains("tollgate_memory_keys 7"));
+    }
+
+    #[test]
+    fn near_limit_hits_as_envoy_counts_them() {
+        let m = Metrics::new();
+        // limit 10, ratio 0.8: threshold 8. (remaining after, cost) -> near hits.
+        for (remaining, cost, near) in [
+            (3, 1, 0),
+            (2, 1, 0),
+            (1, 1, 1),
+            (0, 1, 1),
+            (0, 4, 2),
+            (1, 3, 1),
+        ] {
+            assert_eq!(
+                m.near_limit_hits(10, remaining, cost),
+                near,
+                "{remaining} {cost}"
+            );
+        }
+        m.set_near_limit_ratio(0.5);
+        assert_eq!(m.near_limit_hits(10, 4, 1), 1);
+        assert_eq!(m.near_limit_hits(10, 5, 1), 0);
+        // floor: 3 * 0.8 = 2.4 -> 2 with the default.
+        m.set_near_limit_ratio(0.8);
+        assert_eq!(m.near_limit_hits(3, 0, 1), 1);
+        assert_eq!(m.near_limit_hits(3, 1, 1), 0);
     }
 
     #[test]

@@ -84,6 +84,11 @@ pub struct ServeConfig {
     pub redis_key_layout: KeyLayout,
     /// `--redis-expiration-jitter`: envoy key layout, up to this much extra on each `EXPIRE`.
     pub redis_expiration_jitter: Duration,
+    /// `--statsd-*`, `--envoy-metrics-*`: envoyproxy/ratelimit-named stats (statsd stream,
+    /// Prometheus page); off by default.
+    pub envoy_stats: crate::envoy_stats::EnvoyStats,
+    /// `--near-limit-ratio`: admitted hits past `floor(limit * ratio)` count as near the limit.
+    pub near_limit_ratio: f32,
 }
 
 impl Default for ServeConfig {
@@ -112,6 +117,8 @@ impl Default for ServeConfig {
             count_denied_hits: false,
             redis_key_layout: KeyLayout::Tollgate,
             redis_expiration_jitter: Duration::ZERO,
+            envoy_stats: crate::envoy_stats::EnvoyStats::default(),
+            near_limit_ratio: 0.8,
         }
     }
 }
@@ -175,11 +182,21 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<AppState> {
         builder.redis(Guarded::start(store, settings).await)
     } else {
         bail!(
-            "unsupported --store '{}': expected 'memory', redis://, rediss://, redis+cluster:// or rediss+cluster://",
+            "unsupported --store '{}': expected 'memory', redis://, rediss://, redis+cluster://, rediss+cluster:// or redis+unix://",
             redact(&config.store)
         );
     };
-    Ok(builder.build())
+    if !(config.near_limit_ratio > 0.0 && config.near_limit_ratio <= 1.0) {
+        bail!(
+            "--near-limit-ratio must be in (0, 1], got {}",
+            config.near_limit_ratio
+        );
+    }
+    let state = builder.build();
+    state
+        .metrics()
+        .set_near_limit_ratio(config.near_limit_ratio);
+    Ok(state)
 }
 
 /// Limits of `set` that the store named by `--store` cannot serve (count-min sketch and
@@ -355,6 +372,7 @@ pub async fn serve(
         rx.clone(),
     ));
     let sweeper = tokio::spawn(sweep(state.clone(), config.sweep_interval, rx.clone()));
+    let envoy_stats = spawn_envoy_stats(&state, &config.envoy_stats, &rx).await?;
     tokio::spawn(async move {
         shutdown.await;
         tracing::info!("shutting down: finishing in-flight requests");
@@ -420,6 +438,9 @@ pub async fn serve(
     }
     let _ = watcher.await;
     let _ = sweeper.await;
+    for task in envoy_stats {
+        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+    }
     tracing::info!("stopped");
     Ok(())
 }
@@ -437,6 +458,38 @@ pub fn listening_message(bound: &Bound) -> String {
         parts.push(format!("gRPC {grpc}"));
     }
     format!("listening: {}, store {}", parts.join(", "), bound.store)
+}
+
+/// Start the envoy-named stats exports of `settings` (statsd sender, Prometheus listener).
+async fn spawn_envoy_stats(
+    state: &AppState,
+    settings: &crate::envoy_stats::EnvoyStats,
+    rx: &watch::Receiver<bool>,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    let mut tasks = Vec::new();
+    if let Some(statsd) = settings.statsd.clone() {
+        tracing::info!(host = %statsd.host, port = statsd.port, protocol = ?statsd.protocol,
+            interval = ?statsd.flush_interval, "sending envoy-named stats to statsd");
+        tasks.push(tokio::spawn(crate::envoy_stats::run_statsd(
+            state.clone(),
+            statsd,
+            rx.clone(),
+        )));
+    }
+    if let Some(prom) = settings.prometheus.clone() {
+        let listener = TcpListener::bind(prom.addr)
+            .await
+            .with_context(|| format!("cannot listen for envoy metrics on {}", prom.addr))?;
+        tracing::info!(addr = %listener.local_addr()?, path = %prom.path, "serving envoy-named metrics");
+        let (state, rx) = (state.clone(), rx.clone());
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = crate::envoy_stats::run_prometheus(state, listener, prom.path, rx).await
+            {
+                tracing::warn!(error = %e, "envoy metrics listener failed");
+            }
+        }));
+    }
+    Ok(tasks)
 }
 
 /// Drop expired memory-store entries every `every` until shutdown.

@@ -114,7 +114,8 @@ pub struct ServeArgs {
     #[arg(long, env = "TOLLGATE_RULES", default_value = crate::simulate::DEFAULT_RULES)]
     rules: PathBuf,
     /// Where counters live: `memory`, `redis://[user:pass@]host:port[/db]`, `rediss://...` (TLS)
-    /// or `redis+cluster://h1:p1,h2:p2` (`rediss+cluster://` for TLS).
+    /// `redis+cluster://h1:p1,h2:p2` (`rediss+cluster://` for TLS) or
+    /// `redis+unix:///path/to.sock[?user=u&pass=p]`.
     #[arg(
         long,
         env = "TOLLGATE_STORE",
@@ -188,6 +189,8 @@ pub struct ServeArgs {
     grpc: GrpcArgs,
     #[command(flatten)]
     counting: CountingArgs,
+    #[command(flatten)]
+    stats: crate::stats_args::StatsArgs,
 }
 
 /// `tollgate serve` flags of what rules mean and how counters are kept (envoyproxy/ratelimit
@@ -304,7 +307,7 @@ fn listen_addr(text: &str) -> Result<ListenAddr, String> {
 }
 
 /// A duration such as `10s`, `500ms` or `2m`, not zero.
-fn positive_duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn positive_duration(text: &str) -> Result<Duration, String> {
     let d = crate::bench::parse_duration(text)?;
     if d.is_zero() {
         return Err(format!(
@@ -378,7 +381,12 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             store,
             input,
         } => crate::simulate::run(&rules, &store, input.as_deref()),
-        Command::Serve(args) => crate::serve::run(args.config(), args.log_format),
+        Command::Serve(args) => {
+            let mut config = args.config();
+            config.envoy_stats = args.stats.settings().map_err(anyhow::Error::msg)?;
+            config.near_limit_ratio = args.stats.near_limit_ratio;
+            crate::serve::run(config, args.log_format)
+        }
         Command::Check {
             url,
             domain,

@@ -6,6 +6,7 @@ mod cli;
 mod human;
 mod serve;
 mod simulate;
+mod stats_args;
 mod trace;
 mod validate;
 
