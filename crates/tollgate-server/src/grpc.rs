@@ -35,6 +35,7 @@
 use crate::check::decide;
 use crate::error::{ApiError, ErrorClass};
 use crate::model::{CheckRequest, CheckResponse, Code, Descriptor, DescriptorStatus};
+use crate::profile::{EnvoyMode, HEALTH_SERVICE};
 use crate::state::AppState;
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as PbUnit;
@@ -234,10 +235,10 @@ impl RateLimitService for RateLimitGrpc {
                 Err(ApiError::Internal("panic while deciding".into()))
             });
         match result {
-            Ok(resp) => Ok(Response::new(to_proto_response(
-                &resp,
-                self.state.response_headers(),
-            ))),
+            Ok(resp) => Ok(Response::new(match self.state.envoy() {
+                Some(mode) => to_envoy_proto_response(&resp, mode),
+                None => to_proto_response(&resp, self.state.response_headers()),
+            })),
             Err(e) => Err(status_from(&e)),
         }
     }
@@ -320,6 +321,27 @@ pub fn to_proto_response(resp: &CheckResponse, headers: bool) -> RateLimitRespon
         response_headers_to_add,
         ..RateLimitResponse::default()
     }
+}
+
+/// Translate a decision under `--profile envoy`: `response_headers_to_add` holds envoy's three
+/// headers (`LIMIT_*_HEADER` names) when `LIMIT_RESPONSE_HEADERS_ENABLED`, nothing otherwise.
+pub fn to_envoy_proto_response(resp: &CheckResponse, mode: &EnvoyMode) -> RateLimitResponse {
+    let mut out = to_proto_response(resp, false);
+    if let (Some(names), Some(h)) = (&mode.headers, &resp.headers) {
+        out.response_headers_to_add = [
+            (&names.limit, h.limit),
+            (&names.remaining, h.remaining),
+            (&names.reset, h.reset_secs),
+        ]
+        .into_iter()
+        .map(|(key, value)| HeaderValue {
+            key: key.clone(),
+            value: value.to_string(),
+            ..HeaderValue::default()
+        })
+        .collect();
+    }
+    out
 }
 
 fn to_proto_status(s: &DescriptorStatus) -> PbStatus {
@@ -507,6 +529,23 @@ pub async fn serve(
     reporter
         .set_service_status(RLS_SERVICE_NAME, ServingStatus::Serving)
         .await;
+    // envoy profile: the `ratelimit` service, healthy as `/healthcheck` is.
+    if state.envoy().is_some() {
+        let status = if state.envoy_healthy() {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        reporter.set_service_status(HEALTH_SERVICE, status).await;
+    }
+    let envoy_health = state.envoy().is_some().then(|| {
+        tokio::spawn(follow_envoy_health(state.clone(), reporter.clone()))
+    });
+    let names: &[&str] = if envoy_health.is_some() {
+        &["", RLS_SERVICE_NAME, HEALTH_SERVICE]
+    } else {
+        &["", RLS_SERVICE_NAME]
+    };
     let routes = Routes::new(health)
         .add_service(RateLimitGrpc::new(state).into_server())
         .prepare();
@@ -538,12 +577,15 @@ pub async fn serve(
         while connections.try_join_next().is_some() {}
     }
     drop(listener);
-    for name in ["", RLS_SERVICE_NAME] {
+    if let Some(task) = envoy_health {
+        task.abort();
+    }
+    for name in names {
         reporter
             .set_service_status(name, ServingStatus::NotServing)
             .await;
     }
-    for name in ["", RLS_SERVICE_NAME] {
+    for name in names {
         reporter.clear_service_status(name).await;
     }
     let _ = drain_tx.send(true);
@@ -560,6 +602,25 @@ pub async fn serve(
         connections.shutdown().await;
     }
     Ok(())
+}
+
+/// Keep the `ratelimit` health service in step with [`AppState::envoy_healthy`] (rules loaded,
+/// shutdown begun), checked every 100 ms until aborted.
+async fn follow_envoy_health(state: AppState, reporter: tonic_health::server::HealthReporter) {
+    let mut last = None;
+    loop {
+        let healthy = state.envoy_healthy();
+        if last != Some(healthy) {
+            let status = if healthy {
+                ServingStatus::Serving
+            } else {
+                ServingStatus::NotServing
+            };
+            reporter.set_service_status(HEALTH_SERVICE, status).await;
+            last = Some(healthy);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The next connection. Errors that concern one connection are skipped; others (out of file

@@ -65,7 +65,12 @@ pub fn service(
        + Send
        + Sync
        + 'static {
-    let routes = Router::new()
+    let mut routes = Router::new();
+    if state.envoy().is_some() {
+        // envoyproxy/ratelimit's health check, under its profile only.
+        routes = routes.route("/healthcheck", get(envoy_healthcheck));
+    }
+    let routes = routes
         .route("/v1/check", post(v1_check))
         .route("/json", post(envoy_json))
         .route("/v1/rules", get(v1_rules))
@@ -571,6 +576,17 @@ pub fn rules_json(state: &AppState) -> Value {
     })
 }
 
+/// `GET /healthcheck` (envoy profile): `200 OK` with body `OK` while healthy, an empty 500
+/// otherwise (shutting down, or no domain loaded under `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`),
+/// as envoyproxy/ratelimit answers.
+async fn envoy_healthcheck(State(state): State<AppState>) -> Response {
+    if state.envoy_healthy() {
+        (StatusCode::OK, "OK").into_response()
+    } else {
+        StatusCode::INTERNAL_SERVER_ERROR.into_response()
+    }
+}
+
 async fn healthz() -> Response {
     axum::Json(json!({"status": "ok"})).into_response()
 }
@@ -626,6 +642,14 @@ async fn metrics(State(state): State<AppState>) -> Response {
     }
     if let Some(g) = state.backend().redis() {
         g.render_metrics(&mut text);
+    }
+    if state.envoy().is_some() {
+        use std::fmt::Write as _;
+        let _ = write!(
+            text,
+            "# HELP tollgate_global_shadow_mode_total Requests answered OK instead of OVER_LIMIT by SHADOW_MODE.\n# TYPE tollgate_global_shadow_mode_total counter\ntollgate_global_shadow_mode_total {}\n",
+            state.global_shadow_count()
+        );
     }
     (
         [(

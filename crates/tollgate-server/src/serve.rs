@@ -16,7 +16,7 @@
 use crate::backend::{redis_unsupported, Guarded, RedisSettings};
 use crate::listener::{self, ConnLimits};
 use crate::reload::{self, WatchOptions};
-use crate::state::{AppState, RequestLimits};
+use crate::state::{AppState, LoadedRules, RequestLimits};
 use anyhow::{bail, Context};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -68,6 +68,11 @@ pub struct ServeConfig {
     pub shutdown_timeout: Duration,
     /// `--grpc-*`: HTTP/2 and connection limits of the gRPC listener.
     pub grpc_limits: crate::grpc::GrpcLimits,
+    /// Which files of a rules directory are read (tollgate's `*.yaml`, or envoy's runtime
+    /// folder under `--profile envoy`).
+    pub rule_listing: tollgate_core::rules::ListOptions,
+    /// `--profile envoy`: envoyproxy/ratelimit's behaviour ([`crate::profile`]); `None` otherwise.
+    pub envoy: Option<crate::profile::EnvoyMode>,
 }
 
 impl Default for ServeConfig {
@@ -91,6 +96,8 @@ impl Default for ServeConfig {
             max_connections: 10_000,
             shutdown_timeout: Duration::from_secs(10),
             grpc_limits: crate::grpc::GrpcLimits::default(),
+            rule_listing: tollgate_core::rules::ListOptions::default(),
+            envoy: None,
         }
     }
 }
@@ -102,9 +109,27 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<AppState> {
     if config.max_keys == 0 {
         bail!("--max-keys must be at least 1");
     }
-    let rules = reload::load(&config.rules, 1)
-        .map_err(|e| anyhow::anyhow!("invalid rules in {}:\n{e}", config.rules.display()))?;
+    let force_start = config.envoy.as_ref().is_some_and(|m| m.force_start);
+    let rules = match reload::load_with(&config.rules, config.rule_listing, 1) {
+        Ok(rules) => rules,
+        Err(e) if force_start => {
+            // FORCE_START_WITHOUT_INITIAL_CONFIG: start with no rules; the watcher loads them
+            // once they are valid (the fingerprint below never matches real files).
+            tracing::warn!(
+                rules = %config.rules.display(),
+                error = %e,
+                "no valid rules at start-up; starting without (FORCE_START_WITHOUT_INITIAL_CONFIG)"
+            );
+            LoadedRules {
+                hash: "none".into(),
+                ..LoadedRules::inline(tollgate_core::rules::RuleSet::empty())
+            }
+        }
+        Err(e) => bail!("invalid rules in {}:\n{e}", config.rules.display()),
+    };
     let builder = AppState::builder(rules)
+        .rule_listing(config.rule_listing)
+        .envoy(config.envoy.clone())
         .limits(config.limits)
         .rules_path(config.rules.clone())
         .response_headers(config.response_headers);
@@ -285,8 +310,10 @@ pub async fn serve(
         rx.clone(),
     ));
     let sweeper = tokio::spawn(sweep(state.clone(), config.sweep_interval, rx.clone()));
+    let stopping = state.clone();
     tokio::spawn(async move {
         shutdown.await;
+        stopping.begin_shutdown();
         tracing::info!("shutting down: finishing in-flight requests");
         let _ = tx.send(true);
     });

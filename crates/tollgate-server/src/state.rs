@@ -3,11 +3,13 @@
 
 use crate::backend::{Backend, Guarded};
 use crate::metrics::{Metrics, RuleSlots};
+use crate::profile::EnvoyMode;
 use arc_swap::ArcSwap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tollgate_core::clock::{Clock, Micros, MonotonicWallClock, SystemClock};
-use tollgate_core::rules::RuleSet;
+use tollgate_core::rules::{ListOptions, RuleSet};
 use tollgate_core::store::Store;
 use tollgate_core::MemoryStore;
 
@@ -92,6 +94,10 @@ struct Shared {
     limits: RequestLimits,
     rules_path: Option<PathBuf>,
     response_headers: bool,
+    rule_listing: ListOptions,
+    envoy: Option<EnvoyMode>,
+    shutting_down: AtomicBool,
+    global_shadow: AtomicU64,
 }
 
 /// The state every handler and background task shares. Clone freely.
@@ -116,6 +122,8 @@ pub struct AppStateBuilder {
     limits: RequestLimits,
     rules_path: Option<PathBuf>,
     response_headers: bool,
+    rule_listing: ListOptions,
+    envoy: Option<EnvoyMode>,
 }
 
 impl AppStateBuilder {
@@ -162,6 +170,16 @@ impl AppStateBuilder {
         self.response_headers = on;
         self
     }
+    /// Which files of a rules directory are rule files (for reloads).
+    pub fn rule_listing(mut self, listing: ListOptions) -> Self {
+        self.rule_listing = listing;
+        self
+    }
+    /// `--profile envoy`'s behaviour ([`crate::profile`]), or `None` for tollgate's.
+    pub fn envoy(mut self, mode: Option<EnvoyMode>) -> Self {
+        self.envoy = mode;
+        self
+    }
     /// The state.
     pub fn build(self) -> AppState {
         let metrics = Metrics::new();
@@ -176,6 +194,10 @@ impl AppStateBuilder {
             limits: self.limits,
             rules_path: self.rules_path,
             response_headers: self.response_headers,
+            rule_listing: self.rule_listing,
+            envoy: self.envoy,
+            shutting_down: AtomicBool::new(false),
+            global_shadow: AtomicU64::new(0),
         }))
     }
 }
@@ -193,6 +215,8 @@ impl AppState {
             limits: RequestLimits::default(),
             rules_path: None,
             response_headers: false,
+            rule_listing: ListOptions::default(),
+            envoy: None,
         }
     }
 
@@ -282,5 +306,44 @@ impl AppState {
     /// Whether gRPC responses should carry rate-limit headers (`--response-headers`).
     pub fn response_headers(&self) -> bool {
         self.0.response_headers
+    }
+
+    /// Which files of a rules directory are rule files.
+    pub fn rule_listing(&self) -> ListOptions {
+        self.0.rule_listing
+    }
+
+    /// `--profile envoy`'s behaviour, when the profile is on.
+    pub fn envoy(&self) -> Option<&EnvoyMode> {
+        self.0.envoy.as_ref()
+    }
+
+    /// Mark the service as shutting down (health turns unhealthy, as envoyproxy/ratelimit's on
+    /// SIGTERM).
+    pub fn begin_shutdown(&self) {
+        self.0.shutting_down.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether shutdown has begun.
+    pub fn shutting_down(&self) -> bool {
+        self.0.shutting_down.load(Ordering::Relaxed)
+    }
+
+    /// envoy profile: whether `/healthcheck` and the `ratelimit` health service report healthy:
+    /// not shutting down, and (with `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`) some domain
+    /// loaded.
+    pub fn envoy_healthy(&self) -> bool {
+        let needs_config = self.envoy().is_some_and(|m| m.healthy_needs_config);
+        !self.shutting_down() && !(needs_config && self.rules().set.is_empty())
+    }
+
+    /// Count one request turned OK by the envoy profile's global `SHADOW_MODE`.
+    pub fn count_global_shadow(&self) {
+        self.0.global_shadow.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Requests turned OK by the global `SHADOW_MODE`.
+    pub fn global_shadow_count(&self) -> u64 {
+        self.0.global_shadow.load(Ordering::Relaxed)
     }
 }

@@ -160,6 +160,11 @@ pub struct ServeArgs {
     shutdown_timeout: Duration,
     #[command(flatten)]
     grpc: GrpcArgs,
+    /// Read another rate limiter's settings: `envoy` reads envoyproxy/ratelimit's environment
+    /// variables (`PORT`, `GRPC_PORT`, `RUNTIME_ROOT`, `SHADOW_MODE`, ...) and behaves as it does;
+    /// the flags above fill in what it has no variable for.
+    #[arg(long, env = "TOLLGATE_PROFILE", value_enum)]
+    profile: Option<crate::serve::Profile>,
 }
 
 /// `tollgate serve` flags of the gRPC listener's HTTP/2 limits (see `GrpcLimits`).
@@ -270,7 +275,10 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             store,
             input,
         } => crate::simulate::run(&rules, &store, input.as_deref()),
-        Command::Serve(args) => crate::serve::run(args.config(), args.log_format),
+        Command::Serve(args) => match args.profile {
+            None => crate::serve::run(args.config(), args.log_format),
+            Some(profile) => crate::serve::run_profile(profile, args.config()),
+        },
         Command::Check {
             url,
             domain,

@@ -156,7 +156,13 @@ impl RuleSet {
     /// permission denied, an I/O error. Only an entry that is gone from the directory is gone
     /// from the rules. A missing or unreadable rules path is an error too.
     pub fn load(path: &Path) -> Result<RuleSet, RuleErrors> {
-        let (paths, mut errors) = list(path)?;
+        Self::load_with(path, ListOptions::default())
+    }
+
+    /// [`RuleSet::load`] with the directory listed as `options` say (envoyproxy/ratelimit's
+    /// runtime folder: any extension, dot files included).
+    pub fn load_with(path: &Path, options: ListOptions) -> Result<RuleSet, RuleErrors> {
+        let (paths, mut errors) = list(path, options)?;
         let mut files = Vec::new();
         for p in paths {
             let name = p.display().to_string();
@@ -288,12 +294,28 @@ impl RuleSet {
 /// directory, else its visible `*.yaml` / `*.yml` entries that are not directories, unreadable
 /// ones (dangling symlinks, permission denied) included. Empty when the path cannot be read.
 pub fn rule_files(path: &Path) -> Vec<PathBuf> {
-    list(path).map(|(paths, _)| paths).unwrap_or_default()
+    rule_files_with(path, ListOptions::default())
+}
+
+/// [`rule_files`] with the directory listed as `options` say.
+pub fn rule_files_with(path: &Path, options: ListOptions) -> Vec<PathBuf> {
+    list(path, options).map(|(paths, _)| paths).unwrap_or_default()
+}
+
+/// Which entries of a rules directory are rule files. The default is tollgate's: visible
+/// `*.yaml` / `*.yml` files. envoyproxy/ratelimit's runtime folder reads every file whatever
+/// its extension, dot files too unless told to ignore them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ListOptions {
+    /// Every file is a rule file, whatever its extension (else only `*.yaml` / `*.yml`).
+    pub any_extension: bool,
+    /// Entries whose name starts with `.` are read too (else skipped).
+    pub dotfiles: bool,
 }
 
 /// [`rule_files`] and the problems met while listing (an entry that cannot be examined is
 /// listed: reading it reports why); `Err` when `path` itself cannot be read.
-fn list(path: &Path) -> Result<(Vec<PathBuf>, Vec<RuleError>), RuleError> {
+fn list(path: &Path, options: ListOptions) -> Result<(Vec<PathBuf>, Vec<RuleError>), RuleError> {
     let shown = path.display().to_string();
     let meta = std::fs::metadata(path).map_err(|e| {
         RuleError::new(
@@ -325,7 +347,9 @@ fn list(path: &Path) -> Result<(Vec<PathBuf>, Vec<RuleError>), RuleError> {
         };
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        if name.starts_with('.') || !(name.ends_with(".yaml") || name.ends_with(".yml")) {
+        let hidden = name.starts_with('.') && !options.dotfiles;
+        let yaml = name.ends_with(".yaml") || name.ends_with(".yml");
+        if hidden || !(yaml || options.any_extension) {
             continue;
         }
         let p = entry.path();
