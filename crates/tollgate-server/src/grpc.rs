@@ -538,9 +538,10 @@ pub async fn serve(
         };
         reporter.set_service_status(HEALTH_SERVICE, status).await;
     }
-    let envoy_health = state.envoy().is_some().then(|| {
-        tokio::spawn(follow_envoy_health(state.clone(), reporter.clone()))
-    });
+    let envoy_health = state
+        .envoy()
+        .is_some()
+        .then(|| tokio::spawn(follow_envoy_health(state.clone(), reporter.clone())));
     let names: &[&str] = if envoy_health.is_some() {
         &["", RLS_SERVICE_NAME, HEALTH_SERVICE]
     } else {

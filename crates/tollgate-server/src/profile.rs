@@ -97,7 +97,8 @@ pub enum Support {
 
 use Support::{Applied, Elsewhere, Unsupported};
 
-const NO_DEBUG: &str = "tollgate has no debug listener; /v1/rules and /metrics are on the main HTTP port";
+const NO_DEBUG: &str =
+    "tollgate has no debug listener; /v1/rules and /metrics are on the main HTTP port";
 const NO_DOGSTATSD: &str = "DogStatsD is not supported";
 const NO_XDS: &str = "rules come from RUNTIME_* files only";
 const NO_TRACING: &str = "tollgate has no OpenTelemetry tracing; use RUST_LOG for request logs";
@@ -129,8 +130,14 @@ pub const VARIABLES: &[(&str, Support)] = &[
     ("CONFIG_GRPC_XDS_NODE_ID", Unsupported(NO_XDS)),
     ("CONFIG_GRPC_XDS_NODE_METADATA", Unsupported(NO_XDS)),
     ("CONFIG_GRPC_XDS_SERVER_URL", Unsupported(NO_XDS)),
-    ("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", Unsupported(NO_XDS)),
-    ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", Unsupported(NO_XDS)),
+    (
+        "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+        Unsupported(NO_XDS),
+    ),
+    (
+        "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+        Unsupported(NO_XDS),
+    ),
     ("CONFIG_GRPC_XDS_SERVER_USE_TLS", Unsupported(NO_XDS)),
     ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", Unsupported(NO_XDS)),
     ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", Unsupported(NO_XDS)),
@@ -185,7 +192,10 @@ pub const VARIABLES: &[(&str, Support)] = &[
     ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", Elsewhere),
     ("REDIS_PIPELINE_WINDOW", Unsupported(NO_REDIS_TUNING)),
     ("REDIS_PIPELINE_LIMIT", Unsupported(NO_REDIS_TUNING)),
-    ("REDIS_CLUSTER_PIPELINE_PARALLELISM", Unsupported(NO_REDIS_TUNING)),
+    (
+        "REDIS_CLUSTER_PIPELINE_PARALLELISM",
+        Unsupported(NO_REDIS_TUNING),
+    ),
     ("REDIS_PERSECOND", Elsewhere),
     ("REDIS_PERSECOND_SOCKET_TYPE", Elsewhere),
     ("REDIS_PERSECOND_TYPE", Elsewhere),
@@ -195,17 +205,38 @@ pub const VARIABLES: &[(&str, Support)] = &[
     ("REDIS_PERSECOND_TLS", Elsewhere),
     ("REDIS_SENTINEL_AUTH", Elsewhere),
     ("REDIS_PERSECOND_SENTINEL_AUTH", Elsewhere),
-    ("REDIS_PERSECOND_PIPELINE_WINDOW", Unsupported(NO_REDIS_TUNING)),
-    ("REDIS_PERSECOND_PIPELINE_LIMIT", Unsupported(NO_REDIS_TUNING)),
-    ("REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM", Unsupported(NO_REDIS_TUNING)),
-    ("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", Unsupported(NO_REDIS_TUNING)),
+    (
+        "REDIS_PERSECOND_PIPELINE_WINDOW",
+        Unsupported(NO_REDIS_TUNING),
+    ),
+    (
+        "REDIS_PERSECOND_PIPELINE_LIMIT",
+        Unsupported(NO_REDIS_TUNING),
+    ),
+    (
+        "REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM",
+        Unsupported(NO_REDIS_TUNING),
+    ),
+    (
+        "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+        Unsupported(NO_REDIS_TUNING),
+    ),
     ("REDIS_TIMEOUT", Elsewhere),
     ("REDIS_PERSECOND_TIMEOUT", Elsewhere),
     ("REDIS_POOL_ON_EMPTY_BEHAVIOR", Unsupported(NO_REDIS_TUNING)),
-    ("REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", Unsupported(NO_REDIS_TUNING)),
-    ("REDIS_STARTUP_INITIAL_INTERVAL", Unsupported(NO_REDIS_TUNING)),
+    (
+        "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR",
+        Unsupported(NO_REDIS_TUNING),
+    ),
+    (
+        "REDIS_STARTUP_INITIAL_INTERVAL",
+        Unsupported(NO_REDIS_TUNING),
+    ),
     ("REDIS_STARTUP_MAX_INTERVAL", Unsupported(NO_REDIS_TUNING)),
-    ("REDIS_STARTUP_MAX_ELAPSED_TIME", Unsupported(NO_REDIS_TUNING)),
+    (
+        "REDIS_STARTUP_MAX_ELAPSED_TIME",
+        Unsupported(NO_REDIS_TUNING),
+    ),
     ("MEMCACHE_HOST_PORT", Unsupported(NO_MEMCACHE)),
     ("MEMCACHE_MAX_IDLE_CONNS", Unsupported(NO_MEMCACHE)),
     ("MEMCACHE_SRV", Unsupported(NO_MEMCACHE)),
@@ -214,7 +245,10 @@ pub const VARIABLES: &[(&str, Support)] = &[
     ("MEMCACHE_TLS_CLIENT_CERT", Unsupported(NO_MEMCACHE)),
     ("MEMCACHE_TLS_CLIENT_KEY", Unsupported(NO_MEMCACHE)),
     ("MEMCACHE_TLS_CACERT", Unsupported(NO_MEMCACHE)),
-    ("MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", Unsupported(NO_MEMCACHE)),
+    (
+        "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION",
+        Unsupported(NO_MEMCACHE),
+    ),
     ("SHADOW_MODE", Applied),
     ("QUOTA_MODE", Applied),
     ("RESPONSE_DYNAMIC_METADATA", Applied),
@@ -246,7 +280,12 @@ const PREFIXES: &[&str] = &[
 ];
 
 /// Variables whose value is a secret: never echoed in an error.
-const SECRETS: &[&str] = &["REDIS_AUTH", "REDIS_PERSECOND_AUTH", "REDIS_SENTINEL_AUTH", "REDIS_PERSECOND_SENTINEL_AUTH"];
+const SECRETS: &[&str] = &[
+    "REDIS_AUTH",
+    "REDIS_PERSECOND_AUTH",
+    "REDIS_SENTINEL_AUTH",
+    "REDIS_PERSECOND_SENTINEL_AUTH",
+];
 
 /// The environment, read with envoy's defaults.
 struct Env<'a> {
@@ -302,7 +341,10 @@ impl Env<'_> {
         match self.get(name) {
             None => Ok(default),
             Some(v) => go_duration(v).ok_or_else(|| {
-                self.error(name, "expected a Go duration such as 24h, 90m, 1h30m or 500ms")
+                self.error(
+                    name,
+                    "expected a Go duration such as 24h, 90m, 1h30m or 500ms",
+                )
             }),
         }
     }
@@ -436,10 +478,8 @@ pub fn translate(
             "a unix socket for gRPC is not supported by this build; use GRPC_HOST/GRPC_PORT",
         ));
     }
-    config.grpc_limits.max_connection_age = env.duration_or(
-        "GRPC_MAX_CONNECTION_AGE",
-        Duration::from_secs(24 * 3600),
-    )?;
+    config.grpc_limits.max_connection_age =
+        env.duration_or("GRPC_MAX_CONNECTION_AGE", Duration::from_secs(24 * 3600))?;
     config.grpc_limits.max_connection_age_grace =
         env.duration_or("GRPC_MAX_CONNECTION_AGE_GRACE", Duration::from_secs(3600))?;
     if env.bool_or("GRPC_SERVER_USE_TLS", false)? {
@@ -464,13 +504,18 @@ pub fn translate(
 
     // Logs.
     let log_level = log_level(&env)?;
-    let log_json = env.str_or("LOG_FORMAT", "text").eq_ignore_ascii_case("json");
+    let log_json = env
+        .str_or("LOG_FORMAT", "text")
+        .eq_ignore_ascii_case("json");
 
     // Rules.
     match env.str_or("CONFIG_TYPE", "FILE").as_str() {
         "FILE" => {}
         "GRPC_XDS_SOTW" => {
-            return Err(env.error("CONFIG_TYPE", "rules from an xDS server are not supported; use FILE"))
+            return Err(env.error(
+                "CONFIG_TYPE",
+                "rules from an xDS server are not supported; use FILE",
+            ))
         }
         _ => return Err(env.error("CONFIG_TYPE", "expected FILE")),
     }
@@ -479,7 +524,11 @@ pub fn translate(
     config.rule_listing = listing;
 
     // Store.
-    match env.str_or("BACKEND_TYPE", "redis").to_ascii_lowercase().as_str() {
+    match env
+        .str_or("BACKEND_TYPE", "redis")
+        .to_ascii_lowercase()
+        .as_str()
+    {
         // envoystats: REDIS_* and REDIS_PERSECOND_* -> config.store and its Redis settings. Until
         // then the store is tollgate's --store (TOLLGATE_STORE, default memory).
         "redis" => {}
@@ -577,8 +626,14 @@ mod tests {
                 dotfiles: true
             }
         );
-        assert_eq!(c.grpc_limits.max_connection_age, Duration::from_secs(86_400));
-        assert_eq!(c.grpc_limits.max_connection_age_grace, Duration::from_secs(3600));
+        assert_eq!(
+            c.grpc_limits.max_connection_age,
+            Duration::from_secs(86_400)
+        );
+        assert_eq!(
+            c.grpc_limits.max_connection_age_grace,
+            Duration::from_secs(3600)
+        );
         assert_eq!(t.log_level, LevelFilter::WARN);
         assert!(!t.log_json);
         assert_eq!(c.envoy, Some(EnvoyMode::default()));
@@ -613,7 +668,10 @@ mod tests {
         assert_eq!(c.http_addr, "127.0.0.1:9080".parse().unwrap());
         assert_eq!(c.grpc_addr, "127.0.0.2:9081".parse().unwrap());
         assert_eq!(c.grpc_limits.max_connection_age, Duration::from_secs(5400));
-        assert_eq!(c.grpc_limits.max_connection_age_grace, Duration::from_secs(90));
+        assert_eq!(
+            c.grpc_limits.max_connection_age_grace,
+            Duration::from_secs(90)
+        );
         assert_eq!(t.log_level, LevelFilter::DEBUG);
         assert!(t.log_json);
         assert_eq!(c.rules, PathBuf::from("/data/ratelimit/rules"));
@@ -658,7 +716,13 @@ mod tests {
             ("MERGE_DOMAIN_CONFIG", "true"),
         ]);
         let w = t.warnings.join("\n");
-        for name in ["DEBUG_PORT", "TRACING_ENABLED", "REDIS_URLS", "GRPC_PORTT", "MERGE_DOMAIN_CONFIG"] {
+        for name in [
+            "DEBUG_PORT",
+            "TRACING_ENABLED",
+            "REDIS_URLS",
+            "GRPC_PORTT",
+            "MERGE_DOMAIN_CONFIG",
+        ] {
             assert_eq!(
                 t.warnings.iter().filter(|l| l.starts_with(name)).count(),
                 1,
@@ -672,13 +736,22 @@ mod tests {
     fn bad_values_are_clear_errors() {
         assert_eq!(err(&[("PORT", "http")]).name, "PORT");
         assert_eq!(err(&[("SHADOW_MODE", "yes")]).name, "SHADOW_MODE");
-        assert_eq!(err(&[("GRPC_MAX_CONNECTION_AGE", "1d")]).name, "GRPC_MAX_CONNECTION_AGE");
+        assert_eq!(
+            err(&[("GRPC_MAX_CONNECTION_AGE", "1d")]).name,
+            "GRPC_MAX_CONNECTION_AGE"
+        );
         assert_eq!(err(&[("LOG_LEVEL", "loud")]).name, "LOG_LEVEL");
         let e = err(&[("BACKEND_TYPE", "memcache")]);
-        assert!(e.to_string().contains("memcache backend is not supported"), "{e}");
+        assert!(
+            e.to_string().contains("memcache backend is not supported"),
+            "{e}"
+        );
         assert_eq!(err(&[("CONFIG_TYPE", "GRPC_XDS_SOTW")]).name, "CONFIG_TYPE");
         assert_eq!(err(&[("GRPC_UDS", "/tmp/rl.sock")]).name, "GRPC_UDS");
-        assert_eq!(err(&[("GRPC_SERVER_USE_TLS", "true")]).name, "GRPC_SERVER_USE_TLS");
+        assert_eq!(
+            err(&[("GRPC_SERVER_USE_TLS", "true")]).name,
+            "GRPC_SERVER_USE_TLS"
+        );
     }
 
     #[test]

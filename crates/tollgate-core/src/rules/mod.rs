@@ -299,7 +299,9 @@ pub fn rule_files(path: &Path) -> Vec<PathBuf> {
 
 /// [`rule_files`] with the directory listed as `options` say.
 pub fn rule_files_with(path: &Path, options: ListOptions) -> Vec<PathBuf> {
-    list(path, options).map(|(paths, _)| paths).unwrap_or_default()
+    list(path, options)
+        .map(|(paths, _)| paths)
+        .unwrap_or_default()
 }
 
 /// Which entries of a rules directory are rule files. The default is tollgate's: visible

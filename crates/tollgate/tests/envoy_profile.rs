@@ -1,0 +1,301 @@
+//! `tollgate serve --profile envoy` as a real process configured only with envoyproxy/ratelimit's
+//! environment variables, called over real sockets: its listeners (`HOST`, `PORT`, `GRPC_PORT`),
+//! its runtime folder (`RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY`, any extension,
+//! dot files), `SHADOW_MODE`, `LIMIT_RESPONSE_HEADERS_ENABLED` with its header names,
+//! `GET /healthcheck`, the `ratelimit` health service, `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`
+//! with `FORCE_START_WITHOUT_INITIAL_CONFIG`, and a WARN for a variable it does not know.
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use serde_json::{json, Value};
+use std::path::Path;
+use std::time::{Duration, Instant};
+use tollgate_server::client::Method;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+mod support;
+
+use support::*;
+
+/// A 3-per-minute limit on the sliding log (exact on the wall clock: no window boundary can
+/// reset it during a test, whatever the profile's default algorithm).
+const RULES: &str = "domain: profile
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: sliding_window_log}
+";
+
+/// A second domain in a dot file (envoy reads dot files unless RUNTIME_IGNOREDOTFILES).
+const HIDDEN: &str = "domain: hidden
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 1, algorithm: sliding_window_log}
+";
+
+fn runtime(name: &str) -> std::path::PathBuf {
+    let root = temp_dir(name);
+    let app = root.join("ratelimit/config");
+    std::fs::create_dir_all(&app).unwrap();
+    root
+}
+
+fn write(root: &Path, file: &str, text: &str) {
+    std::fs::write(root.join("ratelimit/config").join(file), text).unwrap();
+}
+
+/// `tollgate serve --profile envoy` with `vars` and envoy's listeners on free loopback ports.
+fn start(root: &Path, vars: &[(&str, &str)], name: &str) -> (Server, String) {
+    let (http, grpc) = (free_port().to_string(), free_port().to_string());
+    let root = root.display().to_string();
+    let mut env: Vec<(&str, &str)> = vec![
+        ("HOST", "127.0.0.1"),
+        ("PORT", &http),
+        ("GRPC_HOST", "127.0.0.1"),
+        ("GRPC_PORT", &grpc),
+        ("RUNTIME_ROOT", &root),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+    ];
+    env.extend_from_slice(vars);
+    let s = Server::start_env(&["--profile", "envoy"], &env, &repo(), name);
+    assert!(s.base.ends_with(&format!(":{http}")), "{}", s.line);
+    let grpc_addr = s.addr("gRPC ");
+    assert!(grpc_addr.ends_with(&format!(":{grpc}")), "{}", s.line);
+    (s, grpc_addr)
+}
+
+fn runtime_block<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(f)
+}
+
+fn should_rate_limit(addr: &str, domain: &str, user: &str) -> RateLimitResponse {
+    runtime_block(async {
+        let mut client = RateLimitServiceClient::connect(format!("http://{addr}"))
+            .await
+            .expect("gRPC connect");
+        client
+            .should_rate_limit(RateLimitRequest {
+                domain: domain.into(),
+                descriptors: vec![RateLimitDescriptor {
+                    entries: vec![Entry {
+                        key: "user".into(),
+                        value: user.into(),
+                    }],
+                    ..Default::default()
+                }],
+                hits_addend: 0,
+            })
+            .await
+            .expect("ShouldRateLimit")
+            .into_inner()
+    })
+}
+
+fn health(addr: &str, service: &str) -> Result<i32, tonic::Code> {
+    runtime_block(async {
+        let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .expect("gRPC connect");
+        let mut h = HealthClient::new(channel);
+        h.check(HealthCheckRequest {
+            service: service.into(),
+        })
+        .await
+        .map(|r| r.into_inner().status)
+        .map_err(|s| s.code())
+    })
+}
+
+fn json_check(base: &str, domain: &str, user: &str) -> (u16, Value) {
+    let r = http(
+        base,
+        Method::POST,
+        "/json",
+        Some(
+            json!({"domain": domain, "descriptors": [{"entries": [{"key": "user", "value": user}]}]}),
+        ),
+    );
+    (
+        r.status,
+        serde_json::from_str(&r.body).unwrap_or(Value::Null),
+    )
+}
+
+fn headers(r: &RateLimitResponse) -> Vec<(String, String)> {
+    r.response_headers_to_add
+        .iter()
+        .map(|h| (h.key.clone(), h.value.clone()))
+        .collect()
+}
+
+#[test]
+fn envoy_environment_listeners_runtime_folder_health_and_headers() {
+    let root = runtime("envoy-profile-main");
+    write(&root, "limits.conf", RULES);
+    write(&root, ".hidden.txt", HIDDEN);
+    let (s, grpc) = start(
+        &root,
+        &[
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ("LIMIT_REMAINING_HEADER", "X-Left"),
+            ("REDIS_URLS", "typo"),
+            ("LOG_LEVEL", "info"),
+        ],
+        "envoy-profile-main",
+    );
+
+    // envoy's health check and health service.
+    let h = http(&s.base, Method::GET, "/healthcheck", None);
+    assert_eq!((h.status, h.body.as_str()), (200, "OK"));
+    assert_eq!(
+        health(&grpc, "ratelimit"),
+        Ok(ServingStatus::Serving as i32)
+    );
+    assert_eq!(health(&grpc, ""), Ok(ServingStatus::Serving as i32));
+
+    // The `.conf` file of the runtime folder is loaded: 3 per minute.
+    for left in ["2", "1", "0"] {
+        let r = should_rate_limit(&grpc, "profile", "alice");
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        let h = headers(&r);
+        assert_eq!(h.len(), 3, "{h:?}");
+        assert_eq!(h[0], ("RateLimit-Limit".into(), "3".into()));
+        assert_eq!(h[1], ("X-Left".into(), left.into()));
+        assert_eq!(h[2].0, "RateLimit-Reset");
+        let reset: u64 = h[2].1.parse().unwrap();
+        assert!((1..=60).contains(&reset), "{h:?}");
+    }
+    let r = should_rate_limit(&grpc, "profile", "alice");
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(headers(&r)[1], ("X-Left".into(), "0".into()));
+    // No rule matched: no headers, as envoy.
+    let r = should_rate_limit(&grpc, "profile-unknown", "alice");
+    assert!(r.response_headers_to_add.is_empty(), "{r:?}");
+
+    // The dot file too.
+    assert_eq!(json_check(&s.base, "hidden", "bob").0, 200);
+    assert_eq!(json_check(&s.base, "hidden", "bob").0, 429);
+
+    // The variable it does not know is one WARN.
+    let log = s.stderr();
+    assert_eq!(log.matches("REDIS_URLS").count(), 1, "{log}");
+    assert!(log.contains("WARN"), "{log}");
+}
+
+#[test]
+fn shadow_mode_answers_ok_and_counts() {
+    let root = runtime("envoy-profile-shadow");
+    write(&root, "limits.yaml", RULES);
+    let (s, grpc) = start(&root, &[("SHADOW_MODE", "true")], "envoy-profile-shadow");
+    for _ in 0..3 {
+        assert_eq!(
+            should_rate_limit(&grpc, "profile", "carol").overall_code,
+            Code::Ok as i32
+        );
+    }
+    let r = should_rate_limit(&grpc, "profile", "carol");
+    assert_eq!(r.overall_code, Code::Ok as i32, "{r:?}");
+    // The descriptor still says what the limit decided.
+    assert_eq!(r.statuses[0].code, Code::OverLimit as i32, "{r:?}");
+    let (status, body) = json_check(&s.base, "profile", "carol");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["overallCode"], "OK", "{body}");
+    let metrics = http(&s.base, Method::GET, "/metrics", None).body;
+    assert!(
+        metrics.contains("tollgate_global_shadow_mode_total 2"),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn healthy_only_once_a_config_is_loaded() {
+    let root = runtime("envoy-profile-health");
+    let (s, grpc) = start(
+        &root,
+        &[
+            ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true"),
+            ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+        ],
+        "envoy-profile-health",
+    );
+    let h = http(&s.base, Method::GET, "/healthcheck", None);
+    assert_eq!((h.status, h.body.as_str()), (500, ""));
+    assert_eq!(
+        health(&grpc, "ratelimit"),
+        Ok(ServingStatus::NotServing as i32)
+    );
+    write(&root, "limits.yaml", RULES);
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let h = http(&s.base, Method::GET, "/healthcheck", None);
+        if h.status == 200 && health(&grpc, "ratelimit") == Ok(ServingStatus::Serving as i32) {
+            assert_eq!(h.body, "OK");
+            break;
+        }
+        assert!(Instant::now() < until, "never healthy: {}", s.stderr());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn without_the_profile_nothing_changes() {
+    let root = runtime("envoy-profile-off");
+    write(&root, "limits.yaml", RULES);
+    let rules = root.join("ratelimit/config").display().to_string();
+    let s = Server::start_env(
+        &[
+            "--http-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--rules",
+            &rules,
+        ],
+        &[("SHADOW_MODE", "true")],
+        &repo(),
+        "envoy-profile-off",
+    );
+    assert_eq!(http(&s.base, Method::GET, "/healthcheck", None).status, 404);
+    let grpc = s.addr("gRPC ");
+    assert_eq!(health(&grpc, "ratelimit"), Err(tonic::Code::NotFound));
+    for _ in 0..3 {
+        json_check(&s.base, "profile", "dave");
+    }
+    assert_eq!(json_check(&s.base, "profile", "dave").0, 429);
+}
+
+#[test]
+fn memcache_and_bad_values_are_clear_errors() {
+    let root = runtime("envoy-profile-bad");
+    for (var, value, expect) in [
+        (
+            "BACKEND_TYPE",
+            "memcache",
+            "memcache backend is not supported",
+        ),
+        ("SHADOW_MODE", "yes", "SHADOW_MODE=yes"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["serve", "--profile", "envoy"])
+            .env("RUNTIME_ROOT", &root)
+            .env("PORT", "0")
+            .env("GRPC_PORT", "0")
+            .env(var, value)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(expect), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
