@@ -334,7 +334,8 @@ impl AppState {
     /// loaded.
     pub fn envoy_healthy(&self) -> bool {
         let needs_config = self.envoy().is_some_and(|m| m.healthy_needs_config);
-        !self.shutting_down() && !(needs_config && self.rules().set.is_empty())
+        let waiting_for_config = needs_config && self.rules().set.is_empty();
+        !(self.shutting_down() || waiting_for_config)
     }
 
     /// Count one request turned OK by the envoy profile's global `SHADOW_MODE`.
