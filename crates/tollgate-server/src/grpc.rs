@@ -525,6 +525,44 @@ pub async fn serve(
     shutdown_timeout: Duration,
     shutdown: impl Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
+    serve_on(
+        state,
+        GrpcListener::Tcp(listener),
+        limits,
+        max_connections,
+        shutdown_timeout,
+        shutdown,
+    )
+    .await
+}
+
+/// Where the gRPC service accepts connections: TCP, or a unix socket (envoyproxy/ratelimit's
+/// `GRPC_UDS`).
+#[derive(Debug)]
+pub enum GrpcListener {
+    /// A TCP listener.
+    Tcp(TcpListener),
+    /// A unix-domain socket listener.
+    #[cfg(unix)]
+    Unix(tokio::net::UnixListener),
+}
+
+/// One accepted connection of a [`GrpcListener`].
+enum Accepted {
+    Tcp(TcpStream),
+    #[cfg(unix)]
+    Unix(tokio::net::UnixStream),
+}
+
+/// [`serve`] on any [`GrpcListener`].
+pub async fn serve_on(
+    state: AppState,
+    listener: GrpcListener,
+    limits: GrpcLimits,
+    max_connections: usize,
+    shutdown_timeout: Duration,
+    shutdown: impl Future<Output = ()> + Send,
+) -> std::io::Result<()> {
     let (mut reporter, health) = tonic_health::server::health_reporter();
     reporter
         .set_service_status(RLS_SERVICE_NAME, ServingStatus::Serving)
@@ -562,18 +600,21 @@ pub async fn serve(
             () = &mut shutdown => break,
             s = slots.clone().acquire_owned() => s.expect("the semaphore is never closed"),
         };
-        let tcp = tokio::select! {
+        let accepted = tokio::select! {
             () = &mut shutdown => break,
-            tcp = accept(&listener) => tcp,
+            accepted = accept(&listener) => accepted,
         };
-        connections.spawn(connection(
-            tcp,
-            slot,
-            builder.clone(),
-            routes.clone(),
-            limits,
-            drain_rx.clone(),
-        ));
+        let (builder, routes, drain) = (builder.clone(), routes.clone(), drain_rx.clone());
+        match accepted {
+            Accepted::Tcp(tcp) => {
+                let _ = tcp.set_nodelay(true);
+                connections.spawn(connection(tcp, slot, builder, routes, limits, drain));
+            }
+            #[cfg(unix)]
+            Accepted::Unix(unix) => {
+                connections.spawn(connection(unix, slot, builder, routes, limits, drain));
+            }
+        }
         // Reap the finished ones so the set stays as large as the open connections.
         while connections.try_join_next().is_some() {}
     }
@@ -626,10 +667,15 @@ async fn follow_envoy_health(state: AppState, reporter: tonic_health::server::He
 
 /// The next connection. Errors that concern one connection are skipped; others (out of file
 /// descriptors, ...) are logged and retried after a pause instead of spinning.
-async fn accept(listener: &TcpListener) -> TcpStream {
+async fn accept(listener: &GrpcListener) -> Accepted {
     loop {
-        match listener.accept().await {
-            Ok((tcp, _)) => return tcp,
+        let accepted = match listener {
+            GrpcListener::Tcp(l) => l.accept().await.map(|(tcp, _)| Accepted::Tcp(tcp)),
+            #[cfg(unix)]
+            GrpcListener::Unix(l) => l.accept().await.map(|(unix, _)| Accepted::Unix(unix)),
+        };
+        match accepted {
+            Ok(accepted) => return accepted,
             Err(e)
                 if matches!(
                     e.kind(),
@@ -649,15 +695,16 @@ async fn accept(listener: &TcpListener) -> TcpStream {
 /// within the handshake timeout, then HTTP/2 until the client leaves, the connection's age
 /// (GOAWAY, then at most the grace) or shutdown (`drain`: GOAWAY, then until the caller gives
 /// up and drops this task).
-async fn connection(
-    mut tcp: TcpStream,
+async fn connection<S>(
+    mut tcp: S,
     _slot: OwnedSemaphorePermit,
     builder: http2::Builder<TokioExecutor>,
     routes: Routes,
     limits: GrpcLimits,
     mut drain: watch::Receiver<bool>,
-) {
-    let _ = tcp.set_nodelay(true);
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let mut preface = [0u8; PREFACE.len()];
     let read = tokio::select! {
         r = tokio::time::timeout(limits.handshake_timeout, tcp.read_exact(&mut preface)) => r,
@@ -739,18 +786,18 @@ fn parse_grpc_timeout(v: &[u8]) -> Option<Duration> {
 
 /// A connection whose preface was read (to time it), handed to hyper as if it were not: the
 /// preface is read again first.
-struct Replayed {
-    io: TcpStream,
+struct Replayed<S> {
+    io: S,
     replayed: usize,
 }
 
-impl Replayed {
-    fn new(io: TcpStream) -> Self {
+impl<S> Replayed<S> {
+    fn new(io: S) -> Self {
         Self { io, replayed: 0 }
     }
 }
 
-impl AsyncRead for Replayed {
+impl<S: AsyncRead + Unpin> AsyncRead for Replayed<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -767,7 +814,7 @@ impl AsyncRead for Replayed {
     }
 }
 
-impl AsyncWrite for Replayed {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Replayed<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

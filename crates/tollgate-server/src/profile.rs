@@ -472,12 +472,8 @@ pub fn translate(
     // Listeners.
     config.http_addr = env.addr("HOST", "PORT", 8080)?;
     config.grpc_addr = env.addr("GRPC_HOST", "GRPC_PORT", 8081)?;
-    if env.get("GRPC_UDS").is_some() {
-        return Err(env.error(
-            "GRPC_UDS",
-            "a unix socket for gRPC is not supported by this build; use GRPC_HOST/GRPC_PORT",
-        ));
-    }
+    // As envoy: a socket path replaces the gRPC host and port.
+    config.grpc_uds = env.get("GRPC_UDS").map(PathBuf::from);
     config.grpc_limits.max_connection_age =
         env.duration_or("GRPC_MAX_CONNECTION_AGE", Duration::from_secs(24 * 3600))?;
     config.grpc_limits.max_connection_age_grace =
@@ -663,10 +659,12 @@ mod tests {
             ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true"),
             ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
             ("BACKEND_TYPE", "redis"),
+            ("GRPC_UDS", "/run/rl.sock"),
         ]);
         let c = &t.config;
         assert_eq!(c.http_addr, "127.0.0.1:9080".parse().unwrap());
         assert_eq!(c.grpc_addr, "127.0.0.2:9081".parse().unwrap());
+        assert_eq!(c.grpc_uds, Some(PathBuf::from("/run/rl.sock")));
         assert_eq!(c.grpc_limits.max_connection_age, Duration::from_secs(5400));
         assert_eq!(
             c.grpc_limits.max_connection_age_grace,
@@ -747,7 +745,6 @@ mod tests {
             "{e}"
         );
         assert_eq!(err(&[("CONFIG_TYPE", "GRPC_XDS_SOTW")]).name, "CONFIG_TYPE");
-        assert_eq!(err(&[("GRPC_UDS", "/tmp/rl.sock")]).name, "GRPC_UDS");
         assert_eq!(
             err(&[("GRPC_SERVER_USE_TLS", "true")]).name,
             "GRPC_SERVER_USE_TLS"

@@ -68,6 +68,8 @@ pub struct ServeConfig {
     pub shutdown_timeout: Duration,
     /// `--grpc-*`: HTTP/2 and connection limits of the gRPC listener.
     pub grpc_limits: crate::grpc::GrpcLimits,
+    /// gRPC on this unix socket instead of `grpc_addr` (envoy profile's `GRPC_UDS`).
+    pub grpc_uds: Option<PathBuf>,
     /// Which files of a rules directory are read (tollgate's `*.yaml`, or envoy's runtime
     /// folder under `--profile envoy`).
     pub rule_listing: tollgate_core::rules::ListOptions,
@@ -96,6 +98,7 @@ impl Default for ServeConfig {
             max_connections: 10_000,
             shutdown_timeout: Duration::from_secs(10),
             grpc_limits: crate::grpc::GrpcLimits::default(),
+            grpc_uds: None,
             rule_listing: tollgate_core::rules::ListOptions::default(),
             envoy: None,
         }
@@ -236,8 +239,10 @@ pub fn raise_open_files_limit(max_connections: usize) -> Option<u64> {
 pub struct Bound {
     /// HTTP.
     pub http: SocketAddr,
-    /// gRPC, once the gRPC service is wired in.
+    /// gRPC on TCP (`None` when it listens on a unix socket).
     pub grpc: Option<SocketAddr>,
+    /// gRPC on a unix socket (envoy profile's `GRPC_UDS`).
+    pub grpc_uds: Option<PathBuf>,
     /// The store (`memory` or the Redis URL, password redacted).
     pub store: String,
 }
@@ -268,11 +273,20 @@ pub async fn serve(
     let http_addr = http.local_addr()?;
     let (tx, rx) = shutdown_channel();
 
-    let grpc = TcpListener::bind(config.grpc_addr)
-        .await
-        .with_context(|| format!("cannot listen for gRPC on {}", config.grpc_addr))?;
-    let grpc_addr = Some(grpc.local_addr()?);
-    let mut grpc = tokio::spawn(crate::grpc::serve(
+    let (grpc, grpc_addr) = match &config.grpc_uds {
+        None => {
+            let grpc = TcpListener::bind(config.grpc_addr)
+                .await
+                .with_context(|| format!("cannot listen for gRPC on {}", config.grpc_addr))?;
+            let addr = grpc.local_addr()?;
+            (crate::grpc::GrpcListener::Tcp(grpc), Some(addr))
+        }
+        #[cfg(unix)]
+        Some(path) => (crate::grpc::GrpcListener::Unix(bind_unix(path)?), None),
+        #[cfg(not(unix))]
+        Some(path) => bail!("unix sockets are not supported here: {}", path.display()),
+    };
+    let mut grpc = tokio::spawn(crate::grpc::serve_on(
         state.clone(),
         grpc,
         config.grpc_limits,
@@ -321,6 +335,7 @@ pub async fn serve(
     on_bound(Bound {
         http: http_addr,
         grpc: grpc_addr,
+        grpc_uds: config.grpc_uds.clone(),
         store: state.store_label(),
     });
 
@@ -376,13 +391,34 @@ pub async fn serve(
     Ok(())
 }
 
+/// Listen on the unix socket `path`. A socket file left there by a previous process is
+/// replaced (a restart must not fail on it); any other file is an error, never deleted.
+#[cfg(unix)]
+fn bind_unix(path: &std::path::Path) -> anyhow::Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::FileTypeExt;
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if meta.file_type().is_socket() {
+            std::fs::remove_file(path)
+                .with_context(|| format!("cannot replace the socket {}", path.display()))?;
+        } else {
+            bail!(
+                "cannot listen for gRPC on {}: the file exists and is not a socket",
+                path.display()
+            );
+        }
+    }
+    tokio::net::UnixListener::bind(path)
+        .with_context(|| format!("cannot listen for gRPC on unix socket {}", path.display()))
+}
+
 /// The start-up line: where to send a request.
 pub fn listening_message(bound: &Bound) -> String {
     let port = bound.http.port();
-    let grpc = bound
-        .grpc
-        .map(|g| format!(", gRPC {g}"))
-        .unwrap_or_default();
+    let grpc = match (&bound.grpc, &bound.grpc_uds) {
+        (Some(g), _) => format!(", gRPC {g}"),
+        (None, Some(path)) => format!(", gRPC unix:{}", path.display()),
+        (None, None) => String::new(),
+    };
     format!(
         "listening: HTTP http://{} (try: curl -s localhost:{port}/v1/check -H 'content-type: application/json' -d '{{\"domain\":\"api\",\"descriptors\":[{{\"entries\":[{{\"key\":\"user\",\"value\":\"alice\"}}]}}]}}'){grpc}, store {}",
         bound.http, bound.store

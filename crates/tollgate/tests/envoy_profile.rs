@@ -299,3 +299,82 @@ fn memcache_and_bad_values_are_clear_errors() {
         assert!(!err.contains("panicked"), "{err}");
     }
 }
+
+/// A tonic channel over the unix socket `path`.
+async fn unix_channel(path: &Path) -> tonic::transport::Channel {
+    let path = path.to_path_buf();
+    tonic::transport::Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let path = path.clone();
+            async move {
+                tokio::net::UnixStream::connect(path)
+                    .await
+                    .map(hyper_util::rt::TokioIo::new)
+            }
+        }))
+        .await
+        .expect("gRPC connect over the unix socket")
+}
+
+#[test]
+fn grpc_on_a_unix_socket() {
+    let root = runtime("envoy-profile-uds");
+    write(&root, "limits.yaml", RULES);
+    let sock = root.join("rls.sock");
+    let sock_s = sock.display().to_string();
+    let http_port = free_port().to_string();
+    let root_s = root.display().to_string();
+    let s = Server::start_env(
+        &["--profile", "envoy"],
+        &[
+            ("HOST", "127.0.0.1"),
+            ("PORT", &http_port),
+            ("GRPC_UDS", &sock_s),
+            ("RUNTIME_ROOT", &root_s),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ],
+        &repo(),
+        "envoy-profile-uds",
+    );
+    assert!(
+        s.line.contains(&format!("gRPC unix:{sock_s}")),
+        "{}",
+        s.line
+    );
+    let codes = runtime_block(async {
+        let channel = unix_channel(&sock).await;
+        let mut h = HealthClient::new(channel.clone());
+        let status = h
+            .check(HealthCheckRequest {
+                service: "ratelimit".into(),
+            })
+            .await
+            .expect("health")
+            .into_inner()
+            .status;
+        assert_eq!(status, ServingStatus::Serving as i32);
+        let mut client = RateLimitServiceClient::new(channel);
+        let mut codes = Vec::new();
+        for _ in 0..4 {
+            let r = client
+                .should_rate_limit(RateLimitRequest {
+                    domain: "profile".into(),
+                    descriptors: vec![RateLimitDescriptor {
+                        entries: vec![Entry {
+                            key: "user".into(),
+                            value: "erin".into(),
+                        }],
+                        ..Default::default()
+                    }],
+                    hits_addend: 0,
+                })
+                .await
+                .expect("ShouldRateLimit")
+                .into_inner();
+            codes.push(r.overall_code);
+        }
+        codes
+    });
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    assert_eq!(codes, vec![ok, ok, ok, over]);
+}
