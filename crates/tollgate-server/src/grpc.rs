@@ -538,18 +538,31 @@ pub async fn serve(
 
 /// Where the gRPC service accepts connections: TCP, or a unix socket (envoyproxy/ratelimit's
 /// `GRPC_UDS`).
-#[derive(Debug)]
 pub enum GrpcListener {
     /// A TCP listener.
     Tcp(TcpListener),
+    /// A TCP listener, TLS on every connection (envoy profile's `GRPC_SERVER_USE_TLS`).
+    Tls(TcpListener, tokio_rustls::TlsAcceptor),
     /// A unix-domain socket listener.
     #[cfg(unix)]
     Unix(tokio::net::UnixListener),
 }
 
+impl std::fmt::Debug for GrpcListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Tcp(l) => f.debug_tuple("Tcp").field(l).finish(),
+            Self::Tls(l, _) => f.debug_tuple("Tls").field(l).finish_non_exhaustive(),
+            #[cfg(unix)]
+            Self::Unix(l) => f.debug_tuple("Unix").field(l).finish(),
+        }
+    }
+}
+
 /// One accepted connection of a [`GrpcListener`].
 enum Accepted {
     Tcp(TcpStream),
+    Tls(TcpStream, tokio_rustls::TlsAcceptor),
     #[cfg(unix)]
     Unix(tokio::net::UnixStream),
 }
@@ -610,6 +623,26 @@ pub async fn serve_on(
                 let _ = tcp.set_nodelay(true);
                 connections.spawn(connection(tcp, slot, builder, routes, limits, drain));
             }
+            Accepted::Tls(tcp, tls) => {
+                let _ = tcp.set_nodelay(true);
+                connections.spawn(async move {
+                    // The TLS handshake is bounded like the HTTP/2 preface that follows it.
+                    let mut stop = drain.clone();
+                    let handshake = tokio::select! {
+                        r = tokio::time::timeout(limits.handshake_timeout, tls.accept(tcp)) => r,
+                        _ = stop.wait_for(|d| *d) => return,
+                    };
+                    match handshake {
+                        Ok(Ok(stream)) => {
+                            connection(stream, slot, builder, routes, limits, drain).await;
+                        }
+                        Ok(Err(e)) => tracing::debug!(error = %e, "gRPC TLS handshake failed"),
+                        Err(_) => tracing::debug!(
+                            "gRPC TLS handshake not done within the handshake timeout"
+                        ),
+                    }
+                });
+            }
             #[cfg(unix)]
             Accepted::Unix(unix) => {
                 connections.spawn(connection(unix, slot, builder, routes, limits, drain));
@@ -665,12 +698,74 @@ async fn follow_envoy_health(state: AppState, reporter: tonic_health::server::He
     }
 }
 
+/// TLS on the gRPC listener: a certificate chain and key (PEM files), and optionally the CAs
+/// client certificates must chain to (then a client without a valid certificate is refused).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrpcTls {
+    /// The server's certificate chain (PEM).
+    pub cert: std::path::PathBuf,
+    /// Its private key (PEM).
+    pub key: std::path::PathBuf,
+    /// CA certificates (PEM) that client certificates are verified against; `None`: no client
+    /// certificate asked for.
+    pub client_ca: Option<std::path::PathBuf>,
+}
+
+impl GrpcTls {
+    /// The TLS acceptor (ALPN `h2`), or why the files cannot be used.
+    pub fn acceptor(&self) -> Result<tokio_rustls::TlsAcceptor, String> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let read_certs = |path: &std::path::Path| -> Result<Vec<CertificateDer<'static>>, String> {
+            let certs = CertificateDer::pem_file_iter(path)
+                .and_then(|i| i.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            if certs.is_empty() {
+                return Err(format!("{}: no certificate in the file", path.display()));
+            }
+            Ok(certs)
+        };
+        let certs = read_certs(&self.cert)?;
+        let key = PrivateKeyDer::from_pem_file(&self.key)
+            .map_err(|e| format!("{}: {e}", self.key.display()))?;
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?;
+        let builder = match &self.client_ca {
+            None => builder.with_no_client_auth(),
+            Some(ca) => {
+                let mut roots = rustls::RootCertStore::empty();
+                for c in read_certs(ca)? {
+                    roots.add(c).map_err(|e| format!("{}: {e}", ca.display()))?;
+                }
+                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    Arc::new(roots),
+                    provider,
+                )
+                .build()
+                .map_err(|e| format!("{}: {e}", ca.display()))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+        };
+        let mut config = builder
+            .with_single_cert(certs, key)
+            .map_err(|e| format!("{} and {}: {e}", self.cert.display(), self.key.display()))?;
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+    }
+}
+
 /// The next connection. Errors that concern one connection are skipped; others (out of file
 /// descriptors, ...) are logged and retried after a pause instead of spinning.
 async fn accept(listener: &GrpcListener) -> Accepted {
     loop {
         let accepted = match listener {
             GrpcListener::Tcp(l) => l.accept().await.map(|(tcp, _)| Accepted::Tcp(tcp)),
+            GrpcListener::Tls(l, tls) => l
+                .accept()
+                .await
+                .map(|(tcp, _)| Accepted::Tls(tcp, tls.clone())),
             #[cfg(unix)]
             GrpcListener::Unix(l) => l.accept().await.map(|(unix, _)| Accepted::Unix(unix)),
         };

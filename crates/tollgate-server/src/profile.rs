@@ -479,22 +479,39 @@ pub fn translate(
     config.grpc_limits.max_connection_age_grace =
         env.duration_or("GRPC_MAX_CONNECTION_AGE_GRACE", Duration::from_secs(3600))?;
     if env.bool_or("GRPC_SERVER_USE_TLS", false)? {
-        return Err(env.error(
-            "GRPC_SERVER_USE_TLS",
-            "TLS on the gRPC listener is not supported by this build; terminate TLS in front \
-             of tollgate (a sidecar or the mesh)",
-        ));
-    }
-    for name in [
-        "GRPC_SERVER_TLS_CERT",
-        "GRPC_SERVER_TLS_KEY",
-        "GRPC_CLIENT_TLS_CACERT",
-        "GRPC_CLIENT_TLS_SAN",
-    ] {
-        if env.get(name).is_some() {
-            warnings.push(format!(
-                "{name} is set but GRPC_SERVER_USE_TLS is not: ignored, as envoyproxy/ratelimit does"
+        let (Some(cert), Some(key)) = (
+            env.get("GRPC_SERVER_TLS_CERT"),
+            env.get("GRPC_SERVER_TLS_KEY"),
+        ) else {
+            return Err(env.error(
+                "GRPC_SERVER_USE_TLS",
+                "needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY",
             ));
+        };
+        config.grpc_tls = Some(crate::grpc::GrpcTls {
+            cert: cert.into(),
+            key: key.into(),
+            client_ca: env.get("GRPC_CLIENT_TLS_CACERT").map(PathBuf::from),
+        });
+        if env.get("GRPC_CLIENT_TLS_SAN").is_some() {
+            warnings.push(
+                "GRPC_CLIENT_TLS_SAN is set but not supported: client certificates are verified \
+                 against GRPC_CLIENT_TLS_CACERT only, whatever their SAN"
+                    .to_owned(),
+            );
+        }
+    } else {
+        for name in [
+            "GRPC_SERVER_TLS_CERT",
+            "GRPC_SERVER_TLS_KEY",
+            "GRPC_CLIENT_TLS_CACERT",
+            "GRPC_CLIENT_TLS_SAN",
+        ] {
+            if env.get(name).is_some() {
+                warnings.push(format!(
+                    "{name} is set but GRPC_SERVER_USE_TLS is not: ignored, as envoyproxy/ratelimit does"
+                ));
+            }
         }
     }
 

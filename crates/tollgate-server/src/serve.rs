@@ -70,6 +70,8 @@ pub struct ServeConfig {
     pub grpc_limits: crate::grpc::GrpcLimits,
     /// gRPC on this unix socket instead of `grpc_addr` (envoy profile's `GRPC_UDS`).
     pub grpc_uds: Option<PathBuf>,
+    /// TLS on the gRPC listener (envoy profile's `GRPC_SERVER_USE_TLS`); `None`: plaintext.
+    pub grpc_tls: Option<crate::grpc::GrpcTls>,
     /// Which files of a rules directory are read (tollgate's `*.yaml`, or envoy's runtime
     /// folder under `--profile envoy`).
     pub rule_listing: tollgate_core::rules::ListOptions,
@@ -99,6 +101,7 @@ impl Default for ServeConfig {
             shutdown_timeout: Duration::from_secs(10),
             grpc_limits: crate::grpc::GrpcLimits::default(),
             grpc_uds: None,
+            grpc_tls: None,
             rule_listing: tollgate_core::rules::ListOptions::default(),
             envoy: None,
         }
@@ -279,7 +282,15 @@ pub async fn serve(
                 .await
                 .with_context(|| format!("cannot listen for gRPC on {}", config.grpc_addr))?;
             let addr = grpc.local_addr()?;
-            (crate::grpc::GrpcListener::Tcp(grpc), Some(addr))
+            match &config.grpc_tls {
+                None => (crate::grpc::GrpcListener::Tcp(grpc), Some(addr)),
+                Some(tls) => {
+                    let acceptor = tls
+                        .acceptor()
+                        .map_err(|e| anyhow::anyhow!("cannot use the gRPC TLS files: {e}"))?;
+                    (crate::grpc::GrpcListener::Tls(grpc, acceptor), Some(addr))
+                }
+            }
         }
         #[cfg(unix)]
         Some(path) => (crate::grpc::GrpcListener::Unix(bind_unix(path)?), None),

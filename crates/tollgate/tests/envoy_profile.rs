@@ -378,3 +378,174 @@ fn grpc_on_a_unix_socket() {
     let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
     assert_eq!(codes, vec![ok, ok, ok, over]);
 }
+
+/// `openssl` with `args` in `dir`.
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl (needed to make test certificates)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA, a server certificate for `localhost` and a client certificate, both signed by the CA.
+fn certificates(dir: &Path) {
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let mut ca = vec!["req", "-x509"];
+    ca.extend_from_slice(&ec);
+    ca.extend_from_slice(&[
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=tollgate-test-ca",
+    ]);
+    openssl(dir, &ca);
+    for (name, usage) in [("server", "serverAuth"), ("client", "clientAuth")] {
+        std::fs::write(
+            dir.join(format!("{name}.ext")),
+            format!("subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage={usage}\n"),
+        )
+        .unwrap();
+        let (key, csr, pem, ext) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.pem"),
+            format!("{name}.ext"),
+        );
+        let mut req = vec!["req"];
+        req.extend_from_slice(&ec);
+        req.extend_from_slice(&["-keyout", &key, "-out", &csr, "-subj", "/CN=localhost"]);
+        openssl(dir, &req);
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &pem,
+                "-days",
+                "2",
+                "-extfile",
+                &ext,
+            ],
+        );
+    }
+}
+
+/// A tonic channel over TLS to `addr` (server name `localhost`, trusting `dir/ca.pem`),
+/// presenting `dir/client.pem` when `client_cert`.
+async fn tls_channel(
+    addr: &str,
+    dir: &Path,
+    client_cert: bool,
+) -> Result<tonic::transport::Channel, String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(dir.join("ca.pem")).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+    let mut config = if client_cert {
+        let certs = CertificateDer::pem_file_iter(dir.join("client.pem"))
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key = PrivateKeyDer::from_pem_file(dir.join("client.key")).unwrap();
+        builder.with_client_auth_cert(certs, key).unwrap()
+    } else {
+        builder.with_no_client_auth()
+    };
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let addr = addr.to_owned();
+    tonic::transport::Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let (connector, addr) = (connector.clone(), addr.clone());
+            async move {
+                let tcp = tokio::net::TcpStream::connect(addr).await?;
+                let name = ServerName::try_from("localhost").unwrap();
+                connector
+                    .connect(name, tcp)
+                    .await
+                    .map(hyper_util::rt::TokioIo::new)
+            }
+        }))
+        .await
+        .map_err(|e| format!("{e:?}"))
+}
+
+async fn tls_health(addr: &str, dir: &Path, client_cert: bool) -> Result<i32, String> {
+    let channel = tls_channel(addr, dir, client_cert).await?;
+    HealthClient::new(channel)
+        .check(HealthCheckRequest {
+            service: "ratelimit".into(),
+        })
+        .await
+        .map(|r| r.into_inner().status)
+        .map_err(|s| format!("{s:?}"))
+}
+
+#[test]
+fn grpc_server_tls_and_client_certificates() {
+    let root = runtime("envoy-profile-tls");
+    write(&root, "limits.yaml", RULES);
+    certificates(&root);
+    let file = |name: &str| root.join(name).display().to_string();
+    let (cert, key, ca) = (file("server.pem"), file("server.key"), file("ca.pem"));
+    let tls = [
+        ("GRPC_SERVER_USE_TLS", "true"),
+        ("GRPC_SERVER_TLS_CERT", cert.as_str()),
+        ("GRPC_SERVER_TLS_KEY", key.as_str()),
+    ];
+
+    // TLS: a TLS client is served; a plaintext one is not.
+    let (_s, grpc) = start(&root, &tls, "envoy-profile-tls");
+    let serving = ServingStatus::Serving as i32;
+    assert_eq!(runtime_block(tls_health(&grpc, &root, false)), Ok(serving));
+    let plain = runtime_block(async {
+        let channel = tonic::transport::Channel::from_shared(format!("http://{grpc}"))
+            .unwrap()
+            .connect()
+            .await
+            .map_err(|e| e.to_string())?;
+        HealthClient::new(channel)
+            .check(HealthCheckRequest::default())
+            .await
+            .map_err(|e| e.to_string())
+    });
+    assert!(plain.is_err(), "plaintext gRPC answered on a TLS listener");
+
+    // Client certificates: required once GRPC_CLIENT_TLS_CACERT is set.
+    let mut mtls = tls.to_vec();
+    mtls.push(("GRPC_CLIENT_TLS_CACERT", ca.as_str()));
+    let (_m, grpc) = start(&root, &mtls, "envoy-profile-mtls");
+    assert_eq!(runtime_block(tls_health(&grpc, &root, true)), Ok(serving));
+    assert!(runtime_block(tls_health(&grpc, &root, false)).is_err());
+}
