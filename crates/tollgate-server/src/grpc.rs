@@ -44,7 +44,11 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::value::Kind as PbKind;
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use envoy_types::pb::google::protobuf::{
+    ListValue as PbListValue, Struct as PbStruct, Value as PbValue,
+};
 use futures_util::FutureExt;
 use hyper::body::Incoming;
 use hyper::server::conn::http2;
@@ -236,7 +240,15 @@ impl RateLimitService for RateLimitGrpc {
             });
         match result {
             Ok(resp) => Ok(Response::new(match self.state.envoy() {
-                Some(mode) => to_envoy_proto_response(&resp, mode),
+                Some(mode) => {
+                    let mut out = to_envoy_proto_response(&resp, mode);
+                    if mode.dynamic_metadata {
+                        let rules = self.state.rules();
+                        out.dynamic_metadata =
+                            Some(envoy_dynamic_metadata(request.get_ref(), &resp, &rules.set));
+                    }
+                    out
+                }
                 None => to_proto_response(&resp, self.state.response_headers()),
             })),
             Err(e) => Err(status_from(&e)),
@@ -342,6 +354,130 @@ pub fn to_envoy_proto_response(resp: &CheckResponse, mode: &EnvoyMode) -> RateLi
         .collect();
     }
     out
+}
+
+/// The envoy profile's `dynamic_metadata` (`RESPONSE_DYNAMIC_METADATA`), as envoyproxy/ratelimit
+/// builds it: the request's `domain`, its `descriptors` (`entries` as `key=value` strings, the
+/// `limit` override, `hitsAddend`), the request's `hitsAddend` when not 0, and `metadata`: the
+/// rule `metadata` of every descriptor that passed (OK, not unlimited), merged in request order
+/// (a key already present is kept; maps present in both are merged).
+pub fn envoy_dynamic_metadata(
+    req: &RateLimitRequest,
+    resp: &CheckResponse,
+    rules: &tollgate_core::rules::RuleSet,
+) -> PbStruct {
+    use std::collections::HashMap;
+    let string = |s: String| PbValue {
+        kind: Some(PbKind::StringValue(s)),
+    };
+    let number = |n: f64| PbValue {
+        kind: Some(PbKind::NumberValue(n)),
+    };
+    let list = |values: Vec<PbValue>| PbValue {
+        kind: Some(PbKind::ListValue(PbListValue { values })),
+    };
+    let descriptors = req
+        .descriptors
+        .iter()
+        .map(|d| {
+            let mut fields = HashMap::new();
+            let entries = d
+                .entries
+                .iter()
+                .map(|e| string(format!("{}={}", e.key, e.value)))
+                .collect();
+            fields.insert("entries".to_owned(), list(entries));
+            if let Some(l) = &d.limit {
+                let unit = PbUnit::try_from(l.unit).map_or("UNKNOWN", |u| u.as_str_name());
+                fields.insert(
+                    "limit".to_owned(),
+                    string(format!(
+                        "requests_per_unit:{} unit:{unit}",
+                        l.requests_per_unit
+                    )),
+                );
+            }
+            if let Some(h) = &d.hits_addend {
+                fields.insert("hitsAddend".to_owned(), number(h.value as f64));
+            }
+            PbValue {
+                kind: Some(PbKind::StructValue(PbStruct { fields })),
+            }
+        })
+        .collect();
+    let mut fields = HashMap::new();
+    fields.insert("domain".to_owned(), string(req.domain.clone()));
+    fields.insert("descriptors".to_owned(), list(descriptors));
+    if req.hits_addend != 0 {
+        fields.insert("hitsAddend".to_owned(), number(f64::from(req.hits_addend)));
+    }
+    let mut passed = PbStruct::default();
+    for (d, status) in req.descriptors.iter().zip(&resp.statuses) {
+        if status.code != Code::Ok || status.unlimited || d.limit.is_some() {
+            continue;
+        }
+        let entries: Vec<(&str, &str)> = d
+            .entries
+            .iter()
+            .map(|e| (e.key.as_str(), e.value.as_str()))
+            .collect();
+        if let tollgate_core::rules::Resolution::Limited { limit, .. } =
+            rules.resolve(&req.domain, &entries)
+        {
+            if let Some(meta) = &limit.metadata {
+                merge_metadata(&mut passed, meta);
+            }
+        }
+    }
+    if !passed.fields.is_empty() {
+        fields.insert(
+            "metadata".to_owned(),
+            PbValue {
+                kind: Some(PbKind::StructValue(passed)),
+            },
+        );
+    }
+    PbStruct { fields }
+}
+
+/// Merge a rule's `metadata` into `dest` as envoyproxy/ratelimit does: new keys are added, a
+/// key present in both is kept unless both values are maps, which are merged.
+fn merge_metadata(
+    dest: &mut PbStruct,
+    src: &std::collections::BTreeMap<String, tollgate_core::rules::MetaValue>,
+) {
+    for (k, v) in src {
+        match (dest.fields.get_mut(k), v) {
+            (
+                Some(PbValue {
+                    kind: Some(PbKind::StructValue(d)),
+                }),
+                tollgate_core::rules::MetaValue::Map(m),
+            ) => merge_metadata(d, m),
+            (Some(_), _) => {}
+            (None, v) => {
+                dest.fields.insert(k.clone(), meta_value(v));
+            }
+        }
+    }
+}
+
+/// A metadata value as a `google.protobuf.Value`.
+fn meta_value(v: &tollgate_core::rules::MetaValue) -> PbValue {
+    use tollgate_core::rules::MetaValue;
+    let kind = match v {
+        MetaValue::Null => PbKind::NullValue(0),
+        MetaValue::Bool(b) => PbKind::BoolValue(*b),
+        MetaValue::Number(n) => PbKind::NumberValue(*n),
+        MetaValue::String(s) => PbKind::StringValue(s.clone()),
+        MetaValue::List(l) => PbKind::ListValue(PbListValue {
+            values: l.iter().map(meta_value).collect(),
+        }),
+        MetaValue::Map(m) => PbKind::StructValue(PbStruct {
+            fields: m.iter().map(|(k, v)| (k.clone(), meta_value(v))).collect(),
+        }),
+    };
+    PbValue { kind: Some(kind) }
 }
 
 fn to_proto_status(s: &DescriptorStatus) -> PbStatus {

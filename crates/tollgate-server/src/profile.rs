@@ -458,6 +458,10 @@ pub fn translate(
             continue;
         }
         match VARIABLES.iter().find(|(n, _)| n == name) {
+            // envoystats/envoyalgo: drop this arm once their variables are applied here.
+            Some((_, Elsewhere)) => warnings.push(format!(
+                "{name} is set but not applied by this build of the envoy profile; ignored"
+            )),
             Some((_, Unsupported(why))) => warnings.push(format!(
                 "{name} is set but not supported by tollgate's envoy profile ({why}); ignored"
             )),
@@ -575,13 +579,6 @@ pub fn translate(
         healthy_needs_config: env.bool_or("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", false)?,
         force_start: env.bool_or("FORCE_START_WITHOUT_INITIAL_CONFIG", false)?,
     });
-    if config.envoy.as_ref().is_some_and(|m| m.dynamic_metadata) {
-        warnings.push(
-            "RESPONSE_DYNAMIC_METADATA is set but not applied by this build: responses carry no \
-             dynamic_metadata"
-                .to_owned(),
-        );
-    }
     Ok(Translation {
         config,
         log_level,

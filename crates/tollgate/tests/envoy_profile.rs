@@ -3,7 +3,8 @@
 //! its runtime folder (`RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY`, any extension,
 //! dot files), `SHADOW_MODE`, `LIMIT_RESPONSE_HEADERS_ENABLED` with its header names,
 //! `GET /healthcheck`, the `ratelimit` health service, `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`
-//! with `FORCE_START_WITHOUT_INITIAL_CONFIG`, and a WARN for a variable it does not know.
+//! with `FORCE_START_WITHOUT_INITIAL_CONFIG`, `GRPC_UDS`, TLS on gRPC (with client
+//! certificates), `RESPONSE_DYNAMIC_METADATA`, and a WARN for a variable it does not know.
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -548,4 +549,43 @@ fn grpc_server_tls_and_client_certificates() {
     let (_m, grpc) = start(&root, &mtls, "envoy-profile-mtls");
     assert_eq!(runtime_block(tls_health(&grpc, &root, true)), Ok(serving));
     assert!(runtime_block(tls_health(&grpc, &root, false)).is_err());
+}
+
+#[test]
+fn response_dynamic_metadata() {
+    let root = runtime("envoy-profile-metadata");
+    write(
+        &root,
+        "limits.yaml",
+        "domain: meta
+descriptors:
+  - key: user
+    metadata: {team: {name: payments, tier: 1}, free: true}
+    rate_limit: {unit: minute, requests_per_unit: 1, algorithm: sliding_window_log}
+",
+    );
+    let (_s, grpc) = start(
+        &root,
+        &[("RESPONSE_DYNAMIC_METADATA", "true")],
+        "envoy-profile-metadata",
+    );
+    let r = should_rate_limit(&grpc, "meta", "frank");
+    let m = r.dynamic_metadata.expect("dynamic_metadata");
+    let text = format!("{m:?}");
+    for part in [
+        "\"domain\"",
+        "StringValue(\"meta\")",
+        "StringValue(\"user=frank\")",
+        "\"team\"",
+        "StringValue(\"payments\")",
+        "BoolValue(true)",
+    ] {
+        assert!(text.contains(part), "{part}: {text}");
+    }
+    // Over the limit: the descriptor did not pass, so no rule metadata.
+    let r = should_rate_limit(&grpc, "meta", "frank");
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    let m = r.dynamic_metadata.expect("dynamic_metadata");
+    assert!(m.fields.contains_key("domain"), "{m:?}");
+    assert!(!m.fields.contains_key("metadata"), "{m:?}");
 }
