@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
-use tollgate_core::rules::ListOptions;
+use tollgate_core::rules::LoadOptions;
 use tracing::level_filters::LevelFilter;
 
 /// The name of the profile (`--profile envoy`).
@@ -103,7 +103,6 @@ const NO_DOGSTATSD: &str = "DogStatsD is not supported";
 const NO_XDS: &str = "rules come from RUNTIME_* files only";
 const NO_TRACING: &str = "tollgate has no OpenTelemetry tracing; use RUST_LOG for request logs";
 const NO_MEMCACHE: &str = "the memcache backend is not supported";
-const NOT_YET: &str = "not applied by this build of the profile";
 const NO_REDIS_TUNING: &str = "tollgate's Redis client has no such setting";
 const FIXED: &str = "fixed in tollgate";
 
@@ -252,7 +251,7 @@ pub const VARIABLES: &[(&str, Support)] = &[
     ("SHADOW_MODE", Applied),
     ("QUOTA_MODE", Applied),
     ("RESPONSE_DYNAMIC_METADATA", Applied),
-    ("MERGE_DOMAIN_CONFIG", Unsupported(NOT_YET)),
+    ("MERGE_DOMAIN_CONFIG", Applied),
     ("TRACING_ENABLED", Unsupported(NO_TRACING)),
     ("TRACING_SERVICE_NAME", Unsupported(NO_TRACING)),
     ("TRACING_SERVICE_NAMESPACE", Unsupported(NO_TRACING)),
@@ -420,7 +419,7 @@ fn log_level(env: &Env<'_>) -> Result<LevelFilter, ProfileError> {
 /// The rules directory of envoy's runtime layout: `RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/
 /// RUNTIME_APPDIRECTORY`. Every file in it is a rule file whatever its extension, dot files too
 /// unless `RUNTIME_IGNOREDOTFILES`.
-fn runtime(env: &Env<'_>) -> Result<(PathBuf, ListOptions), ProfileError> {
+fn runtime(env: &Env<'_>) -> Result<(PathBuf, LoadOptions), ProfileError> {
     let root = env.str_or("RUNTIME_ROOT", "/srv/runtime_data/current");
     let sub = env.str_or("RUNTIME_SUBDIRECTORY", "");
     let app = env.str_or("RUNTIME_APPDIRECTORY", "config");
@@ -436,9 +435,10 @@ fn runtime(env: &Env<'_>) -> Result<(PathBuf, ListOptions), ProfileError> {
     path.push(app);
     Ok((
         path,
-        ListOptions {
+        LoadOptions {
             any_extension: true,
             dotfiles,
+            merge_domains: false,
         },
     ))
 }
@@ -536,7 +536,8 @@ pub fn translate(
         }
         _ => return Err(env.error("CONFIG_TYPE", "expected FILE")),
     }
-    let (rules, listing) = runtime(&env)?;
+    let (rules, mut listing) = runtime(&env)?;
+    listing.merge_domains = env.bool_or("MERGE_DOMAIN_CONFIG", false)?;
     config.rules = rules;
     config.rule_listing = listing;
 
@@ -631,9 +632,10 @@ mod tests {
         assert_eq!(c.rules, PathBuf::from("/srv/runtime_data/current/config"));
         assert_eq!(
             c.rule_listing,
-            ListOptions {
+            LoadOptions {
                 any_extension: true,
-                dotfiles: true
+                dotfiles: true,
+                merge_domains: false,
             }
         );
         assert_eq!(
@@ -674,6 +676,7 @@ mod tests {
             ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
             ("BACKEND_TYPE", "redis"),
             ("GRPC_UDS", "/run/rl.sock"),
+            ("MERGE_DOMAIN_CONFIG", "true"),
         ]);
         let c = &t.config;
         assert_eq!(c.http_addr, "127.0.0.1:9080".parse().unwrap());
@@ -688,6 +691,7 @@ mod tests {
         assert!(t.log_json);
         assert_eq!(c.rules, PathBuf::from("/data/ratelimit/rules"));
         assert!(!c.rule_listing.dotfiles);
+        assert!(c.rule_listing.merge_domains);
         assert!(c.rule_listing.any_extension);
         assert_eq!(
             c.envoy,
@@ -725,7 +729,6 @@ mod tests {
             ("REDIS_URLS", "x"),
             ("GRPC_PORTT", "1"),
             ("PATH", "/bin"),
-            ("MERGE_DOMAIN_CONFIG", "true"),
         ]);
         let w = t.warnings.join("\n");
         for name in [

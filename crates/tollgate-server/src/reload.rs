@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::sync::watch;
 use tollgate_core::clock::{Clock, SystemClock};
-use tollgate_core::rules::{ListOptions, RuleErrors, RuleSet};
+use tollgate_core::rules::{LoadOptions, RuleErrors, RuleSet};
 
 /// The files [`RuleSet::load`] reads for `path`, sorted: the file itself, or the visible
 /// `*.yaml` / `*.yml` entries of a directory (symlinks followed; dangling ones included, so the
@@ -33,11 +33,11 @@ pub fn rule_files(path: &Path) -> Vec<PathBuf> {
 /// A hash of the rule files' names and contents (unreadable files and a missing path hash
 /// distinctly), as 32 hex digits.
 pub fn fingerprint(path: &Path) -> String {
-    fingerprint_with(path, ListOptions::default())
+    fingerprint_with(path, LoadOptions::default())
 }
 
 /// [`fingerprint`] of the files `options` list.
-pub fn fingerprint_with(path: &Path, options: ListOptions) -> String {
+pub fn fingerprint_with(path: &Path, options: LoadOptions) -> String {
     let mut h = SipHasher13::new_with_keys(0x746f_6c6c_6761_7465, 0x7275_6c65_7321);
     if std::fs::metadata(path).is_err() {
         h.write(b"\x00missing");
@@ -58,13 +58,13 @@ pub fn fingerprint_with(path: &Path, options: ListOptions) -> String {
 
 /// Load and validate the rules at `path`.
 pub fn load(path: &Path, generation: u64) -> Result<LoadedRules, RuleErrors> {
-    load_with(path, ListOptions::default(), generation)
+    load_with(path, LoadOptions::default(), generation)
 }
 
 /// [`load`] with the rules directory listed as `options` say.
 pub fn load_with(
     path: &Path,
-    options: ListOptions,
+    options: LoadOptions,
     generation: u64,
 ) -> Result<LoadedRules, RuleErrors> {
     let hash = fingerprint_with(path, options);

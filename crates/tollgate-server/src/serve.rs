@@ -74,7 +74,7 @@ pub struct ServeConfig {
     pub grpc_tls: Option<crate::grpc::GrpcTls>,
     /// Which files of a rules directory are read (tollgate's `*.yaml`, or envoy's runtime
     /// folder under `--profile envoy`).
-    pub rule_listing: tollgate_core::rules::ListOptions,
+    pub rule_listing: tollgate_core::rules::LoadOptions,
     /// `--profile envoy`: envoyproxy/ratelimit's behaviour ([`crate::profile`]); `None` otherwise.
     pub envoy: Option<crate::profile::EnvoyMode>,
 }
@@ -102,7 +102,7 @@ impl Default for ServeConfig {
             grpc_limits: crate::grpc::GrpcLimits::default(),
             grpc_uds: None,
             grpc_tls: None,
-            rule_listing: tollgate_core::rules::ListOptions::default(),
+            rule_listing: tollgate_core::rules::LoadOptions::default(),
             envoy: None,
         }
     }

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tollgate_core::clock::{Clock, Micros, MonotonicWallClock, SystemClock};
-use tollgate_core::rules::{ListOptions, RuleSet};
+use tollgate_core::rules::{LoadOptions, RuleSet};
 use tollgate_core::store::Store;
 use tollgate_core::MemoryStore;
 
@@ -94,7 +94,7 @@ struct Shared {
     limits: RequestLimits,
     rules_path: Option<PathBuf>,
     response_headers: bool,
-    rule_listing: ListOptions,
+    rule_listing: LoadOptions,
     envoy: Option<EnvoyMode>,
     shutting_down: AtomicBool,
     global_shadow: AtomicU64,
@@ -122,7 +122,7 @@ pub struct AppStateBuilder {
     limits: RequestLimits,
     rules_path: Option<PathBuf>,
     response_headers: bool,
-    rule_listing: ListOptions,
+    rule_listing: LoadOptions,
     envoy: Option<EnvoyMode>,
 }
 
@@ -171,7 +171,7 @@ impl AppStateBuilder {
         self
     }
     /// Which files of a rules directory are rule files (for reloads).
-    pub fn rule_listing(mut self, listing: ListOptions) -> Self {
+    pub fn rule_listing(mut self, listing: LoadOptions) -> Self {
         self.rule_listing = listing;
         self
     }
@@ -215,7 +215,7 @@ impl AppState {
             limits: RequestLimits::default(),
             rules_path: None,
             response_headers: false,
-            rule_listing: ListOptions::default(),
+            rule_listing: LoadOptions::default(),
             envoy: None,
         }
     }
@@ -309,7 +309,7 @@ impl AppState {
     }
 
     /// Which files of a rules directory are rule files.
-    pub fn rule_listing(&self) -> ListOptions {
+    pub fn rule_listing(&self) -> LoadOptions {
         self.0.rule_listing
     }
 

@@ -589,3 +589,56 @@ descriptors:
     assert!(m.fields.contains_key("domain"), "{m:?}");
     assert!(!m.fields.contains_key("metadata"), "{m:?}");
 }
+
+#[test]
+fn merge_domain_config() {
+    let root = runtime("envoy-profile-merge");
+    write(&root, "a.yaml", RULES);
+    write(
+        &root,
+        "b.yaml",
+        "domain: profile
+descriptors:
+  - key: team
+    rate_limit: {unit: hour, requests_per_unit: 1, algorithm: sliding_window_log}
+",
+    );
+    let (s, grpc) = start(
+        &root,
+        &[("MERGE_DOMAIN_CONFIG", "true")],
+        "envoy-profile-merge",
+    );
+    // Both files' descriptors are in the one domain.
+    assert_eq!(
+        should_rate_limit(&grpc, "profile", "gina").overall_code,
+        Code::Ok as i32
+    );
+    let team = |n: u16| {
+        let r = http(
+            &s.base,
+            Method::POST,
+            "/json",
+            Some(
+                json!({"domain": "profile", "descriptors": [{"entries": [{"key": "team", "value": "t"}]}]}),
+            ),
+        );
+        assert_eq!(r.status, n, "{}", r.body);
+    };
+    team(200);
+    team(429);
+
+    // Without it, two files of one domain stop the start, as envoy's duplicate domain does.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["serve", "--profile", "envoy"])
+        .env("RUNTIME_ROOT", &root)
+        .env("RUNTIME_SUBDIRECTORY", "ratelimit")
+        .env("HOST", "127.0.0.1")
+        .env("PORT", "0")
+        .env("GRPC_HOST", "127.0.0.1")
+        .env("GRPC_PORT", "0")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("duplicate domain `profile`"), "{err}");
+}

@@ -156,12 +156,12 @@ impl RuleSet {
     /// permission denied, an I/O error. Only an entry that is gone from the directory is gone
     /// from the rules. A missing or unreadable rules path is an error too.
     pub fn load(path: &Path) -> Result<RuleSet, RuleErrors> {
-        Self::load_with(path, ListOptions::default())
+        Self::load_with(path, LoadOptions::default())
     }
 
     /// [`RuleSet::load`] with the directory listed as `options` say (envoyproxy/ratelimit's
     /// runtime folder: any extension, dot files included).
-    pub fn load_with(path: &Path, options: ListOptions) -> Result<RuleSet, RuleErrors> {
+    pub fn load_with(path: &Path, options: LoadOptions) -> Result<RuleSet, RuleErrors> {
         let (paths, mut errors) = list(path, options)?;
         let mut files = Vec::new();
         for p in paths {
@@ -171,7 +171,7 @@ impl RuleSet {
                 Err(e) => errors.push(unreadable(&p, &e)),
             }
         }
-        match Self::from_sources(&files) {
+        match Self::from_sources_with(&files, options.merge_domains) {
             Ok(set) if errors.is_empty() => Ok(set),
             Ok(_) => Err(RuleErrors(errors)),
             Err(RuleErrors(more)) => {
@@ -184,6 +184,16 @@ impl RuleSet {
     /// Parses in-memory files: (file name used in error messages, YAML text). Each file is one
     /// domain; a domain defined by two files is an error.
     pub fn from_sources(files: &[(String, String)]) -> Result<RuleSet, RuleErrors> {
+        Self::from_sources_with(files, false)
+    }
+
+    /// [`RuleSet::from_sources`]; with `merge_domains` (envoyproxy/ratelimit's
+    /// `MERGE_DOMAIN_CONFIG`) a domain defined by several files has the top-level descriptors of
+    /// all of them, in file order; a top-level descriptor defined twice is still an error.
+    pub fn from_sources_with(
+        files: &[(String, String)],
+        merge_domains: bool,
+    ) -> Result<RuleSet, RuleErrors> {
         let mut errors: Vec<RuleError> = Vec::new();
         let mut specs: Vec<(&str, decode::DomainSpec)> = Vec::new();
         let mut seen: HashMap<String, &str> = HashMap::new();
@@ -200,6 +210,37 @@ impl RuleSet {
             } else {
                 decode::decode_file(parsed.root.as_ref(), &mut file_errors)
             };
+            let mut spec = spec;
+            if merge_domains {
+                if let Some(first) = spec.as_ref().and_then(|sp| seen.get(&sp.name)) {
+                    let first: &str = first;
+                    let extra = spec.take().map(|sp| sp.descriptors).unwrap_or_default();
+                    let target = specs
+                        .iter_mut()
+                        .find(|(f, _)| *f == first)
+                        .map(|(_, sp)| sp);
+                    if let Some(target) = target {
+                        for mut d in extra {
+                            let dup = target
+                                .descriptors
+                                .iter()
+                                .any(|o| o.key == d.key && o.value == d.value);
+                            if dup {
+                                file_errors.push((
+                                    d.pos,
+                                    format!(
+                                        "duplicate descriptor: key `{}` already defined at the top level of domain `{}` in {first}",
+                                        d.key, target.name
+                                    ),
+                                ));
+                            } else {
+                                d.file = Some(file.clone());
+                                target.descriptors.push(d);
+                            }
+                        }
+                    }
+                }
+            }
             if let Some(spec) = &spec {
                 if let Some(first) = seen.get(&spec.name) {
                     file_errors.push((
@@ -294,30 +335,34 @@ impl RuleSet {
 /// directory, else its visible `*.yaml` / `*.yml` entries that are not directories, unreadable
 /// ones (dangling symlinks, permission denied) included. Empty when the path cannot be read.
 pub fn rule_files(path: &Path) -> Vec<PathBuf> {
-    rule_files_with(path, ListOptions::default())
+    rule_files_with(path, LoadOptions::default())
 }
 
 /// [`rule_files`] with the directory listed as `options` say.
-pub fn rule_files_with(path: &Path, options: ListOptions) -> Vec<PathBuf> {
+pub fn rule_files_with(path: &Path, options: LoadOptions) -> Vec<PathBuf> {
     list(path, options)
         .map(|(paths, _)| paths)
         .unwrap_or_default()
 }
 
-/// Which entries of a rules directory are rule files. The default is tollgate's: visible
+/// How a rules path is read: which entries of a directory are rule files, and whether files may
+/// share a domain. The default is tollgate's: visible
 /// `*.yaml` / `*.yml` files. envoyproxy/ratelimit's runtime folder reads every file whatever
 /// its extension, dot files too unless told to ignore them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct ListOptions {
+pub struct LoadOptions {
     /// Every file is a rule file, whatever its extension (else only `*.yaml` / `*.yml`).
     pub any_extension: bool,
     /// Entries whose name starts with `.` are read too (else skipped).
     pub dotfiles: bool,
+    /// Several files may define one domain: their top-level descriptors are merged
+    /// ([`RuleSet::from_sources_with`]); else that is an error.
+    pub merge_domains: bool,
 }
 
 /// [`rule_files`] and the problems met while listing (an entry that cannot be examined is
 /// listed: reading it reports why); `Err` when `path` itself cannot be read.
-fn list(path: &Path, options: ListOptions) -> Result<(Vec<PathBuf>, Vec<RuleError>), RuleError> {
+fn list(path: &Path, options: LoadOptions) -> Result<(Vec<PathBuf>, Vec<RuleError>), RuleError> {
     let shown = path.display().to_string();
     let meta = std::fs::metadata(path).map_err(|e| {
         RuleError::new(
@@ -612,6 +657,33 @@ descriptors:
         assert_eq!(
             e[2].to_string(),
             "t.yaml:7:5: unknown field `bogus` in a descriptor (allowed: key, value, rate_limit, descriptors, shadow_mode, detailed_metric, value_to_metric, share_threshold, quota_mode, metadata, message)"
+        );
+    }
+
+    #[test]
+    fn merged_domain_across_files() {
+        let a = (
+            "a.yaml".to_string(),
+            "domain: x\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n".to_string(),
+        );
+        let b = (
+            "b.yaml".to_string(),
+            "domain: x\ndescriptors:\n  - key: j\n    rate_limit: {unit: minute, requests_per_unit: 2}\n".to_string(),
+        );
+        let set = RuleSet::from_sources_with(&[a.clone(), b], true).expect("merged");
+        assert_eq!(set.domains().count(), 1);
+        for (key, file) in [("k", "a.yaml"), ("j", "b.yaml")] {
+            match set.resolve("x", &[(key, "v")]) {
+                Resolution::Limited { limit, .. } => assert_eq!(limit.file, file),
+                _ => panic!("{key} not limited"),
+            }
+        }
+        // A top-level descriptor defined in both files is still an error, naming both.
+        let c = ("c.yaml".to_string(), a.1.clone());
+        let e = RuleSet::from_sources_with(&[a, c], true).expect_err("duplicate");
+        assert_eq!(
+            e.to_string(),
+            "c.yaml:3:5: duplicate descriptor: key `k` already defined at the top level of domain `x` in a.yaml"
         );
     }
 
