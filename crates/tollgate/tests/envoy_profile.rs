@@ -151,6 +151,7 @@ fn envoy_environment_listeners_runtime_folder_health_and_headers() {
             ("LIMIT_REMAINING_HEADER", "X-Left"),
             ("REDIS_URLS", "typo"),
             ("LOG_LEVEL", "info"),
+            ("LOG_FORMAT", "json"),
         ],
         "envoy-profile-main",
     );
@@ -187,10 +188,59 @@ fn envoy_environment_listeners_runtime_folder_health_and_headers() {
     assert_eq!(json_check(&s.base, "hidden", "bob").0, 200);
     assert_eq!(json_check(&s.base, "hidden", "bob").0, 429);
 
-    // The variable it does not know is one WARN.
+    // The variable it does not know is one WARN, logged as JSON (LOG_FORMAT), and INFO lines
+    // are there (LOG_LEVEL=info; envoy's default is WARN).
     let log = s.stderr();
-    assert_eq!(log.matches("REDIS_URLS").count(), 1, "{log}");
-    assert!(log.contains("WARN"), "{log}");
+    let warned: Vec<Value> = log
+        .lines()
+        .filter(|l| l.contains("REDIS_URLS"))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(warned.len(), 1, "{log}");
+    assert_eq!(warned[0]["level"], "WARN", "{log}");
+    assert!(log.contains("\"level\":\"INFO\""), "{log}");
+}
+
+#[test]
+fn unhealthy_once_shutdown_begins() {
+    let root = runtime("envoy-profile-stop");
+    write(&root, "limits.yaml", RULES);
+    let (mut s, grpc) = start(&root, &[], "envoy-profile-stop");
+    let statuses = runtime_block(async {
+        let channel = tonic::transport::Channel::from_shared(format!("http://{grpc}"))
+            .unwrap()
+            .connect()
+            .await
+            .expect("gRPC connect");
+        let mut stream = HealthClient::new(channel)
+            .watch(HealthCheckRequest {
+                service: "ratelimit".into(),
+            })
+            .await
+            .expect("watch")
+            .into_inner();
+        let mut seen = vec![
+            stream
+                .message()
+                .await
+                .expect("first")
+                .expect("status")
+                .status,
+        ];
+        s.terminate();
+        while let Ok(Some(m)) = stream.message().await {
+            seen.push(m.status);
+        }
+        seen
+    });
+    assert_eq!(
+        statuses,
+        vec![
+            ServingStatus::Serving as i32,
+            ServingStatus::NotServing as i32
+        ]
+    );
+    assert!(s.wait(Duration::from_secs(30)).success());
 }
 
 #[test]
