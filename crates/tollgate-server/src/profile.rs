@@ -729,6 +729,7 @@ mod tests {
             ("REDIS_URLS", "x"),
             ("GRPC_PORTT", "1"),
             ("PATH", "/bin"),
+            ("GRPC_CLIENT_TLS_SAN", "rl.example"),
         ]);
         let w = t.warnings.join("\n");
         for name in [
@@ -736,7 +737,7 @@ mod tests {
             "TRACING_ENABLED",
             "REDIS_URLS",
             "GRPC_PORTT",
-            "MERGE_DOMAIN_CONFIG",
+            "GRPC_CLIENT_TLS_SAN",
         ] {
             assert_eq!(
                 t.warnings.iter().filter(|l| l.starts_with(name)).count(),
