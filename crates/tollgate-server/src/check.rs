@@ -242,7 +242,7 @@ pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckRespons
         .collect();
 
     let headers = if envoy.is_some() {
-        envoy_binding(&verdict, envoy.is_some_and(|m| m.quota_mode), now)
+        envoy_binding(&verdict, envoy.is_some_and(|m| m.quota_mode), allowed, now)
     } else {
         verdict.binding().map(|(limit, d)| HeaderValues {
             limit: d.limit,
@@ -286,9 +286,10 @@ pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckRespons
 fn envoy_binding(
     verdict: &tollgate_core::limiter::Verdict<'_>,
     quota_everywhere: bool,
+    allowed: bool,
     now: tollgate_core::Micros,
 ) -> Option<HeaderValues> {
-    let mut best: Option<(&Limit, u64)> = None;
+    let mut best: Option<(&Limit, u64, &tollgate_core::Decision)> = None;
     for status in &verdict.statuses {
         let Status::Limited { limit, decision } = status else {
             continue;
@@ -303,18 +304,23 @@ fn envoy_binding(
             decision.reported_remaining()
         };
         // Once one is over, only another over one (remaining 0, not below it) replaces it.
-        if over || best.is_none_or(|(_, r)| remaining < r) {
-            best = Some((limit, remaining));
+        if over || best.is_none_or(|(_, r, _)| remaining < r) {
+            best = Some((limit, remaining, decision));
         }
     }
-    let (limit, remaining) = best?;
+    let (limit, remaining, decision) = best?;
     let q = limit.quota?;
     Some(HeaderValues {
         limit: q.limit(),
         remaining,
         reset_secs: crate::profile::reset_secs(q.period().unit, now / 1_000_000),
-        retry_after_secs: None,
-        window_secs: 0,
+        // Only `/v1/check` sends these two; Envoy gets the three headers above.
+        retry_after_secs: if decision.allowed || allowed {
+            None
+        } else {
+            decision.retry_after.map(|r| secs_ceil(r).max(1))
+        },
+        window_secs: secs_ceil(q.period().nominal()),
     })
 }
 
