@@ -375,9 +375,11 @@ fn grpc_on_a_unix_socket() {
     let sock_s = sock.display().to_string();
     let http_port = free_port().to_string();
     let root_s = root.display().to_string();
+    // The profile from TOLLGATE_PROFILE rather than the flag.
     let s = Server::start_env(
-        &["--profile", "envoy"],
+        &[],
         &[
+            ("TOLLGATE_PROFILE", "envoy"),
             ("HOST", "127.0.0.1"),
             ("PORT", &http_port),
             ("GRPC_UDS", &sock_s),
