@@ -389,9 +389,47 @@ async fn envoy_json(State(state): State<AppState>, req: Request) -> Response {
         Err(e) => return fail(&state, e),
     };
     match decide(&state, &check).await {
-        Ok(resp) => envoy_response(&resp),
+        Ok(resp) => match state
+            .envoy()
+            .and_then(|m| m.headers.as_ref().zip(resp.headers.as_ref()))
+        {
+            Some((names, values)) => envoy_response_with_headers(&resp, names, values),
+            None => envoy_response(&resp),
+        },
         Err(e) => e.into_response(),
     }
+}
+
+/// `/json` under the envoy profile with `LIMIT_RESPONSE_HEADERS_ENABLED`: the body also holds
+/// `responseHeadersToAdd`, as envoyproxy/ratelimit's `/json` does (the gRPC response as JSON).
+fn envoy_response_with_headers(
+    resp: &CheckResponse,
+    names: &crate::profile::HeaderNames,
+    values: &crate::model::HeaderValues,
+) -> Response {
+    let body = EnvoyBody {
+        overall_code: resp.code().as_str(),
+        statuses: EnvoyStatuses(&resp.statuses),
+    };
+    let mut value = match serde_json::to_value(&body) {
+        Ok(v) => v,
+        Err(e) => {
+            return ApiError::Internal(format!("cannot serialize the response: {e}"))
+                .into_response()
+        }
+    };
+    let headers: Vec<serde_json::Value> = [
+        (&names.limit, values.limit),
+        (&names.remaining, values.remaining),
+        (&names.reset, values.reset_secs),
+    ]
+    .into_iter()
+    .map(|(key, v)| json!({"key": key, "value": v.to_string()}))
+    .collect();
+    if let Some(map) = value.as_object_mut() {
+        map.insert("responseHeadersToAdd".to_owned(), headers.into());
+    }
+    json_body(status_of(resp), value.to_string().into_bytes())
 }
 
 /// The `/json` response: protojson `RateLimitResponse` (default values omitted), 200 / 429.

@@ -184,6 +184,19 @@ fn envoy_environment_listeners_runtime_folder_health_and_headers() {
     let r = should_rate_limit(&grpc, "profile-unknown", "alice");
     assert!(r.response_headers_to_add.is_empty(), "{r:?}");
 
+    // `/json` carries them as well, as envoy's does.
+    let (status, body) = json_check(&s.base, "profile", "alice");
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(
+        body["responseHeadersToAdd"],
+        json!([
+            {"key": "RateLimit-Limit", "value": "3"},
+            {"key": "X-Left", "value": "0"},
+            {"key": "RateLimit-Reset", "value": body["responseHeadersToAdd"][2]["value"]},
+        ]),
+        "{body}"
+    );
+
     // The dot file too.
     assert_eq!(json_check(&s.base, "hidden", "bob").0, 200);
     assert_eq!(json_check(&s.base, "hidden", "bob").0, 429);
