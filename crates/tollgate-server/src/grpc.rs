@@ -644,7 +644,8 @@ async fn sleep_or_never(d: Option<Duration>) {
 }
 
 /// Serve RLS and health on `listener` until `shutdown` resolves. Health reports SERVING for `""`
-/// and for [`RLS_SERVICE_NAME`].
+/// and for [`RLS_SERVICE_NAME`], and under the envoy profile for `ratelimit` as its
+/// `/healthcheck` does ([`AppState::envoy_healthy`]).
 ///
 /// Connections are served by hyper's HTTP/2 server with `limits`, at most `max_connections` at
 /// once: at the cap the listener is not accepted from (clients wait in the kernel's backlog).

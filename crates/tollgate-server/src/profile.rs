@@ -12,7 +12,11 @@
 //! it. A variable that is set but unsupported, or that looks like one of envoy's (same prefix) but
 //! is not one, gives one warning ([`Translation::warnings`], logged once at start-up): a setting
 //! is never silently ignored. A setting that cannot be honoured without changing what clients
-//! see (memcache, xDS, a unix socket or TLS for gRPC where this build cannot) is an error.
+//! see (the memcache backend, rules from xDS, TLS without its files) or a value that cannot be
+//! read stops the start with a [`ProfileError`] naming the variable.
+//!
+//! Variables marked [`Support::Elsewhere`] belong to the store, statistics and fixed-window
+//! settings, applied at the `envoystats:` / `envoyalgo:` hook points of [`translate`].
 
 use crate::serve::ServeConfig;
 use std::collections::BTreeMap;
