@@ -98,6 +98,7 @@ struct Shared {
     envoy: Option<EnvoyMode>,
     shutting_down: AtomicBool,
     global_shadow: AtomicU64,
+    redis_answered: AtomicBool,
 }
 
 /// The state every handler and background task shares. Clone freely.
@@ -198,6 +199,7 @@ impl AppStateBuilder {
             envoy: self.envoy,
             shutting_down: AtomicBool::new(false),
             global_shadow: AtomicU64::new(0),
+            redis_answered: AtomicBool::new(false),
         }))
     }
 }
@@ -330,12 +332,29 @@ impl AppState {
     }
 
     /// envoy profile: whether `/healthcheck` and the `ratelimit` health service report healthy:
-    /// not shutting down, and (with `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`) some domain
-    /// loaded.
+    /// not shutting down, Redis (when it is the store) has answered at least once since start,
+    /// and (with `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`) some domain is loaded. As in
+    /// envoyproxy/ratelimit, a later Redis outage does not make the service unhealthy.
     pub fn envoy_healthy(&self) -> bool {
         let needs_config = self.envoy().is_some_and(|m| m.healthy_needs_config);
         let waiting_for_config = needs_config && self.rules().set.is_empty();
-        !(self.shutting_down() || waiting_for_config)
+        !(self.shutting_down() || waiting_for_config || self.waiting_for_redis())
+    }
+
+    /// Whether Redis is the store and has not answered yet (its start-up probe failed and the
+    /// breaker has stayed open since).
+    fn waiting_for_redis(&self) -> bool {
+        let Some(g) = self.backend().redis() else {
+            return false;
+        };
+        if self.0.redis_answered.load(Ordering::Relaxed) {
+            return false;
+        }
+        if g.state() == crate::backend::BreakerState::Open {
+            return true;
+        }
+        self.0.redis_answered.store(true, Ordering::Relaxed);
+        false
     }
 
     /// Count one request turned OK by the envoy profile's global `SHADOW_MODE`.

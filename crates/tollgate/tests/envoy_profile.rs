@@ -707,3 +707,33 @@ descriptors:
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("duplicate domain `profile`"), "{err}");
 }
+
+#[test]
+fn unhealthy_until_redis_has_answered() {
+    let root = runtime("envoy-profile-redis");
+    write(&root, "limits.yaml", RULES);
+    let port = free_port();
+    let store = format!("redis://127.0.0.1:{port}");
+    // envoystats: REDIS_URL will name the store; until then TOLLGATE_STORE does.
+    let (s, grpc) = start(&root, &[("TOLLGATE_STORE", &store)], "envoy-profile-redis");
+    let h = http(&s.base, Method::GET, "/healthcheck", None);
+    assert_eq!(h.status, 500, "{}", h.body);
+    assert_eq!(
+        health(&grpc, "ratelimit"),
+        Ok(ServingStatus::NotServing as i32)
+    );
+    let mut redis = tollgate_testsupport::RedisServer::start_on(port, &[]);
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let h = http(&s.base, Method::GET, "/healthcheck", None);
+        if h.status == 200 && health(&grpc, "ratelimit") == Ok(ServingStatus::Serving as i32) {
+            break;
+        }
+        assert!(Instant::now() < until, "never healthy: {}", s.stderr());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A later outage does not make it unhealthy (envoy checks Redis once, at start).
+    redis.kill();
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(http(&s.base, Method::GET, "/healthcheck", None).status, 200);
+}
