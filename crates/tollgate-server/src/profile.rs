@@ -421,8 +421,8 @@ fn log_level(env: &Env<'_>) -> Result<LevelFilter, ProfileError> {
 }
 
 /// The rules directory of envoy's runtime layout: `RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/
-/// RUNTIME_APPDIRECTORY`. Every file in it is a rule file whatever its extension, dot files too
-/// unless `RUNTIME_IGNOREDOTFILES`.
+/// RUNTIME_APPDIRECTORY`. Every file in it and its subdirectories is a rule file whatever its
+/// extension, dot files too unless `RUNTIME_IGNOREDOTFILES`.
 fn runtime(env: &Env<'_>) -> Result<(PathBuf, LoadOptions), ProfileError> {
     let root = env.str_or("RUNTIME_ROOT", "/srv/runtime_data/current");
     let sub = env.str_or("RUNTIME_SUBDIRECTORY", "");
@@ -443,6 +443,7 @@ fn runtime(env: &Env<'_>) -> Result<(PathBuf, LoadOptions), ProfileError> {
             any_extension: true,
             dotfiles,
             merge_domains: false,
+            recursive: true,
         },
     ))
 }
@@ -640,6 +641,7 @@ mod tests {
                 any_extension: true,
                 dotfiles: true,
                 merge_domains: false,
+                recursive: true,
             }
         );
         assert_eq!(

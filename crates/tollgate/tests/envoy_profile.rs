@@ -144,6 +144,13 @@ fn envoy_environment_listeners_runtime_folder_health_and_headers() {
     let root = runtime("envoy-profile-main");
     write(&root, "limits.conf", RULES);
     write(&root, ".hidden.txt", HIDDEN);
+    // A subdirectory's files are read too, as envoy's runtime loader walks it.
+    std::fs::create_dir_all(root.join("ratelimit/config/more")).unwrap();
+    write(
+        &root,
+        "more/sub.yaml",
+        "domain: nested\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1, algorithm: sliding_window_log}\n",
+    );
     let (s, grpc) = start(
         &root,
         &[
@@ -197,9 +204,11 @@ fn envoy_environment_listeners_runtime_folder_health_and_headers() {
         "{body}"
     );
 
-    // The dot file too.
-    assert_eq!(json_check(&s.base, "hidden", "bob").0, 200);
-    assert_eq!(json_check(&s.base, "hidden", "bob").0, 429);
+    // The dot file and the subdirectory's file too.
+    for domain in ["hidden", "nested"] {
+        assert_eq!(json_check(&s.base, domain, "bob").0, 200, "{domain}");
+        assert_eq!(json_check(&s.base, domain, "bob").0, 429, "{domain}");
+    }
 
     // The variable it does not know is one WARN, logged as JSON (LOG_FORMAT), and INFO lines
     // are there (LOG_LEVEL=info; envoy's default is WARN).

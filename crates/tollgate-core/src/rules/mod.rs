@@ -358,6 +358,8 @@ pub struct LoadOptions {
     /// Several files may define one domain: their top-level descriptors are merged
     /// ([`RuleSet::from_sources_with`]); else that is an error.
     pub merge_domains: bool,
+    /// Files in subdirectories (real ones, not symlinks) are rule files too.
+    pub recursive: bool,
 }
 
 /// [`rule_files`] and the problems met while listing (an entry that cannot be examined is
@@ -379,6 +381,26 @@ fn list(path: &Path, options: LoadOptions) -> Result<(Vec<PathBuf>, Vec<RuleErro
         .map_err(|e| RuleError::new(&shown, 0, 0, format!("cannot read rules directory: {e}")))?;
     let mut paths = Vec::new();
     let mut errors = Vec::new();
+    list_dir(path, entries, options, 0, &mut paths, &mut errors);
+    paths.sort();
+    errors.sort_by(|a, b| a.file.cmp(&b.file));
+    Ok((paths, errors))
+}
+
+/// Deepest subdirectory [`LoadOptions::recursive`] reads.
+const MAX_SUBDIRECTORY_DEPTH: usize = 16;
+
+/// The rule files among `entries` (of the directory `dir`, `depth` levels below the rules path)
+/// into `paths`, the problems into `errors`.
+fn list_dir(
+    dir: &Path,
+    entries: std::fs::ReadDir,
+    options: LoadOptions,
+    depth: usize,
+    paths: &mut Vec<PathBuf>,
+    errors: &mut Vec<RuleError>,
+) {
+    let shown = dir.display().to_string();
     for entry in entries {
         let entry = match entry {
             Ok(e) => e,
@@ -403,7 +425,21 @@ fn list(path: &Path, options: LoadOptions) -> Result<(Vec<PathBuf>, Vec<RuleErro
         // Follows symlinks. A directory named *.yaml is not a rule file; an entry that cannot be
         // examined is listed, so that losing a file is never mistaken for removing it.
         match std::fs::metadata(&p) {
-            Ok(m) if m.is_dir() => {}
+            // envoy's runtime loader walks real subdirectories, not symlinked ones.
+            Ok(m) if m.is_dir() => {
+                let real_dir = std::fs::symlink_metadata(&p).is_ok_and(|l| l.is_dir());
+                if options.recursive && real_dir && depth < MAX_SUBDIRECTORY_DEPTH {
+                    match std::fs::read_dir(&p) {
+                        Ok(sub) => list_dir(&p, sub, options, depth + 1, paths, errors),
+                        Err(e) => errors.push(RuleError::new(
+                            p.display().to_string(),
+                            0,
+                            0,
+                            format!("cannot read rules directory: {e}"),
+                        )),
+                    }
+                }
+            }
             Ok(m) if m.is_file() => paths.push(p),
             Ok(_) => {
                 errors.push(RuleError::new(
@@ -417,9 +453,6 @@ fn list(path: &Path, options: LoadOptions) -> Result<(Vec<PathBuf>, Vec<RuleErro
             Err(_) => paths.push(p),
         }
     }
-    paths.sort();
-    errors.sort_by(|a, b| a.file.cmp(&b.file));
-    Ok((paths, errors))
 }
 
 /// The error for a rule file that cannot be read, naming a dangling symlink's target.
