@@ -185,7 +185,8 @@ pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckRespons
     drop(items);
     let policy_denied = degraded == Some(Policy::Deny);
     let verdict = plan.finish(decisions);
-    let allowed = verdict.allowed();
+    let envoy = state.envoy();
+    let allowed = verdict.allowed_with_quota_mode(envoy.is_some_and(|m| m.quota_mode));
     let known_domain = rules.set.domain(&req.domain).is_some();
 
     let statuses = verdict
@@ -250,21 +251,33 @@ pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckRespons
         })
         .collect();
 
-    let headers = verdict.binding().map(|(limit, d)| HeaderValues {
-        limit: d.limit,
-        remaining: d.reported_remaining(),
-        reset_secs: secs_ceil(reset(limit, &d, now)),
-        // An allowed request may be bound by a quota-mode limit that is over: no Retry-After.
-        retry_after_secs: if d.allowed || allowed {
-            None
-        } else {
-            d.retry_after.map(|r| secs_ceil(r).max(1))
-        },
-        window_secs: limit
-            .quota
-            .map(|q| secs_ceil(q.period().nominal()))
-            .unwrap_or(0),
-    });
+    let headers = if envoy.is_some() {
+        envoy_binding(&verdict, envoy.is_some_and(|m| m.quota_mode), allowed, now)
+    } else {
+        verdict.binding().map(|(limit, d)| HeaderValues {
+            limit: d.limit,
+            remaining: d.reported_remaining(),
+            reset_secs: secs_ceil(reset(limit, &d, now)),
+            // An allowed request may be bound by a quota-mode limit that is over: no Retry-After.
+            retry_after_secs: if d.allowed || allowed {
+                None
+            } else {
+                d.retry_after.map(|r| secs_ceil(r).max(1))
+            },
+            window_secs: limit
+                .quota
+                .map(|q| secs_ceil(q.period().nominal()))
+                .unwrap_or(0),
+        })
+    };
+    // envoy profile, SHADOW_MODE: an OVER_LIMIT answer becomes OK (the statuses keep their
+    // codes, the counters what the store decided), and is counted.
+    let allowed = if !allowed && envoy.is_some_and(|m| m.shadow_mode) {
+        state.count_global_shadow();
+        true
+    } else {
+        allowed
+    };
     let response = CheckResponse {
         allowed,
         statuses,
@@ -274,6 +287,51 @@ pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckRespons
     metrics.request(allowed);
     metrics.observe_latency(started.elapsed());
     Ok(response)
+}
+
+/// The envoy profile's rate-limit headers, chosen as envoyproxy/ratelimit chooses them: the
+/// limited descriptor with the least remaining (the first of equals), except that the last
+/// descriptor over its limit outside quota mode wins; the reset is the end of the unit's
+/// epoch-aligned window.
+fn envoy_binding(
+    verdict: &tollgate_core::limiter::Verdict<'_>,
+    quota_everywhere: bool,
+    allowed: bool,
+    now: tollgate_core::Micros,
+) -> Option<HeaderValues> {
+    let mut best: Option<(&Limit, u64, &tollgate_core::Decision)> = None;
+    for status in &verdict.statuses {
+        let Status::Limited { limit, decision } = status else {
+            continue;
+        };
+        if limit.quota.is_none() {
+            continue;
+        }
+        let over = status.blocks() && !(quota_everywhere || limit.quota_mode);
+        let remaining = if over {
+            0
+        } else {
+            decision.reported_remaining()
+        };
+        // Once one is over, only another over one (remaining 0, not below it) replaces it.
+        if over || best.is_none_or(|(_, r, _)| remaining < r) {
+            best = Some((limit, remaining, decision));
+        }
+    }
+    let (limit, remaining, decision) = best?;
+    let q = limit.quota?;
+    Some(HeaderValues {
+        limit: q.limit(),
+        remaining,
+        reset_secs: crate::profile::reset_secs(q.period().unit, now / 1_000_000),
+        // Only `/v1/check` sends these two; Envoy gets the three headers above.
+        retry_after_secs: if decision.allowed || allowed {
+            None
+        } else {
+            decision.retry_after.map(|r| secs_ceil(r).max(1))
+        },
+        window_secs: secs_ceil(q.period().nominal()),
+    })
 }
 
 /// A status's `duration_until_reset` (see `Decision::reported_reset`).

@@ -37,6 +37,7 @@
 use crate::check::decide;
 use crate::error::{ApiError, ErrorClass};
 use crate::model::{CheckRequest, CheckResponse, Code, Descriptor, DescriptorStatus};
+use crate::profile::{EnvoyMode, HEALTH_SERVICE};
 use crate::state::AppState;
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as PbUnit;
@@ -45,7 +46,11 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::value::Kind as PbKind;
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use envoy_types::pb::google::protobuf::{
+    ListValue as PbListValue, Struct as PbStruct, Value as PbValue,
+};
 use futures_util::FutureExt;
 use hyper::body::Incoming;
 use hyper::server::conn::http2;
@@ -236,10 +241,18 @@ impl RateLimitService for RateLimitGrpc {
                 Err(ApiError::Internal("panic while deciding".into()))
             });
         match result {
-            Ok(resp) => Ok(Response::new(to_proto_response(
-                &resp,
-                self.state.response_headers(),
-            ))),
+            Ok(resp) => Ok(Response::new(match self.state.envoy() {
+                Some(mode) => {
+                    let mut out = to_envoy_proto_response(&resp, mode);
+                    if mode.dynamic_metadata {
+                        let rules = self.state.rules();
+                        out.dynamic_metadata =
+                            Some(envoy_dynamic_metadata(request.get_ref(), &resp, &rules.set));
+                    }
+                    out
+                }
+                None => to_proto_response(&resp, self.state.response_headers()),
+            })),
             Err(e) => Err(status_from(&e)),
         }
     }
@@ -322,6 +335,151 @@ pub fn to_proto_response(resp: &CheckResponse, headers: bool) -> RateLimitRespon
         response_headers_to_add,
         ..RateLimitResponse::default()
     }
+}
+
+/// Translate a decision under `--profile envoy`: `response_headers_to_add` holds envoy's three
+/// headers (`LIMIT_*_HEADER` names) when `LIMIT_RESPONSE_HEADERS_ENABLED`, nothing otherwise.
+pub fn to_envoy_proto_response(resp: &CheckResponse, mode: &EnvoyMode) -> RateLimitResponse {
+    let mut out = to_proto_response(resp, false);
+    if let (Some(names), Some(h)) = (&mode.headers, &resp.headers) {
+        out.response_headers_to_add = [
+            (&names.limit, h.limit),
+            (&names.remaining, h.remaining),
+            (&names.reset, h.reset_secs),
+        ]
+        .into_iter()
+        .map(|(key, value)| HeaderValue {
+            key: key.clone(),
+            value: value.to_string(),
+            ..HeaderValue::default()
+        })
+        .collect();
+    }
+    out
+}
+
+/// The envoy profile's `dynamic_metadata` (`RESPONSE_DYNAMIC_METADATA`), as envoyproxy/ratelimit
+/// builds it: the request's `domain`, its `descriptors` (`entries` as `key=value` strings, the
+/// `limit` override, `hitsAddend`), the request's `hitsAddend` when not 0, and `metadata`: the
+/// rule `metadata` of every descriptor that passed (OK, not unlimited), merged in request order
+/// (a key already present is kept; maps present in both are merged).
+pub fn envoy_dynamic_metadata(
+    req: &RateLimitRequest,
+    resp: &CheckResponse,
+    rules: &tollgate_core::rules::RuleSet,
+) -> PbStruct {
+    use std::collections::HashMap;
+    let string = |s: String| PbValue {
+        kind: Some(PbKind::StringValue(s)),
+    };
+    let number = |n: f64| PbValue {
+        kind: Some(PbKind::NumberValue(n)),
+    };
+    let list = |values: Vec<PbValue>| PbValue {
+        kind: Some(PbKind::ListValue(PbListValue { values })),
+    };
+    let descriptors = req
+        .descriptors
+        .iter()
+        .map(|d| {
+            let mut fields = HashMap::new();
+            let entries = d
+                .entries
+                .iter()
+                .map(|e| string(format!("{}={}", e.key, e.value)))
+                .collect();
+            fields.insert("entries".to_owned(), list(entries));
+            if let Some(l) = &d.limit {
+                let unit = PbUnit::try_from(l.unit).map_or("UNKNOWN", |u| u.as_str_name());
+                fields.insert(
+                    "limit".to_owned(),
+                    string(format!(
+                        "requests_per_unit:{} unit:{unit}",
+                        l.requests_per_unit
+                    )),
+                );
+            }
+            if let Some(h) = &d.hits_addend {
+                fields.insert("hitsAddend".to_owned(), number(h.value as f64));
+            }
+            PbValue {
+                kind: Some(PbKind::StructValue(PbStruct { fields })),
+            }
+        })
+        .collect();
+    let mut fields = HashMap::new();
+    fields.insert("domain".to_owned(), string(req.domain.clone()));
+    fields.insert("descriptors".to_owned(), list(descriptors));
+    if req.hits_addend != 0 {
+        fields.insert("hitsAddend".to_owned(), number(f64::from(req.hits_addend)));
+    }
+    let mut passed = PbStruct::default();
+    for (d, status) in req.descriptors.iter().zip(&resp.statuses) {
+        if status.code != Code::Ok || status.unlimited || d.limit.is_some() {
+            continue;
+        }
+        let entries: Vec<(&str, &str)> = d
+            .entries
+            .iter()
+            .map(|e| (e.key.as_str(), e.value.as_str()))
+            .collect();
+        if let tollgate_core::rules::Resolution::Limited { limit, .. } =
+            rules.resolve(&req.domain, &entries)
+        {
+            if let Some(meta) = &limit.metadata {
+                merge_metadata(&mut passed, meta);
+            }
+        }
+    }
+    if !passed.fields.is_empty() {
+        fields.insert(
+            "metadata".to_owned(),
+            PbValue {
+                kind: Some(PbKind::StructValue(passed)),
+            },
+        );
+    }
+    PbStruct { fields }
+}
+
+/// Merge a rule's `metadata` into `dest` as envoyproxy/ratelimit does: new keys are added, a
+/// key present in both is kept unless both values are maps, which are merged.
+fn merge_metadata(
+    dest: &mut PbStruct,
+    src: &std::collections::BTreeMap<String, tollgate_core::rules::MetaValue>,
+) {
+    for (k, v) in src {
+        match (dest.fields.get_mut(k), v) {
+            (
+                Some(PbValue {
+                    kind: Some(PbKind::StructValue(d)),
+                }),
+                tollgate_core::rules::MetaValue::Map(m),
+            ) => merge_metadata(d, m),
+            (Some(_), _) => {}
+            (None, v) => {
+                dest.fields.insert(k.clone(), meta_value(v));
+            }
+        }
+    }
+}
+
+/// A metadata value as a `google.protobuf.Value`.
+fn meta_value(v: &tollgate_core::rules::MetaValue) -> PbValue {
+    use tollgate_core::rules::MetaValue;
+    let kind = match v {
+        MetaValue::Null => PbKind::NullValue(0),
+        MetaValue::Bool(b) => PbKind::BoolValue(*b),
+        MetaValue::Number(n) => PbKind::NumberValue(*n),
+        MetaValue::String(s) => PbKind::StringValue(s.clone()),
+        MetaValue::List(l) => PbKind::ListValue(PbListValue {
+            values: l.iter().map(meta_value).collect(),
+        }),
+        MetaValue::Map(m) => PbKind::StructValue(PbStruct {
+            fields: m.iter().map(|(k, v)| (k.clone(), meta_value(v))).collect(),
+        }),
+    };
+    PbValue { kind: Some(kind) }
 }
 
 fn to_proto_status(s: &DescriptorStatus) -> PbStatus {
@@ -493,7 +651,8 @@ async fn sleep_or_never(d: Option<Duration>) {
 pub const RLS_DESCRIPTOR_SET: &[u8] = include_bytes!("../proto/rls_descriptor_set.bin");
 
 /// Serve RLS, health and reflection on `listener` until `shutdown` resolves. Health reports
-/// SERVING for `""` and for [`RLS_SERVICE_NAME`].
+/// SERVING for `""` and for [`RLS_SERVICE_NAME`], and under the envoy profile for `ratelimit` as
+/// its `/healthcheck` does ([`AppState::envoy_healthy`]).
 ///
 /// Connections are served by hyper's HTTP/2 server with `limits`, at most `max_connections` at
 /// once: at the cap the listener is not accepted from (clients wait in the kernel's backlog).
@@ -510,10 +669,79 @@ pub async fn serve(
     shutdown_timeout: Duration,
     shutdown: impl Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
+    serve_on(
+        state,
+        GrpcListener::Tcp(listener),
+        limits,
+        max_connections,
+        shutdown_timeout,
+        shutdown,
+    )
+    .await
+}
+
+/// Where the gRPC service accepts connections: TCP, or a unix socket (envoyproxy/ratelimit's
+/// `GRPC_UDS`).
+pub enum GrpcListener {
+    /// A TCP listener.
+    Tcp(TcpListener),
+    /// A TCP listener, TLS on every connection (envoy profile's `GRPC_SERVER_USE_TLS`).
+    Tls(TcpListener, tokio_rustls::TlsAcceptor),
+    /// A unix-domain socket listener.
+    #[cfg(unix)]
+    Unix(tokio::net::UnixListener),
+}
+
+impl std::fmt::Debug for GrpcListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Tcp(l) => f.debug_tuple("Tcp").field(l).finish(),
+            Self::Tls(l, _) => f.debug_tuple("Tls").field(l).finish_non_exhaustive(),
+            #[cfg(unix)]
+            Self::Unix(l) => f.debug_tuple("Unix").field(l).finish(),
+        }
+    }
+}
+
+/// One accepted connection of a [`GrpcListener`].
+enum Accepted {
+    Tcp(TcpStream),
+    Tls(TcpStream, tokio_rustls::TlsAcceptor),
+    #[cfg(unix)]
+    Unix(tokio::net::UnixStream),
+}
+
+/// [`serve`] on any [`GrpcListener`].
+pub async fn serve_on(
+    state: AppState,
+    listener: GrpcListener,
+    limits: GrpcLimits,
+    max_connections: usize,
+    shutdown_timeout: Duration,
+    shutdown: impl Future<Output = ()> + Send,
+) -> std::io::Result<()> {
     let (mut reporter, health) = tonic_health::server::health_reporter();
     reporter
         .set_service_status(RLS_SERVICE_NAME, ServingStatus::Serving)
         .await;
+    // envoy profile: the `ratelimit` service, healthy as `/healthcheck` is.
+    if state.envoy().is_some() {
+        let status = if state.envoy_healthy() {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        reporter.set_service_status(HEALTH_SERVICE, status).await;
+    }
+    let envoy_health = state
+        .envoy()
+        .is_some()
+        .then(|| tokio::spawn(follow_envoy_health(state.clone(), reporter.clone())));
+    let names: &[&str] = if envoy_health.is_some() {
+        &["", RLS_SERVICE_NAME, HEALTH_SERVICE]
+    } else {
+        &["", RLS_SERVICE_NAME]
+    };
     let reflection = || {
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(RLS_DESCRIPTOR_SET)
@@ -540,28 +768,54 @@ pub async fn serve(
             () = &mut shutdown => break,
             s = slots.clone().acquire_owned() => s.expect("the semaphore is never closed"),
         };
-        let tcp = tokio::select! {
+        let accepted = tokio::select! {
             () = &mut shutdown => break,
-            tcp = accept(&listener) => tcp,
+            accepted = accept(&listener) => accepted,
         };
-        connections.spawn(connection(
-            tcp,
-            slot,
-            builder.clone(),
-            routes.clone(),
-            limits,
-            drain_rx.clone(),
-        ));
+        let (builder, routes, drain) = (builder.clone(), routes.clone(), drain_rx.clone());
+        match accepted {
+            Accepted::Tcp(tcp) => {
+                let _ = tcp.set_nodelay(true);
+                connections.spawn(connection(tcp, slot, builder, routes, limits, drain));
+            }
+            Accepted::Tls(tcp, tls) => {
+                let _ = tcp.set_nodelay(true);
+                connections.spawn(async move {
+                    // The TLS handshake is bounded like the HTTP/2 preface that follows it.
+                    let mut stop = drain.clone();
+                    let handshake = tokio::select! {
+                        r = tokio::time::timeout(limits.handshake_timeout, tls.accept(tcp)) => r,
+                        _ = stop.wait_for(|d| *d) => return,
+                    };
+                    match handshake {
+                        Ok(Ok(stream)) => {
+                            connection(stream, slot, builder, routes, limits, drain).await;
+                        }
+                        Ok(Err(e)) => tracing::debug!(error = %e, "gRPC TLS handshake failed"),
+                        Err(_) => tracing::debug!(
+                            "gRPC TLS handshake not done within the handshake timeout"
+                        ),
+                    }
+                });
+            }
+            #[cfg(unix)]
+            Accepted::Unix(unix) => {
+                connections.spawn(connection(unix, slot, builder, routes, limits, drain));
+            }
+        }
         // Reap the finished ones so the set stays as large as the open connections.
         while connections.try_join_next().is_some() {}
     }
     drop(listener);
-    for name in ["", RLS_SERVICE_NAME] {
+    if let Some(task) = envoy_health {
+        task.abort();
+    }
+    for name in names {
         reporter
             .set_service_status(name, ServingStatus::NotServing)
             .await;
     }
-    for name in ["", RLS_SERVICE_NAME] {
+    for name in names {
         reporter.clear_service_status(name).await;
     }
     let _ = drain_tx.send(true);
@@ -580,12 +834,98 @@ pub async fn serve(
     Ok(())
 }
 
+/// Keep the `ratelimit` health service in step with [`AppState::envoy_healthy`] (rules loaded,
+/// shutdown begun), checked every 100 ms until aborted.
+async fn follow_envoy_health(state: AppState, reporter: tonic_health::server::HealthReporter) {
+    let mut last = None;
+    loop {
+        let healthy = state.envoy_healthy();
+        if last != Some(healthy) {
+            let status = if healthy {
+                ServingStatus::Serving
+            } else {
+                ServingStatus::NotServing
+            };
+            reporter.set_service_status(HEALTH_SERVICE, status).await;
+            last = Some(healthy);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// TLS on the gRPC listener: a certificate chain and key (PEM files), and optionally the CAs
+/// client certificates must chain to (then a client without a valid certificate is refused).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrpcTls {
+    /// The server's certificate chain (PEM).
+    pub cert: std::path::PathBuf,
+    /// Its private key (PEM).
+    pub key: std::path::PathBuf,
+    /// CA certificates (PEM) that client certificates are verified against; `None`: no client
+    /// certificate asked for.
+    pub client_ca: Option<std::path::PathBuf>,
+}
+
+impl GrpcTls {
+    /// The TLS acceptor (ALPN `h2`), or why the files cannot be used.
+    pub fn acceptor(&self) -> Result<tokio_rustls::TlsAcceptor, String> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let read_certs = |path: &std::path::Path| -> Result<Vec<CertificateDer<'static>>, String> {
+            let certs = CertificateDer::pem_file_iter(path)
+                .and_then(|i| i.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            if certs.is_empty() {
+                return Err(format!("{}: no certificate in the file", path.display()));
+            }
+            Ok(certs)
+        };
+        let certs = read_certs(&self.cert)?;
+        let key = PrivateKeyDer::from_pem_file(&self.key)
+            .map_err(|e| format!("{}: {e}", self.key.display()))?;
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?;
+        let builder = match &self.client_ca {
+            None => builder.with_no_client_auth(),
+            Some(ca) => {
+                let mut roots = rustls::RootCertStore::empty();
+                for c in read_certs(ca)? {
+                    roots.add(c).map_err(|e| format!("{}: {e}", ca.display()))?;
+                }
+                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    Arc::new(roots),
+                    provider,
+                )
+                .build()
+                .map_err(|e| format!("{}: {e}", ca.display()))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+        };
+        let mut config = builder
+            .with_single_cert(certs, key)
+            .map_err(|e| format!("{} and {}: {e}", self.cert.display(), self.key.display()))?;
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+    }
+}
+
 /// The next connection. Errors that concern one connection are skipped; others (out of file
 /// descriptors, ...) are logged and retried after a pause instead of spinning.
-async fn accept(listener: &TcpListener) -> TcpStream {
+async fn accept(listener: &GrpcListener) -> Accepted {
     loop {
-        match listener.accept().await {
-            Ok((tcp, _)) => return tcp,
+        let accepted = match listener {
+            GrpcListener::Tcp(l) => l.accept().await.map(|(tcp, _)| Accepted::Tcp(tcp)),
+            GrpcListener::Tls(l, tls) => l
+                .accept()
+                .await
+                .map(|(tcp, _)| Accepted::Tls(tcp, tls.clone())),
+            #[cfg(unix)]
+            GrpcListener::Unix(l) => l.accept().await.map(|(unix, _)| Accepted::Unix(unix)),
+        };
+        match accepted {
+            Ok(accepted) => return accepted,
             Err(e)
                 if matches!(
                     e.kind(),
@@ -605,15 +945,16 @@ async fn accept(listener: &TcpListener) -> TcpStream {
 /// within the handshake timeout, then HTTP/2 until the client leaves, the connection's age
 /// (GOAWAY, then at most the grace) or shutdown (`drain`: GOAWAY, then until the caller gives
 /// up and drops this task).
-async fn connection(
-    mut tcp: TcpStream,
+async fn connection<S>(
+    mut tcp: S,
     _slot: OwnedSemaphorePermit,
     builder: http2::Builder<TokioExecutor>,
     routes: Routes,
     limits: GrpcLimits,
     mut drain: watch::Receiver<bool>,
-) {
-    let _ = tcp.set_nodelay(true);
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let mut preface = [0u8; PREFACE.len()];
     let read = tokio::select! {
         r = tokio::time::timeout(limits.handshake_timeout, tcp.read_exact(&mut preface)) => r,
@@ -695,18 +1036,18 @@ fn parse_grpc_timeout(v: &[u8]) -> Option<Duration> {
 
 /// A connection whose preface was read (to time it), handed to hyper as if it were not: the
 /// preface is read again first.
-struct Replayed {
-    io: TcpStream,
+struct Replayed<S> {
+    io: S,
     replayed: usize,
 }
 
-impl Replayed {
-    fn new(io: TcpStream) -> Self {
+impl<S> Replayed<S> {
+    fn new(io: S) -> Self {
         Self { io, replayed: 0 }
     }
 }
 
-impl AsyncRead for Replayed {
+impl<S: AsyncRead + Unpin> AsyncRead for Replayed<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -723,7 +1064,7 @@ impl AsyncRead for Replayed {
     }
 }
 
-impl AsyncWrite for Replayed {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Replayed<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

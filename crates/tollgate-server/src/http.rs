@@ -65,7 +65,12 @@ pub fn service(
        + Send
        + Sync
        + 'static {
-    let routes = Router::new()
+    let mut routes = Router::new();
+    if state.envoy().is_some() {
+        // envoyproxy/ratelimit's health check, under its profile only.
+        routes = routes.route("/healthcheck", get(envoy_healthcheck));
+    }
+    let routes = routes
         .route("/v1/check", post(v1_check))
         .route("/json", post(envoy_json))
         .route("/v1/rules", get(v1_rules))
@@ -388,9 +393,47 @@ async fn envoy_json(State(state): State<AppState>, req: Request) -> Response {
         Err(e) => return fail(&state, e),
     };
     match decide(&state, &check).await {
-        Ok(resp) => envoy_response(&resp),
+        Ok(resp) => match state
+            .envoy()
+            .and_then(|m| m.headers.as_ref().zip(resp.headers.as_ref()))
+        {
+            Some((names, values)) => envoy_response_with_headers(&resp, names, values),
+            None => envoy_response(&resp),
+        },
         Err(e) => e.into_response(),
     }
+}
+
+/// `/json` under the envoy profile with `LIMIT_RESPONSE_HEADERS_ENABLED`: the body also holds
+/// `responseHeadersToAdd`, as envoyproxy/ratelimit's `/json` does (the gRPC response as JSON).
+fn envoy_response_with_headers(
+    resp: &CheckResponse,
+    names: &crate::profile::HeaderNames,
+    values: &crate::model::HeaderValues,
+) -> Response {
+    let body = EnvoyBody {
+        overall_code: resp.code().as_str(),
+        statuses: EnvoyStatuses(&resp.statuses),
+    };
+    let mut value = match serde_json::to_value(&body) {
+        Ok(v) => v,
+        Err(e) => {
+            return ApiError::Internal(format!("cannot serialize the response: {e}"))
+                .into_response()
+        }
+    };
+    let headers: Vec<serde_json::Value> = [
+        (&names.limit, values.limit),
+        (&names.remaining, values.remaining),
+        (&names.reset, values.reset_secs),
+    ]
+    .into_iter()
+    .map(|(key, v)| json!({"key": key, "value": v.to_string()}))
+    .collect();
+    if let Some(map) = value.as_object_mut() {
+        map.insert("responseHeadersToAdd".to_owned(), headers.into());
+    }
+    json_body(status_of(resp), value.to_string().into_bytes())
 }
 
 /// The `/json` response: protojson `RateLimitResponse` (default values omitted), 200 / 429.
@@ -575,6 +618,17 @@ pub fn rules_json(state: &AppState) -> Value {
     })
 }
 
+/// `GET /healthcheck` (envoy profile): `200 OK` with body `OK` while healthy, an empty 500
+/// otherwise (shutting down, or no domain loaded under `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`),
+/// as envoyproxy/ratelimit answers.
+async fn envoy_healthcheck(State(state): State<AppState>) -> Response {
+    if state.envoy_healthy() {
+        (StatusCode::OK, "OK").into_response()
+    } else {
+        StatusCode::INTERNAL_SERVER_ERROR.into_response()
+    }
+}
+
 async fn healthz() -> Response {
     axum::Json(json!({"status": "ok"})).into_response()
 }
@@ -630,6 +684,14 @@ async fn metrics(State(state): State<AppState>) -> Response {
     }
     if let Some(g) = state.backend().redis() {
         g.render_metrics(&mut text);
+    }
+    if state.envoy().is_some() {
+        use std::fmt::Write as _;
+        let _ = write!(
+            text,
+            "# HELP tollgate_global_shadow_mode_total Requests answered OK instead of OVER_LIMIT by SHADOW_MODE.\n# TYPE tollgate_global_shadow_mode_total counter\ntollgate_global_shadow_mode_total {}\n",
+            state.global_shadow_count()
+        );
     }
     (
         [(

@@ -17,6 +17,7 @@ pub mod http;
 pub mod listener;
 pub mod metrics;
 pub mod model;
+pub mod profile;
 pub mod reload;
 pub mod serve;
 pub mod state;

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::sync::watch;
 use tollgate_core::clock::{Clock, SystemClock};
-use tollgate_core::rules::{RuleDefaults, RuleErrors, RuleSet};
+use tollgate_core::rules::{LoadOptions, RuleDefaults, RuleErrors, RuleSet};
 
 /// The files [`RuleSet::load`] reads for `path`, sorted: the file itself, or the visible
 /// `*.yaml` / `*.yml` entries of a directory (symlinks followed; dangling ones included, so the
@@ -33,11 +33,16 @@ pub fn rule_files(path: &Path) -> Vec<PathBuf> {
 /// A hash of the rule files' names and contents (unreadable files and a missing path hash
 /// distinctly), as 32 hex digits.
 pub fn fingerprint(path: &Path) -> String {
+    fingerprint_with(path, LoadOptions::default())
+}
+
+/// [`fingerprint`] of the files `options` list.
+pub fn fingerprint_with(path: &Path, options: LoadOptions) -> String {
     let mut h = SipHasher13::new_with_keys(0x746f_6c6c_6761_7465, 0x7275_6c65_7321);
     if std::fs::metadata(path).is_err() {
         h.write(b"\x00missing");
     }
-    for f in rule_files(path) {
+    for f in tollgate_core::rules::rule_files_with(path, options) {
         h.write(f.display().to_string().as_bytes());
         h.write_u8(0);
         match std::fs::read(&f) {
@@ -53,18 +58,24 @@ pub fn fingerprint(path: &Path) -> String {
 
 /// Load and validate the rules at `path`.
 pub fn load(path: &Path, generation: u64) -> Result<LoadedRules, RuleErrors> {
-    load_with(path, generation, RuleDefaults::default())
+    load_with(
+        path,
+        LoadOptions::default(),
+        generation,
+        RuleDefaults::default(),
+    )
 }
 
-/// Load and validate the rules at `path`, with the server's [`RuleDefaults`] applied (a reload
-/// applies the running rules' defaults again).
+/// Load and validate the rules at `path`: a directory listed as `options` say, with the
+/// server's [`RuleDefaults`] applied (a reload applies the running rules' defaults again).
 pub fn load_with(
     path: &Path,
+    options: LoadOptions,
     generation: u64,
     defaults: RuleDefaults,
 ) -> Result<LoadedRules, RuleErrors> {
-    let hash = fingerprint(path);
-    let set = RuleSet::load(path)?.with_defaults(defaults);
+    let hash = fingerprint_with(path, options);
+    let set = RuleSet::load_with(path, options)?.with_defaults(defaults);
     Ok(LoadedRules {
         counters: RuleSlots::new(&set),
         set,
@@ -79,33 +90,38 @@ pub fn load_with(
 pub fn reload_now(state: &AppState, path: &Path) -> bool {
     let running = state.rules();
     let generation = running.generation + 1;
-    let loaded = load_with(path, generation, running.set.defaults())
-        .map_err(|errors| errors.iter().map(ToString::to_string).collect::<Vec<_>>())
-        .and_then(|rules| {
-            // Rules the backend cannot serve (count-min sketch on Redis) are refused like
-            // invalid ones.
-            let problems = state.backend().unsupported(&rules.set);
-            if problems.is_empty() {
-                Ok(rules)
-            } else {
-                Err(problems)
-            }
-        })
-        .and_then(|rules| {
-            // Every rule file gone at once looks like a lost mount, not a decision: unlimited
-            // traffic is the one outcome a rate limiter must never reach by accident.
-            if rules.set.is_empty() && !running.set.is_empty() {
-                Err(vec![format!(
-                    "{}: no rule files left, which would remove every domain ({} loaded) and \
+    let loaded = load_with(
+        path,
+        state.rule_listing(),
+        generation,
+        running.set.defaults(),
+    )
+    .map_err(|errors| errors.iter().map(ToString::to_string).collect::<Vec<_>>())
+    .and_then(|rules| {
+        // Rules the backend cannot serve (count-min sketch on Redis) are refused like
+        // invalid ones.
+        let problems = state.backend().unsupported(&rules.set);
+        if problems.is_empty() {
+            Ok(rules)
+        } else {
+            Err(problems)
+        }
+    })
+    .and_then(|rules| {
+        // Every rule file gone at once looks like a lost mount, not a decision: unlimited
+        // traffic is the one outcome a rate limiter must never reach by accident.
+        if rules.set.is_empty() && !running.set.is_empty() {
+            Err(vec![format!(
+                "{}: no rule files left, which would remove every domain ({} loaded) and \
                      limit no request; refused. To remove every limit, keep one file holding \
                      only `domain: <name>`, or restart",
-                    path.display(),
-                    running.set.domains().count()
-                )])
-            } else {
-                Ok(rules)
-            }
-        });
+                path.display(),
+                running.set.domains().count()
+            )])
+        } else {
+            Ok(rules)
+        }
+    });
     match loaded {
         Ok(rules) => {
             tracing::info!(
@@ -200,12 +216,13 @@ async fn watch_loop(
     mut shutdown: watch::Receiver<bool>,
     mut hup: Hangup,
 ) {
+    let listing = state.rule_listing();
     let fp = {
         let p = path.clone();
         move || {
             let p = p.clone();
             async move {
-                tokio::task::spawn_blocking(move || fingerprint(&p))
+                tokio::task::spawn_blocking(move || fingerprint_with(&p, listing))
                     .await
                     .unwrap_or_default()
             }

@@ -16,7 +16,7 @@
 use crate::backend::{redis_unsupported, Guarded, RedisSettings};
 use crate::listener::{self, ConnLimits};
 use crate::reload::{self, WatchOptions};
-use crate::state::{AppState, RequestLimits};
+use crate::state::{AppState, LoadedRules, RequestLimits};
 use anyhow::{bail, Context};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -89,6 +89,15 @@ pub struct ServeConfig {
     pub envoy_stats: crate::envoy_stats::EnvoyStats,
     /// `--near-limit-ratio`: admitted hits past `floor(limit * ratio)` count as near the limit.
     pub near_limit_ratio: f32,
+    /// gRPC on this unix socket instead of `grpc_addr` (envoy profile's `GRPC_UDS`).
+    pub grpc_uds: Option<PathBuf>,
+    /// TLS on the gRPC listener (envoy profile's `GRPC_SERVER_USE_TLS`); `None`: plaintext.
+    pub grpc_tls: Option<crate::grpc::GrpcTls>,
+    /// Which files of a rules directory are read (tollgate's `*.yaml`, or envoy's runtime
+    /// folder under `--profile envoy`).
+    pub rule_listing: tollgate_core::rules::LoadOptions,
+    /// `--profile envoy`: envoyproxy/ratelimit's behaviour ([`crate::profile`]); `None` otherwise.
+    pub envoy: Option<crate::profile::EnvoyMode>,
 }
 
 impl Default for ServeConfig {
@@ -119,6 +128,10 @@ impl Default for ServeConfig {
             redis_expiration_jitter: Duration::ZERO,
             envoy_stats: crate::envoy_stats::EnvoyStats::default(),
             near_limit_ratio: 0.8,
+            grpc_uds: None,
+            grpc_tls: None,
+            rule_listing: tollgate_core::rules::LoadOptions::default(),
+            envoy: None,
         }
     }
 }
@@ -130,7 +143,8 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<AppState> {
     if config.max_keys == 0 {
         bail!("--max-keys must be at least 1");
     }
-    if !config.rules.exists() {
+    let force_start = config.envoy.as_ref().is_some_and(|m| m.force_start);
+    if !force_start && !config.rules.exists() {
         let cwd = std::env::current_dir()
             .map(|d| d.display().to_string())
             .unwrap_or_else(|_| "?".into());
@@ -144,9 +158,28 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<AppState> {
         algorithm: config.default_algorithm,
         count_denied_hits: config.count_denied_hits,
     };
-    let rules = reload::load_with(&config.rules, 1, defaults)
-        .map_err(|e| anyhow::anyhow!("invalid rules in {}:\n{e}", config.rules.display()))?;
+    let rules = match reload::load_with(&config.rules, config.rule_listing, 1, defaults) {
+        Ok(rules) => rules,
+        Err(e) if force_start => {
+            // FORCE_START_WITHOUT_INITIAL_CONFIG: start with no rules; the watcher loads them
+            // once they are valid (the fingerprint below never matches real files).
+            tracing::warn!(
+                rules = %config.rules.display(),
+                error = %e,
+                "no valid rules at start-up; starting without (FORCE_START_WITHOUT_INITIAL_CONFIG)"
+            );
+            LoadedRules {
+                hash: "none".into(),
+                ..LoadedRules::inline(
+                    tollgate_core::rules::RuleSet::empty().with_defaults(defaults),
+                )
+            }
+        }
+        Err(e) => bail!("invalid rules in {}:\n{e}", config.rules.display()),
+    };
     let builder = AppState::builder(rules)
+        .rule_listing(config.rule_listing)
+        .envoy(config.envoy.clone())
         .limits(config.limits)
         .rules_path(config.rules.clone())
         .response_headers(config.response_headers)
@@ -282,8 +315,10 @@ pub fn raise_open_files_limit(max_connections: usize) -> Option<u64> {
 pub struct Bound {
     /// HTTP, unless turned off.
     pub http: Option<SocketAddr>,
-    /// gRPC, unless turned off.
+    /// gRPC on TCP (`None` when turned off or on a unix socket).
     pub grpc: Option<SocketAddr>,
+    /// gRPC on a unix socket (envoy profile's `GRPC_UDS`).
+    pub grpc_uds: Option<PathBuf>,
     /// The store (`memory` or the Redis URL, password redacted).
     pub store: String,
 }
@@ -322,24 +357,39 @@ pub async fn serve(
     let http_addr = http.as_ref().map(TcpListener::local_addr).transpose()?;
     let (tx, rx) = shutdown_channel();
 
-    let grpc = match config.grpc_addr {
-        Some(addr) => Some(
-            TcpListener::bind(addr)
+    let grpc = match (&config.grpc_uds, config.grpc_addr) {
+        #[cfg(unix)]
+        (Some(path), _) => Some((crate::grpc::GrpcListener::Unix(bind_unix(path)?), None)),
+        #[cfg(not(unix))]
+        (Some(path), _) => bail!("unix sockets are not supported here: {}", path.display()),
+        (None, None) => None,
+        (None, Some(addr)) => {
+            let grpc = TcpListener::bind(addr)
                 .await
-                .with_context(|| format!("cannot listen for gRPC on {addr}"))?,
-        ),
-        None => None,
+                .with_context(|| format!("cannot listen for gRPC on {addr}"))?;
+            let local = grpc.local_addr()?;
+            match &config.grpc_tls {
+                None => Some((crate::grpc::GrpcListener::Tcp(grpc), Some(local))),
+                Some(tls) => {
+                    let acceptor = tls
+                        .acceptor()
+                        .map_err(|e| anyhow::anyhow!("cannot use the gRPC TLS files: {e}"))?;
+                    Some((crate::grpc::GrpcListener::Tls(grpc, acceptor), Some(local)))
+                }
+            }
+        }
     };
-    let grpc_addr = grpc.as_ref().map(TcpListener::local_addr).transpose()?;
+    let grpc_addr = grpc.as_ref().and_then(|(_, addr)| *addr);
     let mut grpc = match grpc {
-        Some(grpc) => tokio::spawn(crate::grpc::serve(
+        Some((listener, _)) => tokio::spawn(crate::grpc::serve_on(
             state.clone(),
-            grpc,
+            listener,
             config.grpc_limits,
             config.max_connections,
             config.shutdown_timeout,
             wait_for_shutdown(rx.clone()),
         )),
+        // No gRPC listener: nothing to wait for at shutdown.
         None => tokio::spawn(async { Ok::<(), std::io::Error>(()) }),
     };
 
@@ -373,8 +423,10 @@ pub async fn serve(
     ));
     let sweeper = tokio::spawn(sweep(state.clone(), config.sweep_interval, rx.clone()));
     let envoy_stats = spawn_envoy_stats(&state, &config.envoy_stats, &rx).await?;
+    let stopping = state.clone();
     tokio::spawn(async move {
         shutdown.await;
+        stopping.begin_shutdown();
         tracing::info!("shutting down: finishing in-flight requests");
         let _ = tx.send(true);
     });
@@ -382,6 +434,7 @@ pub async fn serve(
     on_bound(Bound {
         http: http_addr,
         grpc: grpc_addr,
+        grpc_uds: config.grpc_uds.clone(),
         store: state.store_label(),
     });
 
@@ -445,6 +498,26 @@ pub async fn serve(
     Ok(())
 }
 
+/// Listen on the unix socket `path`. A socket file left there by a previous process is
+/// replaced (a restart must not fail on it); any other file is an error, never deleted.
+#[cfg(unix)]
+fn bind_unix(path: &std::path::Path) -> anyhow::Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::FileTypeExt;
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if meta.file_type().is_socket() {
+            std::fs::remove_file(path)
+                .with_context(|| format!("cannot replace the socket {}", path.display()))?;
+        } else {
+            bail!(
+                "cannot listen for gRPC on {}: the file exists and is not a socket",
+                path.display()
+            );
+        }
+    }
+    tokio::net::UnixListener::bind(path)
+        .with_context(|| format!("cannot listen for gRPC on unix socket {}", path.display()))
+}
+
 /// The start-up line: where to send a request.
 pub fn listening_message(bound: &Bound) -> String {
     let mut parts = Vec::new();
@@ -454,8 +527,10 @@ pub fn listening_message(bound: &Bound) -> String {
             "HTTP http://{http} (try: curl -s localhost:{port}/v1/check -H 'content-type: application/json' -d '{{\"domain\":\"api\",\"descriptors\":[{{\"entries\":[{{\"key\":\"user\",\"value\":\"alice\"}}]}}]}}')"
         ));
     }
-    if let Some(grpc) = bound.grpc {
-        parts.push(format!("gRPC {grpc}"));
+    match (&bound.grpc, &bound.grpc_uds) {
+        (Some(grpc), _) => parts.push(format!("gRPC {grpc}")),
+        (None, Some(path)) => parts.push(format!("gRPC unix:{}", path.display())),
+        (None, None) => {}
     }
     format!("listening: {}, store {}", parts.join(", "), bound.store)
 }

@@ -3,12 +3,14 @@
 
 use crate::backend::{Backend, Guarded};
 use crate::metrics::{Metrics, RuleSlots};
+use crate::profile::EnvoyMode;
 use arc_swap::ArcSwap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tollgate_core::clock::{Clock, Micros, MonotonicWallClock, SystemClock};
 use tollgate_core::request::Cidr;
-use tollgate_core::rules::RuleSet;
+use tollgate_core::rules::{LoadOptions, RuleSet};
 use tollgate_core::store::Store;
 use tollgate_core::MemoryStore;
 
@@ -94,6 +96,11 @@ struct Shared {
     rules_path: Option<PathBuf>,
     response_headers: bool,
     trusted_proxies: Vec<Cidr>,
+    rule_listing: LoadOptions,
+    envoy: Option<EnvoyMode>,
+    shutting_down: AtomicBool,
+    global_shadow: AtomicU64,
+    redis_answered: AtomicBool,
 }
 
 /// The state every handler and background task shares. Clone freely.
@@ -119,6 +126,8 @@ pub struct AppStateBuilder {
     rules_path: Option<PathBuf>,
     response_headers: bool,
     trusted_proxies: Vec<Cidr>,
+    rule_listing: LoadOptions,
+    envoy: Option<EnvoyMode>,
 }
 
 impl AppStateBuilder {
@@ -170,6 +179,16 @@ impl AppStateBuilder {
         self.trusted_proxies = proxies;
         self
     }
+    /// Which files of a rules directory are rule files (for reloads).
+    pub fn rule_listing(mut self, listing: LoadOptions) -> Self {
+        self.rule_listing = listing;
+        self
+    }
+    /// `--profile envoy`'s behaviour ([`crate::profile`]), or `None` for tollgate's.
+    pub fn envoy(mut self, mode: Option<EnvoyMode>) -> Self {
+        self.envoy = mode;
+        self
+    }
     /// The state.
     pub fn build(self) -> AppState {
         let metrics = Metrics::new();
@@ -185,6 +204,11 @@ impl AppStateBuilder {
             rules_path: self.rules_path,
             response_headers: self.response_headers,
             trusted_proxies: self.trusted_proxies,
+            rule_listing: self.rule_listing,
+            envoy: self.envoy,
+            shutting_down: AtomicBool::new(false),
+            global_shadow: AtomicU64::new(0),
+            redis_answered: AtomicBool::new(false),
         }))
     }
 }
@@ -203,6 +227,8 @@ impl AppState {
             rules_path: None,
             response_headers: false,
             trusted_proxies: Vec::new(),
+            rule_listing: LoadOptions::default(),
+            envoy: None,
         }
     }
 
@@ -297,5 +323,62 @@ impl AppState {
     /// Proxies whose forwarded client address is believed (`--trusted-proxies`).
     pub fn trusted_proxies(&self) -> &[Cidr] {
         &self.0.trusted_proxies
+    }
+
+    /// Which files of a rules directory are rule files.
+    pub fn rule_listing(&self) -> LoadOptions {
+        self.0.rule_listing
+    }
+
+    /// `--profile envoy`'s behaviour, when the profile is on.
+    pub fn envoy(&self) -> Option<&EnvoyMode> {
+        self.0.envoy.as_ref()
+    }
+
+    /// Mark the service as shutting down (health turns unhealthy, as envoyproxy/ratelimit's on
+    /// SIGTERM).
+    pub fn begin_shutdown(&self) {
+        self.0.shutting_down.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether shutdown has begun.
+    pub fn shutting_down(&self) -> bool {
+        self.0.shutting_down.load(Ordering::Relaxed)
+    }
+
+    /// envoy profile: whether `/healthcheck` and the `ratelimit` health service report healthy:
+    /// not shutting down, Redis (when it is the store) has answered at least once since start,
+    /// and (with `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`) some domain is loaded. As in
+    /// envoyproxy/ratelimit, a later Redis outage does not make the service unhealthy.
+    pub fn envoy_healthy(&self) -> bool {
+        let needs_config = self.envoy().is_some_and(|m| m.healthy_needs_config);
+        let waiting_for_config = needs_config && self.rules().set.is_empty();
+        !(self.shutting_down() || waiting_for_config || self.waiting_for_redis())
+    }
+
+    /// Whether Redis is the store and has not answered yet (its start-up probe failed and the
+    /// breaker has stayed open since).
+    fn waiting_for_redis(&self) -> bool {
+        let Some(g) = self.backend().redis() else {
+            return false;
+        };
+        if self.0.redis_answered.load(Ordering::Relaxed) {
+            return false;
+        }
+        if g.state() == crate::backend::BreakerState::Open {
+            return true;
+        }
+        self.0.redis_answered.store(true, Ordering::Relaxed);
+        false
+    }
+
+    /// Count one request turned OK by the envoy profile's global `SHADOW_MODE`.
+    pub fn count_global_shadow(&self) {
+        self.0.global_shadow.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Requests turned OK by the global `SHADOW_MODE`.
+    pub fn global_shadow_count(&self) -> u64 {
+        self.0.global_shadow.load(Ordering::Relaxed)
     }
 }

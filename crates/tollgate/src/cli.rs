@@ -191,6 +191,11 @@ pub struct ServeArgs {
     counting: CountingArgs,
     #[command(flatten)]
     stats: crate::stats_args::StatsArgs,
+    /// Read another rate limiter's settings: `envoy` reads envoyproxy/ratelimit's environment
+    /// variables (`PORT`, `GRPC_PORT`, `RUNTIME_ROOT`, `SHADOW_MODE`, ...) and behaves as it does;
+    /// the flags above fill in what it has no variable for.
+    #[arg(long, env = "TOLLGATE_PROFILE", value_enum)]
+    profile: Option<crate::serve::Profile>,
 }
 
 /// `tollgate serve` flags of what rules mean and how counters are kept (envoyproxy/ratelimit
@@ -385,7 +390,10 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let mut config = args.config();
             config.envoy_stats = args.stats.settings().map_err(anyhow::Error::msg)?;
             config.near_limit_ratio = args.stats.near_limit_ratio;
-            crate::serve::run(config, args.log_format)
+            match args.profile {
+                None => crate::serve::run(config, args.log_format),
+                Some(profile) => crate::serve::run_profile(profile, config),
+            }
         }
         Command::Check {
             url,

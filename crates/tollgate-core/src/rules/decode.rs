@@ -74,6 +74,8 @@ pub(crate) struct DescriptorSpec {
     pub metadata: Option<BTreeMap<String, MetaValue>>,
     pub message: Option<String>,
     pub children: Vec<DescriptorSpec>,
+    /// The file it comes from when not its domain's file (a domain merged from several files).
+    pub file: Option<String>,
 }
 
 /// A `rate_limit` block, validated.
@@ -240,6 +242,7 @@ fn descriptor(node: &Node, depth: usize, errors: &mut Errors) -> Option<Descript
         Some(n) => descriptor_list(n, depth + 1, errors),
     };
     Some(DescriptorSpec {
+        file: None,
         key: key?,
         value,
         pos: node.pos,

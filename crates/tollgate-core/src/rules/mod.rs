@@ -194,7 +194,13 @@ impl RuleSet {
     /// permission denied, an I/O error. Only an entry that is gone from the directory is gone
     /// from the rules. A missing or unreadable rules path is an error too.
     pub fn load(path: &Path) -> Result<RuleSet, RuleErrors> {
-        let (paths, mut errors) = list(path)?;
+        Self::load_with(path, LoadOptions::default())
+    }
+
+    /// [`RuleSet::load`] with the directory listed as `options` say (envoyproxy/ratelimit's
+    /// runtime folder: any extension, dot files included).
+    pub fn load_with(path: &Path, options: LoadOptions) -> Result<RuleSet, RuleErrors> {
+        let (paths, mut errors) = list(path, options)?;
         let mut files = Vec::new();
         for p in paths {
             let name = p.display().to_string();
@@ -203,7 +209,7 @@ impl RuleSet {
                 Err(e) => errors.push(unreadable(&p, &e)),
             }
         }
-        match Self::from_sources(&files) {
+        match Self::from_sources_with(&files, options.merge_domains) {
             Ok(set) if errors.is_empty() => Ok(set),
             Ok(_) => Err(RuleErrors(errors)),
             Err(RuleErrors(more)) => {
@@ -216,6 +222,16 @@ impl RuleSet {
     /// Parses in-memory files: (file name used in error messages, YAML text). Each file is one
     /// domain; a domain defined by two files is an error.
     pub fn from_sources(files: &[(String, String)]) -> Result<RuleSet, RuleErrors> {
+        Self::from_sources_with(files, false)
+    }
+
+    /// [`RuleSet::from_sources`]; with `merge_domains` (envoyproxy/ratelimit's
+    /// `MERGE_DOMAIN_CONFIG`) a domain defined by several files has the top-level descriptors of
+    /// all of them, in file order; a top-level descriptor defined twice is still an error.
+    pub fn from_sources_with(
+        files: &[(String, String)],
+        merge_domains: bool,
+    ) -> Result<RuleSet, RuleErrors> {
         let mut errors: Vec<RuleError> = Vec::new();
         let mut specs: Vec<(&str, decode::DomainSpec)> = Vec::new();
         let mut seen: HashMap<String, &str> = HashMap::new();
@@ -232,6 +248,37 @@ impl RuleSet {
             } else {
                 decode::decode_file(parsed.root.as_ref(), &mut file_errors)
             };
+            let mut spec = spec;
+            if merge_domains {
+                if let Some(first) = spec.as_ref().and_then(|sp| seen.get(&sp.name)) {
+                    let first: &str = first;
+                    let extra = spec.take().map(|sp| sp.descriptors).unwrap_or_default();
+                    let target = specs
+                        .iter_mut()
+                        .find(|(f, _)| *f == first)
+                        .map(|(_, sp)| sp);
+                    if let Some(target) = target {
+                        for mut d in extra {
+                            let dup = target
+                                .descriptors
+                                .iter()
+                                .any(|o| o.key == d.key && o.value == d.value);
+                            if dup {
+                                file_errors.push((
+                                    d.pos,
+                                    format!(
+                                        "duplicate descriptor: key `{}` already defined at the top level of domain `{}` in {first}",
+                                        d.key, target.name
+                                    ),
+                                ));
+                            } else {
+                                d.file = Some(file.clone());
+                                target.descriptors.push(d);
+                            }
+                        }
+                    }
+                }
+            }
             if let Some(spec) = &spec {
                 if let Some(first) = seen.get(&spec.name) {
                     file_errors.push((
@@ -345,12 +392,36 @@ impl RuleSet {
 /// directory, else its visible `*.yaml` / `*.yml` entries that are not directories, unreadable
 /// ones (dangling symlinks, permission denied) included. Empty when the path cannot be read.
 pub fn rule_files(path: &Path) -> Vec<PathBuf> {
-    list(path).map(|(paths, _)| paths).unwrap_or_default()
+    rule_files_with(path, LoadOptions::default())
+}
+
+/// [`rule_files`] with the directory listed as `options` say.
+pub fn rule_files_with(path: &Path, options: LoadOptions) -> Vec<PathBuf> {
+    list(path, options)
+        .map(|(paths, _)| paths)
+        .unwrap_or_default()
+}
+
+/// How a rules path is read: which entries of a directory are rule files, and whether files may
+/// share a domain. The default is tollgate's: visible
+/// `*.yaml` / `*.yml` files. envoyproxy/ratelimit's runtime folder reads every file whatever
+/// its extension, dot files too unless told to ignore them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LoadOptions {
+    /// Every file is a rule file, whatever its extension (else only `*.yaml` / `*.yml`).
+    pub any_extension: bool,
+    /// Entries whose name starts with `.` are read too (else skipped).
+    pub dotfiles: bool,
+    /// Several files may define one domain: their top-level descriptors are merged
+    /// ([`RuleSet::from_sources_with`]); else that is an error.
+    pub merge_domains: bool,
+    /// Files in subdirectories (real ones, not symlinks) are rule files too.
+    pub recursive: bool,
 }
 
 /// [`rule_files`] and the problems met while listing (an entry that cannot be examined is
 /// listed: reading it reports why); `Err` when `path` itself cannot be read.
-fn list(path: &Path) -> Result<(Vec<PathBuf>, Vec<RuleError>), RuleError> {
+fn list(path: &Path, options: LoadOptions) -> Result<(Vec<PathBuf>, Vec<RuleError>), RuleError> {
     let shown = path.display().to_string();
     let meta = std::fs::metadata(path).map_err(|e| {
         RuleError::new(
@@ -367,6 +438,26 @@ fn list(path: &Path) -> Result<(Vec<PathBuf>, Vec<RuleError>), RuleError> {
         .map_err(|e| RuleError::new(&shown, 0, 0, format!("cannot read rules directory: {e}")))?;
     let mut paths = Vec::new();
     let mut errors = Vec::new();
+    list_dir(path, entries, options, 0, &mut paths, &mut errors);
+    paths.sort();
+    errors.sort_by(|a, b| a.file.cmp(&b.file));
+    Ok((paths, errors))
+}
+
+/// Deepest subdirectory [`LoadOptions::recursive`] reads.
+const MAX_SUBDIRECTORY_DEPTH: usize = 16;
+
+/// The rule files among `entries` (of the directory `dir`, `depth` levels below the rules path)
+/// into `paths`, the problems into `errors`.
+fn list_dir(
+    dir: &Path,
+    entries: std::fs::ReadDir,
+    options: LoadOptions,
+    depth: usize,
+    paths: &mut Vec<PathBuf>,
+    errors: &mut Vec<RuleError>,
+) {
+    let shown = dir.display().to_string();
     for entry in entries {
         let entry = match entry {
             Ok(e) => e,
@@ -382,14 +473,30 @@ fn list(path: &Path) -> Result<(Vec<PathBuf>, Vec<RuleError>), RuleError> {
         };
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        if name.starts_with('.') || !(name.ends_with(".yaml") || name.ends_with(".yml")) {
+        let hidden = name.starts_with('.') && !options.dotfiles;
+        let yaml = name.ends_with(".yaml") || name.ends_with(".yml");
+        if hidden || !(yaml || options.any_extension) {
             continue;
         }
         let p = entry.path();
         // Follows symlinks. A directory named *.yaml is not a rule file; an entry that cannot be
         // examined is listed, so that losing a file is never mistaken for removing it.
         match std::fs::metadata(&p) {
-            Ok(m) if m.is_dir() => {}
+            // envoy's runtime loader walks real subdirectories, not symlinked ones.
+            Ok(m) if m.is_dir() => {
+                let real_dir = std::fs::symlink_metadata(&p).is_ok_and(|l| l.is_dir());
+                if options.recursive && real_dir && depth < MAX_SUBDIRECTORY_DEPTH {
+                    match std::fs::read_dir(&p) {
+                        Ok(sub) => list_dir(&p, sub, options, depth + 1, paths, errors),
+                        Err(e) => errors.push(RuleError::new(
+                            p.display().to_string(),
+                            0,
+                            0,
+                            format!("cannot read rules directory: {e}"),
+                        )),
+                    }
+                }
+            }
             Ok(m) if m.is_file() => paths.push(p),
             Ok(_) => {
                 errors.push(RuleError::new(
@@ -403,9 +510,6 @@ fn list(path: &Path) -> Result<(Vec<PathBuf>, Vec<RuleError>), RuleError> {
             Err(_) => paths.push(p),
         }
     }
-    paths.sort();
-    errors.sort_by(|a, b| a.file.cmp(&b.file));
-    Ok((paths, errors))
 }
 
 /// The error for a rule file that cannot be read, naming a dangling symlink's target.
@@ -643,6 +747,33 @@ descriptors:
         assert_eq!(
             e[2].to_string(),
             "t.yaml:7:5: unknown field `bogus` in a descriptor (allowed: key, value, rate_limit, descriptors, shadow_mode, detailed_metric, value_to_metric, share_threshold, quota_mode, metadata, message)"
+        );
+    }
+
+    #[test]
+    fn merged_domain_across_files() {
+        let a = (
+            "a.yaml".to_string(),
+            "domain: x\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n".to_string(),
+        );
+        let b = (
+            "b.yaml".to_string(),
+            "domain: x\ndescriptors:\n  - key: j\n    rate_limit: {unit: minute, requests_per_unit: 2}\n".to_string(),
+        );
+        let set = RuleSet::from_sources_with(&[a.clone(), b], true).expect("merged");
+        assert_eq!(set.domains().count(), 1);
+        for (key, file) in [("k", "a.yaml"), ("j", "b.yaml")] {
+            match set.resolve("x", &[(key, "v")]) {
+                Resolution::Limited { limit, .. } => assert_eq!(limit.file, file),
+                _ => panic!("{key} not limited"),
+            }
+        }
+        // A top-level descriptor defined in both files is still an error, naming both.
+        let c = ("c.yaml".to_string(), a.1.clone());
+        let e = RuleSet::from_sources_with(&[a, c], true).expect_err("duplicate");
+        assert_eq!(
+            e.to_string(),
+            "c.yaml:3:5: duplicate descriptor: key `k` already defined at the top level of domain `x` in a.yaml"
         );
     }
 

@@ -83,6 +83,7 @@ impl Tree {
     ) -> Level {
         let mut level = Level::default();
         for d in descriptors {
+            let file = d.file.as_deref().unwrap_or(file);
             let wildcard = d.value.as_deref().is_some_and(|v| v.contains('*'));
             path.push(StatsLevel {
                 key: d.key.clone(),

@@ -1,0 +1,835 @@
+//! `tollgate serve --profile envoy`: envoyproxy/ratelimit's environment variables as tollgate's
+//! settings, so its container can be swapped for tollgate's without touching the deployment.
+//!
+//! This is only a translation layer: [`translate`] takes the environment as a map (tests pass a
+//! table; the binary passes `std::env::vars()`) and a base [`ServeConfig`] (tollgate's own flags,
+//! for what envoy has no variable for), and gives back the `ServeConfig` the variables mean, the
+//! log settings, and the profile-only behaviour ([`EnvoyMode`], held in the state: global shadow
+//! and quota mode, envoy's rate-limit headers, `/healthcheck`, the `ratelimit` health service).
+//! Without the profile none of that is on, so tollgate's defaults do not move.
+//!
+//! Every variable envoyproxy/ratelimit defines is in [`VARIABLES`] with what tollgate does with
+//! it. A variable that is set but unsupported, or that looks like one of envoy's (same prefix) but
+//! is not one, gives one warning ([`Translation::warnings`], logged once at start-up): a setting
+//! is never silently ignored. A setting that cannot be honoured without changing what clients
+//! see (the memcache backend, rules from xDS, TLS without its files) or a value that cannot be
+//! read stops the start with a [`ProfileError`] naming the variable.
+//!
+//! Variables marked [`Support::Elsewhere`] belong to the store, statistics and fixed-window
+//! settings, which [`translate`] hands to [`crate::envoy_redis`] and [`crate::envoy_stats`].
+
+use crate::serve::ServeConfig;
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::time::Duration;
+use tollgate_core::rules::LoadOptions;
+use tracing::level_filters::LevelFilter;
+
+/// The name of the profile (`--profile envoy`).
+pub const ENVOY: &str = "envoy";
+
+/// The gRPC health service name envoyproxy/ratelimit reports (besides `""`).
+pub const HEALTH_SERVICE: &str = "ratelimit";
+
+/// Behaviour switched on by the envoy profile, held in the service state.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct EnvoyMode {
+    /// `SHADOW_MODE`: an OVER_LIMIT overall code becomes OK (descriptor statuses keep their
+    /// codes), counted in `tollgate_global_shadow_mode_total`.
+    pub shadow_mode: bool,
+    /// `QUOTA_MODE`: every descriptor is in quota mode (the request is over only when all
+    /// quota descriptors are).
+    pub quota_mode: bool,
+    /// `LIMIT_RESPONSE_HEADERS_ENABLED`: the three headers' names, or `None` for no headers.
+    pub headers: Option<HeaderNames>,
+    /// `RESPONSE_DYNAMIC_METADATA`.
+    pub dynamic_metadata: bool,
+    /// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`: unhealthy while no domain is loaded.
+    pub healthy_needs_config: bool,
+    /// `FORCE_START_WITHOUT_INITIAL_CONFIG`: start with no rules when they cannot be loaded.
+    pub force_start: bool,
+}
+
+/// Names of envoy's rate-limit response headers (`LIMIT_*_HEADER`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderNames {
+    /// `LIMIT_LIMIT_HEADER` (default `RateLimit-Limit`).
+    pub limit: String,
+    /// `LIMIT_REMAINING_HEADER` (default `RateLimit-Remaining`).
+    pub remaining: String,
+    /// `LIMIT_RESET_HEADER` (default `RateLimit-Reset`).
+    pub reset: String,
+}
+
+/// What the environment means for `tollgate serve`.
+#[derive(Debug, Clone)]
+pub struct Translation {
+    /// The service settings (with `envoy` set).
+    pub config: ServeConfig,
+    /// `LOG_LEVEL` (default `WARN`).
+    pub log_level: LevelFilter,
+    /// `LOG_FORMAT=json`.
+    pub log_json: bool,
+    /// One line per variable set but not honoured (unsupported, or unknown with an envoy
+    /// prefix), to log as WARN once the logger is up.
+    pub warnings: Vec<String>,
+}
+
+/// A variable whose value cannot be honoured.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{name}={value}: {reason}")]
+pub struct ProfileError {
+    /// The variable.
+    pub name: String,
+    /// Its value (never a secret: secret variables are not reported with their value).
+    pub value: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// What tollgate does with one of envoy's variables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Support {
+    /// Read by [`translate`].
+    Applied,
+    /// Read elsewhere (store and statistics settings, applied where those are built).
+    Elsewhere,
+    /// Not supported: a WARN when set.
+    Unsupported(&'static str),
+}
+
+use Support::{Applied, Elsewhere, Unsupported};
+
+const NO_DEBUG: &str =
+    "tollgate has no debug listener; /v1/rules and /metrics are on the main HTTP port";
+const NO_DOGSTATSD: &str = "DogStatsD is not supported";
+const NO_XDS: &str = "rules come from RUNTIME_* files only";
+const NO_TRACING: &str = "tollgate has no OpenTelemetry tracing; use RUST_LOG for request logs";
+const NO_MEMCACHE: &str = "the memcache backend is not supported";
+const NO_REDIS_TUNING: &str = "tollgate's Redis client has no such setting";
+const FIXED: &str = "fixed in tollgate";
+
+/// Every variable of envoyproxy/ratelimit's settings, and what tollgate does with it.
+pub const VARIABLES: &[(&str, Support)] = &[
+    ("HOST", Applied),
+    ("PORT", Applied),
+    ("DEBUG_HOST", Unsupported(NO_DEBUG)),
+    ("DEBUG_PORT", Unsupported(NO_DEBUG)),
+    ("GRPC_UDS", Applied),
+    ("GRPC_HOST", Applied),
+    ("GRPC_PORT", Applied),
+    ("GRPC_MAX_CONNECTION_AGE", Applied),
+    ("GRPC_MAX_CONNECTION_AGE_GRACE", Applied),
+    ("GRPC_SERVER_USE_TLS", Applied),
+    ("GRPC_SERVER_TLS_CERT", Applied),
+    ("GRPC_SERVER_TLS_KEY", Applied),
+    ("GRPC_CLIENT_TLS_CACERT", Applied),
+    ("GRPC_CLIENT_TLS_SAN", Applied),
+    ("LOG_LEVEL", Applied),
+    ("LOG_FORMAT", Applied),
+    ("CONFIG_TYPE", Applied),
+    ("FORCE_START_WITHOUT_INITIAL_CONFIG", Applied),
+    ("CONFIG_GRPC_XDS_NODE_ID", Unsupported(NO_XDS)),
+    ("CONFIG_GRPC_XDS_NODE_METADATA", Unsupported(NO_XDS)),
+    ("CONFIG_GRPC_XDS_SERVER_URL", Unsupported(NO_XDS)),
+    (
+        "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+        Unsupported(NO_XDS),
+    ),
+    (
+        "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+        Unsupported(NO_XDS),
+    ),
+    ("CONFIG_GRPC_XDS_SERVER_USE_TLS", Unsupported(NO_XDS)),
+    ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", Unsupported(NO_XDS)),
+    ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", Unsupported(NO_XDS)),
+    ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", Unsupported(NO_XDS)),
+    ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", Unsupported(NO_XDS)),
+    ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", Unsupported(NO_XDS)),
+    ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", Unsupported(NO_XDS)),
+    ("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", Unsupported(NO_XDS)),
+    ("XDS_CLIENT_BACKOFF_JITTER", Unsupported(NO_XDS)),
+    ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", Unsupported(NO_XDS)),
+    ("USE_DOG_STATSD", Unsupported(NO_DOGSTATSD)),
+    ("USE_DOG_STATSD_MOGRIFIERS", Unsupported(NO_DOGSTATSD)),
+    // Statistics variables, read by `envoy_stats::stats_from_env`.
+    ("USE_STATSD", Elsewhere),
+    ("STATSD_HOST", Elsewhere),
+    ("STATSD_PORT", Elsewhere),
+    ("EXTRA_TAGS", Elsewhere),
+    ("STATS_FLUSH_INTERVAL", Elsewhere),
+    ("DISABLE_STATS", Elsewhere),
+    ("USE_PROMETHEUS", Elsewhere),
+    ("PROMETHEUS_ADDR", Elsewhere),
+    ("PROMETHEUS_PATH", Elsewhere),
+    ("PROMETHEUS_MAPPER_YAML", Elsewhere),
+    ("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", Elsewhere),
+    ("NEAR_LIMIT_RATIO", Elsewhere),
+    ("RUNTIME_ROOT", Applied),
+    ("RUNTIME_SUBDIRECTORY", Applied),
+    ("RUNTIME_APPDIRECTORY", Applied),
+    ("RUNTIME_IGNOREDOTFILES", Applied),
+    ("RUNTIME_WATCH_ROOT", Applied),
+    // The fixed-window counters and envoy's Redis key layout.
+    ("EXPIRATION_JITTER_MAX_SECONDS", Elsewhere),
+    ("CACHE_KEY_PREFIX", Elsewhere),
+    ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", Elsewhere),
+    ("LOCAL_CACHE_SIZE_IN_BYTES", Elsewhere),
+    ("BACKEND_TYPE", Applied),
+    ("LIMIT_RESPONSE_HEADERS_ENABLED", Applied),
+    ("LIMIT_LIMIT_HEADER", Applied),
+    ("LIMIT_REMAINING_HEADER", Applied),
+    ("LIMIT_RESET_HEADER", Applied),
+    ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", Applied),
+    // The Redis variables, turned into store settings by `envoy_redis::redis_from_env`.
+    ("REDIS_SOCKET_TYPE", Elsewhere),
+    ("REDIS_TYPE", Elsewhere),
+    ("REDIS_URL", Elsewhere),
+    ("REDIS_POOL_SIZE", Elsewhere),
+    ("REDIS_AUTH", Elsewhere),
+    ("REDIS_TLS", Elsewhere),
+    ("REDIS_TLS_CLIENT_CERT", Elsewhere),
+    ("REDIS_TLS_CLIENT_KEY", Elsewhere),
+    ("REDIS_TLS_CACERT", Elsewhere),
+    ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", Elsewhere),
+    ("REDIS_PIPELINE_WINDOW", Unsupported(NO_REDIS_TUNING)),
+    ("REDIS_PIPELINE_LIMIT", Unsupported(NO_REDIS_TUNING)),
+    (
+        "REDIS_CLUSTER_PIPELINE_PARALLELISM",
+        Unsupported(NO_REDIS_TUNING),
+    ),
+    ("REDIS_PERSECOND", Elsewhere),
+    ("REDIS_PERSECOND_SOCKET_TYPE", Elsewhere),
+    ("REDIS_PERSECOND_TYPE", Elsewhere),
+    ("REDIS_PERSECOND_URL", Elsewhere),
+    ("REDIS_PERSECOND_POOL_SIZE", Elsewhere),
+    ("REDIS_PERSECOND_AUTH", Elsewhere),
+    ("REDIS_PERSECOND_TLS", Elsewhere),
+    ("REDIS_SENTINEL_AUTH", Elsewhere),
+    ("REDIS_PERSECOND_SENTINEL_AUTH", Elsewhere),
+    (
+        "REDIS_PERSECOND_PIPELINE_WINDOW",
+        Unsupported(NO_REDIS_TUNING),
+    ),
+    (
+        "REDIS_PERSECOND_PIPELINE_LIMIT",
+        Unsupported(NO_REDIS_TUNING),
+    ),
+    (
+        "REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM",
+        Unsupported(NO_REDIS_TUNING),
+    ),
+    (
+        "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+        Unsupported(NO_REDIS_TUNING),
+    ),
+    ("REDIS_TIMEOUT", Elsewhere),
+    ("REDIS_PERSECOND_TIMEOUT", Elsewhere),
+    ("REDIS_POOL_ON_EMPTY_BEHAVIOR", Unsupported(NO_REDIS_TUNING)),
+    (
+        "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR",
+        Unsupported(NO_REDIS_TUNING),
+    ),
+    (
+        "REDIS_STARTUP_INITIAL_INTERVAL",
+        Unsupported(NO_REDIS_TUNING),
+    ),
+    ("REDIS_STARTUP_MAX_INTERVAL", Unsupported(NO_REDIS_TUNING)),
+    (
+        "REDIS_STARTUP_MAX_ELAPSED_TIME",
+        Unsupported(NO_REDIS_TUNING),
+    ),
+    ("MEMCACHE_HOST_PORT", Unsupported(NO_MEMCACHE)),
+    ("MEMCACHE_MAX_IDLE_CONNS", Unsupported(NO_MEMCACHE)),
+    ("MEMCACHE_SRV", Unsupported(NO_MEMCACHE)),
+    ("MEMCACHE_SRV_REFRESH", Unsupported(NO_MEMCACHE)),
+    ("MEMCACHE_TLS", Unsupported(NO_MEMCACHE)),
+    ("MEMCACHE_TLS_CLIENT_CERT", Unsupported(NO_MEMCACHE)),
+    ("MEMCACHE_TLS_CLIENT_KEY", Unsupported(NO_MEMCACHE)),
+    ("MEMCACHE_TLS_CACERT", Unsupported(NO_MEMCACHE)),
+    (
+        "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION",
+        Unsupported(NO_MEMCACHE),
+    ),
+    ("SHADOW_MODE", Applied),
+    ("QUOTA_MODE", Applied),
+    ("RESPONSE_DYNAMIC_METADATA", Applied),
+    ("MERGE_DOMAIN_CONFIG", Applied),
+    ("TRACING_ENABLED", Unsupported(NO_TRACING)),
+    ("TRACING_SERVICE_NAME", Unsupported(NO_TRACING)),
+    ("TRACING_SERVICE_NAMESPACE", Unsupported(NO_TRACING)),
+    ("TRACING_SERVICE_INSTANCE_ID", Unsupported(NO_TRACING)),
+    ("TRACING_EXPORTER_PROTOCOL", Unsupported(NO_TRACING)),
+    ("TRACING_SAMPLING_RATE", Unsupported(NO_TRACING)),
+    ("GOMAXPROCS", Unsupported(FIXED)),
+];
+
+/// Prefixes of envoy's variables: a set variable with one of these that is not in
+/// [`VARIABLES`] is most likely a typo or a newer envoy setting, and is warned about.
+const PREFIXES: &[&str] = &[
+    "GRPC_",
+    "RUNTIME_",
+    "REDIS_",
+    "MEMCACHE_",
+    "LIMIT_",
+    "STATSD_",
+    "PROMETHEUS_",
+    "TRACING_",
+    "CONFIG_GRPC_XDS_",
+    "XDS_CLIENT_",
+    "USE_DOG_STATSD",
+    "DEBUG_",
+];
+
+/// Variables whose value is a secret: never echoed in an error.
+const SECRETS: &[&str] = &[
+    "REDIS_AUTH",
+    "REDIS_PERSECOND_AUTH",
+    "REDIS_SENTINEL_AUTH",
+    "REDIS_PERSECOND_SENTINEL_AUTH",
+];
+
+/// The environment, read with envoy's defaults.
+struct Env<'a> {
+    vars: &'a BTreeMap<String, String>,
+}
+
+impl Env<'_> {
+    /// The value of `name`; unset or empty is `None` (then the default applies).
+    fn get(&self, name: &str) -> Option<&str> {
+        self.vars
+            .get(name)
+            .map(|v| v.trim())
+            .filter(|v| !v.is_empty())
+    }
+
+    fn str_or(&self, name: &str, default: &str) -> String {
+        self.get(name).unwrap_or(default).to_owned()
+    }
+
+    fn error(&self, name: &str, reason: impl Into<String>) -> ProfileError {
+        let value = if SECRETS.contains(&name) {
+            "<redacted>".to_owned()
+        } else {
+            self.get(name).unwrap_or_default().to_owned()
+        };
+        ProfileError {
+            name: name.to_owned(),
+            value,
+            reason: reason.into(),
+        }
+    }
+
+    /// A boolean as Go's `strconv.ParseBool` reads it.
+    fn bool_or(&self, name: &str, default: bool) -> Result<bool, ProfileError> {
+        match self.get(name) {
+            None => Ok(default),
+            Some("1" | "t" | "T" | "true" | "TRUE" | "True") => Ok(true),
+            Some("0" | "f" | "F" | "false" | "FALSE" | "False") => Ok(false),
+            Some(_) => Err(self.error(name, "expected a boolean (true, false, 1, 0, t, f)")),
+        }
+    }
+
+    fn port_or(&self, name: &str, default: u16) -> Result<u16, ProfileError> {
+        match self.get(name) {
+            None => Ok(default),
+            Some(v) => v
+                .parse()
+                .map_err(|_| self.error(name, "expected a port number (0 to 65535)")),
+        }
+    }
+
+    fn duration_or(&self, name: &str, default: Duration) -> Result<Duration, ProfileError> {
+        match self.get(name) {
+            None => Ok(default),
+            Some(v) => go_duration(v).ok_or_else(|| {
+                self.error(
+                    name,
+                    "expected a Go duration such as 24h, 90m, 1h30m or 500ms",
+                )
+            }),
+        }
+    }
+
+    /// `host:port` (a name is resolved now, as envoy's listener does when it binds).
+    fn addr(&self, host: &str, port: &str, default_port: u16) -> Result<SocketAddr, ProfileError> {
+        let h = self.str_or(host, "0.0.0.0");
+        let p = self.port_or(port, default_port)?;
+        let h = h.trim_start_matches('[').trim_end_matches(']');
+        (h, p)
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut a| a.next())
+            .ok_or_else(|| self.error(host, "not an IP address or a resolvable host name"))
+    }
+}
+
+/// A Go `time.Duration` string: `0`, or a sequence of decimal numbers with units `ns`, `us`
+/// (`µs`), `ms`, `s`, `m`, `h` (`1h30m`, `1.5h`, `300ms`). Negative durations are refused.
+pub fn go_duration(text: &str) -> Option<Duration> {
+    let mut rest = text.strip_prefix('+').unwrap_or(text);
+    if rest == "0" {
+        return Some(Duration::ZERO);
+    }
+    if rest.is_empty() {
+        return None;
+    }
+    let mut total = 0f64;
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let (num, tail) = rest.split_at(num_len);
+        let value: f64 = num.parse().ok()?;
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(unit_len);
+        let nanos = match unit {
+            "ns" => 1.0,
+            "us" | "µs" | "μs" => 1e3,
+            "ms" => 1e6,
+            "s" => 1e9,
+            "m" => 60e9,
+            "h" => 3600e9,
+            _ => return None,
+        };
+        total += value * nanos;
+        rest = tail;
+    }
+    (total.is_finite() && total < u64::MAX as f64).then(|| Duration::from_nanos(total as u64))
+}
+
+/// The level of a logrus level name (`LOG_LEVEL`, case-insensitive): `panic` and `fatal` log
+/// errors only, as tollgate has no level above ERROR.
+fn log_level(env: &Env<'_>) -> Result<LevelFilter, ProfileError> {
+    let v = env.str_or("LOG_LEVEL", "WARN").to_ascii_lowercase();
+    Ok(match v.as_str() {
+        "panic" | "fatal" | "error" => LevelFilter::ERROR,
+        "warn" | "warning" => LevelFilter::WARN,
+        "info" => LevelFilter::INFO,
+        "debug" => LevelFilter::DEBUG,
+        "trace" => LevelFilter::TRACE,
+        _ => {
+            return Err(env.error(
+                "LOG_LEVEL",
+                "expected panic, fatal, error, warn, info, debug or trace",
+            ))
+        }
+    })
+}
+
+/// The rules directory of envoy's runtime layout: `RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/
+/// RUNTIME_APPDIRECTORY`. Every file in it and its subdirectories is a rule file whatever its
+/// extension, dot files too unless `RUNTIME_IGNOREDOTFILES`.
+fn runtime(env: &Env<'_>) -> Result<(PathBuf, LoadOptions), ProfileError> {
+    let root = env.str_or("RUNTIME_ROOT", "/srv/runtime_data/current");
+    let sub = env.str_or("RUNTIME_SUBDIRECTORY", "");
+    let app = env.str_or("RUNTIME_APPDIRECTORY", "config");
+    // RUNTIME_WATCH_ROOT only chooses what envoy's loader watches (the root, for its symlink
+    // swap, or the app directory): tollgate's reload polls the contents through the path, which
+    // sees both, so either value behaves the same. Read for its validity only.
+    env.bool_or("RUNTIME_WATCH_ROOT", true)?;
+    let dotfiles = !env.bool_or("RUNTIME_IGNOREDOTFILES", false)?;
+    let mut path = PathBuf::from(root);
+    if !sub.is_empty() {
+        path.push(sub);
+    }
+    path.push(app);
+    Ok((
+        path,
+        LoadOptions {
+            any_extension: true,
+            dotfiles,
+            merge_domains: false,
+            recursive: true,
+        },
+    ))
+}
+
+/// Translate envoyproxy/ratelimit's environment into tollgate's settings, on top of `base`
+/// (tollgate's own flags, for what envoy has no variable for).
+pub fn translate(
+    vars: &BTreeMap<String, String>,
+    base: ServeConfig,
+) -> Result<Translation, ProfileError> {
+    let env = Env { vars };
+    let mut config = base;
+    // The statistics and Redis translations take the environment as a `HashMap`.
+    let map: std::collections::HashMap<String, String> =
+        vars.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let mut warnings = Vec::new();
+
+    for (name, value) in vars {
+        if value.trim().is_empty() {
+            continue;
+        }
+        match VARIABLES.iter().find(|(n, _)| n == name) {
+            Some((_, Unsupported(why))) => warnings.push(format!(
+                "{name} is set but not supported by tollgate's envoy profile ({why}); ignored"
+            )),
+            Some(_) => {}
+            None if PREFIXES.iter().any(|p| name.starts_with(p)) => warnings.push(format!(
+                "{name} is set but is not an envoyproxy/ratelimit setting tollgate knows; ignored"
+            )),
+            None => {}
+        }
+    }
+
+    // Listeners.
+    config.http_addr = Some(env.addr("HOST", "PORT", 8080)?);
+    config.grpc_addr = Some(env.addr("GRPC_HOST", "GRPC_PORT", 8081)?);
+    // As envoy: a socket path replaces the gRPC host and port.
+    config.grpc_uds = env.get("GRPC_UDS").map(PathBuf::from);
+    config.grpc_limits.max_connection_age =
+        env.duration_or("GRPC_MAX_CONNECTION_AGE", Duration::from_secs(24 * 3600))?;
+    config.grpc_limits.max_connection_age_grace =
+        env.duration_or("GRPC_MAX_CONNECTION_AGE_GRACE", Duration::from_secs(3600))?;
+    if env.bool_or("GRPC_SERVER_USE_TLS", false)? {
+        let (Some(cert), Some(key)) = (
+            env.get("GRPC_SERVER_TLS_CERT"),
+            env.get("GRPC_SERVER_TLS_KEY"),
+        ) else {
+            return Err(env.error(
+                "GRPC_SERVER_USE_TLS",
+                "needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY",
+            ));
+        };
+        config.grpc_tls = Some(crate::grpc::GrpcTls {
+            cert: cert.into(),
+            key: key.into(),
+            client_ca: env.get("GRPC_CLIENT_TLS_CACERT").map(PathBuf::from),
+        });
+        if env.get("GRPC_CLIENT_TLS_SAN").is_some() {
+            warnings.push(
+                "GRPC_CLIENT_TLS_SAN is set but not supported: client certificates are verified \
+                 against GRPC_CLIENT_TLS_CACERT only, whatever their SAN"
+                    .to_owned(),
+            );
+        }
+    } else {
+        for name in [
+            "GRPC_SERVER_TLS_CERT",
+            "GRPC_SERVER_TLS_KEY",
+            "GRPC_CLIENT_TLS_CACERT",
+            "GRPC_CLIENT_TLS_SAN",
+        ] {
+            if env.get(name).is_some() {
+                warnings.push(format!(
+                    "{name} is set but GRPC_SERVER_USE_TLS is not: ignored, as envoyproxy/ratelimit does"
+                ));
+            }
+        }
+    }
+
+    // Logs.
+    let log_level = log_level(&env)?;
+    let log_json = env
+        .str_or("LOG_FORMAT", "text")
+        .eq_ignore_ascii_case("json");
+
+    // Rules.
+    match env.str_or("CONFIG_TYPE", "FILE").as_str() {
+        "FILE" => {}
+        "GRPC_XDS_SOTW" => {
+            return Err(env.error(
+                "CONFIG_TYPE",
+                "rules from an xDS server are not supported; use FILE",
+            ))
+        }
+        _ => return Err(env.error("CONFIG_TYPE", "expected FILE")),
+    }
+    let (rules, mut listing) = runtime(&env)?;
+    listing.merge_domains = env.bool_or("MERGE_DOMAIN_CONFIG", false)?;
+    config.rules = rules;
+    config.rule_listing = listing;
+
+    // Store.
+    match env
+        .str_or("BACKEND_TYPE", "redis")
+        .to_ascii_lowercase()
+        .as_str()
+    {
+        // REDIS_* -> the store URL and its settings. With none of its variables set the store
+        // stays tollgate's --store (TOLLGATE_STORE, default memory), where envoyproxy/ratelimit
+        // would try its default socket /var/run/nutcracker/ratelimit.sock.
+        "redis" if crate::envoy_redis::known_variables().any(|k| vars.contains_key(k)) => {
+            let redis = crate::envoy_redis::redis_from_env(&map)
+                .map_err(|e| env.error(&e.var, e.reason))?;
+            redis.apply_to(&mut config);
+            warnings.extend(
+                redis
+                    .warnings
+                    .iter()
+                    .map(|(var, why)| format!("{var}: {why}")),
+            );
+        }
+        "redis" => {}
+        "memcache" => {
+            return Err(env.error(
+                "BACKEND_TYPE",
+                "the memcache backend is not supported; use BACKEND_TYPE=redis",
+            ))
+        }
+        _ => return Err(env.error("BACKEND_TYPE", "expected redis")),
+    }
+    // Counting as envoyproxy/ratelimit counts: its fixed windows for rules that name no
+    // algorithm, denied hits counted unless STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT, and on a
+    // standalone Redis its key layout, so that its pods and tollgate's share counters.
+    config.default_algorithm = Some(tollgate_core::Algorithm::EnvoyFixedWindow);
+    config.count_denied_hits = !env.bool_or("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", false)?;
+    if config.store.contains("+cluster") {
+        // envoy's keys carry no hash tag: a multi-key script cannot run on a cluster.
+        if vars.contains_key("CACHE_KEY_PREFIX") {
+            warnings.push(
+                "CACHE_KEY_PREFIX: on a Redis Cluster tollgate keeps its own key layout, so \
+                 counters are not shared with envoyproxy/ratelimit pods"
+                    .to_owned(),
+            );
+        }
+    } else {
+        config.redis_key_layout = tollgate_redis::KeyLayout::Envoy;
+        config.redis_prefix = env.str_or("CACHE_KEY_PREFIX", "");
+        let jitter = env.str_or("EXPIRATION_JITTER_MAX_SECONDS", "300");
+        config.redis_expiration_jitter = Duration::from_secs(jitter.parse().map_err(|_| {
+            env.error(
+                "EXPIRATION_JITTER_MAX_SECONDS",
+                "expected a whole number of seconds",
+            )
+        })?);
+    }
+    // Statistics: envoy's stat names on statsd (default) or a Prometheus page.
+    config.envoy_stats =
+        crate::envoy_stats::stats_from_env(&map).map_err(|e| env.error(&e.var, e.reason))?;
+    config.near_limit_ratio = crate::envoy_stats::near_limit_ratio_from_env(&map)
+        .map_err(|e| env.error(&e.var, e.reason))?;
+
+    // Service behaviour.
+    let headers = env
+        .bool_or("LIMIT_RESPONSE_HEADERS_ENABLED", false)?
+        .then(|| HeaderNames {
+            limit: env.str_or("LIMIT_LIMIT_HEADER", "RateLimit-Limit"),
+            remaining: env.str_or("LIMIT_REMAINING_HEADER", "RateLimit-Remaining"),
+            reset: env.str_or("LIMIT_RESET_HEADER", "RateLimit-Reset"),
+        });
+    config.envoy = Some(EnvoyMode {
+        shadow_mode: env.bool_or("SHADOW_MODE", false)?,
+        quota_mode: env.bool_or("QUOTA_MODE", false)?,
+        headers,
+        dynamic_metadata: env.bool_or("RESPONSE_DYNAMIC_METADATA", false)?,
+        healthy_needs_config: env.bool_or("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", false)?,
+        force_start: env.bool_or("FORCE_START_WITHOUT_INITIAL_CONFIG", false)?,
+    });
+    Ok(Translation {
+        config,
+        log_level,
+        log_json,
+        warnings,
+    })
+}
+
+/// Seconds until the end of the current epoch-aligned window of `unit`, as envoyproxy/ratelimit
+/// computes its reset header (`divider - now % divider`, months 30 days, years 365).
+pub fn reset_secs(unit: tollgate_core::quota::Unit, now_secs: u64) -> u64 {
+    use tollgate_core::quota::Unit;
+    let divider: u64 = match unit {
+        Unit::Second => 1,
+        Unit::Minute => 60,
+        Unit::Hour => 3600,
+        Unit::Day => 86_400,
+        Unit::Week => 7 * 86_400,
+        Unit::Month => 30 * 86_400,
+        Unit::Year => 365 * 86_400,
+    };
+    divider - now_secs % divider
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    fn tr(pairs: &[(&str, &str)]) -> Translation {
+        translate(&env(pairs), ServeConfig::default()).unwrap()
+    }
+
+    fn err(pairs: &[(&str, &str)]) -> ProfileError {
+        translate(&env(pairs), ServeConfig::default()).unwrap_err()
+    }
+
+    #[test]
+    fn defaults_are_envoys() {
+        let t = tr(&[]);
+        let c = &t.config;
+        assert_eq!(c.http_addr, Some("0.0.0.0:8080".parse().unwrap()));
+        assert_eq!(c.grpc_addr, Some("0.0.0.0:8081".parse().unwrap()));
+        assert_eq!(c.rules, PathBuf::from("/srv/runtime_data/current/config"));
+        assert_eq!(
+            c.rule_listing,
+            LoadOptions {
+                any_extension: true,
+                dotfiles: true,
+                merge_domains: false,
+                recursive: true,
+            }
+        );
+        assert_eq!(
+            c.grpc_limits.max_connection_age,
+            Duration::from_secs(86_400)
+        );
+        assert_eq!(
+            c.grpc_limits.max_connection_age_grace,
+            Duration::from_secs(3600)
+        );
+        assert_eq!(t.log_level, LevelFilter::WARN);
+        assert!(!t.log_json);
+        assert_eq!(c.envoy, Some(EnvoyMode::default()));
+        assert!(t.warnings.is_empty(), "{:?}", t.warnings);
+    }
+
+    #[test]
+    fn variables_to_settings() {
+        let t = tr(&[
+            ("HOST", "127.0.0.1"),
+            ("PORT", "9080"),
+            ("GRPC_HOST", "127.0.0.2"),
+            ("GRPC_PORT", "9081"),
+            ("GRPC_MAX_CONNECTION_AGE", "1h30m"),
+            ("GRPC_MAX_CONNECTION_AGE_GRACE", "90s"),
+            ("LOG_LEVEL", "debug"),
+            ("LOG_FORMAT", "json"),
+            ("RUNTIME_ROOT", "/data"),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("RUNTIME_APPDIRECTORY", "rules"),
+            ("RUNTIME_IGNOREDOTFILES", "true"),
+            ("RUNTIME_WATCH_ROOT", "false"),
+            ("SHADOW_MODE", "1"),
+            ("QUOTA_MODE", "T"),
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ("LIMIT_REMAINING_HEADER", "X-Left"),
+            ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true"),
+            ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+            ("BACKEND_TYPE", "redis"),
+            ("GRPC_UDS", "/run/rl.sock"),
+            ("MERGE_DOMAIN_CONFIG", "true"),
+        ]);
+        let c = &t.config;
+        assert_eq!(c.http_addr, Some("127.0.0.1:9080".parse().unwrap()));
+        assert_eq!(c.grpc_addr, Some("127.0.0.2:9081".parse().unwrap()));
+        assert_eq!(c.grpc_uds, Some(PathBuf::from("/run/rl.sock")));
+        assert_eq!(c.grpc_limits.max_connection_age, Duration::from_secs(5400));
+        assert_eq!(
+            c.grpc_limits.max_connection_age_grace,
+            Duration::from_secs(90)
+        );
+        assert_eq!(t.log_level, LevelFilter::DEBUG);
+        assert!(t.log_json);
+        assert_eq!(c.rules, PathBuf::from("/data/ratelimit/rules"));
+        assert!(!c.rule_listing.dotfiles);
+        assert!(c.rule_listing.merge_domains);
+        assert!(c.rule_listing.any_extension);
+        assert_eq!(
+            c.envoy,
+            Some(EnvoyMode {
+                shadow_mode: true,
+                quota_mode: true,
+                headers: Some(HeaderNames {
+                    limit: "RateLimit-Limit".into(),
+                    remaining: "X-Left".into(),
+                    reset: "RateLimit-Reset".into(),
+                }),
+                dynamic_metadata: false,
+                healthy_needs_config: true,
+                force_start: true,
+            })
+        );
+        assert!(t.warnings.is_empty(), "{:?}", t.warnings);
+    }
+
+    #[test]
+    fn base_settings_envoy_has_no_variable_for_are_kept() {
+        let base = ServeConfig {
+            max_connections: 7,
+            ..ServeConfig::default()
+        };
+        let t = translate(&env(&[]), base).unwrap();
+        assert_eq!(t.config.max_connections, 7);
+    }
+
+    #[test]
+    fn unsupported_and_unknown_variables_warn_once_each() {
+        let t = tr(&[
+            ("DEBUG_PORT", "6070"),
+            ("TRACING_ENABLED", "true"),
+            ("REDIS_URLS", "x"),
+            ("GRPC_PORTT", "1"),
+            ("PATH", "/bin"),
+            ("GRPC_CLIENT_TLS_SAN", "rl.example"),
+        ]);
+        let w = t.warnings.join("\n");
+        for name in [
+            "DEBUG_PORT",
+            "TRACING_ENABLED",
+            "REDIS_URLS",
+            "GRPC_PORTT",
+            "GRPC_CLIENT_TLS_SAN",
+        ] {
+            assert_eq!(
+                t.warnings.iter().filter(|l| l.starts_with(name)).count(),
+                1,
+                "{name}: {w}"
+            );
+        }
+        assert!(!w.contains("PATH"), "{w}");
+    }
+
+    #[test]
+    fn bad_values_are_clear_errors() {
+        assert_eq!(err(&[("PORT", "http")]).name, "PORT");
+        assert_eq!(err(&[("SHADOW_MODE", "yes")]).name, "SHADOW_MODE");
+        assert_eq!(
+            err(&[("GRPC_MAX_CONNECTION_AGE", "1d")]).name,
+            "GRPC_MAX_CONNECTION_AGE"
+        );
+        assert_eq!(err(&[("LOG_LEVEL", "loud")]).name, "LOG_LEVEL");
+        let e = err(&[("BACKEND_TYPE", "memcache")]);
+        assert!(
+            e.to_string().contains("memcache backend is not supported"),
+            "{e}"
+        );
+        assert_eq!(err(&[("CONFIG_TYPE", "GRPC_XDS_SOTW")]).name, "CONFIG_TYPE");
+        assert_eq!(
+            err(&[("GRPC_SERVER_USE_TLS", "true")]).name,
+            "GRPC_SERVER_USE_TLS"
+        );
+    }
+
+    #[test]
+    fn go_durations() {
+        assert_eq!(go_duration("0"), Some(Duration::ZERO));
+        assert_eq!(go_duration("24h"), Some(Duration::from_secs(86_400)));
+        assert_eq!(go_duration("1.5h"), Some(Duration::from_secs(5400)));
+        assert_eq!(go_duration("300ms"), Some(Duration::from_millis(300)));
+        assert_eq!(go_duration("1m30s"), Some(Duration::from_secs(90)));
+        assert_eq!(go_duration("10us"), Some(Duration::from_micros(10)));
+        for bad in ["", "10", "1d", "-1s", "h", "1x"] {
+            assert_eq!(go_duration(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn reset_is_the_end_of_the_epoch_aligned_window() {
+        use tollgate_core::quota::Unit;
+        assert_eq!(reset_secs(Unit::Second, 1_000), 1);
+        assert_eq!(reset_secs(Unit::Minute, 125), 55);
+        assert_eq!(reset_secs(Unit::Hour, 3600), 3600);
+        assert_eq!(reset_secs(Unit::Month, 30 * 86_400 + 10), 30 * 86_400 - 10);
+    }
+}
