@@ -103,7 +103,8 @@ cargo build --workspace --all-targets --locked
 
 phase "tests"
 # Benches are compiled and run once each in test mode (fast) so they cannot rot.
-cargo test --workspace --all-targets --locked
+# --no-fail-fast: one run reports every failing test binary, not only the first.
+cargo test --workspace --all-targets --locked --no-fail-fast
 phase "doc tests"
 cargo test --workspace --doc --locked
 phase "done"
