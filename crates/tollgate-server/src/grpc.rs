@@ -724,19 +724,22 @@ pub async fn serve_on(
     reporter
         .set_service_status(RLS_SERVICE_NAME, ServingStatus::Serving)
         .await;
-    // envoy profile: the `ratelimit` service, healthy as `/healthcheck` is.
-    if state.envoy().is_some() {
-        let status = if state.envoy_healthy() {
-            ServingStatus::Serving
-        } else {
-            ServingStatus::NotServing
-        };
-        reporter.set_service_status(HEALTH_SERVICE, status).await;
-    }
-    let envoy_health = state
-        .envoy()
-        .is_some()
-        .then(|| tokio::spawn(follow_envoy_health(state.clone(), reporter.clone())));
+    // envoy profile: the `ratelimit` service, its status set once here and then only when it
+    // changes (a Watch stream gets one message per change, never the same status twice).
+    let envoy_health = match state.envoy() {
+        Some(_) => {
+            let healthy = state.envoy_healthy();
+            reporter
+                .set_service_status(HEALTH_SERVICE, serving(healthy))
+                .await;
+            Some(tokio::spawn(follow_envoy_health(
+                state.clone(),
+                reporter.clone(),
+                healthy,
+            )))
+        }
+        None => None,
+    };
     let names: &[&str] = if envoy_health.is_some() {
         &["", RLS_SERVICE_NAME, HEALTH_SERVICE]
     } else {
@@ -836,20 +839,29 @@ pub async fn serve_on(
 
 /// Keep the `ratelimit` health service in step with [`AppState::envoy_healthy`] (rules loaded,
 /// shutdown begun), checked every 100 ms until aborted.
-async fn follow_envoy_health(state: AppState, reporter: tonic_health::server::HealthReporter) {
-    let mut last = None;
+async fn follow_envoy_health(
+    state: AppState,
+    reporter: tonic_health::server::HealthReporter,
+    mut last: bool,
+) {
     loop {
-        let healthy = state.envoy_healthy();
-        if last != Some(healthy) {
-            let status = if healthy {
-                ServingStatus::Serving
-            } else {
-                ServingStatus::NotServing
-            };
-            reporter.set_service_status(HEALTH_SERVICE, status).await;
-            last = Some(healthy);
-        }
         tokio::time::sleep(Duration::from_millis(100)).await;
+        let healthy = state.envoy_healthy();
+        if healthy != last {
+            reporter
+                .set_service_status(HEALTH_SERVICE, serving(healthy))
+                .await;
+            last = healthy;
+        }
+    }
+}
+
+/// The health status for `healthy`.
+fn serving(healthy: bool) -> ServingStatus {
+    if healthy {
+        ServingStatus::Serving
+    } else {
+        ServingStatus::NotServing
     }
 }
 
