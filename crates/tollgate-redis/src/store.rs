@@ -479,13 +479,21 @@ impl RedisStore {
     /// What a request needs, without touching a counter: a write with a TTL
     /// (`SET <prefix>:probe 1 PX 10000`). Fails, unlike [`RedisStore::ping`], while Redis
     /// refuses writes (out of memory, read-only replica).
+    ///
+    /// Bounded by the connect timeout, not the per-call one: a probe is not on a request's path,
+    /// and while Redis is down it must wait for the reconnection to say why (connection refused,
+    /// authentication, ...) rather than report a timeout of its own.
     pub async fn probe(&self) -> Result<(), StoreError> {
         let mut cmd = redis::cmd("SET");
         cmd.arg(format!("{}:probe", self.inner.opts.prefix))
             .arg(1)
             .arg("PX")
             .arg(10_000);
-        let r = self.query::<String>(&cmd).await.map(|_| ());
+        let bound = self.inner.opts.timeout.max(self.inner.opts.connect_timeout);
+        let r = self
+            .bounded(bound, self.exec::<String>(&cmd))
+            .await
+            .map(|_| ());
         self.record(r)
     }
 

@@ -406,9 +406,13 @@ impl Guarded {
         if let Err(e) = g.store.probe().await {
             g.count_error(&e, 0);
             if e.kind().is_outage() {
-                // Logged as the store's error (count_error) and as the breaker opening.
-                g.breaker
-                    .transition(BreakerState::Healthy, BreakerState::Open);
+                // Logged as the store's error (count_error); the breaker starts open (it was
+                // never healthy, so this is no transition).
+                g.breaker.state.store(BreakerState::Open as u8, Relaxed);
+                tracing::warn!(
+                    policy = g.settings.policy.as_str(),
+                    "Redis unavailable at start: deciding with the failure policy until it answers"
+                );
             }
         }
         tokio::spawn(probe(Arc::downgrade(&g)));

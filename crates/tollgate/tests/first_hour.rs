@@ -265,3 +265,32 @@ fn loose_ends_of_rules_and_traces() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "");
 }
+
+/// Regression: a Redis that refuses connections was logged at start as "store timed out after
+/// 50 ms" (the probe gave up before the reconnection could say why), then alternated between
+/// timeout and refused every probe, and the breaker "opened from healthy" though it never was.
+#[test]
+fn a_redis_that_refuses_connections_is_named_once_at_start() {
+    let dead = free_port();
+    let store = format!("redis://127.0.0.1:{dead}");
+    let server = Server::launch(
+        &[
+            "serve",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "off",
+            "--store",
+            &store,
+        ],
+        "first-hour-dead-redis",
+    );
+    // Several probe rounds (every 250 ms) while Redis stays down.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let log = server.stderr();
+    assert!(log.contains("connection refused"), "{log}");
+    assert!(log.contains("Redis unavailable at start"), "{log}");
+    assert!(!log.contains("timed out"), "{log}");
+    assert!(!log.contains("from=\"healthy\""), "{log}");
+    assert_eq!(log.matches("Redis store error").count(), 1, "{log}");
+}
