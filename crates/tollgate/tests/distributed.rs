@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::{free_port, http, repo, temp_dir, tollgate, Server};
+use support::{http, serve_store as serve, temp_dir, tollgate, Server};
 use tollgate_core::{Algorithm, Quota, Unit};
 use tollgate_redis::keys::{counter_keys, slot};
 use tollgate_server::client::Method;
@@ -51,26 +51,6 @@ fn rules_dir(name: &str) -> String {
     let dir = temp_dir(name);
     std::fs::write(dir.join("dist.yaml"), rules()).unwrap();
     dir.display().to_string()
-}
-
-/// `tollgate serve` on free loopback ports with `store` and extra flags.
-fn serve(rules: &str, store: &str, extra: &[&str], name: &str) -> Server {
-    let (http, grpc) = (
-        format!("127.0.0.1:{}", free_port()),
-        format!("127.0.0.1:{}", free_port()),
-    );
-    let mut args = vec![
-        "--http-addr",
-        &http,
-        "--grpc-addr",
-        &grpc,
-        "--rules",
-        rules,
-        "--store",
-        store,
-    ];
-    args.extend(extra);
-    Server::start(&args, &repo(), name)
 }
 
 fn body(key: &str, value: &str) -> String {

@@ -63,18 +63,10 @@ fn envoy_counting_and_keys_shared_with_envoy_pods() {
     std::fs::write(dir.join("shared.yaml"), RULES).unwrap();
     let rules = dir.display().to_string();
     let prefix = format!("tgtest-envoycount-{}:", std::process::id());
-    let http_addr = format!("127.0.0.1:{}", free_port());
-    let grpc_addr = format!("127.0.0.1:{}", free_port());
-    let server = Server::start(
+    let server = serve_store(
+        &rules,
+        REDIS,
         &[
-            "--http-addr",
-            &http_addr,
-            "--grpc-addr",
-            &grpc_addr,
-            "--rules",
-            &rules,
-            "--store",
-            REDIS,
             "--redis-timeout-ms",
             "3000",
             "--default-algorithm",
@@ -87,7 +79,6 @@ fn envoy_counting_and_keys_shared_with_envoy_pods() {
             "--redis-expiration-jitter",
             "5s",
         ],
-        &repo(),
         "envoy-counting",
     );
     let mut c = redis::Client::open(REDIS)

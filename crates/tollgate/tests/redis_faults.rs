@@ -22,7 +22,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::{free_port, http, repo, temp_dir, Server};
+use support::{http, serve_store as serve, temp_dir, Server};
 use tollgate_server::client::Method;
 use tollgate_testsupport::{runtime, unique_prefix, RedisServer};
 
@@ -48,25 +48,6 @@ fn rules_dir(name: &str) -> String {
     let dir = temp_dir(name);
     std::fs::write(dir.join("faults.yaml"), y).unwrap();
     dir.display().to_string()
-}
-
-fn serve(rules: &str, store: &str, extra: &[&str], name: &str) -> Server {
-    let (http, grpc) = (
-        format!("127.0.0.1:{}", free_port()),
-        format!("127.0.0.1:{}", free_port()),
-    );
-    let mut args = vec![
-        "--http-addr",
-        &http,
-        "--grpc-addr",
-        &grpc,
-        "--rules",
-        rules,
-        "--store",
-        store,
-    ];
-    args.extend(extra);
-    Server::start(&args, &repo(), name)
 }
 
 fn body(key: &str, value: &str) -> Value {

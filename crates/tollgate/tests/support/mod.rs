@@ -213,3 +213,24 @@ pub fn tollgate(args: &[&str]) -> Output {
         .output()
         .expect("run tollgate")
 }
+
+/// `tollgate serve` on free loopback ports (HTTP and gRPC) with `rules`, `--store store` and
+/// extra flags, run in the repository root.
+pub fn serve_store(rules: &str, store: &str, extra: &[&str], name: &str) -> Server {
+    let (http, grpc) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let mut args = vec![
+        "--http-addr",
+        &http,
+        "--grpc-addr",
+        &grpc,
+        "--rules",
+        rules,
+        "--store",
+        store,
+    ];
+    args.extend(extra);
+    Server::start(&args, &repo(), name)
+}
