@@ -157,24 +157,13 @@ descriptors:
     let file = dir.join("d.yaml");
     std::fs::write(&file, YEARLY.replace("LIMIT", "5")).unwrap();
     let rules = dir.display().to_string();
-    let http_addr = format!("127.0.0.1:{}", free_port());
-    let grpc_addr = format!("127.0.0.1:{}", free_port());
-    let server = Server::start_env(
-        &[
-            "--http-addr",
-            &http_addr,
-            "--grpc-addr",
-            &grpc_addr,
-            "--rules",
-            &rules,
-            "--reload-interval-ms",
-            "50",
-        ],
+    let server = serve_rules_env(
+        &rules,
+        &["--reload-interval-ms", "50"],
         &[
             ("TOLLGATE_DEFAULT_ALGORITHM", "envoy_fixed_window"),
             ("TOLLGATE_COUNT_DENIED_HITS", "true"),
         ],
-        &repo(),
         "envoy-default-reload",
     );
     let pair = |v: &str, hits: u64| {
