@@ -361,6 +361,17 @@ fn two_instances(redis: &RedisServer, name: &str) -> Vec<Server> {
         .collect()
 }
 
+/// Summed over the instances at `bases`: calls slower than the slow threshold, calls that timed
+/// out, and breaker openings.
+fn slow_timeouts_opened(bases: &[String]) -> (u64, u64, u64) {
+    let sum = |line: &str| bases.iter().map(|b| metric(b, line)).sum::<u64>();
+    (
+        sum("tollgate_redis_slow_calls_total"),
+        sum("tollgate_redis_errors_total{kind=\"timeout\"}"),
+        bases.iter().map(|b| transitions(b, "open")).sum(),
+    )
+}
+
 #[test]
 fn two_instances_64_callers_each_admit_exactly_the_limit_5_times() {
     let redis = RedisServer::start(&[]);
@@ -376,15 +387,7 @@ fn two_instances_64_callers_each_admit_exactly_the_limit_5_times() {
             seen.push((key, admitted));
         }
     }
-    let slow: u64 = bases
-        .iter()
-        .map(|b| metric(b, "tollgate_redis_slow_calls_total"))
-        .sum();
-    let timeouts: u64 = bases
-        .iter()
-        .map(|b| metric(b, "tollgate_redis_errors_total{kind=\"timeout\"}"))
-        .sum();
-    let opened: u64 = bases.iter().map(|b| transitions(b, "open")).sum();
+    let (slow, timeouts, opened) = slow_timeouts_opened(&bases);
     eprintln!(
         "admitted per run: {seen:?}; {slow} calls slower than 50 ms, {timeouts} timed out, breaker opened {opened} times"
     );
@@ -424,15 +427,7 @@ fn redis_stalls_neither_open_the_breaker_nor_grant_a_fresh_budget() {
     }
     stop.store(true, Relaxed);
     let stalls = staller.join().unwrap();
-    let slow: u64 = bases
-        .iter()
-        .map(|b| metric(b, "tollgate_redis_slow_calls_total"))
-        .sum();
-    let timeouts: u64 = bases
-        .iter()
-        .map(|b| metric(b, "tollgate_redis_errors_total{kind=\"timeout\"}"))
-        .sum();
-    let opened: u64 = bases.iter().map(|b| transitions(b, "open")).sum();
+    let (slow, timeouts, opened) = slow_timeouts_opened(&bases);
     eprintln!(
         "under {stalls} stalls: admitted {seen:?}; {slow} calls slower than 50 ms, {timeouts} timed out, breaker opened {opened} times"
     );
