@@ -14,14 +14,12 @@
 
 mod support;
 
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
-use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use support::conn::Conn;
 use support::{http, serve_store as serve, temp_dir, Server};
 use tollgate_server::client::Method;
 use tollgate_testsupport::{runtime, unique_prefix, RedisServer};
@@ -277,43 +275,6 @@ fn out_of_memory_is_reported_and_the_breaker_does_not_flap() {
             "never recovered"
         );
         std::thread::sleep(Duration::from_millis(25));
-    }
-}
-
-/// A keep-alive HTTP/1.1 connection.
-struct Conn {
-    sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
-    host: String,
-}
-
-impl Conn {
-    async fn open(base: &str) -> Conn {
-        let host = base.trim_start_matches("http://").to_string();
-        let stream = tokio::net::TcpStream::connect(&host).await.unwrap();
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        Conn { sender, host }
-    }
-
-    async fn status(&mut self, body: String) -> u16 {
-        let req = hyper::Request::post("/v1/check")
-            .header("host", &self.host)
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(body)))
-            .unwrap();
-        if self.sender.ready().await.is_err() {
-            return 0;
-        }
-        match self.sender.send_request(req).await {
-            Ok(r) => {
-                let status = r.status().as_u16();
-                let _ = r.into_body().collect().await;
-                status
-            }
-            Err(_) => 0,
-        }
     }
 }
 
