@@ -7,7 +7,7 @@ mod support;
 
 use proptest::prelude::*;
 use std::time::Duration;
-use support::conformance::{replay, Req, Step, Trace};
+use support::conformance::{replay, runner, Req, Step, Trace};
 use support::SHARED_URL;
 use tollgate_core::{Algorithm, CheckItem, Decision, MemoryStore, Micros, Quota, Store, Unit};
 use tollgate_redis::keys::counter_keys;
@@ -393,14 +393,7 @@ fn random_long_logs_match_memory_store() {
                     .collect(),
             }
         });
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-        cases: std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(16),
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    });
+    let mut runner = runner(16);
     runner
         .run(&strategy, |trace| {
             rt.block_on(replay(&store, &trace));
