@@ -6,8 +6,11 @@
 //! traces check the invariants that hold whatever the clock does (see
 //! `backwards_time_after_a_key_was_dropped_forgets_it` in this file for the one that does not).
 
+mod support;
+
 use proptest::prelude::*;
 use std::collections::HashMap;
+use support::max_in_rolling_window;
 use tollgate_core::algorithm::{self, Sketch, State};
 use tollgate_core::clock::SECOND;
 use tollgate_core::window::{previous_start, window};
@@ -136,19 +139,6 @@ fn admitted(trace: &[(Micros, u64)], ds: &[(Decision, Option<State>)]) -> Vec<(M
         .filter(|(&(_, c), (d, _))| d.allowed && c > 0)
         .map(|(&tc, _)| tc)
         .collect()
-}
-
-/// Largest admitted cost in any window `(t - len, t]`, over every `t` that is an admission time.
-fn max_in_rolling_window(adm: &[(Micros, u64)], len: Micros) -> u64 {
-    adm.iter()
-        .map(|&(t, _)| {
-            adm.iter()
-                .filter(|&&(u, _)| u <= t && u + len > t)
-                .map(|&(_, c)| c)
-                .sum::<u64>()
-        })
-        .max()
-        .unwrap_or(0)
 }
 
 /// Decision invariants that hold for every algorithm, whatever the trace.

@@ -8,7 +8,10 @@
 //! * under a monotonic clock (also after such steps) no window `(t - period, t]` admits more than
 //!   the limit.
 
+mod support;
+
 use proptest::prelude::*;
+use support::max_in_rolling_window;
 use tollgate_core::algorithm::sliding_log::{step, Log};
 use tollgate_core::clock::SECOND;
 use tollgate_core::{Algorithm, Decision, Micros, Period, Quota, Unit};
@@ -125,19 +128,6 @@ fn run(q: &Quota, trace: &[(Micros, u64)]) -> Vec<(Decision, Option<Log>)> {
         .collect()
 }
 
-/// Largest admitted cost in any window `(t - len, t]` ending at an admission.
-fn max_in_window(adm: &[(Micros, u64)], len: Micros) -> u64 {
-    adm.iter()
-        .map(|&(t, _)| {
-            adm.iter()
-                .filter(|&&(u, _)| u <= t && u + len > t)
-                .map(|&(_, c)| c)
-                .sum::<u64>()
-        })
-        .max()
-        .unwrap_or(0)
-}
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
@@ -154,7 +144,7 @@ proptest! {
                 adm.push((now, cost));
             }
         }
-        prop_assert!(max_in_window(&adm, q.period().nominal()) <= q.limit());
+        prop_assert!(max_in_rolling_window(&adm, q.period().nominal()) <= q.limit());
     }
 
     /// Any clock: `retry_after`/`reset_after` within the period, no entry after `now`, and a
@@ -201,7 +191,7 @@ proptest! {
                 adm.push((now, cost));
             }
         }
-        prop_assert!(max_in_window(&adm, len) <= q.limit());
+        prop_assert!(max_in_rolling_window(&adm, len) <= q.limit());
     }
 }
 

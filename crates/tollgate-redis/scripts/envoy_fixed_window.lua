@@ -67,15 +67,6 @@ ALG[7] = {
       if redis.call('EXISTS', key) == 1 then redis.call('DECRBY', key, cost) end
       return
     end
-    local v = redis.call('GET', p.keys[1])
-    if not v then return end
-    local s = fw_decode(v)
-    if s[1] ~= start then return end
-    s[2] = s[2] - cost
-    if s[2] <= 0 then
-      redis.call('DEL', p.keys[1])
-    else
-      redis.call('SET', p.keys[1], fw_encode(s), 'KEEPTTL')
-    end
+    fw_refund_in(p, start, cost)
   end,
 }

@@ -11,6 +11,21 @@ local function fw_encode(s)
   return fmt(s[1]) .. ' ' .. fmt(s[2])
 end
 
+-- Take an admitted `cost` off the state in `p.keys[1]` if it is still the window that began at
+-- `start` (see `refund` below); shared with envoy_fixed_window.lua's non-Envoy keys.
+local function fw_refund_in(p, start, cost)
+  local v = redis.call('GET', p.keys[1])
+  if not v then return end
+  local s = fw_decode(v)
+  if s[1] ~= start then return end
+  s[2] = s[2] - cost
+  if s[2] <= 0 then
+    redis.call('DEL', p.keys[1])
+  else
+    redis.call('SET', p.keys[1], fw_encode(s), 'KEEPTTL')
+  end
+end
+
 local function fw_step(st, now, cost, p)
   local start, wend = window(p, now)
   local count = 0
@@ -61,17 +76,5 @@ ALG[4] = {
   -- state in another window was rolled on by other requests since: this cost is not in it, and
   -- taking it off would let that window admit more than its limit. (A check that ran on a clock
   -- gone backwards counted in the later window and is not refunded: the safe side.)
-  refund = function(p, now, cost)
-    local v = redis.call('GET', p.keys[1])
-    if not v then return end
-    local s = fw_decode(v)
-    local start = window(p, now)
-    if s[1] ~= start then return end
-    s[2] = s[2] - cost
-    if s[2] <= 0 then
-      redis.call('DEL', p.keys[1])
-    else
-      redis.call('SET', p.keys[1], fw_encode(s), 'KEEPTTL')
-    end
-  end,
+  refund = function(p, now, cost) fw_refund_in(p, window(p, now), cost) end,
 }

@@ -626,12 +626,7 @@ impl RedisStore {
         now: Option<Micros>,
         items: &[CheckItem<'_>],
     ) -> Result<Vec<Decision>, StoreError> {
-        if items.is_empty() {
-            return Ok(Vec::new());
-        }
-        script::validate(items, now)?;
-        let r = self.check_valid(self.inner.opts.timeout, now, items).await;
-        self.record(r)
+        self.check_within(self.inner.opts.timeout, now, items).await
     }
 
     /// [`RedisStore::check`] bounded by `bound` instead of the store's timeout (at most

@@ -4,9 +4,8 @@
 
 mod support;
 
-use proptest::prelude::*;
 use std::time::Duration;
-use support::conformance::{random_trace, replay, traces, ALGORITHMS};
+use support::conformance::{random_trace, replay, runner, traces, ALGORITHMS};
 use support::Cluster;
 use tollgate_core::{CheckItem, Quota, Unit};
 use tollgate_redis::keys::{counter_keys, slot};
@@ -45,14 +44,7 @@ fn cluster_conformance_and_cross_slot_refunds() {
         }
     });
     for alg in ALGORITHMS {
-        let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-            cases: std::env::var("PROPTEST_CASES")
-                .ok()
-                .and_then(|c| c.parse().ok())
-                .unwrap_or(16),
-            failure_persistence: None,
-            ..ProptestConfig::default()
-        });
+        let mut runner = runner(16);
         runner
             .run(&random_trace(alg, false), |trace| {
                 rt.block_on(replay(&store, &trace));

@@ -5,7 +5,7 @@ mod support;
 
 use proptest::prelude::*;
 use std::time::Duration;
-use support::conformance::{random_trace, replay, traces, ALGORITHMS};
+use support::conformance::{random_trace, replay, runner, traces, ALGORITHMS};
 use support::runtime;
 use tollgate_core::Algorithm;
 use tollgate_redis::KeyLayout;
@@ -48,14 +48,7 @@ fn random_traces_match_memory_store() {
         ))
         .unwrap();
     for alg in ALGORITHMS.into_iter().chain([Algorithm::EnvoyFixedWindow]) {
-        let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-            cases: std::env::var("PROPTEST_CASES")
-                .ok()
-                .and_then(|c| c.parse().ok())
-                .unwrap_or(48),
-            failure_persistence: None,
-            ..ProptestConfig::default()
-        });
+        let mut runner = runner(48);
         runner
             .run(&random_trace(alg, true), |trace| {
                 rt.block_on(replay(&store, &trace));

@@ -6,7 +6,7 @@
 mod support;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use support::{runtime, SHARED_URL};
+use support::{envoy_incr, runtime, SHARED_URL};
 use tollgate_core::rules::counter_key;
 use tollgate_core::{Algorithm, CheckItem, Micros, Quota, Unit};
 use tollgate_redis::{KeyLayout, RedisOptions, RedisStore};
@@ -18,20 +18,6 @@ fn con() -> redis::Connection {
         .unwrap()
         .get_connection()
         .unwrap()
-}
-
-/// envoy's `INCRBY key hits` + `EXPIRE key secs`, as its Redis pipeline sends them.
-fn envoy_incr(c: &mut redis::Connection, key: &str, hits: u64, secs: u64) -> u64 {
-    let (n, _): (u64, u64) = redis::pipe()
-        .cmd("INCRBY")
-        .arg(key)
-        .arg(hits)
-        .cmd("EXPIRE")
-        .arg(key)
-        .arg(secs)
-        .query(c)
-        .unwrap();
-    n
 }
 
 #[test]

@@ -7,7 +7,7 @@ mod support;
 
 use proptest::prelude::*;
 use std::time::Duration;
-use support::conformance::{replay, Req, Step, Trace};
+use support::conformance::{replay, runner, Req, Step, Trace};
 use support::SHARED_URL;
 use tollgate_core::{Algorithm, CheckItem, Decision, MemoryStore, Micros, Quota, Store, Unit};
 use tollgate_redis::keys::counter_keys;
@@ -29,6 +29,13 @@ fn options(what: &str) -> RedisOptions {
         timeout: Duration::from_secs(5),
         ..RedisOptions::default()
     }
+}
+
+/// A store on the shared Redis under a fresh prefix for `what`.
+async fn store(what: &str) -> RedisStore {
+    RedisStore::connect(SHARED_URL, options(what))
+        .await
+        .unwrap()
 }
 
 fn log(limit: u64, unit: Unit) -> Quota {
@@ -78,9 +85,7 @@ async fn both(
 /// removed every expired entry in the first call (fetching and parsing each one twice).
 #[tokio::test]
 async fn pruning_is_capped_per_call_and_decisions_stay_exact() {
-    let store = RedisStore::connect(SHARED_URL, options("slog-prune"))
-        .await
-        .unwrap();
+    let store = store("slog-prune").await;
     let mem = MemoryStore::with_seed(10_000, 7, 11);
     let q = log(1000, Unit::Day);
     let key = "api|user=long";
@@ -133,9 +138,7 @@ async fn pruning_is_capped_per_call_and_decisions_stay_exact() {
 /// and the later entries keep their costs, including when they expire one by one.
 #[tokio::test]
 async fn refund_in_the_middle_keeps_later_costs() {
-    let store = RedisStore::connect(SHARED_URL, options("slog-refund"))
-        .await
-        .unwrap();
+    let store = store("slog-refund").await;
     let prefix = store.options().prefix.clone();
     let lua = script();
     let con = redis::Client::open(SHARED_URL)
@@ -196,9 +199,7 @@ async fn refund_in_the_middle_keeps_later_costs() {
 /// sum) is read as it was: nothing is forgotten on upgrade.
 #[tokio::test]
 async fn previous_layout_is_read() {
-    let store = RedisStore::connect(SHARED_URL, options("slog-upgrade"))
-        .await
-        .unwrap();
+    let store = store("slog-upgrade").await;
     let q = log(10, Unit::Minute);
     let key = "api|user=old";
     let (set, sum) = counter_keys(&store.options().prefix, key, &q);
@@ -252,9 +253,7 @@ async fn previous_layout_is_read() {
 /// renumbered from zero before they could leave the range where doubles are exact.
 #[tokio::test]
 async fn running_totals_are_renumbered_before_2_pow_52() {
-    let store = RedisStore::connect(SHARED_URL, options("slog-rebase"))
-        .await
-        .unwrap();
+    let store = store("slog-rebase").await;
     let q = log(20, Unit::Minute);
     let key = "api|user=busy";
     let (set, sum) = counter_keys(&store.options().prefix, key, &q);
@@ -310,9 +309,7 @@ async fn running_totals_are_renumbered_before_2_pow_52() {
 /// `retry_after` and `reset_after` stay within the period (they were a year: unbounded).
 #[tokio::test]
 async fn clock_steps_keep_retry_within_the_period() {
-    let store = RedisStore::connect(SHARED_URL, options("slog-clock"))
-        .await
-        .unwrap();
+    let store = store("slog-clock").await;
     let mem = MemoryStore::with_seed(10_000, 7, 11);
     let q = log(3, Unit::Minute);
     let key = "api|user=jump";
@@ -396,14 +393,7 @@ fn random_long_logs_match_memory_store() {
                     .collect(),
             }
         });
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-        cases: std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(16),
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    });
+    let mut runner = runner(16);
     runner
         .run(&strategy, |trace| {
             rt.block_on(replay(&store, &trace));

@@ -137,14 +137,7 @@ async fn every_key_has_a_ttl_and_full_counters_are_deleted() {
     let store = RedisStore::connect(SHARED_URL, options("ttl"))
         .await
         .unwrap();
-    let algs = [
-        Algorithm::Gcra,
-        Algorithm::LeakyBucket,
-        Algorithm::TokenBucket,
-        Algorithm::FixedWindow,
-        Algorithm::SlidingWindowLog,
-        Algorithm::SlidingWindowCounter,
-    ];
+    let algs = support::conformance::ALGORITHMS;
     let quotas: Vec<Quota> = algs
         .iter()
         .map(|&a| Quota::new(5, Unit::Hour).with_algorithm(a))

@@ -291,13 +291,7 @@ pub fn redis_from_env(env: &HashMap<String, String>) -> Result<EnvoyRedis, EnvEr
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use crate::envoy_stats::tests::env;
 
     #[test]
     fn store_urls_from_envoy_variables() {

@@ -621,10 +621,11 @@ pub async fn run_prometheus(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    /// An environment map from literal pairs (shared with the other Envoy env tests).
+    pub(crate) fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         pairs
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))

@@ -365,3 +365,17 @@ pub fn assert_every_key_has_a_ttl(url: &str, prefix: &str) -> usize {
     }
     live
 }
+
+/// envoy's `INCRBY key hits` + `EXPIRE key secs`, as its Redis pipeline sends them.
+pub fn envoy_incr(c: &mut redis::Connection, key: &str, hits: u64, secs: u64) -> u64 {
+    let (n, _): (u64, u64) = redis::pipe()
+        .cmd("INCRBY")
+        .arg(key)
+        .arg(hits)
+        .cmd("EXPIRE")
+        .arg(key)
+        .arg(secs)
+        .query(c)
+        .unwrap();
+    n
+}

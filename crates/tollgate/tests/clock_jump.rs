@@ -100,23 +100,7 @@ fn wall_clock_steps_neither_lock_out_nor_readmit() {
     let rules = dir.display().to_string();
     let env = faketime_env(&clock);
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let (http_addr, grpc_addr) = (
-        format!("127.0.0.1:{}", free_port()),
-        format!("127.0.0.1:{}", free_port()),
-    );
-    let server = Server::start_env(
-        &[
-            "--http-addr",
-            &http_addr,
-            "--grpc-addr",
-            &grpc_addr,
-            "--rules",
-            &rules,
-        ],
-        &env,
-        &repo(),
-        "clock-jump",
-    );
+    let server = serve_rules_env(&rules, &[], &env, "clock-jump");
     let base = server.base.clone();
 
     // Used: one GCRA request, the whole fixed-window day.

@@ -9,14 +9,12 @@
 
 mod support;
 
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
-use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::{free_port, http, repo, temp_dir, tollgate, Server};
+use support::conn::Conn;
+use support::{http, serve_store as serve, temp_dir, tollgate, Server};
 use tollgate_core::{Algorithm, Quota, Unit};
 use tollgate_redis::keys::{counter_keys, slot};
 use tollgate_server::client::Method;
@@ -53,70 +51,9 @@ fn rules_dir(name: &str) -> String {
     dir.display().to_string()
 }
 
-/// `tollgate serve` on free loopback ports with `store` and extra flags.
-fn serve(rules: &str, store: &str, extra: &[&str], name: &str) -> Server {
-    let (http, grpc) = (
-        format!("127.0.0.1:{}", free_port()),
-        format!("127.0.0.1:{}", free_port()),
-    );
-    let mut args = vec![
-        "--http-addr",
-        &http,
-        "--grpc-addr",
-        &grpc,
-        "--rules",
-        rules,
-        "--store",
-        store,
-    ];
-    args.extend(extra);
-    Server::start(&args, &repo(), name)
-}
-
 fn body(key: &str, value: &str) -> String {
     json!({"domain": "dist", "descriptors": [{"entries": [{"key": key, "value": value}]}]})
         .to_string()
-}
-
-/// A keep-alive HTTP/1.1 connection (thousands of requests without thousands of sockets).
-struct Conn {
-    sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
-    host: String,
-}
-
-impl Conn {
-    async fn open(base: &str) -> Conn {
-        let host = base.trim_start_matches("http://").to_string();
-        let stream = tokio::net::TcpStream::connect(&host).await.unwrap();
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        Conn { sender, host }
-    }
-
-    /// POST /v1/check; the status (0 when the connection failed).
-    async fn check(&mut self, body: String) -> (u16, Value) {
-        let req = hyper::Request::post("/v1/check")
-            .header("host", &self.host)
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(body)))
-            .unwrap();
-        if self.sender.ready().await.is_err() {
-            return (0, Value::Null);
-        }
-        match self.sender.send_request(req).await {
-            Ok(r) => {
-                let status = r.status().as_u16();
-                let bytes = r.into_body().collect().await.unwrap().to_bytes();
-                (
-                    status,
-                    serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-                )
-            }
-            Err(_) => (0, Value::Null),
-        }
-    }
 }
 
 /// `attempts` checks of `key=value` from 64 clients spread over `bases`: (admitted, denied, other).

@@ -64,20 +64,7 @@ fn rules_dir() -> PathBuf {
 
 fn start(dir: &Path) -> Server {
     let rules = dir.display().to_string();
-    let http_addr = format!("127.0.0.1:{}", free_port());
-    let grpc_addr = format!("127.0.0.1:{}", free_port());
-    Server::start(
-        &[
-            "--http-addr",
-            &http_addr,
-            "--grpc-addr",
-            &grpc_addr,
-            "--rules",
-            &rules,
-        ],
-        &repo(),
-        "envoy-compat",
-    )
+    serve_rules(&rules, &[], "envoy-compat")
 }
 
 fn post(base: &str, path: &str, body: Value) -> (u16, Value) {

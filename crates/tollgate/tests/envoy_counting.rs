@@ -11,6 +11,7 @@ use tollgate_server::client::Method;
 mod support;
 
 use support::*;
+use tollgate_testsupport::envoy_incr;
 
 const REDIS: &str = "redis://127.0.0.1:6379";
 
@@ -27,19 +28,6 @@ fn unix_now() -> u64 {
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_secs()
-}
-
-fn envoy_incr(c: &mut redis::Connection, key: &str, hits: u64) -> u64 {
-    let (n, _): (u64, u64) = redis::pipe()
-        .cmd("INCRBY")
-        .arg(key)
-        .arg(hits)
-        .cmd("EXPIRE")
-        .arg(key)
-        .arg(60)
-        .query(c)
-        .unwrap();
-    n
 }
 
 fn check(base: &str, user: &str) -> (u16, Value) {
@@ -63,18 +51,10 @@ fn envoy_counting_and_keys_shared_with_envoy_pods() {
     std::fs::write(dir.join("shared.yaml"), RULES).unwrap();
     let rules = dir.display().to_string();
     let prefix = format!("tgtest-envoycount-{}:", std::process::id());
-    let http_addr = format!("127.0.0.1:{}", free_port());
-    let grpc_addr = format!("127.0.0.1:{}", free_port());
-    let server = Server::start(
+    let server = serve_store(
+        &rules,
+        REDIS,
         &[
-            "--http-addr",
-            &http_addr,
-            "--grpc-addr",
-            &grpc_addr,
-            "--rules",
-            &rules,
-            "--store",
-            REDIS,
             "--redis-timeout-ms",
             "3000",
             "--default-algorithm",
@@ -87,7 +67,6 @@ fn envoy_counting_and_keys_shared_with_envoy_pods() {
             "--redis-expiration-jitter",
             "5s",
         ],
-        &repo(),
         "envoy-counting",
     );
     let mut c = redis::Client::open(REDIS)
@@ -106,14 +85,14 @@ fn envoy_counting_and_keys_shared_with_envoy_pods() {
         let path_key = format!("{prefix}shared_path_{user}_{start}");
 
         // An envoy pod counted 4 of alice's 5.
-        envoy_incr(&mut c, &user_key, 4);
+        envoy_incr(&mut c, &user_key, 4, 60);
         let (s1, b1) = check(&server.base, &user);
         // The 6th hit on alice: over the limit, and counted on both descriptors.
         let (s2, b2) = check(&server.base, &user);
         let user_count: u64 = redis::cmd("GET").arg(&user_key).query(&mut c).unwrap();
         let path_count: u64 = redis::cmd("GET").arg(&path_key).query(&mut c).unwrap();
         // The envoy pod reads tollgate's counts: path is over for it too.
-        let envoy_path = envoy_incr(&mut c, &path_key, 1);
+        let envoy_path = envoy_incr(&mut c, &path_key, 1, 60);
         let ttl: i64 = redis::cmd("TTL").arg(&user_key).query(&mut c).unwrap();
         if unix_now() / 60 * 60 != start {
             continue;
@@ -166,24 +145,13 @@ descriptors:
     let file = dir.join("d.yaml");
     std::fs::write(&file, YEARLY.replace("LIMIT", "5")).unwrap();
     let rules = dir.display().to_string();
-    let http_addr = format!("127.0.0.1:{}", free_port());
-    let grpc_addr = format!("127.0.0.1:{}", free_port());
-    let server = Server::start_env(
-        &[
-            "--http-addr",
-            &http_addr,
-            "--grpc-addr",
-            &grpc_addr,
-            "--rules",
-            &rules,
-            "--reload-interval-ms",
-            "50",
-        ],
+    let server = serve_rules_env(
+        &rules,
+        &["--reload-interval-ms", "50"],
         &[
             ("TOLLGATE_DEFAULT_ALGORITHM", "envoy_fixed_window"),
             ("TOLLGATE_COUNT_DENIED_HITS", "true"),
         ],
-        &repo(),
         "envoy-default-reload",
     );
     let pair = |v: &str, hits: u64| {

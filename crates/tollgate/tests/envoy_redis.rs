@@ -7,7 +7,7 @@ mod support;
 
 use serde_json::json;
 use std::collections::HashMap;
-use support::{free_port, http, repo, temp_dir, Server};
+use support::{http, serve_store, temp_dir};
 use tollgate_server::client::Method;
 use tollgate_server::envoy_redis::redis_from_env;
 use tollgate_testsupport::RedisServer;
@@ -27,24 +27,10 @@ fn three_hits(name: &str, vars: &[(&str, &str)]) -> Vec<u16> {
     let dir = temp_dir(name);
     std::fs::write(dir.join("api.yaml"), RULES).unwrap();
     let rules = dir.display().to_string();
-    let http_addr = format!("127.0.0.1:{}", free_port());
-    let grpc_addr = format!("127.0.0.1:{}", free_port());
-    let server = Server::start(
-        &[
-            "--http-addr",
-            &http_addr,
-            "--grpc-addr",
-            &grpc_addr,
-            "--rules",
-            &rules,
-            "--store",
-            &mapped.store,
-            "--on-store-error",
-            "deny",
-            "--redis-timeout-ms",
-            "2000",
-        ],
-        &repo(),
+    let server = serve_store(
+        &rules,
+        &mapped.store,
+        &["--on-store-error", "deny", "--redis-timeout-ms", "2000"],
         name,
     );
     assert!(

@@ -10,7 +10,7 @@ use std::net::{TcpListener, UdpSocket};
 use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use support::{free_port, http, repo, temp_dir, Server};
+use support::{free_port, http, serve_rules, temp_dir, Server};
 use tollgate_server::client::Method;
 
 // Fixed window (envoy's counting): a denial holds until the window ends, so the deny cache
@@ -26,18 +26,7 @@ fn rules(name: &str) -> PathBuf {
 fn start(name: &str, extra: &[&str]) -> Server {
     let dir = rules(name);
     let rules = dir.display().to_string();
-    let http_addr = format!("127.0.0.1:{}", free_port());
-    let grpc_addr = format!("127.0.0.1:{}", free_port());
-    let mut args = vec![
-        "--http-addr",
-        &http_addr,
-        "--grpc-addr",
-        &grpc_addr,
-        "--rules",
-        &rules,
-    ];
-    args.extend_from_slice(extra);
-    Server::start(&args, &repo(), name)
+    serve_rules(&rules, extra, name)
 }
 
 /// Five hits on a 3/hour limit: 3 within (the third near the limit), 2 over.

@@ -5,7 +5,7 @@
 //! deleting one domain's file on purpose still removes that domain. Also `tollgate validate` on
 //! a dangling symlink and the start-up warning for an empty rules directory.
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::os::unix::fs::symlink;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -19,22 +19,6 @@ use support::*;
 /// it acts, not how fast.
 const WAIT: Duration = Duration::from_secs(15);
 
-/// One hit on `domain` for `key=value`: the status and the response.
-fn check(base: &str, domain: &str, key: &str, value: &str) -> (u16, Value) {
-    let r = http(
-        base,
-        Method::POST,
-        "/v1/check",
-        Some(
-            json!({"domain": domain, "descriptors": [{"entries": [{"key": key, "value": value}]}]}),
-        ),
-    );
-    (
-        r.status,
-        serde_json::from_str(&r.body).unwrap_or(Value::Null),
-    )
-}
-
 /// One request per minute on the sliding log (exact, no window boundary to cross mid-test).
 fn rule(domain: &str) -> String {
     format!(
@@ -44,25 +28,8 @@ fn rule(domain: &str) -> String {
 
 /// `tollgate serve --rules DIR --reload-interval-ms 50` on free ports.
 fn serve(dir: &Path, log_name: &str) -> Server {
-    let (http_addr, grpc_addr) = (
-        format!("127.0.0.1:{}", free_port()),
-        format!("127.0.0.1:{}", free_port()),
-    );
     let rules = dir.display().to_string();
-    Server::start(
-        &[
-            "--http-addr",
-            &http_addr,
-            "--grpc-addr",
-            &grpc_addr,
-            "--rules",
-            &rules,
-            "--reload-interval-ms",
-            "50",
-        ],
-        &repo(),
-        log_name,
-    )
+    serve_rules(&rules, &["--reload-interval-ms", "50"], log_name)
 }
 
 /// Use up `domain`'s limit for `user=u` and see it deny.

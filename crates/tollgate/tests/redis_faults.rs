@@ -14,15 +14,13 @@
 
 mod support;
 
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
-use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::{free_port, http, repo, temp_dir, Server};
+use support::conn::Conn;
+use support::{http, serve_store as serve, temp_dir, Server};
 use tollgate_server::client::Method;
 use tollgate_testsupport::{runtime, unique_prefix, RedisServer};
 
@@ -48,25 +46,6 @@ fn rules_dir(name: &str) -> String {
     let dir = temp_dir(name);
     std::fs::write(dir.join("faults.yaml"), y).unwrap();
     dir.display().to_string()
-}
-
-fn serve(rules: &str, store: &str, extra: &[&str], name: &str) -> Server {
-    let (http, grpc) = (
-        format!("127.0.0.1:{}", free_port()),
-        format!("127.0.0.1:{}", free_port()),
-    );
-    let mut args = vec![
-        "--http-addr",
-        &http,
-        "--grpc-addr",
-        &grpc,
-        "--rules",
-        rules,
-        "--store",
-        store,
-    ];
-    args.extend(extra);
-    Server::start(&args, &repo(), name)
 }
 
 fn body(key: &str, value: &str) -> Value {
@@ -299,43 +278,6 @@ fn out_of_memory_is_reported_and_the_breaker_does_not_flap() {
     }
 }
 
-/// A keep-alive HTTP/1.1 connection.
-struct Conn {
-    sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
-    host: String,
-}
-
-impl Conn {
-    async fn open(base: &str) -> Conn {
-        let host = base.trim_start_matches("http://").to_string();
-        let stream = tokio::net::TcpStream::connect(&host).await.unwrap();
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        Conn { sender, host }
-    }
-
-    async fn status(&mut self, body: String) -> u16 {
-        let req = hyper::Request::post("/v1/check")
-            .header("host", &self.host)
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(body)))
-            .unwrap();
-        if self.sender.ready().await.is_err() {
-            return 0;
-        }
-        match self.sender.send_request(req).await {
-            Ok(r) => {
-                let status = r.status().as_u16();
-                let _ = r.into_body().collect().await;
-                status
-            }
-            Err(_) => 0,
-        }
-    }
-}
-
 /// `attempts` checks of `key=value` from 64 callers per instance: (admitted, denied, other).
 async fn hammer(bases: &[String], key: &str, value: &str, attempts: u64) -> [u64; 3] {
     let next = Arc::new(AtomicU64::new(0));
@@ -380,6 +322,17 @@ fn two_instances(redis: &RedisServer, name: &str) -> Vec<Server> {
         .collect()
 }
 
+/// Summed over the instances at `bases`: calls slower than the slow threshold, calls that timed
+/// out, and breaker openings.
+fn slow_timeouts_opened(bases: &[String]) -> (u64, u64, u64) {
+    let sum = |line: &str| bases.iter().map(|b| metric(b, line)).sum::<u64>();
+    (
+        sum("tollgate_redis_slow_calls_total"),
+        sum("tollgate_redis_errors_total{kind=\"timeout\"}"),
+        bases.iter().map(|b| transitions(b, "open")).sum(),
+    )
+}
+
 #[test]
 fn two_instances_64_callers_each_admit_exactly_the_limit_5_times() {
     let redis = RedisServer::start(&[]);
@@ -395,15 +348,7 @@ fn two_instances_64_callers_each_admit_exactly_the_limit_5_times() {
             seen.push((key, admitted));
         }
     }
-    let slow: u64 = bases
-        .iter()
-        .map(|b| metric(b, "tollgate_redis_slow_calls_total"))
-        .sum();
-    let timeouts: u64 = bases
-        .iter()
-        .map(|b| metric(b, "tollgate_redis_errors_total{kind=\"timeout\"}"))
-        .sum();
-    let opened: u64 = bases.iter().map(|b| transitions(b, "open")).sum();
+    let (slow, timeouts, opened) = slow_timeouts_opened(&bases);
     eprintln!(
         "admitted per run: {seen:?}; {slow} calls slower than 50 ms, {timeouts} timed out, breaker opened {opened} times"
     );
@@ -443,15 +388,7 @@ fn redis_stalls_neither_open_the_breaker_nor_grant_a_fresh_budget() {
     }
     stop.store(true, Relaxed);
     let stalls = staller.join().unwrap();
-    let slow: u64 = bases
-        .iter()
-        .map(|b| metric(b, "tollgate_redis_slow_calls_total"))
-        .sum();
-    let timeouts: u64 = bases
-        .iter()
-        .map(|b| metric(b, "tollgate_redis_errors_total{kind=\"timeout\"}"))
-        .sum();
-    let opened: u64 = bases.iter().map(|b| transitions(b, "open")).sum();
+    let (slow, timeouts, opened) = slow_timeouts_opened(&bases);
     eprintln!(
         "under {stalls} stalls: admitted {seen:?}; {slow} calls slower than 50 ms, {timeouts} timed out, breaker opened {opened} times"
     );

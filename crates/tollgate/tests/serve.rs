@@ -12,21 +12,6 @@ mod support;
 
 use support::*;
 
-fn check(base: &str, domain: &str, key: &str, value: &str) -> (u16, Value) {
-    let r = http(
-        base,
-        Method::POST,
-        "/v1/check",
-        Some(
-            json!({"domain": domain, "descriptors": [{"entries": [{"key": key, "value": value}]}]}),
-        ),
-    );
-    (
-        r.status,
-        serde_json::from_str(&r.body).unwrap_or(Value::Null),
-    )
-}
-
 /// A `limit` per minute rule on the sliding log: exact and with no window boundary, so a test
 /// on the wall clock cannot see its counter reset between two calls.
 fn rule(domain: &str, key: &str, limit: u64) -> String {

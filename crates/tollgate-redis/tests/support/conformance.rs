@@ -42,6 +42,19 @@ pub const ALL_ALGORITHMS: [Algorithm; 7] = [
     Algorithm::EnvoyFixedWindow,
 ];
 
+/// A proptest runner of `PROPTEST_CASES` cases (`default_cases` when unset), with no
+/// regression file: random traces replayed against Redis.
+pub fn runner(default_cases: u32) -> proptest::test_runner::TestRunner {
+    proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(default_cases),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })
+}
+
 /// `y-m-d` at `secs` past midnight UTC.
 pub fn at(y: i64, m: u32, d: u32, secs: u64) -> Micros {
     days_from_civil(y, m, d) as u64 * DAY + secs * SECOND

@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+pub mod conn;
 pub mod gateway;
 
 use serde_json::Value;
@@ -212,4 +213,44 @@ pub fn tollgate(args: &[&str]) -> Output {
         .current_dir(repo())
         .output()
         .expect("run tollgate")
+}
+
+/// `tollgate serve` on free loopback ports (HTTP and gRPC) with `--rules rules`, extra flags and
+/// `TOLLGATE_*` settings in the environment, run in the repository root.
+pub fn serve_rules_env(rules: &str, extra: &[&str], env: &[(&str, &str)], name: &str) -> Server {
+    let (http, grpc) = (
+        format!("127.0.0.1:{}", free_port()),
+        format!("127.0.0.1:{}", free_port()),
+    );
+    let mut args = vec!["--http-addr", &http, "--grpc-addr", &grpc, "--rules", rules];
+    args.extend(extra);
+    Server::start_env(&args, env, &repo(), name)
+}
+
+/// [`serve_rules_env`] without an environment.
+pub fn serve_rules(rules: &str, extra: &[&str], name: &str) -> Server {
+    serve_rules_env(rules, extra, &[], name)
+}
+
+/// [`serve_rules`] with `--store store`.
+pub fn serve_store(rules: &str, store: &str, extra: &[&str], name: &str) -> Server {
+    let mut args = vec!["--store", store];
+    args.extend(extra);
+    serve_rules(rules, &args, name)
+}
+
+/// One hit on `domain` for `key=value` over HTTP: the status and the response.
+pub fn check(base: &str, domain: &str, key: &str, value: &str) -> (u16, Value) {
+    let r = http(
+        base,
+        Method::POST,
+        "/v1/check",
+        Some(
+            serde_json::json!({"domain": domain, "descriptors": [{"entries": [{"key": key, "value": value}]}]}),
+        ),
+    );
+    (
+        r.status,
+        serde_json::from_str(&r.body).unwrap_or(Value::Null),
+    )
 }
