@@ -497,6 +497,17 @@ impl RedisStore {
         self.record(r)
     }
 
+    /// One command on the store's connection, bounded by `bound`, for callers that keep data of
+    /// their own under the key prefix (the rule registry). It does not count toward the store's
+    /// health: only the counters' calls do.
+    pub async fn command<T: redis::FromRedisValue>(
+        &self,
+        cmd: &redis::Cmd,
+        bound: Duration,
+    ) -> Result<T, StoreError> {
+        self.bounded(bound, self.exec(cmd)).await
+    }
+
     /// One command, bounded by the timeout.
     async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, StoreError> {
         self.bounded(self.inner.opts.timeout, self.exec(cmd)).await

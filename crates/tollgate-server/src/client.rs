@@ -39,6 +39,33 @@ pub async fn send(
     json: Option<String>,
     timeout: Duration,
 ) -> anyhow::Result<HttpResponse> {
+    send_with(
+        base,
+        method,
+        path,
+        json.map(|j| ("application/json", j)),
+        &[],
+        timeout,
+    )
+    .await
+}
+
+/// [`send`] with a body of any content type (`(content type, body)`) and extra headers
+/// (`Authorization`, `If-Match`, ...).
+pub async fn send_with(
+    base: &str,
+    method: Method,
+    path: &str,
+    body: Option<(&str, String)>,
+    headers: &[(&str, &str)],
+    timeout: Duration,
+) -> anyhow::Result<HttpResponse> {
+    let content_type = body.as_ref().map(|(t, _)| t.to_string());
+    let json = body.map(|(_, b)| b);
+    let extra: Vec<(String, String)> = headers
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
     let url = format!("{}{path}", base.trim_end_matches('/'));
     let uri: Uri = url
         .parse()
@@ -74,9 +101,14 @@ pub async fn send(
             .method(method)
             .uri(path_q)
             .header(header::HOST, authority);
+        for (k, v) in &extra {
+            req = req.header(k.as_str(), v.as_str());
+        }
         let body = match json {
             Some(j) => {
-                req = req.header(header::CONTENT_TYPE, "application/json");
+                if let Some(t) = &content_type {
+                    req = req.header(header::CONTENT_TYPE, t.as_str());
+                }
                 Full::new(Bytes::from(j))
             }
             None => Full::new(Bytes::new()),

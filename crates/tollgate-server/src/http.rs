@@ -82,6 +82,7 @@ pub fn service(
             "/v1/forward-auth/{domain}",
             axum::routing::any(crate::forward_auth::forward_auth),
         )
+        .merge(crate::registry::http::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state);
@@ -154,7 +155,16 @@ async fn read_body(state: &AppState, req: Request, strict_type: bool) -> Result<
     if strict_type {
         check_content_type(req.headers())?;
     }
-    let limit = state.limits().max_body_bytes;
+    read_body_limited(state, req, state.limits().max_body_bytes).await
+}
+
+/// [`read_body`] up to `limit` bytes, whatever the content type (the registry has its own
+/// limit and types).
+pub(crate) async fn read_body_limited(
+    state: &AppState,
+    req: Request,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
     if let Some(len) = req
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -684,6 +694,9 @@ async fn metrics(State(state): State<AppState>) -> Response {
     }
     if let Some(g) = state.backend().redis() {
         g.render_metrics(&mut text);
+    }
+    if let Some(r) = state.registry() {
+        r.render_metrics(&mut text);
     }
     if state.envoy().is_some() {
         use std::fmt::Write as _;

@@ -2,7 +2,7 @@
 //!
 //! The service around `tollgate-core`: the HTTP JSON API ([`http::router`]),
 //! the transport-neutral decision shared with the Envoy RLS gRPC service ([`check::decide`] on
-//! [`model`] types) over a [`backend`] (memory, or Redis with a failure policy), metrics, health, rules hot reload ([`reload`]) and the `serve` wiring
+//! [`model`] types) over a [`backend`] (memory, or Redis with a failure policy), metrics, health, rules hot reload ([`reload`]), the rule registry ([`registry`]) and the `serve` wiring
 //! ([`serve::serve`]).
 
 pub mod backend;
@@ -18,6 +18,7 @@ pub mod listener;
 pub mod metrics;
 pub mod model;
 pub mod profile;
+pub mod registry;
 pub mod reload;
 pub mod serve;
 pub mod state;

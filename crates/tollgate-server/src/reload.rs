@@ -6,12 +6,16 @@
 //!
 //! Losing files is treated like breaking them, never as removing rules: a listed rule file that
 //! cannot be read (dangling symlink, a ConfigMap `..data` pointing nowhere, permission denied)
-//! fails the load, and so does a missing rules path (see [`RuleSet::load`]). Only a file gone from
-//! the directory listing removes its domain, and not the last one: a reload from some domains to
-//! none is refused, because a lost mount or a stray `rm` must not unlimit all traffic.
+//! fails the load, and so does a missing rules path (see
+//! [`tollgate_core::rules::RuleSet::load`]). Only a file gone from the directory listing removes
+//! its domain, and not the last one: a reload from some rule files to none is refused, because a
+//! lost mount or a stray `rm` must not unlimit all traffic.
 //!
 //! Counters survive reloads: the memory store keys a counter by its counter key, algorithm and
 //! period, so a limit whose descriptor path is unchanged keeps its state.
+//!
+//! The domains registered through the rule registry ([`crate::registry`]) are parsed with the
+//! files on every reload: a reload swaps in files and registered domains together.
 
 use crate::metrics::RuleSlots;
 use crate::state::{AppState, LoadedRules, ReloadError};
@@ -21,9 +25,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::sync::watch;
 use tollgate_core::clock::{Clock, SystemClock};
-use tollgate_core::rules::{LoadOptions, RuleDefaults, RuleErrors, RuleSet};
+use tollgate_core::rules::{LoadOptions, RuleDefaults, RuleErrors};
 
-/// The files [`RuleSet::load`] reads for `path`, sorted: the file itself, or the visible
+/// The files [`tollgate_core::rules::RuleSet::load`] reads for `path`, sorted: the file itself, or the visible
 /// `*.yaml` / `*.yml` entries of a directory (symlinks followed; dangling ones included, so the
 /// fingerprint sees a link lose its target). See [`tollgate_core::rules::rule_files`].
 pub fn rule_files(path: &Path) -> Vec<PathBuf> {
@@ -74,27 +78,45 @@ pub fn load_with(
     generation: u64,
     defaults: RuleDefaults,
 ) -> Result<LoadedRules, RuleErrors> {
+    load_combined(path, options, generation, defaults, &[])
+}
+
+/// [`load_with`], with the registry's domains (`registered`) added to the files' (a domain
+/// defined by a file keeps the file's rules: see [`crate::registry::combine`]).
+pub fn load_combined(
+    path: &Path,
+    options: LoadOptions,
+    generation: u64,
+    defaults: RuleDefaults,
+    registered: &[crate::registry::Registered],
+) -> Result<LoadedRules, RuleErrors> {
     let hash = fingerprint_with(path, options);
-    let set = RuleSet::load_with(path, options)?.with_defaults(defaults);
+    let (files, read_errors) = tollgate_core::rules::read_sources(path, options)?;
+    let set =
+        crate::registry::combine(&files, read_errors, registered, options)?.with_defaults(defaults);
     Ok(LoadedRules {
         counters: RuleSlots::new(&set),
         set,
         hash,
         generation,
         loaded_at: SystemClock.now(),
+        file_sources: files.into(),
     })
 }
 
 /// Reload now: swap in the rules at `path`, or keep the running ones and record the error.
 /// Returns whether the new rules are active.
 pub fn reload_now(state: &AppState, path: &Path) -> bool {
+    let _update = state.rules_update_lock();
     let running = state.rules();
     let generation = running.generation + 1;
-    let loaded = load_with(
+    let registered = state.registry().map(|r| r.registered()).unwrap_or_default();
+    let loaded = load_combined(
         path,
         state.rule_listing(),
         generation,
         running.set.defaults(),
+        &registered,
     )
     .map_err(|errors| errors.iter().map(ToString::to_string).collect::<Vec<_>>())
     .and_then(|rules| {
@@ -110,7 +132,7 @@ pub fn reload_now(state: &AppState, path: &Path) -> bool {
     .and_then(|rules| {
         // Every rule file gone at once looks like a lost mount, not a decision: unlimited
         // traffic is the one outcome a rate limiter must never reach by accident.
-        if rules.set.is_empty() && !running.set.is_empty() {
+        if rules.file_sources.is_empty() && !running.file_sources.is_empty() {
             Err(vec![format!(
                 "{}: no rule files left, which would remove every domain ({} loaded) and \
                      limit no request; refused. To remove every limit, keep one file holding \

@@ -98,6 +98,9 @@ pub struct ServeConfig {
     pub rule_listing: tollgate_core::rules::LoadOptions,
     /// `--profile envoy`: envoyproxy/ratelimit's behaviour ([`crate::profile`]); `None` otherwise.
     pub envoy: Option<crate::profile::EnvoyMode>,
+    /// `--admin-token-file`, `--registry-*`: the rule registry ([`crate::registry`]); off by
+    /// default.
+    pub registry: crate::registry::RegistryConfig,
 }
 
 impl Default for ServeConfig {
@@ -132,6 +135,7 @@ impl Default for ServeConfig {
             grpc_tls: None,
             rule_listing: tollgate_core::rules::LoadOptions::default(),
             envoy: None,
+            registry: crate::registry::RegistryConfig::default(),
         }
     }
 }
@@ -412,6 +416,9 @@ pub async fn serve(
     }
     drop(rules);
 
+    let registry = crate::registry::start(&state, &config.registry, &config.store, rx.clone())
+        .await
+        .context("cannot start the rule registry")?;
     let watcher = tokio::spawn(reload::watch(
         state.clone(),
         config.rules.clone(),
@@ -491,6 +498,9 @@ pub async fn serve(
     }
     let _ = watcher.await;
     let _ = sweeper.await;
+    if let Some(task) = registry {
+        let _ = task.await;
+    }
     for task in envoy_stats {
         let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
     }

@@ -28,6 +28,10 @@ pub struct LoadedRules {
     /// Pre-resolved metric counters of `set`'s rules ([`RuleSlots::new`]; the `Default`, no
     /// slots, also works, on the slower map path).
     pub counters: RuleSlots,
+    /// The rule files `set` was built from (`(file name, text)`), so that a registry change
+    /// rebuilds the rules with the same files without reading them again. Empty for inline
+    /// rules.
+    pub file_sources: Arc<[(String, String)]>,
 }
 
 impl LoadedRules {
@@ -39,6 +43,7 @@ impl LoadedRules {
             hash: "inline".into(),
             generation: 1,
             loaded_at: SystemClock.now(),
+            file_sources: Arc::from(Vec::new()),
         }
     }
 }
@@ -101,6 +106,11 @@ struct Shared {
     shutting_down: AtomicBool,
     global_shadow: AtomicU64,
     redis_answered: AtomicBool,
+    /// The rule registry, when `serve` runs one ([`crate::registry`]).
+    registry: std::sync::OnceLock<Arc<crate::registry::Registry>>,
+    /// Held while new rules are computed and swapped in (file reload, registry change), so that
+    /// one cannot swap in rules built from what the other is replacing.
+    rules_update: Mutex<()>,
 }
 
 /// The state every handler and background task shares. Clone freely.
@@ -209,6 +219,8 @@ impl AppStateBuilder {
             shutting_down: AtomicBool::new(false),
             global_shadow: AtomicU64::new(0),
             redis_answered: AtomicBool::new(false),
+            registry: std::sync::OnceLock::new(),
+            rules_update: Mutex::new(()),
         }))
     }
 }
@@ -248,6 +260,32 @@ impl AppState {
         self.0.metrics.rules_loaded(&rules.set);
         self.0.rules.store(Arc::new(rules));
         *self.lock_error() = None;
+    }
+
+    /// Hold this while computing rules from the running ones and swapping them in (file reload,
+    /// registry change): the two never interleave.
+    pub fn rules_update_lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.0
+            .rules_update
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Attach the rule registry (once; `serve` does it before serving).
+    pub fn set_registry(&self, registry: Arc<crate::registry::Registry>) {
+        let _ = self.0.registry.set(registry);
+    }
+
+    /// The rule registry, when one runs.
+    pub fn registry(&self) -> Option<&Arc<crate::registry::Registry>> {
+        self.0.registry.get()
+    }
+
+    /// Swap in new rules atomically, keeping the last reload error (a registry change: the
+    /// files are as broken as they were).
+    pub fn replace_rules(&self, rules: LoadedRules) {
+        self.0.metrics.rules_loaded(&rules.set);
+        self.0.rules.store(Arc::new(rules));
     }
 
     /// Record a failed reload (the running rules stay).

@@ -93,6 +93,9 @@ enum Command {
     /// Load-test a tollgate (or any Envoy RLS) server: throughput, allowed/denied, errors and
     /// latency percentiles.
     Bench(Box<crate::bench::BenchArgs>),
+    /// Manage the rule registry of a running service: apply, get, list, delete domains
+    /// (exit 0 done, 1 refused, 2 error).
+    Rules(crate::registry::RulesArgs),
     /// Run a bare axum or tonic server with no rate limiting (the ceiling `bench` compares with).
     #[command(hide = true)]
     BenchCeiling(crate::bench::ceiling::CeilingArgs),
@@ -191,6 +194,8 @@ pub struct ServeArgs {
     counting: CountingArgs,
     #[command(flatten)]
     stats: crate::stats_args::StatsArgs,
+    #[command(flatten)]
+    registry: RegistryArgs,
     /// Read another rate limiter's settings: `envoy` reads envoyproxy/ratelimit's environment
     /// variables (`PORT`, `GRPC_PORT`, `RUNTIME_ROOT`, `SHADOW_MODE`, ...) and behaves as it does;
     /// the flags above fill in what it has no variable for.
@@ -221,6 +226,51 @@ struct CountingArgs {
     #[arg(long, env = "TOLLGATE_REDIS_EXPIRATION_JITTER", default_value = "0s",
           value_parser = crate::bench::parse_duration)]
     redis_expiration_jitter: Duration,
+}
+
+/// `tollgate serve` flags of the rule registry (`/v1/domains`; see docs/registry.md).
+#[derive(Debug, clap::Args)]
+struct RegistryArgs {
+    /// File holding the admin token that registry writes (PUT, DELETE /v1/domains/..) must carry
+    /// as `Authorization: Bearer <token>`; without it the registry is read-only. Turns the
+    /// registry on.
+    #[arg(long, env = "TOLLGATE_ADMIN_TOKEN_FILE")]
+    admin_token_file: Option<PathBuf>,
+    /// The registry directory (memory store: where registered domains are kept; Redis store:
+    /// the local snapshot used when Redis is down at start). Turns the registry on.
+    #[arg(long, env = "TOLLGATE_REGISTRY_DIR")]
+    registry_dir: Option<PathBuf>,
+    /// Most domains the registry holds.
+    #[arg(long, env = "TOLLGATE_REGISTRY_MAX_DOMAINS", default_value_t = 1000)]
+    registry_max_domains: usize,
+    /// Most descriptors (at every depth) of one registered domain.
+    #[arg(
+        long,
+        env = "TOLLGATE_REGISTRY_MAX_DESCRIPTORS",
+        default_value_t = 1000
+    )]
+    registry_max_descriptors: usize,
+    /// Largest registry request body, in bytes.
+    #[arg(long, env = "TOLLGATE_REGISTRY_MAX_BODY_BYTES", default_value_t = 256 * 1024)]
+    registry_max_body_bytes: usize,
+    /// Versions kept per registered domain (for history and rollback).
+    #[arg(long, env = "TOLLGATE_REGISTRY_HISTORY", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..1000))]
+    registry_history: u64,
+}
+
+impl RegistryArgs {
+    fn config(&self) -> tollgate_server::registry::RegistryConfig {
+        tollgate_server::registry::RegistryConfig {
+            token_file: self.admin_token_file.clone(),
+            dir: self.registry_dir.clone(),
+            max_domains: self.registry_max_domains,
+            max_descriptors: self.registry_max_descriptors,
+            max_body_bytes: self.registry_max_body_bytes,
+            history: self.registry_history as usize,
+            ..Default::default()
+        }
+    }
 }
 
 /// `tollgate serve` flags of the gRPC listener's HTTP/2 limits (see `GrpcLimits`).
@@ -372,6 +422,7 @@ impl ServeArgs {
             count_denied_hits: self.counting.count_denied_hits,
             redis_key_layout: self.counting.redis_key_layout,
             redis_expiration_jitter: self.counting.redis_expiration_jitter,
+            registry: self.registry.config(),
             ..ServeConfig::default()
         }
     }
@@ -404,6 +455,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             strict,
         } => crate::check::run(&url, &domain, &descriptors, hits, json, strict),
         Command::Bench(args) => crate::bench::run(&args),
+        Command::Rules(args) => crate::registry::run(args),
         Command::BenchCeiling(args) => crate::bench::ceiling::run(&args),
     }
 }

@@ -123,6 +123,12 @@ pub struct Domain {
 }
 
 impl Domain {
+    /// How many descriptors (nodes of the descriptor tree, at every depth) the domain has: what
+    /// a size cap on a domain counts.
+    pub fn descriptor_count(&self) -> usize {
+        self.tree.node_count()
+    }
+
     /// The domain's `http` section (how a request's descriptors are derived), when it has one.
     pub fn http(&self) -> Option<&crate::request::HttpActions> {
         self.http.as_ref()
@@ -200,16 +206,19 @@ impl RuleSet {
     /// [`RuleSet::load`] with the directory listed as `options` say (envoyproxy/ratelimit's
     /// runtime folder: any extension, dot files included).
     pub fn load_with(path: &Path, options: LoadOptions) -> Result<RuleSet, RuleErrors> {
-        let (paths, mut errors) = list(path, options)?;
-        let mut files = Vec::new();
-        for p in paths {
-            let name = p.display().to_string();
-            match std::fs::read_to_string(&p) {
-                Ok(text) => files.push((name, text)),
-                Err(e) => errors.push(unreadable(&p, &e)),
-            }
-        }
-        match Self::from_sources_with(&files, options.merge_domains) {
+        let (files, errors) = read_sources(path, options)?;
+        Self::from_read_sources(&files, errors, options)
+    }
+
+    /// [`RuleSet::load_with`] on what [`read_sources`] returned (the files read, and the
+    /// problems met reading them): the rule set, or every problem, the reading ones first.
+    pub fn from_read_sources(
+        files: &[(String, String)],
+        errors: Vec<RuleError>,
+        options: LoadOptions,
+    ) -> Result<RuleSet, RuleErrors> {
+        let mut errors = errors;
+        match Self::from_sources_with(files, options.merge_domains) {
             Ok(set) if errors.is_empty() => Ok(set),
             Ok(_) => Err(RuleErrors(errors)),
             Err(RuleErrors(more)) => {
@@ -386,6 +395,27 @@ impl RuleSet {
     pub fn is_empty(&self) -> bool {
         self.domains.is_empty()
     }
+}
+
+/// The rule files of `path` (as [`RuleSet::load_with`] lists them) read into
+/// `(file name, text)` pairs, with the problems of the files that could not be read; `Err` when
+/// `path` itself cannot be read. [`RuleSet::from_read_sources`] makes the rule set of them; a
+/// caller that adds rules from elsewhere (a registry) parses the texts together with its own.
+#[allow(clippy::type_complexity)]
+pub fn read_sources(
+    path: &Path,
+    options: LoadOptions,
+) -> Result<(Vec<(String, String)>, Vec<RuleError>), RuleErrors> {
+    let (paths, mut errors) = list(path, options)?;
+    let mut files = Vec::new();
+    for p in paths {
+        let name = p.display().to_string();
+        match std::fs::read_to_string(&p) {
+            Ok(text) => files.push((name, text)),
+            Err(e) => errors.push(unreadable(&p, &e)),
+        }
+    }
+    Ok((files, errors))
 }
 
 /// The files [`RuleSet::load`] reads for `path`, sorted: the path itself when it is not a

@@ -56,6 +56,11 @@ pub(crate) enum Found {
 }
 
 impl Tree {
+    /// How many descriptor nodes the tree has.
+    pub(crate) fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
     /// Builds the tree for `domain`, appending its limits to `limits` (in file order, depth
     /// first).
     pub(crate) fn build(

@@ -1,0 +1,181 @@
+//! The registry's errors, and their one mapping to HTTP ([`RegistryError::status`],
+//! [`RegistryError::code`], and the `IntoResponse` below): handlers return `RegistryError` and
+//! never build an error response themselves. The body is the service's error shape
+//! (`{"error":{"code","message"}}`, [`crate::error::error_body`]); invalid rules add `problems`,
+//! one `{line, column, message}` per problem inside the request body.
+
+use crate::error::{error_body, ApiError};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use tollgate_core::rules::RuleErrors;
+use tollgate_core::StoreError;
+
+/// Everything that can go wrong with a registry request.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// The request could not be read (body too large, timed out, wrong content type).
+    #[error(transparent)]
+    Request(#[from] ApiError),
+    /// The body's content type is neither YAML nor JSON.
+    #[error("unsupported content type `{0}`: send application/yaml or application/json")]
+    UnsupportedMediaType(String),
+    /// The registry is not running, or runs without an admin token: no writes.
+    #[error("registry writes are off: {0}")]
+    WritesOff(&'static str),
+    /// No `Authorization: Bearer` header.
+    #[error("missing admin token: send `Authorization: Bearer <token>`")]
+    Unauthenticated,
+    /// A token, not the admin token.
+    #[error("wrong admin token")]
+    WrongToken,
+    /// The domain name cannot be registered.
+    #[error(
+        "invalid domain name `{0}`: use 1 to 128 of A-Z a-z 0-9 . _ : - (not starting with `.`)"
+    )]
+    InvalidDomain(String),
+    /// The body is not valid rules (each problem at its line and column inside the body).
+    #[error("invalid rules:\n{0}")]
+    InvalidRules(RuleErrors),
+    /// The body is not in a shape the registry reads (not UTF-8, a bad service registration).
+    #[error("{0}")]
+    InvalidBody(String),
+    /// The body's `domain` is not the domain of the URL.
+    #[error("the body defines domain `{body}`, the URL names `{path}`: they must be the same")]
+    DomainMismatch {
+        /// The domain in the body.
+        body: String,
+        /// The domain in the URL.
+        path: String,
+    },
+    /// The rules cannot run on this store (count-min sketch on Redis, ...).
+    #[error("the store cannot serve these rules: {0}")]
+    Unsupported(String),
+    /// `If-Match` is not a version.
+    #[error("invalid If-Match `{0}`: send a version as the ETag gives it (\"7\") or `*`")]
+    InvalidPrecondition(String),
+    /// The domain is not registered.
+    #[error("domain `{0}` is not registered")]
+    NotFound(String),
+    /// The domain is defined by a rules file: the file owns it.
+    #[error("domain `{domain}` is defined by the rules file {file}: it is owned by that file, change it there (or remove the file first)")]
+    FileOwned {
+        /// The domain.
+        domain: String,
+        /// The file defining it.
+        file: String,
+    },
+    /// `If-Match` names another version than the current one.
+    #[error("domain `{domain}` is at version {}, not {expected}: read it again and retry", current.map_or("none (not registered)".to_string(), |v| v.to_string()))]
+    Stale {
+        /// The domain.
+        domain: String,
+        /// The version the client expected.
+        expected: String,
+        /// The current version (`None`: not registered).
+        current: Option<u64>,
+    },
+    /// The registry holds `--registry-max-domains` domains already.
+    #[error(
+        "the registry holds {max} domains, its limit (--registry-max-domains): delete one first"
+    )]
+    TooManyDomains {
+        /// The cap.
+        max: usize,
+    },
+    /// The domain has more descriptors than `--registry-max-descriptors`.
+    #[error(
+        "the domain has {count} descriptors; at most {max} allowed (--registry-max-descriptors)"
+    )]
+    TooManyDescriptors {
+        /// Descriptors in the body.
+        count: usize,
+        /// The cap.
+        max: usize,
+    },
+    /// The registry's storage failed (Redis down, disk full): nothing was changed.
+    #[error("registry storage unavailable, nothing changed: {0}")]
+    Storage(String),
+}
+
+impl From<StoreError> for RegistryError {
+    fn from(e: StoreError) -> Self {
+        RegistryError::Storage(e.to_string())
+    }
+}
+
+impl RegistryError {
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        use RegistryError as E;
+        match self {
+            E::Request(e) => e.status(),
+            E::WritesOff(_) | E::WrongToken => StatusCode::FORBIDDEN,
+            E::Unauthenticated => StatusCode::UNAUTHORIZED,
+            E::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            E::InvalidDomain(_)
+            | E::InvalidRules(_)
+            | E::InvalidBody(_)
+            | E::DomainMismatch { .. }
+            | E::Unsupported(_)
+            | E::InvalidPrecondition(_) => StatusCode::BAD_REQUEST,
+            E::NotFound(_) => StatusCode::NOT_FOUND,
+            E::FileOwned { .. } | E::TooManyDomains { .. } => StatusCode::CONFLICT,
+            E::Stale { .. } => StatusCode::PRECONDITION_FAILED,
+            E::TooManyDescriptors { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            E::Storage(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The stable machine-readable code (`error.code`).
+    pub fn code(&self) -> &'static str {
+        use RegistryError as E;
+        match self {
+            E::Request(e) => e.code(),
+            E::WritesOff(_) => "registry_writes_off",
+            E::Unauthenticated => "unauthenticated",
+            E::UnsupportedMediaType(_) => "unsupported_media_type",
+            E::WrongToken => "forbidden",
+            E::InvalidDomain(_) => "invalid_domain",
+            E::InvalidRules(_) => "invalid_rules",
+            E::InvalidBody(_) => "invalid_body",
+            E::DomainMismatch { .. } => "domain_mismatch",
+            E::Unsupported(_) => "unsupported_by_store",
+            E::InvalidPrecondition(_) => "invalid_if_match",
+            E::NotFound(_) => "domain_not_found",
+            E::FileOwned { .. } => "domain_owned_by_file",
+            E::Stale { .. } => "version_mismatch",
+            E::TooManyDomains { .. } => "too_many_domains",
+            E::TooManyDescriptors { .. } => "too_many_descriptors",
+            E::Storage(_) => "registry_unavailable",
+        }
+    }
+}
+
+impl IntoResponse for RegistryError {
+    fn into_response(self) -> Response {
+        if let RegistryError::Request(e) = self {
+            return e.into_response();
+        }
+        let status = self.status();
+        if status.is_server_error() {
+            tracing::error!(code = self.code(), error = %self, "registry request failed");
+        } else {
+            tracing::debug!(code = self.code(), error = %self, "registry request refused");
+        }
+        let mut body = error_body(self.code(), &self.to_string());
+        if let RegistryError::InvalidRules(errors) = &self {
+            body["problems"] = errors
+                .iter()
+                .map(|e| serde_json::json!({"line": e.line, "column": e.column, "message": e.message}))
+                .collect();
+        }
+        let mut response = (status, axum::Json(body)).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"tollgate registry\""),
+            );
+        }
+        response
+    }
+}

@@ -1,0 +1,903 @@
+//! The rule registry: services register their limits at run time over the HTTP API
+//! (`/v1/domains`), the registry validates and stores them, and every instance serves them.
+//!
+//! - **One owner per domain.** A domain is defined by a rules file or by the registry, never
+//!   both: a write to a file's domain is refused (409 naming the file), and should a file later
+//!   define a registered domain, the file wins on the instances that have it (a WARN says which
+//!   registered domain it hides). [`combine`] builds the running rules that way.
+//! - **Same rules, same checks.** A body is a rules file for one domain (YAML or JSON, or the
+//!   service-registration shape of [`shape`]), validated by the same parser with the same
+//!   messages, positions inside the body.
+//! - **Same swap.** A change is applied like a file reload: the files already loaded and the
+//!   registered domains are parsed together and swapped in atomically ([`Registry::apply`]), so
+//!   counters of unchanged limits keep their state.
+//! - **Storage** ([`storage`]): memory only, a directory, or Redis (shared by every instance,
+//!   followed through a channel and a polled revision key, with the directory as a local
+//!   snapshot for a start while Redis is down).
+//! - **Security.** Writes need the admin token (bearer, compared in constant time on SHA-256
+//!   digests, so neither content nor length leak through timing); it is never logged. Each
+//!   change is logged (target `tollgate::audit`: domain, old and new version, caller) and
+//!   counted; bodies, domains and descriptors are capped.
+
+pub mod error;
+pub mod http;
+pub mod shape;
+pub mod storage;
+
+use crate::metrics::RuleSlots;
+use crate::state::{AppState, LoadedRules};
+use error::RegistryError;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use storage::dir::DirStorage;
+use storage::redis::RedisRegistry;
+use storage::{Entry, Expect, Refused, Snapshot, Version};
+use tokio::sync::watch;
+use tollgate_core::clock::{Clock, SystemClock};
+use tollgate_core::rules::{LoadOptions, RuleError, RuleErrors, RuleSet};
+
+/// `tollgate serve`'s registry settings (`--admin-token-file`, `--registry-*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegistryConfig {
+    /// File holding the admin token; without it the registry is read-only.
+    pub token_file: Option<PathBuf>,
+    /// The registry directory (memory store), or the local snapshot (Redis store).
+    pub dir: Option<PathBuf>,
+    /// Most domains the registry holds.
+    pub max_domains: usize,
+    /// Most descriptors (at every depth) of one registered domain.
+    pub max_descriptors: usize,
+    /// Largest body of a `PUT`, in bytes.
+    pub max_body_bytes: usize,
+    /// Versions kept per domain (the current one included).
+    pub history: usize,
+    /// Redis: how often the revision key is polled.
+    pub poll_interval: Duration,
+}
+
+impl Default for RegistryConfig {
+    fn default() -> Self {
+        Self {
+            token_file: None,
+            dir: None,
+            max_domains: 1000,
+            max_descriptors: 1000,
+            max_body_bytes: 256 * 1024,
+            history: 10,
+            poll_interval: Duration::from_millis(250),
+        }
+    }
+}
+
+impl RegistryConfig {
+    /// Whether the registry runs: an admin token or a registry directory is configured.
+    pub fn enabled(&self) -> bool {
+        self.token_file.is_some() || self.dir.is_some()
+    }
+}
+
+/// The file name registered domains carry in the running rules (`registry:<domain>`), shown
+/// as their source by `/v1/rules`.
+pub fn source_name(domain: &str) -> String {
+    format!("registry:{domain}")
+}
+
+/// Whether a domain's file name is a registered domain's ([`source_name`]).
+pub fn is_registered_source(file: &str) -> bool {
+    file.starts_with("registry:")
+}
+
+/// A registered domain as the running rules take it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registered {
+    /// The domain.
+    pub domain: String,
+    /// Its current version.
+    pub version: u64,
+    /// Its rules text.
+    pub rules: String,
+}
+
+/// The rule set of the files (`files` as read, `read_errors` the files that could not be) and
+/// the registered domains no file defines (a file's domain hides a registered one). Only the
+/// files can make it fail: registered domains were validated when stored.
+pub fn combine(
+    files: &[(String, String)],
+    read_errors: Vec<RuleError>,
+    registered: &[Registered],
+    options: LoadOptions,
+) -> Result<RuleSet, RuleErrors> {
+    let file_set = RuleSet::from_read_sources(files, read_errors, options)?;
+    let mut all: Vec<(String, String)> = Vec::new();
+    for r in registered {
+        match file_set.domain(&r.domain) {
+            Some(d) => tracing::warn!(
+                domain = %r.domain,
+                file = %d.file,
+                "registered domain hidden by a rules file defining it (the file owns it)"
+            ),
+            None => all.push((source_name(&r.domain), r.rules.clone())),
+        }
+    }
+    if all.is_empty() {
+        return Ok(file_set);
+    }
+    all.splice(0..0, files.iter().cloned());
+    RuleSet::from_sources_with(&all, options.merge_domains)
+}
+
+/// Whether `name` can be registered: 1 to 128 of `A-Z a-z 0-9 . _ : -`, not starting with `.`
+/// (a domain name is a file name in the registry directory, and a URL path segment).
+pub fn valid_domain(name: &str) -> bool {
+    (1..=128).contains(&name.len())
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b))
+}
+
+/// Where the registry keeps its domains.
+#[derive(Debug)]
+enum Backing {
+    Memory,
+    Dir(DirStorage),
+    Redis {
+        redis: RedisRegistry,
+        snapshot: Option<DirStorage>,
+    },
+}
+
+/// Counters of the registry (rendered by `/metrics`).
+#[derive(Debug, Default)]
+struct Counters {
+    puts: AtomicU64,
+    deletes: AtomicU64,
+    syncs_ok: AtomicU64,
+    syncs_failed: AtomicU64,
+}
+
+/// A running registry. Shared through [`AppState::registry`].
+#[derive(Debug)]
+pub struct Registry {
+    config: RegistryConfig,
+    token: Option<[u8; 32]>,
+    backing: Backing,
+    snapshot: RwLock<Arc<Snapshot>>,
+    writes: tokio::sync::Mutex<()>,
+    counters: Counters,
+    /// Redis: whether the last look at Redis failed (a WARN is logged on each transition).
+    redis_down: AtomicBool,
+}
+
+/// How a `PUT` went (or would go, on a dry run).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PutOutcome {
+    /// The domain.
+    pub domain: String,
+    /// Whether the domain was new.
+    pub created: bool,
+    /// Nothing was stored (`?dry_run=true`).
+    pub dry_run: bool,
+    /// The version before (`None`: new).
+    pub previous_version: Option<u64>,
+    /// The version now (`None` on a dry run).
+    pub version: Option<u64>,
+    /// What changed, limit by limit.
+    pub changes: Changes,
+}
+
+/// The limits a change adds, removes and changes (each described in one line).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Changes {
+    /// Limits that are new (`id: description`).
+    pub added: Vec<String>,
+    /// Limits that are gone.
+    pub removed: Vec<String>,
+    /// Limits whose settings change.
+    pub changed: Vec<Changed>,
+    /// How many limits stay as they are (their counters keep their state).
+    pub unchanged: usize,
+}
+
+/// One changed limit.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Changed {
+    /// The rule's id.
+    pub id: String,
+    /// Its settings before.
+    pub from: String,
+    /// Its settings after.
+    pub to: String,
+}
+
+/// One line describing a limit's settings.
+fn describe(l: &tollgate_core::rules::Limit) -> String {
+    let mut s = match l.quota {
+        None => "unlimited".to_string(),
+        Some(q) => {
+            let p = q.period();
+            let unit = if p.multiplier == 1 {
+                p.unit.as_str().to_string()
+            } else {
+                format!("{} {}s", p.multiplier, p.unit.as_str())
+            };
+            format!("{} per {unit} ({})", q.limit(), q.algorithm().as_str())
+        }
+    };
+    for (on, what) in [
+        (l.shadow_mode, "shadow_mode"),
+        (l.quota_mode, "quota_mode"),
+        (l.share_threshold, "share_threshold"),
+    ] {
+        if on {
+            s.push_str(", ");
+            s.push_str(what);
+        }
+    }
+    if let Some(m) = &l.message {
+        s.push_str(&format!(", message {m:?}"));
+    }
+    if let Some(n) = &l.name {
+        s.push_str(&format!(", name {n:?}"));
+    }
+    s
+}
+
+/// What changes in `domain` from `old` to `new`.
+fn diff(old: &RuleSet, new: &RuleSet, domain: &str) -> Changes {
+    let limits = |set: &RuleSet| -> BTreeMap<String, String> {
+        set.limits()
+            .filter(|l| l.domain == domain)
+            .map(|l| (l.id.clone(), describe(l)))
+            .collect()
+    };
+    let (before, after) = (limits(old), limits(new));
+    let mut changes = Changes::default();
+    for (id, to) in &after {
+        match before.get(id) {
+            None => changes.added.push(format!("{id}: {to}")),
+            Some(from) if from != to => changes.changed.push(Changed {
+                id: id.clone(),
+                from: from.clone(),
+                to: to.clone(),
+            }),
+            Some(_) => changes.unchanged += 1,
+        }
+    }
+    for (id, from) in &before {
+        if !after.contains_key(id) {
+            changes.removed.push(format!("{id}: {from}"));
+        }
+    }
+    changes
+}
+
+/// The time now, in ms since the epoch (the wall clock: a record for humans).
+fn now_ms() -> u64 {
+    SystemClock.now() / 1000
+}
+
+/// Read the admin token: the file's content, surrounding whitespace trimmed; empty is an error.
+pub fn read_token(path: &std::path::Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("cannot read the admin token file {}: {e}", path.display()))?;
+    let token = text.trim();
+    if token.is_empty() {
+        anyhow::bail!("the admin token file {} is empty", path.display());
+    }
+    Ok(token.to_string())
+}
+
+fn digest(token: &[u8]) -> [u8; 32] {
+    Sha256::digest(token).into()
+}
+
+impl Registry {
+    fn new(config: RegistryConfig, token: Option<&str>, backing: Backing) -> Self {
+        Self {
+            config,
+            token: token.map(|t| digest(t.as_bytes())),
+            backing,
+            snapshot: RwLock::new(Arc::new(Snapshot::default())),
+            writes: tokio::sync::Mutex::new(()),
+            counters: Counters::default(),
+            redis_down: AtomicBool::new(false),
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &RegistryConfig {
+        &self.config
+    }
+
+    /// The registry as last applied.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.snapshot
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn set_snapshot(&self, snapshot: Snapshot) {
+        *self.snapshot.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(snapshot);
+    }
+
+    /// The registered domains, as the running rules take them.
+    pub fn registered(&self) -> Vec<Registered> {
+        self.snapshot()
+            .domains
+            .values()
+            .filter_map(|e| {
+                e.current().map(|v| Registered {
+                    domain: e.domain.clone(),
+                    version: v.version,
+                    rules: v.rules.clone(),
+                })
+            })
+            .collect()
+    }
+
+    /// Where the registry lives: `memory`, `directory`, or `redis`.
+    pub fn storage_kind(&self) -> &'static str {
+        match self.backing {
+            Backing::Memory => "memory",
+            Backing::Dir(_) => "directory",
+            Backing::Redis { .. } => "redis",
+        }
+    }
+
+    /// Whether writes are on (an admin token is configured).
+    pub fn writable(&self) -> bool {
+        self.token.is_some()
+    }
+
+    /// Check a write's `Authorization` header value: the admin token as a bearer token.
+    pub fn authorize(&self, authorization: Option<&[u8]>) -> Result<(), RegistryError> {
+        let Some(expected) = &self.token else {
+            return Err(RegistryError::WritesOff(
+                "no admin token is configured (start serve with --admin-token-file)",
+            ));
+        };
+        let Some(value) = authorization else {
+            return Err(RegistryError::Unauthenticated);
+        };
+        let token = value
+            .strip_prefix(b"Bearer ")
+            .or_else(|| value.strip_prefix(b"bearer "))
+            .ok_or(RegistryError::Unauthenticated)?;
+        use subtle::ConstantTimeEq;
+        if bool::from(digest(token.trim_ascii()).ct_eq(expected)) {
+            Ok(())
+        } else {
+            Err(RegistryError::WrongToken)
+        }
+    }
+
+    /// Validate `rules` as the rules of `domain` on `state`'s store: the rule set of the body.
+    fn validate(
+        &self,
+        state: &AppState,
+        domain: &str,
+        rules: &str,
+        caps: bool,
+    ) -> Result<RuleSet, RegistryError> {
+        let set = RuleSet::from_sources(&[("body".to_string(), rules.to_string())])
+            .map_err(RegistryError::InvalidRules)?;
+        let Some(d) = set.domains().next() else {
+            return Err(RegistryError::InvalidBody(
+                "the body defines no domain".into(),
+            ));
+        };
+        if d.name != domain {
+            return Err(RegistryError::DomainMismatch {
+                body: d.name.clone(),
+                path: domain.to_string(),
+            });
+        }
+        if caps && d.descriptor_count() > self.config.max_descriptors {
+            return Err(RegistryError::TooManyDescriptors {
+                count: d.descriptor_count(),
+                max: self.config.max_descriptors,
+            });
+        }
+        let problems = state.backend().unsupported(&set);
+        if !problems.is_empty() {
+            return Err(RegistryError::Unsupported(problems.join("; ")));
+        }
+        Ok(set)
+    }
+
+    /// Install `snapshot` (entries that no longer validate are dropped, each with an ERROR) and
+    /// apply it to `state`.
+    fn install(&self, state: &AppState, mut snapshot: Snapshot) {
+        snapshot.domains.retain(|name, entry| {
+            let Some(v) = entry.current() else {
+                return false;
+            };
+            match self.validate(state, name, &v.rules, false) {
+                Ok(_) => true,
+                Err(e) => {
+                    tracing::error!(domain = %name, version = v.version, error = %e,
+                        "registered domain is not valid here; not served");
+                    false
+                }
+            }
+        });
+        self.set_snapshot(snapshot);
+        self.apply(state);
+    }
+
+    /// Swap in the running files' rules with the registered domains (counters of unchanged
+    /// limits keep their state). On failure the running rules stay (and an ERROR says why).
+    pub fn apply(&self, state: &AppState) -> bool {
+        let _update = state.rules_update_lock();
+        let running = state.rules();
+        let registered = self.registered();
+        let set = match combine(
+            &running.file_sources,
+            Vec::new(),
+            &registered,
+            state.rule_listing(),
+        ) {
+            Ok(set) => set.with_defaults(running.set.defaults()),
+            Err(e) => {
+                tracing::error!(error = %e, "registry: cannot apply; keeping the running rules");
+                return false;
+            }
+        };
+        let generation = running.generation + 1;
+        tracing::info!(
+            generation,
+            registered = registered.len(),
+            domains = set.domains().count(),
+            limits = set.limits().count(),
+            "registry applied"
+        );
+        state.replace_rules(LoadedRules {
+            counters: RuleSlots::new(&set),
+            set,
+            hash: running.hash.clone(),
+            generation,
+            loaded_at: SystemClock.now(),
+            file_sources: running.file_sources.clone(),
+        });
+        true
+    }
+
+    /// Register (or replace) `domain` with `body` (rules, or the service-registration shape).
+    pub async fn put(
+        &self,
+        state: &AppState,
+        domain: &str,
+        body: &str,
+        expect: Expect,
+        dry_run: bool,
+        caller: &str,
+    ) -> Result<PutOutcome, RegistryError> {
+        if !valid_domain(domain) {
+            return Err(RegistryError::InvalidDomain(domain.to_string()));
+        }
+        let rules = if shape::is_service_shape(body) {
+            shape::to_rules(domain, body)?
+        } else {
+            body.to_string()
+        };
+        let new_set = self.validate(state, domain, &rules, true)?;
+        self.check_owner(state, domain)?;
+        let _write = self.writes.lock().await;
+        let snapshot = self.snapshot();
+        let current = snapshot
+            .domains
+            .get(domain)
+            .and_then(Entry::current)
+            .map(|v| v.version);
+        if !expect.met_by(current) {
+            return Err(stale(domain, expect, current));
+        }
+        if current.is_none() && snapshot.domains.len() >= self.config.max_domains {
+            return Err(RegistryError::TooManyDomains {
+                max: self.config.max_domains,
+            });
+        }
+        let changes = diff(&state.rules().set, &new_set, domain);
+        let mut outcome = PutOutcome {
+            domain: domain.to_string(),
+            created: current.is_none(),
+            dry_run,
+            previous_version: current,
+            version: None,
+            changes,
+        };
+        if dry_run {
+            return Ok(outcome);
+        }
+        let version = Version {
+            version: 0,
+            updated_at_ms: now_ms(),
+            updated_by: caller.to_string(),
+            rules,
+        };
+        let (max, history) = (self.config.max_domains, self.config.history);
+        let written = match &self.backing {
+            Backing::Memory | Backing::Dir(_) => {
+                let (next, entry) = storage::put(&snapshot, domain, version, expect, max, history)
+                    .map_err(|r| refused(domain, expect, r, max))?;
+                if let Backing::Dir(dir) = &self.backing {
+                    dir.write_entry(&entry)
+                        .and_then(|()| dir.write_revision(next.revision))
+                        .map_err(|e| {
+                            RegistryError::Storage(format!(
+                                "cannot write to {}: {e}",
+                                dir.path().display()
+                            ))
+                        })?;
+                }
+                let v = next.revision;
+                self.install(state, next);
+                v
+            }
+            Backing::Redis { redis, .. } => {
+                let v = redis
+                    .put(domain, &version, expect, max, history)
+                    .await?
+                    .map_err(|r| refused(domain, expect, r, max))?;
+                self.sync_redis(state).await;
+                v
+            }
+        };
+        outcome.version = Some(written);
+        self.counters.puts.fetch_add(1, Relaxed);
+        tracing::info!(
+            target: "tollgate::audit",
+            action = "put",
+            domain,
+            old_version = current.unwrap_or(0),
+            new_version = written,
+            caller,
+            "registry change"
+        );
+        Ok(outcome)
+    }
+
+    /// Unregister `domain`; the new registry revision.
+    pub async fn delete(
+        &self,
+        state: &AppState,
+        domain: &str,
+        expect: Expect,
+        caller: &str,
+    ) -> Result<(u64, u64), RegistryError> {
+        self.check_owner(state, domain)?;
+        let _write = self.writes.lock().await;
+        let snapshot = self.snapshot();
+        let current = snapshot
+            .domains
+            .get(domain)
+            .and_then(Entry::current)
+            .map(|v| v.version);
+        let max = self.config.max_domains;
+        let revision = match &self.backing {
+            Backing::Memory | Backing::Dir(_) => {
+                let next = storage::delete(&snapshot, domain, expect)
+                    .map_err(|r| refused(domain, expect, r, max))?;
+                if let Backing::Dir(dir) = &self.backing {
+                    dir.remove_entry(domain)
+                        .and_then(|()| dir.write_revision(next.revision))
+                        .map_err(|e| {
+                            RegistryError::Storage(format!(
+                                "cannot write to {}: {e}",
+                                dir.path().display()
+                            ))
+                        })?;
+                }
+                let v = next.revision;
+                self.install(state, next);
+                v
+            }
+            Backing::Redis { redis, .. } => {
+                let v = redis
+                    .delete(domain, expect)
+                    .await?
+                    .map_err(|r| refused(domain, expect, r, max))?;
+                self.sync_redis(state).await;
+                v
+            }
+        };
+        let old = current.unwrap_or(0);
+        self.counters.deletes.fetch_add(1, Relaxed);
+        tracing::info!(
+            target: "tollgate::audit",
+            action = "delete",
+            domain,
+            old_version = old,
+            new_version = revision,
+            caller,
+            "registry change"
+        );
+        Ok((old, revision))
+    }
+
+    /// 409 when a rules file defines `domain`.
+    fn check_owner(&self, state: &AppState, domain: &str) -> Result<(), RegistryError> {
+        let rules = state.rules();
+        match rules.set.domain(domain) {
+            Some(d) if !is_registered_source(&d.file) => Err(RegistryError::FileOwned {
+                domain: domain.to_string(),
+                file: d.file.clone(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Redis: load the registry and apply it when it changed. Returns whether Redis answered.
+    pub async fn sync_redis(&self, state: &AppState) -> bool {
+        let Backing::Redis { redis, snapshot } = &self.backing else {
+            return true;
+        };
+        match redis.load().await {
+            Ok(loaded) => {
+                self.counters.syncs_ok.fetch_add(1, Relaxed);
+                if self.redis_down.swap(false, Relaxed) {
+                    tracing::info!("registry: Redis answers again");
+                }
+                let running = self.snapshot();
+                let Some(loaded) = loaded else {
+                    if !running.domains.is_empty() {
+                        self.warn_missing(running.domains.len());
+                    }
+                    return true;
+                };
+                if loaded == *running {
+                    return true;
+                }
+                if let Some(dir) = snapshot {
+                    if let Err(e) = dir.write_snapshot(&running, &loaded) {
+                        tracing::warn!(dir = %dir.path().display(), error = %e,
+                            "registry: cannot write the local snapshot");
+                    }
+                }
+                tracing::info!(
+                    revision = loaded.revision,
+                    domains = loaded.domains.len(),
+                    "registry: applying a change from Redis"
+                );
+                self.install(state, loaded);
+                true
+            }
+            Err(e) => {
+                self.counters.syncs_failed.fetch_add(1, Relaxed);
+                if !self.redis_down.swap(true, Relaxed) {
+                    tracing::warn!(error = %e,
+                        "registry: cannot read the registry from Redis; keeping the running rules");
+                }
+                false
+            }
+        }
+    }
+
+    fn warn_missing(&self, domains: usize) {
+        static WARNED: AtomicBool = AtomicBool::new(false);
+        if !WARNED.swap(true, Relaxed) {
+            tracing::warn!(
+                domains,
+                "registry: Redis holds no registry (flushed, or restarted without persistence); \
+                 keeping the {domains} registered domains running here. Register them again to \
+                 share them"
+            );
+        }
+    }
+
+    /// The registry's Prometheus lines.
+    pub fn render_metrics(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let snapshot = self.snapshot();
+        let c = &self.counters;
+        let _ = write!(
+            out,
+            "# HELP tollgate_registry_changes_total Registry changes made through this instance, by action.\n\
+             # TYPE tollgate_registry_changes_total counter\n\
+             tollgate_registry_changes_total{{action=\"put\"}} {}\n\
+             tollgate_registry_changes_total{{action=\"delete\"}} {}\n\
+             # HELP tollgate_registry_domains Domains in the registry as last applied.\n\
+             # TYPE tollgate_registry_domains gauge\n\
+             tollgate_registry_domains {}\n\
+             # HELP tollgate_registry_revision The registry's revision as last applied.\n\
+             # TYPE tollgate_registry_revision gauge\n\
+             tollgate_registry_revision {}\n",
+            c.puts.load(Relaxed),
+            c.deletes.load(Relaxed),
+            snapshot.domains.len(),
+            snapshot.revision,
+        );
+        if let Backing::Redis { .. } = self.backing {
+            let _ = write!(
+                out,
+                "# HELP tollgate_registry_syncs_total Reads of the registry from Redis, by result.\n\
+                 # TYPE tollgate_registry_syncs_total counter\n\
+                 tollgate_registry_syncs_total{{result=\"ok\"}} {}\n\
+                 tollgate_registry_syncs_total{{result=\"failure\"}} {}\n",
+                c.syncs_ok.load(Relaxed),
+                c.syncs_failed.load(Relaxed),
+            );
+        }
+    }
+}
+
+fn stale(domain: &str, expect: Expect, current: Option<u64>) -> RegistryError {
+    RegistryError::Stale {
+        domain: domain.to_string(),
+        expected: match expect {
+            Expect::Version(v) => v.to_string(),
+            Expect::Exists | Expect::Any => "any version".into(),
+        },
+        current,
+    }
+}
+
+fn refused(domain: &str, expect: Expect, r: Refused, max: usize) -> RegistryError {
+    match r {
+        Refused::Stale(current) => stale(domain, expect, current),
+        Refused::Full => RegistryError::TooManyDomains { max },
+        Refused::NotFound => RegistryError::NotFound(domain.to_string()),
+    }
+}
+
+/// Start the registry of `config` on `state` (nothing when it is off): open its storage, load
+/// the registered domains (from Redis, or the local snapshot when Redis cannot be reached),
+/// apply them, and with Redis follow the changes until `shutdown`. `store_url` is `--store` (for
+/// the change subscription; never logged).
+pub async fn start(
+    state: &AppState,
+    config: &RegistryConfig,
+    store_url: &str,
+    shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
+    if !config.enabled() {
+        return Ok(None);
+    }
+    if config.max_domains == 0 || config.max_descriptors == 0 || config.max_body_bytes == 0 {
+        anyhow::bail!(
+            "--registry-max-domains, --registry-max-descriptors and --registry-max-body-bytes must be at least 1"
+        );
+    }
+    let token = config.token_file.as_deref().map(read_token).transpose()?;
+    let dir = config
+        .dir
+        .as_deref()
+        .map(|d| {
+            DirStorage::open(d).map_err(|e| {
+                anyhow::anyhow!("cannot use the registry directory {}: {e}", d.display())
+            })
+        })
+        .transpose()?;
+    let local = |dir: &Option<DirStorage>| -> anyhow::Result<Snapshot> {
+        match dir {
+            Some(d) => d
+                .load()
+                .map_err(|e| anyhow::anyhow!("cannot read the registry directory: {e}")),
+            None => Ok(Snapshot::default()),
+        }
+    };
+    let (backing, initial) = match state.backend().redis() {
+        Some(guarded) => {
+            let redis = RedisRegistry::new(guarded.store().clone());
+            let initial = match redis.load().await {
+                Ok(Some(s)) => {
+                    if let Some(d) = &dir {
+                        let old = local(&dir).unwrap_or_default();
+                        if let Err(e) = d.write_snapshot(&old, &s) {
+                            tracing::warn!(error = %e, "registry: cannot write the local snapshot");
+                        }
+                    }
+                    s
+                }
+                Ok(None) => local(&dir)?,
+                Err(e) => {
+                    let s = local(&dir)?;
+                    tracing::warn!(
+                        error = %e,
+                        domains = s.domains.len(),
+                        snapshot = ?config.dir,
+                        "registry: Redis cannot be reached at start; serving the local snapshot \
+                         until it answers"
+                    );
+                    s
+                }
+            };
+            (
+                Backing::Redis {
+                    redis,
+                    snapshot: dir,
+                },
+                initial,
+            )
+        }
+        None => match dir {
+            Some(d) => {
+                let s = local(&Some(d.clone()))?;
+                (Backing::Dir(d), s)
+            }
+            None => {
+                tracing::warn!(
+                    "registry kept in memory only (no --registry-dir): registered domains are \
+                     lost on restart"
+                );
+                (Backing::Memory, Snapshot::default())
+            }
+        },
+    };
+    if token.is_none() {
+        tracing::info!("registry is read-only: no --admin-token-file");
+    }
+    let registry = Arc::new(Registry::new(config.clone(), token.as_deref(), backing));
+    tracing::info!(
+        storage = registry.storage_kind(),
+        revision = initial.revision,
+        domains = initial.domains.len(),
+        "registry started"
+    );
+    state.set_registry(registry.clone());
+    registry.install(state, initial);
+    let Backing::Redis { redis, .. } = &registry.backing else {
+        return Ok(None);
+    };
+    let notify = Arc::new(tokio::sync::Notify::new());
+    let single = !store_url.contains("+cluster://");
+    if single {
+        tokio::spawn(storage::redis::subscribe(
+            store_url.to_string(),
+            redis.channel().to_string(),
+            notify.clone(),
+            shutdown.clone(),
+        ));
+    }
+    let state = state.clone();
+    Ok(Some(tokio::spawn(follow(
+        registry, state, notify, shutdown,
+    ))))
+}
+
+/// Redis: look at the revision key every poll interval and whenever a change is announced, and
+/// load and apply the registry when it moved, until `shutdown`.
+async fn follow(
+    registry: Arc<Registry>,
+    state: AppState,
+    notify: Arc<tokio::sync::Notify>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let Backing::Redis { redis, .. } = &registry.backing else {
+        return;
+    };
+    let mut tick = tokio::time::interval(registry.config.poll_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => return,
+            _ = tick.tick() => {}
+            _ = notify.notified() => {}
+        }
+        let known = registry.snapshot().revision;
+        match redis.revision().await {
+            Ok(Some(r)) if r == known => {
+                if registry.redis_down.swap(false, Relaxed) {
+                    tracing::info!("registry: Redis answers again");
+                }
+            }
+            Ok(None) if registry.snapshot().domains.is_empty() => {}
+            Ok(_) => {
+                registry.sync_redis(&state).await;
+            }
+            Err(e) => {
+                registry.counters.syncs_failed.fetch_add(1, Relaxed);
+                if !registry.redis_down.swap(true, Relaxed) {
+                    tracing::warn!(error = %e,
+                        "registry: cannot read the registry from Redis; keeping the running rules");
+                }
+            }
+        }
+    }
+}
