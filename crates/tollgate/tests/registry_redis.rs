@@ -1,0 +1,274 @@
+//! The rule registry on Redis, end to end with real `tollgate serve` processes and real Redis:
+//! three instances share one registry (a limit registered on one limits on the others; the
+//! propagation time of 20 changes is measured and printed, not asserted); a change whose
+//! announcement was missed is caught by polling; a restart keeps the registered domains; an
+//! instance keeps its running rules while Redis is down, and one started while Redis is down
+//! serves the registered limits from its local snapshot.
+
+mod support;
+
+use std::path::Path;
+use std::time::Duration;
+use support::registry::*;
+use support::*;
+use tollgate_server::client::Method;
+use tollgate_testsupport::{cli, unique_prefix, RedisServer};
+
+/// Generous bound on "every instance applies a change within 1 s" on a loaded test machine.
+const PROPAGATION_WAIT: Duration = Duration::from_secs(15);
+
+/// `tollgate serve` on `store` with key prefix `prefix`, the admin token, and a registry
+/// snapshot directory `snapshot`.
+fn instance(dir: &Path, store: &str, prefix: &str, snapshot: &str, name: &str) -> Server {
+    let rules = dir.join("rules.yaml");
+    std::fs::write(&rules, "domain: files\n").unwrap();
+    let token = token_file(dir);
+    let snapshot = dir.join(snapshot);
+    Server::start(
+        &[
+            "--http-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "off",
+            "--rules",
+            rules.to_str().unwrap(),
+            "--store",
+            store,
+            "--redis-prefix",
+            prefix,
+            "--admin-token-file",
+            token.to_str().unwrap(),
+            "--registry-dir",
+            snapshot.to_str().unwrap(),
+        ],
+        dir,
+        name,
+    )
+}
+
+/// Removes the registry's keys under a prefix from the shared Redis when the test ends.
+struct Cleanup(String);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let keys = cli(
+            6379,
+            &["--scan", "--pattern", &format!("{{{}:registry}}*", self.0)],
+        );
+        for k in keys.lines().filter(|k| !k.is_empty()) {
+            cli(6379, &["DEL", k]);
+        }
+        tollgate_testsupport::delete_prefix("redis://127.0.0.1:6379", &self.0);
+    }
+}
+
+fn median(v: &mut [Duration]) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+#[test]
+fn three_instances_share_the_registry() {
+    let prefix = unique_prefix("registry3");
+    let _cleanup = Cleanup(prefix.clone());
+    let dir = temp_dir("registry-3");
+    let store = "redis://127.0.0.1:6379";
+    let a = instance(&dir, store, &prefix, "snap-a", "registry-3a");
+    let b = instance(&dir, store, &prefix, "snap-b", "registry-3b");
+    let c = instance(&dir, store, &prefix, "snap-c", "registry-3c");
+    let others = [&b, &c];
+
+    // Register on A: A limits at once, B and C soon after; the count is shared.
+    let r = put(&a.base, "shop", &user_limit("shop", 3), None);
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(current_limit(&a.base, "shop", "ann"), Some(3));
+    for s in others {
+        let waited = wait_for(PROPAGATION_WAIT, || {
+            current_limit(&s.base, "shop", "ann") == Some(3)
+        });
+        assert!(
+            waited.is_some(),
+            "not applied on {}:\n{}",
+            s.base,
+            s.stderr()
+        );
+    }
+    assert_eq!(check(&a.base, "shop", "user", "ann").0, 200);
+    assert_eq!(check(&b.base, "shop", "user", "ann").0, 200);
+    assert_eq!(check(&c.base, "shop", "user", "ann").0, 200);
+    assert_eq!(check(&b.base, "shop", "user", "ann").0, 429);
+    // B's snapshot directory holds the domain.
+    assert!(dir.join("snap-b/domains/shop.json").exists());
+
+    // 20 changes, each from another instance in turn: how long until all three serve it.
+    let servers = [&a, &b, &c];
+    let mut times = Vec::new();
+    for i in 0..20u64 {
+        let limit = 100 + i;
+        let writer = servers[i as usize % 3];
+        let r = put(&writer.base, "shop", &user_limit("shop", limit), None);
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(current_limit(&writer.base, "shop", "ann"), Some(limit));
+        let mut slowest = Duration::ZERO;
+        for s in servers {
+            let waited = wait_for(PROPAGATION_WAIT, || {
+                current_limit(&s.base, "shop", "ann") == Some(limit)
+            })
+            .unwrap_or_else(|| panic!("change {i} not applied on {}:\n{}", s.base, s.stderr()));
+            slowest = slowest.max(waited);
+        }
+        times.push(slowest);
+    }
+    let max = *times.iter().max().unwrap();
+    let med = median(&mut times);
+    println!(
+        "registry propagation across 3 instances over 20 changes: median {:.1} ms, max {:.1} ms",
+        med.as_secs_f64() * 1000.0,
+        max.as_secs_f64() * 1000.0
+    );
+
+    // Roll back from history on C, delete on B: applied everywhere.
+    let h = body(&call(
+        &c.base,
+        Method::GET,
+        "/v1/domains/shop/history",
+        None,
+        &[],
+    ));
+    let oldest = h["versions"].as_array().unwrap().last().unwrap()["rules"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(put(&c.base, "shop", &oldest, None).status, 200);
+    // 21 versions were written; the history keeps the last 10: limits 119 down to 110.
+    assert!(oldest.contains("requests_per_unit: 110"), "{oldest}");
+    for s in servers {
+        assert!(
+            wait_for(PROPAGATION_WAIT, || current_limit(&s.base, "shop", "ann")
+                == Some(110))
+            .is_some()
+        );
+    }
+    assert_eq!(delete(&b.base, "shop").status, 200);
+    for s in servers {
+        assert!(
+            wait_for(PROPAGATION_WAIT, || current_limit(&s.base, "shop", "ann")
+                .is_none())
+            .is_some(),
+            "delete not applied on {}",
+            s.base
+        );
+    }
+    assert!(!dir.join("snap-a/domains/shop.json").exists());
+
+    // A stale If-Match is refused by the shared registry whichever instance is asked.
+    assert_eq!(
+        put(&a.base, "shop", &user_limit("shop", 5), None).status,
+        201
+    );
+    let v = body(&call(&a.base, Method::GET, "/v1/domains/shop", None, &[]))["version"].clone();
+    let stale = format!("\"{}\"", v.as_u64().unwrap() - 1);
+    assert!(
+        wait_for(PROPAGATION_WAIT, || current_limit(&c.base, "shop", "ann")
+            == Some(5))
+        .is_some()
+    );
+    assert_eq!(
+        put(&c.base, "shop", &user_limit("shop", 6), Some(&stale)).status,
+        412
+    );
+    // Registry keys have no TTL.
+    let ttl = cli(6379, &["TTL", &format!("{{{prefix}:registry}}:revision")]);
+    assert_eq!(ttl.trim(), "-1");
+}
+
+#[test]
+fn a_change_whose_message_was_missed_is_polled() {
+    let prefix = unique_prefix("registrypoll");
+    let _cleanup = Cleanup(prefix.clone());
+    let dir = temp_dir("registry-poll");
+    let a = instance(
+        &dir,
+        "redis://127.0.0.1:6379",
+        &prefix,
+        "snap",
+        "registry-poll",
+    );
+    assert_eq!(
+        put(&a.base, "shop", &user_limit("shop", 3), None).status,
+        201
+    );
+    // Another writer changes the registry without announcing it (as if the message was lost).
+    let tag = format!("{{{prefix}:registry}}");
+    let rev = cli(6379, &["INCR", &format!("{tag}:revision")]);
+    let rev = rev.trim();
+    cli(6379, &["HSET", &format!("{tag}:domains"), "shop", rev]);
+    let version = serde_json::json!({
+        "version": rev.parse::<u64>().unwrap(),
+        "updated_at_ms": 1,
+        "updated_by": "elsewhere",
+        "rules": user_limit("shop", 42),
+    });
+    cli(
+        6379,
+        &[
+            "LPUSH",
+            &format!("{tag}:history:shop"),
+            &version.to_string(),
+        ],
+    );
+    let waited = wait_for(PROPAGATION_WAIT, || {
+        current_limit(&a.base, "shop", "ann") == Some(42)
+    });
+    assert!(waited.is_some(), "{}", a.stderr());
+}
+
+#[test]
+fn restarts_and_redis_outages_keep_registered_limits() {
+    let mut redis = RedisServer::start(&[]);
+    let prefix = unique_prefix("registryout");
+    let dir = temp_dir("registry-outage");
+    let url = redis.url();
+    let mut a = instance(&dir, &url, &prefix, "snap", "registry-outage-1");
+    assert_eq!(
+        put(&a.base, "shop", &user_limit("shop", 2), None).status,
+        201
+    );
+
+    // Restart with Redis up, without the snapshot: the domain comes from Redis.
+    a.terminate();
+    assert!(a.wait(Duration::from_secs(15)).success());
+    let a = instance(&dir, &url, &prefix, "other-snap", "registry-outage-2");
+    assert_eq!(current_limit(&a.base, "shop", "ann"), Some(2));
+    drop(a);
+
+    // Redis goes down under a running instance: its rules stay (and the failure policy serves
+    // them locally).
+    let b = instance(&dir, &url, &prefix, "snap", "registry-outage-3");
+    assert_eq!(current_limit(&b.base, "shop", "ann"), Some(2));
+    redis.kill();
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(current_limit(&b.base, "shop", "ann"), Some(2));
+    let r = put(&b.base, "shop", &user_limit("shop", 9), None);
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert_eq!(body(&r)["error"]["code"], "registry_unavailable");
+    assert_eq!(current_limit(&b.base, "shop", "ann"), Some(2));
+    drop(b);
+
+    // Started while Redis is down: the limits of the local snapshot, enforced.
+    let c = instance(&dir, &url, &prefix, "snap", "registry-outage-4");
+    assert_eq!(current_limit(&c.base, "shop", "ann"), Some(2));
+    assert_eq!(check(&c.base, "shop", "user", "ann").0, 200);
+    assert_eq!(check(&c.base, "shop", "user", "ann").0, 200);
+    assert_eq!(check(&c.base, "shop", "user", "ann").0, 429);
+    assert!(
+        c.stderr().contains("serving the local snapshot"),
+        "{}",
+        c.stderr()
+    );
+
+    // Redis back, empty (no persistence): the registered domains are not dropped.
+    let _redis = RedisServer::start_on(redis.port, &[]);
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(current_limit(&c.base, "shop", "ann"), Some(2));
+}
