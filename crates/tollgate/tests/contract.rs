@@ -32,11 +32,14 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 5, algorithm: sliding_window_log}
 ";
 
-/// `tollgate serve` on free ports with [`RULES`].
+/// `tollgate serve` on free ports with [`RULES`], and the rule registry (a directory, writes
+/// with [`support::registry::TOKEN`]).
 fn start(name: &str) -> Server {
     let dir = temp_dir(name);
     std::fs::write(dir.join("rules.yaml"), RULES).unwrap();
     let rules = dir.join("rules.yaml");
+    let token = support::registry::token_file(&dir);
+    let registry = dir.join("registry");
     Server::start(
         &[
             "--http-addr",
@@ -45,6 +48,10 @@ fn start(name: &str) -> Server {
             "127.0.0.1:0",
             "--rules",
             rules.to_str().unwrap(),
+            "--admin-token-file",
+            token.to_str().unwrap(),
+            "--registry-dir",
+            registry.to_str().unwrap(),
         ],
         &dir,
         name,
@@ -120,6 +127,14 @@ fn schemathesis() -> PathBuf {
 fn schemathesis_finds_nothing_with_every_check() {
     let st = schemathesis();
     let server = start("contract-fuzz");
+    // A registered domain for the registry's operations to work on (see schemathesis.toml).
+    let r = support::registry::put(
+        &server.base,
+        "reg",
+        &support::registry::user_limit("reg", 5),
+        None,
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
     let work = temp_dir("contract-fuzz-run");
     let config = repo().join("crates/tollgate/tests/schemathesis/schemathesis.toml");
     let out = Command::new(&st)
@@ -141,6 +156,9 @@ fn schemathesis_finds_nothing_with_every_check() {
             "--request-timeout",
             "10",
             "--no-color",
+            // The registry's writes need the admin token (`ignored_auth` checks that they do).
+            "--header",
+            &format!("Authorization: Bearer {}", support::registry::TOKEN),
         ])
         .current_dir(&work)
         .output()
