@@ -178,8 +178,10 @@ mod tests {
                 rules: format!("domain: {d}\n"),
             }],
         };
-        let mut one = Snapshot::default();
-        one.revision = 2;
+        let mut one = Snapshot {
+            revision: 2,
+            ..Snapshot::default()
+        };
         one.domains.insert("a".into(), entry("a", 1));
         one.domains.insert("b".into(), entry("b", 2));
         store.write_snapshot(&Snapshot::default(), &one).unwrap();
