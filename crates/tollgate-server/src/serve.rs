@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tollgate_core::clock::Clock;
 use tollgate_core::rules::RuleDefaults;
 use tollgate_core::Algorithm;
 use tollgate_core::MemoryStore;
@@ -139,7 +140,27 @@ impl Default for ServeConfig {
 /// Load the rules and build the state for `config`. Fails on invalid rules (at startup there
 /// are no running rules to keep), on rules the store cannot serve (count-min sketch on Redis) and
 /// on an unsupported store. Redis need not be up (single server): the service starts degraded.
+///
+/// Decisions are made on the wall clock (stepped monotonically), and on Redis at the Redis
+/// server's `TIME`; [`build_state_with_clock`] takes the time as a parameter.
 pub async fn build_state(config: &ServeConfig) -> anyhow::Result<AppState> {
+    build_state_at(config, None).await
+}
+
+/// [`build_state`] with `clock` as the time of every decision, on every store: the memory
+/// store steps at it, and Redis scripts are given it instead of reading Redis `TIME`
+/// ([`RedisSettings::caller_clock`]). Tests pass a `ManualClock` to cross window boundaries.
+pub async fn build_state_with_clock(
+    config: &ServeConfig,
+    clock: Arc<dyn Clock>,
+) -> anyhow::Result<AppState> {
+    build_state_at(config, Some(clock)).await
+}
+
+async fn build_state_at(
+    config: &ServeConfig,
+    clock: Option<Arc<dyn Clock>>,
+) -> anyhow::Result<AppState> {
     if config.max_keys == 0 {
         bail!("--max-keys must be at least 1");
     }
@@ -184,6 +205,11 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<AppState> {
         .rules_path(config.rules.clone())
         .response_headers(config.response_headers)
         .trusted_proxies(config.trusted_proxies.clone());
+    let caller_clock = clock.is_some();
+    let builder = match clock {
+        Some(clock) => builder.clock(clock),
+        None => builder,
+    };
     let builder = if config.store == "memory" {
         builder.memory_store(Arc::new(MemoryStore::new(config.max_keys)))
     } else if config.store.starts_with("redis") {
@@ -210,6 +236,7 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<AppState> {
             .with_context(|| format!("cannot use --store {}", redact(&config.store)))?;
         let settings = RedisSettings {
             max_keys: config.max_keys,
+            caller_clock: caller_clock || config.redis.caller_clock,
             ..config.redis.clone()
         };
         builder.redis(Guarded::start(store, settings).await)
