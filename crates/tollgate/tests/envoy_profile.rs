@@ -641,7 +641,7 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 1, algorithm: sliding_window_log}
 ",
     );
-    let (_s, grpc) = start(
+    let (s, grpc) = start(
         &root,
         &[("RESPONSE_DYNAMIC_METADATA", "true")],
         "envoy-profile-metadata",
@@ -665,6 +665,87 @@ descriptors:
     let m = r.dynamic_metadata.expect("dynamic_metadata");
     assert!(m.fields.contains_key("domain"), "{m:?}");
     assert!(!m.fields.contains_key("metadata"), "{m:?}");
+
+    // The same request over gRPC and `/json` carries the same dynamic metadata: envoy's `/json`
+    // marshals the gRPC response, `dynamicMetadata` included. A request `hitsAddend`, a
+    // descriptor `hitsAddend` (0 is kept: it is set) and a `limit` override (whose descriptor
+    // adds no rule metadata).
+    let expected = |user: &str| {
+        json!({
+            "domain": "meta",
+            "descriptors": [
+                {"entries": [format!("user={user}")]},
+                {"entries": [format!("user={user}-o")], "hitsAddend": 0,
+                 "limit": "requests_per_unit:5 unit:MINUTE"},
+            ],
+            "hitsAddend": 1,
+            "metadata": {"team": {"name": "payments", "tier": 1}, "free": true},
+        })
+    };
+    let grpc_meta = runtime_block(async {
+        let mut client = RateLimitServiceClient::connect(format!("http://{grpc}"))
+            .await
+            .expect("gRPC connect");
+        let descriptor = |value: &str| RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "user".into(),
+                value: value.into(),
+            }],
+            ..Default::default()
+        };
+        let mut overridden = descriptor("grace-o");
+        overridden.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 0 });
+        overridden.limit = Some(
+            envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride {
+                requests_per_unit: 5,
+                unit: 2,
+            },
+        );
+        client
+            .should_rate_limit(RateLimitRequest {
+                domain: "meta".into(),
+                descriptors: vec![descriptor("grace"), overridden],
+                hits_addend: 1,
+            })
+            .await
+            .expect("ShouldRateLimit")
+            .into_inner()
+            .dynamic_metadata
+            .expect("dynamic_metadata")
+    });
+    assert_eq!(
+        tollgate_server::grpc::pb_struct_json(&grpc_meta),
+        expected("grace")
+    );
+    let r = http(
+        &s.base,
+        Method::POST,
+        "/json",
+        Some(json!({
+            "domain": "meta",
+            "hitsAddend": 1,
+            "descriptors": [
+                {"entries": [{"key": "user", "value": "heidi"}]},
+                {"entries": [{"key": "user", "value": "heidi-o"}], "hitsAddend": "0",
+                 "limit": {"requestsPerUnit": 5, "unit": "MINUTE"}},
+            ],
+        })),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let body: Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(body["dynamicMetadata"], expected("heidi"), "{}", r.body);
+    assert_eq!(body["overallCode"], "OK", "{}", r.body);
+    // Over the limit: `/json` too leaves the rule metadata out.
+    let r = http(
+        &s.base,
+        Method::POST,
+        "/json",
+        Some(json!({"domain": "meta", "descriptors": [{"entries": [{"key": "user", "value": "heidi"}]}]})),
+    );
+    assert_eq!(r.status, 429, "{}", r.body);
+    let body: Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(body["dynamicMetadata"]["domain"], "meta", "{}", r.body);
+    assert!(body["dynamicMetadata"].get("metadata").is_none(), "{}", r.body);
 }
 
 #[test]
