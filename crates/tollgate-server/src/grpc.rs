@@ -452,7 +452,9 @@ pub fn pb_struct_json(s: &PbStruct) -> serde_json::Value {
         match &v.kind {
             None | Some(PbKind::NullValue(_)) => J::Null,
             Some(PbKind::BoolValue(b)) => J::Bool(*b),
-            Some(PbKind::NumberValue(n)) if n.fract() == 0.0 && n.abs() < 9_007_199_254_740_992.0 => {
+            Some(PbKind::NumberValue(n))
+                if n.fract() == 0.0 && n.abs() < 9_007_199_254_740_992.0 =>
+            {
                 J::from(*n as i64)
             }
             Some(PbKind::NumberValue(n)) => {

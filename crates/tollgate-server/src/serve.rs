@@ -99,6 +99,9 @@ pub struct ServeConfig {
     pub rule_listing: tollgate_core::rules::LoadOptions,
     /// `--profile envoy`: envoyproxy/ratelimit's behaviour ([`crate::profile`]); `None` otherwise.
     pub envoy: Option<crate::profile::EnvoyMode>,
+    /// envoy's debug port (`DEBUG_HOST`:`DEBUG_PORT` under the profile, [`crate::debug`]);
+    /// `None`: none. As in envoyproxy/ratelimit, failing to bind it is logged, not fatal.
+    pub debug_addr: Option<SocketAddr>,
 }
 
 impl Default for ServeConfig {
@@ -133,6 +136,7 @@ impl Default for ServeConfig {
             grpc_tls: None,
             rule_listing: tollgate_core::rules::LoadOptions::default(),
             envoy: None,
+            debug_addr: None,
         }
     }
 }
@@ -348,6 +352,8 @@ pub struct Bound {
     pub grpc_uds: Option<PathBuf>,
     /// The store (`memory` or the Redis URL, password redacted).
     pub store: String,
+    /// envoy's debug port, when on and bound.
+    pub debug: Option<SocketAddr>,
 }
 
 /// A `watch` channel that turns `true` once, at shutdown. Clone the receiver for each task.
@@ -450,6 +456,7 @@ pub async fn serve(
     ));
     let sweeper = tokio::spawn(sweep(state.clone(), config.sweep_interval, rx.clone()));
     let envoy_stats = spawn_envoy_stats(&state, &config.envoy_stats, &rx).await?;
+    let (debug, debug_task) = spawn_debug(&state, &config, &rx).await;
     let stopping = state.clone();
     tokio::spawn(async move {
         shutdown.await;
@@ -463,6 +470,7 @@ pub async fn serve(
         grpc: grpc_addr,
         grpc_uds: config.grpc_uds.clone(),
         store: state.store_label(),
+        debug,
     });
 
     // The API service itself, not `http::router`'s `Router` around it (which would route every
@@ -516,6 +524,14 @@ pub async fn serve(
             grpc.abort();
         }
     }
+    if let Some(task) = debug_task {
+        if tokio::time::timeout_at(deadline + Duration::from_secs(1), task)
+            .await
+            .is_err()
+        {
+            tracing::warn!("shutdown timeout: debug listener aborted");
+        }
+    }
     let _ = watcher.await;
     let _ = sweeper.await;
     for task in envoy_stats {
@@ -559,7 +575,39 @@ pub fn listening_message(bound: &Bound) -> String {
         (None, Some(path)) => parts.push(format!("gRPC unix:{}", path.display())),
         (None, None) => {}
     }
+    if let Some(debug) = bound.debug {
+        parts.push(format!("debug http://{debug}"));
+    }
     format!("listening: {}, store {}", parts.join(", "), bound.store)
+}
+
+/// Serve envoy's debug port ([`crate::debug`]) when `config` asks for it, on the hardened
+/// listener with the HTTP listener's limits. As envoyproxy/ratelimit does, a port that cannot be
+/// bound is logged as an error and the service runs without it.
+async fn spawn_debug(
+    state: &AppState,
+    config: &ServeConfig,
+    rx: &watch::Receiver<bool>,
+) -> (Option<SocketAddr>, Option<tokio::task::JoinHandle<()>>) {
+    let Some(addr) = config.debug_addr else {
+        return (None, None);
+    };
+    let listener = match TcpListener::bind(addr).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(%addr, error = %e, "cannot open the debug listener (DEBUG_HOST, DEBUG_PORT); running without it");
+            return (None, None);
+        }
+    };
+    let bound = listener.local_addr().ok();
+    let task = tokio::spawn(listener::serve(
+        listener,
+        crate::debug::router(state.clone()),
+        connection_limits(config),
+        Arc::new(crate::metrics::ConnectionMetrics::default()),
+        rx.clone(),
+    ));
+    (bound, Some(task))
 }
 
 /// Start the envoy-named stats exports of `settings` (statsd sender, Prometheus listener).

@@ -60,6 +60,9 @@ fn start(root: &Path, vars: &[(&str, &str)], name: &str) -> (Server, String) {
         ("GRPC_PORT", &grpc),
         ("RUNTIME_ROOT", &root),
         ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        // envoy's debug port on any free port (its default 6070 may be taken).
+        ("DEBUG_HOST", "127.0.0.1"),
+        ("DEBUG_PORT", "0"),
     ];
     env.extend_from_slice(vars);
     let s = Server::start_env(&["--profile", "envoy"], &env, &repo(), name);
@@ -410,6 +413,8 @@ fn grpc_on_a_unix_socket() {
             ("GRPC_UDS", &sock_s),
             ("RUNTIME_ROOT", &root_s),
             ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("DEBUG_HOST", "127.0.0.1"),
+            ("DEBUG_PORT", "0"),
         ],
         &repo(),
         "envoy-profile-uds",
@@ -740,12 +745,18 @@ descriptors:
         &s.base,
         Method::POST,
         "/json",
-        Some(json!({"domain": "meta", "descriptors": [{"entries": [{"key": "user", "value": "heidi"}]}]})),
+        Some(
+            json!({"domain": "meta", "descriptors": [{"entries": [{"key": "user", "value": "heidi"}]}]}),
+        ),
     );
     assert_eq!(r.status, 429, "{}", r.body);
     let body: Value = serde_json::from_str(&r.body).unwrap();
     assert_eq!(body["dynamicMetadata"]["domain"], "meta", "{}", r.body);
-    assert!(body["dynamicMetadata"].get("metadata").is_none(), "{}", r.body);
+    assert!(
+        body["dynamicMetadata"].get("metadata").is_none(),
+        "{}",
+        r.body
+    );
 }
 
 #[test]
@@ -833,4 +844,109 @@ fn unhealthy_until_redis_has_answered() {
     redis.kill();
     std::thread::sleep(Duration::from_millis(600));
     assert_eq!(http(&s.base, Method::GET, "/healthcheck", None).status, 200);
+}
+
+#[test]
+fn debug_port_serves_rlconfig_and_stats() {
+    let root = runtime("envoy-profile-debug");
+    write(&root, "limits.yaml", RULES);
+    write(
+        &root,
+        "more.yaml",
+        "domain: debug
+descriptors:
+  - key: k1
+    value: v1
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: k2
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 10}
+    descriptors:
+      - key: k3
+        rate_limit: {unlimited: true}
+",
+    );
+    let port = free_port().to_string();
+    let (s, grpc) = start(
+        &root,
+        &[
+            ("DEBUG_PORT", &port),
+            // The hardened listener's limits apply to the debug port too.
+            ("TOLLGATE_HEADER_READ_TIMEOUT", "1s"),
+        ],
+        "envoy-profile-debug",
+    );
+    let debug = format!("http://{}", s.addr("debug http://"));
+    assert_eq!(debug, format!("http://127.0.0.1:{port}"), "{}", s.line);
+
+    // `/`: the endpoints, as envoy's debug index lists them.
+    let index = http(&debug, Method::GET, "/", None);
+    assert_eq!(index.status, 200);
+    assert_eq!(
+        index.body,
+        "/rlconfig: print out the currently loaded configuration for debugging\n/stats: print out stats\n"
+    );
+    // `/rlconfig`: one line per limit in envoy's `Dump` format.
+    let config = http(&debug, Method::GET, "/rlconfig", None);
+    assert_eq!(config.status, 200);
+    for line in [
+        "debug.k1_v1: unit=MINUTE requests_per_unit=3, shadow_mode: false, quota_mode: false",
+        "debug.k2: unit=HOUR requests_per_unit=10, shadow_mode: true, quota_mode: false",
+        "debug.k2.k3: unit=UNKNOWN requests_per_unit=0, shadow_mode: false, quota_mode: false",
+        "profile.user: unit=MINUTE requests_per_unit=3, shadow_mode: false, quota_mode: false",
+    ] {
+        assert!(
+            config.body.lines().any(|l| l == line),
+            "{line} in\n{}",
+            config.body
+        );
+    }
+    assert_eq!(config.body.lines().count(), 4, "{}", config.body);
+    // `/stats`: `name: value` lines of envoy's stat names.
+    for _ in 0..4 {
+        should_rate_limit(&grpc, "profile", "ivan");
+    }
+    let stats = http(&debug, Method::GET, "/stats", None);
+    assert_eq!(stats.status, 200);
+    for line in [
+        "ratelimit.service.rate_limit.profile.user.total_hits: 4",
+        "ratelimit.service.rate_limit.profile.user.over_limit: 1",
+        "ratelimit.service.rate_limit.profile.user.within_limit: 3",
+        "ratelimit_server.ShouldRateLimit.total_requests: 4",
+        "ratelimit.service.config_load_success: 1",
+    ] {
+        assert!(
+            stats.body.lines().any(|l| l == line),
+            "{line} in\n{}",
+            stats.body
+        );
+    }
+    assert_eq!(http(&debug, Method::GET, "/debug/pprof/", None).status, 404);
+    // A client that never finishes its request head is dropped (header-read timeout).
+    let mut conn = std::net::TcpStream::connect(s.addr("debug http://")).unwrap();
+    use std::io::{Read, Write};
+    conn.write_all(b"GET /stats HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut buf = Vec::new();
+    let read = conn.read_to_end(&mut buf);
+    assert!(
+        read.is_ok() && !String::from_utf8_lossy(&buf).contains("ratelimit"),
+        "{read:?} {:?}",
+        String::from_utf8_lossy(&buf)
+    );
+
+    // envoy logs a debug port it cannot bind and serves on: so does the profile.
+    let (s2, grpc2) = start(&root, &[("DEBUG_PORT", &port)], "envoy-profile-debug-taken");
+    assert!(!s2.line.contains("debug http://"), "{}", s2.line);
+    assert!(
+        s2.stderr().contains("cannot open the debug listener"),
+        "{}",
+        s2.stderr()
+    );
+    assert_eq!(
+        should_rate_limit(&grpc2, "profile", "judy").overall_code,
+        Code::Ok as i32
+    );
 }

@@ -276,6 +276,8 @@ fn start_profile(name: &str, vars: &[(&str, &str)]) -> Server {
         ("GRPC_PORT", &grpc_port),
         ("RUNTIME_ROOT", &root),
         ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("DEBUG_HOST", "127.0.0.1"),
+        ("DEBUG_PORT", "0"),
     ];
     env.extend_from_slice(vars);
     Server::start_env(&["--profile", "envoy"], &env, &support::repo(), name)
@@ -355,7 +357,12 @@ fn profile_prometheus_counts_as_envoy_when_hits_cross_the_limit() {
         ],
     );
     crossing_sequences(&server);
-    let page = http(&format!("http://{metrics_addr}"), Method::GET, "/metrics", None);
+    let page = http(
+        &format!("http://{metrics_addr}"),
+        Method::GET,
+        "/metrics",
+        None,
+    );
     assert_eq!(page.status, 200);
     for (key, total, over, near, within, shadow) in CROSSING {
         let key1 = key.strip_prefix("stats.").unwrap();
@@ -366,8 +373,9 @@ fn profile_prometheus_counts_as_envoy_when_hits_cross_the_limit() {
             ("within_limit", within),
             ("shadow_mode", shadow),
         ] {
-            let line =
-                format!("ratelimit_service_rate_limit_{stat}{{domain=\"stats\",key1=\"{key1}\"}} {v}\n");
+            let line = format!(
+                "ratelimit_service_rate_limit_{stat}{{domain=\"stats\",key1=\"{key1}\"}} {v}\n"
+            );
             assert!(page.body.contains(&line), "{line} in\n{}", page.body);
         }
     }
