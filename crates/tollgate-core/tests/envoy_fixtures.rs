@@ -741,7 +741,7 @@ const REJECT: &[Reject] = &[
         "config/bad_yaml.yaml",
         None,
         "error loading config file: yaml: line 2: found unexpected end of stream",
-        1,
+        2,
         "invalid YAML",
     ),
     (
