@@ -33,6 +33,7 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 use tollgate_core::clock::{Clock, Micros, SECOND};
 use tollgate_core::quota::Unit;
 use tollgate_core::ManualClock;
@@ -752,4 +753,105 @@ async fn profile_stats_stop_increment_memory() {
 #[tokio::test]
 async fn profile_stats_stop_increment_redis() {
     stats_stop_increment(Store::Redis).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Differences that remain under the profile (docs/migrating-from-envoy-ratelimit.md).
+
+fn translated(vars: &[(&str, &str)]) -> tollgate_server::profile::Translation {
+    let vars: BTreeMap<String, String> = vars
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    translate(&vars, ServeConfig::default()).expect("translate")
+}
+
+#[test]
+fn differences_store_settings() {
+    // No REDIS_* variable: the memory store, not envoy's nutcracker socket.
+    assert_eq!(translated(&[]).config.store, "memory");
+    // REDIS_TIMEOUT unset: tollgate's 50 ms, not envoy's 10 s.
+    let t = translated(&[
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_URL", "127.0.0.1:6379"),
+    ]);
+    assert_eq!(t.config.redis_timeout, Duration::from_millis(50));
+    assert_eq!(t.config.redis_key_layout, tollgate_redis::KeyLayout::Envoy);
+    // A Redis Cluster keeps tollgate's key layout (not shared with envoy's pods), said once.
+    let t = translated(&[
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_TYPE", "CLUSTER"),
+        ("REDIS_URL", "127.0.0.1:7000,127.0.0.1:7001"),
+        ("CACHE_KEY_PREFIX", "rl:"),
+    ]);
+    assert!(t.config.store.contains("+cluster"), "{}", t.config.store);
+    assert_eq!(
+        t.config.redis_key_layout,
+        tollgate_redis::KeyLayout::Tollgate
+    );
+    assert!(
+        t.warnings.iter().any(|w| w.starts_with("CACHE_KEY_PREFIX")),
+        "{:?}",
+        t.warnings
+    );
+}
+
+#[tokio::test]
+async fn differences_stats_not_produced() {
+    let p = profile(
+        Store::Memory,
+        &["config/basic_config.yaml"],
+        &[("SHADOW_MODE", "true")],
+    )
+    .await;
+    // An unknown domain and a request answered OK by the global shadow mode: envoy would count
+    // `domain_not_found` and `global_shadow_mode`; tollgate has no such envoy-named stat.
+    check(&p, "no-such-domain", &[&[("key", "v")]], 1).await;
+    let r = check(&p, "test-domain", &[&[("key3", "a")]], 2).await;
+    assert_eq!(r.body["overall_code"], "OK", "{}", r.text);
+    let names: Vec<String> = envoy_counters(p.state.metrics())
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    for absent in [
+        "domain_not_found",
+        "global_shadow_mode",
+        "service_error",
+        "response_time",
+    ] {
+        assert!(
+            !names.iter().any(|n| n.contains(absent)),
+            "{absent}: {names:?}"
+        );
+    }
+    // EXTRA_TAGS go on statsd names only; the Prometheus page has the mapping's labels.
+    let page = tollgate_server::envoy_stats::render_prometheus(p.state.metrics());
+    assert!(
+        page.contains(
+            "ratelimit_service_rate_limit_over_limit{domain=\"test-domain\",key1=\"key3\"} 1\n"
+        ),
+        "{page}"
+    );
+}
+
+#[test]
+fn differences_extra_tags_not_on_prometheus() {
+    let t = translated(&[
+        ("USE_STATSD", "false"),
+        ("USE_PROMETHEUS", "true"),
+        ("EXTRA_TAGS", "az:eu"),
+    ]);
+    // Prometheus on, and nothing carries the tags to it (statsd would append `.__az=eu`).
+    assert!(t.config.envoy_stats.prometheus.is_some());
+    assert!(t.config.envoy_stats.statsd.is_none());
+    let m = tollgate_server::metrics::Metrics::new();
+    m.rule("d", "d.k", "d.k")
+        .total_hits
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let page = tollgate_server::envoy_stats::render_prometheus(&m);
+    assert!(
+        page.contains("ratelimit_service_rate_limit_total_hits{domain=\"d\",key1=\"k\"} 1\n"),
+        "{page}"
+    );
+    assert!(!page.contains("az"), "{page}");
 }

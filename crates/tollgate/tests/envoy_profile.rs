@@ -631,6 +631,17 @@ fn grpc_server_tls_and_client_certificates() {
     let (_m, grpc) = start(&root, &mtls, "envoy-profile-mtls");
     assert_eq!(runtime_block(tls_health(&grpc, &root, true)), Ok(serving));
     assert!(runtime_block(tls_health(&grpc, &root, false)).is_err());
+
+    // Difference: the certificate files are read at start-up. Replaced by a certificate of
+    // another CA, they are not picked up (envoyproxy/ratelimit reloads them): a client trusting
+    // only the first CA is still served.
+    let other = root.join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    certificates(&other);
+    for f in ["server.pem", "server.key"] {
+        std::fs::copy(other.join(f), root.join(f)).unwrap();
+    }
+    assert_eq!(runtime_block(tls_health(&grpc, &root, true)), Ok(serving));
 }
 
 #[test]
