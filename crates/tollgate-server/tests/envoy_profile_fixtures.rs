@@ -25,23 +25,23 @@
 //! | 10 | `unlimited: true`: any number of hits is OK | TestUnlimited |
 //! | 11 | a value override with no rate limit whitelists the value | basic_config.yaml (key2/value3) |
 //! | 12 | `replaces`: the replaced 5/second limit no longer applies (6 hits OK), the replacing 10/second one does (11 hits over) | README example 7 |
-| 13 | a per-second limit exhausted late in second N is OVER_LIMIT; at the start of N+1 its window is fresh | CalculateReset, cache keys per window |
-| 14 | MINUTE, HOUR, DAY likewise at their boundary; `duration_until_reset` 1 s in the window's last second, the whole unit at its start | same |
-| 15 | WEEK: 7-day windows from the epoch (Thursdays): reset 604800 s at 2026-01-01, fresh on Jan 8 (not Monday Jan 5) | UnitToDivider |
-| 16 | MONTH: 30-day windows from the epoch: reset 518400 s at 2026-01-01, fresh on Jan 7 (not Feb 1) | UnitToDivider |
-| 17 | YEAR: 365-day windows from the epoch: reset 30326400 s at 2026-01-01, fresh on 2026-12-18 | UnitToDivider |
-| 18 | `duration_until_reset` mid-window in whole seconds, `divider - now % divider` (18, 1338, 37338 s at 13:37:42.7) | CalculateReset |
-| 19 | statistics of TestNearLimit (15/hour: 10 -> 11 within; 12 -> 13 near; 15 -> 16 one over) | fixed_cache_impl_test |
-| 20 | key5: 20/s, 2 -> 5 by 3: 3 within | same |
-| 21 | key6: 8/s, 5 -> 7 by 2: 1 near, 2 within | same |
-| 22 | key7: 20/s, 16 -> 19 by 3: 3 near, 3 within | same |
-| 23 | key8: 20/s, 19 -> 22 by 3: OVER_LIMIT, 2 over, 1 near, 0 within | same |
-| 24 | key9: 20/s, 15 -> 22 by 7: 2 over, 4 near | same |
-| 25 | key10: 10/s, 27 -> 30 by 3: 3 over | same |
-| 26 | shadow-mode rule: answered OK, its hits past the limit in over_limit and shadow_mode (TestOverLimitWithLocalCacheShadowRule's steps; crossing by 3) | same, base_limiter_test |
-| 27 | local cache (`LOCAL_CACHE_SIZE_IN_BYTES`): a hit denied without Redis counts in over_limit and over_limit_with_local_cache (Redis only) | TestOverLimitWithLocalCache |
-| 28 | statistics with `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` (a key left at 13 still counts 2 within, 1 near) | TestOverLimitWithStopCacheKeyIncrement |
-| 29 | every descriptor of a denied request is counted in the statistics (key5: 1 over, 3 near; subkey5: 16 within) | GenerateCacheKeys, GetResponseDescriptorStatus |
+//! | 13 | a per-second limit exhausted late in second N is OVER_LIMIT; at the start of N+1 its window is fresh | CalculateReset, cache keys per window |
+//! | 14 | MINUTE, HOUR, DAY likewise at their boundary; `duration_until_reset` 1 s in the window's last second, the whole unit at its start | same |
+//! | 15 | WEEK: 7-day windows from the epoch (Thursdays): reset 604800 s at 2026-01-01, fresh on Jan 8 (not Monday Jan 5) | UnitToDivider |
+//! | 16 | MONTH: 30-day windows from the epoch: reset 518400 s at 2026-01-01, fresh on Jan 7 (not Feb 1) | UnitToDivider |
+//! | 17 | YEAR: 365-day windows from the epoch: reset 30326400 s at 2026-01-01, fresh on 2026-12-18 | UnitToDivider |
+//! | 18 | `duration_until_reset` mid-window in whole seconds, `divider - now % divider` (18, 1338, 37338 s at 13:37:42.7) | CalculateReset |
+//! | 19 | statistics of TestNearLimit (15/hour: 10 -> 11 within; 12 -> 13 near; 15 -> 16 one over) | fixed_cache_impl_test |
+//! | 20 | key5: 20/s, 2 -> 5 by 3: 3 within | same |
+//! | 21 | key6: 8/s, 5 -> 7 by 2: 1 near, 2 within | same |
+//! | 22 | key7: 20/s, 16 -> 19 by 3: 3 near, 3 within | same |
+//! | 23 | key8: 20/s, 19 -> 22 by 3: OVER_LIMIT, 2 over, 1 near, 0 within | same |
+//! | 24 | key9: 20/s, 15 -> 22 by 7: 2 over, 4 near | same |
+//! | 25 | key10: 10/s, 27 -> 30 by 3: 3 over | same |
+//! | 26 | shadow-mode rule: answered OK, its hits past the limit in over_limit and shadow_mode (TestOverLimitWithLocalCacheShadowRule's steps; crossing by 3) | same, base_limiter_test |
+//! | 27 | local cache (`LOCAL_CACHE_SIZE_IN_BYTES`): a hit denied without Redis counts in over_limit and over_limit_with_local_cache (Redis only) | TestOverLimitWithLocalCache |
+//! | 28 | statistics with `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` (a key left at 13 still counts 2 within, 1 near) | TestOverLimitWithStopCacheKeyIncrement |
+//! | 29 | every descriptor of a denied request is counted in the statistics (key5: 1 over, 3 near; subkey5: 16 within) | GenerateCacheKeys, GetResponseDescriptorStatus |
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
