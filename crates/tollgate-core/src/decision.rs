@@ -21,6 +21,11 @@ pub struct Decision {
     pub retry_after: Option<Micros>,
     /// Leaky bucket only: how long an admitted request should wait in the queue.
     pub delay: Micros,
+    /// [`crate::Algorithm::EnvoyFixedWindow`] only: the window's count after this step (what
+    /// envoyproxy/ratelimit's `INCRBY` returns; after a cost-0 query, the count as it stands).
+    /// envoy's statistics split a request's hits at the limit with it. `None` for the other
+    /// algorithms.
+    pub count: Option<u64>,
 }
 
 impl Decision {

@@ -741,7 +741,7 @@ const REJECT: &[Reject] = &[
         "config/bad_yaml.yaml",
         None,
         "error loading config file: yaml: line 2: found unexpected end of stream",
-        1,
+        2,
         "invalid YAML",
     ),
     (
@@ -1595,6 +1595,23 @@ fn differences_stricter_validation() {
         assert!(e.to_string().starts_with("s.yaml:4:"), "{e}");
         assert!(e.to_string().contains(needle), "{e}");
     }
+}
+
+#[test]
+fn differences_matching_on_key_and_value_separately() {
+    // envoyproxy/ratelimit looks a descriptor entry up by its joined `key_value` string, so the
+    // entry `a_b` = `c` finds the rule `a` = `b_c` (both are `a_b_c`); tollgate compares key and
+    // value, so it does not.
+    let yaml = "domain: d\ndescriptors:\n  - key: a\n    value: b_c\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
+    let set = RuleSet::from_sources(&[("s.yaml".into(), yaml.into())]).unwrap();
+    assert!(matches!(
+        set.resolve("d", &[("a", "b_c")]),
+        tollgate_core::rules::Resolution::Limited { .. }
+    ));
+    assert!(!matches!(
+        set.resolve("d", &[("a_b", "c")]),
+        tollgate_core::rules::Resolution::Limited { .. }
+    ));
 }
 
 #[test]

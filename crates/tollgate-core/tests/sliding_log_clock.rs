@@ -89,6 +89,7 @@ fn unclamped(log: &mut Vec<(Micros, u64)>, now: Micros, cost: u64, q: &Quota) ->
         reset_after: 0,
         retry_after: None,
         delay: 0,
+        count: None,
     };
     if limit == 0 || cost > limit {
         d.reset_after = empties_in(log);

@@ -25,7 +25,7 @@
 --       layout, EXPIRE seconds (envoy layout).
 -- KEYS: one per item, two for a sliding log (the set and its sum).
 -- Returns: { now, blocked, then per item: allowed, limit, remaining, reset_after,
---            retry_after (-1 = none), delay }.
+--            retry_after (-1 = none), delay, count (envoy_fixed_window's count, -1 = none) }.
 
 local now
 if ARGV[1] == '' then
@@ -67,13 +67,14 @@ end
 
 local out = { now, 0 }
 local function emit(i, d)
-  local b = 2 + (i - 1) * 6
+  local b = 2 + (i - 1) * 7
   local allowed = 0
   if d.allowed then allowed = 1 end
   local retry = -1
   if d.retry ~= nil then retry = d.retry end
   out[b + 1], out[b + 2], out[b + 3] = allowed, d.limit, d.remaining
   out[b + 4], out[b + 5], out[b + 6] = d.reset, retry, d.delay
+  out[b + 7] = d.count or -1
 end
 
 if mode == 'r' then

@@ -37,7 +37,10 @@ local function ef_step(st, now, cost, p)
   end
   local keep = nil
   if after > 0 then keep = { start, after } end
-  return decision(allowed, limit, rem, wend - (now - now % 1000000), retry, 0), keep
+  local d = decision(allowed, limit, rem, wend - (now - now % 1000000), retry, 0)
+  -- The count after this step (envoy's INCRBY reply): its statistics split the hits with it.
+  d.count = after
+  return d, keep
 end
 
 ALG[7] = {

@@ -206,7 +206,7 @@ pub struct Reply {
 
 /// Decode the flat integer array the script returns.
 pub fn decode(v: &[i64], n: usize) -> Result<Reply, StoreError> {
-    if v.len() != 2 + 6 * n {
+    if v.len() != 2 + 7 * n {
         return Err(StoreError::Unavailable(format!(
             "unexpected script reply: {} integers for {n} items",
             v.len()
@@ -214,7 +214,7 @@ pub fn decode(v: &[i64], n: usize) -> Result<Reply, StoreError> {
     }
     let u = |x: i64| x.max(0) as u64;
     let decisions = v[2..]
-        .chunks_exact(6)
+        .chunks_exact(7)
         .map(|c| Decision {
             allowed: c[0] == 1,
             limit: u(c[1]),
@@ -222,6 +222,7 @@ pub fn decode(v: &[i64], n: usize) -> Result<Reply, StoreError> {
             reset_after: u(c[3]),
             retry_after: (c[4] >= 0).then(|| u(c[4])),
             delay: u(c[5]),
+            count: (c[6] >= 0).then(|| u(c[6])),
         })
         .collect();
     Ok(Reply {

@@ -191,6 +191,11 @@ pub struct RedisSettings {
     pub deny_cache: bool,
     /// Keys the `local` policy's memory store may hold (`--max-keys`).
     pub max_keys: usize,
+    /// Decide at the caller's time (the service state's clock) instead of Redis `TIME`. Off in
+    /// `serve`, so that app servers with skewed clocks share one time; on when the state is
+    /// built with an explicit clock ([`crate::serve::build_state_with_clock`]), so that a test
+    /// clock decides on Redis as it does on the memory store.
+    pub caller_clock: bool,
 }
 
 impl Default for RedisSettings {
@@ -200,6 +205,7 @@ impl Default for RedisSettings {
             expected_instances: 1,
             deny_cache: false,
             max_keys: tollgate_core::memory::DEFAULT_MAX_KEYS,
+            caller_clock: false,
         }
     }
 }
@@ -531,9 +537,10 @@ impl Guarded {
         items: &[CheckItem<'_>],
     ) -> Result<Vec<Decision>, Option<StoreError>> {
         let opts = self.store.options();
+        let at = self.settings.caller_clock.then_some(now);
         let call = self
             .store
-            .check_within(opts.timeout + opts.patience, None, items);
+            .check_within(opts.timeout + opts.patience, at, items);
         tokio::pin!(call);
         if let Ok(r) = tokio::time::timeout(opts.timeout, &mut call).await {
             return r.map_err(Some);
@@ -869,6 +876,7 @@ impl DenyCache {
             reset_after: e.reset_at.saturating_sub(now),
             retry_after: (e.until != Micros::MAX).then(|| e.until - now),
             delay: 0,
+            count: None,
         })
     }
 

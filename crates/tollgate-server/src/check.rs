@@ -363,8 +363,14 @@ pub fn limit_info(limit: &Limit) -> Option<LimitInfo> {
     })
 }
 
-/// Count one limited descriptor. A request denied by another descriptor consumed nothing here,
-/// so its allowed descriptors count nothing.
+/// Count one limited descriptor.
+///
+/// An envoy_fixed_window counter (its decision carries the window's count) is counted as
+/// envoyproxy/ratelimit counts it, whatever the other descriptors decided: every hit in
+/// `total_hits`, and the hits split at the limit by [`crate::metrics::Metrics::envoy_split`]
+/// (only the hits past the limit are `over_limit`). The other algorithms are all-or-nothing: a
+/// request denied by another descriptor consumed nothing here, so its allowed descriptors count
+/// nothing, and a denied request's hits are all `over_limit`.
 #[allow(clippy::too_many_arguments)]
 fn record(
     state: &AppState,
@@ -381,7 +387,7 @@ fn record(
         return;
     };
     let blocks = status.blocks();
-    if !allowed && !blocks {
+    if !allowed && !blocks && decision.count.is_none() {
         return;
     }
     let metrics = state.metrics();
@@ -395,7 +401,23 @@ fn record(
     };
     use std::sync::atomic::Ordering::Relaxed;
     c.total_hits.fetch_add(cost, Relaxed);
-    if !decision.allowed {
+    let add = |counter: &std::sync::atomic::AtomicU64, n: u64| {
+        if n > 0 {
+            counter.fetch_add(n, Relaxed);
+        }
+    };
+    if let Some(after) = decision.count {
+        // envoy's `limitAfterIncrease - hitsAddend`, in its unsigned arithmetic: it wraps only
+        // for a counter this request did not increment (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT),
+        // and then counts as envoy counts it.
+        let split = metrics.envoy_split(decision.limit, after.wrapping_sub(cost), after, cost);
+        add(&c.over_limit, split.over);
+        add(&c.near_limit, split.near);
+        add(&c.within_limit, split.within);
+        if status.shadowed() {
+            add(&c.shadow_mode, split.over);
+        }
+    } else if !decision.allowed {
         c.over_limit.fetch_add(cost, Relaxed);
         if from_cache {
             c.over_limit_with_local_cache.fetch_add(cost, Relaxed);
@@ -405,9 +427,9 @@ fn record(
         }
     } else {
         c.within_limit.fetch_add(cost, Relaxed);
-        let near = metrics.near_limit_hits(decision.limit, decision.remaining, cost);
-        if near > 0 {
-            c.near_limit.fetch_add(near, Relaxed);
-        }
+        add(
+            &c.near_limit,
+            metrics.near_limit_hits(decision.limit, decision.remaining, cost),
+        );
     }
 }

@@ -247,7 +247,7 @@ impl RateLimitService for RateLimitGrpc {
                     if mode.dynamic_metadata {
                         let rules = self.state.rules();
                         out.dynamic_metadata =
-                            Some(envoy_dynamic_metadata(request.get_ref(), &resp, &rules.set));
+                            Some(envoy_dynamic_metadata(&check, &resp, &rules.set));
                     }
                     out
                 }
@@ -362,9 +362,10 @@ pub fn to_envoy_proto_response(resp: &CheckResponse, mode: &EnvoyMode) -> RateLi
 /// builds it: the request's `domain`, its `descriptors` (`entries` as `key=value` strings, the
 /// `limit` override, `hitsAddend`), the request's `hitsAddend` when not 0, and `metadata`: the
 /// rule `metadata` of every descriptor that passed (OK, not unlimited), merged in request order
-/// (a key already present is kept; maps present in both are merged).
+/// (a key already present is kept; maps present in both are merged). Built from the decoded
+/// request, so gRPC and `/json` (see [`pb_struct_json`]) return the same.
 pub fn envoy_dynamic_metadata(
-    req: &RateLimitRequest,
+    req: &CheckRequest,
     resp: &CheckResponse,
     rules: &tollgate_core::rules::RuleSet,
 ) -> PbStruct {
@@ -386,21 +387,21 @@ pub fn envoy_dynamic_metadata(
             let entries = d
                 .entries
                 .iter()
-                .map(|e| string(format!("{}={}", e.key, e.value)))
+                .map(|(k, v)| string(format!("{k}={v}")))
                 .collect();
             fields.insert("entries".to_owned(), list(entries));
             if let Some(l) = &d.limit {
-                let unit = PbUnit::try_from(l.unit).map_or("UNKNOWN", |u| u.as_str_name());
                 fields.insert(
                     "limit".to_owned(),
                     string(format!(
-                        "requests_per_unit:{} unit:{unit}",
-                        l.requests_per_unit
+                        "requests_per_unit:{} unit:{}",
+                        l.requests_per_unit,
+                        pb_unit(l.unit).as_str_name()
                     )),
                 );
             }
-            if let Some(h) = &d.hits_addend {
-                fields.insert("hitsAddend".to_owned(), number(h.value as f64));
+            if let Some(h) = d.hits {
+                fields.insert("hitsAddend".to_owned(), number(h as f64));
             }
             PbValue {
                 kind: Some(PbKind::StructValue(PbStruct { fields })),
@@ -410,8 +411,8 @@ pub fn envoy_dynamic_metadata(
     let mut fields = HashMap::new();
     fields.insert("domain".to_owned(), string(req.domain.clone()));
     fields.insert("descriptors".to_owned(), list(descriptors));
-    if req.hits_addend != 0 {
-        fields.insert("hitsAddend".to_owned(), number(f64::from(req.hits_addend)));
+    if let Some(h) = req.hits.filter(|&h| h != 0) {
+        fields.insert("hitsAddend".to_owned(), number(h as f64));
     }
     let mut passed = PbStruct::default();
     for (d, status) in req.descriptors.iter().zip(&resp.statuses) {
@@ -421,7 +422,7 @@ pub fn envoy_dynamic_metadata(
         let entries: Vec<(&str, &str)> = d
             .entries
             .iter()
-            .map(|e| (e.key.as_str(), e.value.as_str()))
+            .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
         if let tollgate_core::rules::Resolution::Limited { limit, .. } =
             rules.resolve(&req.domain, &entries)
@@ -440,6 +441,36 @@ pub fn envoy_dynamic_metadata(
         );
     }
     PbStruct { fields }
+}
+
+/// A `google.protobuf.Struct` as protojson writes it (envoyproxy/ratelimit's `/json` marshals
+/// its response so): a plain JSON object; numbers that are whole (below 2^53) without a
+/// fraction, as Go prints them. protojson refuses NaN and infinities; they become `null`.
+pub fn pb_struct_json(s: &PbStruct) -> serde_json::Value {
+    fn value(v: &PbValue) -> serde_json::Value {
+        use serde_json::Value as J;
+        match &v.kind {
+            None | Some(PbKind::NullValue(_)) => J::Null,
+            Some(PbKind::BoolValue(b)) => J::Bool(*b),
+            Some(PbKind::NumberValue(n))
+                if n.fract() == 0.0 && n.abs() < 9_007_199_254_740_992.0 =>
+            {
+                J::from(*n as i64)
+            }
+            Some(PbKind::NumberValue(n)) => {
+                serde_json::Number::from_f64(*n).map_or(J::Null, J::Number)
+            }
+            Some(PbKind::StringValue(s)) => J::String(s.clone()),
+            Some(PbKind::ListValue(l)) => J::Array(l.values.iter().map(value).collect()),
+            Some(PbKind::StructValue(s)) => pb_struct_json(s),
+        }
+    }
+    serde_json::Value::Object(
+        s.fields
+            .iter()
+            .map(|(k, v)| (k.clone(), value(v)))
+            .collect(),
+    )
 }
 
 /// Merge a rule's `metadata` into `dest` as envoyproxy/ratelimit does: new keys are added, a

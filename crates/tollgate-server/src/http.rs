@@ -402,24 +402,33 @@ async fn envoy_json(State(state): State<AppState>, req: Request) -> Response {
         Ok(c) => c,
         Err(e) => return fail(&state, e),
     };
-    match decide(&state, &check).await {
-        Ok(resp) => match state
-            .envoy()
-            .and_then(|m| m.headers.as_ref().zip(resp.headers.as_ref()))
-        {
-            Some((names, values)) => envoy_response_with_headers(&resp, names, values),
-            None => envoy_response(&resp),
-        },
-        Err(e) => e.into_response(),
+    let resp = match decide(&state, &check).await {
+        Ok(resp) => resp,
+        Err(e) => return e.into_response(),
+    };
+    let Some(mode) = state.envoy() else {
+        return envoy_response(&resp);
+    };
+    let headers = mode.headers.as_ref().zip(resp.headers.as_ref());
+    if headers.is_none() && !mode.dynamic_metadata {
+        return envoy_response(&resp);
     }
+    let metadata = mode.dynamic_metadata.then(|| {
+        let rules = state.rules();
+        crate::grpc::pb_struct_json(&crate::grpc::envoy_dynamic_metadata(
+            &check, &resp, &rules.set,
+        ))
+    });
+    envoy_response_with(&resp, headers, metadata)
 }
 
-/// `/json` under the envoy profile with `LIMIT_RESPONSE_HEADERS_ENABLED`: the body also holds
-/// `responseHeadersToAdd`, as envoyproxy/ratelimit's `/json` does (the gRPC response as JSON).
-fn envoy_response_with_headers(
+/// `/json` under the envoy profile with `LIMIT_RESPONSE_HEADERS_ENABLED` or
+/// `RESPONSE_DYNAMIC_METADATA`: the body also holds `responseHeadersToAdd` and
+/// `dynamicMetadata`, as envoyproxy/ratelimit's `/json` does (it marshals the gRPC response).
+fn envoy_response_with(
     resp: &CheckResponse,
-    names: &crate::profile::HeaderNames,
-    values: &crate::model::HeaderValues,
+    headers: Option<(&crate::profile::HeaderNames, &crate::model::HeaderValues)>,
+    metadata: Option<Value>,
 ) -> Response {
     let body = EnvoyBody {
         overall_code: resp.code().as_str(),
@@ -432,16 +441,21 @@ fn envoy_response_with_headers(
                 .into_response()
         }
     };
-    let headers: Vec<serde_json::Value> = [
-        (&names.limit, values.limit),
-        (&names.remaining, values.remaining),
-        (&names.reset, values.reset_secs),
-    ]
-    .into_iter()
-    .map(|(key, v)| json!({"key": key, "value": v.to_string()}))
-    .collect();
     if let Some(map) = value.as_object_mut() {
-        map.insert("responseHeadersToAdd".to_owned(), headers.into());
+        if let Some((names, values)) = headers {
+            let headers: Vec<Value> = [
+                (&names.limit, values.limit),
+                (&names.remaining, values.remaining),
+                (&names.reset, values.reset_secs),
+            ]
+            .into_iter()
+            .map(|(key, v)| json!({"key": key, "value": v.to_string()}))
+            .collect();
+            map.insert("responseHeadersToAdd".to_owned(), headers.into());
+        }
+        if let Some(m) = metadata {
+            map.insert("dynamicMetadata".to_owned(), m);
+        }
     }
     json_body(status_of(resp), value.to_string().into_bytes())
 }

@@ -25,17 +25,30 @@ use tollgate_core::rules::{Limit, RuleSet};
 pub struct RuleCounters {
     /// Every hit checked against the rule.
     pub total_hits: AtomicU64,
-    /// Hits denied (non-shadow).
+    /// Hits denied: on an envoy_fixed_window counter only the hits past the limit (envoy's
+    /// split, [`Metrics::envoy_split`]), with the other algorithms every hit of a denied request.
     pub over_limit: AtomicU64,
-    /// Hits admitted past the near-limit threshold (`floor(limit * ratio)`, ratio 0.8 by
-    /// default; see [`Metrics::near_limit_hits`]).
+    /// Hits past the near-limit threshold (`floor(limit * ratio)`, ratio 0.8 by default) and
+    /// not past the limit (see [`Metrics::envoy_split`]).
     pub near_limit: AtomicU64,
-    /// Hits admitted.
+    /// Hits of requests that stayed within the limit.
     pub within_limit: AtomicU64,
-    /// Hits denied by a shadow-mode rule but let through.
+    /// Hits counted in `over_limit` of a shadow-mode rule, let through.
     pub shadow_mode: AtomicU64,
     /// Hits denied by the local deny cache, without a Redis round trip (also in `over_limit`).
     pub over_limit_with_local_cache: AtomicU64,
+}
+
+/// A request's hits on one counter, split as envoyproxy/ratelimit's statistics split them
+/// ([`Metrics::envoy_split`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EnvoySplit {
+    /// Hits past the limit (`over_limit`, and `shadow_mode` for a shadow-mode rule).
+    pub over: u64,
+    /// Hits past the near-limit threshold and not past the limit (`near_limit`).
+    pub near: u64,
+    /// Hits of a request that stayed within the limit (`within_limit`).
+    pub within: u64,
 }
 
 /// One loaded rule set's counters, slot `i` for the `i`-th of [`RuleSet::limits`], each filled
@@ -234,17 +247,50 @@ impl Metrics {
     /// limit, as envoyproxy/ratelimit counts them: the hits past `floor(limit * ratio)` (all of
     /// them if the count was already past it before this request).
     pub fn near_limit_hits(&self, limit: u64, remaining: u64, cost: u64) -> u64 {
+        let after = limit.saturating_sub(remaining);
+        self.envoy_split(limit, after.saturating_sub(cost), after, cost)
+            .near
+    }
+
+    /// How envoyproxy/ratelimit's base limiter splits `cost` hits on a counter that went from
+    /// `before` to `after` (its `limitBeforeIncrease`, `limitAfterIncrease`) against `limit`:
+    ///
+    /// - not over (`after <= limit`): all `cost` hits are within the limit, and the ones past
+    ///   `floor(limit * ratio)` are near it too (all of them if `before` was already past it);
+    /// - over: only the hits past the limit are over it (all of them if `before` was at the
+    ///   limit already); the hits between `max(floor(limit * ratio), before)` and the limit are
+    ///   near it; none are within it (envoy counts `within_limit` only for statuses that are OK).
+    pub fn envoy_split(&self, limit: u64, before: u64, after: u64, cost: u64) -> EnvoySplit {
         let bits = self.near_ratio.load(Relaxed);
         let ratio = if bits == 0 { 0.8 } else { f32::from_bits(bits) };
-        let threshold = ((limit as f32) * ratio).floor() as u64;
-        let after = limit.saturating_sub(remaining);
-        let before = after.saturating_sub(cost);
-        if after <= threshold {
-            0
-        } else if before >= threshold {
-            cost
+        // envoy: floor(float64(float32(limit) * ratio)).
+        let near_threshold = ((limit as f32) * ratio).floor() as u64;
+        if after > limit {
+            if before >= limit {
+                EnvoySplit {
+                    over: cost,
+                    ..EnvoySplit::default()
+                }
+            } else {
+                EnvoySplit {
+                    over: after - limit,
+                    near: limit - near_threshold.max(before),
+                    within: 0,
+                }
+            }
         } else {
-            after - threshold
+            let near = if after <= near_threshold {
+                0
+            } else if before >= near_threshold {
+                cost
+            } else {
+                after - near_threshold
+            };
+            EnvoySplit {
+                over: 0,
+                near,
+                within: cost,
+            }
         }
     }
 
@@ -564,6 +610,45 @@ mod tests {
         m.set_near_limit_ratio(0.8);
         assert_eq!(m.near_limit_hits(3, 0, 1), 1);
         assert_eq!(m.near_limit_hits(3, 1, 1), 0);
+    }
+
+    #[test]
+    fn envoy_split_is_envoys_base_limiter() {
+        let m = Metrics::new();
+        let split = |over, near, within| EnvoySplit { over, near, within };
+        // (limit, before, after, cost) -> split, from envoyproxy/ratelimit's base_limiter_test
+        // and fixed_cache_impl_test (ratio 0.8).
+        for ((limit, before, after, cost), want) in [
+            // TestGetResponseStatusOverLimit: 2 -> 7 of 5 (threshold 4).
+            ((5, 2, 7, 1), split(2, 1, 0)),
+            // TestGetResponseStatusBelowLimit: 2 -> 6 of 10 (threshold 8).
+            ((10, 2, 6, 1), split(0, 0, 1)),
+            // TestNearLimit, 15/hour (threshold 12): 10 -> 11, 12 -> 13, 15 -> 16.
+            ((15, 10, 11, 1), split(0, 0, 1)),
+            ((15, 12, 13, 1), split(0, 1, 1)),
+            ((15, 15, 16, 1), split(1, 0, 0)),
+            // key5..key10: hitsAddend > 1 crossing the thresholds and the limit.
+            ((20, 2, 5, 3), split(0, 0, 3)),
+            ((8, 5, 7, 2), split(0, 1, 2)),
+            ((20, 16, 19, 3), split(0, 3, 3)),
+            ((20, 19, 22, 3), split(2, 1, 0)),
+            ((20, 15, 22, 7), split(2, 4, 0)),
+            ((10, 27, 30, 3), split(3, 0, 0)),
+            // A hitsAddend of 0 on a counter over its limit counts nothing.
+            ((10, 11, 11, 0), split(0, 0, 0)),
+        ] {
+            assert_eq!(
+                m.envoy_split(limit, before, after, cost),
+                want,
+                "{limit} {before} {after} {cost}"
+            );
+        }
+        // An uncounted query (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT) whose count is below
+        // the cost: envoy's unsigned `after - cost` wraps, so every hit is near the limit.
+        assert_eq!(
+            m.envoy_split(10, 9u64.wrapping_sub(10), 9, 10),
+            split(0, 10, 10)
+        );
     }
 
     #[test]

@@ -101,8 +101,6 @@ pub enum Support {
 
 use Support::{Applied, Elsewhere, Unsupported};
 
-const NO_DEBUG: &str =
-    "tollgate has no debug listener; /v1/rules and /metrics are on the main HTTP port";
 const NO_DOGSTATSD: &str = "DogStatsD is not supported";
 const NO_XDS: &str = "rules come from RUNTIME_* files only";
 const NO_TRACING: &str = "tollgate has no OpenTelemetry tracing; use RUST_LOG for request logs";
@@ -114,8 +112,8 @@ const FIXED: &str = "fixed in tollgate";
 pub const VARIABLES: &[(&str, Support)] = &[
     ("HOST", Applied),
     ("PORT", Applied),
-    ("DEBUG_HOST", Unsupported(NO_DEBUG)),
-    ("DEBUG_PORT", Unsupported(NO_DEBUG)),
+    ("DEBUG_HOST", Applied),
+    ("DEBUG_PORT", Applied),
     ("GRPC_UDS", Applied),
     ("GRPC_HOST", Applied),
     ("GRPC_PORT", Applied),
@@ -523,6 +521,9 @@ pub fn translate(
         }
     }
 
+    // envoy's debug port: /rlconfig and /stats (crate::debug).
+    config.debug_addr = Some(env.addr("DEBUG_HOST", "DEBUG_PORT", 6070)?);
+
     // Logs.
     let log_level = log_level(&env)?;
     let log_json = env
@@ -670,6 +671,7 @@ mod tests {
         let c = &t.config;
         assert_eq!(c.http_addr, Some("0.0.0.0:8080".parse().unwrap()));
         assert_eq!(c.grpc_addr, Some("0.0.0.0:8081".parse().unwrap()));
+        assert_eq!(c.debug_addr, Some("0.0.0.0:6070".parse().unwrap()));
         assert_eq!(c.rules, PathBuf::from("/srv/runtime_data/current/config"));
         assert_eq!(
             c.rule_listing,
@@ -719,8 +721,11 @@ mod tests {
             ("BACKEND_TYPE", "redis"),
             ("GRPC_UDS", "/run/rl.sock"),
             ("MERGE_DOMAIN_CONFIG", "true"),
+            ("DEBUG_HOST", "127.0.0.3"),
+            ("DEBUG_PORT", "9070"),
         ]);
         let c = &t.config;
+        assert_eq!(c.debug_addr, Some("127.0.0.3:9070".parse().unwrap()));
         assert_eq!(c.http_addr, Some("127.0.0.1:9080".parse().unwrap()));
         assert_eq!(c.grpc_addr, Some("127.0.0.2:9081".parse().unwrap()));
         assert_eq!(c.grpc_uds, Some(PathBuf::from("/run/rl.sock")));
@@ -766,7 +771,7 @@ mod tests {
     #[test]
     fn unsupported_and_unknown_variables_warn_once_each() {
         let t = tr(&[
-            ("DEBUG_PORT", "6070"),
+            ("USE_DOG_STATSD", "true"),
             ("TRACING_ENABLED", "true"),
             ("REDIS_URLS", "x"),
             ("GRPC_PORTT", "1"),
@@ -775,7 +780,7 @@ mod tests {
         ]);
         let w = t.warnings.join("\n");
         for name in [
-            "DEBUG_PORT",
+            "USE_DOG_STATSD",
             "TRACING_ENABLED",
             "REDIS_URLS",
             "GRPC_PORTT",

@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tollgate_core::clock::Clock;
 use tollgate_core::rules::RuleDefaults;
 use tollgate_core::Algorithm;
 use tollgate_core::MemoryStore;
@@ -101,6 +102,9 @@ pub struct ServeConfig {
     /// `--admin-token-file`, `--registry-*`: the rule registry ([`crate::registry`]); off by
     /// default.
     pub registry: crate::registry::RegistryConfig,
+    /// envoy's debug port (`DEBUG_HOST`:`DEBUG_PORT` under the profile, [`crate::debug`]);
+    /// `None`: none. As in envoyproxy/ratelimit, failing to bind it is logged, not fatal.
+    pub debug_addr: Option<SocketAddr>,
 }
 
 impl Default for ServeConfig {
@@ -136,6 +140,7 @@ impl Default for ServeConfig {
             rule_listing: tollgate_core::rules::LoadOptions::default(),
             envoy: None,
             registry: crate::registry::RegistryConfig::default(),
+            debug_addr: None,
         }
     }
 }
@@ -143,7 +148,27 @@ impl Default for ServeConfig {
 /// Load the rules and build the state for `config`. Fails on invalid rules (at startup there
 /// are no running rules to keep), on rules the store cannot serve (count-min sketch on Redis) and
 /// on an unsupported store. Redis need not be up (single server): the service starts degraded.
+///
+/// Decisions are made on the wall clock (stepped monotonically), and on Redis at the Redis
+/// server's `TIME`; [`build_state_with_clock`] takes the time as a parameter.
 pub async fn build_state(config: &ServeConfig) -> anyhow::Result<AppState> {
+    build_state_at(config, None).await
+}
+
+/// [`build_state`] with `clock` as the time of every decision, on every store: the memory
+/// store steps at it, and Redis scripts are given it instead of reading Redis `TIME`
+/// ([`RedisSettings::caller_clock`]). Tests pass a `ManualClock` to cross window boundaries.
+pub async fn build_state_with_clock(
+    config: &ServeConfig,
+    clock: Arc<dyn Clock>,
+) -> anyhow::Result<AppState> {
+    build_state_at(config, Some(clock)).await
+}
+
+async fn build_state_at(
+    config: &ServeConfig,
+    clock: Option<Arc<dyn Clock>>,
+) -> anyhow::Result<AppState> {
     if config.max_keys == 0 {
         bail!("--max-keys must be at least 1");
     }
@@ -188,6 +213,11 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<AppState> {
         .rules_path(config.rules.clone())
         .response_headers(config.response_headers)
         .trusted_proxies(config.trusted_proxies.clone());
+    let caller_clock = clock.is_some();
+    let builder = match clock {
+        Some(clock) => builder.clock(clock),
+        None => builder,
+    };
     let builder = if config.store == "memory" {
         builder.memory_store(Arc::new(MemoryStore::new(config.max_keys)))
     } else if config.store.starts_with("redis") {
@@ -214,6 +244,7 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<AppState> {
             .with_context(|| format!("cannot use --store {}", redact(&config.store)))?;
         let settings = RedisSettings {
             max_keys: config.max_keys,
+            caller_clock: caller_clock || config.redis.caller_clock,
             ..config.redis.clone()
         };
         builder.redis(Guarded::start(store, settings).await)
@@ -325,6 +356,8 @@ pub struct Bound {
     pub grpc_uds: Option<PathBuf>,
     /// The store (`memory` or the Redis URL, password redacted).
     pub store: String,
+    /// envoy's debug port, when on and bound.
+    pub debug: Option<SocketAddr>,
 }
 
 /// A `watch` channel that turns `true` once, at shutdown. Clone the receiver for each task.
@@ -430,6 +463,7 @@ pub async fn serve(
     ));
     let sweeper = tokio::spawn(sweep(state.clone(), config.sweep_interval, rx.clone()));
     let envoy_stats = spawn_envoy_stats(&state, &config.envoy_stats, &rx).await?;
+    let (debug, debug_task) = spawn_debug(&state, &config, &rx).await;
     let stopping = state.clone();
     tokio::spawn(async move {
         shutdown.await;
@@ -443,6 +477,7 @@ pub async fn serve(
         grpc: grpc_addr,
         grpc_uds: config.grpc_uds.clone(),
         store: state.store_label(),
+        debug,
     });
 
     // The API service itself, not `http::router`'s `Router` around it (which would route every
@@ -496,6 +531,14 @@ pub async fn serve(
             grpc.abort();
         }
     }
+    if let Some(task) = debug_task {
+        if tokio::time::timeout_at(deadline + Duration::from_secs(1), task)
+            .await
+            .is_err()
+        {
+            tracing::warn!("shutdown timeout: debug listener aborted");
+        }
+    }
     let _ = watcher.await;
     let _ = sweeper.await;
     if let Some(task) = registry {
@@ -542,7 +585,39 @@ pub fn listening_message(bound: &Bound) -> String {
         (None, Some(path)) => parts.push(format!("gRPC unix:{}", path.display())),
         (None, None) => {}
     }
+    if let Some(debug) = bound.debug {
+        parts.push(format!("debug http://{debug}"));
+    }
     format!("listening: {}, store {}", parts.join(", "), bound.store)
+}
+
+/// Serve envoy's debug port ([`crate::debug`]) when `config` asks for it, on the hardened
+/// listener with the HTTP listener's limits. As envoyproxy/ratelimit does, a port that cannot be
+/// bound is logged as an error and the service runs without it.
+async fn spawn_debug(
+    state: &AppState,
+    config: &ServeConfig,
+    rx: &watch::Receiver<bool>,
+) -> (Option<SocketAddr>, Option<tokio::task::JoinHandle<()>>) {
+    let Some(addr) = config.debug_addr else {
+        return (None, None);
+    };
+    let listener = match TcpListener::bind(addr).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(%addr, error = %e, "cannot open the debug listener (DEBUG_HOST, DEBUG_PORT); running without it");
+            return (None, None);
+        }
+    };
+    let bound = listener.local_addr().ok();
+    let task = tokio::spawn(listener::serve(
+        listener,
+        crate::debug::router(state.clone()),
+        connection_limits(config),
+        Arc::new(crate::metrics::ConnectionMetrics::default()),
+        rx.clone(),
+    ));
+    (bound, Some(task))
 }
 
 /// Start the envoy-named stats exports of `settings` (statsd sender, Prometheus listener).

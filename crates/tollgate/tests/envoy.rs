@@ -637,6 +637,9 @@ fn start_envoy_profile(name: &str, vars: &[(&str, &str)]) -> (Server, String) {
         ("GRPC_HOST", "127.0.0.1"),
         ("GRPC_PORT", grpc_port.as_str()),
         ("RUNTIME_ROOT", root.as_str()),
+        // envoy's debug port on any free port (its default 6070 may be taken).
+        ("DEBUG_HOST", "127.0.0.1"),
+        ("DEBUG_PORT", "0"),
     ];
     env.extend_from_slice(vars);
     let server = Server::start_env(&["--profile", "envoy"], &env, &repo(), name);

@@ -60,6 +60,9 @@ fn start(root: &Path, vars: &[(&str, &str)], name: &str) -> (Server, String) {
         ("GRPC_PORT", &grpc),
         ("RUNTIME_ROOT", &root),
         ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        // envoy's debug port on any free port (its default 6070 may be taken).
+        ("DEBUG_HOST", "127.0.0.1"),
+        ("DEBUG_PORT", "0"),
     ];
     env.extend_from_slice(vars);
     let s = Server::start_env(&["--profile", "envoy"], &env, &repo(), name);
@@ -410,6 +413,8 @@ fn grpc_on_a_unix_socket() {
             ("GRPC_UDS", &sock_s),
             ("RUNTIME_ROOT", &root_s),
             ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("DEBUG_HOST", "127.0.0.1"),
+            ("DEBUG_PORT", "0"),
         ],
         &repo(),
         "envoy-profile-uds",
@@ -626,6 +631,17 @@ fn grpc_server_tls_and_client_certificates() {
     let (_m, grpc) = start(&root, &mtls, "envoy-profile-mtls");
     assert_eq!(runtime_block(tls_health(&grpc, &root, true)), Ok(serving));
     assert!(runtime_block(tls_health(&grpc, &root, false)).is_err());
+
+    // Difference: the certificate files are read at start-up. Replaced by a certificate of
+    // another CA, they are not picked up (envoyproxy/ratelimit reloads them): a client trusting
+    // only the first CA is still served.
+    let other = root.join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    certificates(&other);
+    for f in ["server.pem", "server.key"] {
+        std::fs::copy(other.join(f), root.join(f)).unwrap();
+    }
+    assert_eq!(runtime_block(tls_health(&grpc, &root, true)), Ok(serving));
 }
 
 #[test]
@@ -641,7 +657,7 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 1, algorithm: sliding_window_log}
 ",
     );
-    let (_s, grpc) = start(
+    let (s, grpc) = start(
         &root,
         &[("RESPONSE_DYNAMIC_METADATA", "true")],
         "envoy-profile-metadata",
@@ -665,6 +681,93 @@ descriptors:
     let m = r.dynamic_metadata.expect("dynamic_metadata");
     assert!(m.fields.contains_key("domain"), "{m:?}");
     assert!(!m.fields.contains_key("metadata"), "{m:?}");
+
+    // The same request over gRPC and `/json` carries the same dynamic metadata: envoy's `/json`
+    // marshals the gRPC response, `dynamicMetadata` included. A request `hitsAddend`, a
+    // descriptor `hitsAddend` (0 is kept: it is set) and a `limit` override (whose descriptor
+    // adds no rule metadata).
+    let expected = |user: &str| {
+        json!({
+            "domain": "meta",
+            "descriptors": [
+                {"entries": [format!("user={user}")]},
+                {"entries": [format!("user={user}-o")], "hitsAddend": 0,
+                 "limit": "requests_per_unit:5 unit:MINUTE"},
+            ],
+            "hitsAddend": 1,
+            "metadata": {"team": {"name": "payments", "tier": 1}, "free": true},
+        })
+    };
+    let grpc_meta = runtime_block(async {
+        let mut client = RateLimitServiceClient::connect(format!("http://{grpc}"))
+            .await
+            .expect("gRPC connect");
+        let descriptor = |value: &str| RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "user".into(),
+                value: value.into(),
+            }],
+            ..Default::default()
+        };
+        let mut overridden = descriptor("grace-o");
+        overridden.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 0 });
+        overridden.limit = Some(
+            envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride {
+                requests_per_unit: 5,
+                unit: 2,
+            },
+        );
+        client
+            .should_rate_limit(RateLimitRequest {
+                domain: "meta".into(),
+                descriptors: vec![descriptor("grace"), overridden],
+                hits_addend: 1,
+            })
+            .await
+            .expect("ShouldRateLimit")
+            .into_inner()
+            .dynamic_metadata
+            .expect("dynamic_metadata")
+    });
+    assert_eq!(
+        tollgate_server::grpc::pb_struct_json(&grpc_meta),
+        expected("grace")
+    );
+    let r = http(
+        &s.base,
+        Method::POST,
+        "/json",
+        Some(json!({
+            "domain": "meta",
+            "hitsAddend": 1,
+            "descriptors": [
+                {"entries": [{"key": "user", "value": "heidi"}]},
+                {"entries": [{"key": "user", "value": "heidi-o"}], "hitsAddend": "0",
+                 "limit": {"requestsPerUnit": 5, "unit": "MINUTE"}},
+            ],
+        })),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let body: Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(body["dynamicMetadata"], expected("heidi"), "{}", r.body);
+    assert_eq!(body["overallCode"], "OK", "{}", r.body);
+    // Over the limit: `/json` too leaves the rule metadata out.
+    let r = http(
+        &s.base,
+        Method::POST,
+        "/json",
+        Some(
+            json!({"domain": "meta", "descriptors": [{"entries": [{"key": "user", "value": "heidi"}]}]}),
+        ),
+    );
+    assert_eq!(r.status, 429, "{}", r.body);
+    let body: Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(body["dynamicMetadata"]["domain"], "meta", "{}", r.body);
+    assert!(
+        body["dynamicMetadata"].get("metadata").is_none(),
+        "{}",
+        r.body
+    );
 }
 
 #[test]
@@ -752,4 +855,109 @@ fn unhealthy_until_redis_has_answered() {
     redis.kill();
     std::thread::sleep(Duration::from_millis(600));
     assert_eq!(http(&s.base, Method::GET, "/healthcheck", None).status, 200);
+}
+
+#[test]
+fn debug_port_serves_rlconfig_and_stats() {
+    let root = runtime("envoy-profile-debug");
+    write(&root, "limits.yaml", RULES);
+    write(
+        &root,
+        "more.yaml",
+        "domain: debug
+descriptors:
+  - key: k1
+    value: v1
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: k2
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 10}
+    descriptors:
+      - key: k3
+        rate_limit: {unlimited: true}
+",
+    );
+    let port = free_port().to_string();
+    let (s, grpc) = start(
+        &root,
+        &[
+            ("DEBUG_PORT", &port),
+            // The hardened listener's limits apply to the debug port too.
+            ("TOLLGATE_HEADER_READ_TIMEOUT", "1s"),
+        ],
+        "envoy-profile-debug",
+    );
+    let debug = format!("http://{}", s.addr("debug http://"));
+    assert_eq!(debug, format!("http://127.0.0.1:{port}"), "{}", s.line);
+
+    // `/`: the endpoints, as envoy's debug index lists them.
+    let index = http(&debug, Method::GET, "/", None);
+    assert_eq!(index.status, 200);
+    assert_eq!(
+        index.body,
+        "/rlconfig: print out the currently loaded configuration for debugging\n/stats: print out stats\n"
+    );
+    // `/rlconfig`: one line per limit in envoy's `Dump` format.
+    let config = http(&debug, Method::GET, "/rlconfig", None);
+    assert_eq!(config.status, 200);
+    for line in [
+        "debug.k1_v1: unit=MINUTE requests_per_unit=3, shadow_mode: false, quota_mode: false",
+        "debug.k2: unit=HOUR requests_per_unit=10, shadow_mode: true, quota_mode: false",
+        "debug.k2.k3: unit=UNKNOWN requests_per_unit=0, shadow_mode: false, quota_mode: false",
+        "profile.user: unit=MINUTE requests_per_unit=3, shadow_mode: false, quota_mode: false",
+    ] {
+        assert!(
+            config.body.lines().any(|l| l == line),
+            "{line} in\n{}",
+            config.body
+        );
+    }
+    assert_eq!(config.body.lines().count(), 4, "{}", config.body);
+    // `/stats`: `name: value` lines of envoy's stat names.
+    for _ in 0..4 {
+        should_rate_limit(&grpc, "profile", "ivan");
+    }
+    let stats = http(&debug, Method::GET, "/stats", None);
+    assert_eq!(stats.status, 200);
+    for line in [
+        "ratelimit.service.rate_limit.profile.user.total_hits: 4",
+        "ratelimit.service.rate_limit.profile.user.over_limit: 1",
+        "ratelimit.service.rate_limit.profile.user.within_limit: 3",
+        "ratelimit_server.ShouldRateLimit.total_requests: 4",
+        "ratelimit.service.config_load_success: 1",
+    ] {
+        assert!(
+            stats.body.lines().any(|l| l == line),
+            "{line} in\n{}",
+            stats.body
+        );
+    }
+    assert_eq!(http(&debug, Method::GET, "/debug/pprof/", None).status, 404);
+    // A client that never finishes its request head is dropped (header-read timeout).
+    let mut conn = std::net::TcpStream::connect(s.addr("debug http://")).unwrap();
+    use std::io::{Read, Write};
+    conn.write_all(b"GET /stats HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut buf = Vec::new();
+    let read = conn.read_to_end(&mut buf);
+    assert!(
+        read.is_ok() && !String::from_utf8_lossy(&buf).contains("ratelimit"),
+        "{read:?} {:?}",
+        String::from_utf8_lossy(&buf)
+    );
+
+    // envoy logs a debug port it cannot bind and serves on: so does the profile.
+    let (s2, grpc2) = start(&root, &[("DEBUG_PORT", &port)], "envoy-profile-debug-taken");
+    assert!(!s2.line.contains("debug http://"), "{}", s2.line);
+    assert!(
+        s2.stderr().contains("cannot open the debug listener"),
+        "{}",
+        s2.stderr()
+    );
+    assert_eq!(
+        should_rate_limit(&grpc2, "profile", "judy").overall_code,
+        Code::Ok as i32
+    );
 }

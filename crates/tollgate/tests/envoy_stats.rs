@@ -1,5 +1,7 @@
 //! envoyproxy/ratelimit's stat names from a running `tollgate serve`: a statsd stream (UDP and
 //! TCP, received by listeners in the test) and the Prometheus page with its exporter's names.
+//! Under `--profile envoy` (configured by envoy's variables only), the counts are envoy's own:
+//! with `hits_addend` crossing the limit only the hits past it are `over_limit`.
 
 mod support;
 
@@ -231,4 +233,150 @@ fn over_limit_with_local_cache_counts_hits_denied_by_the_deny_cache() {
         1,
     ));
     collect(rx, want);
+}
+
+/// envoy's fixed window (no `algorithm`), DAY limits: the only window boundary, midnight UTC,
+/// is waited out when near (see [`away_from_midnight`]).
+const PROFILE_RULES: &str = "domain: stats
+descriptors:
+  - key: key8
+    rate_limit: {unit: day, requests_per_unit: 20}
+  - key: key10
+    rate_limit: {unit: day, requests_per_unit: 10}
+  - key: shadow8
+    shadow_mode: true
+    rate_limit: {unit: day, requests_per_unit: 20}
+";
+
+/// Wait until no midnight UTC is within the next minute (a DAY window then holds the test).
+fn away_from_midnight() {
+    let secs = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    };
+    while 86_400 - secs() % 86_400 < 60 {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// `tollgate serve --profile envoy` with envoy's listeners, runtime folder and `vars`.
+fn start_profile(name: &str, vars: &[(&str, &str)]) -> Server {
+    let root = temp_dir(name);
+    let app = root.join("ratelimit/config");
+    std::fs::create_dir_all(&app).unwrap();
+    std::fs::write(app.join("stats.yaml"), PROFILE_RULES).unwrap();
+    let (http_port, grpc_port) = (free_port().to_string(), free_port().to_string());
+    let root = root.display().to_string();
+    let mut env: Vec<(&str, &str)> = vec![
+        ("HOST", "127.0.0.1"),
+        ("PORT", &http_port),
+        ("GRPC_HOST", "127.0.0.1"),
+        ("GRPC_PORT", &grpc_port),
+        ("RUNTIME_ROOT", &root),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("DEBUG_HOST", "127.0.0.1"),
+        ("DEBUG_PORT", "0"),
+    ];
+    env.extend_from_slice(vars);
+    Server::start_env(&["--profile", "envoy"], &env, &support::repo(), name)
+}
+
+/// envoyproxy/ratelimit's key8/key10 sequences (fixed_cache_impl_test), with their counters
+/// brought to 19 and 27 by a first request: 19 then 3 hits on 20/day (2 past the limit), 27
+/// then 3 on 10/day, and 19 then 3 on a shadow-mode 20/day rule (answered OK).
+fn crossing_sequences(server: &Server) {
+    let send = |key: &str, hits: u64| {
+        let body = json!({"domain": "stats", "hits_addend": hits,
+            "descriptors": [{"entries": [{"key": key, "value": "x"}]}]});
+        http(&server.base, Method::POST, "/json", Some(body)).status
+    };
+    away_from_midnight();
+    assert_eq!([send("key8", 19), send("key8", 3)], [200, 429]);
+    assert_eq!([send("key10", 27), send("key10", 3)], [429, 429]);
+    assert_eq!([send("shadow8", 19), send("shadow8", 3)], [200, 200]);
+}
+
+/// What envoy counts for [`crossing_sequences`] (near threshold floor(0.8 limit): 16 and 8):
+/// (stats key, total_hits, over_limit, near_limit, within_limit, shadow_mode).
+const CROSSING: [(&str, u64, u64, u64, u64, u64); 3] = [
+    // 0 -> 19: 19 within, 3 near; 19 -> 22: 2 over, 1 near, none within.
+    ("stats.key8", 22, 2, 4, 19, 0),
+    // 0 -> 27: 17 over, 2 near (8..10); 27 -> 30: all 3 over.
+    ("stats.key10", 30, 20, 2, 0, 0),
+    // As key8, the hits over the limit counted in shadow_mode too.
+    ("stats.shadow8", 22, 2, 4, 19, 2),
+];
+
+#[test]
+fn profile_statsd_udp_counts_as_envoy_when_hits_cross_the_limit() {
+    let (addr, rx) = udp_listener();
+    let (host, port) = addr.rsplit_once(':').unwrap();
+    let server = start_profile(
+        "envoy-stats-profile-udp",
+        &[
+            ("USE_STATSD", "true"),
+            ("STATSD_HOST", host),
+            ("STATSD_PORT", port),
+            ("STATSD_PROTOCOL", "udp"),
+            ("STATS_FLUSH_INTERVAL", "100ms"),
+        ],
+    );
+    crossing_sequences(&server);
+    let mut want = Vec::new();
+    for (key, total, over, near, within, shadow) in CROSSING {
+        for (stat, v) in [
+            ("total_hits", total),
+            ("over_limit", over),
+            ("near_limit", near),
+            ("within_limit", within),
+            ("shadow_mode", shadow),
+        ] {
+            if v > 0 {
+                want.push((format!("ratelimit.service.rate_limit.{key}.{stat}"), v));
+            }
+        }
+    }
+    want.push(("ratelimit_server.ShouldRateLimit.total_requests".into(), 6));
+    let sums = collect(rx, want);
+    // Counters that never moved are never sent (key10 admitted nothing).
+    assert!(!sums.contains_key("ratelimit.service.rate_limit.stats.key10.within_limit"));
+}
+
+#[test]
+fn profile_prometheus_counts_as_envoy_when_hits_cross_the_limit() {
+    let port = free_port().to_string();
+    let metrics_addr = format!("127.0.0.1:{port}");
+    let server = start_profile(
+        "envoy-stats-profile-prom",
+        &[
+            ("USE_STATSD", "false"),
+            ("USE_PROMETHEUS", "true"),
+            ("PROMETHEUS_ADDR", &metrics_addr),
+        ],
+    );
+    crossing_sequences(&server);
+    let page = http(
+        &format!("http://{metrics_addr}"),
+        Method::GET,
+        "/metrics",
+        None,
+    );
+    assert_eq!(page.status, 200);
+    for (key, total, over, near, within, shadow) in CROSSING {
+        let key1 = key.strip_prefix("stats.").unwrap();
+        for (stat, v) in [
+            ("total_hits", total),
+            ("over_limit", over),
+            ("near_limit", near),
+            ("within_limit", within),
+            ("shadow_mode", shadow),
+        ] {
+            let line = format!(
+                "ratelimit_service_rate_limit_{stat}{{domain=\"stats\",key1=\"{key1}\"}} {v}\n"
+            );
+            assert!(page.body.contains(&line), "{line} in\n{}", page.body);
+        }
+    }
 }

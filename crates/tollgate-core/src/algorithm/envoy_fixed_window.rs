@@ -71,6 +71,7 @@ pub fn step(state: Option<Window>, now: Micros, cost: u64, quota: &Quota) -> Out
         // A cost above the limit never passes; any other denial passes in the next window.
         retry_after: (!allowed && cost <= limit).then_some(end - now),
         delay: 0,
+        count: Some(after),
     };
     let next = (after > 0).then_some(Window {
         start,

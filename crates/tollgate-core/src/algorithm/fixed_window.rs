@@ -78,6 +78,7 @@ pub fn step(
             reset_after: if count > 0 { end - now.min(end) } else { 0 },
             retry_after: None,
             delay: 0,
+            count: None,
         };
         (decision, (count > 0).then_some(Window { start, count }))
     } else {
@@ -88,6 +89,7 @@ pub fn step(
             reset_after,
             retry_after: Some(end.saturating_sub(now)),
             delay: 0,
+            count: None,
         };
         (decision, state)
     }

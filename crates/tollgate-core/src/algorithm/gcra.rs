@@ -62,6 +62,7 @@ pub fn step(tat: Option<Micros>, now: Micros, cost: u64, quota: &Quota) -> Outco
             reset_after: new_backlog,
             retry_after: None,
             delay: 0,
+            count: None,
         };
         (decision, (new_tat > now).then_some(new_tat))
     } else {
@@ -72,6 +73,7 @@ pub fn step(tat: Option<Micros>, now: Micros, cost: u64, quota: &Quota) -> Outco
             reset_after: backlog,
             retry_after: Some(new_backlog - cap),
             delay: 0,
+            count: None,
         };
         (decision, tat)
     }

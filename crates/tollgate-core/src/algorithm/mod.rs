@@ -48,6 +48,7 @@ pub(crate) fn deny_forever<S>(limit: u64, state: S) -> (Decision, S) {
         reset_after: 0,
         retry_after: None,
         delay: 0,
+        count: None,
     };
     (d, state)
 }

@@ -119,6 +119,7 @@ pub(crate) fn decide(
             reset_after: reset_after(cur + cost),
             retry_after: None,
             delay: 0,
+            count: None,
         };
     }
     let retry_at = if cur + cost <= limit {
@@ -134,6 +135,7 @@ pub(crate) fn decide(
         reset_after: reset_after(cur),
         retry_after: Some(retry_at.saturating_sub(now).max(1)),
         delay: 0,
+        count: None,
     }
 }
 

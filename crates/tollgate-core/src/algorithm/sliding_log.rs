@@ -62,6 +62,7 @@ pub fn step(log: Option<Log>, now: Micros, cost: u64, quota: &Quota) -> Outcome<
             reset_after: empties_in(&log),
             retry_after: None,
             delay: 0,
+            count: None,
         };
         (decision, (!log.is_empty()).then_some(log))
     } else {
@@ -82,6 +83,7 @@ pub fn step(log: Option<Log>, now: Micros, cost: u64, quota: &Quota) -> Outcome<
             reset_after: empties_in(&log),
             retry_after: Some(retry),
             delay: 0,
+            count: None,
         };
         (decision, Some(log))
     }

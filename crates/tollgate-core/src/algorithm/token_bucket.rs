@@ -82,6 +82,7 @@ pub fn step(bucket: Option<Bucket>, now: Micros, cost: u64, quota: &Quota) -> Ou
             reset_after: full_in(tokens, last),
             retry_after: None,
             delay: 0,
+            count: None,
         };
         (decision, keep(tokens, last))
     } else {
@@ -95,6 +96,7 @@ pub fn step(bucket: Option<Bucket>, now: Micros, cost: u64, quota: &Quota) -> Ou
                     .saturating_sub(now),
             ),
             delay: 0,
+            count: None,
         };
         // Crediting refill is not consumption: keep the normalised state.
         (decision, keep(tokens, last))

@@ -258,14 +258,38 @@ pub(crate) fn parse(text: &str) -> Parsed {
     }
 }
 
+/// A scanner error, placed where the problem was found as libyaml (and so Go's YAML parser, and
+/// envoyproxy/ratelimit) places it. yaml-rust2 marks the start of the token it was scanning;
+/// when the problem is the end of the text ("found unexpected end of stream", an unterminated
+/// quote for instance) the error is at the end of the text, and names where the token began.
+fn scan_error(text: &str, e: &yaml_rust2::ScanError) -> YamlError {
+    let start = Pos::from(e.marker());
+    if e.info().contains("unexpected end of stream") {
+        let last = text.rsplit('\n').next().unwrap_or_default();
+        return YamlError {
+            pos: Pos {
+                line: text.matches('\n').count() + 1,
+                column: last.chars().count() + 1,
+            },
+            message: format!(
+                "invalid YAML: {} (it began at line {}, column {})",
+                e.info(),
+                start.line,
+                start.column
+            ),
+        };
+    }
+    YamlError {
+        pos: start,
+        message: format!("invalid YAML: {}", e.info()),
+    }
+}
+
 fn run(b: &mut Builder, text: &str) -> Result<(), YamlError> {
     let mut parser = Parser::new_from_str(text);
     let mut documents = 0usize;
     loop {
-        let (event, mark) = parser.next_token().map_err(|e| YamlError {
-            pos: Pos::from(e.marker()),
-            message: format!("invalid YAML: {}", e.info()),
-        })?;
+        let (event, mark) = parser.next_token().map_err(|e| scan_error(text, &e))?;
         let pos = Pos::from(&mark);
         match event {
             Event::StreamEnd => return Ok(()),
