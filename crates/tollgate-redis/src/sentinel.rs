@@ -201,7 +201,9 @@ impl SentinelConn {
         if let Some(m) = self.current() {
             return Ok(m.conn.clone());
         }
-        self.discover().await.map(|m| m.conn.clone())
+        // Boxed: the sentinel client's future is deep, and this path is rare (start-up, or no
+        // sentinel answered yet); the request path's futures stay small.
+        Box::pin(self.discover()).await.map(|m| m.conn.clone())
     }
 
     /// Ask the sentinels for the master and connect to it when it is not the current one.
