@@ -630,4 +630,36 @@ mod tests {
         r.apply_to(&mut config);
         assert_eq!(config.per_second_store, r.per_second);
     }
+
+    #[test]
+    fn the_profile_keeps_envoys_key_layout_unless_a_redis_is_a_cluster() {
+        use crate::profile::translate;
+        use std::collections::BTreeMap;
+        let tr = |pairs: &[(&str, &str)]| {
+            let vars: BTreeMap<String, String> = pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect();
+            translate(&vars, crate::serve::ServeConfig::default()).unwrap()
+        };
+        let t = tr(&[
+            ("REDIS_TYPE", "SENTINEL"),
+            ("REDIS_URL", "m,s:26379"),
+            ("REDIS_PERSECOND", "true"),
+            ("REDIS_PERSECOND_SOCKET_TYPE", "tcp"),
+            ("REDIS_PERSECOND_URL", "fast:6379"),
+        ]);
+        assert_eq!(t.config.store, "redis+sentinel://s:26379/m");
+        assert_eq!(t.config.per_second_store.as_deref(), Some("redis://fast:6379"));
+        assert_eq!(t.config.redis_key_layout, tollgate_redis::KeyLayout::Envoy);
+        assert!(t.warnings.is_empty(), "{:?}", t.warnings);
+        let t = tr(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "main:6379"),
+            ("REDIS_PERSECOND", "true"),
+            ("REDIS_PERSECOND_TYPE", "CLUSTER"),
+            ("REDIS_PERSECOND_URL", "a:7000,b:7001"),
+        ]);
+        assert_eq!(t.config.redis_key_layout, tollgate_redis::KeyLayout::Tollgate);
+    }
 }
