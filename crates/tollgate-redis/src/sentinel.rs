@@ -58,7 +58,11 @@ pub fn parse(url: &str) -> Result<SentinelUrl, String> {
     let insecure = match fragment {
         None => false,
         Some("insecure") if tls => true,
-        Some(f) => return Err(format!("unknown fragment #{f} (only #insecure, with rediss+sentinel://)")),
+        Some(f) => {
+            return Err(format!(
+                "unknown fragment #{f} (only #insecure, with rediss+sentinel://)"
+            ))
+        }
     };
     let (rest, query) = match rest.split_once('?') {
         Some((r, q)) => (r, q),
@@ -118,7 +122,9 @@ pub fn parse(url: &str) -> Result<SentinelUrl, String> {
         })
         .collect::<Result<_, _>>()?;
     if sentinels.is_empty() {
-        return Err("no sentinels: expected redis+sentinel://host:port,host:port/MASTER_NAME".into());
+        return Err(
+            "no sentinels: expected redis+sentinel://host:port,host:port/MASTER_NAME".into(),
+        );
     }
     Ok(SentinelUrl {
         master: master.to_owned(),
@@ -241,7 +247,9 @@ impl SentinelConn {
                 to = %master.addr,
                 "Redis Sentinel: the master moved (failover)"
             ),
-            None => tracing::info!(master = %self.name, at = %master.addr, "Redis Sentinel: master found"),
+            None => {
+                tracing::info!(master = %self.name, at = %master.addr, "Redis Sentinel: master found")
+            }
         }
         Ok(master)
     }
@@ -283,7 +291,8 @@ mod tests {
         assert_eq!(u.sentinels, ["redis://a:26379", "redis://b:26380"]);
         assert_eq!(u.master_settings, "redis://u:p%40ss@sentinel-master/2");
         assert_eq!(u.tls, None);
-        let u = parse("rediss+sentinel://s:1/m?sentinel_user=su&sentinel_pass=sp#insecure").unwrap();
+        let u =
+            parse("rediss+sentinel://s:1/m?sentinel_user=su&sentinel_pass=sp#insecure").unwrap();
         assert_eq!(u.sentinels, ["rediss://su:sp@s:1#insecure"]);
         assert_eq!(u.tls, Some(true));
         assert_eq!(u.master_settings, "redis://sentinel-master/0");

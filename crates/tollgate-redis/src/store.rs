@@ -379,7 +379,9 @@ impl RedisStore {
                     .map_err(|e| unsupported(first_line(&e.to_string()).to_string()))?;
                 let conn = Arc::new(conn);
                 if !lazy {
-                    conn.master().await.map_err(|e| classify(&e, &redact(url)))?;
+                    conn.master()
+                        .await
+                        .map_err(|e| classify(&e, &redact(url)))?;
                 }
                 Ok(Conn::Sentinel(conn))
             } else if let Some(rest) = url.strip_prefix("redis+cluster://") {
@@ -751,12 +753,18 @@ impl RedisStore {
         let opts = &self.inner.opts;
         let keys: Vec<keys::CounterKeys> = which
             .iter()
-            .map(|&i| keys::counter_keys_in(opts.key_layout, &opts.prefix, items[i].key, items[i].quota))
+            .map(|&i| {
+                keys::counter_keys_in(opts.key_layout, &opts.prefix, items[i].key, items[i].quota)
+            })
             .collect();
         // One call per (slot, instant): a cluster's slot groups were checked at their own time.
         let mut groups: Vec<((u16, Micros), Vec<usize>)> = Vec::new();
         for (j, &i) in which.iter().enumerate() {
-            let slot = if self.is_cluster() { keys::slot(&keys[j].0) } else { 0 };
+            let slot = if self.is_cluster() {
+                keys::slot(&keys[j].0)
+            } else {
+                0
+            };
             let g = (slot, receipt.now[i]);
             match groups.iter_mut().find(|(k, _)| *k == g) {
                 Some((_, v)) => v.push(j),

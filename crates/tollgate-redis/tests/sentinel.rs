@@ -23,7 +23,11 @@ fn the_store_follows_the_master_through_a_failover() {
         .block_on(RedisStore::connect(&group.url(), opts))
         .expect("master found through the sentinels");
     assert!(!store.is_cluster());
-    assert!(store.url().starts_with("redis+sentinel://"), "{}", store.url());
+    assert!(
+        store.url().starts_with("redis+sentinel://"),
+        "{}",
+        store.url()
+    );
 
     let quota = Quota::new(1000, Unit::Hour);
     let item = CheckItem::hit("r", "d|user=ann", &quota);
@@ -47,15 +51,25 @@ fn the_store_follows_the_master_through_a_failover() {
                 break d[0].remaining
             }
             r => {
-                assert!(Instant::now() < deadline, "store never reached the new master: {r:?}");
+                assert!(
+                    Instant::now() < deadline,
+                    "store never reached the new master: {r:?}"
+                );
                 std::thread::sleep(Duration::from_millis(100));
             }
         }
     };
-    assert!(remaining <= 1000 - 4, "the count before the failover was kept: {remaining}");
+    assert!(
+        remaining <= 1000 - 4,
+        "the count before the failover was kept: {remaining}"
+    );
     let before: u64 = 1000 - remaining;
     let d = rt.block_on(store.check(None, &[item])).unwrap();
-    assert_eq!(d[0].remaining, 1000 - before - 1, "counted on the new master");
+    assert_eq!(
+        d[0].remaining,
+        1000 - before - 1,
+        "counted on the new master"
+    );
     assert!(group.server(new).cli(&["ROLE"]).starts_with("master"));
     assert!(store.is_healthy());
 }
@@ -66,7 +80,10 @@ fn bad_sentinel_urls_are_clear_errors() {
     for (url, want) in [
         ("redis+sentinel://127.0.0.1:1", "no master name"),
         ("redis+sentinel://nohostport/m", "not host:port"),
-        ("redis+sentinel://127.0.0.1:1/m?db=2", "unknown query parameter 'db'"),
+        (
+            "redis+sentinel://127.0.0.1:1/m?db=2",
+            "unknown query parameter 'db'",
+        ),
     ] {
         let e = rt
             .block_on(RedisStore::connect_lazy(url, RedisOptions::default()))
@@ -78,7 +95,11 @@ fn bad_sentinel_urls_are_clear_errors() {
     let store = rt
         .block_on(RedisStore::connect_lazy(url, RedisOptions::default()))
         .expect("lazy start while the sentinels are down");
-    assert!(!store.url().contains("s3cret") && !store.url().contains(":pw@"), "{}", store.url());
+    assert!(
+        !store.url().contains("s3cret") && !store.url().contains(":pw@"),
+        "{}",
+        store.url()
+    );
     let e = rt.block_on(store.ping()).unwrap_err();
     assert!(!e.to_string().contains("s3cret"), "{e}");
     let e = rt

@@ -804,7 +804,10 @@ pub fn render_backend_metrics(out: &mut String, backend: &Backend) {
         Backend::Redis(g) => g.render_metrics(out),
         Backend::RedisSplit(main, per_second) => render_stores(
             out,
-            &[(None, main.as_ref()), (Some("per_second"), per_second.as_ref())],
+            &[
+                (None, main.as_ref()),
+                (Some("per_second"), per_second.as_ref()),
+            ],
         ),
     }
 }
@@ -882,7 +885,12 @@ fn render_stores(out: &mut String, stores: &[(Option<&str>, &Guarded)]) {
             "# HELP tollgate_deny_cache_hits_total Requests denied from the local deny cache.\n# TYPE tollgate_deny_cache_hits_total counter"
         );
         for (s, c) in &cached {
-            let _ = writeln!(out, "tollgate_deny_cache_hits_total{} {}", tag(s), c.hits.load(Relaxed));
+            let _ = writeln!(
+                out,
+                "tollgate_deny_cache_hits_total{} {}",
+                tag(s),
+                c.hits.load(Relaxed)
+            );
         }
         let _ = writeln!(
             out,

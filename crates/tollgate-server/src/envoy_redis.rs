@@ -261,13 +261,7 @@ fn pool_url(
                 let node = host_port(pool.url, url, url)?;
                 format!("{scheme}://{userinfo}{node}{fragment}")
             }
-            other => {
-                return Err(EnvError::new(
-                    pool.socket,
-                    other,
-                    "expected tcp or unix",
-                ))
-            }
+            other => return Err(EnvError::new(pool.socket, other, "expected tcp or unix")),
         },
         "cluster" => {
             let nodes = url
@@ -328,8 +322,8 @@ pub fn redis_from_env(env: &HashMap<String, String>) -> Result<EnvoyRedis, EnvEr
     let mut warnings = Vec::new();
     let skip_verify = env_bool(env, "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", false)?;
     let per_second = env_bool(env, "REDIS_PERSECOND", false)?;
-    let any_tls = env_bool(env, MAIN.tls, false)?
-        || (per_second && env_bool(env, PER_SECOND.tls, false)?);
+    let any_tls =
+        env_bool(env, MAIN.tls, false)? || (per_second && env_bool(env, PER_SECOND.tls, false)?);
 
     if any_tls {
         for var in ["REDIS_TLS_CLIENT_CERT", "REDIS_TLS_CLIENT_KEY"] {
@@ -478,7 +472,10 @@ mod tests {
     #[test]
     fn unsupported_or_invalid_settings_name_their_variable() {
         let table: &[(&[(&str, &str)], &str)] = &[
-            (&[("REDIS_TYPE", "SENTINEL"), ("REDIS_URL", "m")], "REDIS_URL"),
+            (
+                &[("REDIS_TYPE", "SENTINEL"), ("REDIS_URL", "m")],
+                "REDIS_URL",
+            ),
             (
                 &[("REDIS_TYPE", "SENTINEL"), ("REDIS_URL", ",s1:26379")],
                 "REDIS_URL",
@@ -490,7 +487,10 @@ mod tests {
             (&[("REDIS_TYPE", "ring")], "REDIS_TYPE"),
             // The per-second Redis' own variables name themselves.
             (
-                &[("REDIS_PERSECOND", "true"), ("REDIS_PERSECOND_URL", "rel.sock")],
+                &[
+                    ("REDIS_PERSECOND", "true"),
+                    ("REDIS_PERSECOND_URL", "rel.sock"),
+                ],
                 "REDIS_PERSECOND_URL",
             ),
             (
@@ -650,7 +650,10 @@ mod tests {
             ("REDIS_PERSECOND_URL", "fast:6379"),
         ]);
         assert_eq!(t.config.store, "redis+sentinel://s:26379/m");
-        assert_eq!(t.config.per_second_store.as_deref(), Some("redis://fast:6379"));
+        assert_eq!(
+            t.config.per_second_store.as_deref(),
+            Some("redis://fast:6379")
+        );
         assert_eq!(t.config.redis_key_layout, tollgate_redis::KeyLayout::Envoy);
         assert!(t.warnings.is_empty(), "{:?}", t.warnings);
         let t = tr(&[
@@ -660,6 +663,9 @@ mod tests {
             ("REDIS_PERSECOND_TYPE", "CLUSTER"),
             ("REDIS_PERSECOND_URL", "a:7000,b:7001"),
         ]);
-        assert_eq!(t.config.redis_key_layout, tollgate_redis::KeyLayout::Tollgate);
+        assert_eq!(
+            t.config.redis_key_layout,
+            tollgate_redis::KeyLayout::Tollgate
+        );
     }
 }

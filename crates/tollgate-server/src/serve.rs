@@ -241,7 +241,9 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<AppState> {
                 let ps_opts = RedisOptions { timeout, ..opts };
                 let ps = RedisStore::connect_lazy(url, ps_opts)
                     .await
-                    .with_context(|| format!("cannot use --redis-per-second-url {}", redact(url)))?;
+                    .with_context(|| {
+                        format!("cannot use --redis-per-second-url {}", redact(url))
+                    })?;
                 // One fallback store for both: their keys are disjoint.
                 let local = Arc::new(MemoryStore::new(settings.max_keys.max(1)));
                 let main = Guarded::start_with_local(store, settings.clone(), local.clone()).await;

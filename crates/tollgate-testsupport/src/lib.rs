@@ -352,21 +352,31 @@ impl SentinelGroup {
         let master = RedisServer::start(&[]);
         let mport = master.port.to_string();
         let replica = RedisServer::start(&["--replicaof", "127.0.0.1", &mport]);
-        wait_for(Duration::from_secs(20), "the replica's link to the master", || {
-            replica.cli(&["INFO", "replication"]).contains("master_link_status:up")
-        });
+        wait_for(
+            Duration::from_secs(20),
+            "the replica's link to the master",
+            || {
+                replica
+                    .cli(&["INFO", "replication"])
+                    .contains("master_link_status:up")
+            },
+        );
         let sentinels: Vec<RedisServer> = (0..2).map(|_| start_sentinel(master.port)).collect();
         let group = SentinelGroup {
             name: Self::NAME,
             servers: vec![master, replica],
             sentinels,
         };
-        wait_for(Duration::from_secs(30), "the sentinels to know the replica", || {
-            group.sentinels.iter().all(|s| {
-                let r = s.cli(&["SENTINEL", "REPLICAS", Self::NAME]);
-                r.contains(&group.servers[1].port.to_string()) && !r.contains("s_down")
-            })
-        });
+        wait_for(
+            Duration::from_secs(30),
+            "the sentinels to know the replica",
+            || {
+                group.sentinels.iter().all(|s| {
+                    let r = s.cli(&["SENTINEL", "REPLICAS", Self::NAME]);
+                    r.contains(&group.servers[1].port.to_string()) && !r.contains("s_down")
+                })
+            },
+        );
         group
     }
 
@@ -407,11 +417,15 @@ impl SentinelGroup {
     /// master's port.
     pub fn failover(&self) -> u16 {
         let old = self.master_port();
-        wait_for(Duration::from_secs(30), "SENTINEL FAILOVER to be accepted", || {
-            self.sentinels[0]
-                .cli(&["SENTINEL", "FAILOVER", self.name])
-                .contains("OK")
-        });
+        wait_for(
+            Duration::from_secs(30),
+            "SENTINEL FAILOVER to be accepted",
+            || {
+                self.sentinels[0]
+                    .cli(&["SENTINEL", "FAILOVER", self.name])
+                    .contains("OK")
+            },
+        );
         wait_for(Duration::from_secs(60), "the failover to complete", || {
             self.sentinels.iter().all(|s| {
                 let out = s.cli(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.name]);
@@ -419,9 +433,11 @@ impl SentinelGroup {
             })
         });
         let new = self.master_port();
-        wait_for(Duration::from_secs(30), "the new master to take writes", || {
-            self.server(new).cli(&["ROLE"]).starts_with("master")
-        });
+        wait_for(
+            Duration::from_secs(30),
+            "the new master to take writes",
+            || self.server(new).cli(&["ROLE"]).starts_with("master"),
+        );
         new
     }
 }

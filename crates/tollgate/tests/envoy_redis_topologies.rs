@@ -56,7 +56,10 @@ fn check_all(base: &str, entries: &[(&str, &str)], hits: u64) -> (u16, Value) {
         "/v1/check",
         Some(json!({"domain": "api", "descriptors": descriptors, "hits_addend": hits})),
     );
-    (r.status, serde_json::from_str(&r.body).unwrap_or(Value::Null))
+    (
+        r.status,
+        serde_json::from_str(&r.body).unwrap_or(Value::Null),
+    )
 }
 
 /// The keys of the server on `port` matching `pattern`.
@@ -64,7 +67,10 @@ fn keys(server: &RedisServer, pattern: &str) -> Vec<String> {
     server
         .cli(&["--no-raw", "KEYS", pattern])
         .lines()
-        .filter_map(|l| l.split_once('"').map(|(_, k)| k.trim_end_matches('"').to_owned()))
+        .filter_map(|l| {
+            l.split_once('"')
+                .map(|(_, k)| k.trim_end_matches('"').to_owned())
+        })
         .collect()
 }
 
@@ -179,7 +185,8 @@ fn per_second_limits_live_on_their_own_redis() {
         "envoy-persecond",
     );
     assert!(
-        s.line.contains(&format!("per-second limits on redis://{fast_addr}")),
+        s.line
+            .contains(&format!("per-second limits on redis://{fast_addr}")),
         "{}",
         s.line
     );
@@ -189,8 +196,16 @@ fn per_second_limits_live_on_their_own_redis() {
     assert_eq!(status, 200, "{b}");
     assert_eq!(keys(&fast, "api_fast_a_*").len(), 1);
     assert_eq!(keys(&main, "api_slow_b_*").len(), 1);
-    assert!(keys(&main, "api_fast_*").is_empty(), "{:?}", keys(&main, "*"));
-    assert!(keys(&fast, "api_slow_*").is_empty(), "{:?}", keys(&fast, "*"));
+    assert!(
+        keys(&main, "api_fast_*").is_empty(),
+        "{:?}",
+        keys(&main, "*")
+    );
+    assert!(
+        keys(&fast, "api_slow_*").is_empty(),
+        "{:?}",
+        keys(&fast, "*")
+    );
     assert_eq!(get(&main, &keys(&main, "api_slow_b_*")[0]), 1);
 
     // One request blocked by one Redis keeps nothing on the other (tollgate algorithms): the
@@ -228,15 +243,23 @@ fn per_second_limits_live_on_their_own_redis() {
     assert_eq!(r["store_state"], "healthy", "{r}");
     assert_ne!(r["per_second"]["store_state"], "healthy", "{r}");
     let m = http(&s.base, Method::GET, "/metrics", None).body;
-    assert!(m.contains("tollgate_store_state{state=\"healthy\"} 1"), "{m}");
-    assert!(m.contains("tollgate_store_state{store=\"per_second\",state=\"open\"} 1"), "{m}");
+    assert!(
+        m.contains("tollgate_store_state{state=\"healthy\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("tollgate_store_state{store=\"per_second\",state=\"open\"} 1"),
+        "{m}"
+    );
 
     // Back up: per-second limits return to their Redis by themselves; then the main one down
     // leaves them alone.
     let fast = RedisServer::start_on(fast_port, &[]);
-    wait_for(Duration::from_secs(30), "the per-second Redis to be used again", || {
-        check_all(&s.base, &[("fast", "c")], 1).0 == 200
-    });
+    wait_for(
+        Duration::from_secs(30),
+        "the per-second Redis to be used again",
+        || check_all(&s.base, &[("fast", "c")], 1).0 == 200,
+    );
     main.kill();
     for _ in 0..5 {
         let (status, b) = check_all(&s.base, &[("fast", "c")], 1);
@@ -244,6 +267,12 @@ fn per_second_limits_live_on_their_own_redis() {
         let (status, b) = check_all(&s.base, &[("slow", "b")], 1);
         assert_eq!(status, 429, "main Redis down, policy deny: {b}");
     }
-    let fast_c: u64 = keys(&fast, "api_fast_c_*").iter().map(|k| get(&fast, k)).sum();
-    assert!(fast_c >= 5, "per-second hits counted on their Redis: {fast_c}");
+    let fast_c: u64 = keys(&fast, "api_fast_c_*")
+        .iter()
+        .map(|k| get(&fast, k))
+        .sum();
+    assert!(
+        fast_c >= 5,
+        "per-second hits counted on their Redis: {fast_c}"
+    );
 }
