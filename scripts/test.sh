@@ -34,6 +34,8 @@ need_pkg() {
 # (cluster, TLS, outage) from the redis-server binary.
 need_cmd redis-server redis-server
 need_cmd redis-cli redis-tools
+# Redis Sentinel failover tests (tollgate-redis sentinel, tollgate envoy_redis_topologies).
+need_cmd redis-sentinel redis-sentinel
 # libfaketime: the clock-step test runs `tollgate serve` on a wall clock read from a file.
 need_cmd faketime faketime
 # Gateways: the forward-auth tests (crates/tollgate/tests/gateways.rs) run real nginx and Caddy.

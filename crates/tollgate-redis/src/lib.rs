@@ -1,6 +1,6 @@
 //! # tollgate-redis
 //!
-//! The Redis and Redis Cluster store for tollgate: counters shared by every tollgate process.
+//! The Redis, Redis Sentinel and Redis Cluster store for tollgate: counters shared by every tollgate process.
 //!
 //! Each request costs one `EVALSHA` of one Lua script ([`script`]) that checks all of the
 //! request's counters atomically with exactly the semantics of the in-memory store
@@ -12,11 +12,13 @@
 //! `docs/operations.md`, "Redis Cluster").
 //!
 //! Modules: [`keys`] (key layout, escaping, exactness bounds), [`script`] (the Lua script and its
-//! wire format), [`store`] ([`RedisStore`], connections, timeouts, health).
+//! wire format), [`store`] ([`RedisStore`], connections, timeouts, health), [`sentinel`] (a
+//! master found through Redis Sentinel, followed through failovers).
 
 pub mod keys;
 pub mod script;
+pub mod sentinel;
 pub mod store;
 
 pub use keys::KeyLayout;
-pub use store::{RedisOptions, RedisStore};
+pub use store::{Receipt, RedisOptions, RedisStore};

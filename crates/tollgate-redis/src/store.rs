@@ -1,8 +1,10 @@
 //! [`RedisStore`]: connection handling, per-call timeouts, cluster slot groups and refunds.
 //!
 //! - **Connections.** One multiplexed connection per store (a [`ConnectionManager`], which
-//!   reconnects by itself, or a cluster connection, which follows `MOVED`/`ASK` and topology
-//!   changes), shared by every concurrent caller: no connection per request, no pool to size.
+//!   reconnects by itself; a cluster connection, which follows `MOVED`/`ASK` and topology
+//!   changes; or a connection to the master Redis Sentinel names, which follows failovers, see
+//!   [`crate::sentinel`]), shared by every concurrent caller: no connection per request, no
+//!   pool to size.
 //! - **Cheap clones.** The store is an `Arc`; clone it into every handler.
 //! - **Timeouts.** Every call is bounded by [`RedisOptions::timeout`] (default 50 ms), and a
 //!   timeout is reported as [`StoreError::Timeout`], distinct from [`StoreError::Unavailable`], so
@@ -20,9 +22,14 @@
 //!   concurrently. If any group blocks the request, every other group that consumed is refunded
 //!   by the same script in refund mode (exact per algorithm, see `scripts/check.lua`), which
 //!   also answers the cost-0 queries a blocked request reports.
+//! - **Split requests.** A caller that sends one request's items to two stores (per-second
+//!   limits on their own Redis) gets a [`Receipt`] with each check
+//!   ([`RedisStore::check_refundable`]) and gives back what one store admitted when the other
+//!   blocked the request ([`RedisStore::refund`]), with the same refund mode.
 
 use crate::keys::{self, KeyLayout};
 use crate::script::{self, Call, Mode, Reply};
+use crate::sentinel::{self, SentinelConn};
 use futures_util::future::join_all;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
@@ -77,6 +84,15 @@ impl Default for RedisOptions {
 enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    Sentinel(Arc<SentinelConn>),
+}
+
+/// What a [`RedisStore::check_refundable`] call did, for [`RedisStore::refund`]: its request id
+/// (tags sliding-log entries) and the instant each item was checked at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Receipt {
+    reqid: String,
+    now: Vec<Micros>,
 }
 
 struct Inner {
@@ -131,6 +147,23 @@ impl fmt::Display for RedisStore {
 /// `url` with the password of its user info (or of its `pass=` query parameter, the form of a
 /// `redis+unix://` URL) replaced by `***`.
 pub fn redact(url: &str) -> String {
+    // Sentinel URLs: the sentinels' password is a query parameter, the master's in user info.
+    if url.contains("+sentinel://") {
+        let (main, fragment) = match url.split_once('#') {
+            Some((m, f)) => (m, format!("#{f}")),
+            None => (url, String::new()),
+        };
+        if let Some((head, query)) = main.split_once('?') {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|p| match p.split_once('=') {
+                    Some((k @ ("sentinel_pass" | "sentinel_password"), _)) => format!("{k}=***"),
+                    _ => p.to_string(),
+                })
+                .collect();
+            return format!("{}?{}{fragment}", redact(head), query.join("&"));
+        }
+    }
     // Only a unix URL: elsewhere a raw `?` may sit inside a password.
     if let Some((head, query)) = url
         .strip_prefix("redis+unix://")
@@ -171,6 +204,18 @@ pub fn classify(e: &RedisError, url: &str) -> StoreError {
     let failed = |kind: FaultKind, message: String| StoreError::Failed { kind, message };
     if e.is_timeout() {
         return StoreError::Timeout(0);
+    }
+    if matches!(
+        e.kind(),
+        K::MasterNameNotFoundBySentinel | K::EmptySentinelList
+    ) {
+        return failed(
+            FaultKind::ConnectionLost,
+            format!(
+                "no Redis Sentinel of {url} names a reachable master of that name (a failover under way, or a wrong master name): {}",
+                first_line(&e.to_string())
+            ),
+        );
     }
     if e.is_connection_refusal() {
         return failed(
@@ -284,18 +329,21 @@ fn cluster_nodes(scheme: &str, rest: &str) -> Result<Vec<String>, StoreError> {
 }
 
 impl RedisStore {
-    /// Connect to `redis://[user:pass@]host:port[/db]`, `rediss://...` (TLS) or
-    /// `redis+cluster://[user:pass@]h1:p1,h2:p2` (`rediss+cluster://` for TLS). Fails when the
-    /// server cannot be reached within [`RedisOptions::connect_timeout`]; after that, lost
-    /// connections are re-established automatically.
+    /// Connect to `redis://[user:pass@]host:port[/db]`, `rediss://...` (TLS),
+    /// `redis+cluster://[user:pass@]h1:p1,h2:p2` (`rediss+cluster://` for TLS) or
+    /// `redis+sentinel://[user:pass@]s1:p1,s2:p2/master[/db]` (`rediss+sentinel://`; see
+    /// [`crate::sentinel`]). Fails when the server cannot be reached within
+    /// [`RedisOptions::connect_timeout`]; after that, lost connections are re-established
+    /// automatically (and a Sentinel master followed through failovers).
     pub async fn connect(url: &str, opts: RedisOptions) -> Result<RedisStore, StoreError> {
         Self::open(url, opts, false).await
     }
 
-    /// Like [`RedisStore::connect`], but a single server (`redis://`, `rediss://`) need not be up
-    /// yet: the connection is made by the first call (which fails as unavailable until Redis
-    /// answers), so a service can start, and fall back, while Redis is down. A cluster still
-    /// needs one reachable node to learn the topology.
+    /// Like [`RedisStore::connect`], but a single server (`redis://`, `rediss://`) or the
+    /// sentinels and master of a `redis+sentinel://` URL need not be up yet: the connection is
+    /// made by the first call (which fails as unavailable until Redis answers), so a service can
+    /// start, and fall back, while Redis is down. A cluster still needs one reachable node to
+    /// learn the topology.
     pub async fn connect_lazy(url: &str, opts: RedisOptions) -> Result<RedisStore, StoreError> {
         Self::open(url, opts, true).await
     }
@@ -322,7 +370,21 @@ impl RedisStore {
             ));
         }
         let connecting = async {
-            if let Some(rest) = url.strip_prefix("redis+cluster://") {
+            if url.starts_with("redis+sentinel://") || url.starts_with("rediss+sentinel://") {
+                let unsupported = |why: String| {
+                    StoreError::Unsupported(format!("store URL {}: {why}", redact(url)))
+                };
+                let parsed = sentinel::parse(url).map_err(unsupported)?;
+                let conn = SentinelConn::new(&parsed, manager_config(&opts), opts.connect_timeout)
+                    .map_err(|e| unsupported(first_line(&e.to_string()).to_string()))?;
+                let conn = Arc::new(conn);
+                if !lazy {
+                    conn.master()
+                        .await
+                        .map_err(|e| classify(&e, &redact(url)))?;
+                }
+                Ok(Conn::Sentinel(conn))
+            } else if let Some(rest) = url.strip_prefix("redis+cluster://") {
                 Self::connect_cluster("redis", rest, &opts).await
             } else if let Some(rest) = url.strip_prefix("rediss+cluster://") {
                 Self::connect_cluster("rediss", rest, &opts).await
@@ -337,11 +399,7 @@ impl RedisStore {
                         first_line(&e.to_string())
                     ))
                 })?;
-                let cfg = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(opts.connect_timeout))
-                    .set_response_timeout(Some(opts.timeout + opts.patience))
-                    .set_number_of_retries(2)
-                    .set_max_delay(Duration::from_secs(1));
+                let cfg = manager_config(&opts);
                 let cm = if lazy {
                     client.get_connection_manager_lazy(cfg)
                 } else {
@@ -350,7 +408,7 @@ impl RedisStore {
                 Ok(Conn::Single(cm.map_err(|e| classify(&e, &redact(url)))?))
             } else {
                 Err(StoreError::Unsupported(format!(
-                    "store URL {} (expected redis://, rediss://, redis+cluster://, rediss+cluster:// or redis+unix://)",
+                    "store URL {} (expected redis://, rediss://, redis+cluster://, rediss+cluster://, redis+sentinel://, rediss+sentinel:// or redis+unix://)",
                     redact(url)
                 )))
             }
@@ -517,6 +575,7 @@ impl RedisStore {
         match self.inner.conn.clone() {
             Conn::Single(mut c) => cmd.query_async::<T>(&mut c).await,
             Conn::Cluster(mut c) => cmd.query_async::<T>(&mut c).await,
+            Conn::Sentinel(s) => cmd.query_async::<T>(&mut s.master().await?).await,
         }
     }
 
@@ -533,6 +592,10 @@ impl RedisStore {
                 let kind = e.kind();
                 if kind.is_outage() {
                     self.inner.healthy.store(false, Ordering::Relaxed);
+                    // Refused, lost, read-only, timed out: what a failover looks like.
+                    if let Conn::Sentinel(s) = &self.inner.conn {
+                        s.suspect();
+                    }
                 } else {
                     // The server answered: it is up, whatever this key or write did.
                     self.inner.healthy.store(true, Ordering::Relaxed);
@@ -599,6 +662,7 @@ impl RedisStore {
                 match self.inner.conn.clone() {
                     Conn::Single(mut c) => eval_or_load(&mut c, &evalsha, eval).await,
                     Conn::Cluster(mut c) => eval_or_load(&mut c, &evalsha, eval).await,
+                    Conn::Sentinel(s) => eval_or_load(&mut s.master().await?, &evalsha, eval).await,
                 }
             })
             .await?;
@@ -650,12 +714,105 @@ impl RedisStore {
         now: Option<Micros>,
         items: &[CheckItem<'_>],
     ) -> Result<Vec<Decision>, StoreError> {
+        self.check_refundable(bound, now, items)
+            .await
+            .map(|(d, _)| d)
+    }
+
+    /// [`RedisStore::check_within`], with a [`Receipt`] for giving back what it admitted
+    /// ([`RedisStore::refund`]).
+    pub async fn check_refundable(
+        &self,
+        bound: Duration,
+        now: Option<Micros>,
+        items: &[CheckItem<'_>],
+    ) -> Result<(Vec<Decision>, Receipt), StoreError> {
         if items.is_empty() {
-            return Ok(Vec::new());
+            let receipt = Receipt {
+                reqid: String::new(),
+                now: Vec::new(),
+            };
+            return Ok((Vec::new(), receipt));
         }
         script::validate(items, now)?;
         let r = self.check_valid(bound, now, items).await;
         self.record(r)
+    }
+
+    /// Give back the items `which` (indexes into `items`) of the check that gave `receipt`:
+    /// `items` are that check's items, in the same order, and each of `which` must have been
+    /// admitted and consumed by it. Returns, for each of `which`, a cost-0 query after the
+    /// refund (what a blocked request reports).
+    pub async fn refund(
+        &self,
+        bound: Duration,
+        receipt: &Receipt,
+        items: &[CheckItem<'_>],
+        which: &[usize],
+    ) -> Result<Vec<Decision>, StoreError> {
+        if which.is_empty() {
+            return Ok(Vec::new());
+        }
+        if which
+            .iter()
+            .any(|&i| i >= items.len() || i >= receipt.now.len())
+        {
+            return Err(StoreError::Unsupported(
+                "refund of an item the receipt does not cover".into(),
+            ));
+        }
+        let opts = &self.inner.opts;
+        let keys: Vec<keys::CounterKeys> = which
+            .iter()
+            .map(|&i| {
+                keys::counter_keys_in(opts.key_layout, &opts.prefix, items[i].key, items[i].quota)
+            })
+            .collect();
+        // One call per (slot, instant): a cluster's slot groups were checked at their own time.
+        let mut groups: Vec<((u16, Micros), Vec<usize>)> = Vec::new();
+        for (j, &i) in which.iter().enumerate() {
+            let slot = if self.is_cluster() {
+                keys::slot(&keys[j].0)
+            } else {
+                0
+            };
+            let g = (slot, receipt.now[i]);
+            match groups.iter_mut().find(|(k, _)| *k == g) {
+                Some((_, v)) => v.push(j),
+                None => groups.push((g, vec![j])),
+            }
+        }
+        let mut decisions = vec![Decision::default(); which.len()];
+        let mut result = Ok(());
+        for ((_, at), js) in &groups {
+            let call = Call {
+                now: Some(*at),
+                reqid: &receipt.reqid,
+                mode: Mode::Refund,
+                single: false,
+                grace_ms: opts.ttl_grace.as_millis() as u64,
+                layout: opts.key_layout,
+                jitter_max_s: opts.expiration_jitter.as_secs(),
+                jitter_seed: self.inner.seed,
+            };
+            let part: Vec<script::Entry<'_>> = js
+                .iter()
+                .map(|&j| (which[j], &items[which[j]], &keys[j]))
+                .collect();
+            match self.run(bound, &call, &part).await {
+                Ok(r) => {
+                    for (&j, d) in js.iter().zip(r.decisions) {
+                        decisions[j] = d;
+                    }
+                }
+                Err(e) => {
+                    if result.is_ok() {
+                        result = Err(e);
+                    }
+                }
+            }
+        }
+        self.record(result.map(|()| decisions))
     }
 
     async fn check_valid(
@@ -663,7 +820,7 @@ impl RedisStore {
         bound: Duration,
         now: Option<Micros>,
         items: &[CheckItem<'_>],
-    ) -> Result<Vec<Decision>, StoreError> {
+    ) -> Result<(Vec<Decision>, Receipt), StoreError> {
         let prefix = &self.inner.opts.prefix;
         let keys: Vec<keys::CounterKeys> = items
             .iter()
@@ -699,7 +856,12 @@ impl RedisStore {
             }
         }
         if groups.len() <= 1 {
-            return Ok(self.run(bound, &call, &all).await?.decisions);
+            let reply = self.run(bound, &call, &all).await?;
+            let receipt = Receipt {
+                now: vec![reply.now; items.len()],
+                reqid,
+            };
+            return Ok((reply.decisions, receipt));
         }
 
         let call_ref = &call;
@@ -722,10 +884,12 @@ impl RedisStore {
             });
         let blocked = failed.is_some() || replies.iter().flatten().any(|r| r.blocked);
         let mut decisions = vec![Decision::default(); items.len()];
+        let mut at = vec![0; items.len()];
         for ((_, g), reply) in groups.iter().zip(&replies) {
             let Ok(reply) = reply else { continue };
             for (&i, d) in g.iter().zip(&reply.decisions) {
                 decisions[i] = *d;
+                at[i] = reply.now;
             }
         }
         let any_denied = blocked || decisions.iter().any(|d| !d.allowed);
@@ -769,9 +933,18 @@ impl RedisStore {
         }
         match failed {
             Some(e) => Err(e),
-            None => Ok(decisions),
+            None => Ok((decisions, Receipt { reqid, now: at })),
         }
     }
+}
+
+/// The single-server and Sentinel master connection's settings.
+fn manager_config(opts: &RedisOptions) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(opts.connect_timeout))
+        .set_response_timeout(Some(opts.timeout + opts.patience))
+        .set_number_of_retries(2)
+        .set_max_delay(Duration::from_secs(1))
 }
 
 /// `evalsha`, or `eval` when the server does not know the script.

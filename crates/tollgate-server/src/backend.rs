@@ -29,6 +29,14 @@
 //!
 //! The optional deny cache ([`DenyCache`]) answers keys Redis reported as denied until the time
 //! Redis said they could pass again; see docs/operations.md for where that is exact.
+//!
+//! With a second Redis for per-second limits ([`Backend::RedisSplit`], envoyproxy/ratelimit's
+//! `REDIS_PERSECOND`), each Redis has its own breaker and applies the failure policy to its own
+//! counters only, so an outage of one leaves the other's limits exact. A request's counters are
+//! split between the two and checked concurrently; when one Redis blocks the request, what the
+//! other admitted is given back ([`RedisStore::refund`]), so the request stays all-or-nothing
+//! as on one store (except for counters a failure policy decided: the local fallback's counts
+//! are not given back).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -38,11 +46,11 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tollgate_core::quota::Algorithm;
 use tollgate_core::rules::RuleSet;
-use tollgate_core::store::blocks;
+use tollgate_core::store::{blocks, consumes};
 use tollgate_core::{
-    CheckItem, Decision, FaultKind, MemoryStore, Micros, Quota, Store, StoreError,
+    CheckItem, Decision, FaultKind, MemoryStore, Micros, Quota, Store, StoreError, Unit,
 };
-use tollgate_redis::{keys, RedisStore};
+use tollgate_redis::{keys, Receipt, RedisStore};
 
 /// Consecutive connection-level store failures that open the breaker.
 pub const FAILURES_TO_OPEN: u32 = 3;
@@ -110,6 +118,8 @@ pub struct Outcome {
     /// Answered by the local deny cache, without asking Redis (envoyproxy/ratelimit's
     /// `over_limit_with_local_cache`).
     pub from_deny_cache: bool,
+    /// Redis decided: what to give back if another store blocks the same request.
+    pub receipt: Option<Receipt>,
 }
 
 impl Outcome {
@@ -119,6 +129,7 @@ impl Outcome {
             degraded: None,
             store_failed: false,
             from_deny_cache: false,
+            receipt: None,
         }
     }
 }
@@ -130,6 +141,9 @@ pub enum Backend {
     Local(Arc<dyn Store>),
     /// Redis behind the failure policy and breaker.
     Redis(Arc<Guarded>),
+    /// Two Redis, each behind its own breaker: the counters of limits whose unit is second on
+    /// the second (`--redis-per-second-url`), the others on the first.
+    RedisSplit(Arc<Guarded>, Arc<Guarded>),
 }
 
 impl Backend {
@@ -138,6 +152,9 @@ impl Backend {
         match self {
             Backend::Local(store) => store.check(now, items).map(Outcome::store),
             Backend::Redis(g) => g.check(now, items).await,
+            Backend::RedisSplit(main, per_second) => {
+                check_split(main, per_second, now, items).await
+            }
         }
     }
 
@@ -145,17 +162,93 @@ impl Backend {
     pub fn unsupported(&self, set: &RuleSet) -> Vec<String> {
         match self {
             Backend::Local(_) => Vec::new(),
-            Backend::Redis(_) => redis_unsupported(set),
+            Backend::Redis(_) | Backend::RedisSplit(..) => redis_unsupported(set),
         }
     }
 
-    /// The Redis backend, if that is what this is.
+    /// The (main) Redis backend, if that is what this is.
     pub fn redis(&self) -> Option<&Arc<Guarded>> {
         match self {
-            Backend::Redis(g) => Some(g),
+            Backend::Redis(g) | Backend::RedisSplit(g, _) => Some(g),
             Backend::Local(_) => None,
         }
     }
+
+    /// The Redis of per-second limits, when there is a second one.
+    pub fn per_second(&self) -> Option<&Arc<Guarded>> {
+        match self {
+            Backend::RedisSplit(_, g) => Some(g),
+            _ => None,
+        }
+    }
+}
+
+/// Whether `item`'s counter lives on the per-second Redis: its limit's unit is second
+/// (whatever its multiplier), as envoyproxy/ratelimit routes to `REDIS_PERSECOND_URL`.
+pub fn is_per_second(item: &CheckItem<'_>) -> bool {
+    item.quota.period().unit == Unit::Second
+}
+
+/// One request over two Redis: both parts concurrently, then the admitted items of a part that
+/// consumed give back what the whole request must not keep (see the module docs).
+async fn check_split(
+    main: &Guarded,
+    per_second: &Guarded,
+    now: Micros,
+    items: &[CheckItem<'_>],
+) -> Result<Outcome, StoreError> {
+    let (ps_idx, main_idx): (Vec<usize>, Vec<usize>) =
+        (0..items.len()).partition(|&i| is_per_second(&items[i]));
+    if ps_idx.is_empty() {
+        return main.check(now, items).await;
+    }
+    if main_idx.is_empty() {
+        return per_second.check(now, items).await;
+    }
+    let part = |idx: &[usize]| idx.iter().map(|&i| items[i]).collect::<Vec<_>>();
+    let (a, b) = (part(&main_idx), part(&ps_idx));
+    let (ra, rb) = tokio::join!(main.check(now, &a), per_second.check(now, &b));
+    let (oa, ob) = (ra?, rb?);
+    let mut decisions = vec![Decision::default(); items.len()];
+    for (idx, o) in [(&main_idx, &oa), (&ps_idx, &ob)] {
+        for (&i, d) in idx.iter().zip(&o.decisions) {
+            decisions[i] = *d;
+        }
+    }
+    let any_denied = decisions.iter().any(|d| !d.allowed);
+    let blocked = blocks(items, &decisions);
+    for (g, idx, sub, o) in [(main, &main_idx, &a, &oa), (per_second, &ps_idx, &b, &ob)] {
+        // Decided by the policy or the deny cache: nothing in Redis to give back.
+        let Some(receipt) = &o.receipt else { continue };
+        let (part_denied, part_blocked) = (
+            o.decisions.iter().any(|d| !d.allowed),
+            blocks(sub, &o.decisions),
+        );
+        let undo: Vec<usize> = (0..sub.len())
+            .filter(|&j| {
+                let (it, d) = (&sub[j], &o.decisions[j]);
+                d.allowed
+                    && it.cost > 0
+                    && consumes(it, d, part_denied, part_blocked)
+                    && !consumes(it, d, any_denied, blocked)
+            })
+            .collect();
+        if undo.is_empty() {
+            continue;
+        }
+        if let Some(ds) = g.refund(now, receipt, sub, &undo).await {
+            for (&j, d) in undo.iter().zip(ds) {
+                decisions[idx[j]] = d;
+            }
+        }
+    }
+    Ok(Outcome {
+        decisions,
+        degraded: oa.degraded.or(ob.degraded),
+        store_failed: oa.store_failed || ob.store_failed,
+        from_deny_cache: oa.from_deny_cache || ob.from_deny_cache,
+        receipt: None,
+    })
 }
 
 /// Limits the Redis store cannot serve, found when rules load (start, reload, `simulate`) rather
@@ -397,8 +490,19 @@ impl Guarded {
     /// start the probe task, which ends when the returned `Arc` is dropped. Call inside a Tokio
     /// runtime.
     pub async fn start(store: RedisStore, settings: RedisSettings) -> Arc<Guarded> {
+        let local = Arc::new(MemoryStore::new(settings.max_keys.max(1)));
+        Self::start_with_local(store, settings, local).await
+    }
+
+    /// [`Guarded::start`] with a given memory store for the `local` policy (two Redis of one
+    /// service share one: their keys are disjoint, and one store is swept).
+    pub async fn start_with_local(
+        store: RedisStore,
+        settings: RedisSettings,
+        local: Arc<MemoryStore>,
+    ) -> Arc<Guarded> {
         let g = Arc::new(Guarded {
-            local: Arc::new(MemoryStore::new(settings.max_keys.max(1))),
+            local,
             ledger: (settings.policy == Policy::Local).then(Ledger::default),
             deny_cache: settings.deny_cache.then(DenyCache::default),
             store,
@@ -494,7 +598,7 @@ impl Guarded {
         }
         match self.call(now, items).await {
             Err(None) => Ok(self.fallback(now, items, true, true)),
-            Ok(decisions) => {
+            Ok((decisions, receipt)) => {
                 self.breaker.success();
                 self.condition.answered(now);
                 if let Some(cache) = &self.deny_cache {
@@ -503,7 +607,10 @@ impl Guarded {
                 if let Some(ledger) = &self.ledger {
                     ledger.learn(now, items, &decisions, self.settings.expected_instances);
                 }
-                Ok(Outcome::store(decisions))
+                Ok(Outcome {
+                    receipt: Some(receipt),
+                    ..Outcome::store(decisions)
+                })
             }
             // Not a failure: a request this store cannot serve.
             Err(Some(e @ StoreError::Unsupported(_))) => Err(e),
@@ -535,12 +642,12 @@ impl Guarded {
         &self,
         now: Micros,
         items: &[CheckItem<'_>],
-    ) -> Result<Vec<Decision>, Option<StoreError>> {
+    ) -> Result<(Vec<Decision>, Receipt), Option<StoreError>> {
         let opts = self.store.options();
         let at = self.settings.caller_clock.then_some(now);
         let call = self
             .store
-            .check_within(opts.timeout + opts.patience, at, items);
+            .check_refundable(opts.timeout + opts.patience, at, items);
         tokio::pin!(call);
         if let Ok(r) = tokio::time::timeout(opts.timeout, &mut call).await {
             return r.map_err(Some);
@@ -557,6 +664,30 @@ impl Guarded {
         tokio::select! {
             r = &mut call => r.map_err(Some),
             () = &mut opened => Err(None),
+        }
+    }
+
+    /// Give back the items `which` of `items`, checked by the call that gave `receipt` (see
+    /// [`RedisStore::refund`]); their cost-0 queries after the refund, or `None` when the refund
+    /// failed (counted as a store error; the counts stay, the safe side).
+    async fn refund(
+        &self,
+        now: Micros,
+        receipt: &Receipt,
+        items: &[CheckItem<'_>],
+        which: &[usize],
+    ) -> Option<Vec<Decision>> {
+        let opts = self.store.options();
+        match self
+            .store
+            .refund(opts.timeout + opts.patience, receipt, items, which)
+            .await
+        {
+            Ok(d) => Some(d),
+            Err(e) => {
+                self.count_error(&e, now);
+                None
+            }
         }
     }
 
@@ -598,6 +729,7 @@ impl Guarded {
             degraded: Some(policy),
             store_failed,
             from_deny_cache: false,
+            receipt: None,
         }
     }
 
@@ -666,67 +798,122 @@ impl Guarded {
 
     /// Append this backend's metrics (Prometheus text format).
     pub fn render_metrics(&self, out: &mut String) {
-        let state = self.state();
-        family(
+        render_stores(out, &[(None, self)]);
+    }
+}
+
+/// The metrics of a backend's Redis stores (Prometheus text format), one family at a time: the
+/// main store's series as [`Guarded::render_metrics`] writes them, a second store's with a
+/// `store="per_second"` label first.
+pub fn render_backend_metrics(out: &mut String, backend: &Backend) {
+    match backend {
+        Backend::Local(_) => {}
+        Backend::Redis(g) => g.render_metrics(out),
+        Backend::RedisSplit(main, per_second) => render_stores(
             out,
-            ("tollgate_store_state", "gauge"),
-            "Redis store breaker state (1 = current).",
-            "state",
-            BreakerState::ALL.map(|s| (s.as_str(), u64::from(s == state))),
-        );
-        family(
-            out,
-            ("tollgate_store_breaker_transitions_total", "counter"),
-            "Breaker transitions, by new state.",
-            "to",
-            BreakerState::ALL.map(|s| {
-                (
-                    s.as_str(),
-                    self.breaker.transitions[s as usize].load(Relaxed),
-                )
-            }),
-        );
-        family(
-            out,
-            ("tollgate_degraded_decisions_total", "counter"),
-            "Requests decided by the failure policy instead of Redis.",
-            "policy",
-            Policy::ALL.map(|p| (p.as_str(), self.degraded_decisions(p))),
-        );
-        family(
-            out,
-            ("tollgate_redis_errors_total", "counter"),
-            "Redis store errors, by kind (timeout and connection kinds may open the breaker; the others fail one request).",
-            "kind",
-            FaultKind::ALL.map(|k| (k.as_str(), self.errors(k))),
-        );
+            &[
+                (None, main.as_ref()),
+                (Some("per_second"), per_second.as_ref()),
+            ],
+        ),
+    }
+}
+
+fn render_stores(out: &mut String, stores: &[(Option<&str>, &Guarded)]) {
+    let rows = |label: &str, f: &dyn Fn(&Guarded) -> Vec<(&'static str, u64)>| {
+        let mut rows = Vec::new();
+        for (store, g) in stores {
+            let tag = store.map_or(String::new(), |s| format!("store=\"{s}\","));
+            for (value, n) in f(g) {
+                rows.push((format!("{tag}{label}=\"{value}\""), n));
+            }
+        }
+        rows
+    };
+    family(
+        out,
+        ("tollgate_store_state", "gauge"),
+        "Redis store breaker state (1 = current).",
+        rows("state", &|g| {
+            let state = g.state();
+            BreakerState::ALL
+                .map(|s| (s.as_str(), u64::from(s == state)))
+                .to_vec()
+        }),
+    );
+    family(
+        out,
+        ("tollgate_store_breaker_transitions_total", "counter"),
+        "Breaker transitions, by new state.",
+        rows("to", &|g| {
+            BreakerState::ALL
+                .map(|s| (s.as_str(), g.breaker.transitions[s as usize].load(Relaxed)))
+                .to_vec()
+        }),
+    );
+    family(
+        out,
+        ("tollgate_degraded_decisions_total", "counter"),
+        "Requests decided by the failure policy instead of Redis.",
+        rows("policy", &|g| {
+            Policy::ALL
+                .map(|p| (p.as_str(), g.degraded_decisions(p)))
+                .to_vec()
+        }),
+    );
+    family(
+        out,
+        ("tollgate_redis_errors_total", "counter"),
+        "Redis store errors, by kind (timeout and connection kinds may open the breaker; the others fail one request).",
+        rows("kind", &|g| {
+            FaultKind::ALL.map(|k| (k.as_str(), g.errors(k))).to_vec()
+        }),
+    );
+    let plain = |g: &Guarded, store: &Option<&str>, f: &dyn Fn(&Guarded) -> u64| {
+        let labels = store.map_or(String::new(), |s| format!("{{store=\"{s}\"}}"));
+        (labels, f(g))
+    };
+    let _ = writeln!(
+        out,
+        "# HELP tollgate_redis_slow_calls_total Redis calls slower than the per-call timeout (waited for while Redis answers others).\n# TYPE tollgate_redis_slow_calls_total counter"
+    );
+    for (store, g) in stores {
+        let (labels, n) = plain(g, store, &|g| g.slow.load(Relaxed));
+        let _ = writeln!(out, "tollgate_redis_slow_calls_total{labels} {n}");
+    }
+    let cached: Vec<_> = stores
+        .iter()
+        .filter_map(|(s, g)| g.deny_cache.as_ref().map(|c| (s, c)))
+        .collect();
+    if !cached.is_empty() {
+        let tag = |s: &Option<&str>| s.map_or(String::new(), |s| format!("{{store=\"{s}\"}}"));
         let _ = writeln!(
             out,
-            "# HELP tollgate_redis_slow_calls_total Redis calls slower than the per-call timeout (waited for while Redis answers others).\n# TYPE tollgate_redis_slow_calls_total counter\ntollgate_redis_slow_calls_total {}",
-            self.slow.load(Relaxed)
+            "# HELP tollgate_deny_cache_hits_total Requests denied from the local deny cache.\n# TYPE tollgate_deny_cache_hits_total counter"
         );
-        if let Some(c) = &self.deny_cache {
+        for (s, c) in &cached {
             let _ = writeln!(
                 out,
-                "# HELP tollgate_deny_cache_hits_total Requests denied from the local deny cache.\n# TYPE tollgate_deny_cache_hits_total counter\ntollgate_deny_cache_hits_total {}\n# HELP tollgate_deny_cache_entries Keys in the local deny cache.\n# TYPE tollgate_deny_cache_entries gauge\ntollgate_deny_cache_entries {}",
-                c.hits.load(Relaxed),
-                c.len()
+                "tollgate_deny_cache_hits_total{} {}",
+                tag(s),
+                c.hits.load(Relaxed)
             );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP tollgate_deny_cache_entries Keys in the local deny cache.\n# TYPE tollgate_deny_cache_entries gauge"
+        );
+        for (s, c) in &cached {
+            let _ = writeln!(out, "tollgate_deny_cache_entries{} {}", tag(s), c.len());
         }
     }
 }
 
-/// One labelled metric family: its `# HELP` and `# TYPE` lines, then `name{label="v"} n` per row.
-fn family<const N: usize>(
-    out: &mut String,
-    (name, kind): (&str, &str),
-    help: &str,
-    label: &str,
-    rows: [(&str, u64); N],
-) {
+/// One labelled metric family: its `# HELP` and `# TYPE` lines, then `name{labels} n` per row.
+fn family(out: &mut String, (name, kind): (&str, &str), help: &str, rows: Vec<(String, u64)>) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-    for (value, n) in rows {
-        let _ = writeln!(out, "{name}{{{label}=\"{value}\"}} {n}");
+    for (labels, n) in rows {
+        let _ = writeln!(out, "{name}{{{labels}}} {n}");
     }
 }
 

@@ -625,6 +625,15 @@ pub fn rules_json(state: &AppState) -> Value {
             "local_deny_cache": g.settings().deny_cache,
             "condition": report["store_condition"],
             "last_error": report["store_error"],
+            "per_second": state.backend().per_second().map(|p| {
+                let r = p.report();
+                json!({
+                    "url": p.store().url(),
+                    "state": p.state().as_str(),
+                    "condition": r["store_condition"],
+                    "last_error": r["store_error"],
+                })
+            }),
         }),
         None => json!({"kind": "memory"}),
     };
@@ -662,26 +671,34 @@ async fn healthz() -> Response {
 /// so taking every instance out of rotation would only turn a degraded service into none):
 /// `status` is `ready` when Redis answers and `degraded` while the breaker is open or half-open;
 /// `store_condition` names a failure going on (`ok`, `out_of_memory`, `wrongtype`, ...) and
-/// `store_error` the last one (kind, message, `at_ms`).
+/// `store_error` the last one (kind, message, `at_ms`). With a per-second Redis, `per_second`
+/// reports it the same way, and `status` is `degraded` while either breaker is not closed.
 async fn readyz(State(state): State<AppState>) -> Response {
     match state.backend() {
-        Backend::Redis(g) => {
+        Backend::Redis(g) | Backend::RedisSplit(g, _) => {
             let s = g.state();
             let report = g.report();
-            let status = if s == BreakerState::Healthy {
-                "ready"
-            } else {
-                "degraded"
-            };
-            axum::Json(json!({
+            let second = state.backend().per_second();
+            let healthy = s == BreakerState::Healthy
+                && second.is_none_or(|p| p.state() == BreakerState::Healthy);
+            let status = if healthy { "ready" } else { "degraded" };
+            let mut body = json!({
                 "status": status,
                 "store": "redis",
                 "store_state": s.as_str(),
                 "on_store_error": g.settings().policy.as_str(),
                 "store_condition": report["store_condition"],
                 "store_error": report["store_error"],
-            }))
-            .into_response()
+            });
+            if let Some(p) = second {
+                let r = p.report();
+                body["per_second"] = json!({
+                    "store_state": p.state().as_str(),
+                    "store_condition": r["store_condition"],
+                    "store_error": r["store_error"],
+                });
+            }
+            axum::Json(body).into_response()
         }
         Backend::Local(store) => match store.check(state.now(), &[]) {
             Ok(_) => axum::Json(json!({"status": "ready", "store": "memory"})).into_response(),
@@ -706,9 +723,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
     if let Some(m) = state.memory_store() {
         crate::metrics::render_evictions(&mut text, m.evictions());
     }
-    if let Some(g) = state.backend().redis() {
-        g.render_metrics(&mut text);
-    }
+    crate::backend::render_backend_metrics(&mut text, state.backend());
     if let Some(r) = state.registry() {
         r.render_metrics(&mut text);
     }

@@ -580,7 +580,8 @@ pub fn translate(
     // standalone Redis its key layout, so that its pods and tollgate's share counters.
     config.default_algorithm = Some(tollgate_core::Algorithm::EnvoyFixedWindow);
     config.count_denied_hits = !env.bool_or("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", false)?;
-    if config.store.contains("+cluster") {
+    let on_cluster = |url: &str| url.contains("+cluster");
+    if on_cluster(&config.store) || config.per_second_store.as_deref().is_some_and(on_cluster) {
         // envoy's keys carry no hash tag: a multi-key script cannot run on a cluster.
         if vars.contains_key("CACHE_KEY_PREFIX") {
             warnings.push(

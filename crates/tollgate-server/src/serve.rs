@@ -42,7 +42,8 @@ pub struct ServeConfig {
     pub grpc_addr: Option<SocketAddr>,
     /// Rules file or directory (`--rules`).
     pub rules: PathBuf,
-    /// `--store`: `memory`, `redis://..`, `rediss://..` or `redis+cluster://h1:p1,h2:p2`.
+    /// `--store`: `memory`, `redis://..`, `rediss://..`, `redis+cluster://h1:p1,h2:p2` or
+    /// `redis+sentinel://s1:p1,s2:p2/master`.
     pub store: String,
     /// `--redis-timeout-ms`: bound on each Redis call.
     pub redis_timeout: Duration,
@@ -50,6 +51,13 @@ pub struct ServeConfig {
     pub redis_prefix: String,
     /// `--on-store-error`, `--expected-instances`, `--local-deny-cache`.
     pub redis: RedisSettings,
+    /// `--redis-per-second-url`: a second Redis (any form `--store` takes) for the counters of
+    /// limits whose unit is second, with its own breaker (envoy's `REDIS_PERSECOND_URL`).
+    /// `None`: every counter on `--store`.
+    pub per_second_store: Option<String>,
+    /// `--redis-per-second-timeout-ms`: bound on each call to the per-second Redis; `None`:
+    /// `--redis-timeout-ms`.
+    pub per_second_timeout: Option<Duration>,
     /// `--max-keys` of the memory store.
     pub max_keys: usize,
     /// `--response-headers` (gRPC `response_headers_to_add`).
@@ -117,6 +125,8 @@ impl Default for ServeConfig {
             redis_timeout: Duration::from_millis(50),
             redis_prefix: "tollgate".into(),
             redis: RedisSettings::default(),
+            per_second_store: None,
+            per_second_timeout: None,
             max_keys: tollgate_core::memory::DEFAULT_MAX_KEYS,
             response_headers: false,
             limits: RequestLimits::default(),
@@ -219,6 +229,9 @@ async fn build_state_at(
         None => builder,
     };
     let builder = if config.store == "memory" {
+        if config.per_second_store.is_some() {
+            bail!("--redis-per-second-url needs a Redis --store (per-second limits move from one Redis to another)");
+        }
         builder.memory_store(Arc::new(MemoryStore::new(config.max_keys)))
     } else if config.store.starts_with("redis") {
         let problems = store_rule_problems(&config.store, &builder.rules().set);
@@ -239,7 +252,7 @@ async fn build_state_at(
             expiration_jitter: config.redis_expiration_jitter,
             ..RedisOptions::default()
         };
-        let store = RedisStore::connect_lazy(&config.store, opts)
+        let store = RedisStore::connect_lazy(&config.store, opts.clone())
             .await
             .with_context(|| format!("cannot use --store {}", redact(&config.store)))?;
         let settings = RedisSettings {
@@ -247,10 +260,35 @@ async fn build_state_at(
             caller_clock: caller_clock || config.redis.caller_clock,
             ..config.redis.clone()
         };
-        builder.redis(Guarded::start(store, settings).await)
+        match &config.per_second_store {
+            None => builder.redis(Guarded::start(store, settings).await),
+            Some(url) => {
+                if !url.starts_with("redis") {
+                    bail!(
+                        "unsupported --redis-per-second-url '{}': expected a Redis URL, as --store takes",
+                        redact(url)
+                    );
+                }
+                let timeout = config.per_second_timeout.unwrap_or(config.redis_timeout);
+                if timeout.is_zero() {
+                    bail!("--redis-per-second-timeout-ms must be at least 1");
+                }
+                let ps_opts = RedisOptions { timeout, ..opts };
+                let ps = RedisStore::connect_lazy(url, ps_opts)
+                    .await
+                    .with_context(|| {
+                        format!("cannot use --redis-per-second-url {}", redact(url))
+                    })?;
+                // One fallback store for both: their keys are disjoint.
+                let local = Arc::new(MemoryStore::new(settings.max_keys.max(1)));
+                let main = Guarded::start_with_local(store, settings.clone(), local.clone()).await;
+                let per_second = Guarded::start_with_local(ps, settings, local).await;
+                builder.redis_split(main, per_second)
+            }
+        }
     } else {
         bail!(
-            "unsupported --store '{}': expected 'memory', redis://, rediss://, redis+cluster://, rediss+cluster:// or redis+unix://",
+            "unsupported --store '{}': expected 'memory', redis://, rediss://, redis+cluster://, rediss+cluster://, redis+sentinel://, rediss+sentinel:// or redis+unix://",
             redact(&config.store)
         );
     };

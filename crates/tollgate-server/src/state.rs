@@ -169,6 +169,13 @@ impl AppStateBuilder {
         self.backend = Backend::Redis(guarded);
         self
     }
+    /// Use two Redis: `per_second` for the counters of limits whose unit is second, `main` for
+    /// the others (start both with one `local` fallback store: the main one's is swept).
+    pub fn redis_split(mut self, main: Arc<Guarded>, per_second: Arc<Guarded>) -> Self {
+        self.memory = Some(main.local_store().clone());
+        self.backend = Backend::RedisSplit(main, per_second);
+        self
+    }
     /// Request limits.
     pub fn limits(mut self, limits: RequestLimits) -> Self {
         self.limits = limits;
@@ -312,9 +319,14 @@ impl AppState {
 
     /// The store for logs and `/v1/rules`: `memory`, or the Redis URL with its password redacted.
     pub fn store_label(&self) -> String {
+        let per_second = self
+            .backend()
+            .per_second()
+            .map(|p| format!(", per-second limits on {}", p.store().url()))
+            .unwrap_or_default();
         match self.backend().redis() {
             Some(g) => format!(
-                "{} (prefix {})",
+                "{} (prefix {}){per_second}",
                 g.store().url(),
                 g.store().options().prefix
             ),
@@ -395,7 +407,7 @@ impl AppState {
     }
 
     /// Whether Redis is the store and has not answered yet (its start-up probe failed and the
-    /// breaker has stayed open since).
+    /// breaker has stayed open since); with a per-second Redis, until both have answered.
     fn waiting_for_redis(&self) -> bool {
         let Some(g) = self.backend().redis() else {
             return false;
@@ -403,7 +415,8 @@ impl AppState {
         if self.0.redis_answered.load(Ordering::Relaxed) {
             return false;
         }
-        if g.state() == crate::backend::BreakerState::Open {
+        let open = |g: &Guarded| g.state() == crate::backend::BreakerState::Open;
+        if open(g) || self.backend().per_second().is_some_and(|p| open(p)) {
             return true;
         }
         self.0.redis_answered.store(true, Ordering::Relaxed);

@@ -1,8 +1,8 @@
 //! # tollgate-testsupport
 //!
 //! Dev-only helpers shared by the Redis tests of several crates (one copy, not one per crate):
-//! throwaway `redis-server` processes and a 3-master Redis Cluster on free loopback ports, plus
-//! unique key prefixes for the shared server on 6379.
+//! throwaway `redis-server` processes, a 3-master Redis Cluster and a Sentinel-monitored master
+//! with a replica on free loopback ports, plus unique key prefixes for the shared server on 6379.
 //!
 //! Servers run from the installed `redis-server` binary in their own temporary directory with
 //! persistence off, and are killed (and their directory removed) on drop, so a failing test
@@ -328,6 +328,165 @@ impl Cluster {
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
         format!("redis+cluster://{}", hosts.join(","))
+    }
+}
+
+/// A master, one replica and two `redis-sentinel`s monitoring them (quorum 1, a master is
+/// judged down after 1 s), all killed on drop.
+pub struct SentinelGroup {
+    /// The master's name, [`SentinelGroup::NAME`].
+    pub name: &'static str,
+    /// The servers: the master at start, then its replica.
+    pub servers: Vec<RedisServer>,
+    /// The sentinels.
+    pub sentinels: Vec<RedisServer>,
+}
+
+impl SentinelGroup {
+    /// The master's name the sentinels monitor.
+    pub const NAME: &'static str = "mymaster";
+
+    /// Start the master, the replica (wait for its link) and the sentinels (wait until they
+    /// know the replica, so that a failover can pick it).
+    pub fn start() -> SentinelGroup {
+        let master = RedisServer::start(&[]);
+        let mport = master.port.to_string();
+        let replica = RedisServer::start(&["--replicaof", "127.0.0.1", &mport]);
+        wait_for(
+            Duration::from_secs(20),
+            "the replica's link to the master",
+            || {
+                replica
+                    .cli(&["INFO", "replication"])
+                    .contains("master_link_status:up")
+            },
+        );
+        let sentinels: Vec<RedisServer> = (0..2).map(|_| start_sentinel(master.port)).collect();
+        let group = SentinelGroup {
+            name: Self::NAME,
+            servers: vec![master, replica],
+            sentinels,
+        };
+        wait_for(
+            Duration::from_secs(30),
+            "the sentinels to know the replica",
+            || {
+                group.sentinels.iter().all(|s| {
+                    let r = s.cli(&["SENTINEL", "REPLICAS", Self::NAME]);
+                    r.contains(&group.servers[1].port.to_string()) && !r.contains("s_down")
+                })
+            },
+        );
+        group
+    }
+
+    /// `redis+sentinel://127.0.0.1:s1,127.0.0.1:s2/mymaster`.
+    pub fn url(&self) -> String {
+        format!("redis+sentinel://{}/{}", self.sentinel_list(), self.name)
+    }
+
+    /// `127.0.0.1:s1,127.0.0.1:s2`.
+    pub fn sentinel_list(&self) -> String {
+        let hosts: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port))
+            .collect();
+        hosts.join(",")
+    }
+
+    /// The master's port as the first sentinel reports it.
+    pub fn master_port(&self) -> u16 {
+        let out = self.sentinels[0].cli(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.name]);
+        out.lines()
+            .nth(1)
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no master address from the sentinel: {out}"))
+    }
+
+    /// The server running on `port`.
+    pub fn server(&self, port: u16) -> &RedisServer {
+        self.servers
+            .iter()
+            .find(|s| s.port == port)
+            .expect("a server of the group")
+    }
+
+    /// `SENTINEL FAILOVER` (retried while the sentinel has no replica it can promote), then wait
+    /// until every sentinel names the other server and it answers as a master. Returns the new
+    /// master's port.
+    pub fn failover(&self) -> u16 {
+        let old = self.master_port();
+        wait_for(
+            Duration::from_secs(30),
+            "SENTINEL FAILOVER to be accepted",
+            || {
+                self.sentinels[0]
+                    .cli(&["SENTINEL", "FAILOVER", self.name])
+                    .contains("OK")
+            },
+        );
+        wait_for(Duration::from_secs(60), "the failover to complete", || {
+            self.sentinels.iter().all(|s| {
+                let out = s.cli(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.name]);
+                !out.contains(&old.to_string()) && out.lines().count() >= 2
+            })
+        });
+        let new = self.master_port();
+        wait_for(
+            Duration::from_secs(30),
+            "the new master to take writes",
+            || self.server(new).cli(&["ROLE"]).starts_with("master"),
+        );
+        new
+    }
+}
+
+/// `redis-sentinel` on a free port monitoring the master on `master_port` (quorum 1).
+fn start_sentinel(master_port: u16) -> RedisServer {
+    for _attempt in 0..5 {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("tollgate-sentinel-{port}-{:x}", random()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let conf = dir.join("sentinel.conf");
+        let name = SentinelGroup::NAME;
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {}\n\
+                 sentinel monitor {name} 127.0.0.1 {master_port} 1\n\
+                 sentinel down-after-milliseconds {name} 1000\n\
+                 sentinel failover-timeout {name} 10000\n\
+                 sentinel parallel-syncs {name} 1\n",
+                dir.display()
+            ),
+        )
+        .unwrap();
+        let child = Command::new("redis-sentinel")
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-sentinel must be installed (Debian package redis-sentinel)");
+        let mut s = RedisServer {
+            child,
+            port,
+            dir,
+            cli_args: Vec::new(),
+        };
+        if s.wait_ready(Duration::from_secs(5)) {
+            return s;
+        }
+    }
+    panic!("could not start redis-sentinel");
+}
+
+/// Poll `ok` every 50 ms until it holds; panic naming `what` after `within`.
+pub fn wait_for(within: Duration, what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !ok() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 

@@ -116,9 +116,10 @@ pub struct ServeArgs {
     /// Rules file or directory (watched and hot-reloaded).
     #[arg(long, env = "TOLLGATE_RULES", default_value = crate::simulate::DEFAULT_RULES)]
     rules: PathBuf,
-    /// Where counters live: `memory`, `redis://[user:pass@]host:port[/db]`, `rediss://...` (TLS)
-    /// `redis+cluster://h1:p1,h2:p2` (`rediss+cluster://` for TLS) or
-    /// `redis+unix:///path/to.sock[?user=u&pass=p]`.
+    /// Where counters live: `memory`, `redis://[user:pass@]host:port[/db]`, `rediss://...` (TLS),
+    /// `redis+cluster://h1:p1,h2:p2` (`rediss+cluster://` for TLS),
+    /// `redis+sentinel://[user:pass@]s1:p1,s2:p2/MASTER[/db][?sentinel_user=u&sentinel_pass=p]`
+    /// (`rediss+sentinel://` for TLS) or `redis+unix:///path/to.sock[?user=u&pass=p]`.
     #[arg(
         long,
         env = "TOLLGATE_STORE",
@@ -130,6 +131,14 @@ pub struct ServeArgs {
     /// request waits for the answer up to 1 s more unless the breaker opens.
     #[arg(long, env = "TOLLGATE_REDIS_TIMEOUT_MS", default_value_t = 50)]
     redis_timeout_ms: u64,
+    /// Redis: a second Redis (any form --store takes) for the counters of limits whose unit is
+    /// second, with its own breaker and failure policy (envoyproxy/ratelimit's REDIS_PERSECOND).
+    #[arg(long, env = "TOLLGATE_REDIS_PER_SECOND_URL", hide_env_values = true)]
+    redis_per_second_url: Option<String>,
+    /// Redis: --redis-timeout-ms for the per-second Redis (default: --redis-timeout-ms).
+    #[arg(long, env = "TOLLGATE_REDIS_PER_SECOND_TIMEOUT_MS",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    redis_per_second_timeout_ms: Option<u64>,
     /// Redis: first part of every key (`<prefix>:{...}:...`); no braces.
     #[arg(long, env = "TOLLGATE_REDIS_PREFIX", default_value = "tollgate")]
     redis_prefix: String,
@@ -404,6 +413,8 @@ impl ServeArgs {
                 // `serve` fills in the key bound from `max_keys` below.
                 ..RedisSettings::default()
             },
+            per_second_store: self.redis_per_second_url.clone(),
+            per_second_timeout: self.redis_per_second_timeout_ms.map(Duration::from_millis),
             max_keys: self.max_keys,
             response_headers: self.response_headers,
             limits: RequestLimits {
