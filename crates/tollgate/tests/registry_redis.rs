@@ -199,12 +199,14 @@ fn a_change_whose_message_was_missed_is_polled() {
         201
     );
     // Another writer changes the registry without announcing it (as if the message was lost).
+    // The revision key is bumped last: the instance may poll between these commands (a real
+    // writer changes all three in one script), and must not see the new revision before the
+    // version it names exists.
     let tag = format!("{{{prefix}:registry}}");
-    let rev = cli(6379, &["INCR", &format!("{tag}:revision")]);
-    let rev = rev.trim();
-    cli(6379, &["HSET", &format!("{tag}:domains"), "shop", rev]);
+    let rev = cli(6379, &["GET", &format!("{tag}:revision")]);
+    let rev = rev.trim().parse::<u64>().unwrap() + 1;
     let version = serde_json::json!({
-        "version": rev.parse::<u64>().unwrap(),
+        "version": rev,
         "updated_at_ms": 1,
         "updated_by": "elsewhere",
         "rules": user_limit("shop", 42),
@@ -217,6 +219,11 @@ fn a_change_whose_message_was_missed_is_polled() {
             &version.to_string(),
         ],
     );
+    cli(
+        6379,
+        &["HSET", &format!("{tag}:domains"), "shop", &rev.to_string()],
+    );
+    cli(6379, &["SET", &format!("{tag}:revision"), &rev.to_string()]);
     let waited = wait_for(PROPAGATION_WAIT, || {
         current_limit(&a.base, "shop", "ann") == Some(42)
     });
