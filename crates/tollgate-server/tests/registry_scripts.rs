@@ -30,7 +30,10 @@ impl Keys {
 
     /// Every registry key gone, as after a `FLUSHALL`.
     fn lose_all(&self) {
-        let keys = cli(6379, &["--scan", "--pattern", &format!("{{{}:registry}}*", self.0)]);
+        let keys = cli(
+            6379,
+            &["--scan", "--pattern", &format!("{{{}:registry}}*", self.0)],
+        );
         for k in keys.lines().filter(|k| !k.is_empty()) {
             cli(6379, &["DEL", k]);
         }
@@ -57,9 +60,24 @@ async fn lost_registries_are_refused_written_back_once_and_repaired() {
 
     // A new registry: nothing known, nothing stored.
     assert_eq!(reg.load().await.unwrap(), None);
-    assert_eq!(reg.put("a", &version("A"), Expect::Any, 10, 5, 0).await.unwrap(), Ok(1));
-    assert_eq!(reg.put("b", &version("B"), Expect::Any, 10, 5, 1).await.unwrap(), Ok(2));
-    assert_eq!(reg.put("a", &version("A2"), Expect::Any, 10, 5, 2).await.unwrap(), Ok(3));
+    assert_eq!(
+        reg.put("a", &version("A"), Expect::Any, 10, 5, 0)
+            .await
+            .unwrap(),
+        Ok(1)
+    );
+    assert_eq!(
+        reg.put("b", &version("B"), Expect::Any, 10, 5, 1)
+            .await
+            .unwrap(),
+        Ok(2)
+    );
+    assert_eq!(
+        reg.put("a", &version("A2"), Expect::Any, 10, 5, 2)
+            .await
+            .unwrap(),
+        Ok(3)
+    );
     let known = reg.load().await.unwrap().unwrap();
     assert_eq!(known.revision, 3);
     assert_eq!(known.domains["a"].versions.len(), 2);
@@ -67,11 +85,20 @@ async fn lost_registries_are_refused_written_back_once_and_repaired() {
     // Lost: writes from an instance that knows revision 3 are refused, not made on top.
     keys.lose_all();
     assert_eq!(
-        reg.put("c", &version("C"), Expect::Any, 10, 5, 3).await.unwrap(),
+        reg.put("c", &version("C"), Expect::Any, 10, 5, 3)
+            .await
+            .unwrap(),
         Err(Refused::Behind)
     );
-    assert_eq!(reg.delete("a", Expect::Any, 3).await.unwrap(), Err(Refused::Behind));
-    assert_eq!(reg.load().await.unwrap(), None, "a refused write left nothing");
+    assert_eq!(
+        reg.delete("a", Expect::Any, 3).await.unwrap(),
+        Err(Refused::Behind)
+    );
+    assert_eq!(
+        reg.load().await.unwrap(),
+        None,
+        "a refused write left nothing"
+    );
 
     // Written back once, history included; a second (racing) write-back does nothing.
     assert_eq!(reg.restore(&known).await.unwrap(), Some(0));
@@ -90,7 +117,12 @@ async fn lost_registries_are_refused_written_back_once_and_repaired() {
     assert_eq!(reg.restore(&newer).await.unwrap(), Some(3));
     assert_eq!(reg.load().await.unwrap().as_ref(), Some(&newer));
     assert_eq!(cli(6379, &["EXISTS", &keys.key("history:b")]).trim(), "0");
-    assert_eq!(reg.put("c", &version("C"), Expect::Any, 10, 5, 5).await.unwrap(), Ok(6));
+    assert_eq!(
+        reg.put("c", &version("C"), Expect::Any, 10, 5, 5)
+            .await
+            .unwrap(),
+        Ok(6)
+    );
 
     // Only the revision key lost (evicted): the domains hash shows Redis is not behind an
     // older snapshot; the key comes back, nothing is overwritten.
@@ -106,7 +138,12 @@ async fn lost_registries_are_refused_written_back_once_and_repaired() {
     assert_eq!((empty.revision, empty.domains.len()), (8, 0));
 
     // A domain whose history key is gone is an error (the running rules stay), not a drop.
-    assert_eq!(reg.put("d", &version("D"), Expect::Any, 10, 5, 8).await.unwrap(), Ok(9));
+    assert_eq!(
+        reg.put("d", &version("D"), Expect::Any, 10, 5, 8)
+            .await
+            .unwrap(),
+        Ok(9)
+    );
     cli(6379, &["DEL", &keys.key("history:d")]);
     let e = reg.load().await.unwrap_err().to_string();
     assert!(e.contains("`d`"), "{e}");

@@ -271,9 +271,16 @@ fn restarts_and_redis_outages_keep_registered_limits() {
         c.stderr()
     );
 
-    // Redis back, empty (no persistence): the registered domains are not dropped.
+    // Redis back, empty (no persistence): the registered domains are not dropped, and the
+    // instance writes them back.
     let _redis = RedisServer::start_on(redis.port, &[]);
-    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        wait_for(PROPAGATION_WAIT, || stored_domains(redis.port, &prefix)
+            == ["shop"])
+        .is_some(),
+        "{}",
+        c.stderr()
+    );
     assert_eq!(current_limit(&c.base, "shop", "ann"), Some(2));
 }
 
@@ -350,13 +357,24 @@ fn a_redis_that_lost_the_registry_gets_it_back_from_the_instances() {
     let b = instance(&dir, &url, &prefix, "snap-b", "registry-lost-b");
     let c = instance(&dir, &url, &prefix, "snap-c", "registry-lost-c");
     let all = [&a, &b, &c];
-    assert_eq!(put(&a.base, "shop", &user_limit("shop", 3), None).status, 201);
-    assert_eq!(put(&a.base, "cart", &user_limit("cart", 5), None).status, 201);
-    assert_eq!(put(&b.base, "gone", &user_limit("gone", 7), None).status, 201);
+    assert_eq!(
+        put(&a.base, "shop", &user_limit("shop", 3), None).status,
+        201
+    );
+    assert_eq!(
+        put(&a.base, "cart", &user_limit("cart", 5), None).status,
+        201
+    );
+    assert_eq!(
+        put(&b.base, "gone", &user_limit("gone", 7), None).status,
+        201
+    );
     assert_eq!(delete(&c.base, "gone").status, 200);
-    wait_serving(&all, &[("shop", Some(3)), ("cart", Some(5)), ("gone", None)]);
-    let shop_version = body(&call(&a.base, Method::GET, "/v1/domains/shop", None, &[]))
-        ["version"]
+    wait_serving(
+        &all,
+        &[("shop", Some(3)), ("cart", Some(5)), ("gone", None)],
+    );
+    let shop_version = body(&call(&a.base, Method::GET, "/v1/domains/shop", None, &[]))["version"]
         .as_u64()
         .unwrap();
     let revision: u64 = stored_revision(port, &prefix).parse().unwrap();
@@ -368,13 +386,24 @@ fn a_redis_that_lost_the_registry_gets_it_back_from_the_instances() {
     assert_eq!(put_when_up(&b.base, "fresh", 9), 201);
     wait_serving(
         &all,
-        &[("shop", Some(3)), ("cart", Some(5)), ("fresh", Some(9)), ("gone", None)],
+        &[
+            ("shop", Some(3)),
+            ("cart", Some(5)),
+            ("fresh", Some(9)),
+            ("gone", None),
+        ],
     );
     assert_eq!(stored_domains(port, &prefix), ["cart", "fresh", "shop"]);
     // Written back once (the instances race; one script run wins), versions and history kept,
     // revisions carry on from where they were.
     assert_eq!(restores(&all), 1);
-    let history = body(&call(&c.base, Method::GET, "/v1/domains/shop/history", None, &[]));
+    let history = body(&call(
+        &c.base,
+        Method::GET,
+        "/v1/domains/shop/history",
+        None,
+        &[],
+    ));
     assert_eq!(history["versions"][0]["version"], shop_version, "{history}");
     let fresh = body(&call(&c.base, Method::GET, "/v1/domains/fresh", None, &[]));
     assert!(fresh["version"].as_u64().unwrap() > revision, "{fresh}");
@@ -383,7 +412,10 @@ fn a_redis_that_lost_the_registry_gets_it_back_from_the_instances() {
     cli(port, &["FLUSHALL"]);
     let r = delete(&c.base, "cart");
     assert_eq!(r.status, 200, "{}", r.body);
-    wait_serving(&all, &[("shop", Some(3)), ("cart", None), ("fresh", Some(9))]);
+    wait_serving(
+        &all,
+        &[("shop", Some(3)), ("cart", None), ("fresh", Some(9))],
+    );
     assert_eq!(stored_domains(port, &prefix), ["fresh", "shop"]);
     assert_eq!(restores(&all), 2);
 
@@ -417,7 +449,10 @@ fn a_stale_snapshot_does_not_bring_back_domains_deleted_while_it_was_away() {
     let mut a = instance(&dir, &url, &prefix, "snap-a", "registry-stale-a1");
     let mut c = instance(&dir, &url, &prefix, "snap-c", "registry-stale-c1");
     assert_eq!(put(&a.base, "old", &user_limit("old", 3), None).status, 201);
-    assert_eq!(put(&a.base, "keep", &user_limit("keep", 4), None).status, 201);
+    assert_eq!(
+        put(&a.base, "keep", &user_limit("keep", 4), None).status,
+        201
+    );
     wait_serving(&[&a, &c], &[("old", Some(3)), ("keep", Some(4))]);
 
     // C stops; while it is away `old` is deleted and `new` registered; then A stops too and
@@ -436,13 +471,18 @@ fn a_stale_snapshot_does_not_bring_back_domains_deleted_while_it_was_away() {
     let c = instance(&dir, &url, &prefix, "snap-c", "registry-stale-c2");
     wait_serving(&[&c], &[("old", Some(3)), ("keep", Some(4))]);
     assert!(
-        wait_for(PROPAGATION_WAIT, || stored_domains(port, &prefix) == ["keep", "old"]).is_some(),
+        wait_for(PROPAGATION_WAIT, || stored_domains(port, &prefix)
+            == ["keep", "old"])
+        .is_some(),
         "{}",
         c.stderr()
     );
     // A starts from its newer snapshot: Redis is behind it, so A's registry wins everywhere.
     let a = instance(&dir, &url, &prefix, "snap-a", "registry-stale-a2");
-    wait_serving(&[&a, &c], &[("old", None), ("keep", Some(4)), ("new", Some(5))]);
+    wait_serving(
+        &[&a, &c],
+        &[("old", None), ("keep", Some(4)), ("new", Some(5))],
+    );
     assert_eq!(stored_domains(port, &prefix), ["keep", "new"]);
     assert_eq!(stored_revision(port, &prefix), revision);
     assert!(!dir.join("snap-c/domains/old.json").exists());
@@ -483,7 +523,10 @@ fn the_registry_works_on_a_redis_cluster() {
     for n in &cluster.nodes {
         n.cli(&["FLUSHALL"]);
     }
-    assert_eq!(put(&a.base, "cart", &user_limit("cart", 2), None).status, 201);
+    assert_eq!(
+        put(&a.base, "cart", &user_limit("cart", 2), None).status,
+        201
+    );
     wait_serving(&both, &[("shop", Some(6)), ("cart", Some(2))]);
     assert_eq!(stored_domains(port, &prefix), ["cart", "shop"]);
     assert_eq!(restores(&both), 1);

@@ -560,7 +560,10 @@ impl Registry {
                 let mut restored = false;
                 let v = loop {
                     let known = self.stored().revision;
-                    match redis.put(domain, &version, expect, max, history, known).await? {
+                    match redis
+                        .put(domain, &version, expect, max, history, known)
+                        .await?
+                    {
                         Err(Refused::Behind) if !restored => {
                             restored = true;
                             self.restore_redis(redis).await?;
