@@ -3,7 +3,11 @@
 //! propagation time of 20 changes is measured and printed, not asserted); a change whose
 //! announcement was missed is caught by polling; a restart keeps the registered domains; an
 //! instance keeps its running rules while Redis is down, and one started while Redis is down
-//! serves the registered limits from its local snapshot.
+//! serves the registered limits from its local snapshot. When Redis loses the registry
+//! (restarted empty, `FLUSHALL`), the instances write it back and nothing registered is lost;
+//! an instance started from a stale snapshot does not bring back a domain deleted while it was
+//! away; deleting every domain is not taken for a loss; and the registry works on a Redis
+//! Cluster (polled; its keys in one slot).
 
 mod support;
 
@@ -12,7 +16,7 @@ use std::time::Duration;
 use support::registry::*;
 use support::*;
 use tollgate_server::client::Method;
-use tollgate_testsupport::{cli, unique_prefix, RedisServer};
+use tollgate_testsupport::{cli, unique_prefix, Cluster, RedisServer};
 
 /// Generous bound on "every instance applies a change within 1 s" on a loaded test machine.
 const PROPAGATION_WAIT: Duration = Duration::from_secs(15);
@@ -274,8 +278,267 @@ fn restarts_and_redis_outages_keep_registered_limits() {
         c.stderr()
     );
 
-    // Redis back, empty (no persistence): the registered domains are not dropped.
+    // Redis back, empty (no persistence): the registered domains are not dropped, and the
+    // instance writes them back.
     let _redis = RedisServer::start_on(redis.port, &[]);
-    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        wait_for(PROPAGATION_WAIT, || stored_domains(redis.port, &prefix)
+            == ["shop"])
+        .is_some(),
+        "{}",
+        c.stderr()
+    );
     assert_eq!(current_limit(&c.base, "shop", "ann"), Some(2));
+}
+
+/// The domains the registry under `prefix` holds in the Redis on `port` (`-c`: a cluster node
+/// redirects), sorted.
+fn stored_domains(port: u16, prefix: &str) -> Vec<String> {
+    let out = cli(
+        port,
+        &["-c", "HKEYS", &format!("{{{prefix}:registry}}:domains")],
+    );
+    let mut names: Vec<String> = out
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(String::from)
+        .collect();
+    names.sort();
+    names
+}
+
+/// The registry's revision under `prefix` in the Redis on `port` (empty: no revision key).
+fn stored_revision(port: u16, prefix: &str) -> String {
+    cli(
+        port,
+        &["-c", "GET", &format!("{{{prefix}:registry}}:revision")],
+    )
+    .trim()
+    .to_string()
+}
+
+/// Wait until every server serves each `(domain, limit)` (`None`: no rule) for user `ann`.
+fn wait_serving(servers: &[&Server], expected: &[(&str, Option<u64>)]) {
+    for s in servers {
+        let waited = wait_for(PROPAGATION_WAIT, || {
+            expected
+                .iter()
+                .all(|(d, l)| current_limit(&s.base, d, "ann") == *l)
+        });
+        assert!(
+            waited.is_some(),
+            "{} does not serve {expected:?}:\n{}",
+            s.base,
+            s.stderr()
+        );
+    }
+}
+
+/// `tollgate_registry_restores_total` summed over `servers`.
+fn restores(servers: &[&Server]) -> u64 {
+    servers
+        .iter()
+        .map(|s| metric(&s.base, "tollgate_registry_restores_total"))
+        .sum()
+}
+
+/// A write made right after Redis came back: retried while the instance has not reconnected
+/// yet (`503`, nothing changed).
+fn put_when_up(base: &str, domain: &str, limit: u64) -> u16 {
+    let mut status = 0;
+    wait_for(PROPAGATION_WAIT, || {
+        status = put(base, domain, &user_limit(domain, limit), None).status;
+        status != 503
+    });
+    status
+}
+
+#[test]
+fn a_redis_that_lost_the_registry_gets_it_back_from_the_instances() {
+    let mut redis = RedisServer::start(&[]);
+    let port = redis.port;
+    let url = redis.url();
+    let prefix = unique_prefix("registrylost");
+    let dir = temp_dir("registry-lost");
+    let a = instance(&dir, &url, &prefix, "snap-a", "registry-lost-a");
+    let b = instance(&dir, &url, &prefix, "snap-b", "registry-lost-b");
+    let c = instance(&dir, &url, &prefix, "snap-c", "registry-lost-c");
+    let all = [&a, &b, &c];
+    assert_eq!(
+        put(&a.base, "shop", &user_limit("shop", 3), None).status,
+        201
+    );
+    assert_eq!(
+        put(&a.base, "cart", &user_limit("cart", 5), None).status,
+        201
+    );
+    assert_eq!(
+        put(&b.base, "gone", &user_limit("gone", 7), None).status,
+        201
+    );
+    assert_eq!(delete(&c.base, "gone").status, 200);
+    wait_serving(
+        &all,
+        &[("shop", Some(3)), ("cart", Some(5)), ("gone", None)],
+    );
+    let shop_version = body(&call(&a.base, Method::GET, "/v1/domains/shop", None, &[]))["version"]
+        .as_u64()
+        .unwrap();
+    let revision: u64 = stored_revision(port, &prefix).parse().unwrap();
+    assert_eq!(restores(&all), 0);
+
+    // Redis restarts empty (no persistence); then a write through one instance.
+    redis.kill();
+    redis = RedisServer::start_on(port, &[]);
+    assert_eq!(put_when_up(&b.base, "fresh", 9), 201);
+    wait_serving(
+        &all,
+        &[
+            ("shop", Some(3)),
+            ("cart", Some(5)),
+            ("fresh", Some(9)),
+            ("gone", None),
+        ],
+    );
+    assert_eq!(stored_domains(port, &prefix), ["cart", "fresh", "shop"]);
+    // Written back once (the instances race; one script run wins), versions and history kept,
+    // revisions carry on from where they were.
+    assert_eq!(restores(&all), 1);
+    let history = body(&call(
+        &c.base,
+        Method::GET,
+        "/v1/domains/shop/history",
+        None,
+        &[],
+    ));
+    assert_eq!(history["versions"][0]["version"], shop_version, "{history}");
+    let fresh = body(&call(&c.base, Method::GET, "/v1/domains/fresh", None, &[]));
+    assert!(fresh["version"].as_u64().unwrap() > revision, "{fresh}");
+
+    // FLUSHALL, then a delete through another instance: it deletes what was registered.
+    cli(port, &["FLUSHALL"]);
+    let r = delete(&c.base, "cart");
+    assert_eq!(r.status, 200, "{}", r.body);
+    wait_serving(
+        &all,
+        &[("shop", Some(3)), ("cart", None), ("fresh", Some(9))],
+    );
+    assert_eq!(stored_domains(port, &prefix), ["fresh", "shop"]);
+    assert_eq!(restores(&all), 2);
+
+    // Deleting every domain is not a loss: the revision key stays and nothing comes back.
+    assert_eq!(delete(&a.base, "shop").status, 200);
+    assert_eq!(delete(&b.base, "fresh").status, 200);
+    wait_serving(&all, &[("shop", None), ("fresh", None)]);
+    let revision = stored_revision(port, &prefix);
+    assert!(!revision.is_empty());
+    for s in all {
+        let waited = wait_for(PROPAGATION_WAIT, || {
+            metric(&s.base, "tollgate_registry_revision").to_string() == revision
+        });
+        assert!(waited.is_some(), "{}", s.stderr());
+    }
+    // A few polls later: still empty, nothing written back.
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(stored_domains(port, &prefix).is_empty());
+    assert_eq!(restores(&all), 2);
+    wait_serving(&all, &[("shop", None), ("fresh", None), ("cart", None)]);
+    drop(redis);
+}
+
+#[test]
+fn a_stale_snapshot_does_not_bring_back_domains_deleted_while_it_was_away() {
+    let mut redis = RedisServer::start(&[]);
+    let port = redis.port;
+    let url = redis.url();
+    let prefix = unique_prefix("registrystale");
+    let dir = temp_dir("registry-stale");
+    let mut a = instance(&dir, &url, &prefix, "snap-a", "registry-stale-a1");
+    let mut c = instance(&dir, &url, &prefix, "snap-c", "registry-stale-c1");
+    assert_eq!(put(&a.base, "old", &user_limit("old", 3), None).status, 201);
+    assert_eq!(
+        put(&a.base, "keep", &user_limit("keep", 4), None).status,
+        201
+    );
+    wait_serving(&[&a, &c], &[("old", Some(3)), ("keep", Some(4))]);
+
+    // C stops; while it is away `old` is deleted and `new` registered; then A stops too and
+    // Redis restarts empty.
+    c.terminate();
+    assert!(c.wait(Duration::from_secs(15)).success());
+    assert_eq!(delete(&a.base, "old").status, 200);
+    assert_eq!(put(&a.base, "new", &user_limit("new", 5), None).status, 201);
+    let revision = stored_revision(port, &prefix);
+    a.terminate();
+    assert!(a.wait(Duration::from_secs(15)).success());
+    redis.kill();
+    redis = RedisServer::start_on(port, &[]);
+
+    // C starts first, from its stale snapshot, and writes it back into the empty Redis.
+    let c = instance(&dir, &url, &prefix, "snap-c", "registry-stale-c2");
+    wait_serving(&[&c], &[("old", Some(3)), ("keep", Some(4))]);
+    assert!(
+        wait_for(PROPAGATION_WAIT, || stored_domains(port, &prefix)
+            == ["keep", "old"])
+        .is_some(),
+        "{}",
+        c.stderr()
+    );
+    // A starts from its newer snapshot: Redis is behind it, so A's registry wins everywhere.
+    let a = instance(&dir, &url, &prefix, "snap-a", "registry-stale-a2");
+    wait_serving(
+        &[&a, &c],
+        &[("old", None), ("keep", Some(4)), ("new", Some(5))],
+    );
+    assert_eq!(stored_domains(port, &prefix), ["keep", "new"]);
+    assert_eq!(stored_revision(port, &prefix), revision);
+    assert!(!dir.join("snap-c/domains/old.json").exists());
+    drop(redis);
+}
+
+#[test]
+fn the_registry_works_on_a_redis_cluster() {
+    let cluster = Cluster::start(3);
+    let url = cluster.url();
+    let port = cluster.nodes[0].port;
+    let prefix = unique_prefix("registrycluster");
+    let dir = temp_dir("registry-cluster");
+    let a = instance(&dir, &url, &prefix, "snap-a", "registry-cluster-a");
+    let b = instance(&dir, &url, &prefix, "snap-b", "registry-cluster-b");
+    let both = [&a, &b];
+    let r = put(&a.base, "shop", &user_limit("shop", 3), None);
+    assert_eq!(r.status, 201, "{}\n{}", r.body, a.stderr());
+    // No subscription on a cluster: B polls the change.
+    wait_serving(&both, &[("shop", Some(3))]);
+    assert_eq!(check(&a.base, "shop", "user", "ann").0, 200);
+    assert_eq!(check(&b.base, "shop", "user", "ann").0, 200);
+    assert_eq!(check(&b.base, "shop", "user", "ann").0, 200);
+    assert_eq!(check(&a.base, "shop", "user", "ann").0, 429);
+    // Every registry key in one slot.
+    let tag = format!("{{{prefix}:registry}}");
+    let slots: std::collections::BTreeSet<String> = ["revision", "domains", "history:shop"]
+        .iter()
+        .map(|k| cli(port, &["CLUSTER", "KEYSLOT", &format!("{tag}:{k}")]))
+        .collect();
+    assert_eq!(slots.len(), 1, "{slots:?}");
+
+    let r = put(&b.base, "shop", &user_limit("shop", 6), None);
+    assert_eq!(r.status, 200, "{}", r.body);
+    wait_serving(&both, &[("shop", Some(6))]);
+
+    // Every node flushed: written back, then a write on top.
+    for n in &cluster.nodes {
+        n.cli(&["FLUSHALL"]);
+    }
+    assert_eq!(
+        put(&a.base, "cart", &user_limit("cart", 2), None).status,
+        201
+    );
+    wait_serving(&both, &[("shop", Some(6)), ("cart", Some(2))]);
+    assert_eq!(stored_domains(port, &prefix), ["cart", "shop"]);
+    assert_eq!(restores(&both), 1);
+
+    assert_eq!(delete(&b.base, "shop").status, 200);
+    wait_serving(&both, &[("shop", None), ("cart", Some(2))]);
+    assert_eq!(stored_domains(port, &prefix), ["cart"]);
 }

@@ -13,7 +13,8 @@
 //!   counters of unchanged limits keep their state.
 //! - **Storage** ([`storage`]): memory only, a directory, or Redis (shared by every instance,
 //!   followed through a channel and a polled revision key, with the directory as a local
-//!   snapshot for a start while Redis is down).
+//!   snapshot for a start while Redis is down). When Redis loses the registry (flushed,
+//!   restarted empty), the instances write back what they know ([`Registry::sync_redis`]).
 //! - **Security.** Writes need the admin token (bearer, compared in constant time on SHA-256
 //!   digests, so neither content nor length leak through timing); it is never logged. Each
 //!   change is logged (target `tollgate::audit`: domain, old and new version, caller) and
@@ -158,6 +159,7 @@ struct Counters {
     deletes: AtomicU64,
     syncs_ok: AtomicU64,
     syncs_failed: AtomicU64,
+    restores: AtomicU64,
 }
 
 /// A running registry. Shared through [`AppState::registry`].
@@ -166,7 +168,11 @@ pub struct Registry {
     config: RegistryConfig,
     token: Option<[u8; 32]>,
     backing: Backing,
+    /// The registry as last installed, less the domains that do not validate here (served).
     snapshot: RwLock<Arc<Snapshot>>,
+    /// The registry as last installed, all of it: what is written back into a Redis that lost
+    /// it (an instance that cannot serve a domain, an older version, must not drop it).
+    stored: RwLock<Arc<Snapshot>>,
     writes: tokio::sync::Mutex<()>,
     counters: Counters,
     /// Redis: whether the last look at Redis failed (a WARN is logged on each transition).
@@ -303,6 +309,7 @@ impl Registry {
             token: token.map(|t| digest(t.as_bytes())),
             backing,
             snapshot: RwLock::new(Arc::new(Snapshot::default())),
+            stored: RwLock::new(Arc::new(Snapshot::default())),
             writes: tokio::sync::Mutex::new(()),
             counters: Counters::default(),
             redis_down: AtomicBool::new(false),
@@ -317,6 +324,14 @@ impl Registry {
     /// The registry as last applied.
     pub fn snapshot(&self) -> Arc<Snapshot> {
         self.snapshot
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The registry as last installed, domains that do not validate here included.
+    fn stored(&self) -> Arc<Snapshot> {
+        self.stored
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
@@ -414,6 +429,7 @@ impl Registry {
     /// Install `snapshot` (entries that no longer validate are dropped, each with an ERROR) and
     /// apply it to `state`.
     fn install(&self, state: &AppState, mut snapshot: Snapshot) {
+        *self.stored.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(snapshot.clone());
         snapshot.domains.retain(|name, entry| {
             let Some(v) = entry.current() else {
                 return false;
@@ -541,10 +557,21 @@ impl Registry {
                 v
             }
             Backing::Redis { redis, .. } => {
-                let v = redis
-                    .put(domain, &version, expect, max, history)
-                    .await?
-                    .map_err(|r| refused(domain, expect, r, max))?;
+                let mut restored = false;
+                let v = loop {
+                    let known = self.stored().revision;
+                    match redis
+                        .put(domain, &version, expect, max, history, known)
+                        .await?
+                    {
+                        Err(Refused::Behind) if !restored => {
+                            restored = true;
+                            self.restore_redis(redis).await?;
+                            self.sync_redis(state).await;
+                        }
+                        r => break r.map_err(|r| refused(domain, expect, r, max))?,
+                    }
+                };
                 self.sync_redis(state).await;
                 v
             }
@@ -599,10 +626,18 @@ impl Registry {
                 v
             }
             Backing::Redis { redis, .. } => {
-                let v = redis
-                    .delete(domain, expect)
-                    .await?
-                    .map_err(|r| refused(domain, expect, r, max))?;
+                let mut restored = false;
+                let v = loop {
+                    let known = self.stored().revision;
+                    match redis.delete(domain, expect, known).await? {
+                        Err(Refused::Behind) if !restored => {
+                            restored = true;
+                            self.restore_redis(redis).await?;
+                            self.sync_redis(state).await;
+                        }
+                        r => break r.map_err(|r| refused(domain, expect, r, max))?,
+                    }
+                };
                 self.sync_redis(state).await;
                 v
             }
@@ -634,60 +669,92 @@ impl Registry {
     }
 
     /// Redis: load the registry and apply it when it changed. Returns whether Redis answered.
+    ///
+    /// Revisions only grow, so a Redis without a revision key while this instance knows one
+    /// above 0 (deleting every domain keeps the key), or at a lower revision than this instance
+    /// knows, lost changes (flushed, restarted without persistence, failed over to a lagging
+    /// replica, restored from an old backup). Applying it would silently drop registered
+    /// limits; instead this instance writes back what it knows ([`RedisRegistry::restore`],
+    /// only while Redis is still behind it, so racing instances write once and the newest
+    /// knowledge wins) and then applies what Redis holds.
     pub async fn sync_redis(&self, state: &AppState) -> bool {
         let Backing::Redis { redis, snapshot } = &self.backing else {
             return true;
         };
-        match redis.load().await {
-            Ok(loaded) => {
-                self.counters.syncs_ok.fetch_add(1, Relaxed);
-                if self.redis_down.swap(false, Relaxed) {
-                    tracing::info!("registry: Redis answers again");
+        for attempt in 0..2 {
+            let loaded = match redis.load().await {
+                Ok(loaded) => loaded,
+                Err(e) => {
+                    self.redis_failed(&e);
+                    return false;
                 }
-                let running = self.snapshot();
-                let Some(loaded) = loaded else {
-                    if !running.domains.is_empty() {
-                        self.warn_missing(running.domains.len());
-                    }
-                    return true;
-                };
-                if loaded == *running {
-                    return true;
-                }
-                if let Some(dir) = snapshot {
-                    if let Err(e) = dir.write_snapshot(&running, &loaded) {
-                        tracing::warn!(dir = %dir.path().display(), error = %e,
-                            "registry: cannot write the local snapshot");
-                    }
-                }
-                tracing::info!(
-                    revision = loaded.revision,
-                    domains = loaded.domains.len(),
-                    "registry: applying a change from Redis"
-                );
-                self.install(state, loaded);
-                true
+            };
+            self.counters.syncs_ok.fetch_add(1, Relaxed);
+            if self.redis_down.swap(false, Relaxed) {
+                tracing::info!("registry: Redis answers again");
             }
-            Err(e) => {
-                self.counters.syncs_failed.fetch_add(1, Relaxed);
-                if !self.redis_down.swap(true, Relaxed) {
-                    tracing::warn!(error = %e,
-                        "registry: cannot read the registry from Redis; keeping the running rules");
+            let stored = self.stored();
+            if loaded.as_ref().map_or(0, |l| l.revision) < stored.revision {
+                if attempt == 0 {
+                    if let Err(e) = self.restore_redis(redis).await {
+                        self.redis_failed(&e);
+                        return false;
+                    }
+                    continue;
                 }
-                false
+                // Lost again in between: the next look tries again.
+                return true;
             }
+            let Some(loaded) = loaded else {
+                return true;
+            };
+            if loaded == *stored {
+                return true;
+            }
+            if let Some(dir) = snapshot {
+                if let Err(e) = dir.write_snapshot(&stored, &loaded) {
+                    tracing::warn!(dir = %dir.path().display(), error = %e,
+                        "registry: cannot write the local snapshot");
+                }
+            }
+            tracing::info!(
+                revision = loaded.revision,
+                domains = loaded.domains.len(),
+                "registry: applying a change from Redis"
+            );
+            self.install(state, loaded);
+            return true;
         }
+        true
     }
 
-    fn warn_missing(&self, domains: usize) {
-        static WARNED: AtomicBool = AtomicBool::new(false);
-        if !WARNED.swap(true, Relaxed) {
+    /// Redis: write back the registry this instance knows if Redis is behind it (see
+    /// [`Registry::sync_redis`]); a WARN and `tollgate_registry_restores_total` when it was.
+    async fn restore_redis(&self, redis: &RedisRegistry) -> Result<(), RegistryError> {
+        let stored = self.stored();
+        if stored.revision == 0 {
+            return Ok(());
+        }
+        if let Some(before) = redis.restore(&stored).await? {
+            self.counters.restores.fetch_add(1, Relaxed);
             tracing::warn!(
-                domains,
-                "registry: Redis holds no registry (flushed, or restarted without persistence); \
-                 keeping the {domains} registered domains running here. Register them again to \
-                 share them"
+                revision = stored.revision,
+                redis_revision = before,
+                domains = stored.domains.len(),
+                "registry: Redis had lost registry changes (flushed, restarted without \
+                 persistence, or back at an older state); wrote back the registry this \
+                 instance knows"
             );
+        }
+        Ok(())
+    }
+
+    /// Count a failed look at Redis; a WARN when Redis was answering until now.
+    fn redis_failed(&self, e: &dyn std::fmt::Display) {
+        self.counters.syncs_failed.fetch_add(1, Relaxed);
+        if !self.redis_down.swap(true, Relaxed) {
+            tracing::warn!(error = %e,
+                "registry: cannot read the registry from Redis; keeping the running rules");
         }
     }
 
@@ -719,9 +786,13 @@ impl Registry {
                 "# HELP tollgate_registry_syncs_total Reads of the registry from Redis, by result.\n\
                  # TYPE tollgate_registry_syncs_total counter\n\
                  tollgate_registry_syncs_total{{result=\"ok\"}} {}\n\
-                 tollgate_registry_syncs_total{{result=\"failure\"}} {}\n",
+                 tollgate_registry_syncs_total{{result=\"failure\"}} {}\n\
+                 # HELP tollgate_registry_restores_total Times this instance wrote the registry back into a Redis that had lost changes.\n\
+                 # TYPE tollgate_registry_restores_total counter\n\
+                 tollgate_registry_restores_total {}\n",
                 c.syncs_ok.load(Relaxed),
                 c.syncs_failed.load(Relaxed),
+                c.restores.load(Relaxed),
             );
         }
     }
@@ -743,6 +814,9 @@ fn refused(domain: &str, expect: Expect, r: Refused, max: usize) -> RegistryErro
         Refused::Stale(current) => stale(domain, expect, current),
         Refused::Full => RegistryError::TooManyDomains { max },
         Refused::NotFound => RegistryError::NotFound(domain.to_string()),
+        Refused::Behind => RegistryError::Storage(
+            "the registry in Redis lost changes and could not be written back yet".into(),
+        ),
     }
 }
 
@@ -787,13 +861,26 @@ pub async fn start(
             let redis = RedisRegistry::new(guarded.store().clone());
             let initial = match redis.load().await {
                 Ok(Some(s)) => {
-                    if let Some(d) = &dir {
-                        let old = local(&dir).unwrap_or_default();
-                        if let Err(e) = d.write_snapshot(&old, &s) {
-                            tracing::warn!(error = %e, "registry: cannot write the local snapshot");
+                    let old = local(&dir).unwrap_or_default();
+                    if old.revision > s.revision {
+                        // Redis lost changes this snapshot holds: start from it; the follower
+                        // writes it back (see `Registry::sync_redis`).
+                        tracing::warn!(
+                            revision = old.revision,
+                            redis_revision = s.revision,
+                            "registry: Redis is behind the local snapshot; starting from the \
+                             snapshot"
+                        );
+                        old
+                    } else {
+                        if let Some(d) = &dir {
+                            if let Err(e) = d.write_snapshot(&old, &s) {
+                                tracing::warn!(error = %e,
+                                    "registry: cannot write the local snapshot");
+                            }
                         }
+                        s
                     }
-                    s
                 }
                 Ok(None) => local(&dir)?,
                 Err(e) => {
@@ -880,24 +967,20 @@ async fn follow(
             _ = tick.tick() => {}
             _ = notify.notified() => {}
         }
-        let known = registry.snapshot().revision;
+        let known = registry.stored().revision;
         match redis.revision().await {
             Ok(Some(r)) if r == known => {
                 if registry.redis_down.swap(false, Relaxed) {
                     tracing::info!("registry: Redis answers again");
                 }
             }
-            Ok(None) if registry.snapshot().domains.is_empty() => {}
+            // No registry yet, and none known.
+            Ok(None) if known == 0 => {}
+            // Changed, or lost (missing, or behind `known`): `sync_redis` tells which.
             Ok(_) => {
                 registry.sync_redis(&state).await;
             }
-            Err(e) => {
-                registry.counters.syncs_failed.fetch_add(1, Relaxed);
-                if !registry.redis_down.swap(true, Relaxed) {
-                    tracing::warn!(error = %e,
-                        "registry: cannot read the registry from Redis; keeping the running rules");
-                }
-            }
+            Err(e) => registry.redis_failed(&e),
         }
     }
 }

@@ -110,3 +110,14 @@ pub fn wait_for(limit: Duration, mut f: impl FnMut() -> bool) -> Option<Duration
 pub fn body(r: &HttpResponse) -> Value {
     serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("{e}: {}", r.body))
 }
+
+/// The value of the Prometheus series `series` (name and labels, as printed) on `base`; 0 when
+/// absent.
+pub fn metric(base: &str, series: &str) -> u64 {
+    let r = call(base, Method::GET, "/metrics", None, &[]);
+    r.body
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}

@@ -81,6 +81,9 @@ pub enum Refused {
     Full,
     /// The domain is not registered (delete).
     NotFound,
+    /// Redis: the shared registry is behind the revision the writer knows (Redis lost
+    /// changes); the writer restores it and tries again.
+    Behind,
 }
 
 /// `snapshot` with `domain` set to `version` (made the newest, history trimmed to `history`

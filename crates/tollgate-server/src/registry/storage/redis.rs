@@ -14,9 +14,17 @@
 //! Instances follow the registry two ways ([`follow`]): a subscription to the channel (a change
 //! is applied as soon as its message arrives) and a poll of the revision key every
 //! `poll_interval` (250 ms by default), which catches a message missed while the subscription
-//! was down. While Redis cannot be reached the running rules stay as they are; a missing
-//! revision key (Redis flushed, or restarted without persistence) is not read as "every domain
-//! deleted" either: the registered domains stay and a WARN says why.
+//! was down. While Redis cannot be reached the running rules stay as they are.
+//!
+//! Redis can lose the registry (flushed, restarted without persistence, failed over to a
+//! replica that lagged, restored from an old backup). Revisions only grow, so an instance
+//! knows Redis lost changes when the revision key is missing while it knows a revision above
+//! 0 (deleting every domain keeps the key), or when it is below the revision the instance
+//! knows. The instance then writes back what it knows with [`RedisRegistry::restore`]: one
+//! script that only writes while Redis is still behind that revision, so instances racing to
+//! restore write once, and the one that knows the newest revision has the last word. The write
+//! scripts take the writer's known revision too and refuse a write to a registry that is behind
+//! it, so a change is never made on top of a lost registry (the writer restores first).
 
 use super::{Entry, Expect, Refused, Snapshot, Version};
 use std::time::Duration;
@@ -26,8 +34,11 @@ use tollgate_redis::RedisStore;
 /// Bound on each registry call to Redis.
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Puts one version: `{status, current}` with status the new revision, 0 (stale) or -1 (cap).
+/// Puts one version: `{status, current}` with status the new revision, 0 (stale), -1 (cap) or
+/// -3 (the registry is behind the writer's known revision, `ARGV[7]`: restore first).
 const PUT: &str = r#"
+local known = tonumber(ARGV[7])
+if known > 0 and tonumber(redis.call('GET', KEYS[1]) or '0') < known then return {-3, 0} end
 local cur = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
 local expect = tonumber(ARGV[2])
 if (expect == -2 and cur == 0) or (expect > 0 and expect ~= cur) then return {0, cur} end
@@ -40,8 +51,12 @@ redis.call('PUBLISH', ARGV[6], rev)
 return {rev, cur}
 "#;
 
-/// Deletes a domain: `{status, current}` with status the new revision, 0 (stale) or -2 (absent).
+/// Deletes a domain: `{status, current}` with status the new revision, 0 (stale), -2 (absent)
+/// or -3 (behind the writer's known revision, `ARGV[4]`). The revision key stays when the last
+/// domain goes: an empty registry at revision n is not a lost one.
 const DELETE: &str = r#"
+local known = tonumber(ARGV[4])
+if known > 0 and tonumber(redis.call('GET', KEYS[1]) or '0') < known then return {-3, 0} end
 local cur = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
 if cur == 0 then return {-2, 0} end
 local expect = tonumber(ARGV[2])
@@ -51,6 +66,39 @@ redis.call('HDEL', KEYS[2], ARGV[1])
 redis.call('DEL', KEYS[3])
 redis.call('PUBLISH', ARGV[3], rev)
 return {rev, cur}
+"#;
+
+/// Writes back a registry Redis lost: `{1, before}` when written, `{0, before}` when Redis is
+/// not behind `ARGV[1]` (the revision the caller knows; `before` is Redis's). `ARGV[2]` is the
+/// channel, then per domain: name, current version, number of versions, the versions as JSON
+/// (newest first). Without a revision key, Redis's revision is taken as the highest version
+/// its domains hash holds (only the revision key may have been lost, evicted): a registry that
+/// is not behind gets its revision key back and is otherwise left alone.
+const RESTORE: &str = r#"
+local known = tonumber(ARGV[1])
+local rev = redis.call('GET', KEYS[1])
+local cur = tonumber(rev or '0')
+if not rev then
+  for _, v in ipairs(redis.call('HVALS', KEYS[2])) do
+    if tonumber(v) > cur then cur = tonumber(v) end
+  end
+end
+if cur >= known then
+  if not rev and cur > 0 then redis.call('SET', KEYS[1], cur) end
+  return {0, cur}
+end
+for _, d in ipairs(redis.call('HKEYS', KEYS[2])) do redis.call('DEL', KEYS[3] .. d) end
+redis.call('DEL', KEYS[2])
+local i = 3
+while i <= #ARGV do
+  local d, n = ARGV[i], tonumber(ARGV[i + 2])
+  redis.call('HSET', KEYS[2], d, ARGV[i + 1])
+  for j = 1, n do redis.call('RPUSH', KEYS[3] .. d, ARGV[i + 2 + j]) end
+  i = i + 3 + n
+end
+redis.call('SET', KEYS[1], known)
+redis.call('PUBLISH', ARGV[2], known)
+return {1, cur}
 "#;
 
 /// The whole registry, atomically: `{}` when there is no revision key, else
@@ -152,17 +200,23 @@ impl RedisRegistry {
                 .map(|v| serde_json::from_str::<Version>(&v))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| bad(&format!("domain `{domain}`: {e}")))?;
-            if !versions.is_empty() {
-                snapshot
-                    .domains
-                    .insert(domain.clone(), Entry { domain, versions });
+            // A domain without versions lost its history key (evicted): an error, so the
+            // running rules stay rather than lose that domain.
+            if versions.is_empty() {
+                return Err(bad(&format!(
+                    "domain `{domain}` has no versions (its history key is gone)"
+                )));
             }
+            snapshot
+                .domains
+                .insert(domain.clone(), Entry { domain, versions });
         }
         Ok(Some(snapshot))
     }
 
     /// Store `version` (its number is ignored: the script gives the next revision) as the
-    /// current version of `domain`. The new version, or why it was refused.
+    /// current version of `domain`. The new version, or why it was refused. `known` is the
+    /// revision the writer knows: a registry behind it is refused ([`Refused::Behind`]).
     pub async fn put(
         &self,
         domain: &str,
@@ -170,6 +224,7 @@ impl RedisRegistry {
         expect: Expect,
         max_domains: usize,
         history: usize,
+        known: u64,
     ) -> Result<Result<u64, Refused>, StoreError> {
         // The JSON of `version` without its `version` field and opening brace: the script puts
         // `{"version":<revision>,` in front.
@@ -185,31 +240,64 @@ impl RedisRegistry {
             .arg(&rest[1..])
             .arg(max_domains)
             .arg(history.max(1))
-            .arg(&self.channel);
+            .arg(&self.channel)
+            .arg(known);
         let reply: Vec<i64> = self.store.command(&cmd, CALL_TIMEOUT).await?;
         Ok(match reply.as_slice() {
             [0, cur] => Err(Refused::Stale((*cur > 0).then_some(*cur as u64))),
             [-1, _] => Err(Refused::Full),
+            [-3, _] => Err(Refused::Behind),
             [rev, _] if *rev > 0 => Ok(*rev as u64),
             _ => return Err(StoreError::Unavailable("registry script: bad reply".into())),
         })
     }
 
-    /// Delete `domain`: the new revision, or why it was refused.
+    /// Delete `domain`: the new revision, or why it was refused. `known` as for
+    /// [`RedisRegistry::put`].
     pub async fn delete(
         &self,
         domain: &str,
         expect: Expect,
+        known: u64,
     ) -> Result<Result<u64, Refused>, StoreError> {
         let mut cmd = self.eval(DELETE, Some(domain));
-        cmd.arg(domain).arg(expect_arg(expect)).arg(&self.channel);
+        cmd.arg(domain)
+            .arg(expect_arg(expect))
+            .arg(&self.channel)
+            .arg(known);
         let reply: Vec<i64> = self.store.command(&cmd, CALL_TIMEOUT).await?;
         Ok(match reply.as_slice() {
             [-2, _] => Err(Refused::NotFound),
+            [-3, _] => Err(Refused::Behind),
             [0, cur] => Err(Refused::Stale((*cur > 0).then_some(*cur as u64))),
             [rev, _] if *rev > 0 => Ok(*rev as u64),
             _ => return Err(StoreError::Unavailable("registry script: bad reply".into())),
         })
+    }
+
+    /// Write `snapshot` (what this instance knows, at its revision) back into Redis if Redis is
+    /// behind it (lost changes), atomically. `Some(before)` when it was written (`before`:
+    /// Redis's revision then, 0 for none), `None` when Redis was not behind.
+    pub async fn restore(&self, snapshot: &Snapshot) -> Result<Option<u64>, StoreError> {
+        let mut cmd = self.eval(RESTORE, None);
+        cmd.arg(snapshot.revision).arg(&self.channel);
+        for (name, entry) in &snapshot.domains {
+            let Some(current) = entry.current() else {
+                continue;
+            };
+            cmd.arg(name).arg(current.version).arg(entry.versions.len());
+            for v in &entry.versions {
+                let json = serde_json::to_string(v)
+                    .map_err(|e| StoreError::Unavailable(format!("registry entry: {e}")))?;
+                cmd.arg(json);
+            }
+        }
+        let reply: Vec<i64> = self.store.command(&cmd, CALL_TIMEOUT).await?;
+        match reply.as_slice() {
+            [1, before] => Ok(Some(*before as u64)),
+            [0, _] => Ok(None),
+            _ => Err(StoreError::Unavailable("registry script: bad reply".into())),
+        }
     }
 }
 
