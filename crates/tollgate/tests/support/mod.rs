@@ -6,6 +6,7 @@
 
 pub mod conn;
 pub mod gateway;
+pub mod kube;
 
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
