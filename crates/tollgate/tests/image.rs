@@ -31,17 +31,19 @@ const IMAGE: &str = "localhost/tollgate:test";
 
 /// Engine settings: storage in `target/tmp/podman`, vfs (no overlay inside a container), runc
 /// (crun fails here on cgroups and rlimits), cgroupfs, events to a file.
-fn engine_dir() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("podman");
-    std::fs::create_dir_all(&dir).unwrap();
-    let conf = dir.join("containers.conf");
-    std::fs::write(
-        &conf,
-        "[containers]\ndefault_ulimits = []\n[engine]\ncgroup_manager = \"cgroupfs\"\n\
-         events_logger = \"file\"\n",
-    )
-    .unwrap();
-    dir
+fn engine_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("podman");
+        std::fs::create_dir_all(dir.join("tmp")).unwrap();
+        std::fs::write(
+            dir.join("containers.conf"),
+            "[containers]\ndefault_ulimits = []\n[engine]\ncgroup_manager = \"cgroupfs\"\n\
+             events_logger = \"file\"\n",
+        )
+        .unwrap();
+        dir
+    })
 }
 
 /// `podman` with this test's engine settings.
@@ -49,7 +51,7 @@ fn podman(args: &[&str]) -> Command {
     let dir = engine_dir();
     let mut cmd = Command::new("podman");
     cmd.env("CONTAINERS_CONF", dir.join("containers.conf"))
-        .env("TMPDIR", temp_dir("podman-tmp"))
+        .env("TMPDIR", dir.join("tmp"))
         .arg("--root")
         .arg(dir.join("storage"))
         .arg("--runroot")
