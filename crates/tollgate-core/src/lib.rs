@@ -7,6 +7,7 @@
 pub mod algorithm;
 pub mod clock;
 pub mod decision;
+pub mod headers;
 mod fingerprint;
 pub mod limiter;
 pub mod memory;
@@ -18,6 +19,7 @@ pub mod window;
 
 pub use clock::{Clock, ManualClock, Micros, MonotonicWallClock, SystemClock};
 pub use decision::Decision;
+pub use headers::HeaderValues;
 pub use memory::MemoryStore;
 pub use quota::{Algorithm, Period, Quota, SketchSize, Unit, MAX_PERIOD};
 pub use rules::{Domain, Limit, Resolution, RuleDefaults, RuleError, RuleErrors, RuleSet};

@@ -17,11 +17,10 @@ use crate::state::AppState;
 pub use crate::wire::{parse_request, Dialect};
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use bytes::BytesMut;
 use futures_util::FutureExt;
 use serde::{Serialize, Serializer};
 use serde_json::{json, Value};
@@ -245,41 +244,10 @@ pub fn native_response(resp: &CheckResponse) -> Response {
     response
 }
 
-/// The rate-limit header names, in the order [`HeaderValues::for_each`] gives them, built once
-/// (`HeaderName::from_static` at run time re-validates the name on every call).
-///
-/// [`HeaderValues::for_each`]: crate::model::HeaderValues::for_each
-static HEADER_NAMES: [HeaderName; 6] = [
-    HeaderName::from_static("x-ratelimit-limit"),
-    HeaderName::from_static("x-ratelimit-remaining"),
-    HeaderName::from_static("x-ratelimit-reset"),
-    HeaderName::from_static("ratelimit-policy"),
-    HeaderName::from_static("ratelimit"),
-    header::RETRY_AFTER,
-];
-
-/// Add the rate-limit headers of `resp` (nothing when no limit applied). One allocation for all
-/// of them: the values are written into one buffer and each header value is a slice of it, and
-/// the names are static.
+/// Add the rate-limit headers of `resp` (nothing when no limit applied).
 pub fn add_headers(headers: &mut HeaderMap, resp: &CheckResponse) {
-    let Some(h) = &resp.headers else {
-        return;
-    };
-    let mut buf = BytesMut::with_capacity(128);
-    let mut spans = [(0, 0); 6];
-    let mut n = 0;
-    h.for_each(|name, value| {
-        debug_assert_eq!(HEADER_NAMES[n].as_str(), name, "header order");
-        let start = buf.len();
-        buf.extend_from_slice(value.as_bytes());
-        spans[n] = (start, buf.len());
-        n += 1;
-    });
-    let buf = buf.freeze();
-    for (name, &(start, end)) in HEADER_NAMES.iter().zip(&spans[..n]) {
-        if let Ok(v) = HeaderValue::from_maybe_shared(buf.slice(start..end)) {
-            headers.insert(name.clone(), v);
-        }
+    if let Some(h) = &resp.headers {
+        h.insert_into(headers);
     }
 }
 
