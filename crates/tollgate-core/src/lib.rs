@@ -7,8 +7,8 @@
 pub mod algorithm;
 pub mod clock;
 pub mod decision;
-pub mod headers;
 mod fingerprint;
+pub mod headers;
 pub mod limiter;
 pub mod memory;
 pub mod quota;

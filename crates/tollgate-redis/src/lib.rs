@@ -12,11 +12,14 @@
 //! `docs/operations.md`, "Redis Cluster").
 //!
 //! Modules: [`keys`] (key layout, escaping, exactness bounds), [`script`] (the Lua script and its
-//! wire format), [`store`] ([`RedisStore`], connections, timeouts, health).
+//! wire format), [`store`] ([`RedisStore`], connections, timeouts, health), [`guard`] (the
+//! failure policy and circuit breaker around it: [`Guarded`]).
 
+pub mod guard;
 pub mod keys;
 pub mod script;
 pub mod store;
 
+pub use guard::{Guarded, Policy, RedisSettings};
 pub use keys::KeyLayout;
 pub use store::{RedisOptions, RedisStore};

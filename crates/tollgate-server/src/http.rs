@@ -556,7 +556,7 @@ pub fn rules_json(state: &AppState) -> Value {
     let report = state
         .backend()
         .redis()
-        .map(|g| g.report())
+        .map(|g| crate::backend::report(g))
         .unwrap_or_default();
     let store = match state.backend().redis() {
         Some(g) => json!({
@@ -611,7 +611,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
     match state.backend() {
         Backend::Redis(g) => {
             let s = g.state();
-            let report = g.report();
+            let report = crate::backend::report(g);
             let status = if s == BreakerState::Healthy {
                 "ready"
             } else {
@@ -651,7 +651,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
         crate::metrics::render_evictions(&mut text, m.evictions());
     }
     if let Some(g) = state.backend().redis() {
-        g.render_metrics(&mut text);
+        crate::backend::render_metrics(g, &mut text);
     }
     if state.envoy().is_some() {
         use std::fmt::Write as _;
