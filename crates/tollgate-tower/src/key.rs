@@ -1,0 +1,143 @@
+//! [`Key`]: what an in-code limit counts by (the client address, a header, anything a closure
+//! reads from the request), and where a request's peer address is found.
+//!
+//! A key becomes one descriptor entry `(name, value)`, named like the rules file's `http`
+//! actions (`remote_address` for addresses), so an in-code limit and a rules file (or the
+//! remote service's rules) count the same request under the same counter key.
+
+use http::request::Parts;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use tollgate_core::request::{canonical, client_address, Cidr};
+
+type KeyFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
+
+/// What an in-code limit counts requests by: each distinct value has its own counter.
+///
+/// ```
+/// use tollgate_tower::Key;
+///
+/// let per_ip = Key::peer_ip();
+/// let per_client_behind_proxies = Key::forwarded_ip();
+/// let per_api_key = Key::header("x-api-key");
+/// let per_tenant = Key::from_fn("tenant", |req| {
+///     req.uri.path().strip_prefix("/t/")?.split('/').next().map(str::to_owned)
+/// });
+/// let everyone = Key::global();
+/// # let _ = (per_ip, per_client_behind_proxies, per_api_key, per_tenant, everyone);
+/// ```
+#[derive(Clone)]
+pub struct Key(pub(crate) Kind);
+
+#[derive(Clone)]
+pub(crate) enum Kind {
+    Peer,
+    Forwarded,
+    Header(http::HeaderName),
+    Global,
+    Fn(&'static str, Arc<KeyFn>),
+    BadHeader(String),
+}
+
+impl Key {
+    /// The TCP peer's address (`remote_address`). The server must record it: axum's
+    /// `into_make_service_with_connect_info::<SocketAddr>()`, tonic's `TcpConnectInfo` (always
+    /// there over TCP), or a `SocketAddr` request extension. A request without one is answered
+    /// with a 500 that says so: a limit that silently stopped limiting would be worse.
+    pub fn peer_ip() -> Self {
+        Key(Kind::Peer)
+    }
+
+    /// The client's address behind trusted proxies (`remote_address`): the peer's, unless the
+    /// peer is one of [`Builder::trusted_proxies`](crate::Builder::trusted_proxies); then the
+    /// right-most untrusted hop of `X-Forwarded-For` (or `X-Real-IP`), so a client cannot
+    /// choose its own counter. Needs the peer address as [`Key::peer_ip`] does.
+    pub fn forwarded_ip() -> Self {
+        Key(Kind::Forwarded)
+    }
+
+    /// The first value of header `name` (descriptor key: the header name in lower case). A
+    /// request without the header is not limited by this key. An invalid header name is
+    /// reported by [`Builder::build`](crate::Builder::build).
+    pub fn header(name: &str) -> Self {
+        match http::HeaderName::from_bytes(name.as_bytes()) {
+            Ok(n) => Key(Kind::Header(n)),
+            // Reported by build(): no panic, and the builder stays a chain of calls.
+            Err(_) => Key(Kind::BadHeader(name.to_owned())),
+        }
+    }
+
+    /// One counter for every request (descriptor `generic_key=global`).
+    pub fn global() -> Self {
+        Key(Kind::Global)
+    }
+
+    /// Whatever `f` returns for the request's head (descriptor key `name`); `None` leaves the
+    /// request unlimited by this key.
+    pub fn from_fn(
+        name: &'static str,
+        f: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        Key(Kind::Fn(name, Arc::new(f)))
+    }
+
+    /// The descriptor key this key's values go under; empty for an invalid header name.
+    pub(crate) fn name(&self) -> &str {
+        match &self.0 {
+            Kind::Peer | Kind::Forwarded => "remote_address",
+            Kind::Header(h) => h.as_str(),
+            Kind::Global => "generic_key",
+            Kind::Fn(name, _) => name,
+            Kind::BadHeader(_) => "",
+        }
+    }
+
+    /// The key's value for a request: `Ok(None)` when the request is not limited by it,
+    /// `Err` when the server did not record the peer address.
+    pub(crate) fn value(&self, req: &Parts, trusted: &[Cidr]) -> Result<Option<String>, Missing> {
+        Ok(match &self.0 {
+            Kind::Peer => Some(canonical(peer(req).ok_or(Missing)?).to_string()),
+            Kind::Forwarded => {
+                Some(client_address(peer(req).ok_or(Missing)?, &req.headers, trusted).to_string())
+            }
+            Kind::Header(h) => req
+                .headers
+                .get(h)
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
+            Kind::Global => Some("global".to_owned()),
+            Kind::Fn(_, f) => f(req),
+            Kind::BadHeader(_) => None,
+        })
+    }
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Key({})", self.name())
+    }
+}
+
+/// The request carries no peer address.
+#[derive(Debug)]
+pub(crate) struct Missing;
+
+/// The TCP peer of a request, from whichever server recorded it.
+pub(crate) fn peer(req: &Parts) -> Option<IpAddr> {
+    #[cfg(feature = "axum")]
+    if let Some(c) = req
+        .extensions
+        .get::<axum::extract::ConnectInfo<SocketAddr>>()
+    {
+        return Some(c.0.ip());
+    }
+    #[cfg(feature = "tonic")]
+    if let Some(a) = req
+        .extensions
+        .get::<tonic::transport::server::TcpConnectInfo>()
+        .and_then(|c| c.remote_addr())
+    {
+        return Some(a.ip());
+    }
+    req.extensions.get::<SocketAddr>().map(SocketAddr::ip)
+}

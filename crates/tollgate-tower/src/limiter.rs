@@ -1,0 +1,353 @@
+//! The decision for one request, independent of tower: what to count (an in-code key, or the
+//! rules' `http` section), where (memory, Redis, a remote service), and the answer the layer
+//! acts on (pass with headers, pass after a delay, or deny with headers and a message).
+//!
+//! One async path serves every backend. With the memory store it never actually waits, so the
+//! service polls it once in `call` (`now_or_never`) and the common case costs no task, no
+//! allocation for a boxed future and no extra poll.
+//!
+//! Shaping: a leaky bucket admits a request with the `delay` it must wait in the queue. A
+//! maximum wait caps that queue: leaky-bucket quotas are checked with their burst lowered to
+//! what `max_wait` can drain (`max_wait / interval + 1`), so a request that would have to wait
+//! longer is refused exactly as when the queue is full, and consumes nothing; an admitted one
+//! never waits longer than `max_wait`.
+
+use crate::key::{Key, Missing};
+use http::request::Parts;
+use http::HeaderMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tollgate_core::limiter::{Descriptor, Plan, Status};
+use tollgate_core::request::{client_address, Cidr, HttpActions, RequestParts};
+use tollgate_core::rules::counter_key;
+use tollgate_core::{
+    Algorithm, CheckItem, Clock, Decision, HeaderValues, Micros, Quota, RuleSet, Store,
+};
+
+/// The message of a denial by a rule without one (and of every remote denial).
+pub(crate) const DEFAULT_MESSAGE: &str = "rate limit exceeded";
+/// The message of a denial made because the store or service could not decide.
+pub(crate) const UNAVAILABLE_MESSAGE: &str =
+    "rate limit store unavailable: denied by the failure policy; retry later";
+/// `Retry-After` (seconds) of a denial by a failure policy: the store may be back by then.
+const UNAVAILABLE_RETRY_SECS: u32 = 1;
+
+/// What requests are counted by.
+pub(crate) enum Limits {
+    /// One in-code limit: `quota` (burst capped for shaping) per value of `key`.
+    Key {
+        domain: String,
+        key: Key,
+        /// `None` in remote mode: the service's rules decide.
+        quota: Option<Quota>,
+        rule: String,
+    },
+    /// A rules file's domain, its `http` section deriving the descriptors.
+    Rules {
+        rules: Arc<RuleSet>,
+        domain: String,
+    },
+}
+
+/// Where counters live.
+pub(crate) enum Backend {
+    Local(Arc<dyn Store>),
+    #[cfg(feature = "redis")]
+    Redis(Arc<tollgate_redis::Guarded>),
+    #[cfg(feature = "remote")]
+    Remote(crate::remote::Client),
+}
+
+/// Everything a layer shares between its services.
+pub(crate) struct Limiter {
+    pub(crate) limits: Limits,
+    pub(crate) backend: Backend,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) trusted: Vec<Cidr>,
+    pub(crate) max_wait: Duration,
+}
+
+/// What one request asks the backend about.
+pub(crate) enum Query {
+    /// The in-code key's counter key and descriptor entry.
+    One { counter: String, value: String },
+    /// Descriptors from the `http` section.
+    Many(Vec<Vec<(String, String)>>),
+}
+
+/// The rate-limit headers of an answer.
+pub(crate) enum Headers {
+    None,
+    Values(HeaderValues),
+    /// As a remote service sent them.
+    Map(HeaderMap),
+}
+
+impl Headers {
+    pub(crate) fn add_to(&self, map: &mut HeaderMap) {
+        match self {
+            Headers::None => {}
+            Headers::Values(v) => v.insert_into(map),
+            Headers::Map(m) => {
+                for (n, v) in m {
+                    map.insert(n.clone(), v.clone());
+                }
+            }
+        }
+    }
+}
+
+/// What the layer does with a request.
+pub(crate) enum Answer {
+    /// Pass it on (after `delay`), adding `headers` to the response.
+    Allow { headers: Headers, delay: Duration },
+    /// Refuse it: 429 (HTTP) or RESOURCE_EXHAUSTED (gRPC).
+    Deny { headers: Headers, message: String },
+    /// The server did not record the client address a key needs.
+    NoPeer,
+}
+
+impl Answer {
+    fn pass() -> Self {
+        Answer::Allow {
+            headers: Headers::None,
+            delay: Duration::ZERO,
+        }
+    }
+
+    fn unavailable() -> Self {
+        let mut retry = HeaderMap::new();
+        retry.insert(http::header::RETRY_AFTER, UNAVAILABLE_RETRY_SECS.into());
+        Answer::Deny {
+            headers: Headers::Map(retry),
+            message: UNAVAILABLE_MESSAGE.to_owned(),
+        }
+    }
+}
+
+/// The store's decisions and whether a failure policy made them.
+struct Decided {
+    decisions: Vec<Decision>,
+    denied_by_policy: bool,
+}
+
+impl Limiter {
+    /// What to ask about `req`; `Ok(None)` when nothing limits it.
+    pub(crate) fn query(&self, req: &Parts) -> Result<Option<Query>, Missing> {
+        match &self.limits {
+            Limits::Key { domain, key, .. } => {
+                let Some(value) = key.value(req, &self.trusted)? else {
+                    return Ok(None);
+                };
+                let counter = counter_key(domain, &[(key.name(), &value)]);
+                Ok(Some(Query::One { counter, value }))
+            }
+            Limits::Rules { rules, domain } => {
+                let Some(actions) = rules.domain(domain).and_then(|d| d.http()) else {
+                    return Ok(None);
+                };
+                let descriptors = descriptors(actions, req, &self.trusted);
+                Ok((!descriptors.is_empty()).then_some(Query::Many(descriptors)))
+            }
+        }
+    }
+
+    /// Whether decisions never wait on I/O (then [`Limiter::decide`] is ready at once).
+    pub(crate) fn is_local(&self) -> bool {
+        matches!(self.backend, Backend::Local(_))
+    }
+
+    /// Decide `query`.
+    pub(crate) async fn decide(&self, query: &Query) -> Answer {
+        #[cfg(feature = "remote")]
+        if let Backend::Remote(client) = &self.backend {
+            return self.decide_remote(client, query).await;
+        }
+        let now = self.clock.now();
+        match (&self.limits, query) {
+            (
+                Limits::Key {
+                    quota: Some(quota),
+                    rule,
+                    ..
+                },
+                Query::One { counter, .. },
+            ) => {
+                let item = CheckItem::hit(rule, counter, quota);
+                let Some(decided) = self.check(now, std::slice::from_ref(&item)).await else {
+                    return Answer::unavailable();
+                };
+                let d = decided.decisions.first().copied().unwrap_or_default();
+                let headers = Headers::Values(HeaderValues::new(Some(quota), &d, d.allowed, now));
+                if d.allowed {
+                    Answer::Allow {
+                        headers,
+                        delay: Duration::from_micros(d.delay),
+                    }
+                } else {
+                    Answer::Deny {
+                        headers,
+                        message: message(None, decided.denied_by_policy),
+                    }
+                }
+            }
+            (Limits::Rules { rules, domain }, Query::Many(entries)) => {
+                let descriptors: Vec<Descriptor> = entries
+                    .iter()
+                    .map(|e| Descriptor {
+                        entries: e.clone(),
+                        hits: None,
+                        limit: None,
+                    })
+                    .collect();
+                let plan = Plan::new(rules, domain, &descriptors, 1);
+                let items = plan.items();
+                let decided = if items.is_empty() {
+                    Decided {
+                        decisions: Vec::new(),
+                        denied_by_policy: false,
+                    }
+                } else {
+                    let capped = self.capped(&items);
+                    let items: Vec<CheckItem<'_>> = match &capped {
+                        None => items,
+                        Some(quotas) => items
+                            .iter()
+                            .zip(quotas)
+                            .map(|(i, quota)| CheckItem { quota, ..*i })
+                            .collect(),
+                    };
+                    match self.check(now, &items).await {
+                        Some(d) => d,
+                        None => return Answer::unavailable(),
+                    }
+                };
+                let verdict = plan.finish(decided.decisions);
+                let allowed = verdict.allowed();
+                let headers = match HeaderValues::of_verdict(&verdict, allowed, now) {
+                    Some(h) => Headers::Values(h),
+                    None => Headers::None,
+                };
+                if allowed {
+                    return Answer::Allow {
+                        headers,
+                        delay: Duration::from_micros(verdict.delay()),
+                    };
+                }
+                let rule_message = verdict.statuses.iter().find_map(|s| match s {
+                    Status::Limited { limit, .. } if s.blocks() => limit.message.as_deref(),
+                    _ => None,
+                });
+                Answer::Deny {
+                    headers,
+                    message: message(rule_message, decided.denied_by_policy),
+                }
+            }
+            _ => Answer::pass(),
+        }
+    }
+
+    /// The leaky-bucket quotas of `items` with their burst capped to what `max_wait` drains;
+    /// `None` when no item needs it (the common case: no allocation).
+    fn capped(&self, items: &[CheckItem<'_>]) -> Option<Vec<Quota>> {
+        let needs = |q: &Quota| cap(q, self.max_wait) != *q;
+        items
+            .iter()
+            .any(|i| needs(i.quota))
+            .then(|| items.iter().map(|i| cap(i.quota, self.max_wait)).collect())
+    }
+
+    /// Ask the store; `None` when it failed and nothing else could decide.
+    async fn check(&self, now: Micros, items: &[CheckItem<'_>]) -> Option<Decided> {
+        match &self.backend {
+            Backend::Local(store) => {
+                let decisions = match items {
+                    [one] => store.check_one(now, one).map(|d| vec![d]),
+                    many => store.check(now, many),
+                };
+                decisions.ok().map(|decisions| Decided {
+                    decisions,
+                    denied_by_policy: false,
+                })
+            }
+            #[cfg(feature = "redis")]
+            Backend::Redis(g) => g.check(now, items).await.ok().map(|o| Decided {
+                denied_by_policy: o.degraded == Some(tollgate_redis::Policy::Deny),
+                decisions: o.decisions,
+            }),
+            #[cfg(feature = "remote")]
+            Backend::Remote(_) => None,
+        }
+    }
+
+    #[cfg(feature = "remote")]
+    async fn decide_remote(&self, client: &crate::remote::Client, query: &Query) -> Answer {
+        let (domain, one);
+        let descriptors: &[Vec<(String, String)>] = match (&self.limits, query) {
+            (Limits::Key { domain: d, key, .. }, Query::One { value, .. }) => {
+                domain = d.as_str();
+                one = [vec![(key.name().to_owned(), value.clone())]];
+                &one
+            }
+            (Limits::Rules { domain: d, .. }, Query::Many(m)) => {
+                domain = d.as_str();
+                m
+            }
+            _ => return Answer::pass(),
+        };
+        match client.check(domain, descriptors).await {
+            Ok(a) if a.allowed => Answer::Allow {
+                headers: Headers::Map(a.headers),
+                delay: Duration::ZERO,
+            },
+            Ok(a) => Answer::Deny {
+                headers: Headers::Map(a.headers),
+                message: DEFAULT_MESSAGE.to_owned(),
+            },
+            Err(_) if client.fail_closed => Answer::unavailable(),
+            Err(_) => Answer::pass(),
+        }
+    }
+}
+
+/// The descriptors the `http` section derives from a request.
+fn descriptors(actions: &HttpActions, req: &Parts, trusted: &[Cidr]) -> Vec<Vec<(String, String)>> {
+    let authority = req
+        .uri
+        .authority()
+        .map(|a| a.as_str())
+        .or_else(|| req.headers.get(http::header::HOST)?.to_str().ok());
+    let parts = RequestParts {
+        method: Some(req.method.as_str()),
+        path: req.uri.path_and_query().map(|p| p.as_str()),
+        authority,
+        headers: &req.headers,
+        remote_address: crate::key::peer(req).map(|p| client_address(p, &req.headers, trusted)),
+    };
+    actions.descriptors(&parts)
+}
+
+/// `q` with a leaky bucket's burst capped so that no admitted request waits more than
+/// `max_wait` (see the module docs); other quotas unchanged.
+pub(crate) fn cap(q: &Quota, max_wait: Duration) -> Quota {
+    match (q.algorithm(), q.emission_interval()) {
+        (Algorithm::LeakyBucket, Some(t)) => {
+            let wait = u64::try_from(max_wait.as_micros()).unwrap_or(u64::MAX);
+            let most = (wait / t).saturating_add(1);
+            if most < q.capacity() {
+                q.with_burst(most)
+            } else {
+                *q
+            }
+        }
+        _ => *q,
+    }
+}
+
+fn message(rule: Option<&str>, denied_by_policy: bool) -> String {
+    if denied_by_policy {
+        UNAVAILABLE_MESSAGE.to_owned()
+    } else {
+        rule.unwrap_or(DEFAULT_MESSAGE).to_owned()
+    }
+}
