@@ -69,8 +69,8 @@ pub(crate) struct Limiter {
 
 /// What one request asks the backend about.
 pub(crate) enum Query {
-    /// The in-code key's counter key and descriptor entry.
-    One { counter: String, value: String },
+    /// The in-code key's value.
+    One(String),
     /// Descriptors from the `http` section.
     Many(Vec<Vec<(String, String)>>),
 }
@@ -135,13 +135,7 @@ impl Limiter {
     /// What to ask about `req`; `Ok(None)` when nothing limits it.
     pub(crate) fn query(&self, req: &Parts) -> Result<Option<Query>, Missing> {
         match &self.limits {
-            Limits::Key { domain, key, .. } => {
-                let Some(value) = key.value(req, &self.trusted)? else {
-                    return Ok(None);
-                };
-                let counter = counter_key(domain, &[(key.name(), &value)]);
-                Ok(Some(Query::One { counter, value }))
-            }
+            Limits::Key { key, .. } => Ok(key.value(req, &self.trusted)?.map(Query::One)),
             Limits::Rules { rules, domain } => {
                 let Some(actions) = rules.domain(domain).and_then(|d| d.http()) else {
                     return Ok(None);
@@ -169,11 +163,13 @@ impl Limiter {
                 Limits::Key {
                     quota: Some(quota),
                     rule,
-                    ..
+                    domain,
+                    key,
                 },
-                Query::One { counter, .. },
+                Query::One(value),
             ) => {
-                let item = CheckItem::hit(rule, counter, quota);
+                let counter = counter_key(domain, &[(key.name(), value)]);
+                let item = CheckItem::hit(rule, &counter, quota);
                 let Some(decided) = self.check(now, std::slice::from_ref(&item)).await else {
                     return Answer::unavailable();
                 };
@@ -284,7 +280,7 @@ impl Limiter {
     async fn decide_remote(&self, client: &crate::remote::Client, query: &Query) -> Answer {
         let (domain, one);
         let descriptors: &[Vec<(String, String)>] = match (&self.limits, query) {
-            (Limits::Key { domain: d, key, .. }, Query::One { value, .. }) => {
+            (Limits::Key { domain: d, key, .. }, Query::One(value)) => {
                 domain = d.as_str();
                 one = [vec![(key.name().to_owned(), value.clone())]];
                 &one
