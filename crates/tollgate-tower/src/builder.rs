@@ -69,6 +69,7 @@ pub struct Builder {
     clock: Option<Arc<dyn Clock>>,
     trusted: Vec<String>,
     max_wait: Duration,
+    allow_headers: bool,
 }
 
 impl Default for Builder {
@@ -82,6 +83,7 @@ impl Default for Builder {
             clock: None,
             trusted: Vec::new(),
             max_wait: Duration::from_secs(10),
+            allow_headers: true,
         }
     }
 }
@@ -173,6 +175,13 @@ impl Builder {
         self
     }
 
+    /// Whether allowed responses get the rate-limit headers (default `true`); denials always
+    /// carry them. Off saves formatting five headers per request where nobody reads them.
+    pub fn headers_on_allow(mut self, on: bool) -> Self {
+        self.allow_headers = on;
+        self
+    }
+
     /// Check the settings and build the layer.
     pub fn build(self) -> Result<RateLimitLayer, Error> {
         let trusted = self
@@ -205,12 +214,14 @@ impl Builder {
             }
             (Source::None, quota, Some(key)) => {
                 let domain = self.domain.unwrap_or_else(|| "tower".to_owned());
-                let rule = counter_key(&domain, &[(key.name(), "")]);
+                // Also the rule id: one in-code limit, one rule.
+                let prefix = counter_key(&domain, &[(key.name(), "")]);
                 Limits::Key {
                     quota: quota.map(|q| cap(&q, self.max_wait)),
                     domain,
                     key,
-                    rule,
+                    rule: prefix.clone(),
+                    prefix,
                 }
             }
             (Source::File(path, domain), None, None) => {
@@ -253,6 +264,7 @@ impl Builder {
                 clock,
                 trusted,
                 max_wait: self.max_wait,
+                allow_headers: self.allow_headers,
             }),
         })
     }

@@ -9,7 +9,9 @@ use http::request::Parts;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::fmt::Write as _;
 use tollgate_core::request::{canonical, client_address, Cidr};
+use tollgate_core::rules::push_escaped;
 
 type KeyFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
 
@@ -93,22 +95,72 @@ impl Key {
         }
     }
 
-    /// The key's value for a request: `Ok(None)` when the request is not limited by it,
-    /// `Err` when the server did not record the peer address.
-    pub(crate) fn value(&self, req: &Parts, trusted: &[Cidr]) -> Result<Option<String>, Missing> {
-        Ok(match &self.0 {
-            Kind::Peer => Some(canonical(peer(req).ok_or(Missing)?).to_string()),
-            Kind::Forwarded => {
-                Some(client_address(peer(req).ok_or(Missing)?, &req.headers, trusted).to_string())
+    /// Append the key's value for a request to `out`, escaped for a counter key when `escape`
+    /// ([`push_escaped`]): `Ok(false)` when the request is not limited by this key, `Err` when
+    /// the server did not record the peer address. Written in place: this runs per request.
+    pub(crate) fn write_value(
+        &self,
+        req: &Parts,
+        trusted: &[Cidr],
+        out: &mut String,
+        escape: bool,
+    ) -> Result<bool, Missing> {
+        let push = |out: &mut String, s: &str| {
+            if escape {
+                push_escaped(out, s)
+            } else {
+                out.push_str(s)
             }
-            Kind::Header(h) => req
-                .headers
-                .get(h)
-                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
-            Kind::Global => Some("global".to_owned()),
-            Kind::Fn(_, f) => f(req),
-            Kind::BadHeader(_) => None,
-        })
+        };
+        match &self.0 {
+            Kind::Peer => push_ip(out, canonical(peer(req).ok_or(Missing)?)),
+            Kind::Forwarded => push_ip(
+                out,
+                client_address(peer(req).ok_or(Missing)?, &req.headers, trusted),
+            ),
+            Kind::Header(h) => match req.headers.get(h) {
+                Some(v) => push(out, &String::from_utf8_lossy(v.as_bytes())),
+                None => return Ok(false),
+            },
+            Kind::Global => push(out, "global"),
+            Kind::Fn(_, f) => match f(req) {
+                Some(v) => push(out, &v),
+                None => return Ok(false),
+            },
+            Kind::BadHeader(_) => return Ok(false),
+        }
+        Ok(true)
+    }
+}
+
+/// An address as `Display` writes it (no separator to escape); IPv4 digit by digit, as the
+/// formatting machinery costs more than the rate-limit check itself.
+fn push_ip(out: &mut String, ip: IpAddr) {
+    match ip {
+        IpAddr::V4(v4) => {
+            let mut buf = [0u8; 15];
+            let mut len = 0;
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    buf[len] = b'.';
+                    len += 1;
+                }
+                if octet >= 100 {
+                    buf[len] = b'0' + octet / 100;
+                    len += 1;
+                }
+                if octet >= 10 {
+                    buf[len] = b'0' + octet / 10 % 10;
+                    len += 1;
+                }
+                buf[len] = b'0' + octet % 10;
+                len += 1;
+            }
+            out.push_str(std::str::from_utf8(&buf[..len]).unwrap_or_default());
+        }
+        IpAddr::V6(v6) => {
+            let _ = write!(out, "{v6}");
+        }
     }
 }
 
@@ -140,4 +192,20 @@ pub(crate) fn peer(req: &Parts) -> Option<IpAddr> {
         return Some(a.ip());
     }
     req.extensions.get::<SocketAddr>().map(SocketAddr::ip)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::push_ip;
+    use std::net::IpAddr;
+
+    #[test]
+    fn addresses_are_written_as_display_writes_them() {
+        for a in ["0.0.0.0", "10.0.3.231", "192.168.100.9", "255.255.255.255", "::1", "2001:db8::7"] {
+            let ip: IpAddr = a.parse().unwrap();
+            let mut out = String::new();
+            push_ip(&mut out, ip);
+            assert_eq!(out, ip.to_string());
+        }
+    }
 }

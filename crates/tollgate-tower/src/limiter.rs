@@ -2,9 +2,10 @@
 //! rules' `http` section), where (memory, Redis, a remote service), and the answer the layer
 //! acts on (pass with headers, pass after a delay, or deny with headers and a message).
 //!
-//! One async path serves every backend. With the memory store it never actually waits, so the
-//! service polls it once in `call` (`now_or_never`) and the common case costs no task, no
-//! allocation for a boxed future and no extra poll.
+//! One async path serves every backend ([`Limiter::decide`]); with the memory store,
+//! [`Limiter::decide_now`] answers in place instead (an in-code key synchronously, with one
+//! allocation: its counter key; rules by polling the async path once), so the common case costs
+//! no task, no boxed future and no extra poll.
 //!
 //! Shaping: a leaky bucket admits a request with the `delay` it must wait in the queue. A
 //! maximum wait caps that queue: leaky-bucket quotas are checked with their burst lowered to
@@ -13,13 +14,14 @@
 //! never waits longer than `max_wait`.
 
 use crate::key::{Key, Missing};
+use futures_util::FutureExt as _;
 use http::request::Parts;
 use http::HeaderMap;
+use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::Duration;
 use tollgate_core::limiter::{Descriptor, Plan, Status};
 use tollgate_core::request::{client_address, Cidr, HttpActions, RequestParts};
-use tollgate_core::rules::counter_key;
 use tollgate_core::{
     Algorithm, CheckItem, Clock, Decision, HeaderValues, Micros, Quota, RuleSet, Store,
 };
@@ -38,8 +40,11 @@ pub(crate) enum Limits {
     Key {
         domain: String,
         key: Key,
+        /// `domain|name=`, escaped: each counter key is this plus the escaped value.
+        prefix: String,
         /// `None` in remote mode: the service's rules decide.
         quota: Option<Quota>,
+        /// The limit's id (its counter keys' prefix).
         rule: String,
     },
     /// A rules file's domain, its `http` section deriving the descriptors.
@@ -65,11 +70,13 @@ pub(crate) struct Limiter {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) trusted: Vec<Cidr>,
     pub(crate) max_wait: Duration,
+    /// Add the rate-limit headers to allowed responses.
+    pub(crate) allow_headers: bool,
 }
 
 /// What one request asks the backend about.
 pub(crate) enum Query {
-    /// The in-code key's value.
+    /// The in-code key's counter key (local and Redis backends) or its value (remote).
     One(String),
     /// Descriptors from the `http` section.
     Many(Vec<Vec<(String, String)>>),
@@ -79,8 +86,8 @@ pub(crate) enum Query {
 pub(crate) enum Headers {
     None,
     Values(HeaderValues),
-    /// As a remote service sent them.
-    Map(HeaderMap),
+    /// As a remote service sent them (boxed: rare, and large).
+    Map(Box<HeaderMap>),
 }
 
 impl Headers {
@@ -89,7 +96,7 @@ impl Headers {
             Headers::None => {}
             Headers::Values(v) => v.insert_into(map),
             Headers::Map(m) => {
-                for (n, v) in m {
+                for (n, v) in m.iter() {
                     map.insert(n.clone(), v.clone());
                 }
             }
@@ -99,7 +106,8 @@ impl Headers {
 
 /// What the layer does with a request.
 pub(crate) enum Answer {
-    /// Pass it on (after `delay`), adding `headers` to the response.
+    /// Pass it on (after `delay`), adding `headers` to the response (unless the layer adds
+    /// none to allowed responses).
     Allow { headers: Headers, delay: Duration },
     /// Refuse it: 429 (HTTP) or RESOURCE_EXHAUSTED (gRPC).
     Deny { headers: Headers, message: String },
@@ -119,7 +127,7 @@ impl Answer {
         let mut retry = HeaderMap::new();
         retry.insert(http::header::RETRY_AFTER, UNAVAILABLE_RETRY_SECS.into());
         Answer::Deny {
-            headers: Headers::Map(retry),
+            headers: Headers::Map(Box::new(retry)),
             message: UNAVAILABLE_MESSAGE.to_owned(),
         }
     }
@@ -135,7 +143,15 @@ impl Limiter {
     /// What to ask about `req`; `Ok(None)` when nothing limits it.
     pub(crate) fn query(&self, req: &Parts) -> Result<Option<Query>, Missing> {
         match &self.limits {
-            Limits::Key { key, .. } => Ok(key.value(req, &self.trusted)?.map(Query::One)),
+            Limits::Key { key, prefix, .. } => {
+                let mut out = String::with_capacity(prefix.len() + 40);
+                let escape = !self.is_remote();
+                if escape {
+                    out.push_str(prefix);
+                }
+                let limited = key.write_value(req, &self.trusted, &mut out, escape)?;
+                Ok(limited.then_some(Query::One(out)))
+            }
             Limits::Rules { rules, domain } => {
                 let Some(actions) = rules.domain(domain).and_then(|d| d.http()) else {
                     return Ok(None);
@@ -146,9 +162,104 @@ impl Limiter {
         }
     }
 
-    /// Whether decisions never wait on I/O (then [`Limiter::decide`] is ready at once).
-    pub(crate) fn is_local(&self) -> bool {
-        matches!(self.backend, Backend::Local(_))
+    /// The answer of an in-code limit's decision `d` (its headers computed only when sent).
+    fn one_answer(&self, quota: &Quota, d: &Decision, now: Micros, denied_by_policy: bool) -> Answer {
+        if d.allowed {
+            Answer::Allow {
+                headers: if self.allow_headers {
+                    Headers::Values(HeaderValues::new(Some(quota), d, true, now))
+                } else {
+                    Headers::None
+                },
+                delay: Duration::from_micros(d.delay),
+            }
+        } else {
+            Answer::Deny {
+                headers: Headers::Values(HeaderValues::new(Some(quota), d, false, now)),
+                message: message(None, denied_by_policy),
+            }
+        }
+    }
+
+    /// The headers of an allowed request, as the layer is configured to send them.
+    pub(crate) fn on_allow(&self, headers: Headers) -> Headers {
+        if self.allow_headers {
+            headers
+        } else {
+            Headers::None
+        }
+    }
+
+    fn is_remote(&self) -> bool {
+        #[cfg(feature = "remote")]
+        if let Backend::Remote(_) = self.backend {
+            return true;
+        }
+        false
+    }
+
+    /// The fast path: an in-code key on the memory store (or any synchronous store), decided in
+    /// place with the counter key built in a per-thread buffer (no allocation). `None` when the
+    /// layer is not configured so; else what [`Limiter::query`] and [`Limiter::decide_now`] give.
+    pub(crate) fn decide_key_now(&self, req: &Parts) -> Option<Result<Option<Answer>, Missing>> {
+        let (
+            Limits::Key {
+                key,
+                prefix,
+                quota: Some(quota),
+                rule,
+                ..
+            },
+            Backend::Local(store),
+        ) = (&self.limits, &self.backend)
+        else {
+            return None;
+        };
+        thread_local!(static KEY: RefCell<String> = RefCell::new(String::with_capacity(64)));
+        let decide = |buf: &mut String| {
+            buf.clear();
+            buf.push_str(prefix);
+            if !key.write_value(req, &self.trusted, buf, true)? {
+                return Ok(None);
+            }
+            let now = self.clock.now();
+            let item = CheckItem::hit(rule, buf, quota);
+            Ok(Some(match store.check_one(now, &item) {
+                Ok(d) => self.one_answer(quota, &d, now, false),
+                Err(_) => Answer::unavailable(),
+            }))
+        };
+        Some(KEY.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut buf) => decide(&mut buf),
+            // Re-entered from a key closure: a buffer of its own.
+            Err(_) => decide(&mut String::new()),
+        }))
+    }
+
+    /// With the memory store (or any synchronous one), the answer right away; `None` when it
+    /// takes I/O ([`Limiter::decide`]).
+    pub(crate) fn decide_now(&self, query: &Query) -> Option<Answer> {
+        let Backend::Local(store) = &self.backend else {
+            return None;
+        };
+        match (&self.limits, query) {
+            (
+                Limits::Key {
+                    quota: Some(quota),
+                    rule,
+                    ..
+                },
+                Query::One(counter),
+            ) => {
+                let now = self.clock.now();
+                let item = CheckItem::hit(rule, counter, quota);
+                Some(match store.check_one(now, &item) {
+                    Ok(d) => self.one_answer(quota, &d, now, false),
+                    Err(_) => Answer::unavailable(),
+                })
+            }
+            _ => self.decide(query).now_or_never(),
+        }
     }
 
     /// Decide `query`.
@@ -163,28 +274,17 @@ impl Limiter {
                 Limits::Key {
                     quota: Some(quota),
                     rule,
-                    domain,
-                    key,
+                    ..
                 },
-                Query::One(value),
+                Query::One(counter),
             ) => {
-                let counter = counter_key(domain, &[(key.name(), value)]);
-                let item = CheckItem::hit(rule, &counter, quota);
-                let Some(decided) = self.check(now, std::slice::from_ref(&item)).await else {
-                    return Answer::unavailable();
-                };
-                let d = decided.decisions.first().copied().unwrap_or_default();
-                let headers = Headers::Values(HeaderValues::new(Some(quota), &d, d.allowed, now));
-                if d.allowed {
-                    Answer::Allow {
-                        headers,
-                        delay: Duration::from_micros(d.delay),
+                let item = CheckItem::hit(rule, counter, quota);
+                match self.check(now, std::slice::from_ref(&item)).await {
+                    Some(decided) => {
+                        let d = decided.decisions.first().copied().unwrap_or_default();
+                        self.one_answer(quota, &d, now, decided.denied_by_policy)
                     }
-                } else {
-                    Answer::Deny {
-                        headers,
-                        message: message(None, decided.denied_by_policy),
-                    }
+                    None => Answer::unavailable(),
                 }
             }
             (Limits::Rules { rules, domain }, Query::Many(entries)) => {
@@ -293,11 +393,11 @@ impl Limiter {
         };
         match client.check(domain, descriptors).await {
             Ok(a) if a.allowed => Answer::Allow {
-                headers: Headers::Map(a.headers),
+                headers: Headers::Map(Box::new(a.headers)),
                 delay: Duration::ZERO,
             },
             Ok(a) => Answer::Deny {
-                headers: Headers::Map(a.headers),
+                headers: Headers::Map(Box::new(a.headers)),
                 message: DEFAULT_MESSAGE.to_owned(),
             },
             Err(_) if client.fail_closed => Answer::unavailable(),

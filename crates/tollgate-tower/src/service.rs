@@ -14,7 +14,6 @@
 //! headers as metadata and no body (a trailers-only response).
 
 use crate::limiter::{Answer, Headers, Limiter};
-use futures_util::FutureExt as _;
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{HeaderMap, Request, Response, StatusCode};
 use pin_project_lite::pin_project;
@@ -169,37 +168,52 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let (parts, body) = req.into_parts();
-        let grpc = is_grpc(&parts.headers);
-        let query = match self.limiter.query(&parts) {
-            Ok(Some(q)) => q,
-            Ok(None) => {
+        // Memory store: decided here, in place (the store never waits).
+        let (query, known) = match self.limiter.decide_key_now(&parts) {
+            Some(Ok(answer)) => (None, answer),
+            Some(Err(_)) => return ready(refusal(Answer::NoPeer, &parts.headers)),
+            None => match self.limiter.query(&parts) {
+                Ok(Some(q)) => {
+                    let known = self.limiter.decide_now(&q);
+                    (Some(q), known)
+                }
+                Ok(None) => (None, None),
+                Err(_) => return ready(refusal(Answer::NoPeer, &parts.headers)),
+            },
+        };
+        let query = match (query, known) {
+            // Nothing limits this request.
+            (None, None) => {
                 let future = self.inner.call(Request::from_parts(parts, body));
                 return inner(future, Headers::None);
             }
-            Err(_) => return ready(refusal(Answer::NoPeer, grpc)),
-        };
-        let mut known = None;
-        if self.limiter.is_local() {
-            // The memory store never waits: decided here, in place.
-            match self.limiter.decide(&query).now_or_never() {
-                Some(Answer::Allow { headers, delay }) if delay.is_zero() => {
-                    let future = self.inner.call(Request::from_parts(parts, body));
-                    return inner(future, headers);
-                }
-                Some(a @ (Answer::Deny { .. } | Answer::NoPeer)) => return ready(refusal(a, grpc)),
-                other => known = other,
+            (_, Some(Answer::Allow { headers, delay })) if delay.is_zero() => {
+                let headers = self.limiter.on_allow(headers);
+                let future = self.inner.call(Request::from_parts(parts, body));
+                return inner(future, headers);
             }
-        }
+            (_, Some(a @ (Answer::Deny { .. } | Answer::NoPeer))) => {
+                return ready(refusal(a, &parts.headers));
+            }
+            (query, known) => (query, known),
+        };
+        // Shaped, or a backend that does I/O: a future that owns the ready inner service.
+        let grpc = is_grpc(&parts.headers);
         let ready_one = self.inner.clone();
         let mut service = std::mem::replace(&mut self.inner, ready_one);
         let limiter = self.limiter.clone();
         let future = async move {
-            let answer = match known {
-                Some(a) => a,
-                None => limiter.decide(&query).await,
+            let answer = match query {
+                (_, Some(a)) => a,
+                (Some(q), None) => limiter.decide(&q).await,
+                (None, None) => Answer::Allow {
+                    headers: Headers::None,
+                    delay: std::time::Duration::ZERO,
+                },
             };
             match answer {
                 Answer::Allow { headers, delay } => {
+                    let headers = limiter.on_allow(headers);
                     if !delay.is_zero() {
                         tokio::time::sleep(delay).await;
                     }
@@ -207,7 +221,7 @@ where
                     headers.add_to(response.headers_mut());
                     Ok(response)
                 }
-                refused => Ok(refusal(refused, grpc)),
+                refused => Ok(refusal_as(refused, grpc)),
             }
         };
         ResponseFuture {
@@ -238,8 +252,13 @@ fn is_grpc(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
-/// The response to a denial or a request the layer cannot limit.
-fn refusal<B: ResponseBody>(answer: Answer, grpc: bool) -> Response<B> {
+/// The response to a denial or a request the layer cannot limit, for a request with `headers`.
+fn refusal<B: ResponseBody>(answer: Answer, headers: &HeaderMap) -> Response<B> {
+    refusal_as(answer, is_grpc(headers))
+}
+
+/// [`refusal`], for a gRPC request or not.
+fn refusal_as<B: ResponseBody>(answer: Answer, grpc: bool) -> Response<B> {
     let (status, grpc_code, headers, message) = match answer {
         Answer::Deny { headers, message } => {
             (StatusCode::TOO_MANY_REQUESTS, "8", headers, message)
