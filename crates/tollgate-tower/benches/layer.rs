@@ -3,7 +3,8 @@
 //! - `bare`: the router alone (the floor every variant pays: building the request, routing,
 //!   the handler, the response);
 //! - `tollgate_memory`: with `tollgate-tower`, per client address, memory store, GCRA, every
-//!   request admitted, the rate-limit headers added to each response (its default);
+//!   request admitted, the rate-limit headers added to each response (its default: five
+//!   headers); `tollgate_memory_no_headers`: the same with `headers_on_allow(false)`;
 //! - `tower_governor`: with `tower_governor` (governor's GCRA) per client address
 //!   (`PeerIpKeyExtractor`), every request admitted, its default (no headers on allowed
 //!   responses); `tower_governor_headers`: with its `use_headers()` (three headers);
@@ -75,6 +76,15 @@ fn per_request(c: &mut Criterion) {
         (
             "tollgate_memory",
             router().layer(tollgate(admit_all()).build().unwrap()),
+        ),
+        (
+            "tollgate_memory_no_headers",
+            router().layer(
+                tollgate(admit_all())
+                    .headers_on_allow(false)
+                    .build()
+                    .unwrap(),
+            ),
         ),
         ("tower_governor", governor(false)),
         ("tower_governor_headers", governor(true)),

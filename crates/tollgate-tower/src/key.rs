@@ -84,6 +84,11 @@ impl Key {
         Key(Kind::Fn(name, Arc::new(f)))
     }
 
+    /// Whether the key reads the request's [`Parts`] (a closure key).
+    pub(crate) fn needs_parts(&self) -> bool {
+        matches!(self.0, Kind::Fn(..))
+    }
+
     /// The descriptor key this key's values go under; empty for an invalid header name.
     pub(crate) fn name(&self) -> &str {
         match &self.0 {
@@ -100,7 +105,7 @@ impl Key {
     /// the server did not record the peer address. Written in place: this runs per request.
     pub(crate) fn write_value(
         &self,
-        req: &Parts,
+        req: &Head<'_>,
         trusted: &[Cidr],
         out: &mut String,
         escape: bool,
@@ -116,14 +121,14 @@ impl Key {
             Kind::Peer => push_ip(out, canonical(peer(req).ok_or(Missing)?)),
             Kind::Forwarded => push_ip(
                 out,
-                client_address(peer(req).ok_or(Missing)?, &req.headers, trusted),
+                client_address(peer(req).ok_or(Missing)?, req.headers, trusted),
             ),
             Kind::Header(h) => match req.headers.get(h) {
                 Some(v) => push(out, &String::from_utf8_lossy(v.as_bytes())),
                 None => return Ok(false),
             },
             Kind::Global => push(out, "global"),
-            Kind::Fn(_, f) => match f(req) {
+            Kind::Fn(_, f) => match req.parts.and_then(|p| f(p)) {
                 Some(v) => push(out, &v),
                 None => return Ok(false),
             },
@@ -138,25 +143,19 @@ impl Key {
 fn push_ip(out: &mut String, ip: IpAddr) {
     match ip {
         IpAddr::V4(v4) => {
-            let mut buf = [0u8; 15];
-            let mut len = 0;
+            out.reserve(15);
             for (i, octet) in v4.octets().into_iter().enumerate() {
                 if i > 0 {
-                    buf[len] = b'.';
-                    len += 1;
+                    out.push('.');
                 }
                 if octet >= 100 {
-                    buf[len] = b'0' + octet / 100;
-                    len += 1;
+                    out.push(char::from(b'0' + octet / 100));
                 }
                 if octet >= 10 {
-                    buf[len] = b'0' + octet / 10 % 10;
-                    len += 1;
+                    out.push(char::from(b'0' + octet / 10 % 10));
                 }
-                buf[len] = b'0' + octet % 10;
-                len += 1;
+                out.push(char::from(b'0' + octet % 10));
             }
-            out.push_str(std::str::from_utf8(&buf[..len]).unwrap_or_default());
         }
         IpAddr::V6(v6) => {
             let _ = write!(out, "{v6}");
@@ -170,12 +169,45 @@ impl fmt::Debug for Key {
     }
 }
 
+/// What keys and rules read of a request, borrowed from it: the request is not taken apart
+/// unless a closure key needs its [`Parts`].
+pub(crate) struct Head<'a> {
+    pub(crate) method: &'a http::Method,
+    pub(crate) uri: &'a http::Uri,
+    pub(crate) headers: &'a http::HeaderMap,
+    pub(crate) extensions: &'a http::Extensions,
+    /// Set when the layer has a closure key.
+    pub(crate) parts: Option<&'a Parts>,
+}
+
+impl<'a> Head<'a> {
+    pub(crate) fn of<B>(req: &'a http::Request<B>) -> Self {
+        Head {
+            method: req.method(),
+            uri: req.uri(),
+            headers: req.headers(),
+            extensions: req.extensions(),
+            parts: None,
+        }
+    }
+
+    pub(crate) fn of_parts(parts: &'a Parts) -> Self {
+        Head {
+            method: &parts.method,
+            uri: &parts.uri,
+            headers: &parts.headers,
+            extensions: &parts.extensions,
+            parts: Some(parts),
+        }
+    }
+}
+
 /// The request carries no peer address.
 #[derive(Debug)]
 pub(crate) struct Missing;
 
 /// The TCP peer of a request, from whichever server recorded it.
-pub(crate) fn peer(req: &Parts) -> Option<IpAddr> {
+pub(crate) fn peer(req: &Head<'_>) -> Option<IpAddr> {
     #[cfg(feature = "axum")]
     if let Some(c) = req
         .extensions

@@ -13,9 +13,8 @@
 //! longer is refused exactly as when the queue is full, and consumes nothing; an admitted one
 //! never waits longer than `max_wait`.
 
-use crate::key::{Key, Missing};
+use crate::key::{Head, Key, Missing};
 use futures_util::FutureExt as _;
-use http::request::Parts;
 use http::HeaderMap;
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -141,7 +140,7 @@ struct Decided {
 
 impl Limiter {
     /// What to ask about `req`; `Ok(None)` when nothing limits it.
-    pub(crate) fn query(&self, req: &Parts) -> Result<Option<Query>, Missing> {
+    pub(crate) fn query(&self, req: &Head<'_>) -> Result<Option<Query>, Missing> {
         match &self.limits {
             Limits::Key { key, prefix, .. } => {
                 let mut out = String::with_capacity(prefix.len() + 40);
@@ -181,6 +180,27 @@ impl Limiter {
         }
     }
 
+    /// Whether deciding needs the request's [`http::request::Parts`] (a closure key).
+    pub(crate) fn needs_parts(&self) -> bool {
+        matches!(&self.limits, Limits::Key { key, .. } if key.needs_parts())
+    }
+
+    /// What to do with a request: the query (when it must still be decided) and the answer
+    /// (when known already), or `Err` when a key needs the peer address and there is none.
+    pub(crate) fn prepare(&self, req: &Head<'_>) -> Result<(Option<Query>, Option<Answer>), Missing> {
+        // Memory store: decided here, in place (the store never waits).
+        if let Some(fast) = self.decide_key_now(req) {
+            return Ok((None, fast?));
+        }
+        Ok(match self.query(req)? {
+            Some(q) => {
+                let known = self.decide_now(&q);
+                (Some(q), known)
+            }
+            None => (None, None),
+        })
+    }
+
     /// The headers of an allowed request, as the layer is configured to send them.
     pub(crate) fn on_allow(&self, headers: Headers) -> Headers {
         if self.allow_headers {
@@ -201,7 +221,7 @@ impl Limiter {
     /// The fast path: an in-code key on the memory store (or any synchronous store), decided in
     /// place with the counter key built in a per-thread buffer (no allocation). `None` when the
     /// layer is not configured so; else what [`Limiter::query`] and [`Limiter::decide_now`] give.
-    pub(crate) fn decide_key_now(&self, req: &Parts) -> Option<Result<Option<Answer>, Missing>> {
+    pub(crate) fn decide_key_now(&self, req: &Head<'_>) -> Option<Result<Option<Answer>, Missing>> {
         let (
             Limits::Key {
                 key,
@@ -407,7 +427,11 @@ impl Limiter {
 }
 
 /// The descriptors the `http` section derives from a request.
-fn descriptors(actions: &HttpActions, req: &Parts, trusted: &[Cidr]) -> Vec<Vec<(String, String)>> {
+fn descriptors(
+    actions: &HttpActions,
+    req: &Head<'_>,
+    trusted: &[Cidr],
+) -> Vec<Vec<(String, String)>> {
     let authority = req
         .uri
         .authority()
@@ -417,8 +441,8 @@ fn descriptors(actions: &HttpActions, req: &Parts, trusted: &[Cidr]) -> Vec<Vec<
         method: Some(req.method.as_str()),
         path: req.uri.path_and_query().map(|p| p.as_str()),
         authority,
-        headers: &req.headers,
-        remote_address: crate::key::peer(req).map(|p| client_address(p, &req.headers, trusted)),
+        headers: req.headers,
+        remote_address: crate::key::peer(req).map(|p| client_address(p, req.headers, trusted)),
     };
     actions.descriptors(&parts)
 }

@@ -13,6 +13,7 @@
 //! with `grpc-status: 8` (RESOURCE_EXHAUSTED), the message in `grpc-message`, the rate-limit
 //! headers as metadata and no body (a trailers-only response).
 
+use crate::key::Head;
 use crate::limiter::{Answer, Headers, Limiter};
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{HeaderMap, Request, Response, StatusCode};
@@ -166,39 +167,33 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let (parts, body) = req.into_parts();
-        // Memory store: decided here, in place (the store never waits).
-        let (query, known) = match self.limiter.decide_key_now(&parts) {
-            Some(Ok(answer)) => (None, answer),
-            Some(Err(_)) => return ready(refusal(Answer::NoPeer, &parts.headers)),
-            None => match self.limiter.query(&parts) {
-                Ok(Some(q)) => {
-                    let known = self.limiter.decide_now(&q);
-                    (Some(q), known)
-                }
-                Ok(None) => (None, None),
-                Err(_) => return ready(refusal(Answer::NoPeer, &parts.headers)),
-            },
+    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
+        let prepared = if self.limiter.needs_parts() {
+            // A closure key reads the request's `Parts`.
+            let (parts, body) = req.into_parts();
+            let prepared = self.limiter.prepare(&Head::of_parts(&parts));
+            req = Request::from_parts(parts, body);
+            prepared
+        } else {
+            self.limiter.prepare(&Head::of(&req))
+        };
+        let Ok((query, known)) = prepared else {
+            return ready(refusal(Answer::NoPeer, req.headers()));
         };
         let query = match (query, known) {
             // Nothing limits this request.
-            (None, None) => {
-                let future = self.inner.call(Request::from_parts(parts, body));
-                return inner(future, Headers::None);
-            }
+            (None, None) => return inner(self.inner.call(req), Headers::None),
             (_, Some(Answer::Allow { headers, delay })) if delay.is_zero() => {
                 let headers = self.limiter.on_allow(headers);
-                let future = self.inner.call(Request::from_parts(parts, body));
-                return inner(future, headers);
+                return inner(self.inner.call(req), headers);
             }
             (_, Some(a @ (Answer::Deny { .. } | Answer::NoPeer))) => {
-                return ready(refusal(a, &parts.headers));
+                return ready(refusal(a, req.headers()));
             }
             (query, known) => (query, known),
         };
         // Shaped, or a backend that does I/O: a future that owns the ready inner service.
-        let grpc = is_grpc(&parts.headers);
+        let grpc = is_grpc(req.headers());
         let ready_one = self.inner.clone();
         let mut service = std::mem::replace(&mut self.inner, ready_one);
         let limiter = self.limiter.clone();
@@ -217,7 +212,7 @@ where
                     if !delay.is_zero() {
                         tokio::time::sleep(delay).await;
                     }
-                    let mut response = service.call(Request::from_parts(parts, body)).await?;
+                    let mut response = service.call(req).await?;
                     headers.add_to(response.headers_mut());
                     Ok(response)
                 }
