@@ -254,7 +254,9 @@ impl Builder {
                 Backend::Redis(g)
             }
             #[cfg(feature = "remote")]
-            Chosen::Remote(r) => Backend::Remote(crate::remote::Client::new(&r).map_err(Error::Config)?),
+            Chosen::Remote(r) => Backend::Remote(Box::new(
+                crate::remote::Client::new(&r).map_err(Error::Config)?,
+            )),
         };
         let clock = self.clock.unwrap_or_else(|| Arc::new(TokioClock::new()));
         Ok(RateLimitLayer {

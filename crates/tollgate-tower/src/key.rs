@@ -7,9 +7,9 @@
 
 use http::request::Parts;
 use std::fmt;
+use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::fmt::Write as _;
 use tollgate_core::request::{canonical, client_address, Cidr};
 use tollgate_core::rules::push_escaped;
 
@@ -233,7 +233,14 @@ mod tests {
 
     #[test]
     fn addresses_are_written_as_display_writes_them() {
-        for a in ["0.0.0.0", "10.0.3.231", "192.168.100.9", "255.255.255.255", "::1", "2001:db8::7"] {
+        for a in [
+            "0.0.0.0",
+            "10.0.3.231",
+            "192.168.100.9",
+            "255.255.255.255",
+            "::1",
+            "2001:db8::7",
+        ] {
             let ip: IpAddr = a.parse().unwrap();
             let mut out = String::new();
             push_ip(&mut out, ip);

@@ -37,6 +37,8 @@ const UNAVAILABLE_RETRY_SECS: u32 = 1;
 pub(crate) enum Limits {
     /// One in-code limit: `quota` (burst capped for shaping) per value of `key`.
     Key {
+        /// The domain sent to a remote service.
+        #[cfg_attr(not(feature = "remote"), allow(dead_code))]
         domain: String,
         key: Key,
         /// `domain|name=`, escaped: each counter key is this plus the escaped value.
@@ -47,10 +49,7 @@ pub(crate) enum Limits {
         rule: String,
     },
     /// A rules file's domain, its `http` section deriving the descriptors.
-    Rules {
-        rules: Arc<RuleSet>,
-        domain: String,
-    },
+    Rules { rules: Arc<RuleSet>, domain: String },
 }
 
 /// Where counters live.
@@ -59,7 +58,7 @@ pub(crate) enum Backend {
     #[cfg(feature = "redis")]
     Redis(Arc<tollgate_redis::Guarded>),
     #[cfg(feature = "remote")]
-    Remote(crate::remote::Client),
+    Remote(Box<crate::remote::Client>),
 }
 
 /// Everything a layer shares between its services.
@@ -162,7 +161,13 @@ impl Limiter {
     }
 
     /// The answer of an in-code limit's decision `d` (its headers computed only when sent).
-    fn one_answer(&self, quota: &Quota, d: &Decision, now: Micros, denied_by_policy: bool) -> Answer {
+    fn one_answer(
+        &self,
+        quota: &Quota,
+        d: &Decision,
+        now: Micros,
+        denied_by_policy: bool,
+    ) -> Answer {
         if d.allowed {
             Answer::Allow {
                 headers: if self.allow_headers {
@@ -187,7 +192,10 @@ impl Limiter {
 
     /// What to do with a request: the query (when it must still be decided) and the answer
     /// (when known already), or `Err` when a key needs the peer address and there is none.
-    pub(crate) fn prepare(&self, req: &Head<'_>) -> Result<(Option<Query>, Option<Answer>), Missing> {
+    pub(crate) fn prepare(
+        &self,
+        req: &Head<'_>,
+    ) -> Result<(Option<Query>, Option<Answer>), Missing> {
         // Memory store: decided here, in place (the store never waits).
         if let Some(fast) = self.decide_key_now(req) {
             return Ok((None, fast?));
@@ -258,6 +266,11 @@ impl Limiter {
 
     /// With the memory store (or any synchronous one), the answer right away; `None` when it
     /// takes I/O ([`Limiter::decide`]).
+    // Without the `redis` and `remote` features the memory store is the only backend.
+    #[cfg_attr(
+        not(any(feature = "redis", feature = "remote")),
+        allow(irrefutable_let_patterns)
+    )]
     pub(crate) fn decide_now(&self, query: &Query) -> Option<Answer> {
         let Backend::Local(store) = &self.backend else {
             return None;

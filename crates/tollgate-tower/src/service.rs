@@ -255,9 +255,7 @@ fn refusal<B: ResponseBody>(answer: Answer, headers: &HeaderMap) -> Response<B> 
 /// [`refusal`], for a gRPC request or not.
 fn refusal_as<B: ResponseBody>(answer: Answer, grpc: bool) -> Response<B> {
     let (status, grpc_code, headers, message) = match answer {
-        Answer::Deny { headers, message } => {
-            (StatusCode::TOO_MANY_REQUESTS, "8", headers, message)
-        }
+        Answer::Deny { headers, message } => (StatusCode::TOO_MANY_REQUESTS, "8", headers, message),
         _ => (
             StatusCode::INTERNAL_SERVER_ERROR,
             "13",

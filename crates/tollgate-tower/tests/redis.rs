@@ -34,7 +34,9 @@ async fn guarded(url: &str, prefix: &str, policy: Policy) -> Arc<Guarded> {
 }
 
 fn app(layer: RateLimitLayer) -> Router {
-    Router::new().route("/", get(|| async { "hi" })).layer(layer)
+    Router::new()
+        .route("/", get(|| async { "hi" }))
+        .layer(layer)
 }
 
 fn from(ip: [u8; 4]) -> Request<Body> {
@@ -72,7 +74,11 @@ async fn two_instances_sharing_redis_enforce_one_limit() {
         .iter()
         .enumerate()
         .map(|(i, r)| {
-            let status = if i < 5 { StatusCode::OK } else { StatusCode::TOO_MANY_REQUESTS };
+            let status = if i < 5 {
+                StatusCode::OK
+            } else {
+                StatusCode::TOO_MANY_REQUESTS
+            };
             (status, Some(r.to_string()))
         })
         .collect();
@@ -94,12 +100,21 @@ async fn rules_file_on_redis_and_the_failure_policy_when_redis_is_gone() {
         )])
         .unwrap()
     };
-    let with = |g| app(RateLimitLayer::builder().rules(rules(), "web").redis(g).build().unwrap());
+    let with = |g| {
+        app(RateLimitLayer::builder()
+            .rules(rules(), "web")
+            .redis(g)
+            .build()
+            .unwrap())
+    };
     let deny = with(guarded(&url, "tower-deny", Policy::Deny).await);
     let allow = with(guarded(&url, "tower-allow", Policy::Allow).await);
     let send = |app: &Router| app.clone().oneshot(from([192, 0, 2, 9]));
     assert_eq!(send(&deny).await.unwrap().status(), StatusCode::OK);
-    assert_eq!(send(&deny).await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        send(&deny).await.unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
     redis.kill();
     // Redis is gone: `deny` refuses, saying why, and `allow` lets every request through.
     let r = send(&deny).await.unwrap();

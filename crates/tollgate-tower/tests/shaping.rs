@@ -15,8 +15,9 @@ use tower::{service_fn, Layer as _, Service, ServiceExt as _};
 /// An inner service that records when each request reached it.
 fn recorder(
     seen: Arc<Mutex<Vec<Instant>>>,
-) -> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible, Future: Send> + Clone + Send
-{
+) -> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible, Future: Send>
+       + Clone
+       + Send {
     service_fn(move |_req: Request<Body>| {
         let seen = seen.clone();
         async move {
@@ -107,8 +108,13 @@ async fn a_request_dropped_while_waiting_never_reaches_the_service() {
     let svc = shaping(Duration::from_secs(10)).layer(recorder(seen.clone()));
     svc.clone().oneshot(request()).await.unwrap();
     // The second one must wait 200 ms; the client gives up after 100.
-    let gave_up = tokio::time::timeout(Duration::from_millis(100), svc.clone().oneshot(request())).await;
+    let gave_up =
+        tokio::time::timeout(Duration::from_millis(100), svc.clone().oneshot(request())).await;
     assert!(gave_up.is_err());
     tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(seen.lock().unwrap().len(), 1, "the dropped request was not served");
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        1,
+        "the dropped request was not served"
+    );
 }

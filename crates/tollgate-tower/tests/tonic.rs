@@ -25,7 +25,10 @@ descriptors:
 #[tokio::test]
 async fn resource_exhausted_with_the_message_and_headers_over_a_real_channel() {
     let rules = RuleSet::from_sources(&[("rules.yaml".into(), RULES.into())]).unwrap();
-    let layer = RateLimitLayer::builder().rules(rules, "grpc").build().unwrap();
+    let layer = RateLimitLayer::builder()
+        .rules(rules, "grpc")
+        .build()
+        .unwrap();
     let (_reporter, health) = tonic_health::server::health_reporter();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -59,7 +62,13 @@ async fn resource_exhausted_with_the_message_and_headers_over_a_real_channel() {
     assert_eq!(denied.message(), "2 health checks per minute");
     let md = denied.metadata();
     assert_eq!(md.get("x-ratelimit-remaining").unwrap(), "0");
-    let retry: u64 = md.get("retry-after").unwrap().to_str().unwrap().parse().unwrap();
+    let retry: u64 = md
+        .get("retry-after")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!((1..=60).contains(&retry), "{retry}");
     assert!(md.get("ratelimit").is_some());
     server.abort();

@@ -7,9 +7,9 @@ mod support;
 
 use axum::body::Body;
 use axum::extract::ConnectInfo;
+use axum::http::{Request, StatusCode};
 use axum::routing::get;
 use axum::Router;
-use axum::http::{Request, StatusCode};
 use std::net::SocketAddr;
 use std::time::Duration;
 use support::{serve_rules, temp_dir};
@@ -25,7 +25,9 @@ descriptors:
 ";
 
 fn app(layer: RateLimitLayer) -> Router {
-    Router::new().route("/", get(|| async { "hi" })).layer(layer)
+    Router::new()
+        .route("/", get(|| async { "hi" }))
+        .layer(layer)
 }
 
 fn from(ip: [u8; 4]) -> Request<Body> {
@@ -40,7 +42,11 @@ async fn remote_service_decides_and_each_policy_answers_when_it_is_stopped() {
     let dir = temp_dir("tower-remote");
     let rules = dir.join("rules.yaml");
     std::fs::write(&rules, RULES).unwrap();
-    let mut server = serve_rules(rules.to_str().unwrap(), &["--response-headers"], "tower-remote");
+    let mut server = serve_rules(
+        rules.to_str().unwrap(),
+        &["--response-headers"],
+        "tower-remote",
+    );
     let url = format!("http://{}", server.addr("gRPC "));
     let timeout = Duration::from_millis(500);
     let from_file = app(RateLimitLayer::builder()
@@ -57,7 +63,11 @@ async fn remote_service_decides_and_each_policy_answers_when_it_is_stopped() {
         .unwrap());
 
     for remaining in ["1", "0"] {
-        let r = from_file.clone().oneshot(from([192, 0, 2, 1])).await.unwrap();
+        let r = from_file
+            .clone()
+            .oneshot(from([192, 0, 2, 1]))
+            .await
+            .unwrap();
         assert_eq!(r.status(), StatusCode::OK);
         assert_eq!(r.headers()["x-ratelimit-limit"], "2");
         assert_eq!(r.headers()["x-ratelimit-remaining"], remaining);
@@ -67,14 +77,22 @@ async fn remote_service_decides_and_each_policy_answers_when_it_is_stopped() {
     assert!(r.headers().contains_key("retry-after"));
     assert_eq!(r.headers()["ratelimit-policy"], "2;w=60");
     let r = closed.clone().oneshot(from([192, 0, 2, 2])).await.unwrap();
-    assert_eq!(r.status(), StatusCode::OK, "another address has its own counter");
+    assert_eq!(
+        r.status(),
+        StatusCode::OK,
+        "another address has its own counter"
+    );
 
     // The service stops.
     server.child.kill().unwrap();
     server.child.wait().unwrap();
     for _ in 0..3 {
         // Fail open (the default): through, without rate-limit headers.
-        let r = from_file.clone().oneshot(from([192, 0, 2, 1])).await.unwrap();
+        let r = from_file
+            .clone()
+            .oneshot(from([192, 0, 2, 1]))
+            .await
+            .unwrap();
         assert_eq!(r.status(), StatusCode::OK);
         assert!(r.headers().get("x-ratelimit-limit").is_none());
         // Fail closed: refused, retry in a second.

@@ -72,7 +72,11 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_shipped_rules_limit_per_api_key_and_shape_per_address() {
-        let app = app(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/rules.yaml"))).unwrap();
+        let app = app(Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/rules.yaml"
+        )))
+        .unwrap();
         let started = tokio::time::Instant::now();
         let r = app.clone().oneshot(request("k1")).await.unwrap();
         assert_eq!(r.status(), StatusCode::OK);
