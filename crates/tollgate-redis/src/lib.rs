@@ -13,12 +13,15 @@
 //!
 //! Modules: [`keys`] (key layout, escaping, exactness bounds), [`script`] (the Lua script and its
 //! wire format), [`store`] ([`RedisStore`], connections, timeouts, health), [`sentinel`] (a
-//! master found through Redis Sentinel, followed through failovers).
+//! master found through Redis Sentinel, followed through failovers), [`guard`] (the failure
+//! policy and circuit breaker around it: [`Guarded`]).
 
+pub mod guard;
 pub mod keys;
 pub mod script;
 pub mod sentinel;
 pub mod store;
 
+pub use guard::{Guarded, Policy, RedisSettings};
 pub use keys::KeyLayout;
 pub use store::{Receipt, RedisOptions, RedisStore};

@@ -254,21 +254,7 @@ pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckRespons
     let headers = if envoy.is_some() {
         envoy_binding(&verdict, envoy.is_some_and(|m| m.quota_mode), allowed, now)
     } else {
-        verdict.binding().map(|(limit, d)| HeaderValues {
-            limit: d.limit,
-            remaining: d.reported_remaining(),
-            reset_secs: secs_ceil(reset(limit, &d, now)),
-            // An allowed request may be bound by a quota-mode limit that is over: no Retry-After.
-            retry_after_secs: if d.allowed || allowed {
-                None
-            } else {
-                d.retry_after.map(|r| secs_ceil(r).max(1))
-            },
-            window_secs: limit
-                .quota
-                .map(|q| secs_ceil(q.period().nominal()))
-                .unwrap_or(0),
-        })
+        HeaderValues::of_verdict(&verdict, allowed, now)
     };
     // envoy profile, SHADOW_MODE: an OVER_LIMIT answer becomes OK (the statuses keep their
     // codes, the counters what the store decided), and is counted.

@@ -17,11 +17,10 @@ use crate::state::AppState;
 pub use crate::wire::{parse_request, Dialect};
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use bytes::BytesMut;
 use futures_util::FutureExt;
 use serde::{Serialize, Serializer};
 use serde_json::{json, Value};
@@ -255,41 +254,10 @@ pub fn native_response(resp: &CheckResponse) -> Response {
     response
 }
 
-/// The rate-limit header names, in the order [`HeaderValues::for_each`] gives them, built once
-/// (`HeaderName::from_static` at run time re-validates the name on every call).
-///
-/// [`HeaderValues::for_each`]: crate::model::HeaderValues::for_each
-static HEADER_NAMES: [HeaderName; 6] = [
-    HeaderName::from_static("x-ratelimit-limit"),
-    HeaderName::from_static("x-ratelimit-remaining"),
-    HeaderName::from_static("x-ratelimit-reset"),
-    HeaderName::from_static("ratelimit-policy"),
-    HeaderName::from_static("ratelimit"),
-    header::RETRY_AFTER,
-];
-
-/// Add the rate-limit headers of `resp` (nothing when no limit applied). One allocation for all
-/// of them: the values are written into one buffer and each header value is a slice of it, and
-/// the names are static.
+/// Add the rate-limit headers of `resp` (nothing when no limit applied).
 pub fn add_headers(headers: &mut HeaderMap, resp: &CheckResponse) {
-    let Some(h) = &resp.headers else {
-        return;
-    };
-    let mut buf = BytesMut::with_capacity(128);
-    let mut spans = [(0, 0); 6];
-    let mut n = 0;
-    h.for_each(|name, value| {
-        debug_assert_eq!(HEADER_NAMES[n].as_str(), name, "header order");
-        let start = buf.len();
-        buf.extend_from_slice(value.as_bytes());
-        spans[n] = (start, buf.len());
-        n += 1;
-    });
-    let buf = buf.freeze();
-    for (name, &(start, end)) in HEADER_NAMES.iter().zip(&spans[..n]) {
-        if let Ok(v) = HeaderValue::from_maybe_shared(buf.slice(start..end)) {
-            headers.insert(name.clone(), v);
-        }
+    if let Some(h) = &resp.headers {
+        h.insert_into(headers);
     }
 }
 
@@ -612,7 +580,7 @@ pub fn rules_json(state: &AppState) -> Value {
     let report = state
         .backend()
         .redis()
-        .map(|g| g.report())
+        .map(|g| crate::backend::report(g))
         .unwrap_or_default();
     let store = match state.backend().redis() {
         Some(g) => json!({
@@ -626,7 +594,7 @@ pub fn rules_json(state: &AppState) -> Value {
             "condition": report["store_condition"],
             "last_error": report["store_error"],
             "per_second": state.backend().per_second().map(|p| {
-                let r = p.report();
+                let r = crate::backend::report(p);
                 json!({
                     "url": p.store().url(),
                     "state": p.state().as_str(),
@@ -677,7 +645,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
     match state.backend() {
         Backend::Redis(g) | Backend::RedisSplit(g, _) => {
             let s = g.state();
-            let report = g.report();
+            let report = crate::backend::report(g);
             let second = state.backend().per_second();
             let healthy = s == BreakerState::Healthy
                 && second.is_none_or(|p| p.state() == BreakerState::Healthy);
@@ -691,7 +659,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
                 "store_error": report["store_error"],
             });
             if let Some(p) = second {
-                let r = p.report();
+                let r = crate::backend::report(p);
                 body["per_second"] = json!({
                     "store_state": p.state().as_str(),
                     "store_condition": r["store_condition"],

@@ -4,6 +4,7 @@
 use tollgate_core::clock::Micros;
 use tollgate_core::quota::{Algorithm, Unit};
 
+pub use tollgate_core::headers::{secs_ceil, HeaderValues};
 pub use tollgate_core::limiter::Descriptor;
 
 /// One rate-limit request.
@@ -112,89 +113,6 @@ impl DescriptorStatus {
     }
 }
 
-/// Values for the rate-limit response headers, from the binding limit (`Verdict::binding`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HeaderValues {
-    /// `X-RateLimit-Limit`.
-    pub limit: u64,
-    /// `X-RateLimit-Remaining`.
-    pub remaining: u64,
-    /// `X-RateLimit-Reset`: seconds until the counter is full again, rounded up.
-    pub reset_secs: u64,
-    /// `Retry-After` in seconds, rounded up: denied requests that can pass later only.
-    pub retry_after_secs: Option<u64>,
-    /// Period of the binding limit in seconds (the `w=` of `RateLimit-Policy`).
-    pub window_secs: u64,
-}
-
-impl HeaderValues {
-    /// Call `f(name, value)` for each header, in a stable order: `X-RateLimit-Limit`,
-    /// `X-RateLimit-Remaining`, `X-RateLimit-Reset`, `RateLimit-Policy`, `RateLimit`, and
-    /// `Retry-After` when set. Values are formatted into one stack buffer (no allocation); HTTP
-    /// turns them into header values directly, gRPC into `response_headers_to_add` strings.
-    pub fn for_each(&self, mut f: impl FnMut(&'static str, &str)) {
-        let mut buf = HeaderBuf::default();
-        f("x-ratelimit-limit", buf.num(self.limit));
-        f("x-ratelimit-remaining", buf.num(self.remaining));
-        f("x-ratelimit-reset", buf.num(self.reset_secs));
-        f(
-            "ratelimit-policy",
-            buf.join(&[("", self.limit), (";w=", self.window_secs)]),
-        );
-        f(
-            "ratelimit",
-            buf.join(&[
-                ("limit=", self.limit),
-                (", remaining=", self.remaining),
-                (", reset=", self.reset_secs),
-            ]),
-        );
-        if let Some(r) = self.retry_after_secs {
-            f("retry-after", buf.num(r));
-        }
-    }
-
-    /// The headers as `(name, value)` pairs, in the order of [`HeaderValues::for_each`].
-    pub fn pairs(&self) -> Vec<(&'static str, String)> {
-        let mut v = Vec::with_capacity(6);
-        self.for_each(|name, value| v.push((name, value.to_string())));
-        v
-    }
-}
-
-/// A stack buffer for one header value: at most three `u64`s (20 digits each) and their labels.
-struct HeaderBuf {
-    buf: [u8; 96],
-    ints: itoa::Buffer,
-}
-
-impl Default for HeaderBuf {
-    fn default() -> Self {
-        Self {
-            buf: [0; 96],
-            ints: itoa::Buffer::new(),
-        }
-    }
-}
-
-impl HeaderBuf {
-    fn num(&mut self, n: u64) -> &str {
-        self.ints.format(n)
-    }
-
-    /// `label1 n1 label2 n2 ...` (labels are short ASCII constants, so this fits and is UTF-8).
-    fn join(&mut self, parts: &[(&str, u64)]) -> &str {
-        let mut len = 0;
-        for (label, n) in parts {
-            for piece in [label.as_bytes(), self.ints.format(*n).as_bytes()] {
-                self.buf[len..len + piece.len()].copy_from_slice(piece);
-                len += piece.len();
-            }
-        }
-        std::str::from_utf8(&self.buf[..len]).unwrap_or_default()
-    }
-}
-
 /// The answer to a whole request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckResponse {
@@ -217,11 +135,6 @@ impl CheckResponse {
             Code::OverLimit
         }
     }
-}
-
-/// Microseconds to whole seconds, rounded up.
-pub fn secs_ceil(us: Micros) -> u64 {
-    us.div_ceil(1_000_000)
 }
 
 /// Microseconds to whole milliseconds, rounded up.

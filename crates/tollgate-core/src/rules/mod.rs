@@ -58,6 +58,13 @@ pub fn counter_key(domain: &str, entries: &[(&str, &str)]) -> String {
     tree::counter_key(domain, entries.iter().copied())
 }
 
+/// Append `value` to a counter key under construction, escaped as [`counter_key`] escapes
+/// values: `counter_key(d, &[(k, "")])` followed by `value` pushed here is
+/// `counter_key(d, &[(k, value)])`. For callers that build many keys of one prefix.
+pub fn push_escaped(key: &mut String, value: &str) {
+    tree::escape_into(key, value)
+}
+
 /// One rule: a descriptor's `rate_limit` and the descriptor-level options that go with it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limit {

@@ -234,6 +234,11 @@ pub(crate) fn counter_key<'a>(
 /// Appends `s`, prefixing each `\`, `|` and `=` with a backslash, so that the separators of a
 /// counter key or rule id can never come from user input.
 pub(crate) fn escape_into(out: &mut String, s: &str) {
+    // The common case (no separator in the text) is one copy.
+    if !s.bytes().any(|b| matches!(b, b'\\' | b'|' | b'=')) {
+        out.push_str(s);
+        return;
+    }
     for c in s.chars() {
         if matches!(c, '\\' | '|' | '=') {
             out.push('\\');

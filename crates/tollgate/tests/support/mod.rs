@@ -6,8 +6,8 @@
 
 pub mod conn;
 pub mod gateway;
-pub mod registry;
 pub mod kube;
+pub mod registry;
 
 use serde_json::Value;
 use std::io::{BufRead, BufReader};

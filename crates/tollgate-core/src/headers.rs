@@ -1,0 +1,197 @@
+//! The rate-limit response headers: `X-RateLimit-Limit`, `X-RateLimit-Remaining`,
+//! `X-RateLimit-Reset`, the IETF draft's `RateLimit-Policy` and `RateLimit`, and `Retry-After`.
+//!
+//! One place computes them from a decision ([`HeaderValues::new`], [`HeaderValues::of_verdict`])
+//! and formats them ([`HeaderValues::for_each`], [`HeaderValues::insert_into`]), so the service's
+//! HTTP API, forward-auth, its gRPC `response_headers_to_add` and the in-process middleware all
+//! send the same values. Formatting uses a stack buffer and [`insert_into`] one shared byte
+//! buffer for all the values: these run on every request.
+//!
+//! [`insert_into`]: HeaderValues::insert_into
+
+use crate::clock::Micros;
+use crate::decision::Decision;
+use crate::limiter::Verdict;
+use crate::quota::Quota;
+use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+
+/// Values for the rate-limit response headers, from the limit that binds a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderValues {
+    /// `X-RateLimit-Limit`.
+    pub limit: u64,
+    /// `X-RateLimit-Remaining`.
+    pub remaining: u64,
+    /// `X-RateLimit-Reset`: seconds until the counter is full again, rounded up.
+    pub reset_secs: u64,
+    /// `Retry-After` in seconds, rounded up: denied requests that can pass later only.
+    pub retry_after_secs: Option<u64>,
+    /// Period of the binding limit in seconds (the `w=` of `RateLimit-Policy`).
+    pub window_secs: u64,
+}
+
+/// The header names, in the order [`HeaderValues::for_each`] gives them, built once
+/// (`HeaderName::from_static` at run time re-validates the name on every call).
+static HEADER_NAMES: [HeaderName; 6] = [
+    HeaderName::from_static("x-ratelimit-limit"),
+    HeaderName::from_static("x-ratelimit-remaining"),
+    HeaderName::from_static("x-ratelimit-reset"),
+    HeaderName::from_static("ratelimit-policy"),
+    HeaderName::from_static("ratelimit"),
+    RETRY_AFTER,
+];
+
+impl HeaderValues {
+    /// The headers for decision `d` of a limit with `quota` (`None`: a limit without one, whose
+    /// reset is the decision's own), at `now`, in a request whose overall verdict is `allowed`:
+    /// `Retry-After` only when the request is denied and `d` can pass later.
+    pub fn new(quota: Option<&Quota>, d: &Decision, allowed: bool, now: Micros) -> Self {
+        let reset = quota.map_or(d.reset_after, |q| d.reported_reset(q.period(), now));
+        Self {
+            limit: d.limit,
+            remaining: d.reported_remaining(),
+            reset_secs: secs_ceil(reset),
+            // An allowed request may be bound by a quota-mode limit that is over: no Retry-After.
+            retry_after_secs: if d.allowed || allowed {
+                None
+            } else {
+                d.retry_after.map(|r| secs_ceil(r).max(1))
+            },
+            window_secs: quota.map_or(0, |q| secs_ceil(q.period().nominal())),
+        }
+    }
+
+    /// The headers of a whole request, from its binding limit ([`Verdict::binding`]); `None`
+    /// when no (non-shadow) limit applied.
+    pub fn of_verdict(verdict: &Verdict<'_>, allowed: bool, now: Micros) -> Option<Self> {
+        verdict
+            .binding()
+            .map(|(limit, d)| Self::new(limit.quota.as_ref(), &d, allowed, now))
+    }
+
+    /// Call `f(name, value)` for each header, in a stable order: `X-RateLimit-Limit`,
+    /// `X-RateLimit-Remaining`, `X-RateLimit-Reset`, `RateLimit-Policy`, `RateLimit`, and
+    /// `Retry-After` when set. Values are formatted into one stack buffer (no allocation).
+    pub fn for_each(&self, mut f: impl FnMut(&'static str, &str)) {
+        let mut buf = HeaderBuf::default();
+        f("x-ratelimit-limit", buf.num(self.limit));
+        f("x-ratelimit-remaining", buf.num(self.remaining));
+        f("x-ratelimit-reset", buf.num(self.reset_secs));
+        f(
+            "ratelimit-policy",
+            buf.join(&[("", self.limit), (";w=", self.window_secs)]),
+        );
+        f(
+            "ratelimit",
+            buf.join(&[
+                ("limit=", self.limit),
+                (", remaining=", self.remaining),
+                (", reset=", self.reset_secs),
+            ]),
+        );
+        if let Some(r) = self.retry_after_secs {
+            f("retry-after", buf.num(r));
+        }
+    }
+
+    /// The headers as `(name, value)` pairs, in the order of [`HeaderValues::for_each`].
+    pub fn pairs(&self) -> Vec<(&'static str, String)> {
+        let mut v = Vec::with_capacity(6);
+        self.for_each(|name, value| v.push((name, value.to_string())));
+        v
+    }
+
+    /// Insert the headers into `headers` (replacing any of the same names). One allocation for
+    /// all of them: the values are written into one buffer and each header value is a slice of
+    /// it, and the names are static.
+    pub fn insert_into(&self, headers: &mut HeaderMap) {
+        let mut buf = bytes::BytesMut::with_capacity(128);
+        let mut spans = [(0, 0); 6];
+        let mut n = 0;
+        self.for_each(|name, value| {
+            debug_assert_eq!(HEADER_NAMES[n].as_str(), name, "header order");
+            let start = buf.len();
+            buf.extend_from_slice(value.as_bytes());
+            spans[n] = (start, buf.len());
+            n += 1;
+        });
+        let buf = buf.freeze();
+        for (name, &(start, end)) in HEADER_NAMES.iter().zip(&spans[..n]) {
+            if let Ok(v) = HeaderValue::from_maybe_shared(buf.slice(start..end)) {
+                headers.insert(name.clone(), v);
+            }
+        }
+    }
+}
+
+/// Microseconds to whole seconds, rounded up.
+pub fn secs_ceil(us: Micros) -> u64 {
+    us.div_ceil(1_000_000)
+}
+
+/// A stack buffer for one header value: at most three `u64`s (20 digits each) and their labels.
+struct HeaderBuf {
+    buf: [u8; 96],
+    ints: itoa::Buffer,
+}
+
+impl Default for HeaderBuf {
+    fn default() -> Self {
+        Self {
+            buf: [0; 96],
+            ints: itoa::Buffer::new(),
+        }
+    }
+}
+
+impl HeaderBuf {
+    fn num(&mut self, n: u64) -> &str {
+        self.ints.format(n)
+    }
+
+    /// `label1 n1 label2 n2 ...` (labels are short ASCII constants, so this fits and is UTF-8).
+    fn join(&mut self, parts: &[(&str, u64)]) -> &str {
+        let mut len = 0;
+        for (label, n) in parts {
+            for piece in [label.as_bytes(), self.ints.format(*n).as_bytes()] {
+                self.buf[len..len + piece.len()].copy_from_slice(piece);
+                len += piece.len();
+            }
+        }
+        std::str::from_utf8(&self.buf[..len]).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::SECOND;
+    use crate::quota::Unit;
+
+    #[test]
+    fn denied_headers_carry_retry_after_and_the_ietf_fields() {
+        let q = Quota::new(10, Unit::Minute);
+        let d = Decision {
+            allowed: false,
+            limit: 10,
+            remaining: 3,
+            reset_after: 30 * SECOND + 1,
+            retry_after: Some(SECOND / 2),
+            delay: 0,
+            count: None,
+        };
+        let h = HeaderValues::new(Some(&q), &d, false, 0);
+        let mut map = HeaderMap::new();
+        h.insert_into(&mut map);
+        let get = |n: &str| map.get(n).unwrap().to_str().unwrap().to_string();
+        assert_eq!(get("x-ratelimit-limit"), "10");
+        assert_eq!(get("x-ratelimit-remaining"), "0");
+        assert_eq!(get("x-ratelimit-reset"), "31");
+        assert_eq!(get("ratelimit-policy"), "10;w=60");
+        assert_eq!(get("ratelimit"), "limit=10, remaining=0, reset=31");
+        assert_eq!(get("retry-after"), "1");
+        let allowed = HeaderValues::new(Some(&q), &Decision { allowed: true, ..d }, true, 0);
+        assert_eq!(allowed.retry_after_secs, None);
+        assert_eq!(allowed.pairs().len(), 5);
+    }
+}

@@ -1,0 +1,1001 @@
+//! Redis guarded by a failure policy and a circuit breaker ([`Guarded`]): what every user of a
+//! shared Redis store needs when Redis is slow or down, so the service (`tollgate serve`) and the
+//! in-process middleware (`tollgate-tower`) decide alike. It lives here, next to the store, so an
+//! embedder gets it without the service crate.
+//!
+//! Slow is not down: a call slower than the per-call timeout (50 ms by default) counts toward
+//! opening the breaker, but the request keeps waiting for Redis' answer (it may have been
+//! counted) until the answer comes, the breaker opens, or `timeout + patience` (1 s) passes; so
+//! a loaded Redis stays exact, and only an outage hands decisions to the policy.
+//!
+//! Why a breaker and not just a timeout: during an outage every call would wait for the per-call
+//! timeout. The breaker opens on an outage, not on one bad key nor on queueing:
+//! after [`FAILURES_TO_OPEN`] consecutive connection-level failures (refused, reset,
+//! authentication, ...), or consecutive timeouts that persist for [`TIMEOUTS_OPEN_AFTER`] with no
+//! success in between (isolated timeouts of a loaded Redis interleaved with answers never open
+//! it). A failure of one key or script call (`WRONGTYPE`, a script error, out of memory on a
+//! write) is decided by the policy and counted, and leaves the breaker alone. Open, decisions use
+//! the policy without touching Redis (microseconds). A background probe writes a key with a TTL
+//! (what requests need: a Redis that answers `PING` but refuses writes is not back) every
+//! [`PROBE_INTERVAL`]; a successful probe half-opens the breaker (traffic goes back to Redis; one
+//! failure re-opens it, one success or the next probe closes it), so decisions return to Redis
+//! by itself. A failed call is never an error for the caller: that request is decided by the
+//! policy too, and every degraded decision and store error (by kind) is counted; the store's own
+//! error is logged once per change ([`Guarded::condition`]).
+//!
+//! A timed-out call may have been counted by Redis. The `local` policy therefore remembers the
+//! last `remaining` Redis reported per key (a bounded ledger) and never lets its fallback grant
+//! more than that share (divided by [`RedisSettings::expected_instances`]), charging a timed-out
+//! call's cost as possibly consumed: a slow Redis cannot turn into a fresh local budget per
+//! instance.
+//!
+//! The optional deny cache ([`RedisSettings::deny_cache`]) answers keys Redis reported as denied
+//! until the time Redis said they could pass again; see docs/operations.md for where that is
+//! exact.
+
+use crate::{Receipt, RedisStore};
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+use tollgate_core::quota::Algorithm;
+use tollgate_core::rules::RuleSet;
+use tollgate_core::store::blocks;
+use tollgate_core::{
+    CheckItem, Decision, FaultKind, MemoryStore, Micros, Quota, Store, StoreError,
+};
+
+/// Consecutive connection-level store failures that open the breaker.
+pub const FAILURES_TO_OPEN: u32 = 3;
+/// Timeouts open the breaker only when they go on this long with no success in between
+/// (and at least [`FAILURES_TO_OPEN`] of them): an outage, not queueing.
+pub const TIMEOUTS_OPEN_AFTER: Duration = Duration::from_secs(1);
+/// How often an open (or half-open) breaker probes Redis.
+pub const PROBE_INTERVAL: Duration = Duration::from_millis(250);
+/// A failing store is reported as answering again only after this long without a failure (so
+/// isolated failures between successes log once, not once per request).
+const QUIET: Micros = 1_000_000;
+/// Bound on the ledger's entries (beyond it, new keys are not remembered until others expire).
+const LEDGER_MAX: usize = 100_000;
+/// `retry_after` of a denial made by the `deny` policy: the store may be back by then.
+const DENY_RETRY: Micros = 1_000_000;
+/// Bound on the deny cache's entries (beyond it, new denials are not cached until expiry).
+const DENY_CACHE_MAX: usize = 100_000;
+
+/// What to do when the store cannot decide (`--on-store-error`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Policy {
+    /// Admit every request.
+    Allow,
+    /// Deny every limited request (429 / OVER_LIMIT).
+    Deny,
+    /// Decide with an in-memory limiter over the same rules (limits divided by
+    /// `--expected-instances`).
+    #[default]
+    Local,
+}
+
+impl Policy {
+    /// All policies, in metric order.
+    pub const ALL: [Policy; 3] = [Policy::Allow, Policy::Deny, Policy::Local];
+
+    /// The flag value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::Allow => "allow",
+            Policy::Deny => "deny",
+            Policy::Local => "local",
+        }
+    }
+}
+
+impl FromStr for Policy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Policy::ALL
+            .into_iter()
+            .find(|p| p.as_str() == s)
+            .ok_or_else(|| format!("'{s}' is not a failure policy (allow, deny or local)"))
+    }
+}
+
+/// The decisions for one request and how they were made.
+#[derive(Debug)]
+pub struct Outcome {
+    /// One decision per item.
+    pub decisions: Vec<Decision>,
+    /// Set when the store was not (successfully) asked and the policy decided.
+    pub degraded: Option<Policy>,
+    /// The store was asked and failed (counted in `tollgate_store_errors_total`).
+    pub store_failed: bool,
+    /// Answered by the local deny cache, without asking Redis (envoyproxy/ratelimit's
+    /// `over_limit_with_local_cache`).
+    pub from_deny_cache: bool,
+    /// Redis decided: what to give back if another store blocks the same request
+    /// ([`Guarded::refund`]).
+    pub receipt: Option<Receipt>,
+}
+
+impl Outcome {
+    /// Decisions the store made (not degraded, not from the deny cache).
+    pub fn store(decisions: Vec<Decision>) -> Self {
+        Self {
+            decisions,
+            degraded: None,
+            store_failed: false,
+            from_deny_cache: false,
+            receipt: None,
+        }
+    }
+}
+
+/// Limits the Redis store cannot serve, found when rules load (start, reload, `simulate`) rather
+/// than on every request: the same check the store makes per call ([`crate::keys::check_quota`]). The
+/// count-min sketch is memory-only (a shared sketch would need every key of a request's limit in
+/// one slot, and its point is bounded local memory); the Lua ports' exact integer range bounds
+/// periods and bucket spans a little below what rule files allow.
+pub fn unsupported(set: &RuleSet) -> Vec<String> {
+    set.limits()
+        .filter_map(|l| {
+            let q = l.quota.as_ref()?;
+            let why = if q.algorithm() == Algorithm::CountMinSketch {
+                "uses algorithm count_min_sketch, which is memory-only: not available with a Redis store (choose sliding_window_counter, or the memory store)".to_string()
+            } else {
+                let Err(StoreError::Unsupported(why)) = crate::keys::check_quota(q) else {
+                    return None;
+                };
+                format!("is not available with a Redis store: {why}")
+            };
+            Some(format!("{}:{}: limit `{}` {why}", l.file, l.line, l.id))
+        })
+        .collect()
+}
+
+/// Settings of the guard (the `tollgate serve` flags of the same names).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisSettings {
+    /// `--on-store-error`.
+    pub policy: Policy,
+    /// `--expected-instances` (at least 1): the `local` policy divides limits by it.
+    pub expected_instances: u64,
+    /// `--local-deny-cache`.
+    pub deny_cache: bool,
+    /// Keys the `local` policy's memory store may hold (`--max-keys`).
+    pub max_keys: usize,
+    /// Decide at the caller's time (the `now` passed to [`Guarded::check`]) instead of Redis
+    /// `TIME`. Off in the service, so that app servers with skewed clocks share one time; on
+    /// when a test clock must decide on Redis as it does on the memory store.
+    pub caller_clock: bool,
+}
+
+impl Default for RedisSettings {
+    fn default() -> Self {
+        Self {
+            policy: Policy::Local,
+            expected_instances: 1,
+            deny_cache: false,
+            max_keys: tollgate_core::memory::DEFAULT_MAX_KEYS,
+            caller_clock: false,
+        }
+    }
+}
+
+/// Breaker states (`tollgate_store_state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerState {
+    /// Redis answers; every decision goes to Redis.
+    Healthy,
+    /// A probe succeeded after an outage: traffic goes to Redis, one failure re-opens.
+    HalfOpen,
+    /// Redis failed [`FAILURES_TO_OPEN`] times in a row: the policy decides, Redis is not called.
+    Open,
+}
+
+impl BreakerState {
+    /// Every state, in metric order.
+    pub const ALL: [BreakerState; 3] = [
+        BreakerState::Healthy,
+        BreakerState::HalfOpen,
+        BreakerState::Open,
+    ];
+
+    /// As reported by `/readyz` and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BreakerState::Healthy => "healthy",
+            BreakerState::HalfOpen => "half_open",
+            BreakerState::Open => "open",
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Breaker {
+    state: AtomicU8,
+    failures: AtomicU32,
+    /// When the current run of failures began (0: none).
+    since: AtomicU64,
+    transitions: [AtomicU64; 3],
+    /// Wakes the calls waiting on a slow Redis when the breaker opens.
+    opened: tokio::sync::Notify,
+}
+
+impl Breaker {
+    fn state(&self) -> BreakerState {
+        BreakerState::ALL[self.state.load(Relaxed) as usize]
+    }
+
+    /// Move from `from` to `to`; only one caller wins (and counts) a transition.
+    fn transition(&self, from: BreakerState, to: BreakerState) {
+        if self
+            .state
+            .compare_exchange(from as u8, to as u8, Relaxed, Relaxed)
+            .is_ok()
+        {
+            self.transitions[to as usize].fetch_add(1, Relaxed);
+            if to == BreakerState::Open {
+                self.opened.notify_waiters();
+            }
+            match to {
+                BreakerState::Open => tracing::warn!(
+                    from = from.as_str(),
+                    "store breaker open: deciding with the failure policy"
+                ),
+                _ => tracing::info!(
+                    from = from.as_str(),
+                    to = to.as_str(),
+                    "store breaker: Redis answers again"
+                ),
+            }
+        }
+    }
+
+    fn success(&self) {
+        // Loads first: the healthy path writes nothing shared.
+        if self.failures.load(Relaxed) != 0 {
+            self.failures.store(0, Relaxed);
+            self.since.store(0, Relaxed);
+        }
+        if self.state() == BreakerState::HalfOpen {
+            self.transition(BreakerState::HalfOpen, BreakerState::Healthy);
+        }
+    }
+
+    /// An outage-kind failure at `now`: a timeout counts only once timeouts have lasted
+    /// [`TIMEOUTS_OPEN_AFTER`] with no success in between.
+    fn failure(&self, kind: FaultKind, now: Micros) {
+        let n = self.failures.fetch_add(1, Relaxed) + 1;
+        let _ = self.since.compare_exchange(0, now.max(1), Relaxed, Relaxed);
+        let lasted = now.saturating_sub(self.since.load(Relaxed));
+        let enough = n >= FAILURES_TO_OPEN
+            && (kind != FaultKind::Timeout || lasted >= TIMEOUTS_OPEN_AFTER.as_micros() as Micros);
+        match self.state() {
+            BreakerState::HalfOpen => self.transition(BreakerState::HalfOpen, BreakerState::Open),
+            BreakerState::Healthy if enough => {
+                self.transition(BreakerState::Healthy, BreakerState::Open)
+            }
+            _ => {}
+        }
+    }
+
+    fn probe_ok(&self) {
+        self.failures.store(0, Relaxed);
+        self.since.store(0, Relaxed);
+        match self.state() {
+            BreakerState::Open => self.transition(BreakerState::Open, BreakerState::HalfOpen),
+            BreakerState::HalfOpen => {
+                self.transition(BreakerState::HalfOpen, BreakerState::Healthy)
+            }
+            BreakerState::Healthy => {}
+        }
+    }
+}
+
+/// Redis with its failure policy, breaker, fallback limiter and deny cache.
+pub struct Guarded {
+    store: RedisStore,
+    settings: RedisSettings,
+    breaker: Breaker,
+    local: Arc<MemoryStore>,
+    ledger: Option<Ledger>,
+    deny_cache: Option<DenyCache>,
+    degraded: [AtomicU64; 3],
+    /// Store errors by kind ([`FaultKind::ALL`] order).
+    errors: [AtomicU64; FaultKind::ALL.len()],
+    /// Calls slower than the per-call timeout (answered or not).
+    slow: AtomicU64,
+    condition: Condition,
+}
+
+/// The store's current failure, logged once per change: set by a failure of another kind than
+/// the current one, cleared by a success [`QUIET`] after the last failure.
+#[derive(Default)]
+struct Condition {
+    failing: std::sync::atomic::AtomicBool,
+    /// The kind being reported and the time of its last occurrence.
+    current: Mutex<Option<(FaultKind, Micros)>>,
+}
+
+impl Condition {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<(FaultKind, Micros)>> {
+        self.current.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn failed(&self, e: &StoreError, now: Micros, store: &RedisStore) {
+        let kind = e.kind();
+        let mut cur = self.lock();
+        if cur.map(|(k, _)| k) != Some(kind) {
+            tracing::warn!(kind = kind.as_str(), store = %store.url(), "Redis store error: {e}");
+        }
+        *cur = Some((kind, now));
+        self.failing.store(true, Relaxed);
+    }
+
+    fn answered(&self, now: Micros) {
+        if !self.failing.load(Relaxed) {
+            return;
+        }
+        let mut cur = self.lock();
+        if let Some((kind, at)) = *cur {
+            if now.saturating_sub(at) >= QUIET {
+                tracing::info!(was = kind.as_str(), "Redis store answers again");
+                *cur = None;
+                self.failing.store(false, Relaxed);
+            }
+        }
+    }
+
+    fn get(&self) -> Option<FaultKind> {
+        if !self.failing.load(Relaxed) {
+            return None;
+        }
+        self.lock().map(|(k, _)| k)
+    }
+}
+
+impl std::fmt::Debug for Guarded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guarded")
+            .field("store", &self.store)
+            .field("settings", &self.settings)
+            .field("state", &self.state())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Guarded {
+    /// Guard `store`: ping it once (a failure starts the service degraded, breaker open) and
+    /// start the probe task, which ends when the returned `Arc` is dropped. Call inside a Tokio
+    /// runtime.
+    pub async fn start(store: RedisStore, settings: RedisSettings) -> Arc<Guarded> {
+        let local = Arc::new(MemoryStore::new(settings.max_keys.max(1)));
+        Self::start_with_local(store, settings, local).await
+    }
+
+    /// [`Guarded::start`] with a given memory store for the `local` policy (two Redis of one
+    /// service share one: their keys are disjoint, and one store is swept).
+    pub async fn start_with_local(
+        store: RedisStore,
+        settings: RedisSettings,
+        local: Arc<MemoryStore>,
+    ) -> Arc<Guarded> {
+        let g = Arc::new(Guarded {
+            local,
+            ledger: (settings.policy == Policy::Local).then(Ledger::default),
+            deny_cache: settings.deny_cache.then(DenyCache::default),
+            store,
+            settings,
+            breaker: Breaker::default(),
+            degraded: Default::default(),
+            errors: Default::default(),
+            slow: AtomicU64::new(0),
+            condition: Condition::default(),
+        });
+        if let Err(e) = g.store.probe().await {
+            g.count_error(&e, 0);
+            if e.kind().is_outage() {
+                // Logged as the store's error (count_error); the breaker starts open (it was
+                // never healthy, so this is no transition).
+                g.breaker.state.store(BreakerState::Open as u8, Relaxed);
+                tracing::warn!(
+                    policy = g.settings.policy.as_str(),
+                    "Redis unavailable at start: deciding with the failure policy until it answers"
+                );
+            }
+        }
+        tokio::spawn(probe(Arc::downgrade(&g)));
+        g
+    }
+
+    /// Count and (once per change) log a store error.
+    fn count_error(&self, e: &StoreError, now: Micros) {
+        let kind = e.kind();
+        if let Some(i) = FaultKind::ALL.iter().position(|k| *k == kind) {
+            self.errors[i].fetch_add(1, Relaxed);
+        }
+        self.condition.failed(e, now, &self.store);
+    }
+
+    /// The kind of failure going on (logged once per change), `None` while the store answers.
+    pub fn condition(&self) -> Option<FaultKind> {
+        self.condition.get()
+    }
+
+    /// Breaker transitions into `to` so far.
+    pub fn transitions(&self, to: BreakerState) -> u64 {
+        self.breaker.transitions[to as usize].load(Relaxed)
+    }
+
+    /// Calls slower than the per-call timeout so far (answered or not).
+    pub fn slow_calls(&self) -> u64 {
+        self.slow.load(Relaxed)
+    }
+
+    /// With the deny cache on: requests it answered so far and the keys it holds.
+    pub fn deny_cache_stats(&self) -> Option<(u64, usize)> {
+        self.deny_cache
+            .as_ref()
+            .map(|c| (c.hits.load(Relaxed), c.len()))
+    }
+
+    /// Store errors of `kind` so far.
+    pub fn errors(&self, kind: FaultKind) -> u64 {
+        FaultKind::ALL
+            .iter()
+            .position(|k| *k == kind)
+            .map_or(0, |i| self.errors[i].load(Relaxed))
+    }
+
+    /// The Redis store.
+    pub fn store(&self) -> &RedisStore {
+        &self.store
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &RedisSettings {
+        &self.settings
+    }
+
+    /// The breaker state.
+    pub fn state(&self) -> BreakerState {
+        self.breaker.state()
+    }
+
+    /// The `local` policy's memory store (swept by `serve` like the memory backend).
+    pub fn local_store(&self) -> &Arc<MemoryStore> {
+        &self.local
+    }
+
+    /// Decisions made by the policy so far, by policy.
+    pub fn degraded_decisions(&self, policy: Policy) -> u64 {
+        self.degraded[policy as usize].load(Relaxed)
+    }
+
+    /// Check and consume `items` at `now` in Redis, or, when it cannot answer (breaker open,
+    /// call failed), with the failure policy: an outage is never an error here, only a request
+    /// this store cannot serve ([`StoreError::Unsupported`]).
+    pub async fn check(&self, now: Micros, items: &[CheckItem<'_>]) -> Result<Outcome, StoreError> {
+        if let (Some(cache), [one]) = (&self.deny_cache, items) {
+            if let Some(d) = cache.get(one, now) {
+                return Ok(Outcome {
+                    from_deny_cache: true,
+                    ..Outcome::store(vec![d])
+                });
+            }
+        }
+        if self.breaker.state() == BreakerState::Open {
+            return Ok(self.fallback(now, items, false, false));
+        }
+        match self.call(now, items).await {
+            Err(None) => Ok(self.fallback(now, items, true, true)),
+            Ok((decisions, receipt)) => {
+                self.breaker.success();
+                self.condition.answered(now);
+                if let Some(cache) = &self.deny_cache {
+                    cache.learn(now, items, &decisions);
+                }
+                if let Some(ledger) = &self.ledger {
+                    ledger.learn(now, items, &decisions, self.settings.expected_instances);
+                }
+                Ok(Outcome {
+                    receipt: Some(receipt),
+                    ..Outcome::store(decisions)
+                })
+            }
+            // Not a failure: a request this store cannot serve.
+            Err(Some(e @ StoreError::Unsupported(_))) => Err(e),
+            Err(Some(e)) => {
+                self.count_error(&e, now);
+                let kind = e.kind();
+                if kind.is_outage() {
+                    let opts = self.store.options();
+                    let late = match kind {
+                        FaultKind::Timeout => (opts.timeout + opts.patience).as_micros() as Micros,
+                        _ => 0,
+                    };
+                    self.breaker.failure(kind, now.saturating_add(late));
+                } else {
+                    // Redis answered: a fault of this request's keys or writes, not an outage.
+                    self.breaker.success();
+                }
+                let possibly_consumed = kind == FaultKind::Timeout;
+                Ok(self.fallback(now, items, true, possibly_consumed))
+            }
+        }
+    }
+
+    /// Ask Redis. A call slower than the per-call timeout is a sign of an outage (it counts
+    /// toward opening the breaker) but also of mere queueing, and it may have been counted: so
+    /// the request keeps waiting for Redis' answer (at most `timeout + patience`) unless the
+    /// breaker opens meanwhile (`Err(None)`: decide by the policy, the cost possibly consumed).
+    async fn call(
+        &self,
+        now: Micros,
+        items: &[CheckItem<'_>],
+    ) -> Result<(Vec<Decision>, Receipt), Option<StoreError>> {
+        let opts = self.store.options();
+        let at = self.settings.caller_clock.then_some(now);
+        let call = self
+            .store
+            .check_refundable(opts.timeout + opts.patience, at, items);
+        tokio::pin!(call);
+        if let Ok(r) = tokio::time::timeout(opts.timeout, &mut call).await {
+            return r.map_err(Some);
+        }
+        self.slow.fetch_add(1, Relaxed);
+        let opened = self.breaker.opened.notified();
+        tokio::pin!(opened);
+        opened.as_mut().enable();
+        let late = now.saturating_add(opts.timeout.as_micros() as Micros);
+        self.breaker.failure(FaultKind::Timeout, late);
+        if self.breaker.state() == BreakerState::Open {
+            return Err(None);
+        }
+        tokio::select! {
+            r = &mut call => r.map_err(Some),
+            () = &mut opened => Err(None),
+        }
+    }
+
+    /// Give back the items `which` of `items`, checked by the call that gave `receipt` (see
+    /// [`RedisStore::refund`]); their cost-0 queries after the refund, or `None` when the refund
+    /// failed (counted as a store error; the counts stay, the safe side).
+    pub async fn refund(
+        &self,
+        now: Micros,
+        receipt: &Receipt,
+        items: &[CheckItem<'_>],
+        which: &[usize],
+    ) -> Option<Vec<Decision>> {
+        let opts = self.store.options();
+        match self
+            .store
+            .refund(opts.timeout + opts.patience, receipt, items, which)
+            .await
+        {
+            Ok(d) => Some(d),
+            Err(e) => {
+                self.count_error(&e, now);
+                None
+            }
+        }
+    }
+
+    /// Decide by the policy. `possibly_consumed`: the store call timed out, so Redis may have
+    /// counted the items' costs (the ledger charges them whatever the local decision).
+    fn fallback(
+        &self,
+        now: Micros,
+        items: &[CheckItem<'_>],
+        store_failed: bool,
+        possibly_consumed: bool,
+    ) -> Outcome {
+        let policy = self.settings.policy;
+        self.degraded[policy as usize].fetch_add(1, Relaxed);
+        let decisions = match policy {
+            Policy::Allow => items
+                .iter()
+                .map(|i| Decision {
+                    allowed: true,
+                    limit: i.quota.limit(),
+                    remaining: i.quota.limit(),
+                    ..Decision::default()
+                })
+                .collect(),
+            Policy::Deny => items
+                .iter()
+                .map(|i| Decision {
+                    allowed: false,
+                    limit: i.quota.limit(),
+                    retry_after: Some(DENY_RETRY),
+                    reset_after: DENY_RETRY,
+                    ..Decision::default()
+                })
+                .collect(),
+            Policy::Local => self.local_decide(now, items, possibly_consumed),
+        };
+        Outcome {
+            decisions,
+            degraded: Some(policy),
+            store_failed,
+            from_deny_cache: false,
+            receipt: None,
+        }
+    }
+
+    /// The `local` policy: the in-memory limiter over the limits divided by
+    /// `--expected-instances`, never granting more of a key than the ledger's share of what
+    /// Redis last reported remaining.
+    fn local_decide(
+        &self,
+        now: Micros,
+        items: &[CheckItem<'_>],
+        possibly_consumed: bool,
+    ) -> Vec<Decision> {
+        let n = self.settings.expected_instances.max(1);
+        let quotas: Vec<Quota> = items.iter().map(|i| divide(i.quota, n)).collect();
+        let local: Vec<CheckItem<'_>> = items
+            .iter()
+            .zip(&quotas)
+            .map(|(i, quota)| CheckItem { quota, ..*i })
+            .collect();
+        let Some(ledger) = &self.ledger else {
+            // The memory store never fails.
+            return self.local.check(now, &local).unwrap_or_default();
+        };
+        let mut map = ledger.lock();
+        // The ledger's share of each item (None: Redis told us nothing current about it).
+        let shares: Vec<Option<(u64, Micros)>> = items
+            .iter()
+            .map(|i| {
+                map.get(i.key)
+                    .filter(|s| s.until > now && s.quota == *i.quota)
+                    .map(|s| (s.share, s.until))
+            })
+            .collect();
+        let short = |i: &CheckItem<'_>, s: &Option<(u64, Micros)>| {
+            !i.shadow && i.cost > 0 && s.is_some_and(|(share, _)| share < i.cost)
+        };
+        let decisions = if items.iter().zip(&shares).any(|(i, s)| short(i, s)) {
+            // Denied by the ledger: report the others as a blocked request does (cost 0).
+            let queries: Vec<CheckItem<'_>> =
+                local.iter().map(|i| CheckItem { cost: 0, ..*i }).collect();
+            let mut ds = self.local.check(now, &queries).unwrap_or_default();
+            for ((i, s), d) in items.iter().zip(&shares).zip(ds.iter_mut()) {
+                if let (true, Some((share, until))) = (short(i, s), s) {
+                    d.allowed = false;
+                    d.remaining = *share;
+                    d.retry_after = Some(until - now);
+                    d.reset_after = d.reset_after.max(until - now);
+                }
+            }
+            ds
+        } else {
+            self.local.check(now, &local).unwrap_or_default()
+        };
+        let admitted = !blocks(items, &decisions);
+        let mut decisions = decisions;
+        if admitted || possibly_consumed {
+            for (i, d) in items.iter().zip(decisions.iter_mut()) {
+                if let Some(s) = map.get_mut(i.key).filter(|s| s.until > now) {
+                    s.share = s.share.saturating_sub(i.cost);
+                    d.remaining = d.remaining.min(s.share);
+                }
+            }
+        }
+        decisions
+    }
+}
+
+/// `quota` with its limit (and burst) divided by `n`, at least 1: the local share of a limit
+/// enforced by `n` instances at once.
+fn divide(quota: &Quota, n: u64) -> Quota {
+    let share = |v: u64| if v == 0 { 0 } else { (v / n).max(1) };
+    quota
+        .with_limit(share(quota.limit()))
+        .with_burst(quota.burst().map(share))
+}
+
+/// Probe (a write with a TTL) while the breaker is not healthy; stop when the backend is
+/// dropped.
+async fn probe(g: Weak<Guarded>) {
+    let mut tick = tokio::time::interval(PROBE_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(g) = g.upgrade() else { return };
+        if g.state() != BreakerState::Healthy {
+            match g.store.probe().await {
+                Ok(()) => g.breaker.probe_ok(),
+                // Logged when its kind changes (e.g. Redis is back but out of memory); the probe
+                // has no clock, so a success clears it at once.
+                Err(e) => g.condition.failed(&e, 0, &g.store),
+            }
+        }
+    }
+}
+
+/// What Redis last reported for a key, for the `local` policy's fallback.
+struct Seen {
+    quota: Quota,
+    /// This instance's share of the key's remaining (remaining / `--expected-instances`),
+    /// less what the fallback granted or timed-out calls may have consumed since.
+    share: u64,
+    /// Local time after which the report says nothing (Redis' `reset_after`: by then the key
+    /// is full again).
+    until: Micros,
+}
+
+/// The last `remaining` Redis reported per key (bounded), so the fallback starts from what the
+/// store already granted in the current window instead of a fresh budget.
+#[derive(Default)]
+struct Ledger {
+    map: Mutex<HashMap<String, Seen>>,
+}
+
+impl Ledger {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Seen>> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn learn(&self, now: Micros, items: &[CheckItem<'_>], decisions: &[Decision], n: u64) {
+        let n = n.max(1);
+        let mut map = self.lock();
+        for (i, d) in items.iter().zip(decisions) {
+            if d.reset_after == 0 {
+                map.remove(i.key);
+                continue;
+            }
+            let seen = Seen {
+                quota: *i.quota,
+                share: d.remaining / n,
+                until: now.saturating_add(d.reset_after),
+            };
+            if let Some(s) = map.get_mut(i.key) {
+                *s = seen;
+                continue;
+            }
+            if map.len() >= LEDGER_MAX {
+                map.retain(|_, s| s.until > now);
+                if map.len() >= LEDGER_MAX {
+                    continue;
+                }
+            }
+            map.insert(i.key.to_owned(), seen);
+        }
+    }
+}
+
+/// Algorithms whose denial with `retry_after = r` means: the same or a larger cost is denied for
+/// at least `r`, whatever other instances do (they can only consume more; a denied request
+/// consumes nothing). The sliding window counter's `retry_after` is an estimate over a weighted
+/// previous window, so it is not cached; the count-min sketch never runs on Redis.
+fn exact_denial(a: Algorithm) -> bool {
+    !matches!(
+        a,
+        Algorithm::SlidingWindowCounter | Algorithm::CountMinSketch
+    )
+}
+
+struct Denied {
+    /// The rule that denied (with the quota: a rules reload that changes either drops the entry).
+    rule: String,
+    quota: Quota,
+    cost: u64,
+    /// Local time until which the key is denied (`Micros::MAX`: never passes).
+    until: Micros,
+    reset_at: Micros,
+}
+
+/// Keys Redis denied, answered locally until they can pass again (`--local-deny-cache`).
+///
+/// Only single-counter requests are answered from the cache (a multi-descriptor request must
+/// report the other counters' state, which needs Redis); only non-shadow items with a positive
+/// cost at least the cached denied cost are answered (cost-0 queries always go to Redis). An
+/// entry is tied to the quota it was learned under, so a rules reload invalidates it.
+#[derive(Default)]
+struct DenyCache {
+    /// By counter key (looked up by `&str`: no allocation per request).
+    map: Mutex<HashMap<String, Denied>>,
+    hits: AtomicU64,
+}
+
+impl DenyCache {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Denied>> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn get(&self, item: &CheckItem<'_>, now: Micros) -> Option<Decision> {
+        if item.cost == 0 || item.shadow {
+            return None;
+        }
+        let mut map = self.lock();
+        if map.is_empty() {
+            return None;
+        }
+        let e = map.get(item.key)?;
+        if e.until <= now || e.quota != *item.quota || e.rule != item.rule {
+            map.remove(item.key);
+            return None;
+        }
+        if item.cost < e.cost {
+            return None;
+        }
+        self.hits.fetch_add(1, Relaxed);
+        Some(Decision {
+            allowed: false,
+            limit: e.quota.limit(),
+            remaining: 0,
+            reset_after: e.reset_at.saturating_sub(now),
+            retry_after: (e.until != Micros::MAX).then(|| e.until - now),
+            delay: 0,
+            count: None,
+        })
+    }
+
+    fn learn(&self, now: Micros, items: &[CheckItem<'_>], decisions: &[Decision]) {
+        let mut map = self.lock();
+        for (i, d) in items.iter().zip(decisions) {
+            if d.allowed || i.shadow || i.cost == 0 || !exact_denial(i.quota.algorithm()) {
+                continue;
+            }
+            let until = d.retry_after.map_or(Micros::MAX, |r| now.saturating_add(r));
+            if map.len() >= DENY_CACHE_MAX {
+                map.retain(|_, e| e.until > now);
+                if map.len() >= DENY_CACHE_MAX {
+                    return;
+                }
+            }
+            map.insert(
+                i.key.to_owned(),
+                Denied {
+                    rule: i.rule.to_owned(),
+                    quota: *i.quota,
+                    cost: i.cost,
+                    until,
+                    reset_at: now.saturating_add(d.reset_after),
+                },
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tollgate_core::Unit;
+
+    #[test]
+    fn breaker_opens_after_three_failures_and_closes_through_half_open() {
+        let refused = FaultKind::ConnectionRefused;
+        let b = Breaker::default();
+        b.failure(refused, 10);
+        b.failure(refused, 20);
+        assert_eq!(b.state(), BreakerState::Healthy);
+        b.success();
+        b.failure(refused, 30);
+        b.failure(refused, 40);
+        assert_eq!(
+            b.state(),
+            BreakerState::Healthy,
+            "successes reset the count"
+        );
+        b.failure(refused, 50);
+        assert_eq!(b.state(), BreakerState::Open);
+        b.probe_ok();
+        assert_eq!(b.state(), BreakerState::HalfOpen);
+        b.failure(refused, 60);
+        assert_eq!(
+            b.state(),
+            BreakerState::Open,
+            "half-open: one failure re-opens"
+        );
+        b.probe_ok();
+        b.success();
+        assert_eq!(b.state(), BreakerState::Healthy);
+        let t = |s: BreakerState| b.transitions[s as usize].load(Relaxed);
+        assert_eq!(
+            (
+                t(BreakerState::Open),
+                t(BreakerState::HalfOpen),
+                t(BreakerState::Healthy)
+            ),
+            (2, 2, 1)
+        );
+    }
+
+    #[test]
+    fn timeouts_open_the_breaker_only_when_they_persist() {
+        let b = Breaker::default();
+        let second = TIMEOUTS_OPEN_AFTER.as_micros() as Micros;
+        // Queueing: bursts of timeouts, each ended by a success.
+        for burst in 0..10 {
+            let t0 = 1 + burst * 2 * second;
+            for k in 0..50 {
+                b.failure(FaultKind::Timeout, t0 + k * 1_000);
+            }
+            b.success();
+        }
+        assert_eq!(b.state(), BreakerState::Healthy);
+        // An outage: timeouts only, for longer than the window.
+        let t0 = 100 * second;
+        for k in 0..=10 {
+            b.failure(FaultKind::Timeout, t0 + k * second / 10);
+        }
+        assert_eq!(b.state(), BreakerState::Open);
+    }
+
+    #[test]
+    fn local_share_divides_limit_and_burst_at_least_one() {
+        let q = Quota::new(10, Unit::Second).with_burst(3);
+        let d = divide(&q, 4);
+        assert_eq!((d.limit(), d.burst()), (2, Some(1)));
+        assert_eq!(divide(&Quota::new(0, Unit::Second), 4).limit(), 0);
+        assert_eq!(divide(&q, 1), q);
+    }
+
+    #[test]
+    fn policies_parse() {
+        assert_eq!("deny".parse::<Policy>(), Ok(Policy::Deny));
+        assert!("maybe"
+            .parse::<Policy>()
+            .unwrap_err()
+            .contains("allow, deny or local"));
+    }
+
+    #[test]
+    fn deny_cache_answers_same_or_larger_cost_until_retry() {
+        let c = DenyCache::default();
+        let q = Quota::new(5, Unit::Minute).with_algorithm(Algorithm::FixedWindow);
+        let item = |cost| CheckItem {
+            cost,
+            ..CheckItem::hit("d|k", "d|k=v", &q)
+        };
+        let denied = Decision {
+            allowed: false,
+            limit: 5,
+            retry_after: Some(1_000),
+            reset_after: 1_000,
+            ..Decision::default()
+        };
+        c.learn(100, &[item(2)], &[denied]);
+        assert!(c.get(&item(1), 200).is_none(), "a smaller cost may pass");
+        assert!(c.get(&item(0), 200).is_none(), "queries go to Redis");
+        let d = c.get(&item(3), 600).unwrap();
+        assert_eq!((d.allowed, d.retry_after), (false, Some(500)));
+        assert!(c.get(&item(2), 1_100).is_none(), "expired at T");
+        assert_eq!(c.len(), 0);
+        // Never passes: cached until the quota changes.
+        c.learn(
+            0,
+            &[item(9)],
+            &[Decision {
+                retry_after: None,
+                ..denied
+            }],
+        );
+        assert!(c.get(&item(9), u64::MAX / 2).unwrap().never_passes());
+        let other = Quota::new(50, Unit::Minute).with_algorithm(Algorithm::FixedWindow);
+        let reloaded = CheckItem {
+            quota: &other,
+            ..item(9)
+        };
+        assert!(c.get(&reloaded, 1).is_none());
+        // Sliding counters are estimates: never cached.
+        let sc = Quota::new(5, Unit::Minute).with_algorithm(Algorithm::SlidingWindowCounter);
+        c.learn(
+            0,
+            &[CheckItem {
+                quota: &sc,
+                ..item(2)
+            }],
+            &[denied],
+        );
+        assert_eq!(c.len(), 0);
+    }
+}

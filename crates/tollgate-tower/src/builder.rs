@@ -1,0 +1,291 @@
+//! [`Builder`]: how a [`RateLimitLayer`] is configured, checked once in [`Builder::build`]
+//! (so a mistake is an [`Error`] at start, never a surprise per request).
+
+use crate::key::{Key, Kind};
+use crate::limiter::{cap, Backend, Limiter, Limits};
+use crate::service::RateLimitLayer;
+use crate::TokioClock;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tollgate_core::request::Cidr;
+use tollgate_core::rules::counter_key;
+use tollgate_core::{Clock, MemoryStore, Quota, RuleErrors, RuleSet, Store};
+
+/// Why a layer could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The rules file could not be read or is invalid (every problem, with its line).
+    #[error("{0}")]
+    Rules(#[from] RuleErrors),
+    /// The builder's settings do not fit together (the message says how to fix them).
+    #[error("{0}")]
+    Config(String),
+}
+
+fn config<T>(message: impl Into<String>) -> Result<T, Error> {
+    Err(Error::Config(message.into()))
+}
+
+enum Source {
+    None,
+    File(PathBuf, String),
+    Set(Arc<RuleSet>, String),
+}
+
+enum Chosen {
+    Memory,
+    Store(Arc<dyn Store>),
+    #[cfg(feature = "redis")]
+    Redis(Arc<tollgate_redis::Guarded>),
+    #[cfg(feature = "remote")]
+    Remote(crate::Remote),
+}
+
+/// Configures a [`RateLimitLayer`]: the limits (one in-code [`Quota`] per [`Key`], or a rules
+/// file's domain), where counters live (memory by default, Redis, or a remote service), the
+/// clock and the longest a shaped request may wait.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate_tower::{Algorithm, Key, Quota, RateLimitLayer, Unit};
+///
+/// // 5 requests per second per client address, bursts of up to 10 queued and released at
+/// // that steady rate (a leaky bucket), none waiting more than 3 s.
+/// let layer = RateLimitLayer::builder()
+///     .quota(Quota::new(5, Unit::Second).with_algorithm(Algorithm::LeakyBucket).with_burst(10))
+///     .key(Key::peer_ip())
+///     .max_wait(Duration::from_secs(3))
+///     .build()
+///     .unwrap();
+/// # let _ = layer;
+/// ```
+pub struct Builder {
+    quota: Option<Quota>,
+    key: Option<Key>,
+    domain: Option<String>,
+    rules: Source,
+    backend: Chosen,
+    clock: Option<Arc<dyn Clock>>,
+    trusted: Vec<String>,
+    max_wait: Duration,
+    allow_headers: bool,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Self {
+            quota: None,
+            key: None,
+            domain: None,
+            rules: Source::None,
+            backend: Chosen::Memory,
+            clock: None,
+            trusted: Vec::new(),
+            max_wait: Duration::from_secs(10),
+            allow_headers: true,
+        }
+    }
+}
+
+impl RateLimitLayer {
+    /// Start configuring a layer.
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+}
+
+impl Builder {
+    /// An in-code limit: `quota` for each value of the [`Builder::key`].
+    pub fn quota(mut self, quota: Quota) -> Self {
+        self.quota = Some(quota);
+        self
+    }
+
+    /// What the in-code limit (or, in remote mode, the descriptor sent) counts by.
+    pub fn key(mut self, key: Key) -> Self {
+        self.key = Some(key);
+        self
+    }
+
+    /// The domain of the in-code limit's counters (default `tower`): instances that share a
+    /// store and a domain share counters, and in remote mode the domain of the service's rules.
+    pub fn domain(mut self, domain: impl Into<String>) -> Self {
+        self.domain = Some(domain.into());
+        self
+    }
+
+    /// Limits from a rules file (or directory), read by [`Builder::build`]: `domain`'s limits,
+    /// with its `http` section deriving each request's descriptors.
+    pub fn rules_file(mut self, path: impl Into<PathBuf>, domain: impl Into<String>) -> Self {
+        self.rules = Source::File(path.into(), domain.into());
+        self
+    }
+
+    /// Limits from rules already loaded (`RuleSet::load`, `RuleSet::from_sources`).
+    pub fn rules(mut self, rules: RuleSet, domain: impl Into<String>) -> Self {
+        self.rules = Source::Set(Arc::new(rules), domain.into());
+        self
+    }
+
+    /// Proxies trusted to report the client address (`X-Forwarded-For`, `X-Real-IP`): CIDRs
+    /// such as `10.0.0.0/8` or single addresses. Used by [`Key::forwarded_ip`] and the rules'
+    /// `remote_address` actions; an invalid block is reported by [`Builder::build`].
+    pub fn trusted_proxies<I, S>(mut self, cidrs: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.trusted = cidrs.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Counters in this store instead of a new memory store (for instance one
+    /// [`MemoryStore`] shared by several layers).
+    pub fn store(mut self, store: Arc<dyn Store>) -> Self {
+        self.backend = Chosen::Store(store);
+        self
+    }
+
+    /// Counters in Redis, shared by every instance of the application, behind the same
+    /// failure policy and circuit breaker as `tollgate serve` (`tollgate_redis::Guarded`).
+    #[cfg(feature = "redis")]
+    pub fn redis(mut self, guarded: Arc<tollgate_redis::Guarded>) -> Self {
+        self.backend = Chosen::Redis(guarded);
+        self
+    }
+
+    /// Decisions from a running tollgate service (its rules, its store): see [`crate::Remote`].
+    #[cfg(feature = "remote")]
+    pub fn remote(mut self, remote: crate::Remote) -> Self {
+        self.backend = Chosen::Remote(remote);
+        self
+    }
+
+    /// The clock decisions are made on (default: a [`TokioClock`] started at `build`).
+    pub fn clock(mut self, clock: impl Clock + 'static) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// The longest a leaky-bucket limit may delay a request (default 10 s): a request that
+    /// would wait longer is refused, as when the queue is full, and consumes nothing.
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.max_wait = max_wait;
+        self
+    }
+
+    /// Whether allowed responses get the rate-limit headers (default `true`); denials always
+    /// carry them. Off saves formatting five headers per request where nobody reads them.
+    pub fn headers_on_allow(mut self, on: bool) -> Self {
+        self.allow_headers = on;
+        self
+    }
+
+    /// Check the settings and build the layer.
+    pub fn build(self) -> Result<RateLimitLayer, Error> {
+        let trusted = self
+            .trusted
+            .iter()
+            .map(|c| c.parse::<Cidr>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| Error::Config(e.to_string()))?;
+        #[cfg(feature = "remote")]
+        let remote = matches!(self.backend, Chosen::Remote(_));
+        #[cfg(not(feature = "remote"))]
+        let remote = false;
+        if let Some(Key(Kind::BadHeader(name))) = &self.key {
+            return config(format!("Key::header: `{name}` is not a valid header name"));
+        }
+        let limits = match (self.rules, self.quota, self.key) {
+            (Source::None, _, None) => {
+                return config(
+                    "no limits: give .quota(..) and .key(..), or .rules_file(path, domain)",
+                )
+            }
+            (Source::None, None, Some(_)) if !remote => {
+                return config("a key without a quota: add .quota(Quota::new(..))")
+            }
+            (Source::None, Some(_), _) if remote => {
+                return config(
+                    "remote mode takes its limits from the service's rules: drop .quota(..) \
+                     (give .domain(..) and .key(..))",
+                )
+            }
+            (Source::None, quota, Some(key)) => {
+                let domain = self.domain.unwrap_or_else(|| "tower".to_owned());
+                // Also the rule id: one in-code limit, one rule.
+                let prefix = counter_key(&domain, &[(key.name(), "")]);
+                Limits::Key {
+                    quota: quota.map(|q| cap(&q, self.max_wait)),
+                    domain,
+                    key,
+                    rule: prefix.clone(),
+                    prefix,
+                }
+            }
+            (Source::File(path, domain), None, None) => {
+                rules_limits(Arc::new(RuleSet::load(&path)?), domain)?
+            }
+            (Source::Set(rules, domain), None, None) => rules_limits(rules, domain)?,
+            _ => {
+                return config(
+                    "both a rules file and an in-code .quota(..)/.key(..): choose one \
+                     (put several limits in the rules file)",
+                )
+            }
+        };
+        let backend = match self.backend {
+            Chosen::Memory => Backend::Local(Arc::new(MemoryStore::default())),
+            Chosen::Store(s) => Backend::Local(s),
+            #[cfg(feature = "redis")]
+            Chosen::Redis(g) => {
+                let problems = match &limits {
+                    Limits::Rules { rules, .. } => tollgate_redis::guard::unsupported(rules),
+                    Limits::Key { quota, .. } => quota
+                        .as_ref()
+                        .and_then(|q| tollgate_redis::keys::check_quota(q).err())
+                        .map(|e| vec![e.to_string()])
+                        .unwrap_or_default(),
+                };
+                if !problems.is_empty() {
+                    return config(problems.join("\n"));
+                }
+                Backend::Redis(g)
+            }
+            #[cfg(feature = "remote")]
+            Chosen::Remote(r) => Backend::Remote(Box::new(
+                crate::remote::Client::new(&r).map_err(Error::Config)?,
+            )),
+        };
+        let clock = self.clock.unwrap_or_else(|| Arc::new(TokioClock::new()));
+        Ok(RateLimitLayer {
+            limiter: Arc::new(Limiter {
+                limits,
+                backend,
+                clock,
+                trusted,
+                max_wait: self.max_wait,
+                allow_headers: self.allow_headers,
+            }),
+        })
+    }
+}
+
+/// The limits of `domain` in `rules`, which must exist and have an `http` section.
+fn rules_limits(rules: Arc<RuleSet>, domain: String) -> Result<Limits, Error> {
+    let Some(d) = rules.domain(&domain) else {
+        let known: Vec<&str> = rules.domains().map(|d| d.name.as_str()).collect();
+        return config(format!(
+            "the rules define no domain `{domain}` (they define: {})",
+            known.join(", ")
+        ));
+    };
+    if d.http().is_none() {
+        return config(format!(
+            "domain `{domain}` has no `http` section: the layer cannot derive descriptors \
+             from requests without one (see docs/gateways.md)"
+        ));
+    }
+    Ok(Limits::Rules { rules, domain })
+}

@@ -1,0 +1,486 @@
+//! The decision for one request, independent of tower: what to count (an in-code key, or the
+//! rules' `http` section), where (memory, Redis, a remote service), and the answer the layer
+//! acts on (pass with headers, pass after a delay, or deny with headers and a message).
+//!
+//! One async path serves every backend ([`Limiter::decide`]); with the memory store,
+//! [`Limiter::decide_now`] answers in place instead (an in-code key synchronously, with one
+//! allocation: its counter key; rules by polling the async path once), so the common case costs
+//! no task, no boxed future and no extra poll.
+//!
+//! Shaping: a leaky bucket admits a request with the `delay` it must wait in the queue. A
+//! maximum wait caps that queue: leaky-bucket quotas are checked with their burst lowered to
+//! what `max_wait` can drain (`max_wait / interval + 1`), so a request that would have to wait
+//! longer is refused exactly as when the queue is full, and consumes nothing; an admitted one
+//! never waits longer than `max_wait`.
+
+use crate::key::{Head, Key, Missing};
+use futures_util::FutureExt as _;
+use http::HeaderMap;
+use std::cell::RefCell;
+use std::sync::Arc;
+use std::time::Duration;
+use tollgate_core::limiter::{Descriptor, Plan, Status};
+use tollgate_core::request::{client_address, Cidr, HttpActions, RequestParts};
+use tollgate_core::{
+    Algorithm, CheckItem, Clock, Decision, HeaderValues, Micros, Quota, RuleSet, Store,
+};
+
+/// The message of a denial by a rule without one (and of every remote denial).
+pub(crate) const DEFAULT_MESSAGE: &str = "rate limit exceeded";
+/// The message of a denial made because the store or service could not decide.
+pub(crate) const UNAVAILABLE_MESSAGE: &str =
+    "rate limit store unavailable: denied by the failure policy; retry later";
+/// `Retry-After` (seconds) of a denial by a failure policy: the store may be back by then.
+const UNAVAILABLE_RETRY_SECS: u32 = 1;
+
+/// What requests are counted by.
+pub(crate) enum Limits {
+    /// One in-code limit: `quota` (burst capped for shaping) per value of `key`.
+    Key {
+        /// The domain sent to a remote service.
+        #[cfg_attr(not(feature = "remote"), allow(dead_code))]
+        domain: String,
+        key: Key,
+        /// `domain|name=`, escaped: each counter key is this plus the escaped value.
+        prefix: String,
+        /// `None` in remote mode: the service's rules decide.
+        quota: Option<Quota>,
+        /// The limit's id (its counter keys' prefix).
+        rule: String,
+    },
+    /// A rules file's domain, its `http` section deriving the descriptors.
+    Rules { rules: Arc<RuleSet>, domain: String },
+}
+
+/// Where counters live.
+pub(crate) enum Backend {
+    Local(Arc<dyn Store>),
+    #[cfg(feature = "redis")]
+    Redis(Arc<tollgate_redis::Guarded>),
+    #[cfg(feature = "remote")]
+    Remote(Box<crate::remote::Client>),
+}
+
+/// Everything a layer shares between its services.
+pub(crate) struct Limiter {
+    pub(crate) limits: Limits,
+    pub(crate) backend: Backend,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) trusted: Vec<Cidr>,
+    pub(crate) max_wait: Duration,
+    /// Add the rate-limit headers to allowed responses.
+    pub(crate) allow_headers: bool,
+}
+
+/// What one request asks the backend about.
+pub(crate) enum Query {
+    /// The in-code key's counter key (local and Redis backends) or its value (remote).
+    One(String),
+    /// Descriptors from the `http` section.
+    Many(Vec<Vec<(String, String)>>),
+}
+
+/// The rate-limit headers of an answer.
+pub(crate) enum Headers {
+    None,
+    Values(HeaderValues),
+    /// As a remote service sent them (boxed: rare, and large).
+    Map(Box<HeaderMap>),
+}
+
+impl Headers {
+    pub(crate) fn add_to(&self, map: &mut HeaderMap) {
+        match self {
+            Headers::None => {}
+            Headers::Values(v) => v.insert_into(map),
+            Headers::Map(m) => {
+                for (n, v) in m.iter() {
+                    map.insert(n.clone(), v.clone());
+                }
+            }
+        }
+    }
+}
+
+/// What the layer does with a request.
+pub(crate) enum Answer {
+    /// Pass it on (after `delay`), adding `headers` to the response (unless the layer adds
+    /// none to allowed responses).
+    Allow { headers: Headers, delay: Duration },
+    /// Refuse it: 429 (HTTP) or RESOURCE_EXHAUSTED (gRPC).
+    Deny { headers: Headers, message: String },
+    /// The server did not record the client address a key needs.
+    NoPeer,
+}
+
+impl Answer {
+    fn pass() -> Self {
+        Answer::Allow {
+            headers: Headers::None,
+            delay: Duration::ZERO,
+        }
+    }
+
+    fn unavailable() -> Self {
+        let mut retry = HeaderMap::new();
+        retry.insert(http::header::RETRY_AFTER, UNAVAILABLE_RETRY_SECS.into());
+        Answer::Deny {
+            headers: Headers::Map(Box::new(retry)),
+            message: UNAVAILABLE_MESSAGE.to_owned(),
+        }
+    }
+}
+
+/// The store's decisions and whether a failure policy made them.
+struct Decided {
+    decisions: Vec<Decision>,
+    denied_by_policy: bool,
+}
+
+impl Limiter {
+    /// What to ask about `req`; `Ok(None)` when nothing limits it.
+    pub(crate) fn query(&self, req: &Head<'_>) -> Result<Option<Query>, Missing> {
+        match &self.limits {
+            Limits::Key { key, prefix, .. } => {
+                let mut out = String::with_capacity(prefix.len() + 40);
+                let escape = !self.is_remote();
+                if escape {
+                    out.push_str(prefix);
+                }
+                let limited = key.write_value(req, &self.trusted, &mut out, escape)?;
+                Ok(limited.then_some(Query::One(out)))
+            }
+            Limits::Rules { rules, domain } => {
+                let Some(actions) = rules.domain(domain).and_then(|d| d.http()) else {
+                    return Ok(None);
+                };
+                let descriptors = descriptors(actions, req, &self.trusted);
+                Ok((!descriptors.is_empty()).then_some(Query::Many(descriptors)))
+            }
+        }
+    }
+
+    /// The answer of an in-code limit's decision `d` (its headers computed only when sent).
+    fn one_answer(
+        &self,
+        quota: &Quota,
+        d: &Decision,
+        now: Micros,
+        denied_by_policy: bool,
+    ) -> Answer {
+        if d.allowed {
+            Answer::Allow {
+                headers: if self.allow_headers {
+                    Headers::Values(HeaderValues::new(Some(quota), d, true, now))
+                } else {
+                    Headers::None
+                },
+                delay: Duration::from_micros(d.delay),
+            }
+        } else {
+            Answer::Deny {
+                headers: Headers::Values(HeaderValues::new(Some(quota), d, false, now)),
+                message: message(None, denied_by_policy),
+            }
+        }
+    }
+
+    /// Whether deciding needs the request's [`http::request::Parts`] (a closure key).
+    pub(crate) fn needs_parts(&self) -> bool {
+        matches!(&self.limits, Limits::Key { key, .. } if key.needs_parts())
+    }
+
+    /// What to do with a request: the query (when it must still be decided) and the answer
+    /// (when known already), or `Err` when a key needs the peer address and there is none.
+    pub(crate) fn prepare(
+        &self,
+        req: &Head<'_>,
+    ) -> Result<(Option<Query>, Option<Answer>), Missing> {
+        // Memory store: decided here, in place (the store never waits).
+        if let Some(fast) = self.decide_key_now(req) {
+            return Ok((None, fast?));
+        }
+        Ok(match self.query(req)? {
+            Some(q) => {
+                let known = self.decide_now(&q);
+                (Some(q), known)
+            }
+            None => (None, None),
+        })
+    }
+
+    /// The headers of an allowed request, as the layer is configured to send them.
+    pub(crate) fn on_allow(&self, headers: Headers) -> Headers {
+        if self.allow_headers {
+            headers
+        } else {
+            Headers::None
+        }
+    }
+
+    fn is_remote(&self) -> bool {
+        #[cfg(feature = "remote")]
+        if let Backend::Remote(_) = self.backend {
+            return true;
+        }
+        false
+    }
+
+    /// The fast path: an in-code key on the memory store (or any synchronous store), decided in
+    /// place with the counter key built in a per-thread buffer (no allocation). `None` when the
+    /// layer is not configured so; else what [`Limiter::query`] and [`Limiter::decide_now`] give.
+    pub(crate) fn decide_key_now(&self, req: &Head<'_>) -> Option<Result<Option<Answer>, Missing>> {
+        let (
+            Limits::Key {
+                key,
+                prefix,
+                quota: Some(quota),
+                rule,
+                ..
+            },
+            Backend::Local(store),
+        ) = (&self.limits, &self.backend)
+        else {
+            return None;
+        };
+        thread_local!(static KEY: RefCell<String> = RefCell::new(String::with_capacity(64)));
+        let decide = |buf: &mut String| {
+            buf.clear();
+            buf.push_str(prefix);
+            if !key.write_value(req, &self.trusted, buf, true)? {
+                return Ok(None);
+            }
+            let now = self.clock.now();
+            let item = CheckItem::hit(rule, buf, quota);
+            Ok(Some(match store.check_one(now, &item) {
+                Ok(d) => self.one_answer(quota, &d, now, false),
+                Err(_) => Answer::unavailable(),
+            }))
+        };
+        Some(KEY.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut buf) => decide(&mut buf),
+            // Re-entered from a key closure: a buffer of its own.
+            Err(_) => decide(&mut String::new()),
+        }))
+    }
+
+    /// With the memory store (or any synchronous one), the answer right away; `None` when it
+    /// takes I/O ([`Limiter::decide`]).
+    // Without the `redis` and `remote` features the memory store is the only backend.
+    #[cfg_attr(
+        not(any(feature = "redis", feature = "remote")),
+        allow(irrefutable_let_patterns)
+    )]
+    pub(crate) fn decide_now(&self, query: &Query) -> Option<Answer> {
+        let Backend::Local(store) = &self.backend else {
+            return None;
+        };
+        match (&self.limits, query) {
+            (
+                Limits::Key {
+                    quota: Some(quota),
+                    rule,
+                    ..
+                },
+                Query::One(counter),
+            ) => {
+                let now = self.clock.now();
+                let item = CheckItem::hit(rule, counter, quota);
+                Some(match store.check_one(now, &item) {
+                    Ok(d) => self.one_answer(quota, &d, now, false),
+                    Err(_) => Answer::unavailable(),
+                })
+            }
+            _ => self.decide(query).now_or_never(),
+        }
+    }
+
+    /// Decide `query`.
+    pub(crate) async fn decide(&self, query: &Query) -> Answer {
+        #[cfg(feature = "remote")]
+        if let Backend::Remote(client) = &self.backend {
+            return self.decide_remote(client, query).await;
+        }
+        let now = self.clock.now();
+        match (&self.limits, query) {
+            (
+                Limits::Key {
+                    quota: Some(quota),
+                    rule,
+                    ..
+                },
+                Query::One(counter),
+            ) => {
+                let item = CheckItem::hit(rule, counter, quota);
+                match self.check(now, std::slice::from_ref(&item)).await {
+                    Some(decided) => {
+                        let d = decided.decisions.first().copied().unwrap_or_default();
+                        self.one_answer(quota, &d, now, decided.denied_by_policy)
+                    }
+                    None => Answer::unavailable(),
+                }
+            }
+            (Limits::Rules { rules, domain }, Query::Many(entries)) => {
+                let descriptors: Vec<Descriptor> = entries
+                    .iter()
+                    .map(|e| Descriptor {
+                        entries: e.clone(),
+                        hits: None,
+                        limit: None,
+                    })
+                    .collect();
+                let plan = Plan::new(rules, domain, &descriptors, 1);
+                let items = plan.items();
+                let decided = if items.is_empty() {
+                    Decided {
+                        decisions: Vec::new(),
+                        denied_by_policy: false,
+                    }
+                } else {
+                    let capped = self.capped(&items);
+                    let items: Vec<CheckItem<'_>> = match &capped {
+                        None => items,
+                        Some(quotas) => items
+                            .iter()
+                            .zip(quotas)
+                            .map(|(i, quota)| CheckItem { quota, ..*i })
+                            .collect(),
+                    };
+                    match self.check(now, &items).await {
+                        Some(d) => d,
+                        None => return Answer::unavailable(),
+                    }
+                };
+                let verdict = plan.finish(decided.decisions);
+                let allowed = verdict.allowed();
+                let headers = match HeaderValues::of_verdict(&verdict, allowed, now) {
+                    Some(h) => Headers::Values(h),
+                    None => Headers::None,
+                };
+                if allowed {
+                    return Answer::Allow {
+                        headers,
+                        delay: Duration::from_micros(verdict.delay()),
+                    };
+                }
+                let rule_message = verdict.statuses.iter().find_map(|s| match s {
+                    Status::Limited { limit, .. } if s.blocks() => limit.message.as_deref(),
+                    _ => None,
+                });
+                Answer::Deny {
+                    headers,
+                    message: message(rule_message, decided.denied_by_policy),
+                }
+            }
+            _ => Answer::pass(),
+        }
+    }
+
+    /// The leaky-bucket quotas of `items` with their burst capped to what `max_wait` drains;
+    /// `None` when no item needs it (the common case: no allocation).
+    fn capped(&self, items: &[CheckItem<'_>]) -> Option<Vec<Quota>> {
+        let needs = |q: &Quota| cap(q, self.max_wait) != *q;
+        items
+            .iter()
+            .any(|i| needs(i.quota))
+            .then(|| items.iter().map(|i| cap(i.quota, self.max_wait)).collect())
+    }
+
+    /// Ask the store; `None` when it failed and nothing else could decide.
+    async fn check(&self, now: Micros, items: &[CheckItem<'_>]) -> Option<Decided> {
+        match &self.backend {
+            Backend::Local(store) => {
+                let decisions = match items {
+                    [one] => store.check_one(now, one).map(|d| vec![d]),
+                    many => store.check(now, many),
+                };
+                decisions.ok().map(|decisions| Decided {
+                    decisions,
+                    denied_by_policy: false,
+                })
+            }
+            #[cfg(feature = "redis")]
+            Backend::Redis(g) => g.check(now, items).await.ok().map(|o| Decided {
+                denied_by_policy: o.degraded == Some(tollgate_redis::Policy::Deny),
+                decisions: o.decisions,
+            }),
+            #[cfg(feature = "remote")]
+            Backend::Remote(_) => None,
+        }
+    }
+
+    #[cfg(feature = "remote")]
+    async fn decide_remote(&self, client: &crate::remote::Client, query: &Query) -> Answer {
+        let (domain, one);
+        let descriptors: &[Vec<(String, String)>] = match (&self.limits, query) {
+            (Limits::Key { domain: d, key, .. }, Query::One(value)) => {
+                domain = d.as_str();
+                one = [vec![(key.name().to_owned(), value.clone())]];
+                &one
+            }
+            (Limits::Rules { domain: d, .. }, Query::Many(m)) => {
+                domain = d.as_str();
+                m
+            }
+            _ => return Answer::pass(),
+        };
+        match client.check(domain, descriptors).await {
+            Ok(a) if a.allowed => Answer::Allow {
+                headers: Headers::Map(Box::new(a.headers)),
+                delay: Duration::ZERO,
+            },
+            Ok(a) => Answer::Deny {
+                headers: Headers::Map(Box::new(a.headers)),
+                message: DEFAULT_MESSAGE.to_owned(),
+            },
+            Err(_) if client.fail_closed => Answer::unavailable(),
+            Err(_) => Answer::pass(),
+        }
+    }
+}
+
+/// The descriptors the `http` section derives from a request.
+fn descriptors(
+    actions: &HttpActions,
+    req: &Head<'_>,
+    trusted: &[Cidr],
+) -> Vec<Vec<(String, String)>> {
+    let authority = req
+        .uri
+        .authority()
+        .map(|a| a.as_str())
+        .or_else(|| req.headers.get(http::header::HOST)?.to_str().ok());
+    let parts = RequestParts {
+        method: Some(req.method.as_str()),
+        path: req.uri.path_and_query().map(|p| p.as_str()),
+        authority,
+        headers: req.headers,
+        remote_address: crate::key::peer(req).map(|p| client_address(p, req.headers, trusted)),
+    };
+    actions.descriptors(&parts)
+}
+
+/// `q` with a leaky bucket's burst capped so that no admitted request waits more than
+/// `max_wait` (see the module docs); other quotas unchanged.
+pub(crate) fn cap(q: &Quota, max_wait: Duration) -> Quota {
+    match (q.algorithm(), q.emission_interval()) {
+        (Algorithm::LeakyBucket, Some(t)) => {
+            let wait = u64::try_from(max_wait.as_micros()).unwrap_or(u64::MAX);
+            let most = (wait / t).saturating_add(1);
+            if most < q.capacity() {
+                q.with_burst(most)
+            } else {
+                *q
+            }
+        }
+        _ => *q,
+    }
+}
+
+fn message(rule: Option<&str>, denied_by_policy: bool) -> String {
+    if denied_by_policy {
+        UNAVAILABLE_MESSAGE.to_owned()
+    } else {
+        rule.unwrap_or(DEFAULT_MESSAGE).to_owned()
+    }
+}

@@ -1,0 +1,278 @@
+//! The layer around an axum router, driven with `oneshot` (no sockets): keys by peer address,
+//! forwarded address, header and closure, the 429's shape, the headers on allowed responses,
+//! limits from a rules file, and configuration mistakes reported by `build`.
+
+use axum::body::{to_bytes, Body};
+use axum::extract::ConnectInfo;
+use axum::routing::get;
+use axum::Router;
+use http::{Request, Response, StatusCode};
+use std::net::SocketAddr;
+use tollgate_tower::{Error, Key, Quota, RateLimitLayer, RuleSet, Unit};
+use tower::ServiceExt as _;
+
+fn app(layer: RateLimitLayer) -> Router {
+    Router::new()
+        .route("/", get(|| async { "hello" }))
+        .route("/t/{tenant}/x", get(|| async { "tenant" }))
+        .layer(layer)
+}
+
+fn from(ip: [u8; 4], path: &str, headers: &[(&str, &str)]) -> Request<Body> {
+    let mut r = Request::get(path);
+    for (k, v) in headers {
+        r = r.header(*k, *v);
+    }
+    let mut r = r.body(Body::empty()).unwrap();
+    r.extensions_mut()
+        .insert(ConnectInfo(SocketAddr::from((ip, 40_000))));
+    r
+}
+
+async fn send(app: &Router, req: Request<Body>) -> Response<Body> {
+    app.clone().oneshot(req).await.unwrap()
+}
+
+fn header<'a>(r: &'a Response<Body>, name: &str) -> &'a str {
+    r.headers()
+        .get(name)
+        .unwrap_or_else(|| panic!("no {name} in {:?}", r.headers()))
+        .to_str()
+        .unwrap()
+}
+
+async fn body(r: Response<Body>) -> String {
+    String::from_utf8(to_bytes(r.into_body(), 1 << 20).await.unwrap().to_vec()).unwrap()
+}
+
+fn per(key: Key, limit: u64) -> RateLimitLayer {
+    RateLimitLayer::builder()
+        .quota(Quota::new(limit, Unit::Minute))
+        .key(key)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn per_peer_ip_counters_and_the_429_shape() {
+    let app = app(per(Key::peer_ip(), 2));
+    for remaining in ["1", "0"] {
+        let r = send(&app, from([192, 0, 2, 1], "/", &[])).await;
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(header(&r, "x-ratelimit-limit"), "2");
+        assert_eq!(header(&r, "x-ratelimit-remaining"), remaining);
+        assert_eq!(header(&r, "ratelimit-policy"), "2;w=60");
+        assert!(
+            header(&r, "ratelimit").starts_with(&format!("limit=2, remaining={remaining}, reset="))
+        );
+        assert!(r.headers().get("retry-after").is_none());
+        assert_eq!(body(r).await, "hello", "the handler's own response");
+    }
+    let r = send(&app, from([192, 0, 2, 1], "/", &[])).await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&r, "content-type"), "text/plain; charset=utf-8");
+    assert_eq!(header(&r, "x-ratelimit-remaining"), "0");
+    let retry: u64 = header(&r, "retry-after").parse().unwrap();
+    assert!((1..=60).contains(&retry), "{retry}");
+    let reset: u64 = header(&r, "x-ratelimit-reset").parse().unwrap();
+    // A sliding window counter forgets over up to two windows.
+    assert!((1..=120).contains(&reset), "{reset}");
+    assert_eq!(body(r).await, "rate limit exceeded\n");
+    // Another address has its own counter.
+    let r = send(&app, from([192, 0, 2, 2], "/", &[])).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(header(&r, "x-ratelimit-remaining"), "1");
+}
+
+#[tokio::test]
+async fn per_header_key_and_requests_without_it_pass_untouched() {
+    let app = app(per(Key::header("x-api-key"), 1));
+    let key = |k| from([192, 0, 2, 1], "/", &[("x-api-key", k)]);
+    assert_eq!(send(&app, key("a")).await.status(), StatusCode::OK);
+    assert_eq!(
+        send(&app, key("a")).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(send(&app, key("b")).await.status(), StatusCode::OK);
+    for _ in 0..3 {
+        let r = send(&app, from([192, 0, 2, 1], "/", &[])).await;
+        assert_eq!(r.status(), StatusCode::OK);
+        assert!(r.headers().get("x-ratelimit-limit").is_none());
+    }
+}
+
+#[tokio::test]
+async fn per_closure_key() {
+    let tenant = Key::from_fn("tenant", |req| {
+        req.uri
+            .path()
+            .strip_prefix("/t/")?
+            .split('/')
+            .next()
+            .map(str::to_owned)
+    });
+    let app = app(per(tenant, 1));
+    let get = |p| from([192, 0, 2, 1], p, &[]);
+    assert_eq!(send(&app, get("/t/acme/x")).await.status(), StatusCode::OK);
+    assert_eq!(
+        send(&app, get("/t/acme/x")).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        send(&app, get("/t/initech/x")).await.status(),
+        StatusCode::OK
+    );
+    // No tenant: not limited by this key.
+    assert_eq!(send(&app, get("/")).await.status(), StatusCode::OK);
+    assert_eq!(send(&app, get("/")).await.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn forwarded_ip_is_trusted_only_from_trusted_proxies() {
+    let layer = RateLimitLayer::builder()
+        .quota(Quota::new(1, Unit::Minute))
+        .key(Key::forwarded_ip())
+        .trusted_proxies(["10.0.0.0/8"])
+        .build()
+        .unwrap();
+    let app = app(layer);
+    let via_proxy = |client| from([10, 0, 0, 5], "/", &[("x-forwarded-for", client)]);
+    // Behind the proxy, each client has its own counter (a spoofed left-most hop is ignored).
+    assert_eq!(
+        send(&app, via_proxy("198.51.100.1")).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&app, via_proxy("203.0.113.9, 198.51.100.1"))
+            .await
+            .status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        send(&app, via_proxy("198.51.100.2")).await.status(),
+        StatusCode::OK
+    );
+    // An untrusted peer's X-Forwarded-For is ignored: it is counted by its own address.
+    let direct = |xff| from([192, 0, 2, 7], "/", &[("x-forwarded-for", xff)]);
+    assert_eq!(
+        send(&app, direct("198.51.100.3")).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&app, direct("198.51.100.4")).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test]
+async fn a_missing_peer_address_is_a_clear_500_not_a_silent_pass() {
+    let app = app(per(Key::peer_ip(), 10));
+    let r = send(&app, Request::get("/").body(Body::empty()).unwrap()).await;
+    assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(body(r)
+        .await
+        .contains("into_make_service_with_connect_info"));
+    // A plain `SocketAddr` extension (hyper without axum) works too.
+    let mut req = Request::get("/").body(Body::empty()).unwrap();
+    req.extensions_mut()
+        .insert(SocketAddr::from(([192, 0, 2, 1], 1)));
+    assert_eq!(send(&app, req).await.status(), StatusCode::OK);
+}
+
+const RULES: &str = r#"
+domain: web
+http:
+  - actions: [{remote_address: {}}]
+  - actions: [{request_headers: {header_name: x-api-key, descriptor_key: api_key}}]
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: api_key
+    value: free
+    rate_limit: {unit: minute, requests_per_unit: 1, algorithm: gcra}
+    message: "free plan: 1 request per minute"
+"#;
+
+fn rules() -> RuleSet {
+    RuleSet::from_sources(&[("rules.yaml".into(), RULES.into())]).unwrap()
+}
+
+#[tokio::test]
+async fn rules_file_limits_per_ip_and_per_api_key_with_the_rule_message() {
+    let app = app(RateLimitLayer::builder()
+        .rules(rules(), "web")
+        .build()
+        .unwrap());
+    let free = || from([192, 0, 2, 1], "/", &[("x-api-key", "free")]);
+    let r = send(&app, free()).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    // The binding limit is the one closest to running out: the API key's.
+    assert_eq!(header(&r, "x-ratelimit-limit"), "1");
+    let r = send(&app, free()).await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&r, "x-ratelimit-limit"), "1");
+    assert!(r.headers().contains_key("retry-after"));
+    assert_eq!(body(r).await, "free plan: 1 request per minute\n");
+    // The denied request consumed nothing from the address's limit: 2 of 3 left.
+    let r = send(&app, from([192, 0, 2, 1], "/", &[])).await;
+    assert_eq!(header(&r, "x-ratelimit-remaining"), "1");
+    send(&app, from([192, 0, 2, 1], "/", &[])).await;
+    let r = send(&app, from([192, 0, 2, 1], "/", &[])).await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(body(r).await, "rate limit exceeded\n");
+}
+
+#[tokio::test]
+async fn rules_file_from_disk() {
+    let dir = tollgate_testsupport::temp_dir("tower-rules");
+    let path = dir.join("rules.yaml");
+    std::fs::write(&path, RULES).unwrap();
+    let app = app(RateLimitLayer::builder()
+        .rules_file(&path, "web")
+        .build()
+        .unwrap());
+    let r = send(&app, from([192, 0, 2, 1], "/", &[])).await;
+    assert_eq!(header(&r, "x-ratelimit-limit"), "3");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn configuration_mistakes_are_errors_at_build() {
+    let err = |b: tollgate_tower::Builder| match b.build() {
+        Err(Error::Config(m)) => m,
+        Err(e) => panic!("unexpected {e}"),
+        Ok(_) => panic!("built"),
+    };
+    let b = RateLimitLayer::builder;
+    assert!(err(b()).contains("no limits"));
+    assert!(err(b().key(Key::peer_ip())).contains("without a quota"));
+    assert!(err(b()
+        .quota(Quota::new(1, Unit::Second))
+        .key(Key::header("bad header")))
+    .contains("`bad header` is not a valid header name"));
+    assert!(err(b().rules(rules(), "nope")).contains("no domain `nope` (they define: web)"));
+    let no_http = RuleSet::from_sources(&[(
+        "r.yaml".into(),
+        "domain: api\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 1}}]"
+            .into(),
+    )])
+    .unwrap();
+    assert!(err(b().rules(no_http, "api")).contains("no `http` section"));
+    assert!(
+        err(b().rules(rules(), "web").quota(Quota::new(1, Unit::Second))).contains("choose one")
+    );
+    assert!(err(b()
+        .quota(Quota::new(1, Unit::Second))
+        .key(Key::forwarded_ip())
+        .trusted_proxies(["10.0.0.0/33"]))
+    .contains("10.0.0.0/33"));
+    assert!(err(b()
+        .remote(tollgate_tower::Remote::new("http://127.0.0.1:1"))
+        .quota(Quota::new(1, Unit::Second))
+        .key(Key::peer_ip()))
+    .contains("drop .quota"));
+    match b().rules_file("/nonexistent/rules.yaml", "web").build() {
+        Err(Error::Rules(e)) => assert!(e.to_string().contains("/nonexistent/rules.yaml"), "{e}"),
+        other => panic!("unexpected {:?}", other.map(|_| ())),
+    }
+}
