@@ -61,9 +61,26 @@ pub struct BenchArgs {
     /// Per-request timeout; a timeout counts as an error.
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     timeout: Duration,
+    /// Seed of the key stream (each worker draws from its own sequence derived from it).
+    /// Default: a new random seed per run, printed in the report so a run can be repeated.
+    #[arg(long)]
+    seed: Option<u64>,
     /// Print the report as JSON (and no progress bar).
     #[arg(long)]
     json: bool,
+}
+
+/// A seed that differs from run to run: std's per-process random hash keys (no dependency),
+/// mixed with the time.
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
 }
 
 /// Parse `10s`, `500ms`, `250us`, `2m`, `1h`, `1.5s`.
@@ -123,6 +140,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
         rate: args.rate,
         timeout: args.timeout,
         progress: !args.json && std::io::stderr().is_terminal(),
+        seed: args.seed.unwrap_or_else(random_seed),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
