@@ -1009,26 +1009,21 @@ async fn connection<S>(
             .get("grpc-timeout")
             .and_then(|v| parse_grpc_timeout(v.as_bytes()))
             .map_or(limits.request_timeout, |t| t.min(limits.request_timeout));
-        let call = if req.method() == http::Method::POST
-            && req.uri().path() == SHOULD_RATE_LIMIT_PATH
-        {
-            futures_util::future::Either::Left(should_rate_limit_call(
-                Arc::clone(&services.rls),
-                req,
-                services.max_message,
-            ))
-        } else {
-            futures_util::future::Either::Right(
-                services
-                    .routes
-                    .clone()
-                    .oneshot(req)
-                    .map(|r| match r {
+        let call =
+            if req.method() == http::Method::POST && req.uri().path() == SHOULD_RATE_LIMIT_PATH {
+                futures_util::future::Either::Left(should_rate_limit_call(
+                    Arc::clone(&services.rls),
+                    req,
+                    services.max_message,
+                ))
+            } else {
+                futures_util::future::Either::Right(services.routes.clone().oneshot(req).map(|r| {
+                    match r {
                         Ok(response) => response.map(http_body_util::Either::Right),
                         Err(never) => match never {},
-                    }),
-            )
-        };
+                    }
+                }))
+            };
         // Boxed: hyper moves the future into a task of its own several times over, and this
         // one (the decision's state machine included) is large; a pointer is cheap to move.
         Box::pin(async move {
@@ -1102,7 +1097,11 @@ impl Body for UnaryBody {
         if let Some(message) = this.message.take() {
             return Poll::Ready(Some(Ok(hyper::body::Frame::data(message))));
         }
-        Poll::Ready(this.trailers.take().map(|t| Ok(hyper::body::Frame::trailers(t))))
+        Poll::Ready(
+            this.trailers
+                .take()
+                .map(|t| Ok(hyper::body::Frame::trailers(t))),
+        )
     }
 
     fn is_end_stream(&self) -> bool {
@@ -1180,7 +1179,9 @@ async fn should_rate_limit_call(
 
 /// An error answer: the status in the headers, no body (gRPC's "trailers-only" response).
 fn trailers_only(status: Status) -> http::Response<GrpcBody> {
-    status.into_http::<UnaryBody>().map(http_body_util::Either::Left)
+    status
+        .into_http::<UnaryBody>()
+        .map(http_body_util::Either::Left)
 }
 
 /// The request's one message (without its 5-byte prefix), read to the end of the stream.

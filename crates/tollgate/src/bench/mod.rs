@@ -29,6 +29,10 @@ pub struct BenchArgs {
     /// number drawn per request (as in `--descriptor`). Repeat for several.
     #[arg(long = "header")]
     headers: Vec<String>,
+    /// Path targets: POST this JSON body instead of a GET (`{key}` replaced per request), e.g.
+    /// another limiter's check API for a side-by-side run.
+    #[arg(long)]
+    body: Option<String>,
     /// HTTP connections (one request in flight each) or concurrent gRPC calls.
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
@@ -52,7 +56,8 @@ pub struct BenchArgs {
     /// Size of the key space `{key}` is drawn from (0..N).
     #[arg(long, default_value_t = 10_000)]
     keys: u64,
-    /// How keys are drawn: `uniform` or `zipf:S` (S > 0, e.g. zipf:1.1).
+    /// How keys are drawn: `uniform`, `zipf:S` (S > 0, e.g. zipf:1.1), or `sequential` (every
+    /// key in turn from `--seed` on: N requests touch N distinct keys).
     #[arg(long, default_value = "uniform")]
     distribution: workload::Distribution,
     /// Cost of each request (default: the server's default, 1).
@@ -114,7 +119,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
     let target = args
         .target
         .parse::<target::Target>()?
-        .with_headers(&args.headers)?;
+        .with_headers(&args.headers)?
+        .with_body(args.body.as_deref())?;
     if args.concurrency == 0 {
         bail!("--concurrency must be at least 1");
     }

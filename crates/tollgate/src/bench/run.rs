@@ -88,7 +88,7 @@ pub async fn run(
     for (i, client) in clients.into_iter().enumerate() {
         let worker = Worker {
             client,
-            keys: workload.sampler(plan.seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+            keys: workload.sampler(plan.seed, i, plan.concurrency),
             workload: workload.clone(),
             stats: Stats::default(),
             timeout: plan.timeout,
