@@ -290,7 +290,8 @@ callgrind() {
 # the row (--peer-limits-high / --peer-limits-tight; by default files in limitador's format are
 # written to the output directory), and {store} the words of --peer-store-memory or
 # --peer-store-redis. Each side gets its own server per row, pinned to CPU 0, the generator to
-# CPU 1. Reported per side and row: req/s, server CPU per decision (user + system time of the
+# CPU 1. On the grpc and http rows a third side runs too: the bare ceiling (`tollgate
+# bench-ceiling`: the same stack answering without rate limiting). Reported per side and row: req/s, server CPU per decision (user + system time of the
 # server process from /proc/PID/stat, over the run), p50/p99, the generator's own CPU; then p99
 # open loop at half of the slower side's median; instructions per decision (callgrind); idle
 # RSS and RSS after --fill-keys distinct keys.
@@ -334,27 +335,32 @@ peer_main() {
   fi
 
   # Start both sides of every row (all idle but the one under load).
-  declare -gA T_PID T_TARGET P_PID P_TARGET
+  declare -gA T_PID T_TARGET P_PID P_TARGET C_PID C_TARGET
   for row in "${rows[@]}"; do
     start_side tollgate "$row" "${PIN_SERVER[@]}"
     T_PID[$row]=$SIDE_PID; T_TARGET[$row]=$SIDE_TARGET
     start_side peer "$row" "${PIN_SERVER[@]}"
     P_PID[$row]=$SIDE_PID; P_TARGET[$row]=$SIDE_TARGET
+    if has_ceiling "$row"; then
+      start_side ceiling "$row" "${PIN_SERVER[@]}"
+      C_PID[$row]=$SIDE_PID; C_TARGET[$row]=$SIDE_TARGET
+    fi
   done
   sleep 1
   local t_idle p_idle
   t_idle=$(rss_kb "${T_PID[${rows[0]}]}"); p_idle=$(rss_kb "${P_PID[${rows[0]}]}")
 
   echo "== closed loop, $RUNS interleaved rounds (order alternating)"
-  local r first second
+  local r side
   for r in $(seq "$RUNS"); do
     for row in "${rows[@]}"; do
-      if [ $((r % 2)) = 1 ]; then first=tollgate; second=peer; else first=peer; second=tollgate; fi
-      run_side "$first" "$row" "$r"
-      run_side "$second" "$row" "$r"
+      for side in $(side_order "$row" "$r"); do run_side "$side" "$row" "$r"; done
     done
   done
-  for row in "${rows[@]}"; do peer_line "$row" tollgate; peer_line "$row" peer; done
+  for row in "${rows[@]}"; do
+    peer_line "$row" tollgate; peer_line "$row" peer
+    if has_ceiling "$row"; then peer_line "$row" ceiling; fi
+  done
 
   echo "== open loop at half of the slower side's median req/s, $RUNS interleaved rounds"
   declare -gA RATE
@@ -366,19 +372,18 @@ peer_main() {
   done
   for r in $(seq "$RUNS"); do
     for row in "${open_rows[@]}"; do
-      if [ $((r % 2)) = 1 ]; then first=tollgate; second=peer; else first=peer; second=tollgate; fi
-      run_side "$first" "$row" "$r" open --rate "${RATE[$row]}"
-      run_side "$second" "$row" "$r" open --rate "${RATE[$row]}"
+      for side in $(side_order "$row" "$r"); do run_side "$side" "$row" "$r" open --rate "${RATE[$row]}"; done
     done
   done
   stop_all
 
-  declare -gA T_CG P_CG
+  declare -gA T_CG P_CG C_CG
   if [ "$PEER_CALLGRIND" = 1 ] && command -v valgrind >/dev/null 2>&1; then
     echo "== instructions per decision (callgrind, server process only)"
     for row in "${rows[@]}"; do
       cg_side tollgate "$row"; T_CG[$row]=$CG_IR
       cg_side peer "$row"; P_CG[$row]=$CG_IR
+      if has_ceiling "$row"; then cg_side ceiling "$row"; C_CG[$row]=$CG_IR; fi
     done
   fi
 
@@ -405,6 +410,15 @@ wait_port() {
 row_tight() { case "$1" in *hot) return 0 ;; *) return 1 ;; esac; }
 row_redis() { case "$1" in *redis*) return 0 ;; *) return 1 ;; esac; }
 row_keys() { if row_tight "$1"; then echo 1; else echo "$KEYS"; fi; }
+has_ceiling() { [ "$1" = grpc ] || [ "$1" = http ]; }
+# side_order ROW ROUND: the sides of ROW in the order of this round (rotating, so no side is
+# always first after the other's load).
+side_order() {
+  local sides=(tollgate peer) n i
+  if has_ceiling "$1"; then sides+=(ceiling); fi
+  n=${#sides[@]}
+  for i in $(seq 0 $((n - 1))); do echo "${sides[$(((i + $2 - 1) % n))]}"; done
+}
 
 # start_side tollgate|peer ROW [WRAPPER...]: the side's server for ROW, run under WRAPPER
 # (taskset, valgrind); sets SIDE_PID and SIDE_TARGET (the URL, then extra generator flags).
@@ -415,6 +429,16 @@ start_side() {
   local wrap=("$@") rules=benches/rules/high-limit.yaml limits=$PEER_LIMITS_HIGH
   if row_tight "$row"; then rules=benches/rules/tight-limit.yaml; limits=$PEER_LIMITS_TIGHT; fi
   if [ "$row" = fill ]; then rules=$OUT/tollgate-fill.yaml; limits=$OUT/peer-fill.yaml; fi
+  if [ "$side" = ceiling ]; then
+    local saved=("${PIN_SERVER[@]}") kind=grpc
+    if [ "$row" = http ]; then kind=http; fi
+    PIN_SERVER=("${wrap[@]}")
+    start_server "$name" bench-ceiling "$kind" --addr 127.0.0.1:0
+    PIN_SERVER=("${saved[@]}")
+    SIDE_PID=$SERVER_PID
+    if [ "$row" = http ]; then SIDE_TARGET="http://$(http_addr)"; else SIDE_TARGET="grpc://$(grpc_addr)"; fi
+    return 0
+  fi
   if [ "$side" = tollgate ]; then
     local store=()
     if row_redis "$row"; then store=(--store redis://127.0.0.1:6379); fi
@@ -461,7 +485,11 @@ run_side() {
   local side=$1 row=$2 r=$3 mode="" pid target flags=()
   shift 3
   if [ "${1:-}" = open ]; then mode=-open; shift; fi
-  if [ "$side" = tollgate ]; then pid=${T_PID[$row]}; target=${T_TARGET[$row]}; else pid=${P_PID[$row]}; target=${P_TARGET[$row]}; fi
+  case "$side" in
+    tollgate) pid=${T_PID[$row]}; target=${T_TARGET[$row]} ;;
+    peer) pid=${P_PID[$row]}; target=${P_TARGET[$row]} ;;
+    ceiling) pid=${C_PID[$row]}; target=${C_TARGET[$row]} ;;
+  esac
   mapfile -t flags < <(side_flags "$row" "$side")
   run_one "$row$mode-$side" "$r" "$pid" "$(row_keys "$row")" "$target" "${flags[@]}" "$@"
 }
@@ -534,20 +562,25 @@ peer_report() {
   shift 4
   {
     echo
-    echo "| path (median of $RUNS) | tollgate req/s | peer req/s | tollgate server CPU us/decision | peer | **peer CPU / tollgate CPU** (per round) | tollgate p99 | peer p99 | instr/decision tollgate / peer |"
-    echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    echo "| path (median of $RUNS) | req/s tollgate / peer / ceiling | server CPU us/decision tollgate | peer | ceiling | **peer CPU / tollgate CPU** (per round) | p99 tollgate / peer | instr/decision tollgate / peer / ceiling |"
+    echo "|---|---:|---:|---:|---:|---:|---:|---:|"
     for row in "$@"; do
       t=$(field "$row-tollgate" req_per_cpu_s); p=$(field "$row-peer" req_per_cpu_s)
       ratios=$(for i in $(seq "$RUNS"); do
         awk -v a="$(json_num "$OUT/$row-tollgate.$i.cpu.json" req_per_cpu_s)" \
           -v b="$(json_num "$OUT/$row-peer.$i.cpu.json" req_per_cpu_s)" 'BEGIN {printf "%.2f\n", b ? a / b : 0}'
       done)
-      printf '| %s | %.0f | %.0f | %s | %s | **%.2fx** (%s) | %.2f ms | %.2f ms | %s / %s |\n' "$row" \
-        "$(field "$row-tollgate" throughput_rps)" "$(field "$row-peer" throughput_rps)" \
-        "$(us_per "$t")" "$(us_per "$p")" "$(median <<<"$ratios")" "$(paste -sd, <<<"$ratios" | sed 's/,/, /g')" \
+      local c_rps="-" c_cpu="-"
+      if has_ceiling "$row"; then
+        c_rps=$(printf '%.0f' "$(field "$row-ceiling" throughput_rps)")
+        c_cpu=$(us_per "$(field "$row-ceiling" req_per_cpu_s)")
+      fi
+      printf '| %s | %.0f / %.0f / %s | %s | %s | %s | **%.2fx** (%s) | %.2f / %.2f ms | %s / %s / %s |\n' "$row" \
+        "$(field "$row-tollgate" throughput_rps)" "$(field "$row-peer" throughput_rps)" "$c_rps" \
+        "$(us_per "$t")" "$(us_per "$p")" "$c_cpu" "$(median <<<"$ratios")" "$(paste -sd, <<<"$ratios" | sed 's/,/, /g')" \
         "$(awk -v v="$(field "$row-tollgate" latency_us.p99)" 'BEGIN {print v / 1000}')" \
         "$(awk -v v="$(field "$row-peer" latency_us.p99)" 'BEGIN {print v / 1000}')" \
-        "${T_CG[$row]:-n/a}" "${P_CG[$row]:-n/a}"
+        "${T_CG[$row]:-n/a}" "${P_CG[$row]:-n/a}" "${C_CG[$row]:--}"
     done
     echo
     for row in "$@"; do
