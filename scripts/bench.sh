@@ -13,8 +13,14 @@
 # --callgrind instead counts the server's instructions per request under valgrind (ceiling and
 # tollgate, HTTP and gRPC): slow, but repeatable on a noisy machine where req/s are not.
 #
+# --peer PATH -- ARGS instead runs tollgate side by side with another Envoy RLS server (any
+# binary; the defaults fit Kuadrant's limitador-server), see "Side by side with a peer" below.
+#
 # Usage: scripts/bench.sh [--runs N] [--duration 10s] [--quick] [--core] [--redis] [--callgrind]
 #                         [--no-build] [--out DIR]
+#        scripts/bench.sh --peer PATH [--rows LIST] [--peer-limits-high FILE] [--peer-limits-tight FILE]
+#                         [--peer-store-memory WORDS] [--peer-store-redis WORDS] [--peer-http-path PATH]
+#                         [--peer-http-body JSON] [--fill-keys N] [--no-callgrind] [--runs N] ... -- ARGS
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,6 +33,17 @@ CORE=0
 REDIS=0
 CALLGRIND=0
 BUILD=1
+PEER=""
+PEER_ARGS=()
+ROWS="grpc,grpc-hot,http,grpc-redis,redis-hot"
+PEER_LIMITS_HIGH=""
+PEER_LIMITS_TIGHT=""
+PEER_STORE_MEMORY="memory"
+PEER_STORE_REDIS="redis redis://127.0.0.1:6379"
+PEER_HTTP_PATH="/check_and_report"
+PEER_HTTP_BODY='{"namespace":"bench","values":{"user":"user_{key}"},"delta":1}'
+FILL_KEYS=1000000
+PEER_CALLGRIND=1
 OUT="target/bench-results/$(date -u +%Y%m%dT%H%M%SZ)"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -38,7 +55,18 @@ while [ $# -gt 0 ]; do
     --callgrind) CALLGRIND=1 ;;
     --no-build) BUILD=0 ;;
     --out) OUT=$2; shift ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    --peer) PEER=$2; shift ;;
+    --rows) ROWS=$2; shift ;;
+    --peer-limits-high) PEER_LIMITS_HIGH=$2; shift ;;
+    --peer-limits-tight) PEER_LIMITS_TIGHT=$2; shift ;;
+    --peer-store-memory) PEER_STORE_MEMORY=$2; shift ;;
+    --peer-store-redis) PEER_STORE_REDIS=$2; shift ;;
+    --peer-http-path) PEER_HTTP_PATH=$2; shift ;;
+    --peer-http-body) PEER_HTTP_BODY=$2; shift ;;
+    --fill-keys) FILL_KEYS=$2; shift ;;
+    --no-callgrind) PEER_CALLGRIND=0 ;;
+    --) shift; PEER_ARGS=("$@"); break ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "scripts/bench.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -170,22 +198,29 @@ TICKS=$(getconf CLK_TCK)
 # machine shared with other work the server rarely gets its whole core, and that figure is much
 # less sensitive to it than req/s.
 SCENARIOS=()
+# run_one NAME ROUND SERVER_PID KEYS TARGET [EXTRA ARGS...]: one `tollgate bench` run (pinned)
+# into NAME.ROUND.json, and the server's CPU time over it into NAME.ROUND.cpu.json.
+run_one() {
+  local name=$1 r=$2 pid=$3 keys=$4 target=$5 c0 c1
+  shift 5
+  c0=$(cpu_ticks "$pid")
+  "${PIN_LOAD[@]}" "$BIN" bench "$target" --json --duration "$DURATION" --warmup "$WARMUP" \
+    --concurrency "$CONCURRENCY" --keys "$keys" --domain bench --descriptor 'user=user_{key}' \
+    "$@" >"$OUT/$name.$r.json"
+  c1=$(cpu_ticks "$pid")
+  # Requests per CPU-second over the whole run (warm-up included in both counts).
+  awk -v n="$(json_num "$OUT/$name.$r.json" requests)" -v d="$(json_num "$OUT/$name.$r.json" duration_s)" \
+    -v w="${WARMUP%s}" -v t="$((c1 - c0))" -v hz="$TICKS" \
+    'BEGIN {printf "{\"req_per_cpu_s\":%.0f,\"cpu_share\":%.2f}\n", (t > 0) ? n * (d + w) / d / (t / hz) : 0, t / hz / (d + w)}' \
+    >"$OUT/$name.$r.cpu.json"
+}
 run_rounds() {
-  local r line name pid target extra c0 c1
+  local r line name pid target extra
   for r in $(seq "$RUNS"); do
     for line in "${SCENARIOS[@]}"; do
       read -r name pid target extra <<<"$line"
-      c0=$(cpu_ticks "$pid")
       # shellcheck disable=SC2086 # extra holds flags
-      "${PIN_LOAD[@]}" "$BIN" bench "$target" --json --duration "$DURATION" --warmup "$WARMUP" \
-        --concurrency "$CONCURRENCY" --keys "$KEYS" --domain bench --descriptor 'user=user_{key}' \
-        $extra >"$OUT/$name.$r.json"
-      c1=$(cpu_ticks "$pid")
-      # Requests per CPU-second over the whole run (warm-up included in both counts).
-      awk -v n="$(json_num "$OUT/$name.$r.json" requests)" -v d="$(json_num "$OUT/$name.$r.json" duration_s)" \
-        -v w="${WARMUP%s}" -v t="$((c1 - c0))" -v hz="$TICKS" \
-        'BEGIN {printf "{\"req_per_cpu_s\":%.0f,\"cpu_share\":%.2f}\n", (t > 0) ? n * (d + w) / d / (t / hz) : 0, t / hz / (d + w)}' \
-        >"$OUT/$name.$r.cpu.json"
+      run_one "$name" "$r" "$pid" "$KEYS" "$target" $extra
     done
   done
 }
@@ -240,6 +275,334 @@ callgrind() {
   printf '%-16s %8d instructions/request (%d requests, errors %s)\n' "$name" "$CG_IR" "$req" \
     "$(json_num "$OUT/cg-$name.json" errors)" | tee -a "$OUT/summary.txt"
 }
+
+# ---------------------------------------------------------------------------------------------
+# Side by side with a peer (--peer PATH -- ARGS): tollgate and another Envoy RLS server, same
+# rules, same generator, rounds interleaved (the order alternating every round, so both sides
+# see the same drift of this shared machine). Rows (--rows, comma-separated):
+#   grpc        gRPC ShouldRateLimit, memory store, 10,000 keys, limit never reached
+#   grpc-hot    gRPC, memory store, one key, 1 per minute: all but the first request denied
+#   http        the JSON check API, memory store (tollgate POST /v1/check; the peer
+#               --peer-http-path with --peer-http-body, `{key}` replaced per request)
+#   grpc-redis  gRPC, Redis store on 127.0.0.1:6379, 10,000 keys
+#   redis-hot   gRPC, Redis store, one key, 1 per minute
+# In ARGS, {grpc_port} and {http_port} become free ports, {limits} the peer's limits file for
+# the row (--peer-limits-high / --peer-limits-tight; by default files in limitador's format are
+# written to the output directory), and {store} the words of --peer-store-memory or
+# --peer-store-redis. Each side gets its own server per row, pinned to CPU 0, the generator to
+# CPU 1. On the grpc and http rows a third side runs too: the bare ceiling (`tollgate
+# bench-ceiling`: the same stack answering without rate limiting). Reported per side and row: req/s, server CPU per decision (user + system time of the
+# server process from /proc/PID/stat, over the run), p50/p99, the generator's own CPU; then p99
+# open loop at half of the slower side's median; instructions per decision (callgrind); idle
+# RSS and RSS after --fill-keys distinct keys.
+peer_main() {
+  [ -x "$PEER" ] || { echo "scripts/bench.sh: --peer $PEER is not an executable" >&2; exit 1; }
+  [ "${#PEER_ARGS[@]}" -gt 0 ] || { echo "scripts/bench.sh: --peer needs the peer's arguments after --" >&2; exit 2; }
+  command -v python3 >/dev/null 2>&1 || { echo "scripts/bench.sh: --peer needs python3 (free ports)" >&2; exit 1; }
+  {
+    echo "peer:    $PEER ${PEER_ARGS[*]}"
+    echo "rows:    $ROWS"
+  } | tee -a "$OUT/machine.txt"
+  # The peer's limits in limitador's format, equivalent to benches/rules/*.yaml: one counter per
+  # value of the descriptor entry `user`.
+  if [ -z "$PEER_LIMITS_HIGH" ]; then
+    PEER_LIMITS_HIGH="$OUT/peer-high-limit.yaml"
+    printf '%s\n' '- namespace: bench' '  max_value: 1000000000' '  seconds: 1' '  conditions: []' \
+      '  variables:' "    - descriptors[0]['user']" >"$PEER_LIMITS_HIGH"
+  fi
+  if [ -z "$PEER_LIMITS_TIGHT" ]; then
+    PEER_LIMITS_TIGHT="$OUT/peer-tight-limit.yaml"
+    printf '%s\n' '- namespace: bench' '  max_value: 1' '  seconds: 60' '  conditions: []' \
+      '  variables:' "    - descriptors[0]['user']" >"$PEER_LIMITS_TIGHT"
+  fi
+  # Memory at --fill-keys live keys: counters that outlive the fill (an hour).
+  printf '%s\n' '- namespace: bench' '  max_value: 1000000000' '  seconds: 3600' '  conditions: []' \
+    '  variables:' "    - descriptors[0]['user']" >"$OUT/peer-fill.yaml"
+  printf '%s\n' 'domain: bench' 'descriptors:' '  - key: user' '    rate_limit:' '      unit: hour' \
+    '      requests_per_unit: 1000000000' >"$OUT/tollgate-fill.yaml"
+
+  local rows row
+  IFS=, read -r -a rows <<<"$ROWS"
+  for row in "${rows[@]}"; do
+    case "$row" in grpc|grpc-hot|http|grpc-redis|redis-hot) ;;
+      *) echo "scripts/bench.sh: unknown row $row (grpc, grpc-hot, http, grpc-redis, redis-hot)" >&2; exit 2 ;;
+    esac
+  done
+  if [[ ",$ROWS," == *,grpc-redis,* || ",$ROWS," == *,redis-hot,* ]] \
+    && ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+    echo "scripts/bench.sh: the Redis rows need a Redis on 127.0.0.1:6379" >&2
+    exit 1
+  fi
+
+  # Start both sides of every row (all idle but the one under load).
+  declare -gA T_PID T_TARGET P_PID P_TARGET C_PID C_TARGET
+  for row in "${rows[@]}"; do
+    start_side tollgate "$row" "${PIN_SERVER[@]}"
+    T_PID[$row]=$SIDE_PID; T_TARGET[$row]=$SIDE_TARGET
+    start_side peer "$row" "${PIN_SERVER[@]}"
+    P_PID[$row]=$SIDE_PID; P_TARGET[$row]=$SIDE_TARGET
+    if has_ceiling "$row"; then
+      start_side ceiling "$row" "${PIN_SERVER[@]}"
+      C_PID[$row]=$SIDE_PID; C_TARGET[$row]=$SIDE_TARGET
+    fi
+  done
+  sleep 1
+  local t_idle p_idle
+  t_idle=$(rss_kb "${T_PID[${rows[0]}]}"); p_idle=$(rss_kb "${P_PID[${rows[0]}]}")
+
+  echo "== closed loop, $RUNS interleaved rounds (order alternating)"
+  local r side
+  for r in $(seq "$RUNS"); do
+    for row in "${rows[@]}"; do
+      for side in $(side_order "$row" "$r"); do run_side "$side" "$row" "$r"; done
+    done
+  done
+  for row in "${rows[@]}"; do
+    peer_line "$row" tollgate; peer_line "$row" peer
+    if has_ceiling "$row"; then peer_line "$row" ceiling; fi
+  done
+
+  echo "== open loop at half of the slower side's median req/s, $RUNS interleaved rounds"
+  declare -gA RATE
+  local open_rows=()
+  for row in "${rows[@]}"; do
+    case "$row" in *hot) continue ;; esac
+    RATE[$row]=$(half "$(printf '%s\n' "$(field "$row-tollgate" throughput_rps)" "$(field "$row-peer" throughput_rps)" | sort -g | head -n 1)")
+    open_rows+=("$row")
+  done
+  for r in $(seq "$RUNS"); do
+    for row in "${open_rows[@]}"; do
+      for side in $(side_order "$row" "$r"); do run_side "$side" "$row" "$r" open --rate "${RATE[$row]}"; done
+    done
+  done
+  stop_all
+
+  declare -gA T_CG P_CG C_CG
+  if [ "$PEER_CALLGRIND" = 1 ] && command -v valgrind >/dev/null 2>&1; then
+    echo "== instructions per decision (callgrind, server process only)"
+    for row in "${rows[@]}"; do
+      cg_side tollgate "$row"; T_CG[$row]=$CG_IR
+      cg_side peer "$row"; P_CG[$row]=$CG_IR
+      if has_ceiling "$row"; then cg_side ceiling "$row"; C_CG[$row]=$CG_IR; fi
+    done
+  fi
+
+  local t_fill="" p_fill=""
+  if [ "$FILL_KEYS" -gt 0 ]; then
+    echo "== RSS after $FILL_KEYS distinct keys (gRPC, memory store, counters living an hour)"
+    t_fill=$(fill_side tollgate); p_fill=$(fill_side peer)
+  fi
+
+  peer_report "$t_idle" "$p_idle" "$t_fill" "$p_fill" "${rows[@]}"
+}
+
+# free_port: a TCP port free on 127.0.0.1 right now.
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# wait_port PORT PID: until something accepts on 127.0.0.1:PORT (or PID died).
+wait_port() {
+  for _ in $(seq 600); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    kill -0 "$2" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  return 1
+}
+row_tight() { case "$1" in *hot) return 0 ;; *) return 1 ;; esac; }
+row_redis() { case "$1" in *redis*) return 0 ;; *) return 1 ;; esac; }
+row_keys() { if row_tight "$1"; then echo 1; else echo "$KEYS"; fi; }
+has_ceiling() { [ "$1" = grpc ] || [ "$1" = http ]; }
+# side_order ROW ROUND: the sides of ROW in the order of this round (rotating, so no side is
+# always first after the other's load).
+side_order() {
+  local sides=(tollgate peer) n i
+  if has_ceiling "$1"; then sides+=(ceiling); fi
+  n=${#sides[@]}
+  for i in $(seq 0 $((n - 1))); do echo "${sides[$(((i + $2 - 1) % n))]}"; done
+}
+
+# start_side tollgate|peer ROW [WRAPPER...]: the side's server for ROW, run under WRAPPER
+# (taskset, valgrind); sets SIDE_PID and SIDE_TARGET (the URL, then extra generator flags).
+# ROW fill: memory store, counters living an hour.
+start_side() {
+  local side=$1 row=$2 name="$1-$2"
+  shift 2
+  local wrap=("$@") rules=benches/rules/high-limit.yaml limits=$PEER_LIMITS_HIGH
+  if row_tight "$row"; then rules=benches/rules/tight-limit.yaml; limits=$PEER_LIMITS_TIGHT; fi
+  if [ "$row" = fill ]; then rules=$OUT/tollgate-fill.yaml; limits=$OUT/peer-fill.yaml; fi
+  if [ "$side" = ceiling ]; then
+    local saved=("${PIN_SERVER[@]}") kind=grpc
+    if [ "$row" = http ]; then kind=http; fi
+    PIN_SERVER=("${wrap[@]}")
+    start_server "$name" bench-ceiling "$kind" --addr 127.0.0.1:0
+    PIN_SERVER=("${saved[@]}")
+    SIDE_PID=$SERVER_PID
+    if [ "$row" = http ]; then SIDE_TARGET="http://$(http_addr)"; else SIDE_TARGET="grpc://$(grpc_addr)"; fi
+    return 0
+  fi
+  if [ "$side" = tollgate ]; then
+    local store=()
+    if row_redis "$row"; then store=(--store redis://127.0.0.1:6379); fi
+    local saved=("${PIN_SERVER[@]}")
+    PIN_SERVER=("${wrap[@]}")
+    start_server "$name" "${serve_args[@]}" --rules "$rules" "${store[@]}"
+    PIN_SERVER=("${saved[@]}")
+    SIDE_PID=$SERVER_PID
+    if [ "$row" = http ]; then SIDE_TARGET="http://$(http_addr)"; else SIDE_TARGET="grpc://$(grpc_addr)"; fi
+    return 0
+  fi
+  local gp hp store_words a args=()
+  gp=$(free_port); hp=$(free_port)
+  store_words=$PEER_STORE_MEMORY
+  if row_redis "$row"; then store_words=$PEER_STORE_REDIS; fi
+  for a in "${PEER_ARGS[@]}"; do
+    if [ "$a" = "{store}" ]; then
+      # shellcheck disable=SC2206 # the store is given as words
+      args+=($store_words)
+      continue
+    fi
+    a=${a//\{grpc_port\}/$gp}; a=${a//\{http_port\}/$hp}; a=${a//\{limits\}/$limits}
+    args+=("$a")
+  done
+  "${wrap[@]}" "$PEER" "${args[@]}" >"$OUT/$name.stdout" 2>"$OUT/$name.stderr" &
+  SIDE_PID=$!
+  PIDS+=("$SIDE_PID")
+  local port=$gp
+  if [ "$row" = http ]; then port=$hp; fi
+  if ! wait_port "$port" "$SIDE_PID"; then
+    echo "scripts/bench.sh: the peer ($name) did not listen on $port: $(tail -n 3 "$OUT/$name.stderr")" >&2
+    exit 1
+  fi
+  if [ "$row" = http ]; then SIDE_TARGET="http://127.0.0.1:$hp$PEER_HTTP_PATH"; else SIDE_TARGET="grpc://127.0.0.1:$gp"; fi
+}
+
+# side_flags ROW SIDE: extra generator flags (the peer's JSON body on the http row).
+side_flags() {
+  if [ "$1" = http ] && [ "$2" = peer ]; then printf '%s\n' --body "$PEER_HTTP_BODY"; fi
+}
+
+# run_side SIDE ROW ROUND [open --rate R]: one run of ROW against SIDE's server.
+run_side() {
+  local side=$1 row=$2 r=$3 mode="" pid target flags=()
+  shift 3
+  if [ "${1:-}" = open ]; then mode=-open; shift; fi
+  case "$side" in
+    tollgate) pid=${T_PID[$row]}; target=${T_TARGET[$row]} ;;
+    peer) pid=${P_PID[$row]}; target=${P_TARGET[$row]} ;;
+    ceiling) pid=${C_PID[$row]}; target=${C_TARGET[$row]} ;;
+  esac
+  mapfile -t flags < <(side_flags "$row" "$side")
+  run_one "$row$mode-$side" "$r" "$pid" "$(row_keys "$row")" "$target" "${flags[@]}" "$@"
+}
+
+# runs NAME FIELD: every run's figure, comma-separated.
+runs() {
+  local i suffix=json
+  case "$2" in req_per_cpu_s|cpu_share) suffix=cpu.json ;; esac
+  for i in $(seq "$RUNS"); do json_num "$OUT/$1.$i.$suffix" "$2"; done | awk '{printf "%s%.0f", (NR > 1) ? ", " : "", $1}'
+}
+# us_per_decision REQ_PER_CPU_S: server CPU microseconds per decision.
+us_per() { awk -v r="$1" 'BEGIN {printf "%.1f", (r > 0) ? 1e6 / r : 0}'; }
+
+# peer_line ROW SIDE: one summary line of the closed-loop rounds.
+peer_line() {
+  local name="$1-$2" i cpu=()
+  for i in $(seq "$RUNS"); do cpu+=("$(us_per "$(json_num "$OUT/$name.$i.cpu.json" req_per_cpu_s)")"); done
+  printf '%-22s %7.0f req/s (runs %s)  server CPU %s us/decision (runs %s)  p50 %5.0f us  p99 %6.0f us  denied %3.0f%%  errors %s  generator CPU %.0f%%\n' \
+    "$name" "$(field "$name" throughput_rps)" "$(runs "$name" throughput_rps)" \
+    "$(us_per "$(field "$name" req_per_cpu_s)")" "$(IFS=/; echo "${cpu[*]}")" \
+    "$(field "$name" latency_us.p50)" "$(field "$name" latency_us.p99)" \
+    "$(awk -v d="$(field "$name" denied)" -v r="$(field "$name" requests)" 'BEGIN {print r ? 100 * d / r : 0}')" \
+    "$(runs "$name" errors)" "$(awk -v s="$(field "$name" generator_cpu_share)" 'BEGIN {print 100 * s}')" \
+    | tee -a "$OUT/summary.txt"
+}
+
+# cg_side SIDE ROW: instructions per decision of SIDE's server on ROW under callgrind (warm-up
+# run, counters zeroed, measured run, all threads of the server process); sets CG_IR.
+cg_side() {
+  local side=$1 row=$2 name="cg-$1-$2" ir req flags=()
+  start_side "$side" "$row" valgrind --tool=callgrind --callgrind-out-file="$OUT/callgrind.$side-$row"
+  mapfile -t flags < <(side_flags "$row" "$side")
+  local common=(--json --concurrency "$CONCURRENCY" --keys "$(row_keys "$row")" --domain bench
+    --descriptor 'user=user_{key}' --timeout 30s "${flags[@]}")
+  "$BIN" bench "$SIDE_TARGET" "${common[@]}" --duration 2s >/dev/null
+  callgrind_control -z "$SIDE_PID" >/dev/null 2>&1
+  "$BIN" bench "$SIDE_TARGET" "${common[@]}" --duration 5s >"$OUT/$name.json"
+  callgrind_control -d "$SIDE_PID" >/dev/null 2>&1
+  stop_all
+  ir=$(sed -n 's/^summary: //p' "$OUT/callgrind.$side-$row.1" 2>/dev/null | head -n 1)
+  [ -n "$ir" ] || ir=$(sed -n 's/^summary: //p' "$OUT/callgrind.$side-$row" 2>/dev/null | head -n 1)
+  req=$(json_num "$OUT/$name.json" requests)
+  CG_IR=$(awk -v i="${ir:-0}" -v r="$req" 'BEGIN {printf "%d", r ? i / r : 0}')
+  printf '%-24s %8d instructions/decision (%d requests, errors %s)\n' "$side $row" "$CG_IR" "$req" \
+    "$(json_num "$OUT/$name.json" errors)" | tee -a "$OUT/summary.txt"
+}
+
+# fill_side SIDE: RSS (KiB) of SIDE's server after FILL_KEYS distinct keys (sequential keys,
+# runs of 20 s continuing where the last stopped, until FILL_KEYS requests are answered).
+fill_side() {
+  local side=$1 done=0 n
+  start_side "$side" fill "${PIN_SERVER[@]}"
+  while [ "$done" -lt "$FILL_KEYS" ]; do
+    "${PIN_LOAD[@]}" "$BIN" bench "$SIDE_TARGET" --json --duration 20s --concurrency "$CONCURRENCY" \
+      --keys "$FILL_KEYS" --distribution sequential --seed "$done" --domain bench \
+      --descriptor 'user=user_{key}' --timeout 5s >"$OUT/fill-$side.json"
+    n=$(json_num "$OUT/fill-$side.json" requests)
+    [ "${n:-0}" -gt 0 ] || break
+    done=$((done + n))
+  done
+  sleep 1
+  rss_kb "$SIDE_PID"
+  echo "fill $side: $done requests over $FILL_KEYS keys, RSS $(rss_kb "$SIDE_PID") KiB" >>"$OUT/summary.txt"
+  stop_all
+}
+
+# peer_report T_IDLE P_IDLE T_FILL P_FILL ROWS...: the Markdown table (BENCHMARKS.md's first).
+peer_report() {
+  local t_idle=$1 p_idle=$2 t_fill=$3 p_fill=$4 row t p i ratios
+  shift 4
+  {
+    echo
+    echo "| path (median of $RUNS) | req/s tollgate / peer / ceiling | server CPU us/decision tollgate | peer | ceiling | **peer CPU / tollgate CPU** (per round) | p99 tollgate / peer | instr/decision tollgate / peer / ceiling |"
+    echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+    for row in "$@"; do
+      t=$(field "$row-tollgate" req_per_cpu_s); p=$(field "$row-peer" req_per_cpu_s)
+      ratios=$(for i in $(seq "$RUNS"); do
+        awk -v a="$(json_num "$OUT/$row-tollgate.$i.cpu.json" req_per_cpu_s)" \
+          -v b="$(json_num "$OUT/$row-peer.$i.cpu.json" req_per_cpu_s)" 'BEGIN {printf "%.2f\n", b ? a / b : 0}'
+      done)
+      local c_rps="-" c_cpu="-"
+      if has_ceiling "$row"; then
+        c_rps=$(printf '%.0f' "$(field "$row-ceiling" throughput_rps)")
+        c_cpu=$(us_per "$(field "$row-ceiling" req_per_cpu_s)")
+      fi
+      printf '| %s | %.0f / %.0f / %s | %s | %s | %s | **%.2fx** (%s) | %.2f / %.2f ms | %s / %s / %s |\n' "$row" \
+        "$(field "$row-tollgate" throughput_rps)" "$(field "$row-peer" throughput_rps)" "$c_rps" \
+        "$(us_per "$t")" "$(us_per "$p")" "$c_cpu" "$(median <<<"$ratios")" "$(paste -sd, <<<"$ratios" | sed 's/,/, /g')" \
+        "$(awk -v v="$(field "$row-tollgate" latency_us.p99)" 'BEGIN {print v / 1000}')" \
+        "$(awk -v v="$(field "$row-peer" latency_us.p99)" 'BEGIN {print v / 1000}')" \
+        "${T_CG[$row]:-n/a}" "${P_CG[$row]:-n/a}" "${C_CG[$row]:--}"
+    done
+    echo
+    for row in "$@"; do
+      case "$row" in *hot) continue ;; esac
+      printf 'open loop %s at %s req/s (half of the slower side): p99 tollgate %.2f ms (runs %s us), peer %.2f ms (runs %s us)\n' \
+        "$row" "${RATE[$row]}" \
+        "$(awk -v v="$(field "$row-open-tollgate" latency_us.p99)" 'BEGIN {print v / 1000}')" "$(runs "$row-open-tollgate" latency_us.p99)" \
+        "$(awk -v v="$(field "$row-open-peer" latency_us.p99)" 'BEGIN {print v / 1000}')" "$(runs "$row-open-peer" latency_us.p99)"
+    done
+    printf 'idle RSS: tollgate %.1f MB, peer %.1f MB\n' "$(awk -v k="$t_idle" 'BEGIN {print k / 1024}')" "$(awk -v k="$p_idle" 'BEGIN {print k / 1024}')"
+    if [ -n "$t_fill" ]; then
+      printf 'RSS at %s keys: tollgate %.1f MB, peer %.1f MB\n' "$FILL_KEYS" \
+        "$(awk -v k="$t_fill" 'BEGIN {print k / 1024}')" "$(awk -v k="$p_fill" 'BEGIN {print k / 1024}')"
+    fi
+  } | tee -a "$OUT/summary.txt"
+  echo "raw results: $OUT"
+}
+
+if [ -n "$PEER" ]; then
+  peer_main
+  exit 0
+fi
 
 if [ "$CALLGRIND" = 1 ]; then
   command -v valgrind >/dev/null 2>&1 || { echo "scripts/bench.sh: --callgrind needs valgrind" >&2; exit 1; }

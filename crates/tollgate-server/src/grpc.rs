@@ -33,6 +33,14 @@
 //! timeout or cap on connections, and waits for every connection at shutdown without bound:
 //! here each of those is bounded by [`GrpcLimits`], `--max-connections` and
 //! `--shutdown-timeout`.
+//!
+//! On those connections `ShouldRateLimit` itself does not go through tonic: a POST to its path
+//! is answered directly on hyper's stream ([`should_rate_limit_call`]: the message read whole,
+//! prost, [`RateLimitGrpc::respond`], one message and the `grpc-status` trailers back), which
+//! costs fewer instructions than tonic's generic unary stack. Health, reflection and every
+//! other path go through tonic's routes as before, and both paths answer the same statuses. The
+//! connection's writes are coalesced (see `Replayed::defer`): with many calls in flight, one
+//! `writev` carries the answers of a whole scheduler turn instead of one each.
 
 use crate::check::decide;
 use crate::error::{ApiError, ErrorClass};
@@ -76,7 +84,7 @@ use tonic::server::{NamedService, UnaryService};
 use tonic::service::Routes;
 use tonic::{Request, Response, Status};
 use tonic_health::ServingStatus;
-use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
+use tonic_prost::{prost, ProstCodec, ProstDecoder, ProstEncoder};
 use tower::ServiceExt as _;
 
 /// The fully-qualified name of the RLS service (also a health-check service name).
@@ -224,7 +232,15 @@ impl RateLimitService for RateLimitGrpc {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        let check = match to_check_request(request.get_ref()) {
+        self.respond(request.get_ref()).await.map(Response::new)
+    }
+}
+
+impl RateLimitGrpc {
+    /// Answer one `ShouldRateLimit` request: both the tonic service and the direct path of
+    /// [`serve`] ([`should_rate_limit_call`]) come here.
+    async fn respond(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
+        let check = match to_check_request(request) {
             Ok(c) => c,
             Err(e) => {
                 self.state.metrics().error(e.code());
@@ -241,7 +257,7 @@ impl RateLimitService for RateLimitGrpc {
                 Err(ApiError::Internal("panic while deciding".into()))
             });
         match result {
-            Ok(resp) => Ok(Response::new(match self.state.envoy() {
+            Ok(resp) => Ok(match self.state.envoy() {
                 Some(mode) => {
                     let mut out = to_envoy_proto_response(&resp, mode);
                     if mode.dynamic_metadata {
@@ -252,7 +268,7 @@ impl RateLimitService for RateLimitGrpc {
                     out
                 }
                 None => to_proto_response(&resp, self.state.response_headers()),
-            })),
+            }),
             Err(e) => Err(status_from(&e)),
         }
     }
@@ -781,8 +797,11 @@ pub async fn serve_on(
             .register_encoded_file_descriptor_set(RLS_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
+    let rls = RateLimitGrpc::new(state).into_server();
+    let max_message = rls.max_decoding_message_size;
+    let direct = Arc::clone(&rls.inner);
     let routes = Routes::new(health)
-        .add_service(RateLimitGrpc::new(state).into_server())
+        .add_service(rls)
         .add_service(reflection().build_v1().map_err(std::io::Error::other)?)
         .add_service(
             reflection()
@@ -790,6 +809,11 @@ pub async fn serve_on(
                 .map_err(std::io::Error::other)?,
         )
         .prepare();
+    let routes = Services {
+        routes,
+        rls: direct,
+        max_message,
+    };
     let builder = limits.builder();
     let slots = Arc::new(Semaphore::new(
         max_connections.clamp(1, Semaphore::MAX_PERMITS),
@@ -992,7 +1016,7 @@ async fn connection<S>(
     mut tcp: S,
     _slot: OwnedSemaphorePermit,
     builder: http2::Builder<TokioExecutor>,
-    routes: Routes,
+    services: Services,
     limits: GrpcLimits,
     mut drain: watch::Receiver<bool>,
 ) where
@@ -1024,17 +1048,37 @@ async fn connection<S>(
             .get("grpc-timeout")
             .and_then(|v| parse_grpc_timeout(v.as_bytes()))
             .map_or(limits.request_timeout, |t| t.min(limits.request_timeout));
-        let call = routes.clone().oneshot(req);
-        async move {
-            Ok::<_, Infallible>(match tokio::time::timeout(timeout, call).await {
-                Ok(Ok(response)) => response,
-                Ok(Err(never)) => match never {},
-                Err(_) => Status::deadline_exceeded(
+        let call =
+            if req.method() == http::Method::POST && req.uri().path() == SHOULD_RATE_LIMIT_PATH {
+                futures_util::future::Either::Left(should_rate_limit_call(
+                    Arc::clone(&services.rls),
+                    req,
+                    services.max_message,
+                ))
+            } else {
+                futures_util::future::Either::Right(services.routes.clone().oneshot(req).map(|r| {
+                    match r {
+                        Ok(response) => response.map(http_body_util::Either::Right),
+                        Err(never) => match never {},
+                    }
+                }))
+            };
+        // Boxed: hyper moves the future into a task of its own several times over, and this
+        // one (the decision's state machine included) is large; a pointer is cheap to move.
+        Box::pin(async move {
+            // A call that completes when first polled (the memory store, the whole request in
+            // hand) needs no timer: one costs a timer-wheel entry per call.
+            let mut call = std::pin::pin!(call);
+            if let Some(response) = call.as_mut().now_or_never() {
+                return Ok::<_, Infallible>(response);
+            }
+            Ok(match tokio::time::timeout(timeout, call).await {
+                Ok(response) => response,
+                Err(_) => trailers_only(Status::deadline_exceeded(
                     "request not completed within the server's request timeout",
-                )
-                .into_http(),
+                )),
             })
-        }
+        })
     });
     let conn = builder.serve_connection(TokioIo::new(Replayed::new(tcp)), service);
     tokio::pin!(conn);
@@ -1058,6 +1102,189 @@ async fn connection<S>(
     }
 }
 
+/// What a gRPC connection serves: `ShouldRateLimit` directly ([`should_rate_limit_call`]),
+/// everything else (health, reflection, unknown methods) through tonic's routes.
+#[derive(Clone)]
+struct Services {
+    routes: Routes,
+    rls: Arc<RateLimitGrpc>,
+    /// `--max-body-bytes`: the largest request message.
+    max_message: usize,
+}
+
+/// A response body: one encoded message then the trailers (the direct path), or tonic's.
+type GrpcBody = http_body_util::Either<UnaryBody, tonic::body::Body>;
+
+/// The wire format of a unary response: one length-prefixed message (RFC-free, from gRPC's
+/// "PROTOCOL-HTTP2": compressed flag 0, 4-byte big-endian length) in one DATA frame, then the
+/// trailers `grpc-status: 0`. Empty (`Default`), it is the body of a trailers-only answer.
+#[derive(Default)]
+struct UnaryBody {
+    message: Option<bytes::Bytes>,
+    trailers: Option<http::HeaderMap>,
+}
+
+impl Body for UnaryBody {
+    type Data = bytes::Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        if let Some(message) = this.message.take() {
+            return Poll::Ready(Some(Ok(hyper::body::Frame::data(message))));
+        }
+        Poll::Ready(
+            this.trailers
+                .take()
+                .map(|t| Ok(hyper::body::Frame::trailers(t))),
+        )
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.message.is_none() && self.trailers.is_none()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        hyper::body::SizeHint::with_exact(self.message.as_ref().map_or(0, |m| m.len() as u64))
+    }
+}
+
+/// `ShouldRateLimit` served directly on hyper's HTTP/2 stream, without tonic's generic unary
+/// machinery (its router, streaming decoder, encoder and three boxed bodies, which cost more
+/// than deciding): the request message is read whole, decoded by prost, answered by
+/// [`RateLimitGrpc::respond`], and the answer written as one message plus trailers. What a
+/// client sees is what tonic answers, error cases included: compressed requests are refused
+/// (UNIMPLEMENTED for a `grpc-encoding` other than `identity`, INTERNAL for a compressed flag
+/// without one), a message over `--max-body-bytes` is OUT_OF_RANGE before it is read, a
+/// missing or truncated message INTERNAL, and one that does not decode INVALID_ARGUMENT (see
+/// [`RlsDecoder`]). Bytes after the first message of this unary call are ignored, as tonic
+/// does.
+async fn should_rate_limit_call(
+    rls: Arc<RateLimitGrpc>,
+    req: HttpRequest<Incoming>,
+    max_message: usize,
+) -> http::Response<GrpcBody> {
+    let answer = async {
+        if let Some(encoding) = req.headers().get("grpc-encoding") {
+            if encoding.as_bytes() != b"identity" {
+                let mut status = Status::unimplemented(format!(
+                    "Content is compressed with `{}` which isn't supported",
+                    String::from_utf8_lossy(encoding.as_bytes())
+                ));
+                status.metadata_mut().insert(
+                    "grpc-accept-encoding",
+                    tonic::metadata::MetadataValue::from_static("identity"),
+                );
+                return Err(status);
+            }
+        }
+        let message = read_message(req.into_body(), max_message).await?;
+        let request = <RateLimitRequest as prost::Message>::decode(message).map_err(|e| {
+            rls.state.metrics().error(INVALID_PROTOBUF);
+            status_from(&ApiError::invalid(
+                INVALID_PROTOBUF,
+                format!("request is not a valid RateLimitRequest: {e}"),
+            ))
+        })?;
+        let response = rls.respond(&request).await?;
+        let len = prost::Message::encoded_len(&response);
+        let mut out = bytes::BytesMut::with_capacity(5 + len);
+        bytes::BufMut::put_u8(&mut out, 0);
+        bytes::BufMut::put_u32(&mut out, u32::try_from(len).unwrap_or(u32::MAX));
+        prost::Message::encode(&response, &mut out)
+            .map_err(|e| Status::internal(format!("encoding the response: {e}")))?;
+        Ok(out.freeze())
+    };
+    match answer.await {
+        Ok(message) => {
+            let mut trailers = http::HeaderMap::with_capacity(1);
+            trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+            let mut response = http::Response::new(http_body_util::Either::Left(UnaryBody {
+                message: Some(message),
+                trailers: Some(trailers),
+            }));
+            response.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/grpc"),
+            );
+            response
+        }
+        Err(status) => trailers_only(status),
+    }
+}
+
+/// An error answer: the status in the headers, no body (gRPC's "trailers-only" response).
+fn trailers_only(status: Status) -> http::Response<GrpcBody> {
+    status
+        .into_http::<UnaryBody>()
+        .map(http_body_util::Either::Left)
+}
+
+/// The request's one message (without its 5-byte prefix), read to the end of the stream.
+async fn read_message(mut body: Incoming, max_message: usize) -> Result<bytes::Bytes, Status> {
+    use bytes::Buf as _;
+    use http_body_util::BodyExt as _;
+    // Usually the whole message comes in one DATA frame and is used as it is (no copy).
+    let mut first: Option<bytes::Bytes> = None;
+    let mut more: Option<bytes::BytesMut> = None;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| Status::internal(format!("reading the request: {e}")))?;
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers
+        };
+        match (&mut first, &mut more) {
+            (None, _) => first = Some(data),
+            (Some(f), None) => {
+                let mut m = bytes::BytesMut::with_capacity(f.len() + data.len());
+                m.extend_from_slice(f);
+                m.extend_from_slice(&data);
+                more = Some(m);
+            }
+            (Some(_), Some(m)) => m.extend_from_slice(&data),
+        }
+        let have = more.as_deref().or(first.as_deref()).unwrap_or_default();
+        if have.len() >= 5 {
+            let len = u32::from_be_bytes([have[1], have[2], have[3], have[4]]) as usize;
+            if len > max_message {
+                return Err(Status::out_of_range(format!(
+                    "Error, decoded message length too large: found {len} bytes, the limit is: {max_message} bytes"
+                )));
+            }
+        }
+    }
+    let mut all = match (first, more) {
+        (None, _) => return Err(Status::internal("Missing request message.")),
+        (Some(_), Some(m)) => m.freeze(),
+        (Some(f), None) => f,
+    };
+    if all.len() < 5 {
+        return Err(Status::internal("Unexpected EOF decoding stream."));
+    }
+    match all[0] {
+        0 => {}
+        1 => {
+            return Err(Status::internal(
+                "protocol error: received message with compressed-flag but no grpc-encoding was specified",
+            ))
+        }
+        f => {
+            return Err(Status::internal(format!(
+                "protocol error: received message with invalid compression flag: {f} (valid flags are 0 and 1), while sending request"
+            )))
+        }
+    }
+    let len = u32::from_be_bytes([all[1], all[2], all[3], all[4]]) as usize;
+    all.advance(5);
+    if all.len() < len {
+        return Err(Status::internal("Unexpected EOF decoding stream."));
+    }
+    all.truncate(len);
+    Ok(all)
+}
+
 /// A `grpc-timeout` header value: at most 8 digits and a unit (`H`, `M`, `S`, `m`, `u`, `n`);
 /// `None` when malformed (then only the server's request timeout applies).
 fn parse_grpc_timeout(v: &[u8]) -> Option<Duration> {
@@ -1078,15 +1305,36 @@ fn parse_grpc_timeout(v: &[u8]) -> Option<Duration> {
 }
 
 /// A connection whose preface was read (to time it), handed to hyper as if it were not: the
-/// preface is read again first.
+/// preface is read again first. It also coalesces the answers' writes (see [`Replayed::poll_write`]).
 struct Replayed<S> {
     io: S,
     replayed: usize,
+    /// Set when a read brought new frames: the next write is put off once (see `poll_write`).
+    armed: bool,
 }
 
 impl<S> Replayed<S> {
     fn new(io: S) -> Self {
-        Self { io, replayed: 0 }
+        Self {
+            io,
+            replayed: 0,
+            armed: false,
+        }
+    }
+
+    /// Put the first write after a read off by one turn of the scheduler: the connection task
+    /// is woken at once and goes to the back of the run queue (a task waking itself is not
+    /// run next), so the calls answered meanwhile join this write. Without it, hyper's task per
+    /// call wakes the connection task as it answers, the runtime runs that task next, and h2
+    /// writes and flushes one answer per system call: 64 calls in flight cost 64 `writev`s
+    /// where one does (that was half of the server's CPU time per decision). Nothing waits
+    /// on a timer: at most the tasks already runnable on this worker run first.
+    fn defer(&mut self, cx: &mut Context<'_>) -> bool {
+        if std::mem::take(&mut self.armed) {
+            cx.waker().wake_by_ref();
+            return true;
+        }
+        false
     }
 }
 
@@ -1103,7 +1351,12 @@ impl<S: AsyncRead + Unpin> AsyncRead for Replayed<S> {
             this.replayed += n;
             return Poll::Ready(Ok(()));
         }
-        Pin::new(&mut this.io).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let read = Pin::new(&mut this.io).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            this.armed = true;
+        }
+        read
     }
 }
 
@@ -1113,6 +1366,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Replayed<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
+        if self.defer(cx) {
+            return Poll::Pending;
+        }
         Pin::new(&mut self.io).poll_write(cx, buf)
     }
 
@@ -1121,6 +1377,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Replayed<S> {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
+        if self.defer(cx) {
+            return Poll::Pending;
+        }
         Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
     }
 

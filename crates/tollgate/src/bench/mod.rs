@@ -29,6 +29,10 @@ pub struct BenchArgs {
     /// number drawn per request (as in `--descriptor`). Repeat for several.
     #[arg(long = "header")]
     headers: Vec<String>,
+    /// Path targets: POST this JSON body instead of a GET (`{key}` replaced per request), e.g.
+    /// another limiter's check API for a side-by-side run.
+    #[arg(long)]
+    body: Option<String>,
     /// HTTP connections (one request in flight each) or concurrent gRPC calls.
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
@@ -52,7 +56,8 @@ pub struct BenchArgs {
     /// Size of the key space `{key}` is drawn from (0..N).
     #[arg(long, default_value_t = 10_000)]
     keys: u64,
-    /// How keys are drawn: `uniform` or `zipf:S` (S > 0, e.g. zipf:1.1).
+    /// How keys are drawn: `uniform`, `zipf:S` (S > 0, e.g. zipf:1.1), or `sequential` (every
+    /// key in turn from `--seed` on: N requests touch N distinct keys).
     #[arg(long, default_value = "uniform")]
     distribution: workload::Distribution,
     /// Cost of each request (default: the server's default, 1).
@@ -61,9 +66,26 @@ pub struct BenchArgs {
     /// Per-request timeout; a timeout counts as an error.
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     timeout: Duration,
+    /// Seed of the key stream (each worker draws from its own sequence derived from it).
+    /// Default: a new random seed per run, printed in the report so a run can be repeated.
+    #[arg(long)]
+    seed: Option<u64>,
     /// Print the report as JSON (and no progress bar).
     #[arg(long)]
     json: bool,
+}
+
+/// A seed that differs from run to run: std's per-process random hash keys (no dependency),
+/// mixed with the time.
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
 }
 
 /// Parse `10s`, `500ms`, `250us`, `2m`, `1h`, `1.5s`.
@@ -97,7 +119,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
     let target = args
         .target
         .parse::<target::Target>()?
-        .with_headers(&args.headers)?;
+        .with_headers(&args.headers)?
+        .with_body(args.body.as_deref())?;
     if args.concurrency == 0 {
         bail!("--concurrency must be at least 1");
     }
@@ -123,6 +146,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
         rate: args.rate,
         timeout: args.timeout,
         progress: !args.json && std::io::stderr().is_terminal(),
+        seed: args.seed.unwrap_or_else(random_seed),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -91,6 +91,13 @@ pub struct RunInfo {
     pub rate: Option<f64>,
     /// Measured time (warm-up excluded).
     pub duration: Duration,
+    /// The key stream's seed (`--seed`).
+    pub seed: u64,
+    /// Wall time of the whole run, warm-up included.
+    pub elapsed: Duration,
+    /// CPU time the generator process used over the whole run (warm-up included); `None` where
+    /// it cannot be read.
+    pub generator_cpu: Option<Duration>,
 }
 
 /// A finished run.
@@ -125,6 +132,12 @@ impl Report {
             None => true,
             Some(rate) => self.not_sent == 0 && self.throughput() >= 0.95 * rate,
         }
+    }
+
+    /// The generator's CPU time over the run's wall time (1.0 = one CPU busy all along).
+    pub fn generator_cpu_share(&self) -> Option<f64> {
+        let cpu = self.info.generator_cpu?;
+        Some(cpu.as_secs_f64() / self.info.elapsed.as_secs_f64().max(1e-9))
     }
 
     fn errors(&self) -> u64 {
@@ -171,6 +184,9 @@ impl Report {
             "kept_up": self.kept_up(),
             "throughput_rps": self.throughput(),
             "latency_us": latency,
+            "seed": self.info.seed,
+            "generator_cpu_s": self.info.generator_cpu.map(|c| c.as_secs_f64()),
+            "generator_cpu_share": self.generator_cpu_share(),
         })
     }
 
@@ -210,6 +226,15 @@ impl Report {
             out += &format!(
                 " max={}\n",
                 fmt_us(self.stats.latency.max() as f64 / 1000.0)
+            );
+        }
+        out += &format!("seed      {}\n", i.seed);
+        if let (Some(cpu), Some(share)) = (i.generator_cpu, self.generator_cpu_share()) {
+            out += &format!(
+                "generator CPU {:.2} s ({:.0}% of one CPU over {:.1} s)\n",
+                cpu.as_secs_f64(),
+                100.0 * share,
+                i.elapsed.as_secs_f64()
             );
         }
         if let (Some(rate), false) = (i.rate, self.kept_up()) {
@@ -253,6 +278,9 @@ mod tests {
                 concurrency: 4,
                 rate,
                 duration: Duration::from_secs(2),
+                seed: 42,
+                elapsed: Duration::from_secs(3),
+                generator_cpu: Some(Duration::from_millis(1500)),
             },
             stats: a,
             not_sent,
@@ -272,6 +300,9 @@ mod tests {
         assert_eq!(j["mode"], "closed");
         assert_eq!(j["throughput_rps"], 51.0);
         assert_eq!(j["kept_up"], true);
+        assert_eq!(j["seed"], 42);
+        assert_eq!(j["generator_cpu_s"], 1.5);
+        assert_eq!(j["generator_cpu_share"], 0.5);
         let lat = &j["latency_us"];
         // 99 of 102 samples are 10us..990us: p50 is about 500us, max the 1 s timeout.
         let p50 = lat["p50"].as_f64().unwrap();
@@ -291,6 +322,8 @@ mod tests {
         assert!(t.contains("  http_503: 1"), "{t}");
         assert!(t.contains("p99.9="), "{t}");
         assert!(!t.contains("WARNING"), "{t}");
+        assert!(t.contains("seed      42"), "{t}");
+        assert!(t.contains("generator CPU 1.50 s (50% of one CPU"), "{t}");
     }
 
     #[test]
@@ -311,6 +344,9 @@ mod tests {
                 concurrency: 1,
                 rate: None,
                 duration: Duration::from_secs(1),
+                seed: 7,
+                elapsed: Duration::from_secs(1),
+                generator_cpu: None,
             },
             stats: Stats::default(),
             not_sent: 0,

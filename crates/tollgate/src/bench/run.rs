@@ -9,6 +9,11 @@
 //! [`wait_until`]), so the target sees the schedule rather than one burst per millisecond. Requests due before the end
 //! but still unsent one `--timeout` after it are counted as `not_sent`, never silently dropped.
 //!
+//! Keys are drawn from a stream seeded per run (`--seed`, random by default), so successive runs
+//! do not replay the same keys into a server that kept its counters; the seed is in the report.
+//! The report also gives the generator's own CPU time over the run: when it nears one CPU per
+//! generator core, the generator, not the target, is what bounds the throughput.
+//!
 //! Each worker owns its client, its key sampler and its [`Stats`]; they are merged at the end,
 //! so the only shared state while running is an atomic ticket counter (open loop) and the
 //! progress counter.
@@ -37,6 +42,8 @@ pub struct Plan {
     pub timeout: Duration,
     /// Draw a progress bar on stderr.
     pub progress: bool,
+    /// Seed of the key stream; worker `i` draws from a sequence derived from it and `i`.
+    pub seed: u64,
 }
 
 /// Shared clock of a run.
@@ -66,6 +73,7 @@ pub async fn run(
     plan: &Plan,
 ) -> anyhow::Result<Report> {
     let clients = target.connect(plan.concurrency).await?;
+    let cpu_before = process_cpu();
     let now = Instant::now();
     let window = Window {
         start: now,
@@ -80,7 +88,7 @@ pub async fn run(
     for (i, client) in clients.into_iter().enumerate() {
         let worker = Worker {
             client,
-            keys: workload.sampler(0x5EED ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+            keys: workload.sampler(plan.seed, i, plan.concurrency),
             workload: workload.clone(),
             stats: Stats::default(),
             timeout: plan.timeout,
@@ -97,6 +105,9 @@ pub async fn run(
         stats.merge(&t.await?);
     }
     let finished = Instant::now();
+    let generator_cpu = cpu_before
+        .zip(process_cpu())
+        .map(|(before, after)| after.saturating_sub(before));
     if let Some(p) = progress {
         p.abort();
         let _ = p.await;
@@ -109,6 +120,9 @@ pub async fn run(
             rate: plan.rate,
             // Requests started before the end may finish after it: count their time too.
             duration: finished.max(window.end) - window.measure_from,
+            seed: plan.seed,
+            elapsed: finished - window.start,
+            generator_cpu,
         },
         stats,
         not_sent: shared.not_sent.load(Ordering::Relaxed),
@@ -181,6 +195,19 @@ impl Worker {
             self.send(due >= w.measure_from, from).await;
         }
     }
+}
+
+/// CPU time (user + system) this process has used so far: `utime` + `stime` of
+/// `/proc/self/stat`, in clock ticks of 1/100 s (Linux's `USER_HZ`, fixed at 100 for user
+/// space). `None` where there is no `/proc` (the report then leaves the generator's CPU out).
+fn process_cpu() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name (field 2) may hold spaces; fields after it are plain numbers.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(11); // field 14 (utime) is the 12th after ')'
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(Duration::from_millis((utime + stime) * 10))
 }
 
 /// Sleep on tokio's timer (millisecond granularity) until shortly before `due`, then yield until

@@ -1,7 +1,8 @@
 //! Where `tollgate bench` sends requests: `http://host:port` (`POST /v1/check`),
 //! `grpc://host:port` (Envoy RLS v3 `ShouldRateLimit`) or `http://host:port/any/path` (`GET` of
 //! that path with the `--header`s: forward-auth, `/v1/forward-auth/{domain}`, or a gateway in
-//! front of an API), and the per-worker clients.
+//! front of an API; with `--body`, a `POST` of that JSON body instead, e.g. another rate
+//! limiter's own check API), and the per-worker clients.
 //!
 //! HTTP: one keep-alive HTTP/1.1 connection per worker (hyper's connection API, no pool), so
 //! `--concurrency` is the number of connections, as with wrk. A connection that fails or times
@@ -51,6 +52,8 @@ pub enum Target {
         path: String,
         /// `--header` name and value templates (`{key}` replaced per request).
         headers: Vec<(header::HeaderName, String)>,
+        /// `--body`: POST this JSON body template (`{key}` replaced per request) instead.
+        body: Option<String>,
     },
 }
 
@@ -79,6 +82,7 @@ impl std::str::FromStr for Target {
                     .path_and_query()
                     .map_or("/".to_string(), |p| p.as_str().to_string()),
                 headers: Vec::new(),
+                body: None,
             }),
             Some("http") => Ok(Target::Http {
                 addr: addr(80),
@@ -115,6 +119,19 @@ impl Target {
         Ok(self)
     }
 
+    /// The same target POSTing `body` (`{key}` replaced per request) as JSON: path targets
+    /// only.
+    pub fn with_body(mut self, body: Option<&str>) -> anyhow::Result<Self> {
+        let Some(text) = body else {
+            return Ok(self);
+        };
+        let Target::Get { body: b, .. } = &mut self else {
+            bail!("--body only applies to a target with a path (http://host:port/path)");
+        };
+        *b = Some(text.to_string());
+        Ok(self)
+    }
+
     /// Clients for `workers` workers, connected (a target that is down fails here, not with a
     /// run full of errors).
     pub async fn connect(&self, workers: usize) -> anyhow::Result<Vec<Client>> {
@@ -124,9 +141,12 @@ impl Target {
                 addr, authority, ..
             } => {
                 let get = match self {
-                    Target::Get { path, headers, .. } => {
-                        Some(Arc::new((path.clone(), headers.clone())))
-                    }
+                    Target::Get {
+                        path,
+                        headers,
+                        body,
+                        ..
+                    } => Some(Arc::new((path.clone(), headers.clone(), body.clone()))),
                     _ => None,
                 };
                 let mut clients = Vec::with_capacity(workers);
@@ -215,8 +235,8 @@ pub struct HttpClient {
     get: Option<Arc<GetSpec>>,
 }
 
-/// A GET target's path and `--header` templates.
-type GetSpec = (String, Vec<(header::HeaderName, String)>);
+/// A path target's path, `--header` templates and `--body` template.
+type GetSpec = (String, Vec<(header::HeaderName, String)>, Option<String>);
 
 impl HttpClient {
     async fn connection(&mut self) -> anyhow::Result<&mut SendRequest<Full<Bytes>>> {
@@ -237,8 +257,15 @@ impl HttpClient {
         let Some(spec) = self.get.clone() else {
             return Outcome::Error("not_a_get_target".into());
         };
-        let mut req = Request::get(spec.0.as_str()).header(header::HOST, self.authority.clone());
         let key = key.to_string();
+        let (mut req, body) = match &spec.2 {
+            None => (Request::get(spec.0.as_str()), Bytes::new()),
+            Some(template) => (
+                Request::post(spec.0.as_str()).header(header::CONTENT_TYPE, "application/json"),
+                Bytes::from(template.replace("{key}", &key)),
+            ),
+        };
+        req = req.header(header::HOST, self.authority.clone());
         for (name, template) in &spec.1 {
             let value = if template.contains("{key}") {
                 template.replace("{key}", &key)
@@ -247,7 +274,7 @@ impl HttpClient {
             };
             req = req.header(name, value);
         }
-        match req.body(Full::new(Bytes::new())) {
+        match req.body(Full::new(body)) {
             Ok(req) => self.send(req).await,
             Err(_) => Outcome::Error("invalid_request".into()),
         }
@@ -332,7 +359,13 @@ mod tests {
             .with_headers(&["X-Api-Key: k{key}".into()])
             .unwrap();
         match get {
-            Target::Get { path, headers, .. } => {
+            Target::Get {
+                path,
+                headers,
+                body,
+                ..
+            } => {
+                assert_eq!(body, None);
                 assert_eq!(path, "/v1/forward-auth/web?deny_status=403");
                 assert_eq!(headers[0].0.as_str(), "x-api-key");
                 assert_eq!(headers[0].1, "k{key}");

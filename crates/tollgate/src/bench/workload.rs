@@ -25,6 +25,9 @@ pub enum Distribution {
     Uniform,
     /// Key `k` (0-based) with probability proportional to `1 / (k + 1)^s`.
     Zipf(f64),
+    /// Every key in turn, from the seed on (worker `w` of `n` takes `seed + w`, then every
+    /// `n`-th): `--keys N` requests touch N distinct keys, e.g. to fill a server's memory.
+    Sequential,
 }
 
 impl std::str::FromStr for Distribution {
@@ -33,6 +36,7 @@ impl std::str::FromStr for Distribution {
     fn from_str(s: &str) -> anyhow::Result<Self> {
         match s.split_once(':') {
             None if s == "uniform" => Ok(Distribution::Uniform),
+            None if s == "sequential" => Ok(Distribution::Sequential),
             Some(("zipf", exp)) => {
                 let e: f64 = exp
                     .parse()
@@ -42,7 +46,9 @@ impl std::str::FromStr for Distribution {
                 }
                 Ok(Distribution::Zipf(e))
             }
-            _ => bail!("distribution must be `uniform` or `zipf:S` (e.g. zipf:1.1), got '{s}'"),
+            _ => bail!(
+                "distribution must be `uniform`, `zipf:S` (e.g. zipf:1.1) or `sequential`, got '{s}'"
+            ),
         }
     }
 }
@@ -139,9 +145,18 @@ impl Workload {
         })
     }
 
-    /// A sampler for one worker; `seed` makes workers draw different sequences.
-    pub fn sampler(&self, seed: u64) -> KeySampler {
-        KeySampler::new(self.keys, self.distribution, seed)
+    /// The sampler of worker `worker` of `workers`: each draws its own sequence from `seed`.
+    pub fn sampler(&self, seed: u64, worker: usize, workers: usize) -> KeySampler {
+        let mut k = KeySampler::new(
+            self.keys,
+            self.distribution,
+            seed ^ (worker as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        );
+        if self.distribution == Distribution::Sequential {
+            let (w, n) = (worker as u64 % self.keys, workers.max(1) as u64 % self.keys);
+            k.sequential = Some(((seed % self.keys + w) % self.keys, n));
+        }
+        k
     }
 
     /// The `/v1/check` JSON body for `key`.
@@ -214,6 +229,8 @@ pub struct KeySampler {
     rng: Rng,
     keys: u64,
     zipf: Option<Zipf>,
+    /// `Sequential`: the next key and the step (both below `keys`).
+    sequential: Option<(u64, u64)>,
 }
 
 impl KeySampler {
@@ -222,14 +239,21 @@ impl KeySampler {
             rng: Rng::new(seed),
             keys,
             zipf: match distribution {
-                Distribution::Uniform => None,
                 Distribution::Zipf(s) => Some(Zipf::new(keys, s)),
+                Distribution::Uniform | Distribution::Sequential => None,
             },
+            sequential: None,
         }
     }
 
     /// The next key number.
     pub fn next_key(&mut self) -> u64 {
+        if let Some((next, stride)) = &mut self.sequential {
+            let key = *next;
+            // Both below `keys`: the sum cannot overflow for any key space below 2^63.
+            *next = (*next + *stride) % self.keys;
+            return key;
+        }
         match &self.zipf {
             None => self.rng.below(self.keys),
             Some(z) => z.sample(&mut self.rng) - 1,
@@ -325,6 +349,10 @@ mod tests {
             "zipf:1.1".parse::<Distribution>().unwrap(),
             Distribution::Zipf(1.1)
         );
+        assert_eq!(
+            "sequential".parse::<Distribution>().unwrap(),
+            Distribution::Sequential
+        );
         for bad in ["zipf", "zipf:0", "zipf:-1", "zipf:x", "normal", ""] {
             assert!(bad.parse::<Distribution>().is_err(), "{bad}");
         }
@@ -386,7 +414,7 @@ mod tests {
 
     fn histogram(keys: u64, d: Distribution, draws: u32) -> Vec<u32> {
         let w = Workload::new("a", &["u={key}".into()], None, keys, d).unwrap();
-        let mut s = w.sampler(12345);
+        let mut s = w.sampler(12345, 0, 1);
         let mut counts = vec![0u32; keys as usize];
         for _ in 0..draws {
             counts[s.next_key() as usize] += 1;
@@ -432,9 +460,32 @@ mod tests {
             Distribution::Zipf(1.1),
         )
         .unwrap();
-        let mut s = w.sampler(1);
+        let mut s = w.sampler(1, 0, 1);
         for _ in 0..10_000 {
             assert!(s.next_key() < 1 << 40);
         }
+    }
+
+    #[test]
+    fn sequential_workers_cover_every_key_once_per_pass() {
+        let w = Workload::new(
+            "api",
+            &["user={key}".into()],
+            None,
+            10,
+            Distribution::Sequential,
+        )
+        .unwrap();
+        let mut seen = Vec::new();
+        for worker in 0..3 {
+            let mut k = w.sampler(4, worker, 3);
+            // Worker 0 of 3 from seed 4: 4, 7, 0 (wrapped), ...
+            seen.extend((0..4).map(|_| k.next_key()));
+        }
+        let mut distinct = seen.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct, (0..10).collect::<Vec<_>>(), "{seen:?}");
+        assert_eq!(&seen[..3], &[4, 7, 0]);
     }
 }
