@@ -58,7 +58,13 @@ fn spawn_redis(args: &[&str], dir: &std::path::Path) -> Child {
 }
 
 /// A fresh directory under the system temp dir, unique to this process and moment.
+///
+/// Directories are kept after the test (a failing test's server logs are in them) and removed
+/// by a later test process: the first call in each process deletes the directories of test
+/// processes that have exited ([`sweep_temp_dirs`]), so runs do not pile up in the temp dir.
 pub fn temp_dir(name: &str) -> PathBuf {
+    static SWEEP: std::sync::Once = std::sync::Once::new();
+    SWEEP.call_once(sweep_temp_dirs);
     let dir = std::env::temp_dir().join(format!(
         "tollgate-test-{name}-{}-{}",
         std::process::id(),
@@ -69,6 +75,32 @@ pub fn temp_dir(name: &str) -> PathBuf {
     ));
     std::fs::create_dir_all(&dir).unwrap();
     dir
+}
+
+/// Remove `tollgate-test-*-PID-NANOS` directories whose process is gone (no `/proc/PID`).
+/// Best effort: a directory that cannot be read or removed is left.
+pub fn sweep_temp_dirs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !name.starts_with("tollgate-test-") {
+            continue;
+        }
+        // The pid is the second number from the end.
+        let mut parts = name.rsplit('-');
+        let (Some(_nanos), Some(pid)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        let Ok(pid) = pid.parse::<u32>() else {
+            continue;
+        };
+        if pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 /// A 2-worker Tokio runtime for tests that drive async code from a plain `#[test]`.
