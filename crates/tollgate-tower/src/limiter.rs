@@ -80,6 +80,10 @@ pub(crate) enum Query {
     Many(Vec<Vec<(String, String)>>),
 }
 
+/// Header-map room [`Headers::add_to`] reserves: up to six rate-limit headers, plus one entry
+/// for what the framework adds after the layer (axum's `Content-Length`).
+const ROOM_FOR_HEADERS: usize = 7;
+
 /// The rate-limit headers of an answer.
 pub(crate) enum Headers {
     None,
@@ -92,7 +96,13 @@ impl Headers {
     pub(crate) fn add_to(&self, map: &mut HeaderMap) {
         match self {
             Headers::None => {}
-            Headers::Values(v) => v.insert_into(map),
+            Headers::Values(v) => {
+                // Room for every header at once, and for the `Content-Length` axum adds after
+                // the layer: an axum response's map holds 6 entries before it grows, so
+                // without this it grows (a rehash) on that last insert, with 6 entries to move.
+                map.reserve(ROOM_FOR_HEADERS);
+                v.insert_into(map)
+            }
             Headers::Map(m) => {
                 for (n, v) in m.iter() {
                     map.insert(n.clone(), v.clone());
