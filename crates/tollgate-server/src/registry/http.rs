@@ -46,6 +46,17 @@ fn registry(state: &AppState) -> Result<&Arc<Registry>, RegistryError> {
     ))
 }
 
+/// The registry, for a write whose bearer token is the admin token (401/403 otherwise).
+fn authorized(state: &AppState, req: &Request) -> Result<Arc<Registry>, RegistryError> {
+    let registry = registry(state)?;
+    registry.authorize(
+        req.headers()
+            .get(header::AUTHORIZATION)
+            .map(HeaderValue::as_bytes),
+    )?;
+    Ok(registry.clone())
+}
+
 fn domain_of(path: Result<Path<String>, PathRejection>) -> Result<String, RegistryError> {
     match path {
         Ok(Path(d)) => Ok(d),
@@ -272,12 +283,7 @@ async fn put_domain(
     req: Request,
 ) -> Response {
     let result = async {
-        let registry = registry(&state)?.clone();
-        registry.authorize(
-            req.headers()
-                .get(header::AUTHORIZATION)
-                .map(HeaderValue::as_bytes),
-        )?;
+        let registry = authorized(&state, &req)?;
         let domain = domain_of(path)?;
         check_type(req.headers())?;
         let expect = expectation(req.headers())?;
@@ -311,12 +317,7 @@ async fn delete_domain(
     req: Request,
 ) -> Response {
     let result = async {
-        let registry = registry(&state)?.clone();
-        registry.authorize(
-            req.headers()
-                .get(header::AUTHORIZATION)
-                .map(HeaderValue::as_bytes),
-        )?;
+        let registry = authorized(&state, &req)?;
         let domain = domain_of(path)?;
         let expect = expectation(req.headers())?;
         let who = caller(&state, &req);

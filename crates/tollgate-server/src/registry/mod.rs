@@ -542,39 +542,20 @@ impl Registry {
             Backing::Memory | Backing::Dir(_) => {
                 let (next, entry) = storage::put(&snapshot, domain, version, expect, max, history)
                     .map_err(|r| refused(domain, expect, r, max))?;
-                if let Backing::Dir(dir) = &self.backing {
+                self.write_dir(|dir| {
                     dir.write_entry(&entry)
                         .and_then(|()| dir.write_revision(next.revision))
-                        .map_err(|e| {
-                            RegistryError::Storage(format!(
-                                "cannot write to {}: {e}",
-                                dir.path().display()
-                            ))
-                        })?;
-                }
+                })?;
                 let v = next.revision;
                 self.install(state, next);
                 v
             }
-            Backing::Redis { redis, .. } => {
-                let mut restored = false;
-                let v = loop {
-                    let known = self.stored().revision;
-                    match redis
-                        .put(domain, &version, expect, max, history, known)
-                        .await?
-                    {
-                        Err(Refused::Behind) if !restored => {
-                            restored = true;
-                            self.restore_redis(redis).await?;
-                            self.sync_redis(state).await;
-                        }
-                        r => break r.map_err(|r| refused(domain, expect, r, max))?,
-                    }
-                };
-                self.sync_redis(state).await;
-                v
-            }
+            Backing::Redis { redis, .. } => self
+                .write_redis(state, redis, |known| {
+                    redis.put(domain, &version, expect, max, history, known)
+                })
+                .await?
+                .map_err(|r| refused(domain, expect, r, max))?,
         };
         outcome.version = Some(written);
         self.counters.puts.fetch_add(1, Relaxed);
@@ -611,36 +592,18 @@ impl Registry {
             Backing::Memory | Backing::Dir(_) => {
                 let next = storage::delete(&snapshot, domain, expect)
                     .map_err(|r| refused(domain, expect, r, max))?;
-                if let Backing::Dir(dir) = &self.backing {
+                self.write_dir(|dir| {
                     dir.remove_entry(domain)
                         .and_then(|()| dir.write_revision(next.revision))
-                        .map_err(|e| {
-                            RegistryError::Storage(format!(
-                                "cannot write to {}: {e}",
-                                dir.path().display()
-                            ))
-                        })?;
-                }
+                })?;
                 let v = next.revision;
                 self.install(state, next);
                 v
             }
-            Backing::Redis { redis, .. } => {
-                let mut restored = false;
-                let v = loop {
-                    let known = self.stored().revision;
-                    match redis.delete(domain, expect, known).await? {
-                        Err(Refused::Behind) if !restored => {
-                            restored = true;
-                            self.restore_redis(redis).await?;
-                            self.sync_redis(state).await;
-                        }
-                        r => break r.map_err(|r| refused(domain, expect, r, max))?,
-                    }
-                };
-                self.sync_redis(state).await;
-                v
-            }
+            Backing::Redis { redis, .. } => self
+                .write_redis(state, redis, |known| redis.delete(domain, expect, known))
+                .await?
+                .map_err(|r| refused(domain, expect, r, max))?,
         };
         let old = current.unwrap_or(0);
         self.counters.deletes.fetch_add(1, Relaxed);
@@ -654,6 +617,46 @@ impl Registry {
             "registry change"
         );
         Ok((old, revision))
+    }
+
+    /// Write to the registry directory, when that is the storage.
+    fn write_dir(
+        &self,
+        write: impl FnOnce(&DirStorage) -> std::io::Result<()>,
+    ) -> Result<(), RegistryError> {
+        let Backing::Dir(dir) = &self.backing else {
+            return Ok(());
+        };
+        write(dir).map_err(|e| {
+            RegistryError::Storage(format!("cannot write to {}: {e}", dir.path().display()))
+        })
+    }
+
+    /// One write script on Redis, given the revision this instance knows: when Redis is behind
+    /// it (it lost the registry), write the registry back once and retry; then follow Redis.
+    async fn write_redis<F, Fut>(
+        &self,
+        state: &AppState,
+        redis: &RedisRegistry,
+        write: F,
+    ) -> Result<Result<u64, Refused>, RegistryError>
+    where
+        F: Fn(u64) -> Fut,
+        Fut: std::future::Future<Output = Result<Result<u64, Refused>, tollgate_core::StoreError>>,
+    {
+        let mut restored = false;
+        let written = loop {
+            match write(self.stored().revision).await? {
+                Err(Refused::Behind) if !restored => {
+                    restored = true;
+                    self.restore_redis(redis).await?;
+                    self.sync_redis(state).await;
+                }
+                r => break r,
+            }
+        };
+        self.sync_redis(state).await;
+        Ok(written)
     }
 
     /// 409 when a rules file defines `domain`.
