@@ -25,6 +25,42 @@ fn distributed_block() -> String {
     rest[start..start + end].to_string()
 }
 
+/// Regression: adding examples/axum-app (a second binary in the workspace) broke the quick
+/// start's `cargo run --release -- serve` ("could not determine which binary to run"). `cargo
+/// run` at the root picks among the default members' binaries: there must be exactly one,
+/// `tollgate`.
+#[test]
+fn quick_start_cargo_run_finds_the_tollgate_binary() {
+    let out = Command::new(env!("CARGO"))
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
+        .current_dir(repo())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let defaults = meta["workspace_default_members"].as_array().unwrap();
+    let bins: Vec<&str> = meta["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| defaults.contains(&p["id"]))
+        .flat_map(|p| p["targets"].as_array().unwrap())
+        .filter(|t| t["kind"].as_array().unwrap().iter().any(|k| k == "bin"))
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(bins, ["tollgate"]);
+}
+
 #[test]
 fn readme_distributed_setup_runs_as_written() {
     let mut script = distributed_block();
