@@ -1253,6 +1253,13 @@ async fn read_message(mut body: Incoming, max_message: usize) -> Result<bytes::B
                     "Error, decoded message length too large: found {len} bytes, the limit is: {max_message} bytes"
                 )));
             }
+            // A unary call carries one message: data past it is refused as it arrives, not
+            // buffered (else a client could stream without end into one request).
+            if have.len() > 5 + len {
+                return Err(Status::invalid_argument(
+                    "a unary call carries one request message: data follows it",
+                ));
+            }
         }
     }
     let mut all = match (first, more) {

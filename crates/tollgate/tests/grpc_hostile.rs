@@ -454,3 +454,97 @@ fn grpc_limits_from_environment_variables() {
     assert_eq!(settings.setting(SETTINGS_MAX_HEADER_LIST_SIZE), Some(4096));
     assert!(conn.wait_for(PING).is_some(), "keepalive PING");
 }
+
+/// Regression: the direct `ShouldRateLimit` path read a unary call's body to its end, so a
+/// client that kept sending data after the one message grew that request's buffer without
+/// bound. Now the data past the message is refused (INVALID_ARGUMENT) as it arrives.
+#[test]
+fn data_after_the_one_request_message_is_refused_not_buffered() {
+    use http_body_util::BodyExt as _;
+    let (server, addr) = start(&[], "grpc-trailing-data");
+    let pid = server.child.id();
+    let rt = tollgate_testsupport::runtime();
+    let (grpc_status, sent) = rt.block_on(async {
+        let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let (mut client, conn) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(tcp),
+        )
+        .await
+        .unwrap();
+        tokio::spawn(conn);
+        let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(4);
+        let body = ChanBody(rx);
+        let req = hyper::Request::post(format!(
+            "http://{addr}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(body)
+        .unwrap();
+        // One valid (empty) message, then up to 256 MiB more on the same stream.
+        let writer = tokio::spawn(async move {
+            let mut sent = 0usize;
+            if tx
+                .send(bytes::Bytes::from_static(&[0, 0, 0, 0, 0]))
+                .await
+                .is_err()
+            {
+                return sent;
+            }
+            let chunk = bytes::Bytes::from(vec![0u8; 64 * 1024]);
+            while sent < 256 << 20 {
+                if tx.send(chunk.clone()).await.is_err() {
+                    break;
+                }
+                sent += chunk.len();
+            }
+            sent
+        });
+        let resp = tokio::time::timeout(Duration::from_secs(60), client.send_request(req))
+            .await
+            .expect("an answer while the client is still sending")
+            .unwrap();
+        let status = match resp.headers().get("grpc-status") {
+            Some(v) => v.to_str().unwrap().to_string(),
+            None => {
+                let trailers = resp
+                    .into_body()
+                    .collect()
+                    .await
+                    .unwrap()
+                    .trailers()
+                    .cloned();
+                trailers.unwrap()["grpc-status"]
+                    .to_str()
+                    .unwrap()
+                    .to_string()
+            }
+        };
+        writer.abort();
+        let sent = writer.await.unwrap_or(0);
+        (status, sent)
+    });
+    let rss = rss_kib(pid);
+    eprintln!("trailing data: grpc-status {grpc_status}, client sent {sent} bytes, RSS {rss} KiB");
+    assert_eq!(grpc_status, "3", "INVALID_ARGUMENT");
+    assert!(rss < 64 * 1024, "RSS {rss} KiB");
+    assert_eq!(call_blocking(&addr), Ok(1), "the server still answers");
+}
+
+/// A request body fed through a channel (each item one DATA frame, flow control by hyper).
+struct ChanBody(tokio::sync::mpsc::Receiver<bytes::Bytes>);
+
+impl hyper::body::Body for ChanBody {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, Self::Error>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|d| d.map(|d| Ok(hyper::body::Frame::data(d))))
+    }
+}
