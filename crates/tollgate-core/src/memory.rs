@@ -3,7 +3,7 @@
 //! - **Keys are 128-bit keyed hashes** (SipHash-1-3 with a per-store random key) of the counter
 //!   key, with the algorithm and period XORed in, not the key text: an entry is 32 bytes whatever
 //!   the key length (two per cache line: the state's layout tag rides in the key's low 3 bits, see
-//!   [`Key`]), lookups never allocate, and the odds that two of a billion live keys collide are
+//!   `Key`), lookups never allocate, and the odds that two of a billion live keys collide are
 //!   below 10^-19 (keys are attacker-controlled, so the hash stays a keyed PRF: an attacker
 //!   cannot aim for a collision without the random key; a cheaper unkeyed or 64-bit hash would
 //!   make shared counters a matter of luck or effort). Including the algorithm and period means

@@ -35,8 +35,8 @@
 //! `--shutdown-timeout`.
 //!
 //! On those connections `ShouldRateLimit` itself does not go through tonic: a POST to its path
-//! is answered directly on hyper's stream ([`should_rate_limit_call`]: the message read whole,
-//! prost, [`RateLimitGrpc::respond`], one message and the `grpc-status` trailers back), which
+//! is answered directly on hyper's stream (`should_rate_limit_call`: the message read whole,
+//! prost, `RateLimitGrpc::respond`, one message and the `grpc-status` trailers back), which
 //! costs fewer instructions than tonic's generic unary stack. Health, reflection and every
 //! other path go through tonic's routes as before, and both paths answer the same statuses. The
 //! connection's writes are coalesced (see `Replayed::defer`): with many calls in flight, one

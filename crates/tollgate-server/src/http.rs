@@ -51,7 +51,7 @@ pub fn router(state: AppState) -> Router {
 }
 
 /// The routes of [`router`] as one service, with panics caught around the router's future
-/// ([`catch_panics`]). What is on the per-request path is kept small:
+/// (`catch_panics`). What is on the per-request path is kept small:
 /// - no tower-http `CatchPanicLayer`: it re-boxes every response body (an allocation per
 ///   response); our bodies are built whole, so nothing can panic after the future is done;
 /// - the panic catching wraps the routed router once, as one service: `Router::layer` would

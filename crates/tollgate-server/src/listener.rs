@@ -21,7 +21,7 @@
 //!
 //! Why not hyper's own `header_read_timeout`: it also runs while an HTTP/1.1 connection waits
 //! idle for its next request, so the idle timeout could never exceed it. Each connection instead
-//! carries a small [`Activity`] record (requests in flight, when it went idle, when the next
+//! carries a small `Activity` record (requests in flight, when it went idle, when the next
 //! request head began), updated by the service wrapper and the socket reader, and one timer
 //! that checks it only when the nearest deadline is due.
 

@@ -10,7 +10,7 @@
 //! (`api.user`, `api.path_/login.ip`; see `tollgate_core::rules::StatsKey`), so dashboards keep
 //! their series when a deployment moves over. Cardinality stays bounded: the key holds no
 //! request value unless the rule has `detailed_metric` or `value_to_metric` (the operator opted
-//! in), and then at most [`MAX_SERIES`] series exist before new ones fold into the rule's
+//! in), and then at most `MAX_SERIES` series exist before new ones fold into the rule's
 //! configured path.
 
 use std::collections::{BTreeMap, HashMap};
@@ -113,7 +113,7 @@ impl Metrics {
     }
 
     /// The counters for `(domain, rule)`, created on first use. `fallback` is used instead of
-    /// `rule` once [`MAX_SERIES`] pairs exist (guards detailed metrics against unbounded values).
+    /// `rule` once `MAX_SERIES` pairs exist (guards detailed metrics against unbounded values).
     pub fn rule(&self, domain: &str, rule: &str, fallback: &str) -> Arc<RuleCounters> {
         let read = self.rules.read().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = read.get(&(domain.to_string(), rule.to_string())) {

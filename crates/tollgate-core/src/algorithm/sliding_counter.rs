@@ -8,7 +8,7 @@
 //! Two counters per key; it assumes the previous window's requests were evenly spread, so over
 //! a rolling window it can admit more than `limit` when they were not (see docs/algorithms.md).
 //!
-//! [`decide`] is shared with the count-min-sketch limiter, which feeds it estimated counts.
+//! `decide` is shared with the count-min-sketch limiter, which feeds it estimated counts.
 //!
 //! Clock steps back are handled as in the fixed window: a state in the next window is decided
 //! as at that window's start; one further ahead is clamped to the next window, counts kept

@@ -2,7 +2,7 @@
 //! and the hidden `tollgate bench-ceiling` servers it is compared with.
 //!
 //! One file per concern: [`target`] (URLs and clients), [`workload`] (descriptor templates, key
-//! space, distribution), [`run`] (closed and open loop drivers), [`report`] (HdrHistogram
+//! space, distribution), [`run`](mod@run) (closed and open loop drivers), [`report`] (HdrHistogram
 //! summary, text and JSON), [`ceiling`] (bare axum / tonic servers: the most any service could
 //! do on this machine with the same stack).
 

@@ -11,7 +11,7 @@
 //! the write are one atomic step however many instances write at once. Each change is then
 //! announced on the channel `<prefix>:registry:changes` (its revision as the message).
 //!
-//! Instances follow the registry two ways ([`follow`]): a subscription to the channel (a change
+//! Instances follow the registry two ways (`follow`): a subscription to the channel (a change
 //! is applied as soon as its message arrives) and a poll of the revision key every
 //! `poll_interval` (250 ms by default), which catches a message missed while the subscription
 //! was down. While Redis cannot be reached the running rules stay as they are.
