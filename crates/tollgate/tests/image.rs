@@ -22,8 +22,8 @@ use std::process::{Command, Output};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 use support::kube::{write_configmap, Manifest};
-use support::{free_port, repo, temp_dir};
-use tollgate_server::client::{send, HttpResponse, Method};
+use support::{free_port, repo, temp_dir, try_http};
+use tollgate_server::client::{HttpResponse, Method};
 
 /// The binary the Containerfile's `host` stage copies (relative to the repository).
 const BINARY: &str = "target/x86_64-unknown-linux-gnu/image/tollgate";
@@ -248,27 +248,8 @@ impl Drop for Container {
     }
 }
 
-fn request(
-    base: &str,
-    method: Method,
-    path: &str,
-    body: Option<Value>,
-) -> anyhow::Result<HttpResponse> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(send(
-        base,
-        method,
-        path,
-        body.map(|b| b.to_string()),
-        Duration::from_secs(10),
-    ))
-}
-
 fn get(base: &str, path: &str) -> anyhow::Result<HttpResponse> {
-    request(base, Method::GET, path, None)
+    try_http(base, Method::GET, path, None)
 }
 
 /// One hit over `/v1/check`; the response body.
@@ -277,7 +258,7 @@ fn check(base: &str, domain: &str, entries: &[(&str, &str)]) -> Value {
         .iter()
         .map(|(k, v)| json!({"key": k, "value": v}))
         .collect();
-    let r = request(
+    let r = try_http(
         base,
         Method::POST,
         "/v1/check",
@@ -464,7 +445,7 @@ fn image_swaps_in_for_envoy_ratelimit_keeping_its_environment() {
             {"key": "source_cluster", "value": "proxy"},
             {"key": "destination_cluster", "value": "mock"},
         ]}]});
-        let r = request(&base, Method::POST, "/json", Some(body)).unwrap();
+        let r = try_http(&base, Method::POST, "/json", Some(body)).unwrap();
         let v: Value = serde_json::from_str(&r.body).unwrap_or(Value::Null);
         assert_eq!(
             v["statuses"][0]["currentLimit"]["requestsPerUnit"], 2,

@@ -194,6 +194,16 @@ fn addr_after(line: &str, marker: &str) -> Option<String> {
 }
 
 pub fn http(base: &str, method: Method, path: &str, body: Option<Value>) -> HttpResponse {
+    try_http(base, method, path, body).expect("HTTP request")
+}
+
+/// [`http`] that returns a failed request (a server not up yet) instead of panicking.
+pub fn try_http(
+    base: &str,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> anyhow::Result<HttpResponse> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -205,7 +215,6 @@ pub fn http(base: &str, method: Method, path: &str, body: Option<Value>) -> Http
         body.map(|b| b.to_string()),
         Duration::from_secs(10),
     ))
-    .expect("HTTP request")
 }
 
 /// Run the `tollgate` binary in the repository root.
