@@ -291,7 +291,9 @@ callgrind() {
 # written to the output directory), and {store} the words of --peer-store-memory or
 # --peer-store-redis. Each side gets its own server per row, pinned to CPU 0, the generator to
 # CPU 1. On the grpc and http rows a third side runs too: the bare ceiling (`tollgate
-# bench-ceiling`: the same stack answering without rate limiting). Reported per side and row: req/s, server CPU per decision (user + system time of the
+# bench-ceiling`: the same stack answering without rate limiting), and on the http row a fourth,
+# the floor (`tollgate bench-ceiling http-floor`: no HTTP stack, one read and one fixed write
+# per request, the least any HTTP server costs on this machine). Reported per side and row: req/s, server CPU per decision (user + system time of the
 # server process from /proc/PID/stat, over the run), p50/p99, the generator's own CPU; then p99
 # open loop at half of the slower side's median; instructions per decision (callgrind); idle
 # RSS and RSS after --fill-keys distinct keys.
@@ -335,7 +337,7 @@ peer_main() {
   fi
 
   # Start both sides of every row (all idle but the one under load).
-  declare -gA T_PID T_TARGET P_PID P_TARGET C_PID C_TARGET
+  declare -gA T_PID T_TARGET P_PID P_TARGET C_PID C_TARGET F_PID F_TARGET
   for row in "${rows[@]}"; do
     start_side tollgate "$row" "${PIN_SERVER[@]}"
     T_PID[$row]=$SIDE_PID; T_TARGET[$row]=$SIDE_TARGET
@@ -344,6 +346,10 @@ peer_main() {
     if has_ceiling "$row"; then
       start_side ceiling "$row" "${PIN_SERVER[@]}"
       C_PID[$row]=$SIDE_PID; C_TARGET[$row]=$SIDE_TARGET
+    fi
+    if has_floor "$row"; then
+      start_side floor "$row" "${PIN_SERVER[@]}"
+      F_PID[$row]=$SIDE_PID; F_TARGET[$row]=$SIDE_TARGET
     fi
   done
   sleep 1
@@ -360,6 +366,7 @@ peer_main() {
   for row in "${rows[@]}"; do
     peer_line "$row" tollgate; peer_line "$row" peer
     if has_ceiling "$row"; then peer_line "$row" ceiling; fi
+    if has_floor "$row"; then peer_line "$row" floor; fi
   done
 
   echo "== open loop at half of the slower side's median req/s, $RUNS interleaved rounds"
@@ -377,13 +384,14 @@ peer_main() {
   done
   stop_all
 
-  declare -gA T_CG P_CG C_CG
+  declare -gA T_CG P_CG C_CG F_CG
   if [ "$PEER_CALLGRIND" = 1 ] && command -v valgrind >/dev/null 2>&1; then
     echo "== instructions per decision (callgrind, server process only)"
     for row in "${rows[@]}"; do
       cg_side tollgate "$row"; T_CG[$row]=$CG_IR
       cg_side peer "$row"; P_CG[$row]=$CG_IR
       if has_ceiling "$row"; then cg_side ceiling "$row"; C_CG[$row]=$CG_IR; fi
+      if has_floor "$row"; then cg_side floor "$row"; F_CG[$row]=$CG_IR; fi
     done
   fi
 
@@ -411,11 +419,13 @@ row_tight() { case "$1" in *hot) return 0 ;; *) return 1 ;; esac; }
 row_redis() { case "$1" in *redis*) return 0 ;; *) return 1 ;; esac; }
 row_keys() { if row_tight "$1"; then echo 1; else echo "$KEYS"; fi; }
 has_ceiling() { [ "$1" = grpc ] || [ "$1" = http ]; }
+has_floor() { [ "$1" = http ]; }
 # side_order ROW ROUND: the sides of ROW in the order of this round (rotating, so no side is
 # always first after the other's load).
 side_order() {
   local sides=(tollgate peer) n i
   if has_ceiling "$1"; then sides+=(ceiling); fi
+  if has_floor "$1"; then sides+=(floor); fi
   n=${#sides[@]}
   for i in $(seq 0 $((n - 1))); do echo "${sides[$(((i + $2 - 1) % n))]}"; done
 }
@@ -429,9 +439,10 @@ start_side() {
   local wrap=("$@") rules=benches/rules/high-limit.yaml limits=$PEER_LIMITS_HIGH
   if row_tight "$row"; then rules=benches/rules/tight-limit.yaml; limits=$PEER_LIMITS_TIGHT; fi
   if [ "$row" = fill ]; then rules=$OUT/tollgate-fill.yaml; limits=$OUT/peer-fill.yaml; fi
-  if [ "$side" = ceiling ]; then
+  if [ "$side" = ceiling ] || [ "$side" = floor ]; then
     local saved=("${PIN_SERVER[@]}") kind=grpc
     if [ "$row" = http ]; then kind=http; fi
+    if [ "$side" = floor ]; then kind=http-floor; fi
     PIN_SERVER=("${wrap[@]}")
     start_server "$name" bench-ceiling "$kind" --addr 127.0.0.1:0
     PIN_SERVER=("${saved[@]}")
@@ -489,6 +500,7 @@ run_side() {
     tollgate) pid=${T_PID[$row]}; target=${T_TARGET[$row]} ;;
     peer) pid=${P_PID[$row]}; target=${P_TARGET[$row]} ;;
     ceiling) pid=${C_PID[$row]}; target=${C_TARGET[$row]} ;;
+    floor) pid=${F_PID[$row]}; target=${F_TARGET[$row]} ;;
   esac
   mapfile -t flags < <(side_flags "$row" "$side")
   run_one "$row$mode-$side" "$r" "$pid" "$(row_keys "$row")" "$target" "${flags[@]}" "$@"
@@ -583,6 +595,13 @@ peer_report() {
         "${T_CG[$row]:-n/a}" "${P_CG[$row]:-n/a}" "${C_CG[$row]:--}"
     done
     echo
+    for row in "$@"; do
+      has_floor "$row" || continue
+      printf '%s floor (no HTTP stack: one read, one fixed write): %s us/decision (runs %s), %s instr/decision; 2x the peer would need %s us\n' \
+        "$row" "$(us_per "$(field "$row-floor" req_per_cpu_s)")" \
+        "$(for i in $(seq "$RUNS"); do us_per "$(json_num "$OUT/$row-floor.$i.cpu.json" req_per_cpu_s)"; echo; done | paste -sd/)" \
+        "${F_CG[$row]:-n/a}" "$(awk -v p="$(field "$row-peer" req_per_cpu_s)" 'BEGIN {printf "%.1f", p ? 1e6 / p / 2 : 0}')"
+    done
     for row in "$@"; do
       case "$row" in *hot) continue ;; esac
       printf 'open loop %s at %s req/s (half of the slower side): p99 tollgate %.2f ms (runs %s us), peer %.2f ms (runs %s us)\n' \

@@ -109,7 +109,11 @@ fn bench_against_serve_http_and_grpc_closed_and_open_loop() {
 
 #[test]
 fn bench_against_the_ceilings() {
-    for (kind, marker, scheme) in [("http", "HTTP http://", "http"), ("grpc", "gRPC ", "grpc")] {
+    for (kind, marker, scheme) in [
+        ("http", "HTTP http://", "http"),
+        ("http-floor", "HTTP http://", "http"),
+        ("grpc", "gRPC ", "grpc"),
+    ] {
         let ceiling = Server::launch(
             &["bench-ceiling", kind, "--addr", "127.0.0.1:0"],
             "bench-smoke-ceiling",
@@ -117,6 +121,7 @@ fn bench_against_the_ceilings() {
         let target = format!("{scheme}://{}", ceiling.addr(marker));
         let r = bench(&target, &["--distribution", "zipf:1.1", "--hits", "2"]);
         assert_eq!(r["denied"], 0, "{r}");
+        assert!(r["allowed"].as_u64().unwrap() > 0, "{kind}: {r}");
     }
 }
 

@@ -8,6 +8,12 @@
 //! - gRPC: tonic with the `envoy-types` RLS service (as `serve`, TCP_NODELAY too) answering a
 //!   constant OK, one OK status per request descriptor.
 //!
+//! - HTTP floor (`http-floor`): no HTTP stack at all. Each kept-alive connection reads until a
+//!   request head and its `Content-Length` body are in, then writes one fixed 200 answer. That is
+//!   the least any HTTP/1.1 server does per request (one read, one write), so its CPU per request
+//!   is the floor under every HTTP server on this machine, the system calls' share included.
+//!   It is a measuring tool, not a server: no header limits, no timeouts, no chunked bodies.
+//!
 //! It prints a `listening: ...` line like `serve` so scripts find the port from `--addr ...:0`.
 
 use anyhow::Context;
@@ -30,6 +36,8 @@ pub enum Kind {
     Http,
     /// Bare tonic `ShouldRateLimit`: answer a constant OK.
     Grpc,
+    /// No HTTP stack: read a request (head and `Content-Length` body), write a fixed 200.
+    HttpFloor,
 }
 
 /// `tollgate bench-ceiling` flags.
@@ -63,6 +71,21 @@ pub fn run(args: &CeilingArgs) -> anyhow::Result<ExitCode> {
                     .await
                     .context("HTTP ceiling failed")
             }
+            Kind::HttpFloor => {
+                println!("listening: HTTP http://{addr} (floor: one read, one fixed write)");
+                let mut shutdown = std::pin::pin!(shutdown);
+                loop {
+                    tokio::select! {
+                        () = &mut shutdown => return Ok(()),
+                        accepted = listener.accept() => {
+                            let Ok((stream, _)) = accepted else { continue };
+                            // Best effort, as the other listeners: a failure only costs speed.
+                            let _ = stream.set_nodelay(true);
+                            tokio::spawn(floor_connection(stream));
+                        }
+                    }
+                }
+            }
             Kind::Grpc => {
                 println!("listening: gRPC {addr} (ceiling: bare tonic ShouldRateLimit)");
                 tonic::transport::Server::builder()
@@ -77,6 +100,51 @@ pub fn run(args: &CeilingArgs) -> anyhow::Result<ExitCode> {
         }
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The floor's one answer.
+const FLOOR_ANSWER: &[u8] =
+    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
+
+/// Serves one connection of the HTTP floor until the client closes it or sends what it cannot
+/// frame (no head end within 64 KiB, no parsable `Content-Length`).
+async fn floor_connection(mut stream: tokio::net::TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = Vec::with_capacity(8192);
+    loop {
+        while let Some(len) = floor_request_len(&buf) {
+            buf.drain(..len);
+            if stream.write_all(FLOOR_ANSWER).await.is_err() {
+                return;
+            }
+        }
+        if buf.len() > 64 * 1024 {
+            return;
+        }
+        match stream.read_buf(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
+}
+
+/// The length of the first whole request in `buf` (head and body), if it is all there.
+fn floor_request_len(buf: &[u8]) -> Option<usize> {
+    let head = buf.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+    let body = buf[..head]
+        .split(|&b| b == b'\n')
+        .find_map(|line| {
+            let (name, value) = line.split_at(line.iter().position(|&b| b == b':')?);
+            name.eq_ignore_ascii_case(b"content-length").then(|| {
+                std::str::from_utf8(&value[1..])
+                    .ok()?
+                    .trim()
+                    .parse::<usize>()
+                    .ok()
+            })?
+        })
+        .unwrap_or(0);
+    (buf.len() >= head + body).then_some(head + body)
 }
 
 /// `ShouldRateLimit` answering OK to everything.
@@ -134,6 +202,18 @@ mod tests {
         // It does parse: a body the real service rejects is rejected here too.
         assert_eq!(post(r#"{"domain":1}"#).await.0, StatusCode::BAD_REQUEST);
         assert_eq!(post("not json").await.0, StatusCode::BAD_REQUEST);
+    }
+
+    #[test]
+    fn http_floor_frames_requests_by_content_length() {
+        let req = b"POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nbody";
+        assert_eq!(floor_request_len(req), Some(req.len()));
+        assert_eq!(floor_request_len(&req[..req.len() - 1]), None);
+        let mut two = req.to_vec();
+        two.extend_from_slice(b"GET / HTTP/1.1\r\ncontent-length:0\r\n\r\n");
+        assert_eq!(floor_request_len(&two), Some(req.len()));
+        assert_eq!(floor_request_len(b"GET / HTTP/1.1\r\n\r\n"), Some(18));
+        assert_eq!(floor_request_len(b"GET / HTTP/1.1\r\n"), None);
     }
 
     #[tokio::test]
