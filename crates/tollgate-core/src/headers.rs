@@ -32,7 +32,7 @@ pub struct HeaderValues {
 
 /// The header names, in the order [`HeaderValues::for_each`] gives them, built once
 /// (`HeaderName::from_static` at run time re-validates the name on every call).
-static HEADER_NAMES: [HeaderName; 6] = [
+pub static HEADER_NAMES: [HeaderName; 6] = [
     HeaderName::from_static("x-ratelimit-limit"),
     HeaderName::from_static("x-ratelimit-remaining"),
     HeaderName::from_static("x-ratelimit-reset"),

@@ -34,14 +34,24 @@ pub enum Backend {
     RedisSplit(Arc<Guarded>, Arc<Guarded>),
 }
 
+/// A Redis check, boxed (see [`Backend::check`]).
+type BoxedCheck<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Outcome, StoreError>> + Send + 'a>>;
+
 impl Backend {
     /// Check and consume `items` at `now` (the service clock; Redis uses its own `TIME`).
     pub async fn check(&self, now: Micros, items: &[CheckItem<'_>]) -> Result<Outcome, StoreError> {
         match self {
             Backend::Local(store) => store.check(now, items).map(Outcome::store),
-            Backend::Redis(g) => g.check(now, items).await,
+            // Boxed: the Redis futures are kilobytes, and every caller's future (each request's,
+            // moved around by hyper) would be that size even when the store is memory.
+            Backend::Redis(g) => {
+                let check: BoxedCheck<'_> = Box::pin(g.check(now, items));
+                check.await
+            }
             Backend::RedisSplit(main, per_second) => {
-                check_split(main, per_second, now, items).await
+                let check: BoxedCheck<'_> = Box::pin(check_split(main, per_second, now, items));
+                check.await
             }
         }
     }

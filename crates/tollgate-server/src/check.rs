@@ -187,7 +187,8 @@ pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckRespons
     let verdict = plan.finish(decisions);
     let envoy = state.envoy();
     let allowed = verdict.allowed_with_quota_mode(envoy.is_some_and(|m| m.quota_mode));
-    let known_domain = rules.set.domain(&req.domain).is_some();
+    // Looked up only when a descriptor matched no rule (a hash of the domain per request).
+    let known_domain = || rules.set.domain(&req.domain).is_some();
 
     let statuses = verdict
         .statuses
@@ -197,7 +198,7 @@ pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckRespons
             let cost = desc.hits.unwrap_or(hits);
             match status {
                 Status::NoLimit => {
-                    if known_domain {
+                    if known_domain() {
                         metrics.unmatched(&req.domain, "no_rule");
                     } else {
                         if metrics.unknown_domain(&req.domain) {

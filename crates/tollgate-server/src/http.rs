@@ -2,22 +2,23 @@
 //! routes as the one service `serve` runs; no sockets here, so tests drive both with
 //! `tower::ServiceExt::oneshot`.
 //!
-//! Check request bodies are read in one pass by [`crate::wire`], which gives every mistake its
-//! own error code and status (never a 500). Check responses are written straight into one
-//! pre-sized buffer (no `Value` tree), rate-limit header values formatted on the stack into one
-//! shared buffer.
+//! `POST /v1/check`, nearly all the traffic, is answered by [`ApiService`] without going
+//! through axum's `Router` (the other routes are). Check request bodies are read in one pass by
+//! [`crate::wire`], which gives every mistake its own error code and status (never a 500).
+//! Check responses are written straight into one pre-sized buffer (no `Value` tree) that also
+//! holds the rate-limit header values.
 
 use crate::backend::{Backend, BreakerState};
 use crate::check::decide;
 use crate::error::ApiError;
 use crate::listener::BodyTimedOut;
 use crate::metrics::DropReason;
-use crate::model::{ms_ceil, CheckResponse, DescriptorStatus};
+use crate::model::{ms_ceil, CheckResponse, DescriptorStatus, HeaderValues};
 use crate::state::AppState;
 pub use crate::wire::{parse_request, Dialect};
-use axum::body::{Body, Bytes};
+use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -26,9 +27,9 @@ use serde::{Serialize, Serializer};
 use serde_json::{json, Value};
 use std::any::Any;
 use std::convert::Infallible;
-use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use tower::{Layer, Service, ServiceBuilder};
+use tollgate_core::headers::HEADER_NAMES;
+use tower::{Layer, Service};
 use tower_http::trace::TraceLayer;
 
 /// The OpenAPI document served at `/openapi.json` (also checked in as `docs/openapi.json`).
@@ -50,20 +51,17 @@ pub fn router(state: AppState) -> Router {
     }
 }
 
-/// The routes of [`router`] as one service, with panics caught around the router's future
-/// (`catch_panics`). What is on the per-request path is kept small:
+/// The routes of [`router`] as one service ([`ApiService`]), with panics caught around each
+/// request's future. What is on the per-request path is kept small:
+/// - `POST /v1/check`, nearly all the traffic, is answered without axum's `Router` (no path
+///   lookup, no URL-parameter and matched-path extensions, no boxed route service, no second
+///   `content-length` computation: hyper writes it from the body's exact size): the route is
+///   still registered in the `Router`, which answers its other methods (405) as before;
 /// - no tower-http `CatchPanicLayer`: it re-boxes every response body (an allocation per
 ///   response); our bodies are built whole, so nothing can panic after the future is done;
-/// - the panic catching wraps the routed router once, as one service: `Router::layer` would
-///   wrap every route and the fallbacks in a boxed layered service of their own, cloned per
-///   request.
-pub fn service(
-    state: AppState,
-) -> impl Service<Request, Response = Response, Error = Infallible, Future: Send + 'static>
-       + Clone
-       + Send
-       + Sync
-       + 'static {
+/// - the panic catching wraps the whole service once: `Router::layer` would wrap every route
+///   and the fallbacks in a boxed layered service of their own, cloned per request.
+pub fn service(state: AppState) -> ApiService {
     let mut routes = Router::new();
     if state.envoy().is_some() {
         // envoyproxy/ratelimit's health check, under its profile only.
@@ -84,10 +82,99 @@ pub fn service(
         .merge(crate::registry::http::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .with_state(state);
-    ServiceBuilder::new()
-        .map_future(catch_panics)
-        .service(routes)
+        .with_state(state.clone());
+    ApiService {
+        state,
+        routes,
+        peer: None,
+    }
+}
+
+/// The HTTP API as one service: [`service`] builds it. Any request body type is accepted
+/// (`serve`'s listener hands over its timed body as it is; tests send axum's `Body`).
+#[derive(Clone)]
+pub struct ApiService {
+    state: AppState,
+    routes: Router,
+    /// The client's address, given to the routed handlers that read it (forward-auth, the
+    /// registry) as axum's `ConnectInfo`. `POST /v1/check` does not: a request extension costs
+    /// two allocations.
+    peer: Option<std::net::SocketAddr>,
+}
+
+impl std::fmt::Debug for ApiService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiService")
+            .field("peer", &self.peer)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ApiService {
+    /// This service for one connection from `peer` (see `crate::listener::serve`).
+    pub fn with_peer(&self, peer: Option<std::net::SocketAddr>) -> Self {
+        Self {
+            peer,
+            ..self.clone()
+        }
+    }
+}
+
+/// The future of [`ApiService`]: the direct `/v1/check` answer or the `Router`'s, with a panic
+/// turned into a JSON 500.
+pub type ApiFuture = futures_util::future::Map<
+    futures_util::future::CatchUnwind<
+        AssertUnwindSafe<
+            futures_util::future::Either<
+                futures_util::future::BoxFuture<'static, Result<Response, Infallible>>,
+                axum::routing::future::RouteFuture<Infallible>,
+            >,
+        >,
+    >,
+    fn(Result<Result<Response, Infallible>, Box<dyn Any + Send>>) -> Result<Response, Infallible>,
+>;
+
+impl<B> Service<Request<B>> for ApiService
+where
+    B: HttpBody<Data = Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = ApiFuture;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
+        // The `Router` is always ready.
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> ApiFuture {
+        let inner = if req.method() == Method::POST && req.uri().path() == "/v1/check" {
+            futures_util::future::Either::Left(
+                check_native(self.state.clone(), req)
+                    .map(Ok::<_, Infallible>)
+                    .boxed(),
+            )
+        } else {
+            let mut req = req.map(Body::new);
+            if let Some(peer) = self.peer {
+                req.extensions_mut()
+                    .insert(axum::extract::ConnectInfo(peer));
+            }
+            futures_util::future::Either::Right(self.routes.call(req))
+        };
+        AssertUnwindSafe(inner).catch_unwind().map(caught as _)
+    }
+}
+
+/// A response, or the JSON 500 for a panic.
+fn caught(
+    result: Result<Result<Response, Infallible>, Box<dyn Any + Send>>,
+) -> Result<Response, Infallible> {
+    result.unwrap_or_else(|panic| Ok(panic_response(panic)))
 }
 
 /// Whether tower-http's `TraceLayer` (spans and events at DEBUG) would record anything
@@ -96,17 +183,6 @@ pub fn service(
 /// either way, where errors become responses (`ApiError::into_response`).
 pub fn trace_wanted() -> bool {
     tracing::enabled!(target: "tower_http::trace", tracing::Level::DEBUG)
-}
-
-/// The router's future, with a panic turned into the JSON 500 of [`panic_response`].
-async fn catch_panics<F>(future: F) -> Result<Response, Infallible>
-where
-    F: Future<Output = Result<Response, Infallible>>,
-{
-    AssertUnwindSafe(future)
-        .catch_unwind()
-        .await
-        .unwrap_or_else(|panic| Ok(panic_response(panic)))
 }
 
 /// The HTTP *ceiling* (for `tollgate bench-ceiling http` and `benches/http.rs`): the same
@@ -150,7 +226,15 @@ async fn method_not_allowed() -> Response {
 /// Read the body, enforcing the size limit and (when `strict_type`) the JSON content type. A
 /// body that times out ([`BodyTimedOut`], also a `Content-Length` that promises more than is
 /// sent) is a 408.
-async fn read_body(state: &AppState, req: Request, strict_type: bool) -> Result<Bytes, ApiError> {
+async fn read_body<B>(
+    state: &AppState,
+    req: Request<B>,
+    strict_type: bool,
+) -> Result<Bytes, ApiError>
+where
+    B: HttpBody<Data = Bytes>,
+    B::Error: Into<axum::BoxError>,
+{
     if strict_type {
         check_content_type(req.headers())?;
     }
@@ -159,11 +243,15 @@ async fn read_body(state: &AppState, req: Request, strict_type: bool) -> Result<
 
 /// [`read_body`] up to `limit` bytes, whatever the content type (the registry has its own
 /// limit and types).
-pub(crate) async fn read_body_limited(
+pub(crate) async fn read_body_limited<B>(
     state: &AppState,
-    req: Request,
+    req: Request<B>,
     limit: usize,
-) -> Result<Bytes, ApiError> {
+) -> Result<Bytes, ApiError>
+where
+    B: HttpBody<Data = Bytes>,
+    B::Error: Into<axum::BoxError>,
+{
     if let Some(len) = req
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -174,16 +262,13 @@ pub(crate) async fn read_body_limited(
             return Err(ApiError::PayloadTooLarge { limit });
         }
     }
-    axum::body::to_bytes(req.into_body(), limit)
-        .await
-        .map_err(|e| {
-            // The errors are the length limit, the body-read timeout (bodies served by
-            // `crate::listener`) and a broken connection.
-            if std::error::Error::source(&e)
-                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
-            {
-                ApiError::PayloadTooLarge { limit }
-            } else if let Some(t) = BodyTimedOut::find(&e) {
+    let body = std::pin::pin!(req.into_body());
+    collect_body(body, limit).await.map_err(|e| match e {
+        ReadError::TooLarge => ApiError::PayloadTooLarge { limit },
+        ReadError::Failed(e) => {
+            // The errors are the body-read timeout (bodies served by `crate::listener`) and a
+            // broken connection.
+            if let Some(t) = BodyTimedOut::find(&*e) {
                 state
                     .metrics()
                     .http_connections
@@ -192,7 +277,60 @@ pub(crate) async fn read_body_limited(
             } else {
                 ApiError::invalid("invalid_body", format!("cannot read body: {e}"))
             }
-        })
+        }
+    })
+}
+
+/// Why [`collect_body`] gave up.
+enum ReadError {
+    /// More than the limit.
+    TooLarge,
+    /// The body's own error.
+    Failed(axum::BoxError),
+}
+
+/// The whole body, refused past `limit` bytes. A body that comes in one frame (what a client's
+/// small JSON body does) is that frame's bytes as they are: no copy, no buffer list; several
+/// frames are joined into one buffer.
+async fn collect_body<B>(mut body: std::pin::Pin<&mut B>, limit: usize) -> Result<Bytes, ReadError>
+where
+    B: HttpBody<Data = Bytes>,
+    B::Error: Into<axum::BoxError>,
+{
+    let mut first: Option<Bytes> = None;
+    let mut joined: Vec<u8> = Vec::new();
+    let mut total = 0usize;
+    while !body.is_end_stream() {
+        let Some(frame) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await else {
+            break;
+        };
+        let frame = frame.map_err(|e| ReadError::Failed(e.into()))?;
+        // Trailers are ignored.
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        total = total.saturating_add(data.len());
+        if total > limit {
+            return Err(ReadError::TooLarge);
+        }
+        if data.is_empty() {
+            continue;
+        }
+        match first.take() {
+            None if joined.is_empty() => first = Some(data),
+            held => {
+                if let Some(held) = held {
+                    joined.reserve(held.len() + data.len());
+                    joined.extend_from_slice(&held);
+                }
+                joined.extend_from_slice(&data);
+            }
+        }
+    }
+    Ok(match first {
+        Some(data) => data,
+        None => Bytes::from(joined),
+    })
 }
 
 /// JSON only; a missing content type is accepted (as envoyproxy/ratelimit does).
@@ -229,7 +367,18 @@ fn fail(state: &AppState, e: ApiError) -> Response {
 // ---------------------------------------------------------------------------------------------
 // POST /v1/check
 
+/// The `Router`'s route (reached by `POST /v1/check` only through [`router`]'s or an
+/// embedder's own routing: [`ApiService`] answers it directly with [`check_native`]).
 async fn v1_check(State(state): State<AppState>, req: Request) -> Response {
+    check_native(state, req).await
+}
+
+/// `POST /v1/check`.
+async fn check_native<B>(state: AppState, req: Request<B>) -> Response
+where
+    B: HttpBody<Data = Bytes>,
+    B::Error: Into<axum::BoxError>,
+{
     let result = async {
         let body = read_body(&state, req, true).await?;
         parse_request(&body, Dialect::Native)
@@ -246,12 +395,79 @@ async fn v1_check(State(state): State<AppState>, req: Request) -> Response {
 }
 
 /// The `/v1/check` response: 200 / 429, JSON body and rate-limit headers.
+///
+/// The header values and the body are written into one buffer, shared by the body and every
+/// header value: one allocation for all of them (and one for its shared handle), where a buffer
+/// for the body and another for the header values cost four. Header names are static. No
+/// `content-length`: hyper writes it from the body's exact size (axum's router would add it
+/// to the map first, for a second formatting and one more insert).
 pub fn native_response(resp: &CheckResponse) -> Response {
-    let mut buf = Vec::with_capacity(64 + 320 * resp.statuses.len());
+    let mut buf = Vec::with_capacity(128 + 320 * resp.statuses.len());
+    let mut spans = [(0, 0); HEADER_NAMES.len()];
+    let n = match &resp.headers {
+        Some(h) => write_header_values(&mut buf, &mut spans, h),
+        None => 0,
+    };
+    let body_start = buf.len();
     write_native(&mut buf, resp);
-    let mut response = json_body(status_of(resp), buf);
-    add_headers(response.headers_mut(), resp);
+    let buf = Bytes::from(buf);
+    let mut response = Response::new(Body::from(buf.slice(body_start..)));
+    *response.status_mut() = status_of(resp);
+    let headers = response.headers_mut();
+    headers.reserve(1 + n);
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    // Digits and ASCII labels: always valid header values.
+    for (name, &(start, end)) in HEADER_NAMES.iter().zip(&spans[..n]) {
+        if let Ok(v) = HeaderValue::from_maybe_shared(buf.slice(start..end)) {
+            headers.insert(name.clone(), v);
+        }
+    }
     response
+}
+
+/// The values of `h`'s headers, as `HeaderValues::for_each` gives them (same order, same text;
+/// a test pins that), written one after the other into `buf`; `spans` gets where each is.
+/// Returns how many there are (6 with `Retry-After`, else 5).
+fn write_header_values(
+    buf: &mut Vec<u8>,
+    spans: &mut [(usize, usize); 6],
+    h: &HeaderValues,
+) -> usize {
+    let mut n = itoa::Buffer::new();
+    let mut num = |buf: &mut Vec<u8>, v: u64| {
+        let start = buf.len();
+        buf.extend_from_slice(n.format(v).as_bytes());
+        (start, buf.len())
+    };
+    spans[0] = num(buf, h.limit);
+    spans[1] = num(buf, h.remaining);
+    spans[2] = num(buf, h.reset_secs);
+    let (limit, remaining, reset) = (spans[0], spans[1], spans[2]);
+    // `RateLimit-Policy`: `{limit};w={window}`.
+    let start = buf.len();
+    buf.extend_from_within(limit.0..limit.1);
+    buf.extend_from_slice(b";w=");
+    num(buf, h.window_secs);
+    spans[3] = (start, buf.len());
+    // `RateLimit`: `limit={limit}, remaining={remaining}, reset={reset}`.
+    let start = buf.len();
+    buf.extend_from_slice(b"limit=");
+    buf.extend_from_within(limit.0..limit.1);
+    buf.extend_from_slice(b", remaining=");
+    buf.extend_from_within(remaining.0..remaining.1);
+    buf.extend_from_slice(b", reset=");
+    buf.extend_from_within(reset.0..reset.1);
+    spans[4] = (start, buf.len());
+    match h.retry_after_secs {
+        Some(r) => {
+            spans[5] = num(buf, r);
+            6
+        }
+        None => 5,
+    }
 }
 
 /// Add the rate-limit headers of `resp` (nothing when no limit applied).
@@ -727,6 +943,49 @@ async fn openapi() -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn header_values_are_written_as_for_each_gives_them() {
+        let cases = [
+            HeaderValues {
+                limit: 1_000_000_000,
+                remaining: 999_999_999,
+                reset_secs: 1,
+                retry_after_secs: None,
+                window_secs: 1,
+            },
+            HeaderValues {
+                limit: 5,
+                remaining: 0,
+                reset_secs: 2,
+                retry_after_secs: Some(1),
+                window_secs: 60,
+            },
+            HeaderValues {
+                limit: u64::MAX,
+                remaining: u64::MAX,
+                reset_secs: u64::MAX,
+                retry_after_secs: Some(u64::MAX),
+                window_secs: u64::MAX,
+            },
+        ];
+        for h in cases {
+            let mut want = Vec::new();
+            h.for_each(|name, value| want.push((name.to_string(), value.to_string())));
+            let mut buf = b"prefix".to_vec();
+            let mut spans = [(0, 0); 6];
+            let n = write_header_values(&mut buf, &mut spans, &h);
+            let got: Vec<(String, String)> = HEADER_NAMES
+                .iter()
+                .zip(&spans[..n])
+                .map(|(name, &(a, b))| {
+                    let value = std::str::from_utf8(&buf[a..b]).unwrap();
+                    (name.as_str().to_string(), value.to_string())
+                })
+                .collect();
+            assert_eq!(got, want);
+        }
+    }
 
     #[test]
     fn content_types() {

@@ -26,7 +26,6 @@
 //! that checks it only when the nearest deadline is due.
 
 use crate::metrics::{ConnectionMetrics, DropReason};
-use axum::body::Body;
 use axum::extract::Request;
 use axum::response::Response;
 use hyper::body::Incoming;
@@ -35,8 +34,12 @@ use hyper_util::server::conn::auto::Builder;
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU32, AtomicU64,
+    Ordering::{AcqRel, Relaxed, Release},
+};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -80,18 +83,26 @@ const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// At most one "connection cap reached" WARN per this interval.
 const CAP_WARN_EVERY: Duration = Duration::from_secs(10);
 
-/// Serve `service` on `listener` until `shutdown` turns `true`, then shut down within
-/// `limits.shutdown_timeout`. Counts connections in `metrics`.
-pub async fn serve<S>(
+/// Serve on `listener` until `shutdown` turns `true`, then shut down within
+/// `limits.shutdown_timeout`. Each connection is served by `make(peer)` (the client's address,
+/// when known: [`with_connect_info`] gives it to handlers as axum's `ConnectInfo`), each request
+/// with its body as a [`TimedBody`]. Counts connections in `metrics`.
+pub async fn serve<M, S>(
     listener: TcpListener,
-    service: S,
+    make: M,
     limits: ConnLimits,
     metrics: Arc<ConnectionMetrics>,
     mut shutdown: watch::Receiver<bool>,
 ) where
-    S: Service<Request, Response = Response, Error = Infallible> + Clone + Send + Sync + 'static,
+    M: Fn(Option<SocketAddr>) -> S + Send + Sync + 'static,
+    S: Service<Request<TimedBody>, Response = Response, Error = Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
     S::Future: Send + 'static,
 {
+    let make = Arc::new(make);
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let mut builder = Builder::new(TokioExecutor::new());
     // What one connection may make the process buffer for a request head: hyper's defaults
@@ -153,7 +164,7 @@ pub async fn serve<S>(
         };
         let connection = Connection {
             stream,
-            service: service.clone(),
+            make: make.clone(),
             builder: builder.clone(),
             limits,
             metrics: metrics.clone(),
@@ -206,25 +217,30 @@ fn is_connection_error(e: &io::Error) -> bool {
 }
 
 /// One accepted connection and what it needs to be served.
-struct Connection<S> {
+struct Connection<M> {
     stream: TcpStream,
-    service: S,
+    make: Arc<M>,
     builder: Arc<Builder<TokioExecutor>>,
     limits: ConnLimits,
     metrics: Arc<ConnectionMetrics>,
     close: watch::Receiver<bool>,
 }
 
-impl<S> Connection<S>
-where
-    S: Service<Request, Response = Response, Error = Infallible> + Clone + Send + Sync + 'static,
-    S::Future: Send + 'static,
-{
+impl<M> Connection<M> {
     /// Serve the connection until it ends, a timeout drops it or shutdown closes it.
-    async fn run(self) {
+    async fn run<S>(self)
+    where
+        M: Fn(Option<SocketAddr>) -> S,
+        S: Service<Request<TimedBody>, Response = Response, Error = Infallible>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Future: Send + 'static,
+    {
         let Connection {
             stream,
-            service,
+            make,
             builder,
             limits,
             metrics,
@@ -240,14 +256,11 @@ where
             preface: Preface::Unknown(0),
         });
         let tracker = activity.clone();
-        // Handlers that need the client's address (forward-auth) read it as axum's `ConnectInfo`.
-        let peer = peer.map(axum::extract::ConnectInfo);
+        let service = make(peer);
+        drop(make);
         let hyper_service = hyper::service::service_fn(move |req: Request<Incoming>| {
             let request = RequestGuard::begin(tracker.clone());
-            let mut req = req.map(|body| Body::new(TimedBody::new(body, limits.body_read_timeout)));
-            if let Some(peer) = peer {
-                req.extensions_mut().insert(peer);
-            }
+            let req = req.map(|body| TimedBody::new(body, limits.body_read_timeout));
             let response = service.clone().oneshot(req);
             async move {
                 let response = response.await;
@@ -260,27 +273,49 @@ where
         // Set once the connection was told to close because it was idle: a peer that does not
         // let go (HTTP/2 GOAWAY unanswered) is dropped at this instant.
         let mut close_by: Option<Instant> = None;
-        let mut next = activity.deadline(&limits).unwrap_or_else(Instant::now);
+        let next = activity.deadline(&limits).unwrap_or_else(Instant::now);
+        let mut timer = pin!(tokio::time::sleep_until(next));
+        let mut stop = pin!(stopped(&mut close));
+        // The timer and the shutdown signal wake the task through `side`, which notes it: the
+        // socket wakes the task for every request, and polling those two each time (a lock
+        // in the watch channel, the timer entry) would cost more than the check below.
+        let side = Arc::new(SideWake::default());
+        let side_waker = std::task::Waker::from(side.clone());
         loop {
-            tokio::select! {
-                result = conn.as_mut() => {
+            let event = std::future::poll_fn(|cx| {
+                if let Poll::Ready(result) = conn.as_mut().poll(cx) {
+                    return Poll::Ready(Event::Ended(result));
+                }
+                side.task.register(cx.waker());
+                if side.woken.swap(false, AcqRel) {
+                    let mut side_cx = Context::from_waker(&side_waker);
+                    if timer.as_mut().poll(&mut side_cx).is_ready() {
+                        return Poll::Ready(Event::Timer);
+                    }
+                    if !closing && stop.as_mut().poll(&mut side_cx).is_ready() {
+                        return Poll::Ready(Event::Stop);
+                    }
+                }
+                Poll::Pending
+            })
+            .await;
+            match event {
+                Event::Ended(result) => {
                     if let Err(e) = result {
                         tracing::debug!(error = %e, "HTTP connection ended with an error");
                     }
                     return;
                 }
-                _ = tokio::time::sleep_until(next) => {
+                Event::Timer => {
                     let now = Instant::now();
                     if close_by.is_some_and(|at| now >= at) {
                         return;
                     }
-                    match activity.deadline(&limits) {
-                        Some(at) if at > now => next = close_by.map_or(at, |c| c.min(at)),
+                    let next = match activity.deadline(&limits) {
+                        Some(at) if at > now => close_by.map_or(at, |c| c.min(at)),
                         // A request is in flight: it is bounded by the body timeout and the
                         // store timeout; look again later.
-                        None => {
-                            next = now + limits.header_read_timeout.min(limits.idle_timeout);
-                        }
+                        None => now + limits.header_read_timeout.min(limits.idle_timeout),
                         Some(_) if activity.reading_head() => {
                             metrics.dropped(DropReason::HeaderTimeout, 1);
                             tracing::debug!("HTTP header-read timeout: connection dropped");
@@ -296,16 +331,102 @@ where
                             conn.as_mut().graceful_shutdown();
                             let at = now + limits.header_read_timeout;
                             close_by = Some(at);
-                            next = at;
+                            at
                         }
-                    }
+                    };
+                    timer.as_mut().reset(next);
+                    // Polled next time round, which arms it again.
+                    side.woken.store(true, Release);
                 }
-                _ = stopped(&mut close), if !closing => {
+                Event::Stop => {
                     closing = true;
                     conn.as_mut().graceful_shutdown();
+                    // The timer may have fired meanwhile: look at it again.
+                    side.woken.store(true, Release);
                 }
             }
         }
+    }
+}
+
+/// What woke a connection's task, for [`Connection::run`].
+enum Event<E> {
+    /// The connection is done (served, closed or failed).
+    Ended(Result<(), E>),
+    /// The timeout timer fired.
+    Timer,
+    /// Shutdown began.
+    Stop,
+}
+
+/// The waker given to a connection's timer and shutdown signal: it notes that one of them
+/// fired, then wakes the connection's task.
+struct SideWake {
+    /// Set when the timer or the shutdown signal woke the task (and to begin with).
+    woken: AtomicBool,
+    /// The connection task's waker.
+    task: futures_util::task::AtomicWaker,
+}
+
+impl Default for SideWake {
+    fn default() -> Self {
+        Self {
+            woken: AtomicBool::new(true),
+            task: futures_util::task::AtomicWaker::new(),
+        }
+    }
+}
+
+impl std::task::Wake for SideWake {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Release);
+        self.task.wake();
+    }
+}
+
+/// A `make` for [`serve`] giving every request of a connection the client's address as axum's
+/// `ConnectInfo` (what forward-auth and the registry read), for any `service`.
+pub fn with_connect_info<S>(
+    service: S,
+) -> impl Fn(Option<SocketAddr>) -> WithConnectInfo<S> + Send + Sync + 'static
+where
+    S: Clone + Send + Sync + 'static,
+{
+    move |peer| WithConnectInfo {
+        inner: service.clone(),
+        peer,
+    }
+}
+
+/// `inner`, with the client's address inserted into each request (see [`with_connect_info`]).
+#[derive(Debug, Clone)]
+pub struct WithConnectInfo<S> {
+    inner: S,
+    peer: Option<SocketAddr>,
+}
+
+impl<S, B> Service<Request<B>> for WithConnectInfo<S>
+where
+    S: Service<Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> S::Future {
+        if let Some(peer) = self.peer {
+            req.extensions_mut()
+                .insert(axum::extract::ConnectInfo(peer));
+        }
+        self.inner.call(req)
     }
 }
 

@@ -526,11 +526,12 @@ pub async fn serve(
         // No HTTP listener: a task that ends at shutdown stands in for it.
         None => tokio::spawn(wait_for_shutdown(rx.clone())),
         Some(http) if crate::http::trace_wanted() => {
-            let service = crate::http::router(state.clone());
+            let service = listener::with_connect_info(crate::http::router(state.clone()));
             tokio::spawn(listener::serve(http, service, limits, counters, rx.clone()))
         }
         Some(http) => {
-            let service = crate::http::service(state.clone());
+            let api = crate::http::service(state.clone());
+            let service = move |peer| api.with_peer(peer);
             tokio::spawn(listener::serve(http, service, limits, counters, rx.clone()))
         }
     };
@@ -650,7 +651,7 @@ async fn spawn_debug(
     let bound = listener.local_addr().ok();
     let task = tokio::spawn(listener::serve(
         listener,
-        crate::debug::router(state.clone()),
+        listener::with_connect_info(crate::debug::router(state.clone())),
         connection_limits(config),
         Arc::new(crate::metrics::ConnectionMetrics::default()),
         rx.clone(),
