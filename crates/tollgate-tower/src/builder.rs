@@ -1,6 +1,7 @@
 //! [`Builder`]: how a [`RateLimitLayer`] is configured, checked once in [`Builder::build`]
 //! (so a mistake is an [`Error`] at start, never a surprise per request).
 
+use crate::clock::LayerClock;
 use crate::key::{Key, Kind};
 use crate::limiter::{cap, Backend, Limiter, Limits};
 use crate::service::RateLimitLayer;
@@ -236,7 +237,7 @@ impl Builder {
             }
         };
         let backend = match self.backend {
-            Chosen::Memory => Backend::Local(Arc::new(MemoryStore::default())),
+            Chosen::Memory => Backend::Own(Arc::new(MemoryStore::default())),
             Chosen::Store(s) => Backend::Local(s),
             #[cfg(feature = "redis")]
             Chosen::Redis(g) => {
@@ -258,7 +259,10 @@ impl Builder {
                 crate::remote::Client::new(&r).map_err(Error::Config)?,
             )),
         };
-        let clock = self.clock.unwrap_or_else(|| Arc::new(TokioClock::new()));
+        let clock = match self.clock {
+            Some(c) => LayerClock::Custom(c),
+            None => LayerClock::Tokio(TokioClock::new()),
+        };
         Ok(RateLimitLayer {
             limiter: Arc::new(Limiter {
                 limits,

@@ -6,6 +6,7 @@
 //! paused runtime `tokio::time::Instant` is the system's monotonic clock, so this is
 //! [`tollgate_core::MonotonicWallClock`] read through Tokio.
 
+use std::sync::Arc;
 use tokio::time::Instant;
 use tollgate_core::{Clock, Micros, SystemClock};
 
@@ -47,9 +48,30 @@ impl Default for TokioClock {
 }
 
 impl Clock for TokioClock {
+    #[inline(always)]
     fn now(&self) -> Micros {
         let elapsed = Instant::now().saturating_duration_since(self.at);
+        // Whole seconds and microseconds: no 128-bit `as_micros`, and no overflow before
+        // the year 500,000.
         self.wall
-            .saturating_add(u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX))
+            .saturating_add(elapsed.as_secs().saturating_mul(1_000_000))
+            .saturating_add(u64::from(elapsed.subsec_micros()))
+    }
+}
+
+/// The clock a layer reads: the default [`TokioClock`] held inline (read per request without an
+/// indirect call), or one given to [`Builder::clock`](crate::Builder::clock).
+pub(crate) enum LayerClock {
+    Tokio(TokioClock),
+    Custom(Arc<dyn Clock>),
+}
+
+impl LayerClock {
+    #[inline]
+    pub(crate) fn now(&self) -> Micros {
+        match self {
+            LayerClock::Tokio(c) => c.now(),
+            LayerClock::Custom(c) => c.now(),
+        }
     }
 }
