@@ -25,7 +25,8 @@ use std::time::Duration;
 use tollgate_core::limiter::{Descriptor, Plan, Status};
 use tollgate_core::request::{client_address, Cidr, HttpActions, RequestParts};
 use tollgate_core::{
-    Algorithm, CheckItem, Decision, HeaderValues, MemoryStore, Micros, Quota, RuleSet, Store,
+    Algorithm, CheckItem, Decision, HeaderFamilies, HeaderValues, MemoryStore, Micros, Quota,
+    RuleSet, Store,
 };
 
 /// The message of a denial by a rule without one (and of every remote denial).
@@ -75,8 +76,8 @@ pub(crate) struct Limiter {
     pub(crate) clock: LayerClock,
     pub(crate) trusted: Vec<Cidr>,
     pub(crate) max_wait: Duration,
-    /// Add the rate-limit headers to allowed responses.
-    pub(crate) allow_headers: bool,
+    /// The rate-limit headers added to allowed responses (`None`: none).
+    pub(crate) allow_headers: Option<HeaderFamilies>,
 }
 
 /// What one request asks the backend about.
@@ -87,14 +88,11 @@ pub(crate) enum Query {
     Many(Vec<Vec<(String, String)>>),
 }
 
-/// Header-map room [`Headers::add_to`] reserves: up to six rate-limit headers, plus one entry
-/// for what the framework adds after the layer (axum's `Content-Length`).
-const ROOM_FOR_HEADERS: usize = 7;
-
 /// The rate-limit headers of an answer.
 pub(crate) enum Headers {
     None,
-    Values(HeaderValues),
+    /// Computed values, and which of them to send.
+    Values(HeaderValues, HeaderFamilies),
     /// As a remote service sent them (boxed: rare, and large).
     Map(Box<HeaderMap>),
 }
@@ -103,12 +101,12 @@ impl Headers {
     pub(crate) fn add_to(&self, map: &mut HeaderMap) {
         match self {
             Headers::None => {}
-            Headers::Values(v) => {
+            Headers::Values(v, families) => {
                 // Room for every header at once, and for the `Content-Length` axum adds after
                 // the layer: an axum response's map holds 6 entries before it grows, so
-                // without this it grows (a rehash) on that last insert, with 6 entries to move.
-                map.reserve(ROOM_FOR_HEADERS);
-                v.insert_into(map)
+                // without this it may grow (a rehash) on that last insert, all entries to move.
+                map.reserve(v.count(*families) + 1);
+                v.insert_families(map, *families)
             }
             Headers::Map(m) => {
                 for (n, v) in m.iter() {
@@ -200,16 +198,18 @@ impl Limiter {
     ) -> Answer {
         if d.allowed {
             Answer::Allow {
-                headers: if self.allow_headers {
-                    Headers::Values(HeaderValues::new(Some(quota), d, true, now))
-                } else {
-                    Headers::None
+                headers: match self.allow_headers {
+                    Some(f) => Headers::Values(HeaderValues::new(Some(quota), d, true, now), f),
+                    None => Headers::None,
                 },
                 delay: Duration::from_micros(d.delay),
             }
         } else {
             Answer::Deny {
-                headers: Headers::Values(HeaderValues::new(Some(quota), d, false, now)),
+                headers: Headers::Values(
+                    HeaderValues::new(Some(quota), d, false, now),
+                    HeaderFamilies::Both,
+                ),
                 message: message(None, denied_by_policy),
             }
         }
@@ -219,10 +219,9 @@ impl Limiter {
     #[inline(always)]
     fn prepared(&self, quota: &Quota, d: &Decision, now: Micros) -> Prepared {
         if d.allowed && d.delay == 0 {
-            Prepared::Pass(if self.allow_headers {
-                Headers::Values(HeaderValues::new(Some(quota), d, true, now))
-            } else {
-                Headers::None
+            Prepared::Pass(match self.allow_headers {
+                Some(f) => Headers::Values(HeaderValues::new(Some(quota), d, true, now), f),
+                None => Headers::None,
             })
         } else {
             Prepared::Later(Box::new(Ok((
@@ -295,10 +294,27 @@ impl Limiter {
 
     /// The headers of an allowed request, as the layer is configured to send them.
     pub(crate) fn on_allow(&self, headers: Headers) -> Headers {
-        if self.allow_headers {
-            headers
-        } else {
-            Headers::None
+        match (self.allow_headers, headers) {
+            (None, _) => Headers::None,
+            (Some(f), Headers::Values(v, _)) => Headers::Values(v, f),
+            (Some(HeaderFamilies::Both), other) => other,
+            // A remote service's headers: those of the chosen family.
+            (Some(f), Headers::Map(mut m)) => {
+                let ietf = |n: &http::HeaderName| n.as_str().starts_with("ratelimit");
+                let x = |n: &http::HeaderName| n.as_str().starts_with("x-ratelimit-");
+                let names: Vec<http::HeaderName> = m.keys().cloned().collect();
+                for n in names {
+                    let keep = match f {
+                        HeaderFamilies::XRateLimit => x(&n),
+                        _ => ietf(&n),
+                    };
+                    if !keep {
+                        m.remove(&n);
+                    }
+                }
+                Headers::Map(m)
+            }
+            (Some(_), Headers::None) => Headers::None,
         }
     }
 
@@ -445,7 +461,7 @@ impl Limiter {
                 let verdict = plan.finish(decided.decisions);
                 let allowed = verdict.allowed();
                 let headers = match HeaderValues::of_verdict(&verdict, allowed, now) {
-                    Some(h) => Headers::Values(h),
+                    Some(h) => Headers::Values(h, HeaderFamilies::Both),
                     None => Headers::None,
                 };
                 if allowed {

@@ -354,3 +354,88 @@ async fn binary_header_keys_keep_distinct_values_apart() {
         StatusCode::TOO_MANY_REQUESTS
     );
 }
+
+const X_RATELIMIT: [&str; 3] = [
+    "x-ratelimit-limit",
+    "x-ratelimit-remaining",
+    "x-ratelimit-reset",
+];
+const IETF: [&str; 2] = ["ratelimit-policy", "ratelimit"];
+
+/// `allow_headers` picks the families allowed responses carry; denials keep them all.
+#[tokio::test]
+async fn header_families_on_allowed_responses_and_all_headers_on_denials() {
+    use tollgate_tower::HeaderFamilies;
+    let layer = |f: Option<HeaderFamilies>| {
+        let b = RateLimitLayer::builder()
+            .quota(Quota::new(1, Unit::Minute))
+            .key(Key::peer_ip());
+        match f {
+            Some(f) => b.allow_headers(f),
+            None => b.headers_on_allow(false),
+        }
+        .build()
+        .unwrap()
+    };
+    for (families, sent, absent) in [
+        (
+            Some(HeaderFamilies::Both),
+            &[&X_RATELIMIT[..], &IETF[..]],
+            &[][..],
+        ),
+        (
+            Some(HeaderFamilies::XRateLimit),
+            &[&X_RATELIMIT[..], &[]],
+            &IETF[..],
+        ),
+        (
+            Some(HeaderFamilies::Ietf),
+            &[&IETF[..], &[]],
+            &X_RATELIMIT[..],
+        ),
+        (
+            None,
+            &[&[][..], &[]],
+            &[&X_RATELIMIT[..], &IETF[..]].concat()[..],
+        ),
+    ] {
+        let app = app(layer(families));
+        let r = send(&app, from([192, 0, 2, 1], "/", &[])).await;
+        assert_eq!(r.status(), StatusCode::OK);
+        for name in sent.concat() {
+            assert!(r.headers().contains_key(name), "{families:?}: no {name}");
+        }
+        for name in absent {
+            assert!(!r.headers().contains_key(*name), "{families:?}: {name}");
+        }
+        assert!(!r.headers().contains_key("retry-after"));
+        // The denial's contract does not depend on the choice.
+        let r = send(&app, from([192, 0, 2, 1], "/", &[])).await;
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        for name in X_RATELIMIT.iter().chain(&IETF).chain(&["retry-after"]) {
+            assert!(
+                r.headers().contains_key(*name),
+                "{families:?}: denial without {name}"
+            );
+        }
+        assert_eq!(body(r).await, "rate limit exceeded\n");
+    }
+}
+
+/// The choice applies to limits from a rules file too.
+#[tokio::test]
+async fn header_families_apply_to_rules_file_limits() {
+    let layer = RateLimitLayer::builder()
+        .rules(rules(), "web")
+        .allow_headers(tollgate_tower::HeaderFamilies::Ietf)
+        .build()
+        .unwrap();
+    let r = send(&app(layer), from([192, 0, 2, 1], "/", &[])).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    for name in IETF {
+        assert!(r.headers().contains_key(name), "no {name}");
+    }
+    for name in X_RATELIMIT {
+        assert!(!r.headers().contains_key(name), "{name}");
+    }
+}
