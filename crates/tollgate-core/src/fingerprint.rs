@@ -1,5 +1,11 @@
 //! A counter key's 128-bit fingerprint: keyed SipHash-1-3 with 128-bit output, the function the
-//! memory store names its counters by (see `memory.rs` for why a keyed 128-bit PRF).
+//! memory store names its counters by (see `memory.rs` for why a keyed 128-bit PRF); and its
+//! 64-bit output, which spreads the short binary keys the store identifies exactly.
+//!
+//! SipHash-1-3 (one compression round per word, three finalization rounds) is already the
+//! cheaper variant of SipHash-2-4, the one std's `HashMap` uses against chosen-key flooding;
+//! nothing cheaper in std is keyed. What made the layer's keys cheaper is hashing less: a short
+//! binary key is its own identity, so it needs the 64-bit output only (three rounds fewer).
 //!
 //! Written out here instead of calling `siphasher` because this hash is about 40 % of a
 //! single-key check's instructions, and keys are short strings of varying length: `siphasher`
@@ -38,9 +44,9 @@ fn u32_at(m: &[u8], i: usize) -> u64 {
 }
 
 /// The last `len % 8` bytes of `m` as a little-endian word (the SipHash tail, without the length
-/// byte).
+/// byte): all of `m` when it is shorter than 8 bytes.
 #[inline(always)]
-fn tail(m: &[u8]) -> u64 {
+pub(crate) fn tail(m: &[u8]) -> u64 {
     let len = m.len();
     let left = (len % 8) as u32;
     if len >= 8 {
@@ -57,14 +63,13 @@ fn tail(m: &[u8]) -> u64 {
     }
 }
 
-/// SipHash-1-3 of `m` under the key `(k0, k1)`, 128-bit output (`h1 | h2 << 64`, as
-/// `siphasher::sip128::Hash128::as_u128`).
-#[inline]
-pub(crate) fn sip13_128(k0: u64, k1: u64, m: &[u8]) -> u128 {
+/// The state after absorbing `m` (one compression round per word, the last word carrying the
+/// length): what both output widths share. `v1` is the variant's constant for `k1`.
+#[inline(always)]
+fn absorb(k0: u64, k1: u64, v1: u64, m: &[u8]) -> [u64; 4] {
     let mut v = [
         k0 ^ 0x736f_6d65_7073_6575,
-        // 0x...6d: the 64-bit variant's constant; the 128-bit variant XORs in 0xee.
-        k1 ^ 0x646f_7261_6e64_6f83,
+        k1 ^ v1,
         k0 ^ 0x6c79_6765_6e65_7261,
         k1 ^ 0x7465_6462_7974_6573,
     ];
@@ -81,6 +86,15 @@ pub(crate) fn sip13_128(k0: u64, k1: u64, m: &[u8]) -> u128 {
     v[3] ^= b;
     round(&mut v);
     v[0] ^= b;
+    v
+}
+
+/// SipHash-1-3 of `m` under the key `(k0, k1)`, 128-bit output (`h1 | h2 << 64`, as
+/// `siphasher::sip128::Hash128::as_u128`).
+#[inline]
+pub(crate) fn sip13_128(k0: u64, k1: u64, m: &[u8]) -> u128 {
+    // 0x...83: the 128-bit variant's constant (the 64-bit one's 0x...6d with 0xee XORed in).
+    let mut v = absorb(k0, k1, 0x646f_7261_6e64_6f83, m);
     v[2] ^= 0xee;
     round(&mut v);
     round(&mut v);
@@ -94,13 +108,32 @@ pub(crate) fn sip13_128(k0: u64, k1: u64, m: &[u8]) -> u128 {
     u128::from(h1) | u128::from(h2) << 64
 }
 
+/// SipHash-1-3 of `m` under the key `(k0, k1)`, 64-bit output: the function (and strength)
+/// std's `HashMap` uses against hash flooding. For spreading keys whose identity is exact.
+#[inline(always)]
+pub(crate) fn sip13_64(k0: u64, k1: u64, m: &[u8]) -> u64 {
+    let mut v = absorb(k0, k1, 0x646f_7261_6e64_6f6d, m);
+    v[2] ^= 0xff;
+    round(&mut v);
+    round(&mut v);
+    round(&mut v);
+    v[0] ^ v[1] ^ v[2] ^ v[3]
+}
+
 #[cfg(test)]
 mod tests {
-    use super::sip13_128;
+    use super::{sip13_128, sip13_64};
     use siphasher::sip128::SipHasher13;
 
     fn reference(k0: u64, k1: u64, m: &[u8]) -> u128 {
         SipHasher13::new_with_keys(k0, k1).hash(m).as_u128()
+    }
+
+    fn reference_64(k0: u64, k1: u64, m: &[u8]) -> u64 {
+        use std::hash::Hasher as _;
+        let mut h = siphasher::sip::SipHasher13::new_with_keys(k0, k1);
+        h.write(m);
+        h.finish()
     }
 
     #[test]
@@ -117,6 +150,11 @@ mod tests {
                         reference(k0, k1, m),
                         "len {len} at {start}"
                     );
+                    assert_eq!(
+                        sip13_64(k0, k1, m),
+                        reference_64(k0, k1, m),
+                        "64-bit, len {len} at {start}"
+                    );
                 }
             }
         }
@@ -126,6 +164,7 @@ mod tests {
         #[test]
         fn matches_siphasher_on_random_input(k0: u64, k1: u64, m: Vec<u8>) {
             proptest::prop_assert_eq!(sip13_128(k0, k1, &m), reference(k0, k1, &m));
+            proptest::prop_assert_eq!(sip13_64(k0, k1, &m), reference_64(k0, k1, &m));
         }
     }
 }

@@ -5,7 +5,9 @@
 //! and formats them ([`HeaderValues::for_each`], [`HeaderValues::insert_into`]), so the service's
 //! HTTP API, forward-auth, its gRPC `response_headers_to_add` and the in-process middleware all
 //! send the same values. Formatting uses a stack buffer and [`insert_into`] one shared byte
-//! buffer for all the values: these run on every request.
+//! buffer for all the values: these run on every request. [`HeaderFamilies`] picks the
+//! `X-RateLimit-*` headers, the IETF ones or both ([`HeaderValues::insert_families`]); only
+//! the chosen ones are formatted.
 //!
 //! [`insert_into`]: HeaderValues::insert_into
 
@@ -28,6 +30,31 @@ pub struct HeaderValues {
     pub retry_after_secs: Option<u64>,
     /// Period of the binding limit in seconds (the `w=` of `RateLimit-Policy`).
     pub window_secs: u64,
+}
+
+/// Which families of rate-limit headers to send. `Retry-After` goes with every denial that can
+/// pass later, whatever the family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HeaderFamilies {
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` and the IETF draft's
+    /// `RateLimit-Policy` and `RateLimit`.
+    #[default]
+    Both,
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset` only (the de facto
+    /// headers most clients read).
+    XRateLimit,
+    /// The IETF draft's `RateLimit-Policy` and `RateLimit` only.
+    Ietf,
+}
+
+impl HeaderFamilies {
+    fn x_ratelimit(self) -> bool {
+        self != HeaderFamilies::Ietf
+    }
+
+    fn ietf(self) -> bool {
+        self != HeaderFamilies::XRateLimit
+    }
 }
 
 /// The header names, in the order [`HeaderValues::for_each`] gives them, built once
@@ -101,25 +128,62 @@ impl HeaderValues {
         v
     }
 
-    /// Insert the headers into `headers` (replacing any of the same names). One allocation for
-    /// all of them: the values are written into one buffer and each header value is a slice of
-    /// it, and the names are static.
+    /// Insert the headers into `headers` (replacing any of the same names): both families, as
+    /// [`HeaderValues::insert_families`] does.
     pub fn insert_into(&self, headers: &mut HeaderMap) {
-        let mut buf = bytes::BytesMut::with_capacity(128);
+        self.insert_families(headers, HeaderFamilies::Both)
+    }
+
+    /// How many headers [`HeaderValues::insert_families`] inserts for `families`.
+    pub fn count(&self, families: HeaderFamilies) -> usize {
+        3 * usize::from(families.x_ratelimit())
+            + 2 * usize::from(families.ietf())
+            + usize::from(self.retry_after_secs.is_some())
+    }
+
+    /// Insert the headers of `families` (and `Retry-After` when set) into `headers`, replacing
+    /// any of the same names, with the values [`HeaderValues::for_each`] gives. The values are
+    /// written straight into one buffer (one allocation for all of them; each header value is a
+    /// slice of it) and the names are static.
+    pub fn insert_families(&self, headers: &mut HeaderMap, families: HeaderFamilies) {
+        let mut buf = bytes::BytesMut::with_capacity(96);
+        let mut ints = itoa::Buffer::new();
+        // (index into HEADER_NAMES, end of its value in `buf`)
         let mut spans = [(0, 0); 6];
         let mut n = 0;
-        self.for_each(|name, value| {
-            debug_assert_eq!(HEADER_NAMES[n].as_str(), name, "header order");
-            let start = buf.len();
-            buf.extend_from_slice(value.as_bytes());
-            spans[n] = (start, buf.len());
-            n += 1;
-        });
-        let buf = buf.freeze();
-        for (name, &(start, end)) in HEADER_NAMES.iter().zip(&spans[..n]) {
-            if let Ok(v) = HeaderValue::from_maybe_shared(buf.slice(start..end)) {
-                headers.insert(name.clone(), v);
+        let mut add = |buf: &mut bytes::BytesMut, header: usize, parts: &[(&str, u64)]| {
+            for (label, v) in parts {
+                buf.extend_from_slice(label.as_bytes());
+                buf.extend_from_slice(ints.format(*v).as_bytes());
             }
+            spans[n] = (header, buf.len());
+            n += 1;
+        };
+        if families.x_ratelimit() {
+            add(&mut buf, 0, &[("", self.limit)]);
+            add(&mut buf, 1, &[("", self.remaining)]);
+            add(&mut buf, 2, &[("", self.reset_secs)]);
+        }
+        if families.ietf() {
+            add(&mut buf, 3, &[("", self.limit), (";w=", self.window_secs)]);
+            let (l, r, t) = (self.limit, self.remaining, self.reset_secs);
+            add(
+                &mut buf,
+                4,
+                &[("limit=", l), (", remaining=", r), (", reset=", t)],
+            );
+        }
+        if let Some(r) = self.retry_after_secs {
+            add(&mut buf, 5, &[("", r)]);
+        }
+        let buf = buf.freeze();
+        let mut start = 0;
+        for &(header, end) in &spans[..n] {
+            // Digits and ASCII labels: always a valid value.
+            if let Ok(v) = HeaderValue::from_maybe_shared(buf.slice(start..end)) {
+                headers.insert(HEADER_NAMES[header].clone(), v);
+            }
+            start = end;
         }
     }
 }
@@ -193,5 +257,38 @@ mod tests {
         let allowed = HeaderValues::new(Some(&q), &Decision { allowed: true, ..d }, true, 0);
         assert_eq!(allowed.retry_after_secs, None);
         assert_eq!(allowed.pairs().len(), 5);
+    }
+
+    #[test]
+    fn each_family_inserts_its_headers_with_the_same_values() {
+        let h = HeaderValues {
+            limit: 100,
+            remaining: 7,
+            reset_secs: 42,
+            retry_after_secs: Some(3),
+            window_secs: 60,
+        };
+        let all: Vec<(&str, String)> = h.pairs();
+        for (families, names) in [
+            (HeaderFamilies::Both, &HEADER_NAMES[..]),
+            (HeaderFamilies::XRateLimit, &HEADER_NAMES[..3]),
+            (HeaderFamilies::Ietf, &HEADER_NAMES[3..5]),
+        ] {
+            let mut map = HeaderMap::new();
+            h.insert_families(&mut map, families);
+            // The family's names, and Retry-After whatever the family.
+            let mut expected: Vec<&str> = names.iter().map(|n| n.as_str()).collect();
+            if !expected.contains(&"retry-after") {
+                expected.push("retry-after");
+            }
+            assert_eq!(map.len(), expected.len(), "{families:?}");
+            assert_eq!(h.count(families), expected.len(), "{families:?}");
+            for (name, value) in &all {
+                match map.get(*name) {
+                    Some(v) => assert_eq!(v.to_str().unwrap(), value, "{families:?} {name}"),
+                    None => assert!(!expected.contains(name), "{families:?} lacks {name}"),
+                }
+            }
+        }
     }
 }

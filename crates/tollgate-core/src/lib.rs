@@ -62,7 +62,7 @@ pub mod window;
 
 pub use clock::{Clock, ManualClock, Micros, MonotonicWallClock, SystemClock};
 pub use decision::Decision;
-pub use headers::HeaderValues;
+pub use headers::{HeaderFamilies, HeaderValues};
 pub use memory::MemoryStore;
 pub use quota::{Algorithm, Period, Quota, SketchSize, Unit, MAX_PERIOD};
 pub use rules::{Domain, Limit, Resolution, RuleDefaults, RuleError, RuleErrors, RuleSet};

@@ -395,6 +395,7 @@ impl HttpActions {
 
 /// An IPv4-mapped IPv6 address (`::ffff:a.b.c.d`, what a dual-stack socket reports for an IPv4
 /// client) as the IPv4 address it is; anything else unchanged.
+#[inline]
 pub fn canonical(a: IpAddr) -> IpAddr {
     match a {
         IpAddr::V6(v6) => v6

@@ -4,10 +4,13 @@
 //!   the handler, the response);
 //! - `tollgate_memory`: with `tollgate-tower`, per client address, memory store, GCRA, every
 //!   request admitted, the rate-limit headers added to each response (its default: five
-//!   headers); `tollgate_memory_no_headers`: the same with `headers_on_allow(false)`;
+//!   headers); `tollgate_memory_x_ratelimit`: only the `X-RateLimit-*` family (three headers,
+//!   `allow_headers(HeaderFamilies::XRateLimit)`), the counterpart of `tower_governor_headers`;
+//!   `tollgate_memory_no_headers`: none, `headers_on_allow(false)`;
 //! - `tower_governor`: with `tower_governor` (governor's GCRA) per client address
 //!   (`PeerIpKeyExtractor`), every request admitted, its default (no headers on allowed
-//!   responses); `tower_governor_headers`: with its `use_headers()` (three headers);
+//!   responses); `tower_governor_headers`: with its `use_headers()` (on allowed responses two
+//!   headers, `x-ratelimit-limit` and `x-ratelimit-remaining`);
 //! - `tollgate_redis`: throughput of the layer on the Redis store (127.0.0.1:6379), 32 requests
 //!   in flight on a two-thread runtime: one round trip per request.
 //!
@@ -26,7 +29,7 @@ use std::hint::black_box;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tollgate_redis::{Guarded, RedisOptions, RedisSettings, RedisStore};
-use tollgate_tower::{Algorithm, Key, Quota, RateLimitLayer, Unit};
+use tollgate_tower::{Algorithm, HeaderFamilies, Key, Quota, RateLimitLayer, Unit};
 use tower::ServiceExt as _;
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::GovernorLayer;
@@ -76,6 +79,15 @@ fn per_request(c: &mut Criterion) {
         (
             "tollgate_memory",
             router().layer(tollgate(admit_all()).build().unwrap()),
+        ),
+        (
+            "tollgate_memory_x_ratelimit",
+            router().layer(
+                tollgate(admit_all())
+                    .allow_headers(HeaderFamilies::XRateLimit)
+                    .build()
+                    .unwrap(),
+            ),
         ),
         (
             "tollgate_memory_no_headers",

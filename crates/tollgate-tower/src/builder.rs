@@ -1,6 +1,7 @@
 //! [`Builder`]: how a [`RateLimitLayer`] is configured, checked once in [`Builder::build`]
 //! (so a mistake is an [`Error`] at start, never a surprise per request).
 
+use crate::clock::{tokio_paused, CounterClock, LayerClock};
 use crate::key::{Key, Kind};
 use crate::limiter::{cap, Backend, Limiter, Limits};
 use crate::service::RateLimitLayer;
@@ -10,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tollgate_core::request::Cidr;
 use tollgate_core::rules::counter_key;
-use tollgate_core::{Clock, MemoryStore, Quota, RuleErrors, RuleSet, Store};
+use tollgate_core::{Clock, HeaderFamilies, MemoryStore, Quota, RuleErrors, RuleSet, Store};
 
 /// Why a layer could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -69,7 +70,7 @@ pub struct Builder {
     clock: Option<Arc<dyn Clock>>,
     trusted: Vec<String>,
     max_wait: Duration,
-    allow_headers: bool,
+    allow_headers: Option<HeaderFamilies>,
 }
 
 impl Default for Builder {
@@ -83,7 +84,7 @@ impl Default for Builder {
             clock: None,
             trusted: Vec::new(),
             max_wait: Duration::from_secs(10),
-            allow_headers: true,
+            allow_headers: Some(HeaderFamilies::Both),
         }
     }
 }
@@ -162,7 +163,10 @@ impl Builder {
         self
     }
 
-    /// The clock decisions are made on (default: a [`TokioClock`] started at `build`).
+    /// The clock decisions are made on. Default: a [`TokioClock`] started at `build`, or, for a
+    /// layer on its own memory store built while Tokio's clock is not paused, a cheaper clock on
+    /// the CPU's counter (see the crate docs, "Time"). A test that pauses Tokio's clock after
+    /// building the layer gives `.clock(TokioClock::new())`.
     pub fn clock(mut self, clock: impl Clock + 'static) -> Self {
         self.clock = Some(Arc::new(clock));
         self
@@ -175,10 +179,36 @@ impl Builder {
         self
     }
 
-    /// Whether allowed responses get the rate-limit headers (default `true`); denials always
-    /// carry them. Off saves formatting five headers per request where nobody reads them.
+    /// Whether allowed responses get the rate-limit headers (default `true`, the families of
+    /// [`Builder::allow_headers`]); denials always carry them all. Off saves formatting them
+    /// per request where nobody reads them.
     pub fn headers_on_allow(mut self, on: bool) -> Self {
-        self.allow_headers = on;
+        self.allow_headers = match (on, self.allow_headers) {
+            (false, _) => None,
+            (true, Some(f)) => Some(f),
+            (true, None) => Some(HeaderFamilies::Both),
+        };
+        self
+    }
+
+    /// Which rate-limit headers allowed responses get (default [`HeaderFamilies::Both`]):
+    /// `X-RateLimit-Limit`, `-Remaining` and `-Reset`, the IETF draft's `RateLimit-Policy` and
+    /// `RateLimit`, or both. Denials (429 or `RESOURCE_EXHAUSTED`) always carry both families and
+    /// `Retry-After`. Each header costs formatting and a header-map insert per request.
+    ///
+    /// ```
+    /// use tollgate_tower::{HeaderFamilies, Key, Quota, RateLimitLayer, Unit};
+    ///
+    /// let layer = RateLimitLayer::builder()
+    ///     .quota(Quota::new(100, Unit::Minute))
+    ///     .key(Key::peer_ip())
+    ///     .allow_headers(HeaderFamilies::XRateLimit)
+    ///     .build()
+    ///     .unwrap();
+    /// # let _ = layer;
+    /// ```
+    pub fn allow_headers(mut self, families: HeaderFamilies) -> Self {
+        self.allow_headers = Some(families);
         self
     }
 
@@ -236,7 +266,7 @@ impl Builder {
             }
         };
         let backend = match self.backend {
-            Chosen::Memory => Backend::Local(Arc::new(MemoryStore::default())),
+            Chosen::Memory => Backend::Own(Arc::new(MemoryStore::default())),
             Chosen::Store(s) => Backend::Local(s),
             #[cfg(feature = "redis")]
             Chosen::Redis(g) => {
@@ -258,7 +288,14 @@ impl Builder {
                 crate::remote::Client::new(&r).map_err(Error::Config)?,
             )),
         };
-        let clock = self.clock.unwrap_or_else(|| Arc::new(TokioClock::new()));
+        // See `clock.rs`: the counter clock only where nobody else reads the counters.
+        let clock = match self.clock {
+            Some(c) => LayerClock::Custom(c),
+            None if matches!(backend, Backend::Own(_)) && !tokio_paused() => {
+                LayerClock::Counter(CounterClock::new())
+            }
+            None => LayerClock::Tokio(TokioClock::new()),
+        };
         Ok(RateLimitLayer {
             limiter: Arc::new(Limiter {
                 limits,

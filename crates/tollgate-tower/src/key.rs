@@ -3,7 +3,21 @@
 //!
 //! A key becomes one descriptor entry `(name, value)`, named like the rules file's `http`
 //! actions (`remote_address` for addresses), so an in-code limit and a rules file (or the
-//! remote service's rules) count the same request under the same counter key.
+//! remote service's rules) count the same request under the same counter key: that text key
+//! (`tower|remote_address=10.0.3.231`) is what a shared store (one given to
+//! [`Builder::store`](crate::Builder::store), Redis) and a remote service see.
+//!
+//! The layer's own memory store (the default) is read by nobody else and holds one limit's
+//! counters, so there a key names its counter in binary ([`Key::with_bytes`]): an address as its
+//! 4 or 16 octets, a header's value as its raw bytes, a closure's value as its UTF-8 bytes, the
+//! global key as no bytes. Formatting an address as text cost more than the check itself. Each
+//! encoding is injective (addresses: the lengths tell IPv4 from IPv6), and the store keeps
+//! binary keys apart from text keys by construction (`MemoryStore::check_binary`). Both spaces
+//! decide the same way who shares a counter: one per address, whatever the port; an
+//! IPv4-mapped IPv6 address (`::ffff:a.b.c.d`, what a dual-stack socket reports for an IPv4
+//! client) counts as the IPv4 address it is. A header value that is not UTF-8 is the one
+//! difference: the text key replaces its invalid bytes (so two such values may share a
+//! counter), the binary key keeps them.
 
 use http::request::Parts;
 use std::fmt;
@@ -135,6 +149,32 @@ impl Key {
             Kind::BadHeader(_) => return Ok(false),
         }
         Ok(true)
+    }
+}
+
+impl Key {
+    /// Call `f` with the key's value for a request as a binary counter key (see the module
+    /// docs): `Ok(None)` when the request is not limited by this key, `Err` when the server did
+    /// not record the peer address. Nothing is formatted or allocated.
+    #[inline(always)]
+    pub(crate) fn with_bytes<R>(
+        &self,
+        req: &Head<'_>,
+        trusted: &[Cidr],
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<Option<R>, Missing> {
+        let ip = match &self.0 {
+            Kind::Peer => canonical(peer(req).ok_or(Missing)?),
+            Kind::Forwarded => client_address(peer(req).ok_or(Missing)?, req.headers, trusted),
+            Kind::Header(h) => return Ok(req.headers.get(h).map(|v| f(v.as_bytes()))),
+            Kind::Global => return Ok(Some(f(b""))),
+            Kind::Fn(_, g) => return Ok(req.parts.and_then(|p| g(p)).map(|v| f(v.as_bytes()))),
+            Kind::BadHeader(_) => return Ok(None),
+        };
+        Ok(Some(match ip {
+            IpAddr::V4(v4) => f(&v4.octets()),
+            IpAddr::V6(v6) => f(&v6.octets()),
+        }))
     }
 }
 

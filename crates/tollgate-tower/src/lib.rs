@@ -71,7 +71,9 @@
 //!
 //! Allowed responses get `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` and
 //! the IETF draft's `RateLimit-Policy` and `RateLimit` headers of the limit closest to running
-//! out (the same values `tollgate serve` sends). A denied HTTP request is answered `429 Too Many
+//! out (the same values `tollgate serve` sends); [`Builder::allow_headers`] keeps one family
+//! ([`HeaderFamilies::XRateLimit`] or [`HeaderFamilies::Ietf`]) and
+//! [`Builder::headers_on_allow`]`(false)` none. A denied HTTP request is answered `429 Too Many
 //! Requests` with those headers, `Retry-After` and the rule's `message` as a text body, and never
 //! reaches your service. A denied gRPC request (`content-type: application/grpc`) gets
 //! `RESOURCE_EXHAUSTED` with the message and the same headers as metadata. A request that no
@@ -103,7 +105,9 @@
 //! ## Where counters live
 //!
 //! - In memory (default): one process; the store is bounded (when full, a new key evicts
-//!   expired ones first), and [`Builder::store`] shares one store between layers.
+//!   expired ones first), and [`Builder::store`] shares one store between layers. The layer's
+//!   own store names an in-code key's counters in binary (an address as its octets), which no
+//!   one else reads; a shared store gets the text counter keys rules files and the service use.
 //! - In Redis ([`Builder::redis`], feature `redis`): every instance of your application shares
 //!   the counters, through the store and the failure policy `tollgate serve` uses
 //!   (`tollgate_redis::Guarded`: a circuit breaker, and `allow`, `deny` or `local` decisions
@@ -128,9 +132,15 @@
 //!
 //! ## Time
 //!
-//! Decisions read an injected [`Clock`](tollgate_core::Clock) ([`Builder::clock`]); the
-//! default, [`TokioClock`], runs on Tokio's time, the same time the shaping sleeps on, so a test
-//! under `tokio::time::pause()` sees exact delays.
+//! Decisions read an injected [`Clock`](tollgate_core::Clock) ([`Builder::clock`]). The
+//! default is [`TokioClock`], which runs on Tokio's time, the same time the shaping sleeps on, so
+//! a test under `tokio::time::pause()` sees exact delays. A layer on its own memory store (no
+//! `.store`, `.redis` or `.remote`) built while Tokio's clock runs reads the CPU's time-stamp
+//! counter instead, as `governor` does: a `clock_gettime` per request cost more than the rest of
+//! the decision. That store is the layer's alone, so only time differences matter there; its
+//! rate is calibrated once and may drift from the system clock by a few parts per million. A
+//! test that pauses Tokio's clock *after* building such a layer gives it
+//! `.clock(TokioClock::new())`.
 //!
 //! ## How it is built
 //!
@@ -161,4 +171,4 @@ pub use key::Key;
 #[cfg(feature = "remote")]
 pub use remote::Remote;
 pub use service::{RateLimit, RateLimitLayer, ResponseBody, ResponseFuture};
-pub use tollgate_core::{Algorithm, Quota, RuleSet, Unit};
+pub use tollgate_core::{Algorithm, HeaderFamilies, Quota, RuleSet, Unit};

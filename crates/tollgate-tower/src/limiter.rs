@@ -2,10 +2,12 @@
 //! rules' `http` section), where (memory, Redis, a remote service), and the answer the layer
 //! acts on (pass with headers, pass after a delay, or deny with headers and a message).
 //!
-//! One async path serves every backend ([`Limiter::decide`]); with the memory store,
-//! [`Limiter::decide_now`] answers in place instead (an in-code key synchronously, with one
-//! allocation: its counter key; rules by polling the async path once), so the common case costs
-//! no task, no boxed future and no extra poll.
+//! One async path serves every backend ([`Limiter::decide`]); with the memory store the answer
+//! comes in place instead: an in-code key synchronously ([`Limiter::prepare`] with a binary
+//! counter key on the layer's own store, [`Limiter::decide_key_now`] with a text one in a
+//! per-thread buffer on a given store; no allocation either way), rules by polling the async
+//! path once ([`Limiter::decide_now`]). So the common
+//! case costs no task, no boxed future and no extra poll.
 //!
 //! Shaping: a leaky bucket admits a request with the `delay` it must wait in the queue. A
 //! maximum wait caps that queue: leaky-bucket quotas are checked with their burst lowered to
@@ -13,6 +15,7 @@
 //! longer is refused exactly as when the queue is full, and consumes nothing; an admitted one
 //! never waits longer than `max_wait`.
 
+use crate::clock::LayerClock;
 use crate::key::{Head, Key, Missing};
 use futures_util::FutureExt as _;
 use http::HeaderMap;
@@ -22,7 +25,8 @@ use std::time::Duration;
 use tollgate_core::limiter::{Descriptor, Plan, Status};
 use tollgate_core::request::{client_address, Cidr, HttpActions, RequestParts};
 use tollgate_core::{
-    Algorithm, CheckItem, Clock, Decision, HeaderValues, Micros, Quota, RuleSet, Store,
+    Algorithm, CheckItem, Decision, HeaderFamilies, HeaderValues, MemoryStore, Micros, Quota,
+    RuleSet, Store,
 };
 
 /// The message of a denial by a rule without one (and of every remote denial).
@@ -54,6 +58,10 @@ pub(crate) enum Limits {
 
 /// Where counters live.
 pub(crate) enum Backend {
+    /// The layer's own memory store (the default): nobody else reads it, so an in-code key
+    /// names its counters in binary (see `key.rs`).
+    Own(Arc<MemoryStore>),
+    /// A store given to the builder, maybe shared: text counter keys, as everywhere else.
     Local(Arc<dyn Store>),
     #[cfg(feature = "redis")]
     Redis(Arc<tollgate_redis::Guarded>),
@@ -65,11 +73,11 @@ pub(crate) enum Backend {
 pub(crate) struct Limiter {
     pub(crate) limits: Limits,
     pub(crate) backend: Backend,
-    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) clock: LayerClock,
     pub(crate) trusted: Vec<Cidr>,
     pub(crate) max_wait: Duration,
-    /// Add the rate-limit headers to allowed responses.
-    pub(crate) allow_headers: bool,
+    /// The rate-limit headers added to allowed responses (`None`: none).
+    pub(crate) allow_headers: Option<HeaderFamilies>,
 }
 
 /// What one request asks the backend about.
@@ -80,14 +88,11 @@ pub(crate) enum Query {
     Many(Vec<Vec<(String, String)>>),
 }
 
-/// Header-map room [`Headers::add_to`] reserves: up to six rate-limit headers, plus one entry
-/// for what the framework adds after the layer (axum's `Content-Length`).
-const ROOM_FOR_HEADERS: usize = 7;
-
 /// The rate-limit headers of an answer.
 pub(crate) enum Headers {
     None,
-    Values(HeaderValues),
+    /// Computed values, and which of them to send.
+    Values(HeaderValues, HeaderFamilies),
     /// As a remote service sent them (boxed: rare, and large).
     Map(Box<HeaderMap>),
 }
@@ -96,12 +101,12 @@ impl Headers {
     pub(crate) fn add_to(&self, map: &mut HeaderMap) {
         match self {
             Headers::None => {}
-            Headers::Values(v) => {
+            Headers::Values(v, families) => {
                 // Room for every header at once, and for the `Content-Length` axum adds after
                 // the layer: an axum response's map holds 6 entries before it grows, so
-                // without this it grows (a rehash) on that last insert, with 6 entries to move.
-                map.reserve(ROOM_FOR_HEADERS);
-                v.insert_into(map)
+                // without this it may grow (a rehash) on that last insert, all entries to move.
+                map.reserve(v.count(*families) + 1);
+                v.insert_families(map, *families)
             }
             Headers::Map(m) => {
                 for (n, v) in m.iter() {
@@ -111,6 +116,19 @@ impl Headers {
         }
     }
 }
+
+/// What [`Limiter::prepare`] found for a request.
+pub(crate) enum Prepared {
+    /// Pass it on now, adding these headers to the response: the common case, kept small.
+    Pass(Headers),
+    /// The answer (when known already: refused, or shaped) and the query (when it must still be
+    /// decided), or `Err` when a key needs the peer address and there is none. Boxed, so that
+    /// the common case moves a small value.
+    Later(Box<Later>),
+}
+
+/// What [`Prepared::Later`] carries: the query and the known answer, or no peer address.
+pub(crate) type Later = Result<(Option<Query>, Option<Answer>), Missing>;
 
 /// What the layer does with a request.
 pub(crate) enum Answer {
@@ -180,18 +198,36 @@ impl Limiter {
     ) -> Answer {
         if d.allowed {
             Answer::Allow {
-                headers: if self.allow_headers {
-                    Headers::Values(HeaderValues::new(Some(quota), d, true, now))
-                } else {
-                    Headers::None
+                headers: match self.allow_headers {
+                    Some(f) => Headers::Values(HeaderValues::new(Some(quota), d, true, now), f),
+                    None => Headers::None,
                 },
                 delay: Duration::from_micros(d.delay),
             }
         } else {
             Answer::Deny {
-                headers: Headers::Values(HeaderValues::new(Some(quota), d, false, now)),
+                headers: Headers::Values(
+                    HeaderValues::new(Some(quota), d, false, now),
+                    HeaderFamilies::Both,
+                ),
                 message: message(None, denied_by_policy),
             }
+        }
+    }
+
+    /// What to do with a request an in-code limit with `quota` decided `d` for.
+    #[inline(always)]
+    fn prepared(&self, quota: &Quota, d: &Decision, now: Micros) -> Prepared {
+        if d.allowed && d.delay == 0 {
+            Prepared::Pass(match self.allow_headers {
+                Some(f) => Headers::Values(HeaderValues::new(Some(quota), d, true, now), f),
+                None => Headers::None,
+            })
+        } else {
+            Prepared::Later(Box::new(Ok((
+                None,
+                Some(self.one_answer(quota, d, now, false)),
+            ))))
         }
     }
 
@@ -200,31 +236,96 @@ impl Limiter {
         matches!(&self.limits, Limits::Key { key, .. } if key.needs_parts())
     }
 
-    /// What to do with a request: the query (when it must still be decided) and the answer
-    /// (when known already), or `Err` when a key needs the peer address and there is none.
-    pub(crate) fn prepare(
-        &self,
-        req: &Head<'_>,
-    ) -> Result<(Option<Query>, Option<Answer>), Missing> {
+    /// What to do with a request (see [`Prepared`]).
+    pub(crate) fn prepare(&self, req: &Head<'_>) -> Prepared {
+        // The common case, kept small: an in-code key on the layer's own store, decided in place
+        // with a binary counter key (see `key.rs`).
+        if let (
+            Limits::Key {
+                key,
+                quota: Some(quota),
+                rule,
+                ..
+            },
+            Backend::Own(own),
+        ) = (&self.limits, &self.backend)
+        {
+            let found = key.with_bytes(
+                req,
+                &self.trusted,
+                #[inline(always)]
+                |bytes| {
+                    let now = self.clock.now();
+                    let d = own.check_binary(now, rule, bytes, quota, 1);
+                    self.prepared(quota, &d, now)
+                },
+            );
+            return match found {
+                Ok(Some(p)) => p,
+                Ok(None) => Prepared::Pass(Headers::None),
+                Err(missing) => Prepared::Later(Box::new(Err(missing))),
+            };
+        }
+        self.prepare_otherwise(req)
+    }
+
+    /// [`Limiter::prepare`] for every other configuration.
+    #[inline(never)]
+    fn prepare_otherwise(&self, req: &Head<'_>) -> Prepared {
         // Memory store: decided here, in place (the store never waits).
         if let Some(fast) = self.decide_key_now(req) {
-            return Ok((None, fast?));
+            return fast;
         }
-        Ok(match self.query(req)? {
+        let found = self.query(req).map(|query| match query {
             Some(q) => {
                 let known = self.decide_now(&q);
                 (Some(q), known)
             }
             None => (None, None),
-        })
+        });
+        match found {
+            Ok((None, None)) => Prepared::Pass(Headers::None),
+            Ok((_, Some(Answer::Allow { headers, delay }))) if delay.is_zero() => {
+                Prepared::Pass(self.on_allow(headers))
+            }
+            other => Prepared::Later(Box::new(other)),
+        }
     }
 
     /// The headers of an allowed request, as the layer is configured to send them.
     pub(crate) fn on_allow(&self, headers: Headers) -> Headers {
-        if self.allow_headers {
-            headers
-        } else {
-            Headers::None
+        match (self.allow_headers, headers) {
+            (None, _) => Headers::None,
+            (Some(f), Headers::Values(v, _)) => Headers::Values(v, f),
+            (Some(HeaderFamilies::Both), other) => other,
+            // A remote service's headers: those of the chosen family.
+            (Some(f), Headers::Map(mut m)) => {
+                let ietf = |n: &http::HeaderName| n.as_str().starts_with("ratelimit");
+                let x = |n: &http::HeaderName| n.as_str().starts_with("x-ratelimit-");
+                let names: Vec<http::HeaderName> = m.keys().cloned().collect();
+                for n in names {
+                    let keep = match f {
+                        HeaderFamilies::XRateLimit => x(&n),
+                        _ => ietf(&n),
+                    };
+                    if !keep {
+                        m.remove(&n);
+                    }
+                }
+                Headers::Map(m)
+            }
+            (Some(_), Headers::None) => Headers::None,
+        }
+    }
+
+    /// The backend when it is a store that decides in place (memory, or any synchronous one).
+    fn local(&self) -> Option<&dyn Store> {
+        match &self.backend {
+            Backend::Own(store) => Some(&**store),
+            Backend::Local(store) => Some(&**store),
+            // Redis, remote (unreachable without those features).
+            #[allow(unreachable_patterns)]
+            _ => None,
         }
     }
 
@@ -236,10 +337,11 @@ impl Limiter {
         false
     }
 
-    /// The fast path: an in-code key on the memory store (or any synchronous store), decided in
-    /// place with the counter key built in a per-thread buffer (no allocation). `None` when the
-    /// layer is not configured so; else what [`Limiter::query`] and [`Limiter::decide_now`] give.
-    pub(crate) fn decide_key_now(&self, req: &Head<'_>) -> Option<Result<Option<Answer>, Missing>> {
+    /// An in-code key on a store given to the builder (memory, or any synchronous store),
+    /// decided in place with the text counter key built in a per-thread buffer (no allocation).
+    /// `None` when the layer is not configured so; else what [`Limiter::query`] and
+    /// [`Limiter::decide_now`] give. (The layer's own store is [`Limiter::prepare`]'s.)
+    fn decide_key_now(&self, req: &Head<'_>) -> Option<Prepared> {
         let (
             Limits::Key {
                 key,
@@ -257,15 +359,17 @@ impl Limiter {
         let decide = |buf: &mut String| {
             buf.clear();
             buf.push_str(prefix);
-            if !key.write_value(req, &self.trusted, buf, true)? {
-                return Ok(None);
+            match key.write_value(req, &self.trusted, buf, true) {
+                Ok(true) => {}
+                Ok(false) => return Prepared::Pass(Headers::None),
+                Err(missing) => return Prepared::Later(Box::new(Err(missing))),
             }
             let now = self.clock.now();
             let item = CheckItem::hit(rule, buf, quota);
-            Ok(Some(match store.check_one(now, &item) {
-                Ok(d) => self.one_answer(quota, &d, now, false),
-                Err(_) => Answer::unavailable(),
-            }))
+            match store.check_one(now, &item) {
+                Ok(d) => self.prepared(quota, &d, now),
+                Err(_) => Prepared::Later(Box::new(Ok((None, Some(Answer::unavailable()))))),
+            }
         };
         Some(KEY.with(|cell| match cell.try_borrow_mut() {
             Ok(mut buf) => decide(&mut buf),
@@ -276,15 +380,8 @@ impl Limiter {
 
     /// With the memory store (or any synchronous one), the answer right away; `None` when it
     /// takes I/O ([`Limiter::decide`]).
-    // Without the `redis` and `remote` features the memory store is the only backend.
-    #[cfg_attr(
-        not(any(feature = "redis", feature = "remote")),
-        allow(irrefutable_let_patterns)
-    )]
     pub(crate) fn decide_now(&self, query: &Query) -> Option<Answer> {
-        let Backend::Local(store) = &self.backend else {
-            return None;
-        };
+        let store = self.local()?;
         match (&self.limits, query) {
             (
                 Limits::Key {
@@ -364,7 +461,7 @@ impl Limiter {
                 let verdict = plan.finish(decided.decisions);
                 let allowed = verdict.allowed();
                 let headers = match HeaderValues::of_verdict(&verdict, allowed, now) {
-                    Some(h) => Headers::Values(h),
+                    Some(h) => Headers::Values(h, HeaderFamilies::Both),
                     None => Headers::None,
                 };
                 if allowed {
@@ -399,7 +496,8 @@ impl Limiter {
     /// Ask the store; `None` when it failed and nothing else could decide.
     async fn check(&self, now: Micros, items: &[CheckItem<'_>]) -> Option<Decided> {
         match &self.backend {
-            Backend::Local(store) => {
+            Backend::Own(_) | Backend::Local(_) => {
+                let store = self.local()?;
                 let decisions = match items {
                     [one] => store.check_one(now, one).map(|d| vec![d]),
                     many => store.check(now, many),

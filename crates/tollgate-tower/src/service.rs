@@ -14,7 +14,7 @@
 //! headers as metadata and no body (a trailers-only response).
 
 use crate::key::Head;
-use crate::limiter::{Answer, Headers, Limiter};
+use crate::limiter::{Answer, Headers, Later, Limiter, Prepared};
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{HeaderMap, Request, Response, StatusCode};
 use pin_project_lite::pin_project;
@@ -111,6 +111,8 @@ pin_project! {
     pub struct ResponseFuture<F, B, E> {
         #[pin]
         state: State<F, B, E>,
+        // Beside the state, not in it: the inner future is then built in place (one copy less).
+        headers: Headers,
     }
 }
 
@@ -118,7 +120,7 @@ pin_project! {
     #[project = StateProj]
     enum State<F, B, E> {
         Ready { response: Option<Response<B>> },
-        Inner { #[pin] future: F, headers: Headers },
+        Inner { #[pin] future: F },
         Boxed { future: BoxFuture<B, E> },
     }
 }
@@ -130,14 +132,17 @@ where
     type Output = Result<Response<B>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().state.project() {
+        let this = self.project();
+        match this.state.project() {
             StateProj::Ready { response } => match response.take() {
                 Some(r) => Poll::Ready(Ok(r)),
                 None => panic!("ResponseFuture polled after completion"),
             },
-            StateProj::Inner { future, headers } => {
+            // Nothing to add: the inner future's own poll, with nothing moved.
+            StateProj::Inner { future } if matches!(this.headers, Headers::None) => future.poll(cx),
+            StateProj::Inner { future } => {
                 let mut response = std::task::ready!(future.poll(cx))?;
-                headers.add_to(response.headers_mut());
+                this.headers.add_to(response.headers_mut());
                 Poll::Ready(Ok(response))
             }
             StateProj::Boxed { future } => future.as_mut().poll(cx),
@@ -177,16 +182,40 @@ where
         } else {
             self.limiter.prepare(&Head::of(&req))
         };
+        let headers = match prepared {
+            Prepared::Pass(headers) => headers,
+            // Out of line, so that the common case builds its future in place.
+            Prepared::Later(later) => return self.call_otherwise(req, *later),
+        };
+        ResponseFuture {
+            state: State::Inner {
+                future: self.inner.call(req),
+            },
+            headers,
+        }
+    }
+}
+
+impl<S> RateLimit<S> {
+    /// [`Service::call`] for a request that is refused, shaped, or decided by a backend that
+    /// does I/O.
+    #[inline(never)]
+    fn call_otherwise<ReqBody, ResBody>(
+        &mut self,
+        req: Request<ReqBody>,
+        prepared: Later,
+    ) -> ResponseFuture<S::Future, ResBody, S::Error>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Send + 'static,
+        ReqBody: Send + 'static,
+        ResBody: ResponseBody + Send + 'static,
+    {
         let Ok((query, known)) = prepared else {
             return ready(refusal(Answer::NoPeer, req.headers()));
         };
         let query = match (query, known) {
-            // Nothing limits this request.
-            (None, None) => return inner(self.inner.call(req), Headers::None),
-            (_, Some(Answer::Allow { headers, delay })) if delay.is_zero() => {
-                let headers = self.limiter.on_allow(headers);
-                return inner(self.inner.call(req), headers);
-            }
             (_, Some(a @ (Answer::Deny { .. } | Answer::NoPeer))) => {
                 return ready(refusal(a, req.headers()));
             }
@@ -223,21 +252,18 @@ where
             state: State::Boxed {
                 future: Box::pin(future),
             },
+            headers: Headers::None,
         }
     }
 }
 
-fn inner<F, B, E>(future: F, headers: Headers) -> ResponseFuture<F, B, E> {
-    ResponseFuture {
-        state: State::Inner { future, headers },
-    }
-}
-
+#[inline(always)]
 fn ready<F, B, E>(response: Response<B>) -> ResponseFuture<F, B, E> {
     ResponseFuture {
         state: State::Ready {
             response: Some(response),
         },
+        headers: Headers::None,
     }
 }
 

@@ -276,3 +276,166 @@ fn configuration_mistakes_are_errors_at_build() {
         other => panic!("unexpected {:?}", other.map(|_| ())),
     }
 }
+
+/// A request from `addr` (any address family and port).
+fn from_addr(addr: SocketAddr) -> Request<Body> {
+    let mut r = Request::get("/").body(Body::empty()).unwrap();
+    r.extensions_mut().insert(ConnectInfo(addr));
+    r
+}
+
+/// The layer's own store names counters by binary keys (an address as its octets): one counter
+/// per address whatever the port, never one for two addresses, whichever bytes they share.
+#[tokio::test]
+async fn binary_keys_count_per_address_never_across_addresses() {
+    let app = app(per(Key::peer_ip(), 1));
+    let ok = |r: &Response<Body>| r.status() == StatusCode::OK;
+    let addrs: Vec<SocketAddr> = [
+        "10.0.0.1:1",
+        "1.0.0.10:1",
+        "10.0.1.0:1",
+        "0.0.0.0:1",
+        "[::]:1",
+        "[::a00:1]:1", // ::10.0.0.1 (IPv4-compatible, not mapped): IPv6
+        "[2001:db8::1]:1",
+        "[2001:db8::100]:1",
+        "[a00:1::]:1", // begins with 10.0.0.1's bytes
+    ]
+    .iter()
+    .map(|a| a.parse().unwrap())
+    .collect();
+    for a in &addrs {
+        assert!(ok(&send(&app, from_addr(*a)).await), "{a}: first request");
+    }
+    for a in &addrs {
+        // Same address, another port: the same counter, now used up.
+        let other_port = SocketAddr::new(a.ip(), 2);
+        let r = send(&app, from_addr(other_port)).await;
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS, "{other_port}");
+    }
+}
+
+/// An IPv4-mapped IPv6 peer (`::ffff:a.b.c.d`, a dual-stack socket's view of an IPv4 client)
+/// counts as the IPv4 address it is, as in the text key space (documented in `key.rs`).
+#[tokio::test]
+async fn an_ipv4_mapped_peer_shares_the_ipv4_counter() {
+    let peer = app(per(Key::peer_ip(), 1));
+    let v4: SocketAddr = "192.0.2.7:5000".parse().unwrap();
+    let mapped: SocketAddr = "[::ffff:192.0.2.7]:6000".parse().unwrap();
+    assert_eq!(send(&peer, from_addr(v4)).await.status(), StatusCode::OK);
+    let r = send(&peer, from_addr(mapped)).await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    // The same holds the other way round, and for the forwarded-address key.
+    let forwarded = app(per(Key::forwarded_ip(), 1));
+    assert_eq!(
+        send(&forwarded, from_addr(mapped)).await.status(),
+        StatusCode::OK
+    );
+    let r = send(&forwarded, from_addr(v4)).await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+/// Header values are binary keys too (raw bytes, not escaped text): values that differ only in
+/// what escaping or lossy decoding would merge keep their own counters.
+#[tokio::test]
+async fn binary_header_keys_keep_distinct_values_apart() {
+    let app = app(per(Key::header("x-api-key"), 1));
+    let with = |v: &[u8]| {
+        let mut r = from([192, 0, 2, 1], "/", &[]);
+        r.headers_mut()
+            .insert("x-api-key", http::HeaderValue::from_bytes(v).unwrap());
+        r
+    };
+    for v in [&b"a|b"[..], b"a=b", b"a\\|b", b"\xff", b"\xfe", b"k"] {
+        assert_eq!(send(&app, with(v)).await.status(), StatusCode::OK, "{v:?}");
+    }
+    assert_eq!(
+        send(&app, with(b"\xff")).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+const X_RATELIMIT: [&str; 3] = [
+    "x-ratelimit-limit",
+    "x-ratelimit-remaining",
+    "x-ratelimit-reset",
+];
+const IETF: [&str; 2] = ["ratelimit-policy", "ratelimit"];
+
+/// `allow_headers` picks the families allowed responses carry; denials keep them all.
+#[tokio::test]
+async fn header_families_on_allowed_responses_and_all_headers_on_denials() {
+    use tollgate_tower::HeaderFamilies;
+    let layer = |f: Option<HeaderFamilies>| {
+        let b = RateLimitLayer::builder()
+            .quota(Quota::new(1, Unit::Minute))
+            .key(Key::peer_ip());
+        match f {
+            Some(f) => b.allow_headers(f),
+            None => b.headers_on_allow(false),
+        }
+        .build()
+        .unwrap()
+    };
+    for (families, sent, absent) in [
+        (
+            Some(HeaderFamilies::Both),
+            &[&X_RATELIMIT[..], &IETF[..]],
+            &[][..],
+        ),
+        (
+            Some(HeaderFamilies::XRateLimit),
+            &[&X_RATELIMIT[..], &[]],
+            &IETF[..],
+        ),
+        (
+            Some(HeaderFamilies::Ietf),
+            &[&IETF[..], &[]],
+            &X_RATELIMIT[..],
+        ),
+        (
+            None,
+            &[&[][..], &[]],
+            &[&X_RATELIMIT[..], &IETF[..]].concat()[..],
+        ),
+    ] {
+        let app = app(layer(families));
+        let r = send(&app, from([192, 0, 2, 1], "/", &[])).await;
+        assert_eq!(r.status(), StatusCode::OK);
+        for name in sent.concat() {
+            assert!(r.headers().contains_key(name), "{families:?}: no {name}");
+        }
+        for name in absent {
+            assert!(!r.headers().contains_key(*name), "{families:?}: {name}");
+        }
+        assert!(!r.headers().contains_key("retry-after"));
+        // The denial's contract does not depend on the choice.
+        let r = send(&app, from([192, 0, 2, 1], "/", &[])).await;
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        for name in X_RATELIMIT.iter().chain(&IETF).chain(&["retry-after"]) {
+            assert!(
+                r.headers().contains_key(*name),
+                "{families:?}: denial without {name}"
+            );
+        }
+        assert_eq!(body(r).await, "rate limit exceeded\n");
+    }
+}
+
+/// The choice applies to limits from a rules file too.
+#[tokio::test]
+async fn header_families_apply_to_rules_file_limits() {
+    let layer = RateLimitLayer::builder()
+        .rules(rules(), "web")
+        .allow_headers(tollgate_tower::HeaderFamilies::Ietf)
+        .build()
+        .unwrap();
+    let r = send(&app(layer), from([192, 0, 2, 1], "/", &[])).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    for name in IETF {
+        assert!(r.headers().contains_key(name), "no {name}");
+    }
+    for name in X_RATELIMIT {
+        assert!(!r.headers().contains_key(name), "{name}");
+    }
+}

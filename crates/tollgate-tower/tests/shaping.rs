@@ -118,3 +118,28 @@ async fn a_request_dropped_while_waiting_never_reaches_the_service() {
         "the dropped request was not served"
     );
 }
+
+/// A layer built while Tokio's clock is paused gets the exact Tokio clock by default (the
+/// cheaper counter clock would not stop with it): paused time decides, here time advanced by
+/// hand refills a limit that real time never could.
+#[tokio::test(start_paused = true)]
+async fn the_default_clock_follows_a_clock_paused_before_build() {
+    let layer = RateLimitLayer::builder()
+        .quota(Quota::new(1, Unit::Hour).with_algorithm(Algorithm::Gcra))
+        .key(Key::global())
+        .build()
+        .unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let svc = layer.layer(recorder(seen));
+    assert_eq!(
+        svc.clone().oneshot(request()).await.unwrap().status(),
+        StatusCode::OK
+    );
+    let denied = svc.clone().oneshot(request()).await.unwrap();
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    assert_eq!(
+        svc.clone().oneshot(request()).await.unwrap().status(),
+        StatusCode::OK
+    );
+}
