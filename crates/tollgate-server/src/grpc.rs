@@ -42,7 +42,7 @@
 //! connection's writes are coalesced (see `Replayed::defer`): with many calls in flight, one
 //! `writev` carries the answers of a whole scheduler turn instead of one each.
 
-use crate::check::decide;
+use crate::check::{decide, decide_now};
 use crate::error::{ApiError, ErrorClass};
 use crate::model::{CheckRequest, CheckResponse, Code, Descriptor, DescriptorStatus};
 use crate::profile::{EnvoyMode, HEALTH_SERVICE};
@@ -62,14 +62,14 @@ use envoy_types::pb::google::protobuf::{
 use futures_util::FutureExt;
 use hyper::body::Incoming;
 use hyper::server::conn::http2;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use std::convert::Infallible;
 use std::future::Future;
 use std::io::ErrorKind;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -238,24 +238,47 @@ impl RateLimitService for RateLimitGrpc {
 
 impl RateLimitGrpc {
     /// Answer one `ShouldRateLimit` request: both the tonic service and the direct path of
-    /// [`serve`] ([`should_rate_limit_call`]) come here.
+    /// [`serve`] ([`should_rate_limit_call`]) come here, unless [`Self::respond_now`] answered.
     async fn respond(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
-        let check = match to_check_request(request) {
-            Ok(c) => c,
-            Err(e) => {
-                self.state.metrics().error(e.code());
-                return Err(status_from(&e));
-            }
-        };
+        let check = self.check_request(request)?;
         // `decide` never panics by design; if it ever does, answer INTERNAL instead of dropping
         // the connection (HTTP does the same with its catch-panic layer).
         let result = AssertUnwindSafe(decide(&self.state, &check))
             .catch_unwind()
             .await
-            .unwrap_or_else(|_| {
-                tracing::error!("gRPC ShouldRateLimit panicked");
-                Err(ApiError::Internal("panic while deciding".into()))
-            });
+            .unwrap_or_else(|_| Err(decide_panicked()));
+        self.reply(&check, result)
+    }
+
+    /// [`Self::respond`] without awaiting, when the store is in this process
+    /// ([`decide_now`]); `None` otherwise (Redis: the caller awaits `respond`).
+    fn respond_now(&self, request: &RateLimitRequest) -> Option<Result<RateLimitResponse, Status>> {
+        if !matches!(self.state.backend(), crate::backend::Backend::Local(_)) {
+            return None;
+        }
+        let check = match self.check_request(request) {
+            Ok(c) => c,
+            Err(status) => return Some(Err(status)),
+        };
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| decide_now(&self.state, &check)))
+            .unwrap_or_else(|_| Some(Err(decide_panicked())))?;
+        Some(self.reply(&check, result))
+    }
+
+    /// The request as [`decide`] takes it; what cannot be represented is INVALID_ARGUMENT.
+    fn check_request(&self, request: &RateLimitRequest) -> Result<CheckRequest, Status> {
+        to_check_request(request).map_err(|e| {
+            self.state.metrics().error(e.code());
+            status_from(&e)
+        })
+    }
+
+    /// The protobuf answer of a decision.
+    fn reply(
+        &self,
+        check: &CheckRequest,
+        result: Result<CheckResponse, ApiError>,
+    ) -> Result<RateLimitResponse, Status> {
         match result {
             Ok(resp) => Ok(match self.state.envoy() {
                 Some(mode) => {
@@ -263,7 +286,7 @@ impl RateLimitGrpc {
                     if mode.dynamic_metadata {
                         let rules = self.state.rules();
                         out.dynamic_metadata =
-                            Some(envoy_dynamic_metadata(&check, &resp, &rules.set));
+                            Some(envoy_dynamic_metadata(check, &resp, &rules.set));
                     }
                     out
                 }
@@ -272,6 +295,12 @@ impl RateLimitGrpc {
             Err(e) => Err(status_from(&e)),
         }
     }
+}
+
+/// What a panic while deciding becomes (logged): INTERNAL.
+fn decide_panicked() -> ApiError {
+    tracing::error!("gRPC ShouldRateLimit panicked");
+    ApiError::Internal("panic while deciding".into())
 }
 
 /// Translate a protobuf request (see the module docs for the `hits_addend` rules).
@@ -666,8 +695,8 @@ impl Default for GrpcLimits {
 
 impl GrpcLimits {
     /// The HTTP/2 connection settings these limits stand for.
-    fn builder(&self) -> http2::Builder<TokioExecutor> {
-        let mut b = http2::Builder::new(TokioExecutor::new());
+    fn builder(&self) -> http2::Builder<InlineExecutor> {
+        let mut b = http2::Builder::new(InlineExecutor);
         b.timer(TokioTimer::new())
             .max_concurrent_streams(self.max_concurrent_streams)
             .max_header_list_size(self.max_header_list_bytes)
@@ -1015,7 +1044,7 @@ async fn accept(listener: &GrpcListener) -> Accepted {
 async fn connection<S>(
     mut tcp: S,
     _slot: OwnedSemaphorePermit,
-    builder: http2::Builder<TokioExecutor>,
+    builder: http2::Builder<InlineExecutor>,
     services: Services,
     limits: GrpcLimits,
     mut drain: watch::Receiver<bool>,
@@ -1042,43 +1071,23 @@ async fn connection<S>(
         }
     }
     let service = hyper::service::service_fn(move |req: HttpRequest<Incoming>| {
-        // The client's own deadline, when shorter (Envoy sends its rate-limit timeout).
-        let timeout = req
-            .headers()
-            .get("grpc-timeout")
-            .and_then(|v| parse_grpc_timeout(v.as_bytes()))
-            .map_or(limits.request_timeout, |t| t.min(limits.request_timeout));
-        let call =
+        let answer =
             if req.method() == http::Method::POST && req.uri().path() == SHOULD_RATE_LIMIT_PATH {
-                futures_util::future::Either::Left(should_rate_limit_call(
-                    Arc::clone(&services.rls),
+                should_rate_limit(
+                    &services.rls,
                     req,
                     services.max_message,
-                ))
+                    limits.request_timeout,
+                )
             } else {
-                futures_util::future::Either::Right(services.routes.clone().oneshot(req).map(|r| {
-                    match r {
-                        Ok(response) => response.map(http_body_util::Either::Right),
-                        Err(never) => match never {},
-                    }
-                }))
+                let timeout = call_timeout(req.headers(), limits.request_timeout);
+                let call = services.routes.clone().oneshot(req).map(|r| match r {
+                    Ok(response) => response.map(http_body_util::Either::Right),
+                    Err(never) => match never {},
+                });
+                Answer::Later(Box::pin(within(timeout, call)))
             };
-        // Boxed: hyper moves the future into a task of its own several times over, and this
-        // one (the decision's state machine included) is large; a pointer is cheap to move.
-        Box::pin(async move {
-            // A call that completes when first polled (the memory store, the whole request in
-            // hand) needs no timer: one costs a timer-wheel entry per call.
-            let mut call = std::pin::pin!(call);
-            if let Some(response) = call.as_mut().now_or_never() {
-                return Ok::<_, Infallible>(response);
-            }
-            Ok(match tokio::time::timeout(timeout, call).await {
-                Ok(response) => response,
-                Err(_) => trailers_only(Status::deadline_exceeded(
-                    "request not completed within the server's request timeout",
-                )),
-            })
-        })
+        answer
     });
     let conn = builder.serve_connection(TokioIo::new(Replayed::new(tcp)), service);
     tokio::pin!(conn);
@@ -1152,6 +1161,58 @@ impl Body for UnaryBody {
     }
 }
 
+/// A stream's answer, as the connection's service returns it: made already (the common case:
+/// the whole request was in hand and the store is in this process), or a future to run.
+// The answer made (a response, ~240 bytes) is kept inline: boxing it would cost an allocation
+// per call to save a copy of a few hundred bytes.
+#[allow(clippy::large_enum_variant)]
+enum Answer {
+    /// Answered while hyper handed the request over (`should_rate_limit`).
+    Now(Option<http::Response<GrpcBody>>),
+    /// A call that has to wait (its body, Redis, tonic's routes), with its timeout.
+    Later(Pin<Box<dyn Future<Output = http::Response<GrpcBody>> + Send>>),
+}
+
+impl Future for Answer {
+    type Output = Result<http::Response<GrpcBody>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            Answer::Now(response) => Poll::Ready(Ok(response
+                .take()
+                .expect("an answer is polled until it is ready"))),
+            Answer::Later(call) => call.as_mut().poll(cx).map(Ok),
+        }
+    }
+}
+
+/// The time a call may take: `--grpc-request-timeout`, or the client's own deadline
+/// (`grpc-timeout`, Envoy sends its rate-limit timeout) when shorter.
+fn call_timeout(headers: &http::HeaderMap, request_timeout: Duration) -> Duration {
+    headers
+        .get("grpc-timeout")
+        .and_then(|v| parse_grpc_timeout(v.as_bytes()))
+        .map_or(request_timeout, |t| t.min(request_timeout))
+}
+
+/// `call`, answered DEADLINE_EXCEEDED if not done within `timeout`. A call that completes when
+/// first polled arms no timer (one costs a timer-wheel entry).
+async fn within(
+    timeout: Duration,
+    call: impl Future<Output = http::Response<GrpcBody>>,
+) -> http::Response<GrpcBody> {
+    let mut call = std::pin::pin!(call);
+    if let Some(response) = call.as_mut().now_or_never() {
+        return response;
+    }
+    match tokio::time::timeout(timeout, call).await {
+        Ok(response) => response,
+        Err(_) => trailers_only(Status::deadline_exceeded(
+            "request not completed within the server's request timeout",
+        )),
+    }
+}
+
 /// `ShouldRateLimit` served directly on hyper's HTTP/2 stream, without tonic's generic unary
 /// machinery (its router, streaming decoder, encoder and three boxed bodies, which cost more
 /// than deciding): the request message is read whole, decoded by prost, answered by
@@ -1160,60 +1221,121 @@ impl Body for UnaryBody {
 /// (UNIMPLEMENTED for a `grpc-encoding` other than `identity`, INTERNAL for a compressed flag
 /// without one), a message over `--max-body-bytes` is OUT_OF_RANGE before it is read, a
 /// missing or truncated message INTERNAL, and one that does not decode INVALID_ARGUMENT (see
-/// [`RlsDecoder`]). Bytes after the first message of this unary call are ignored, as tonic
-/// does.
-async fn should_rate_limit_call(
-    rls: Arc<RateLimitGrpc>,
+/// [`RlsDecoder`]). Data after the one message of this unary call is INVALID_ARGUMENT.
+///
+/// This runs as hyper hands the request over, inside the connection task's poll. When the
+/// whole request is already in hand (h2 has read HEADERS, DATA and END_STREAM before handing
+/// the stream over whenever they came in one read) and the store is in this process, the call
+/// is answered here and then ([`Answer::Now`]): nothing is spawned, boxed or moved, and
+/// [`InlineExecutor`] then sends the answer within the same poll. Otherwise (the body still
+/// to come, Redis) the rest runs as a future, within the call's timeout ([`Answer::Later`]).
+/// A panic here answers INTERNAL rather than unwinding through the connection.
+fn should_rate_limit(
+    rls: &Arc<RateLimitGrpc>,
     req: HttpRequest<Incoming>,
     max_message: usize,
-) -> http::Response<GrpcBody> {
-    let answer = async {
-        if let Some(encoding) = req.headers().get("grpc-encoding") {
-            if encoding.as_bytes() != b"identity" {
-                let mut status = Status::unimplemented(format!(
-                    "Content is compressed with `{}` which isn't supported",
-                    String::from_utf8_lossy(encoding.as_bytes())
-                ));
-                status.metadata_mut().insert(
-                    "grpc-accept-encoding",
-                    tonic::metadata::MetadataValue::from_static("identity"),
-                );
-                return Err(status);
+    request_timeout: Duration,
+) -> Answer {
+    let answer = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        let (parts, body) = req.into_parts();
+        if let Some(status) = encoding_refused(&parts.headers) {
+            return Answer::Now(Some(trailers_only(status)));
+        }
+        let mut reader = MessageReader::new(body, max_message);
+        let message = match reader.poll_message(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(Ok(message)) => message,
+            Poll::Ready(Err(status)) => return Answer::Now(Some(trailers_only(status))),
+            Poll::Pending => {
+                let rls = Arc::clone(rls);
+                let call = async move {
+                    let message = std::future::poll_fn(|cx| reader.poll_message(cx)).await;
+                    let request = match message.and_then(|m| decode_request(&rls, m)) {
+                        Ok(request) => request,
+                        Err(status) => return trailers_only(status),
+                    };
+                    unary_response(rls.respond(&request).await.and_then(encode_response))
+                };
+                let timeout = call_timeout(&parts.headers, request_timeout);
+                return Answer::Later(Box::pin(within(timeout, call)));
             }
+        };
+        let request = match decode_request(rls, message) {
+            Ok(request) => request,
+            Err(status) => return Answer::Now(Some(trailers_only(status))),
+        };
+        if let Some(result) = rls.respond_now(&request) {
+            return Answer::Now(Some(unary_response(result.and_then(encode_response))));
         }
-        let message = read_message(req.into_body(), max_message).await?;
-        let request = <RateLimitRequest as prost::Message>::decode(message).map_err(|e| {
-            rls.state.metrics().error(INVALID_PROTOBUF);
-            status_from(&ApiError::invalid(
-                INVALID_PROTOBUF,
-                format!("request is not a valid RateLimitRequest: {e}"),
-            ))
-        })?;
-        let response = rls.respond(&request).await?;
-        let len = prost::Message::encoded_len(&response);
-        let mut out = bytes::BytesMut::with_capacity(5 + len);
-        bytes::BufMut::put_u8(&mut out, 0);
-        bytes::BufMut::put_u32(&mut out, u32::try_from(len).unwrap_or(u32::MAX));
-        prost::Message::encode(&response, &mut out)
-            .map_err(|e| Status::internal(format!("encoding the response: {e}")))?;
-        Ok(out.freeze())
-    };
-    match answer.await {
-        Ok(message) => {
-            let mut trailers = http::HeaderMap::with_capacity(1);
-            trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
-            let mut response = http::Response::new(http_body_util::Either::Left(UnaryBody {
-                message: Some(message),
-                trailers: Some(trailers),
-            }));
-            response.headers_mut().insert(
-                http::header::CONTENT_TYPE,
-                http::HeaderValue::from_static("application/grpc"),
-            );
-            response
-        }
-        Err(status) => trailers_only(status),
+        let rls = Arc::clone(rls);
+        let call =
+            async move { unary_response(rls.respond(&request).await.and_then(encode_response)) };
+        let timeout = call_timeout(&parts.headers, request_timeout);
+        Answer::Later(Box::pin(within(timeout, call)))
+    }));
+    answer.unwrap_or_else(|_| {
+        tracing::error!("gRPC ShouldRateLimit panicked");
+        Answer::Now(Some(trailers_only(Status::internal(
+            "panic while answering",
+        ))))
+    })
+}
+
+/// UNIMPLEMENTED for a compressed request (tonic's answer: no compression is configured).
+fn encoding_refused(headers: &http::HeaderMap) -> Option<Status> {
+    let encoding = headers.get("grpc-encoding")?;
+    if encoding.as_bytes() == b"identity" {
+        return None;
     }
+    let mut status = Status::unimplemented(format!(
+        "Content is compressed with `{}` which isn't supported",
+        String::from_utf8_lossy(encoding.as_bytes())
+    ));
+    status.metadata_mut().insert(
+        "grpc-accept-encoding",
+        tonic::metadata::MetadataValue::from_static("identity"),
+    );
+    Some(status)
+}
+
+/// The request message decoded; INVALID_ARGUMENT (counted) when it is not a `RateLimitRequest`.
+fn decode_request(rls: &RateLimitGrpc, message: bytes::Bytes) -> Result<RateLimitRequest, Status> {
+    <RateLimitRequest as prost::Message>::decode(message).map_err(|e| {
+        rls.state.metrics().error(INVALID_PROTOBUF);
+        status_from(&ApiError::invalid(
+            INVALID_PROTOBUF,
+            format!("request is not a valid RateLimitRequest: {e}"),
+        ))
+    })
+}
+
+/// The response as one length-prefixed message (compressed flag 0, 4-byte big-endian length).
+fn encode_response(response: RateLimitResponse) -> Result<bytes::Bytes, Status> {
+    let len = prost::Message::encoded_len(&response);
+    let mut out = bytes::BytesMut::with_capacity(5 + len);
+    bytes::BufMut::put_u8(&mut out, 0);
+    bytes::BufMut::put_u32(&mut out, u32::try_from(len).unwrap_or(u32::MAX));
+    prost::Message::encode(&response, &mut out)
+        .map_err(|e| Status::internal(format!("encoding the response: {e}")))?;
+    Ok(out.freeze())
+}
+
+/// The HTTP response of a unary call: the message then `grpc-status: 0`, or the error status.
+fn unary_response(message: Result<bytes::Bytes, Status>) -> http::Response<GrpcBody> {
+    let message = match message {
+        Ok(message) => message,
+        Err(status) => return trailers_only(status),
+    };
+    let mut trailers = http::HeaderMap::with_capacity(1);
+    trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+    let mut response = http::Response::new(http_body_util::Either::Left(UnaryBody {
+        message: Some(message),
+        trailers: Some(trailers),
+    }));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    response
 }
 
 /// An error answer: the status in the headers, no body (gRPC's "trailers-only" response).
@@ -1223,73 +1345,132 @@ fn trailers_only(status: Status) -> http::Response<GrpcBody> {
         .map(http_body_util::Either::Left)
 }
 
-/// The request's one message (without its 5-byte prefix), read to the end of the stream.
-async fn read_message(mut body: Incoming, max_message: usize) -> Result<bytes::Bytes, Status> {
-    use bytes::Buf as _;
-    use http_body_util::BodyExt as _;
-    // Usually the whole message comes in one DATA frame and is used as it is (no copy).
-    let mut first: Option<bytes::Bytes> = None;
-    let mut more: Option<bytes::BytesMut> = None;
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| Status::internal(format!("reading the request: {e}")))?;
-        let Ok(data) = frame.into_data() else {
-            continue; // trailers
+/// Reads the request's one message (without its 5-byte prefix) to the end of the stream. A
+/// poll that returns `Pending` keeps what was read, so the same reader can be polled first with
+/// a no-op waker (is it all here?) and then awaited.
+struct MessageReader {
+    body: Incoming,
+    max_message: usize,
+    /// Usually the whole message comes in one DATA frame and is used as it is (no copy).
+    first: Option<bytes::Bytes>,
+    /// The frames so far, when there were several.
+    more: Option<bytes::BytesMut>,
+}
+
+impl MessageReader {
+    fn new(body: Incoming, max_message: usize) -> Self {
+        Self {
+            body,
+            max_message,
+            first: None,
+            more: None,
+        }
+    }
+
+    fn poll_message(&mut self, cx: &mut Context<'_>) -> Poll<Result<bytes::Bytes, Status>> {
+        use bytes::Buf as _;
+        while let Some(frame) = std::task::ready!(Pin::new(&mut self.body).poll_frame(cx)) {
+            let frame = frame.map_err(|e| Status::internal(format!("reading the request: {e}")))?;
+            let Ok(data) = frame.into_data() else {
+                continue; // trailers
+            };
+            match (&mut self.first, &mut self.more) {
+                (None, _) => self.first = Some(data),
+                (Some(f), None) => {
+                    let mut m = bytes::BytesMut::with_capacity(f.len() + data.len());
+                    m.extend_from_slice(f);
+                    m.extend_from_slice(&data);
+                    self.more = Some(m);
+                }
+                (Some(_), Some(m)) => m.extend_from_slice(&data),
+            }
+            let have = self
+                .more
+                .as_deref()
+                .or(self.first.as_deref())
+                .unwrap_or_default();
+            if have.len() >= 5 {
+                let len = u32::from_be_bytes([have[1], have[2], have[3], have[4]]) as usize;
+                if len > self.max_message {
+                    return Poll::Ready(Err(Status::out_of_range(format!(
+                        "Error, decoded message length too large: found {len} bytes, the limit is: {} bytes",
+                        self.max_message
+                    ))));
+                }
+                // A unary call carries one message: data past it is refused as it arrives, not
+                // buffered (else a client could stream without end into one request).
+                if have.len() > 5 + len {
+                    return Poll::Ready(Err(Status::invalid_argument(
+                        "a unary call carries one request message: data follows it",
+                    )));
+                }
+            }
+        }
+        let mut all = match (self.first.take(), self.more.take()) {
+            (None, _) => return Poll::Ready(Err(Status::internal("Missing request message."))),
+            (Some(_), Some(m)) => m.freeze(),
+            (Some(f), None) => f,
         };
-        match (&mut first, &mut more) {
-            (None, _) => first = Some(data),
-            (Some(f), None) => {
-                let mut m = bytes::BytesMut::with_capacity(f.len() + data.len());
-                m.extend_from_slice(f);
-                m.extend_from_slice(&data);
-                more = Some(m);
-            }
-            (Some(_), Some(m)) => m.extend_from_slice(&data),
+        if all.len() < 5 {
+            return Poll::Ready(Err(Status::internal("Unexpected EOF decoding stream.")));
         }
-        let have = more.as_deref().or(first.as_deref()).unwrap_or_default();
-        if have.len() >= 5 {
-            let len = u32::from_be_bytes([have[1], have[2], have[3], have[4]]) as usize;
-            if len > max_message {
-                return Err(Status::out_of_range(format!(
-                    "Error, decoded message length too large: found {len} bytes, the limit is: {max_message} bytes"
-                )));
+        match all[0] {
+            0 => {}
+            1 => {
+                return Poll::Ready(Err(Status::internal(
+                    "protocol error: received message with compressed-flag but no grpc-encoding was specified",
+                )))
             }
-            // A unary call carries one message: data past it is refused as it arrives, not
-            // buffered (else a client could stream without end into one request).
-            if have.len() > 5 + len {
-                return Err(Status::invalid_argument(
-                    "a unary call carries one request message: data follows it",
-                ));
+            f => {
+                return Poll::Ready(Err(Status::internal(format!(
+                    "protocol error: received message with invalid compression flag: {f} (valid flags are 0 and 1), while sending request"
+                ))))
             }
         }
-    }
-    let mut all = match (first, more) {
-        (None, _) => return Err(Status::internal("Missing request message.")),
-        (Some(_), Some(m)) => m.freeze(),
-        (Some(f), None) => f,
-    };
-    if all.len() < 5 {
-        return Err(Status::internal("Unexpected EOF decoding stream."));
-    }
-    match all[0] {
-        0 => {}
-        1 => {
-            return Err(Status::internal(
-                "protocol error: received message with compressed-flag but no grpc-encoding was specified",
-            ))
+        let len = u32::from_be_bytes([all[1], all[2], all[3], all[4]]) as usize;
+        all.advance(5);
+        if all.len() < len {
+            return Poll::Ready(Err(Status::internal("Unexpected EOF decoding stream.")));
         }
-        f => {
-            return Err(Status::internal(format!(
-                "protocol error: received message with invalid compression flag: {f} (valid flags are 0 and 1), while sending request"
-            )))
+        all.truncate(len);
+        Poll::Ready(Ok(all))
+    }
+}
+
+/// How hyper runs each stream of a gRPC connection (`hyper::rt::Executor`): polled once at
+/// once, inside the connection task, with a no-op waker, and spawned as a task only if that
+/// poll left it pending. A call answered at once ([`Answer::Now`]) is then sent within the
+/// connection's own poll: no task per stream (spawning, scheduling and freeing one cost about
+/// a tenth of a decision), and its frames join the connection's next write.
+///
+/// Sound because nothing is lost by the first poll: a stream still pending is spawned, and its
+/// task polls it again at once with its real waker, which every future it waits on then
+/// registers in place of the no-op one (h2's streams, tokio's timer and sockets all keep the
+/// waker of the latest poll). hyper holds none of h2's locks while it hands a stream over, and
+/// the stream's futures only take them for the time of a call. A panic in that first poll is
+/// caught and the stream dropped (h2 then resets it), as tokio does with a panicking task, so
+/// it does not end the connection or its other streams.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct InlineExecutor;
+
+impl<F> hyper::rt::Executor<F> for InlineExecutor
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn execute(&self, fut: F) {
+        let mut fut = Box::pin(fut);
+        let first = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            fut.as_mut().poll(&mut Context::from_waker(Waker::noop()))
+        }));
+        match first {
+            Ok(Poll::Ready(_)) => {}
+            Ok(Poll::Pending) => {
+                tokio::spawn(fut);
+            }
+            Err(_) => tracing::error!("gRPC stream panicked; the stream was reset"),
         }
     }
-    let len = u32::from_be_bytes([all[1], all[2], all[3], all[4]]) as usize;
-    all.advance(5);
-    if all.len() < len {
-        return Err(Status::internal("Unexpected EOF decoding stream."));
-    }
-    all.truncate(len);
-    Ok(all)
 }
 
 /// A `grpc-timeout` header value: at most 8 digits and a unit (`H`, `M`, `S`, `m`, `u`, `n`);
@@ -1419,6 +1600,44 @@ mod tests {
         for bad in [&b""[..], b"m", b"123456789m", b"10x", b"-1S", b"1.5S"] {
             assert_eq!(parse_grpc_timeout(bad), None, "{bad:?}");
         }
+    }
+
+    /// The executor of the connections' streams runs a future that is ready at once within
+    /// `execute` (no task), spawns one that is pending (its task then finishes it), and
+    /// survives a panic in the first poll.
+    #[test]
+    fn inline_executor_polls_once_then_spawns() {
+        use hyper::rt::Executor as _;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let ran = Arc::new(AtomicBool::new(false));
+            let flag = Arc::clone(&ran);
+            InlineExecutor.execute(async move { flag.store(true, Ordering::SeqCst) });
+            assert!(
+                ran.load(Ordering::SeqCst),
+                "ready at once: run within execute"
+            );
+
+            let (tx, rx) = tokio::sync::oneshot::channel::<u32>();
+            let (done_tx, done_rx) = tokio::sync::oneshot::channel::<u32>();
+            InlineExecutor.execute(async move {
+                let n = rx.await.unwrap();
+                let _ = done_tx.send(n + 1);
+            });
+            tx.send(41).unwrap();
+            assert_eq!(done_rx.await.unwrap(), 42, "pending: spawned and woken");
+
+            InlineExecutor.execute(async { panic!("a stream that panics") });
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            InlineExecutor.execute(async move {
+                let _ = tx.send(());
+            });
+            rx.await.expect("streams after a panicking one still run");
+        });
     }
 
     #[test]
