@@ -1,6 +1,7 @@
 //! The transport-neutral decision: validate a [`CheckRequest`], resolve it with the *current*
 //! rules, check the backend (memory, or Redis with its failure policy), record metrics, and build
-//! a [`CheckResponse`]. HTTP and gRPC both await [`decide`].
+//! a [`CheckResponse`]. HTTP and gRPC both await [`decide`]; the gRPC listener calls
+//! [`decide_now`] first, which with the memory store answers without awaiting.
 
 use crate::backend::{Outcome, Policy};
 use crate::error::ApiError;

@@ -35,12 +35,20 @@
 //! `--shutdown-timeout`.
 //!
 //! On those connections `ShouldRateLimit` itself does not go through tonic: a POST to its path
-//! is answered directly on hyper's stream (`should_rate_limit_call`: the message read whole,
-//! prost, `RateLimitGrpc::respond`, one message and the `grpc-status` trailers back), which
-//! costs fewer instructions than tonic's generic unary stack. Health, reflection and every
-//! other path go through tonic's routes as before, and both paths answer the same statuses. The
-//! connection's writes are coalesced (see `Replayed::defer`): with many calls in flight, one
-//! `writev` carries the answers of a whole scheduler turn instead of one each.
+//! is answered directly on hyper's stream (`should_rate_limit`: the message read whole, prost,
+//! `RateLimitGrpc::respond`, one message and the `grpc-status` trailers back), which costs fewer
+//! instructions than tonic's generic unary stack. Health, reflection and every other path go
+//! through tonic's routes as before, and both paths answer the same statuses.
+//!
+//! The common call costs no task and no future: when hyper hands a stream over, h2 has usually
+//! read its HEADERS, DATA and END_STREAM already (they come in one read), and with the memory
+//! store the decision is synchronous ([`crate::check::decide_now`]), so the call is answered
+//! there and then, and hyper's stream future is polled once inline (`InlineExecutor`) instead of
+//! being spawned. A call that has to wait (its body still coming, Redis, tonic's routes) becomes
+//! a task as before. The connection's writes are held while it is polled and let through at the
+//! end of the poll (`poll_coalesced`), and deferred one scheduler turn while stream tasks are
+//! answering (`Replayed::hold_or_defer`): with many calls in flight, one `writev` carries the
+//! answers of a whole turn instead of one each.
 
 use crate::check::{decide, decide_now};
 use crate::error::{ApiError, ErrorClass};
@@ -68,6 +76,8 @@ use std::future::Future;
 use std::io::ErrorKind;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -232,14 +242,14 @@ impl RateLimitService for RateLimitGrpc {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        self.respond(request.get_ref()).await.map(Response::new)
+        self.respond(request.into_inner()).await.map(Response::new)
     }
 }
 
 impl RateLimitGrpc {
     /// Answer one `ShouldRateLimit` request: both the tonic service and the direct path of
     /// [`serve`] ([`should_rate_limit_call`]) come here, unless [`Self::respond_now`] answered.
-    async fn respond(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
+    async fn respond(&self, request: RateLimitRequest) -> Result<RateLimitResponse, Status> {
         let check = self.check_request(request)?;
         // `decide` never panics by design; if it ever does, answer INTERNAL instead of dropping
         // the connection (HTTP does the same with its catch-panic layer).
@@ -250,23 +260,22 @@ impl RateLimitGrpc {
         self.reply(&check, result)
     }
 
-    /// [`Self::respond`] without awaiting, when the store is in this process
-    /// ([`decide_now`]); `None` otherwise (Redis: the caller awaits `respond`).
-    fn respond_now(&self, request: &RateLimitRequest) -> Option<Result<RateLimitResponse, Status>> {
-        if !matches!(self.state.backend(), crate::backend::Backend::Local(_)) {
-            return None;
-        }
-        let check = match self.check_request(request) {
-            Ok(c) => c,
-            Err(status) => return Some(Err(status)),
-        };
+    /// Whether [`Self::respond_now`] can answer: the store is in this process.
+    fn answers_now(&self) -> bool {
+        matches!(self.state.backend(), crate::backend::Backend::Local(_))
+    }
+
+    /// [`Self::respond`] without awaiting, when [`Self::answers_now`] ([`decide_now`]).
+    fn respond_now(&self, request: RateLimitRequest) -> Result<RateLimitResponse, Status> {
+        let check = self.check_request(request)?;
         let result = std::panic::catch_unwind(AssertUnwindSafe(|| decide_now(&self.state, &check)))
-            .unwrap_or_else(|_| Some(Err(decide_panicked())))?;
-        Some(self.reply(&check, result))
+            .unwrap_or_else(|_| Some(Err(decide_panicked())))
+            .unwrap_or_else(|| Err(ApiError::Internal("the store cannot answer at once".into())));
+        self.reply(&check, result)
     }
 
     /// The request as [`decide`] takes it; what cannot be represented is INVALID_ARGUMENT.
-    fn check_request(&self, request: &RateLimitRequest) -> Result<CheckRequest, Status> {
+    fn check_request(&self, request: RateLimitRequest) -> Result<CheckRequest, Status> {
         to_check_request(request).map_err(|e| {
             self.state.metrics().error(e.code());
             status_from(&e)
@@ -303,13 +312,14 @@ fn decide_panicked() -> ApiError {
     ApiError::Internal("panic while deciding".into())
 }
 
-/// Translate a protobuf request (see the module docs for the `hits_addend` rules).
-/// Validation (empty domain, too many descriptors, ...) is left to [`crate::check::validate`];
-/// only what cannot be represented is refused here: a `limit` override with unit `UNKNOWN`.
-pub fn to_check_request(req: &RateLimitRequest) -> Result<CheckRequest, ApiError> {
+/// Translate a protobuf request (see the module docs for the `hits_addend` rules); its strings
+/// are moved, not copied. Validation (empty domain, too many descriptors, ...) is left to
+/// [`crate::check::validate`]; only what cannot be represented is refused here: a `limit`
+/// override with unit `UNKNOWN`.
+pub fn to_check_request(req: RateLimitRequest) -> Result<CheckRequest, ApiError> {
     let descriptors = req
         .descriptors
-        .iter()
+        .into_iter()
         .enumerate()
         .map(|(i, d)| {
             let limit = match &d.limit {
@@ -328,18 +338,14 @@ pub fn to_check_request(req: &RateLimitRequest) -> Result<CheckRequest, ApiError
                 }),
             };
             Ok(Descriptor {
-                entries: d
-                    .entries
-                    .iter()
-                    .map(|e| (e.key.clone(), e.value.clone()))
-                    .collect(),
-                hits: d.hits_addend.as_ref().map(|h| h.value),
+                entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
+                hits: d.hits_addend.map(|h| h.value),
                 limit,
             })
         })
         .collect::<Result<_, ApiError>>()?;
     Ok(CheckRequest {
-        domain: req.domain.clone(),
+        domain: req.domain,
         descriptors,
         hits: (req.hits_addend != 0).then_some(u64::from(req.hits_addend)),
     })
@@ -694,9 +700,9 @@ impl Default for GrpcLimits {
 }
 
 impl GrpcLimits {
-    /// The HTTP/2 connection settings these limits stand for.
-    fn builder(&self) -> http2::Builder<InlineExecutor> {
-        let mut b = http2::Builder::new(InlineExecutor);
+    /// The HTTP/2 connection settings these limits stand for, streams run by `exec`.
+    fn builder(&self, exec: InlineExecutor) -> http2::Builder<InlineExecutor> {
+        let mut b = http2::Builder::new(exec);
         b.timer(TokioTimer::new())
             .max_concurrent_streams(self.max_concurrent_streams)
             .max_header_list_size(self.max_header_list_bytes)
@@ -704,7 +710,10 @@ impl GrpcLimits {
             .initial_connection_window_size(self.connection_window_bytes)
             .max_frame_size(self.max_frame_bytes)
             .keep_alive_interval(nonzero(self.keepalive_interval))
-            .keep_alive_timeout(self.keepalive_timeout);
+            .keep_alive_timeout(self.keepalive_timeout)
+            // No `date` header on every answer: gRPC does not use it (grpc-go sends none), and
+            // it costs a clock read, a header and its HPACK encoding per call.
+            .auto_date_header(false);
         b
     }
 }
@@ -843,7 +852,6 @@ pub async fn serve_on(
         rls: direct,
         max_message,
     };
-    let builder = limits.builder();
     let slots = Arc::new(Semaphore::new(
         max_connections.clamp(1, Semaphore::MAX_PERMITS),
     ));
@@ -859,11 +867,11 @@ pub async fn serve_on(
             () = &mut shutdown => break,
             accepted = accept(&listener) => accepted,
         };
-        let (builder, routes, drain) = (builder.clone(), routes.clone(), drain_rx.clone());
+        let (routes, drain) = (routes.clone(), drain_rx.clone());
         match accepted {
             Accepted::Tcp(tcp) => {
                 let _ = tcp.set_nodelay(true);
-                connections.spawn(connection(tcp, slot, builder, routes, limits, drain));
+                connections.spawn(connection(tcp, slot, routes, limits, drain));
             }
             Accepted::Tls(tcp, tls) => {
                 let _ = tcp.set_nodelay(true);
@@ -876,7 +884,7 @@ pub async fn serve_on(
                     };
                     match handshake {
                         Ok(Ok(stream)) => {
-                            connection(stream, slot, builder, routes, limits, drain).await;
+                            connection(stream, slot, routes, limits, drain).await;
                         }
                         Ok(Err(e)) => tracing::debug!(error = %e, "gRPC TLS handshake failed"),
                         Err(_) => tracing::debug!(
@@ -887,7 +895,7 @@ pub async fn serve_on(
             }
             #[cfg(unix)]
             Accepted::Unix(unix) => {
-                connections.spawn(connection(unix, slot, builder, routes, limits, drain));
+                connections.spawn(connection(unix, slot, routes, limits, drain));
             }
         }
         // Reap the finished ones so the set stays as large as the open connections.
@@ -1044,7 +1052,6 @@ async fn accept(listener: &GrpcListener) -> Accepted {
 async fn connection<S>(
     mut tcp: S,
     _slot: OwnedSemaphorePermit,
-    builder: http2::Builder<InlineExecutor>,
     services: Services,
     limits: GrpcLimits,
     mut drain: watch::Receiver<bool>,
@@ -1089,10 +1096,17 @@ async fn connection<S>(
             };
         answer
     });
-    let conn = builder.serve_connection(TokioIo::new(Replayed::new(tcp)), service);
+    let shared = Arc::new(ConnShared::default());
+    let builder = limits.builder(InlineExecutor {
+        shared: Arc::clone(&shared),
+    });
+    let conn = builder.serve_connection(
+        TokioIo::new(Replayed::new(tcp, Arc::clone(&shared))),
+        service,
+    );
     tokio::pin!(conn);
     let aged = tokio::select! {
-        r = conn.as_mut() => {
+        r = std::future::poll_fn(|cx| poll_coalesced(conn.as_mut(), cx, &shared)) => {
             if let Err(e) = r {
                 tracing::debug!(error = %e, "gRPC connection ended");
             }
@@ -1104,11 +1118,46 @@ async fn connection<S>(
     conn.as_mut().graceful_shutdown();
     let grace = aged.then_some(limits.max_connection_age_grace);
     tokio::select! {
-        _ = conn.as_mut() => {}
+        _ = std::future::poll_fn(|cx| poll_coalesced(conn.as_mut(), cx, &shared)) => {}
         () = sleep_or_never(grace) => {
             tracing::debug!("gRPC connection closed: max connection age and grace reached");
         }
     }
+}
+
+/// Poll hyper's connection with its writes held, then, if it wanted to write, once more with
+/// them let through: everything this turn produced (the answers of every call answered inline
+/// as hyper handed their streams over, see [`InlineExecutor`]) goes out in one `writev`.
+/// Without the hold, h2 writes what is queued each time hyper asks it for the next stream: one
+/// system call per answer.
+fn poll_coalesced<F: Future>(
+    mut conn: Pin<&mut F>,
+    cx: &mut Context<'_>,
+    shared: &ConnShared,
+) -> Poll<F::Output> {
+    shared.hold.store(true, Relaxed);
+    let first = conn.as_mut().poll(cx);
+    shared.hold.store(false, Relaxed);
+    if first.is_pending() && shared.held.swap(false, Relaxed) {
+        return conn.poll(cx);
+    }
+    first
+}
+
+/// What one connection's socket ([`Replayed`]), its streams' executor ([`InlineExecutor`]) and
+/// [`poll_coalesced`] share. One task uses it at a time (the connection's, and its streams'
+/// tasks only to count themselves): relaxed atomics, for `Send`.
+#[derive(Debug, Default)]
+struct ConnShared {
+    /// Writes are held (set around the first poll of [`poll_coalesced`]).
+    hold: AtomicBool,
+    /// A write was held: poll again to let it through.
+    held: AtomicBool,
+    /// The socket brought frames, or a stream task finished, since the last write: with stream
+    /// tasks still running, the next write waits one turn for them (`Replayed::hold_or_defer`).
+    armed: AtomicBool,
+    /// Stream tasks of this connection still running (streams not answered inline).
+    spawned: AtomicUsize,
 }
 
 /// What a gRPC connection serves: `ShouldRateLimit` directly ([`should_rate_limit_call`]),
@@ -1156,9 +1205,9 @@ impl Body for UnaryBody {
         self.message.is_none() && self.trailers.is_none()
     }
 
-    fn size_hint(&self) -> hyper::body::SizeHint {
-        hyper::body::SizeHint::with_exact(self.message.as_ref().map_or(0, |m| m.len() as u64))
-    }
+    // No `size_hint`: an exact one makes hyper add a `content-length` header to every answer,
+    // which gRPC does not use (its messages carry their length) and which costs a header to
+    // insert and HPACK-encode per call.
 }
 
 /// A stream's answer, as the connection's service returns it: made already (the common case:
@@ -1253,7 +1302,7 @@ fn should_rate_limit(
                         Ok(request) => request,
                         Err(status) => return trailers_only(status),
                     };
-                    unary_response(rls.respond(&request).await.and_then(encode_response))
+                    unary_response(rls.respond(request).await.and_then(encode_response))
                 };
                 let timeout = call_timeout(&parts.headers, request_timeout);
                 return Answer::Later(Box::pin(within(timeout, call)));
@@ -1263,12 +1312,13 @@ fn should_rate_limit(
             Ok(request) => request,
             Err(status) => return Answer::Now(Some(trailers_only(status))),
         };
-        if let Some(result) = rls.respond_now(&request) {
+        if rls.answers_now() {
+            let result = rls.respond_now(request);
             return Answer::Now(Some(unary_response(result.and_then(encode_response))));
         }
         let rls = Arc::clone(rls);
         let call =
-            async move { unary_response(rls.respond(&request).await.and_then(encode_response)) };
+            async move { unary_response(rls.respond(request).await.and_then(encode_response)) };
         let timeout = call_timeout(&parts.headers, request_timeout);
         Answer::Later(Box::pin(within(timeout, call)))
     }));
@@ -1450,8 +1500,10 @@ impl MessageReader {
 /// the stream's futures only take them for the time of a call. A panic in that first poll is
 /// caught and the stream dropped (h2 then resets it), as tokio does with a panicking task, so
 /// it does not end the connection or its other streams.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct InlineExecutor;
+#[derive(Clone, Debug)]
+struct InlineExecutor {
+    shared: Arc<ConnShared>,
+}
 
 impl<F> hyper::rt::Executor<F> for InlineExecutor
 where
@@ -1466,10 +1518,40 @@ where
         match first {
             Ok(Poll::Ready(_)) => {}
             Ok(Poll::Pending) => {
-                tokio::spawn(fut);
+                self.shared.spawned.fetch_add(1, Relaxed);
+                tokio::spawn(StreamTask {
+                    fut,
+                    shared: Arc::clone(&self.shared),
+                });
             }
             Err(_) => tracing::error!("gRPC stream panicked; the stream was reset"),
         }
+    }
+}
+
+/// A stream that was not answered inline, as a task: counted in [`ConnShared::spawned`] while it
+/// lives, and arming the connection's write deferral when it finishes, so that the answers of
+/// the tasks finishing in the same turn share a write.
+struct StreamTask<F> {
+    fut: Pin<Box<F>>,
+    shared: Arc<ConnShared>,
+}
+
+impl<F: Future> Future for StreamTask<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let done = self.fut.as_mut().poll(cx);
+        if done.is_ready() {
+            self.shared.armed.store(true, Relaxed);
+        }
+        done
+    }
+}
+
+impl<F> Drop for StreamTask<F> {
+    fn drop(&mut self) {
+        self.shared.spawned.fetch_sub(1, Relaxed);
     }
 }
 
@@ -1493,32 +1575,37 @@ fn parse_grpc_timeout(v: &[u8]) -> Option<Duration> {
 }
 
 /// A connection whose preface was read (to time it), handed to hyper as if it were not: the
-/// preface is read again first. It also coalesces the answers' writes (see [`Replayed::poll_write`]).
+/// preface is read again first. It also holds and defers writes so that answers share them (see
+/// [`poll_coalesced`] and [`Replayed::hold_or_defer`]).
 struct Replayed<S> {
     io: S,
     replayed: usize,
-    /// Set when a read brought new frames: the next write is put off once (see `poll_write`).
-    armed: bool,
+    shared: Arc<ConnShared>,
 }
 
 impl<S> Replayed<S> {
-    fn new(io: S) -> Self {
+    fn new(io: S, shared: Arc<ConnShared>) -> Self {
         Self {
             io,
             replayed: 0,
-            armed: false,
+            shared,
         }
     }
 
-    /// Put the first write after a read off by one turn of the scheduler: the connection task
-    /// is woken at once and goes to the back of the run queue (a task waking itself is not
-    /// run next), so the calls answered meanwhile join this write. Without it, hyper's task per
-    /// call wakes the connection task as it answers, the runtime runs that task next, and h2
-    /// writes and flushes one answer per system call: 64 calls in flight cost 64 `writev`s
-    /// where one does (that was half of the server's CPU time per decision). Nothing waits
-    /// on a timer: at most the tasks already runnable on this worker run first.
-    fn defer(&mut self, cx: &mut Context<'_>) -> bool {
-        if std::mem::take(&mut self.armed) {
+    /// Whether this write waits: held ([`poll_coalesced`]), or deferred. A deferred write is put
+    /// off by one turn of the scheduler when stream tasks are still running and frames came in
+    /// or a stream task finished since the last write: the connection task wakes itself and goes
+    /// to the back of the run queue (a task waking itself is not run next), so the tasks
+    /// answering meanwhile join this write. Without it, each task answering wakes the connection
+    /// task, the runtime runs it next (its LIFO slot), and h2 writes and flushes one answer per
+    /// system call. Calls answered inline need no deferral: their answers are all queued when
+    /// the hold is lifted. Nothing waits on a timer.
+    fn hold_or_defer(&mut self, cx: &mut Context<'_>) -> bool {
+        if self.shared.hold.load(Relaxed) {
+            self.shared.held.store(true, Relaxed);
+            return true;
+        }
+        if self.shared.armed.swap(false, Relaxed) && self.shared.spawned.load(Relaxed) > 0 {
             cx.waker().wake_by_ref();
             return true;
         }
@@ -1542,7 +1629,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Replayed<S> {
         let before = buf.filled().len();
         let read = Pin::new(&mut this.io).poll_read(cx, buf);
         if buf.filled().len() > before {
-            this.armed = true;
+            this.shared.armed.store(true, Relaxed);
         }
         read
     }
@@ -1554,7 +1641,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Replayed<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        if self.defer(cx) {
+        if self.hold_or_defer(cx) {
             return Poll::Pending;
         }
         Pin::new(&mut self.io).poll_write(cx, buf)
@@ -1565,7 +1652,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Replayed<S> {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        if self.defer(cx) {
+        if self.hold_or_defer(cx) {
             return Poll::Pending;
         }
         Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
@@ -1613,10 +1700,13 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
+        let exec = InlineExecutor {
+            shared: Arc::new(ConnShared::default()),
+        };
         rt.block_on(async {
             let ran = Arc::new(AtomicBool::new(false));
             let flag = Arc::clone(&ran);
-            InlineExecutor.execute(async move { flag.store(true, Ordering::SeqCst) });
+            exec.execute(async move { flag.store(true, Ordering::SeqCst) });
             assert!(
                 ran.load(Ordering::SeqCst),
                 "ready at once: run within execute"
@@ -1624,20 +1714,83 @@ mod tests {
 
             let (tx, rx) = tokio::sync::oneshot::channel::<u32>();
             let (done_tx, done_rx) = tokio::sync::oneshot::channel::<u32>();
-            InlineExecutor.execute(async move {
+            exec.execute(async move {
                 let n = rx.await.unwrap();
                 let _ = done_tx.send(n + 1);
             });
             tx.send(41).unwrap();
             assert_eq!(done_rx.await.unwrap(), 42, "pending: spawned and woken");
+            while exec.shared.spawned.load(Relaxed) != 0 {
+                tokio::task::yield_now().await; // the task is counted until it is dropped
+            }
 
-            InlineExecutor.execute(async { panic!("a stream that panics") });
+            exec.execute(async { panic!("a stream that panics") });
             let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-            InlineExecutor.execute(async move {
+            exec.execute(async move {
                 let _ = tx.send(());
             });
             rx.await.expect("streams after a panicking one still run");
         });
+    }
+
+    /// The writes of a connection's poll are held, then let through by one more poll: what a
+    /// poll queued reaches the socket together (regression: answering streams inline made h2
+    /// write once per stream, as hyper asked it for the next one).
+    #[test]
+    fn writes_of_a_poll_go_out_together() {
+        use tokio::io::AsyncWriteExt as _;
+        /// A socket counting the writes that reach it.
+        #[derive(Default)]
+        struct Counting(Vec<usize>);
+        impl AsyncRead for Counting {
+            fn poll_read(
+                self: Pin<&mut Self>,
+                _: &mut Context<'_>,
+                _: &mut ReadBuf<'_>,
+            ) -> Poll<std::io::Result<()>> {
+                Poll::Pending
+            }
+        }
+        impl AsyncWrite for Counting {
+            fn poll_write(
+                mut self: Pin<&mut Self>,
+                _: &mut Context<'_>,
+                buf: &[u8],
+            ) -> Poll<std::io::Result<usize>> {
+                self.0.push(buf.len());
+                Poll::Ready(Ok(buf.len()))
+            }
+            fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+                Poll::Ready(Ok(()))
+            }
+            fn poll_shutdown(
+                self: Pin<&mut Self>,
+                _: &mut Context<'_>,
+            ) -> Poll<std::io::Result<()>> {
+                Poll::Ready(Ok(()))
+            }
+        }
+        let shared = Arc::new(ConnShared::default());
+        let mut io = Replayed::new(Counting::default(), Arc::clone(&shared));
+        io.replayed = PREFACE.len();
+        let mut polls = 0;
+        // A connection that, each time it is polled, tries to write what it has queued.
+        let mut conn = std::pin::pin!(std::future::poll_fn(|cx| {
+            polls += 1;
+            let mut write = std::pin::pin!(io.write_all(b"answers"));
+            match write.as_mut().poll(cx) {
+                Poll::Ready(r) => Poll::Ready(r.map(|()| polls)),
+                Poll::Pending => Poll::Pending,
+            }
+        }));
+        let mut cx = Context::from_waker(Waker::noop());
+        let done = poll_coalesced(conn.as_mut(), &mut cx, &shared);
+        assert!(
+            matches!(done, Poll::Ready(Ok(2))),
+            "held once, then written"
+        );
+        assert_eq!(io.io.0, vec![7], "one write of everything");
+        assert!(!shared.held.load(Relaxed) && !shared.hold.load(Relaxed));
     }
 
     #[test]
