@@ -235,7 +235,6 @@ fn conclude(
     let verdict = plan.finish(decisions);
     let envoy = state.envoy();
     let allowed = verdict.allowed_with_quota_mode(envoy.is_some_and(|m| m.quota_mode));
-    let known_domain = rules.set.domain(&req.domain).is_some();
 
     let statuses = verdict
         .statuses
@@ -245,7 +244,7 @@ fn conclude(
             let cost = desc.hits.unwrap_or(hits);
             match status {
                 Status::NoLimit => {
-                    if known_domain {
+                    if rules.set.domain(&req.domain).is_some() {
                         metrics.unmatched(&req.domain, "no_rule");
                     } else {
                         if metrics.unknown_domain(&req.domain) {

@@ -36,9 +36,9 @@
 //!
 //! On those connections `ShouldRateLimit` itself does not go through tonic: a POST to its path
 //! is answered directly on hyper's stream (`should_rate_limit`: the message read whole, prost,
-//! `RateLimitGrpc::respond`, one message and the `grpc-status` trailers back), which costs fewer
-//! instructions than tonic's generic unary stack. Health, reflection and every other path go
-//! through tonic's routes as before, and both paths answer the same statuses.
+//! `RateLimitGrpc::respond_encoded`, one message and the `grpc-status` trailers back), which
+//! costs fewer instructions than tonic's generic unary stack. Health, reflection and every other
+//! path go through tonic's routes as before, and both paths answer the same statuses.
 //!
 //! The common call costs no task and no future: when hyper hands a stream over, h2 has usually
 //! read its HEADERS, DATA and END_STREAM already (they come in one read), and with the memory
@@ -105,6 +105,12 @@ pub const ERROR_CODE_METADATA: &str = "tollgate-error-code";
 
 /// The error code (in [`ERROR_CODE_METADATA`]) of a request that is not valid protobuf.
 pub const INVALID_PROTOBUF: &str = "invalid_protobuf";
+
+/// Header names of every call, made once (a name given as a string is parsed and checked each
+/// time it is used).
+const GRPC_ENCODING: http::HeaderName = http::HeaderName::from_static("grpc-encoding");
+const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
+const GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
 
 /// The HTTP/2 path of `ShouldRateLimit`.
 const SHOULD_RATE_LIMIT_PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -247,31 +253,42 @@ impl RateLimitService for RateLimitGrpc {
 }
 
 impl RateLimitGrpc {
-    /// Answer one `ShouldRateLimit` request: both the tonic service and the direct path of
-    /// [`serve`] ([`should_rate_limit_call`]) come here, unless [`Self::respond_now`] answered.
+    /// Answer one `ShouldRateLimit` request, for tonic's service.
     async fn respond(&self, request: RateLimitRequest) -> Result<RateLimitResponse, Status> {
         let check = self.check_request(request)?;
-        // `decide` never panics by design; if it ever does, answer INTERNAL instead of dropping
-        // the connection (HTTP does the same with its catch-panic layer).
-        let result = AssertUnwindSafe(decide(&self.state, &check))
-            .catch_unwind()
-            .await
-            .unwrap_or_else(|_| Err(decide_panicked()));
+        let result = self.decide_caught(&check).await;
         self.reply(&check, result)
     }
 
-    /// Whether [`Self::respond_now`] can answer: the store is in this process.
+    /// Answer one `ShouldRateLimit` request as the message to send (the direct path of
+    /// [`serve`], `should_rate_limit`, when [`Self::respond_encoded_now`] cannot answer).
+    async fn respond_encoded(&self, request: RateLimitRequest) -> Result<bytes::Bytes, Status> {
+        let check = self.check_request(request)?;
+        let result = self.decide_caught(&check).await;
+        self.reply_encoded(&check, result)
+    }
+
+    /// [`decide`], a panic answered INTERNAL instead of dropping the connection (`decide` never
+    /// panics by design; HTTP does the same with its catch-panic layer).
+    async fn decide_caught(&self, check: &CheckRequest) -> Result<CheckResponse, ApiError> {
+        AssertUnwindSafe(decide(&self.state, check))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|_| Err(decide_panicked()))
+    }
+
+    /// Whether [`Self::respond_encoded_now`] can answer: the store is in this process.
     fn answers_now(&self) -> bool {
         matches!(self.state.backend(), crate::backend::Backend::Local(_))
     }
 
-    /// [`Self::respond`] without awaiting, when [`Self::answers_now`] ([`decide_now`]).
-    fn respond_now(&self, request: RateLimitRequest) -> Result<RateLimitResponse, Status> {
+    /// [`Self::respond_encoded`] without awaiting, when [`Self::answers_now`] ([`decide_now`]).
+    fn respond_encoded_now(&self, request: RateLimitRequest) -> Result<bytes::Bytes, Status> {
         let check = self.check_request(request)?;
         let result = std::panic::catch_unwind(AssertUnwindSafe(|| decide_now(&self.state, &check)))
             .unwrap_or_else(|_| Some(Err(decide_panicked())))
             .unwrap_or_else(|| Err(ApiError::Internal("the store cannot answer at once".into())));
-        self.reply(&check, result)
+        self.reply_encoded(&check, result)
     }
 
     /// The request as [`decide`] takes it; what cannot be represented is INVALID_ARGUMENT.
@@ -288,20 +305,42 @@ impl RateLimitGrpc {
         check: &CheckRequest,
         result: Result<CheckResponse, ApiError>,
     ) -> Result<RateLimitResponse, Status> {
-        match result {
-            Ok(resp) => Ok(match self.state.envoy() {
-                Some(mode) => {
-                    let mut out = to_envoy_proto_response(&resp, mode);
-                    if mode.dynamic_metadata {
-                        let rules = self.state.rules();
-                        out.dynamic_metadata =
-                            Some(envoy_dynamic_metadata(check, &resp, &rules.set));
-                    }
-                    out
+        let resp = result.map_err(|e| status_from(&e))?;
+        Ok(match self.state.envoy() {
+            Some(mode) => {
+                let mut out = to_envoy_proto_response(&resp, mode);
+                if mode.dynamic_metadata {
+                    let rules = self.state.rules();
+                    out.dynamic_metadata = Some(envoy_dynamic_metadata(check, &resp, &rules.set));
                 }
-                None => to_proto_response(&resp, self.state.response_headers()),
-            }),
-            Err(e) => Err(status_from(&e)),
+                out
+            }
+            None => to_proto_response(&resp, self.state.response_headers()),
+        })
+    }
+
+    /// [`Self::reply`] as the message to send: written directly from the decision
+    /// ([`encode_decision`]), without building the protobuf structs, except under the envoy
+    /// profile's `RESPONSE_DYNAMIC_METADATA` (then prost encodes [`Self::reply`]).
+    fn reply_encoded(
+        &self,
+        check: &CheckRequest,
+        result: Result<CheckResponse, ApiError>,
+    ) -> Result<bytes::Bytes, Status> {
+        match self.state.envoy() {
+            Some(mode) if mode.dynamic_metadata => encode_response(self.reply(check, result)?),
+            Some(mode) => {
+                let resp = result.map_err(|e| status_from(&e))?;
+                Ok(encode_decision(&resp, &envoy_header_pairs(&resp, mode)))
+            }
+            None => {
+                let resp = result.map_err(|e| status_from(&e))?;
+                let headers = match (&resp.headers, self.state.response_headers()) {
+                    (Some(h), true) => h.pairs(),
+                    _ => Vec::new(),
+                };
+                Ok(encode_decision(&resp, &headers))
+            }
         }
     }
 }
@@ -392,21 +431,28 @@ pub fn to_proto_response(resp: &CheckResponse, headers: bool) -> RateLimitRespon
 /// headers (`LIMIT_*_HEADER` names) when `LIMIT_RESPONSE_HEADERS_ENABLED`, nothing otherwise.
 pub fn to_envoy_proto_response(resp: &CheckResponse, mode: &EnvoyMode) -> RateLimitResponse {
     let mut out = to_proto_response(resp, false);
-    if let (Some(names), Some(h)) = (&mode.headers, &resp.headers) {
-        out.response_headers_to_add = [
-            (&names.limit, h.limit),
-            (&names.remaining, h.remaining),
-            (&names.reset, h.reset_secs),
-        ]
+    out.response_headers_to_add = envoy_header_pairs(resp, mode)
         .into_iter()
         .map(|(key, value)| HeaderValue {
-            key: key.clone(),
-            value: value.to_string(),
+            key: key.to_owned(),
+            value,
             ..HeaderValue::default()
         })
         .collect();
-    }
     out
+}
+
+/// The envoy profile's `response_headers_to_add`: its three headers when
+/// `LIMIT_RESPONSE_HEADERS_ENABLED` and a limit applied, nothing otherwise.
+fn envoy_header_pairs<'m>(resp: &CheckResponse, mode: &'m EnvoyMode) -> Vec<(&'m str, String)> {
+    match (&mode.headers, &resp.headers) {
+        (Some(names), Some(h)) => vec![
+            (names.limit.as_str(), h.limit.to_string()),
+            (names.remaining.as_str(), h.remaining.to_string()),
+            (names.reset.as_str(), h.reset_secs.to_string()),
+        ],
+        _ => Vec::new(),
+    }
 }
 
 /// The envoy profile's `dynamic_metadata` (`RESPONSE_DYNAMIC_METADATA`), as envoyproxy/ratelimit
@@ -1160,7 +1206,7 @@ struct ConnShared {
     spawned: AtomicUsize,
 }
 
-/// What a gRPC connection serves: `ShouldRateLimit` directly ([`should_rate_limit_call`]),
+/// What a gRPC connection serves: `ShouldRateLimit` directly (`should_rate_limit`),
 /// everything else (health, reflection, unknown methods) through tonic's routes.
 #[derive(Clone)]
 struct Services {
@@ -1239,7 +1285,7 @@ impl Future for Answer {
 /// (`grpc-timeout`, Envoy sends its rate-limit timeout) when shorter.
 fn call_timeout(headers: &http::HeaderMap, request_timeout: Duration) -> Duration {
     headers
-        .get("grpc-timeout")
+        .get(GRPC_TIMEOUT)
         .and_then(|v| parse_grpc_timeout(v.as_bytes()))
         .map_or(request_timeout, |t| t.min(request_timeout))
 }
@@ -1265,12 +1311,13 @@ async fn within(
 /// `ShouldRateLimit` served directly on hyper's HTTP/2 stream, without tonic's generic unary
 /// machinery (its router, streaming decoder, encoder and three boxed bodies, which cost more
 /// than deciding): the request message is read whole, decoded by prost, answered by
-/// [`RateLimitGrpc::respond`], and the answer written as one message plus trailers. What a
-/// client sees is what tonic answers, error cases included: compressed requests are refused
-/// (UNIMPLEMENTED for a `grpc-encoding` other than `identity`, INTERNAL for a compressed flag
-/// without one), a message over `--max-body-bytes` is OUT_OF_RANGE before it is read, a
-/// missing or truncated message INTERNAL, and one that does not decode INVALID_ARGUMENT (see
-/// [`RlsDecoder`]). Data after the one message of this unary call is INVALID_ARGUMENT.
+/// [`RateLimitGrpc::respond_encoded`] (written straight from the decision, [`encode_decision`]),
+/// and sent as one message plus trailers. What a client sees is what tonic answers, error cases
+/// included: compressed requests are refused (UNIMPLEMENTED for a `grpc-encoding` other than
+/// `identity`, INTERNAL for a compressed flag without one), a message over `--max-body-bytes` is
+/// OUT_OF_RANGE before it is read, a missing or truncated message INTERNAL, and one that does
+/// not decode INVALID_ARGUMENT (see [`RlsDecoder`]). Data after the one message of this unary
+/// call is INVALID_ARGUMENT.
 ///
 /// This runs as hyper hands the request over, inside the connection task's poll. When the
 /// whole request is already in hand (h2 has read HEADERS, DATA and END_STREAM before handing
@@ -1302,7 +1349,7 @@ fn should_rate_limit(
                         Ok(request) => request,
                         Err(status) => return trailers_only(status),
                     };
-                    unary_response(rls.respond(request).await.and_then(encode_response))
+                    unary_response(rls.respond_encoded(request).await)
                 };
                 let timeout = call_timeout(&parts.headers, request_timeout);
                 return Answer::Later(Box::pin(within(timeout, call)));
@@ -1313,12 +1360,10 @@ fn should_rate_limit(
             Err(status) => return Answer::Now(Some(trailers_only(status))),
         };
         if rls.answers_now() {
-            let result = rls.respond_now(request);
-            return Answer::Now(Some(unary_response(result.and_then(encode_response))));
+            return Answer::Now(Some(unary_response(rls.respond_encoded_now(request))));
         }
         let rls = Arc::clone(rls);
-        let call =
-            async move { unary_response(rls.respond(request).await.and_then(encode_response)) };
+        let call = async move { unary_response(rls.respond_encoded(request).await) };
         let timeout = call_timeout(&parts.headers, request_timeout);
         Answer::Later(Box::pin(within(timeout, call)))
     }));
@@ -1332,7 +1377,7 @@ fn should_rate_limit(
 
 /// UNIMPLEMENTED for a compressed request (tonic's answer: no compression is configured).
 fn encoding_refused(headers: &http::HeaderMap) -> Option<Status> {
-    let encoding = headers.get("grpc-encoding")?;
+    let encoding = headers.get(GRPC_ENCODING)?;
     if encoding.as_bytes() == b"identity" {
         return None;
     }
@@ -1369,6 +1414,118 @@ fn encode_response(response: RateLimitResponse) -> Result<bytes::Bytes, Status> 
     Ok(out.freeze())
 }
 
+/// What prost writes for the `RateLimitResponse` of `resp` ([`to_proto_response`] without
+/// headers) with `headers` as its `response_headers_to_add`, length-prefixed as a gRPC message,
+/// written straight from the decision: the same bytes (fields in tag order as prost writes them,
+/// defaults left out; a test compares the two) without building, measuring twice and dropping
+/// the protobuf structs.
+fn encode_decision<K: AsRef<str>>(resp: &CheckResponse, headers: &[(K, String)]) -> bytes::Bytes {
+    use prost::encoding::encoded_len_varint;
+    // A `Vec` and byte pushes: through `BufMut` each varint cost ~90 instructions.
+    fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+        while v >= 0x80 {
+            out.push(v as u8 | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+    }
+    /// A field's key: its number and wire type (0 varint, 2 length-delimited); all < 128.
+    fn key(out: &mut Vec<u8>, tag: u8, wire: u8) {
+        out.push(tag << 3 | wire);
+    }
+    /// A varint field, left out when 0 (proto3 default).
+    fn varint_len(v: u64) -> usize {
+        if v == 0 {
+            0
+        } else {
+            1 + encoded_len_varint(v)
+        }
+    }
+    fn varint(out: &mut Vec<u8>, tag: u8, v: u64) {
+        if v != 0 {
+            key(out, tag, 0);
+            put_varint(out, v);
+        }
+    }
+    /// A string field, left out when empty.
+    fn string_len(s: &str) -> usize {
+        if s.is_empty() {
+            0
+        } else {
+            1 + encoded_len_varint(s.len() as u64) + s.len()
+        }
+    }
+    fn string(out: &mut Vec<u8>, tag: u8, s: &str) {
+        if !s.is_empty() {
+            key(out, tag, 2);
+            put_varint(out, s.len() as u64);
+            out.extend_from_slice(s.as_bytes());
+        }
+    }
+    /// A nested message field of `len` bytes (written even when empty).
+    fn message_len(len: usize) -> usize {
+        1 + encoded_len_varint(len as u64) + len
+    }
+    fn message(out: &mut Vec<u8>, tag: u8, len: usize) {
+        key(out, tag, 2);
+        put_varint(out, len as u64);
+    }
+    // Enums and int32 are sign-extended to 64 bits; every value here is positive.
+    let enum_code = |c: Code| pb_code(c) as i32 as u64;
+    let limit_len = |l: &crate::model::LimitInfo| {
+        varint_len(u64::from(saturate_u32(l.requests_per_unit)))
+            + varint_len(pb_unit(l.unit) as i32 as u64)
+            + string_len(l.name.as_deref().unwrap_or_default())
+    };
+    let duration_len = |d: &PbDuration| varint_len(d.seconds as u64) + varint_len(d.nanos as u64);
+    let status_len = |s: &DescriptorStatus| {
+        varint_len(enum_code(s.code))
+            + s.limit.as_ref().map_or(0, |l| message_len(limit_len(l)))
+            + varint_len(u64::from(saturate_u32(s.remaining)))
+            + s.reset_after
+                .map_or(0, |us| message_len(duration_len(&pb_duration(us))))
+    };
+    let header_len = |(k, v): &(K, String)| string_len(k.as_ref()) + string_len(v);
+    let len = varint_len(enum_code(resp.code()))
+        + resp
+            .statuses
+            .iter()
+            .map(|s| message_len(status_len(s)))
+            .sum::<usize>()
+        + headers
+            .iter()
+            .map(|h| message_len(header_len(h)))
+            .sum::<usize>();
+    let mut out = Vec::with_capacity(5 + len);
+    out.push(0);
+    out.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_be_bytes());
+    varint(&mut out, 1, enum_code(resp.code()));
+    for s in &resp.statuses {
+        message(&mut out, 2, status_len(s));
+        varint(&mut out, 1, enum_code(s.code));
+        if let Some(l) = &s.limit {
+            message(&mut out, 2, limit_len(l));
+            varint(&mut out, 1, u64::from(saturate_u32(l.requests_per_unit)));
+            varint(&mut out, 2, pb_unit(l.unit) as i32 as u64);
+            string(&mut out, 3, l.name.as_deref().unwrap_or_default());
+        }
+        varint(&mut out, 3, u64::from(saturate_u32(s.remaining)));
+        if let Some(us) = s.reset_after {
+            let d = pb_duration(us);
+            message(&mut out, 4, duration_len(&d));
+            varint(&mut out, 1, d.seconds as u64);
+            varint(&mut out, 2, d.nanos as u64);
+        }
+    }
+    for h in headers {
+        message(&mut out, 3, header_len(h));
+        string(&mut out, 1, h.0.as_ref());
+        string(&mut out, 2, &h.1);
+    }
+    debug_assert_eq!(out.len(), 5 + len, "measured as written");
+    bytes::Bytes::from(out)
+}
+
 /// The HTTP response of a unary call: the message then `grpc-status: 0`, or the error status.
 fn unary_response(message: Result<bytes::Bytes, Status>) -> http::Response<GrpcBody> {
     let message = match message {
@@ -1376,11 +1533,13 @@ fn unary_response(message: Result<bytes::Bytes, Status>) -> http::Response<GrpcB
         Err(status) => return trailers_only(status),
     };
     let mut trailers = http::HeaderMap::with_capacity(1);
-    trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+    trailers.insert(GRPC_STATUS, http::HeaderValue::from_static("0"));
     let mut response = http::Response::new(http_body_util::Either::Left(UnaryBody {
         message: Some(message),
         trailers: Some(trailers),
     }));
+    // Room for the one header, not the default map's.
+    *response.headers_mut() = http::HeaderMap::with_capacity(1);
     response.headers_mut().insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("application/grpc"),
@@ -1419,6 +1578,8 @@ impl MessageReader {
 
     fn poll_message(&mut self, cx: &mut Context<'_>) -> Poll<Result<bytes::Bytes, Status>> {
         use bytes::Buf as _;
+        // Until the stream ends: known from h2 after the last DATA frame (one lock), rather than
+        // by polling once more for the end (two).
         while let Some(frame) = std::task::ready!(Pin::new(&mut self.body).poll_frame(cx)) {
             let frame = frame.map_err(|e| Status::internal(format!("reading the request: {e}")))?;
             let Ok(data) = frame.into_data() else {
@@ -1454,6 +1615,9 @@ impl MessageReader {
                         "a unary call carries one request message: data follows it",
                     )));
                 }
+            }
+            if Body::is_end_stream(&self.body) {
+                break;
             }
         }
         let mut all = match (self.first.take(), self.more.take()) {
@@ -1791,6 +1955,79 @@ mod tests {
         );
         assert_eq!(io.io.0, vec![7], "one write of everything");
         assert!(!shared.held.load(Relaxed) && !shared.hold.load(Relaxed));
+    }
+
+    /// Any decision, as `encode_decision` sees it.
+    fn any_decision() -> impl proptest::strategy::Strategy<Value = CheckResponse> {
+        use proptest::prelude::*;
+        let unit = prop::sample::select(vec![
+            Unit::Second,
+            Unit::Minute,
+            Unit::Hour,
+            Unit::Day,
+            Unit::Week,
+            Unit::Month,
+            Unit::Year,
+        ]);
+        let big = prop_oneof![Just(0u64), 0u64..300, any::<u64>()];
+        let limit = (
+            prop::option::of(prop_oneof![Just(String::new()), "[a-z_é]{1,20}"]),
+            big.clone(),
+            unit,
+        )
+            .prop_map(|(name, requests_per_unit, unit)| crate::model::LimitInfo {
+                id: "d|k".into(),
+                name,
+                requests_per_unit,
+                unit,
+                unit_multiplier: 1,
+                algorithm: tollgate_core::quota::Algorithm::FixedWindow,
+            });
+        let status = (
+            any::<bool>(),
+            prop::option::of(limit),
+            big.clone(),
+            prop::option::of(big),
+        )
+            .prop_map(|(ok, limit, remaining, reset_after)| DescriptorStatus {
+                reset_after,
+                ..DescriptorStatus::new(
+                    if ok { Code::Ok } else { Code::OverLimit },
+                    limit,
+                    remaining,
+                )
+            });
+        (any::<bool>(), prop::collection::vec(status, 0..4)).prop_map(|(allowed, statuses)| {
+            CheckResponse {
+                allowed,
+                statuses,
+                headers: None,
+                delay: 0,
+            }
+        })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+        /// The direct encoding is byte for byte what prost writes for the protobuf response.
+        #[test]
+        fn direct_encoding_is_prosts(
+            resp in any_decision(),
+            headers in proptest::collection::vec(("[a-zA-Z-]{0,12}", "[0-9]{0,12}"), 0..4),
+        ) {
+            let headers: Vec<(String, String)> = headers;
+            let mut proto = to_proto_response(&resp, false);
+            proto.response_headers_to_add = headers
+                .iter()
+                .map(|(key, value)| HeaderValue {
+                    key: key.clone(),
+                    value: value.clone(),
+                    ..HeaderValue::default()
+                })
+                .collect();
+            let prost = encode_response(proto).unwrap();
+            proptest::prop_assert_eq!(encode_decision(&resp, &headers), prost);
+        }
     }
 
     #[test]
