@@ -1745,6 +1745,9 @@ struct Replayed<S> {
     io: S,
     replayed: usize,
     shared: Arc<ConnShared>,
+    /// The last write attempt was deferred: the next one goes out whatever happened since, so
+    /// frames arriving and tasks finishing turn after turn cannot put writes off for ever.
+    deferred: bool,
 }
 
 impl<S> Replayed<S> {
@@ -1753,6 +1756,7 @@ impl<S> Replayed<S> {
             io,
             replayed: 0,
             shared,
+            deferred: false,
         }
     }
 
@@ -1769,7 +1773,12 @@ impl<S> Replayed<S> {
             self.shared.held.store(true, Relaxed);
             return true;
         }
-        if self.shared.armed.swap(false, Relaxed) && self.shared.spawned.load(Relaxed) > 0 {
+        let armed = self.shared.armed.swap(false, Relaxed);
+        if std::mem::take(&mut self.deferred) {
+            return false;
+        }
+        if armed && self.shared.spawned.load(Relaxed) > 0 {
+            self.deferred = true;
             cx.waker().wake_by_ref();
             return true;
         }
@@ -2028,6 +2037,28 @@ mod tests {
             let prost = encode_response(proto).unwrap();
             proptest::prop_assert_eq!(encode_decision(&resp, &headers), prost);
         }
+    }
+
+    /// Regression (liveness): a write is deferred at most one turn, even when frames keep
+    /// arriving and stream tasks keep finishing (each would arm another deferral).
+    #[test]
+    fn a_write_is_deferred_once_not_for_ever() {
+        let shared = Arc::new(ConnShared::default());
+        shared.spawned.store(3, Relaxed);
+        let mut io = Replayed::new((), Arc::clone(&shared));
+        let mut cx = Context::from_waker(Waker::noop());
+        for _ in 0..3 {
+            shared.armed.store(true, Relaxed);
+            assert!(io.hold_or_defer(&mut cx), "deferred one turn");
+            shared.armed.store(true, Relaxed);
+            assert!(!io.hold_or_defer(&mut cx), "then written");
+        }
+        shared.spawned.store(0, Relaxed);
+        shared.armed.store(true, Relaxed);
+        assert!(
+            !io.hold_or_defer(&mut cx),
+            "no task to wait for: written at once"
+        );
     }
 
     #[test]
