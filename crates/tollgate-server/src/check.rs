@@ -1,8 +1,9 @@
 //! The transport-neutral decision: validate a [`CheckRequest`], resolve it with the *current*
 //! rules, check the backend (memory, or Redis with its failure policy), record metrics, and build
-//! a [`CheckResponse`]. HTTP and gRPC both await [`decide`].
+//! a [`CheckResponse`]. HTTP and gRPC both await [`decide`]; the gRPC listener calls
+//! [`decide_now`] first, which with the memory store answers without awaiting.
 
-use crate::backend::Policy;
+use crate::backend::{Outcome, Policy};
 use crate::error::ApiError;
 use crate::metrics::LimitCounters;
 use crate::model::{
@@ -153,42 +154,87 @@ fn check_hits(limits: &RequestLimits, hits: u64, field: &str) -> Result<(), ApiE
 /// not an error: the `--on-store-error` policy decides). An unknown domain or a descriptor matching no rule
 /// is not an error: it is OK with no limit (counted in `tollgate_unmatched_total`).
 pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckResponse, ApiError> {
-    let metrics = state.metrics();
-    if let Err(e) = validate(state.limits(), req) {
-        metrics.error(e.code());
-        return Err(e);
+    if let Some(decided) = decide_now(state, req) {
+        return decided;
     }
     let started = Instant::now();
+    if let Err(e) = validate(state.limits(), req) {
+        state.metrics().error(e.code());
+        return Err(e);
+    }
     let rules = state.rules();
     let hits = req.hits.unwrap_or(1);
     let overrides = Overrides::new(&rules.set, &req.domain, &req.descriptors);
     let plan = Plan::with_overrides(&rules.set, &overrides, &req.domain, &req.descriptors, hits);
-    let items = plan.items();
     let now = state.now();
-    let (decisions, degraded, from_cache) = if items.is_empty() {
-        (Vec::new(), None, false)
+    let items = plan.items();
+    let outcome = if items.is_empty() {
+        None
     } else {
-        match state.backend().check(now, &items).await {
-            Ok(o) => {
-                if o.store_failed {
-                    metrics.store_error();
-                }
-                (o.decisions, o.degraded, o.from_deny_cache)
-            }
-            Err(e) => {
-                metrics.store_error();
-                metrics.error("store_unavailable");
-                return Err(e.into());
-            }
-        }
+        Some(state.backend().check(now, &items).await)
     };
     drop(items);
+    conclude(state, req, &rules, plan, now, outcome, started)
+}
+
+/// [`decide`] without awaiting, when the backend is a store in this process (the memory store
+/// answers synchronously); `None` for Redis. The gRPC listener answers a call inside the
+/// connection's own poll with it, with no task and no future to move (see `grpc`).
+pub fn decide_now(state: &AppState, req: &CheckRequest) -> Option<Result<CheckResponse, ApiError>> {
+    let crate::backend::Backend::Local(store) = state.backend() else {
+        return None;
+    };
+    let started = Instant::now();
+    if let Err(e) = validate(state.limits(), req) {
+        state.metrics().error(e.code());
+        return Some(Err(e));
+    }
+    let rules = state.rules();
+    let hits = req.hits.unwrap_or(1);
+    let overrides = Overrides::new(&rules.set, &req.domain, &req.descriptors);
+    let plan = Plan::with_overrides(&rules.set, &overrides, &req.domain, &req.descriptors, hits);
+    let now = state.now();
+    let items = plan.items();
+    let outcome = if items.is_empty() {
+        None
+    } else {
+        Some(store.check(now, &items).map(Outcome::store))
+    };
+    drop(items);
+    Some(conclude(state, req, &rules, plan, now, outcome, started))
+}
+
+/// The rest of a decision once the store answered (`None`: nothing to ask it): metrics, the
+/// statuses, the headers.
+fn conclude(
+    state: &AppState,
+    req: &CheckRequest,
+    rules: &LoadedRules,
+    plan: Plan<'_>,
+    now: tollgate_core::Micros,
+    outcome: Option<Result<Outcome, tollgate_core::StoreError>>,
+    started: Instant,
+) -> Result<CheckResponse, ApiError> {
+    let metrics = state.metrics();
+    let hits = req.hits.unwrap_or(1);
+    let (decisions, degraded, from_cache) = match outcome {
+        None => (Vec::new(), None, false),
+        Some(Ok(o)) => {
+            if o.store_failed {
+                metrics.store_error();
+            }
+            (o.decisions, o.degraded, o.from_deny_cache)
+        }
+        Some(Err(e)) => {
+            metrics.store_error();
+            metrics.error("store_unavailable");
+            return Err(e.into());
+        }
+    };
     let policy_denied = degraded == Some(Policy::Deny);
     let verdict = plan.finish(decisions);
     let envoy = state.envoy();
     let allowed = verdict.allowed_with_quota_mode(envoy.is_some_and(|m| m.quota_mode));
-    // Looked up only when a descriptor matched no rule (a hash of the domain per request).
-    let known_domain = || rules.set.domain(&req.domain).is_some();
 
     let statuses = verdict
         .statuses
@@ -198,7 +244,7 @@ pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckRespons
             let cost = desc.hits.unwrap_or(hits);
             match status {
                 Status::NoLimit => {
-                    if known_domain() {
+                    if rules.set.domain(&req.domain).is_some() {
                         metrics.unmatched(&req.domain, "no_rule");
                     } else {
                         if metrics.unknown_domain(&req.domain) {
@@ -219,7 +265,7 @@ pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckRespons
                     let blocks = status.blocks();
                     let shadowed = status.shadowed();
                     let never = blocks && decision.never_passes();
-                    record(state, &rules, &req.domain, limit, desc, cost, status, allowed, from_cache);
+                    record(state, rules, &req.domain, limit, desc, cost, status, allowed, from_cache);
                     let message = if blocks && policy_denied {
                         Some(DENIED_BY_POLICY.to_owned())
                     } else if blocks {

@@ -35,14 +35,22 @@
 //! `--shutdown-timeout`.
 //!
 //! On those connections `ShouldRateLimit` itself does not go through tonic: a POST to its path
-//! is answered directly on hyper's stream (`should_rate_limit_call`: the message read whole,
-//! prost, `RateLimitGrpc::respond`, one message and the `grpc-status` trailers back), which
-//! costs fewer instructions than tonic's generic unary stack. Health, reflection and every
-//! other path go through tonic's routes as before, and both paths answer the same statuses. The
-//! connection's writes are coalesced (see `Replayed::defer`): with many calls in flight, one
-//! `writev` carries the answers of a whole scheduler turn instead of one each.
+//! is answered directly on hyper's stream (`should_rate_limit`: the message read whole, prost,
+//! `RateLimitGrpc::respond_encoded`, one message and the `grpc-status` trailers back), which
+//! costs fewer instructions than tonic's generic unary stack. Health, reflection and every other
+//! path go through tonic's routes as before, and both paths answer the same statuses.
+//!
+//! The common call costs no task and no future: when hyper hands a stream over, h2 has usually
+//! read its HEADERS, DATA and END_STREAM already (they come in one read), and with the memory
+//! store the decision is synchronous ([`crate::check::decide_now`]), so the call is answered
+//! there and then, and hyper's stream future is polled once inline (`InlineExecutor`) instead of
+//! being spawned. A call that has to wait (its body still coming, Redis, tonic's routes) becomes
+//! a task as before. The connection's writes are held while it is polled and let through at the
+//! end of the poll (`poll_coalesced`), and deferred one scheduler turn while stream tasks are
+//! answering (`Replayed::hold_or_defer`): with many calls in flight, one `writev` carries the
+//! answers of a whole turn instead of one each.
 
-use crate::check::decide;
+use crate::check::{decide, decide_now};
 use crate::error::{ApiError, ErrorClass};
 use crate::model::{CheckRequest, CheckResponse, Code, Descriptor, DescriptorStatus};
 use crate::profile::{EnvoyMode, HEALTH_SERVICE};
@@ -62,14 +70,16 @@ use envoy_types::pb::google::protobuf::{
 use futures_util::FutureExt;
 use hyper::body::Incoming;
 use hyper::server::conn::http2;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use std::convert::Infallible;
 use std::future::Future;
 use std::io::ErrorKind;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -95,6 +105,12 @@ pub const ERROR_CODE_METADATA: &str = "tollgate-error-code";
 
 /// The error code (in [`ERROR_CODE_METADATA`]) of a request that is not valid protobuf.
 pub const INVALID_PROTOBUF: &str = "invalid_protobuf";
+
+/// Header names of every call, made once (a name given as a string is parsed and checked each
+/// time it is used).
+const GRPC_ENCODING: http::HeaderName = http::HeaderName::from_static("grpc-encoding");
+const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
+const GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
 
 /// The HTTP/2 path of `ShouldRateLimit`.
 const SHOULD_RATE_LIMIT_PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -232,55 +248,117 @@ impl RateLimitService for RateLimitGrpc {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        self.respond(request.get_ref()).await.map(Response::new)
+        self.respond(request.into_inner()).await.map(Response::new)
     }
 }
 
 impl RateLimitGrpc {
-    /// Answer one `ShouldRateLimit` request: both the tonic service and the direct path of
-    /// [`serve`] ([`should_rate_limit_call`]) come here.
-    async fn respond(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
-        let check = match to_check_request(request) {
-            Ok(c) => c,
-            Err(e) => {
-                self.state.metrics().error(e.code());
-                return Err(status_from(&e));
-            }
-        };
-        // `decide` never panics by design; if it ever does, answer INTERNAL instead of dropping
-        // the connection (HTTP does the same with its catch-panic layer).
-        let result = AssertUnwindSafe(decide(&self.state, &check))
+    /// Answer one `ShouldRateLimit` request, for tonic's service.
+    async fn respond(&self, request: RateLimitRequest) -> Result<RateLimitResponse, Status> {
+        let check = self.check_request(request)?;
+        let result = self.decide_caught(&check).await;
+        self.reply(&check, result)
+    }
+
+    /// Answer one `ShouldRateLimit` request as the message to send (the direct path of
+    /// [`serve`], `should_rate_limit`, when [`Self::respond_encoded_now`] cannot answer).
+    async fn respond_encoded(&self, request: RateLimitRequest) -> Result<bytes::Bytes, Status> {
+        let check = self.check_request(request)?;
+        let result = self.decide_caught(&check).await;
+        self.reply_encoded(&check, result)
+    }
+
+    /// [`decide`], a panic answered INTERNAL instead of dropping the connection (`decide` never
+    /// panics by design; HTTP does the same with its catch-panic layer).
+    async fn decide_caught(&self, check: &CheckRequest) -> Result<CheckResponse, ApiError> {
+        AssertUnwindSafe(decide(&self.state, check))
             .catch_unwind()
             .await
-            .unwrap_or_else(|_| {
-                tracing::error!("gRPC ShouldRateLimit panicked");
-                Err(ApiError::Internal("panic while deciding".into()))
-            });
-        match result {
-            Ok(resp) => Ok(match self.state.envoy() {
-                Some(mode) => {
-                    let mut out = to_envoy_proto_response(&resp, mode);
-                    if mode.dynamic_metadata {
-                        let rules = self.state.rules();
-                        out.dynamic_metadata =
-                            Some(envoy_dynamic_metadata(&check, &resp, &rules.set));
-                    }
-                    out
+            .unwrap_or_else(|_| Err(decide_panicked()))
+    }
+
+    /// Whether [`Self::respond_encoded_now`] can answer: the store is in this process.
+    fn answers_now(&self) -> bool {
+        matches!(self.state.backend(), crate::backend::Backend::Local(_))
+    }
+
+    /// [`Self::respond_encoded`] without awaiting, when [`Self::answers_now`] ([`decide_now`]).
+    fn respond_encoded_now(&self, request: RateLimitRequest) -> Result<bytes::Bytes, Status> {
+        let check = self.check_request(request)?;
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| decide_now(&self.state, &check)))
+            .unwrap_or_else(|_| Some(Err(decide_panicked())))
+            .unwrap_or_else(|| Err(ApiError::Internal("the store cannot answer at once".into())));
+        self.reply_encoded(&check, result)
+    }
+
+    /// The request as [`decide`] takes it; what cannot be represented is INVALID_ARGUMENT.
+    fn check_request(&self, request: RateLimitRequest) -> Result<CheckRequest, Status> {
+        to_check_request(request).map_err(|e| {
+            self.state.metrics().error(e.code());
+            status_from(&e)
+        })
+    }
+
+    /// The protobuf answer of a decision.
+    fn reply(
+        &self,
+        check: &CheckRequest,
+        result: Result<CheckResponse, ApiError>,
+    ) -> Result<RateLimitResponse, Status> {
+        let resp = result.map_err(|e| status_from(&e))?;
+        Ok(match self.state.envoy() {
+            Some(mode) => {
+                let mut out = to_envoy_proto_response(&resp, mode);
+                if mode.dynamic_metadata {
+                    let rules = self.state.rules();
+                    out.dynamic_metadata = Some(envoy_dynamic_metadata(check, &resp, &rules.set));
                 }
-                None => to_proto_response(&resp, self.state.response_headers()),
-            }),
-            Err(e) => Err(status_from(&e)),
+                out
+            }
+            None => to_proto_response(&resp, self.state.response_headers()),
+        })
+    }
+
+    /// [`Self::reply`] as the message to send: written directly from the decision
+    /// ([`encode_decision`]), without building the protobuf structs, except under the envoy
+    /// profile's `RESPONSE_DYNAMIC_METADATA` (then prost encodes [`Self::reply`]).
+    fn reply_encoded(
+        &self,
+        check: &CheckRequest,
+        result: Result<CheckResponse, ApiError>,
+    ) -> Result<bytes::Bytes, Status> {
+        match self.state.envoy() {
+            Some(mode) if mode.dynamic_metadata => encode_response(self.reply(check, result)?),
+            Some(mode) => {
+                let resp = result.map_err(|e| status_from(&e))?;
+                Ok(encode_decision(&resp, &envoy_header_pairs(&resp, mode)))
+            }
+            None => {
+                let resp = result.map_err(|e| status_from(&e))?;
+                let headers = match (&resp.headers, self.state.response_headers()) {
+                    (Some(h), true) => h.pairs(),
+                    _ => Vec::new(),
+                };
+                Ok(encode_decision(&resp, &headers))
+            }
         }
     }
 }
 
-/// Translate a protobuf request (see the module docs for the `hits_addend` rules).
-/// Validation (empty domain, too many descriptors, ...) is left to [`crate::check::validate`];
-/// only what cannot be represented is refused here: a `limit` override with unit `UNKNOWN`.
-pub fn to_check_request(req: &RateLimitRequest) -> Result<CheckRequest, ApiError> {
+/// What a panic while deciding becomes (logged): INTERNAL.
+fn decide_panicked() -> ApiError {
+    tracing::error!("gRPC ShouldRateLimit panicked");
+    ApiError::Internal("panic while deciding".into())
+}
+
+/// Translate a protobuf request (see the module docs for the `hits_addend` rules); its strings
+/// are moved, not copied. Validation (empty domain, too many descriptors, ...) is left to
+/// [`crate::check::validate`]; only what cannot be represented is refused here: a `limit`
+/// override with unit `UNKNOWN`.
+pub fn to_check_request(req: RateLimitRequest) -> Result<CheckRequest, ApiError> {
     let descriptors = req
         .descriptors
-        .iter()
+        .into_iter()
         .enumerate()
         .map(|(i, d)| {
             let limit = match &d.limit {
@@ -299,18 +377,14 @@ pub fn to_check_request(req: &RateLimitRequest) -> Result<CheckRequest, ApiError
                 }),
             };
             Ok(Descriptor {
-                entries: d
-                    .entries
-                    .iter()
-                    .map(|e| (e.key.clone(), e.value.clone()))
-                    .collect(),
-                hits: d.hits_addend.as_ref().map(|h| h.value),
+                entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
+                hits: d.hits_addend.map(|h| h.value),
                 limit,
             })
         })
         .collect::<Result<_, ApiError>>()?;
     Ok(CheckRequest {
-        domain: req.domain.clone(),
+        domain: req.domain,
         descriptors,
         hits: (req.hits_addend != 0).then_some(u64::from(req.hits_addend)),
     })
@@ -357,21 +431,28 @@ pub fn to_proto_response(resp: &CheckResponse, headers: bool) -> RateLimitRespon
 /// headers (`LIMIT_*_HEADER` names) when `LIMIT_RESPONSE_HEADERS_ENABLED`, nothing otherwise.
 pub fn to_envoy_proto_response(resp: &CheckResponse, mode: &EnvoyMode) -> RateLimitResponse {
     let mut out = to_proto_response(resp, false);
-    if let (Some(names), Some(h)) = (&mode.headers, &resp.headers) {
-        out.response_headers_to_add = [
-            (&names.limit, h.limit),
-            (&names.remaining, h.remaining),
-            (&names.reset, h.reset_secs),
-        ]
+    out.response_headers_to_add = envoy_header_pairs(resp, mode)
         .into_iter()
         .map(|(key, value)| HeaderValue {
-            key: key.clone(),
-            value: value.to_string(),
+            key: key.to_owned(),
+            value,
             ..HeaderValue::default()
         })
         .collect();
-    }
     out
+}
+
+/// The envoy profile's `response_headers_to_add`: its three headers when
+/// `LIMIT_RESPONSE_HEADERS_ENABLED` and a limit applied, nothing otherwise.
+fn envoy_header_pairs<'m>(resp: &CheckResponse, mode: &'m EnvoyMode) -> Vec<(&'m str, String)> {
+    match (&mode.headers, &resp.headers) {
+        (Some(names), Some(h)) => vec![
+            (names.limit.as_str(), h.limit.to_string()),
+            (names.remaining.as_str(), h.remaining.to_string()),
+            (names.reset.as_str(), h.reset_secs.to_string()),
+        ],
+        _ => Vec::new(),
+    }
 }
 
 /// The envoy profile's `dynamic_metadata` (`RESPONSE_DYNAMIC_METADATA`), as envoyproxy/ratelimit
@@ -665,9 +746,9 @@ impl Default for GrpcLimits {
 }
 
 impl GrpcLimits {
-    /// The HTTP/2 connection settings these limits stand for.
-    fn builder(&self) -> http2::Builder<TokioExecutor> {
-        let mut b = http2::Builder::new(TokioExecutor::new());
+    /// The HTTP/2 connection settings these limits stand for, streams run by `exec`.
+    fn builder(&self, exec: InlineExecutor) -> http2::Builder<InlineExecutor> {
+        let mut b = http2::Builder::new(exec);
         b.timer(TokioTimer::new())
             .max_concurrent_streams(self.max_concurrent_streams)
             .max_header_list_size(self.max_header_list_bytes)
@@ -675,7 +756,10 @@ impl GrpcLimits {
             .initial_connection_window_size(self.connection_window_bytes)
             .max_frame_size(self.max_frame_bytes)
             .keep_alive_interval(nonzero(self.keepalive_interval))
-            .keep_alive_timeout(self.keepalive_timeout);
+            .keep_alive_timeout(self.keepalive_timeout)
+            // No `date` header on every answer: gRPC does not use it (grpc-go sends none), and
+            // it costs a clock read, a header and its HPACK encoding per call.
+            .auto_date_header(false);
         b
     }
 }
@@ -814,7 +898,6 @@ pub async fn serve_on(
         rls: direct,
         max_message,
     };
-    let builder = limits.builder();
     let slots = Arc::new(Semaphore::new(
         max_connections.clamp(1, Semaphore::MAX_PERMITS),
     ));
@@ -830,11 +913,11 @@ pub async fn serve_on(
             () = &mut shutdown => break,
             accepted = accept(&listener) => accepted,
         };
-        let (builder, routes, drain) = (builder.clone(), routes.clone(), drain_rx.clone());
+        let (routes, drain) = (routes.clone(), drain_rx.clone());
         match accepted {
             Accepted::Tcp(tcp) => {
                 let _ = tcp.set_nodelay(true);
-                connections.spawn(connection(tcp, slot, builder, routes, limits, drain));
+                connections.spawn(connection(tcp, slot, routes, limits, drain));
             }
             Accepted::Tls(tcp, tls) => {
                 let _ = tcp.set_nodelay(true);
@@ -847,7 +930,7 @@ pub async fn serve_on(
                     };
                     match handshake {
                         Ok(Ok(stream)) => {
-                            connection(stream, slot, builder, routes, limits, drain).await;
+                            connection(stream, slot, routes, limits, drain).await;
                         }
                         Ok(Err(e)) => tracing::debug!(error = %e, "gRPC TLS handshake failed"),
                         Err(_) => tracing::debug!(
@@ -858,7 +941,7 @@ pub async fn serve_on(
             }
             #[cfg(unix)]
             Accepted::Unix(unix) => {
-                connections.spawn(connection(unix, slot, builder, routes, limits, drain));
+                connections.spawn(connection(unix, slot, routes, limits, drain));
             }
         }
         // Reap the finished ones so the set stays as large as the open connections.
@@ -1015,7 +1098,6 @@ async fn accept(listener: &GrpcListener) -> Accepted {
 async fn connection<S>(
     mut tcp: S,
     _slot: OwnedSemaphorePermit,
-    builder: http2::Builder<TokioExecutor>,
     services: Services,
     limits: GrpcLimits,
     mut drain: watch::Receiver<bool>,
@@ -1042,48 +1124,35 @@ async fn connection<S>(
         }
     }
     let service = hyper::service::service_fn(move |req: HttpRequest<Incoming>| {
-        // The client's own deadline, when shorter (Envoy sends its rate-limit timeout).
-        let timeout = req
-            .headers()
-            .get("grpc-timeout")
-            .and_then(|v| parse_grpc_timeout(v.as_bytes()))
-            .map_or(limits.request_timeout, |t| t.min(limits.request_timeout));
-        let call =
+        let answer =
             if req.method() == http::Method::POST && req.uri().path() == SHOULD_RATE_LIMIT_PATH {
-                futures_util::future::Either::Left(should_rate_limit_call(
-                    Arc::clone(&services.rls),
+                should_rate_limit(
+                    &services.rls,
                     req,
                     services.max_message,
-                ))
+                    limits.request_timeout,
+                )
             } else {
-                futures_util::future::Either::Right(services.routes.clone().oneshot(req).map(|r| {
-                    match r {
-                        Ok(response) => response.map(http_body_util::Either::Right),
-                        Err(never) => match never {},
-                    }
-                }))
+                let timeout = call_timeout(req.headers(), limits.request_timeout);
+                let call = services.routes.clone().oneshot(req).map(|r| match r {
+                    Ok(response) => response.map(http_body_util::Either::Right),
+                    Err(never) => match never {},
+                });
+                Answer::Later(Box::pin(within(timeout, call)))
             };
-        // Boxed: hyper moves the future into a task of its own several times over, and this
-        // one (the decision's state machine included) is large; a pointer is cheap to move.
-        Box::pin(async move {
-            // A call that completes when first polled (the memory store, the whole request in
-            // hand) needs no timer: one costs a timer-wheel entry per call.
-            let mut call = std::pin::pin!(call);
-            if let Some(response) = call.as_mut().now_or_never() {
-                return Ok::<_, Infallible>(response);
-            }
-            Ok(match tokio::time::timeout(timeout, call).await {
-                Ok(response) => response,
-                Err(_) => trailers_only(Status::deadline_exceeded(
-                    "request not completed within the server's request timeout",
-                )),
-            })
-        })
+        answer
     });
-    let conn = builder.serve_connection(TokioIo::new(Replayed::new(tcp)), service);
+    let shared = Arc::new(ConnShared::default());
+    let builder = limits.builder(InlineExecutor {
+        shared: Arc::clone(&shared),
+    });
+    let conn = builder.serve_connection(
+        TokioIo::new(Replayed::new(tcp, Arc::clone(&shared))),
+        service,
+    );
     tokio::pin!(conn);
     let aged = tokio::select! {
-        r = conn.as_mut() => {
+        r = std::future::poll_fn(|cx| poll_coalesced(conn.as_mut(), cx, &shared)) => {
             if let Err(e) = r {
                 tracing::debug!(error = %e, "gRPC connection ended");
             }
@@ -1095,14 +1164,49 @@ async fn connection<S>(
     conn.as_mut().graceful_shutdown();
     let grace = aged.then_some(limits.max_connection_age_grace);
     tokio::select! {
-        _ = conn.as_mut() => {}
+        _ = std::future::poll_fn(|cx| poll_coalesced(conn.as_mut(), cx, &shared)) => {}
         () = sleep_or_never(grace) => {
             tracing::debug!("gRPC connection closed: max connection age and grace reached");
         }
     }
 }
 
-/// What a gRPC connection serves: `ShouldRateLimit` directly ([`should_rate_limit_call`]),
+/// Poll hyper's connection with its writes held, then, if it wanted to write, once more with
+/// them let through: everything this turn produced (the answers of every call answered inline
+/// as hyper handed their streams over, see [`InlineExecutor`]) goes out in one `writev`.
+/// Without the hold, h2 writes what is queued each time hyper asks it for the next stream: one
+/// system call per answer.
+fn poll_coalesced<F: Future>(
+    mut conn: Pin<&mut F>,
+    cx: &mut Context<'_>,
+    shared: &ConnShared,
+) -> Poll<F::Output> {
+    shared.hold.store(true, Relaxed);
+    let first = conn.as_mut().poll(cx);
+    shared.hold.store(false, Relaxed);
+    if first.is_pending() && shared.held.swap(false, Relaxed) {
+        return conn.poll(cx);
+    }
+    first
+}
+
+/// What one connection's socket ([`Replayed`]), its streams' executor ([`InlineExecutor`]) and
+/// [`poll_coalesced`] share. One task uses it at a time (the connection's, and its streams'
+/// tasks only to count themselves): relaxed atomics, for `Send`.
+#[derive(Debug, Default)]
+struct ConnShared {
+    /// Writes are held (set around the first poll of [`poll_coalesced`]).
+    hold: AtomicBool,
+    /// A write was held: poll again to let it through.
+    held: AtomicBool,
+    /// The socket brought frames, or a stream task finished, since the last write: with stream
+    /// tasks still running, the next write waits one turn for them (`Replayed::hold_or_defer`).
+    armed: AtomicBool,
+    /// Stream tasks of this connection still running (streams not answered inline).
+    spawned: AtomicUsize,
+}
+
+/// What a gRPC connection serves: `ShouldRateLimit` directly (`should_rate_limit`),
 /// everything else (health, reflection, unknown methods) through tonic's routes.
 #[derive(Clone)]
 struct Services {
@@ -1147,73 +1251,300 @@ impl Body for UnaryBody {
         self.message.is_none() && self.trailers.is_none()
     }
 
-    fn size_hint(&self) -> hyper::body::SizeHint {
-        hyper::body::SizeHint::with_exact(self.message.as_ref().map_or(0, |m| m.len() as u64))
+    // No `size_hint`: an exact one makes hyper add a `content-length` header to every answer,
+    // which gRPC does not use (its messages carry their length) and which costs a header to
+    // insert and HPACK-encode per call.
+}
+
+/// A stream's answer, as the connection's service returns it: made already (the common case:
+/// the whole request was in hand and the store is in this process), or a future to run.
+// The answer made (a response, ~240 bytes) is kept inline: boxing it would cost an allocation
+// per call to save a copy of a few hundred bytes.
+#[allow(clippy::large_enum_variant)]
+enum Answer {
+    /// Answered while hyper handed the request over (`should_rate_limit`).
+    Now(Option<http::Response<GrpcBody>>),
+    /// A call that has to wait (its body, Redis, tonic's routes), with its timeout.
+    Later(Pin<Box<dyn Future<Output = http::Response<GrpcBody>> + Send>>),
+}
+
+impl Future for Answer {
+    type Output = Result<http::Response<GrpcBody>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            Answer::Now(response) => Poll::Ready(Ok(response
+                .take()
+                .expect("an answer is polled until it is ready"))),
+            Answer::Later(call) => call.as_mut().poll(cx).map(Ok),
+        }
+    }
+}
+
+/// The time a call may take: `--grpc-request-timeout`, or the client's own deadline
+/// (`grpc-timeout`, Envoy sends its rate-limit timeout) when shorter.
+fn call_timeout(headers: &http::HeaderMap, request_timeout: Duration) -> Duration {
+    headers
+        .get(GRPC_TIMEOUT)
+        .and_then(|v| parse_grpc_timeout(v.as_bytes()))
+        .map_or(request_timeout, |t| t.min(request_timeout))
+}
+
+/// `call`, answered DEADLINE_EXCEEDED if not done within `timeout`. A call that completes when
+/// first polled arms no timer (one costs a timer-wheel entry).
+async fn within(
+    timeout: Duration,
+    call: impl Future<Output = http::Response<GrpcBody>>,
+) -> http::Response<GrpcBody> {
+    let mut call = std::pin::pin!(call);
+    if let Some(response) = call.as_mut().now_or_never() {
+        return response;
+    }
+    match tokio::time::timeout(timeout, call).await {
+        Ok(response) => response,
+        Err(_) => trailers_only(Status::deadline_exceeded(
+            "request not completed within the server's request timeout",
+        )),
     }
 }
 
 /// `ShouldRateLimit` served directly on hyper's HTTP/2 stream, without tonic's generic unary
 /// machinery (its router, streaming decoder, encoder and three boxed bodies, which cost more
 /// than deciding): the request message is read whole, decoded by prost, answered by
-/// [`RateLimitGrpc::respond`], and the answer written as one message plus trailers. What a
-/// client sees is what tonic answers, error cases included: compressed requests are refused
-/// (UNIMPLEMENTED for a `grpc-encoding` other than `identity`, INTERNAL for a compressed flag
-/// without one), a message over `--max-body-bytes` is OUT_OF_RANGE before it is read, a
-/// missing or truncated message INTERNAL, and one that does not decode INVALID_ARGUMENT (see
-/// [`RlsDecoder`]). Bytes after the first message of this unary call are ignored, as tonic
-/// does.
-async fn should_rate_limit_call(
-    rls: Arc<RateLimitGrpc>,
+/// [`RateLimitGrpc::respond_encoded`] (written straight from the decision, [`encode_decision`]),
+/// and sent as one message plus trailers. What a client sees is what tonic answers, error cases
+/// included: compressed requests are refused (UNIMPLEMENTED for a `grpc-encoding` other than
+/// `identity`, INTERNAL for a compressed flag without one), a message over `--max-body-bytes` is
+/// OUT_OF_RANGE before it is read, a missing or truncated message INTERNAL, and one that does
+/// not decode INVALID_ARGUMENT (see [`RlsDecoder`]). Data after the one message of this unary
+/// call is INVALID_ARGUMENT.
+///
+/// This runs as hyper hands the request over, inside the connection task's poll. When the
+/// whole request is already in hand (h2 has read HEADERS, DATA and END_STREAM before handing
+/// the stream over whenever they came in one read) and the store is in this process, the call
+/// is answered here and then ([`Answer::Now`]): nothing is spawned, boxed or moved, and
+/// [`InlineExecutor`] then sends the answer within the same poll. Otherwise (the body still
+/// to come, Redis) the rest runs as a future, within the call's timeout ([`Answer::Later`]).
+/// A panic here answers INTERNAL rather than unwinding through the connection.
+fn should_rate_limit(
+    rls: &Arc<RateLimitGrpc>,
     req: HttpRequest<Incoming>,
     max_message: usize,
-) -> http::Response<GrpcBody> {
-    let answer = async {
-        if let Some(encoding) = req.headers().get("grpc-encoding") {
-            if encoding.as_bytes() != b"identity" {
-                let mut status = Status::unimplemented(format!(
-                    "Content is compressed with `{}` which isn't supported",
-                    String::from_utf8_lossy(encoding.as_bytes())
-                ));
-                status.metadata_mut().insert(
-                    "grpc-accept-encoding",
-                    tonic::metadata::MetadataValue::from_static("identity"),
-                );
-                return Err(status);
+    request_timeout: Duration,
+) -> Answer {
+    let answer = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        let (parts, body) = req.into_parts();
+        if let Some(status) = encoding_refused(&parts.headers) {
+            return Answer::Now(Some(trailers_only(status)));
+        }
+        let mut reader = MessageReader::new(body, max_message);
+        let message = match reader.poll_message(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(Ok(message)) => message,
+            Poll::Ready(Err(status)) => return Answer::Now(Some(trailers_only(status))),
+            Poll::Pending => {
+                let rls = Arc::clone(rls);
+                let call = async move {
+                    let message = std::future::poll_fn(|cx| reader.poll_message(cx)).await;
+                    let request = match message.and_then(|m| decode_request(&rls, m)) {
+                        Ok(request) => request,
+                        Err(status) => return trailers_only(status),
+                    };
+                    unary_response(rls.respond_encoded(request).await)
+                };
+                let timeout = call_timeout(&parts.headers, request_timeout);
+                return Answer::Later(Box::pin(within(timeout, call)));
             }
+        };
+        let request = match decode_request(rls, message) {
+            Ok(request) => request,
+            Err(status) => return Answer::Now(Some(trailers_only(status))),
+        };
+        if rls.answers_now() {
+            return Answer::Now(Some(unary_response(rls.respond_encoded_now(request))));
         }
-        let message = read_message(req.into_body(), max_message).await?;
-        let request = <RateLimitRequest as prost::Message>::decode(message).map_err(|e| {
-            rls.state.metrics().error(INVALID_PROTOBUF);
-            status_from(&ApiError::invalid(
-                INVALID_PROTOBUF,
-                format!("request is not a valid RateLimitRequest: {e}"),
-            ))
-        })?;
-        let response = rls.respond(&request).await?;
-        let len = prost::Message::encoded_len(&response);
-        let mut out = bytes::BytesMut::with_capacity(5 + len);
-        bytes::BufMut::put_u8(&mut out, 0);
-        bytes::BufMut::put_u32(&mut out, u32::try_from(len).unwrap_or(u32::MAX));
-        prost::Message::encode(&response, &mut out)
-            .map_err(|e| Status::internal(format!("encoding the response: {e}")))?;
-        Ok(out.freeze())
-    };
-    match answer.await {
-        Ok(message) => {
-            let mut trailers = http::HeaderMap::with_capacity(1);
-            trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
-            let mut response = http::Response::new(http_body_util::Either::Left(UnaryBody {
-                message: Some(message),
-                trailers: Some(trailers),
-            }));
-            response.headers_mut().insert(
-                http::header::CONTENT_TYPE,
-                http::HeaderValue::from_static("application/grpc"),
-            );
-            response
-        }
-        Err(status) => trailers_only(status),
+        let rls = Arc::clone(rls);
+        let call = async move { unary_response(rls.respond_encoded(request).await) };
+        let timeout = call_timeout(&parts.headers, request_timeout);
+        Answer::Later(Box::pin(within(timeout, call)))
+    }));
+    answer.unwrap_or_else(|_| {
+        tracing::error!("gRPC ShouldRateLimit panicked");
+        Answer::Now(Some(trailers_only(Status::internal(
+            "panic while answering",
+        ))))
+    })
+}
+
+/// UNIMPLEMENTED for a compressed request (tonic's answer: no compression is configured).
+fn encoding_refused(headers: &http::HeaderMap) -> Option<Status> {
+    let encoding = headers.get(GRPC_ENCODING)?;
+    if encoding.as_bytes() == b"identity" {
+        return None;
     }
+    let mut status = Status::unimplemented(format!(
+        "Content is compressed with `{}` which isn't supported",
+        String::from_utf8_lossy(encoding.as_bytes())
+    ));
+    status.metadata_mut().insert(
+        "grpc-accept-encoding",
+        tonic::metadata::MetadataValue::from_static("identity"),
+    );
+    Some(status)
+}
+
+/// The request message decoded; INVALID_ARGUMENT (counted) when it is not a `RateLimitRequest`.
+fn decode_request(rls: &RateLimitGrpc, message: bytes::Bytes) -> Result<RateLimitRequest, Status> {
+    <RateLimitRequest as prost::Message>::decode(message).map_err(|e| {
+        rls.state.metrics().error(INVALID_PROTOBUF);
+        status_from(&ApiError::invalid(
+            INVALID_PROTOBUF,
+            format!("request is not a valid RateLimitRequest: {e}"),
+        ))
+    })
+}
+
+/// The response as one length-prefixed message (compressed flag 0, 4-byte big-endian length).
+fn encode_response(response: RateLimitResponse) -> Result<bytes::Bytes, Status> {
+    let len = prost::Message::encoded_len(&response);
+    let mut out = bytes::BytesMut::with_capacity(5 + len);
+    bytes::BufMut::put_u8(&mut out, 0);
+    bytes::BufMut::put_u32(&mut out, u32::try_from(len).unwrap_or(u32::MAX));
+    prost::Message::encode(&response, &mut out)
+        .map_err(|e| Status::internal(format!("encoding the response: {e}")))?;
+    Ok(out.freeze())
+}
+
+/// What prost writes for the `RateLimitResponse` of `resp` ([`to_proto_response`] without
+/// headers) with `headers` as its `response_headers_to_add`, length-prefixed as a gRPC message,
+/// written straight from the decision: the same bytes (fields in tag order as prost writes them,
+/// defaults left out; a test compares the two) without building, measuring twice and dropping
+/// the protobuf structs.
+fn encode_decision<K: AsRef<str>>(resp: &CheckResponse, headers: &[(K, String)]) -> bytes::Bytes {
+    use prost::encoding::encoded_len_varint;
+    // A `Vec` and byte pushes: through `BufMut` each varint cost ~90 instructions.
+    fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+        while v >= 0x80 {
+            out.push(v as u8 | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+    }
+    /// A field's key: its number and wire type (0 varint, 2 length-delimited); all < 128.
+    fn key(out: &mut Vec<u8>, tag: u8, wire: u8) {
+        out.push(tag << 3 | wire);
+    }
+    /// A varint field, left out when 0 (proto3 default).
+    fn varint_len(v: u64) -> usize {
+        if v == 0 {
+            0
+        } else {
+            1 + encoded_len_varint(v)
+        }
+    }
+    fn varint(out: &mut Vec<u8>, tag: u8, v: u64) {
+        if v != 0 {
+            key(out, tag, 0);
+            put_varint(out, v);
+        }
+    }
+    /// A string field, left out when empty.
+    fn string_len(s: &str) -> usize {
+        if s.is_empty() {
+            0
+        } else {
+            1 + encoded_len_varint(s.len() as u64) + s.len()
+        }
+    }
+    fn string(out: &mut Vec<u8>, tag: u8, s: &str) {
+        if !s.is_empty() {
+            key(out, tag, 2);
+            put_varint(out, s.len() as u64);
+            out.extend_from_slice(s.as_bytes());
+        }
+    }
+    /// A nested message field of `len` bytes (written even when empty).
+    fn message_len(len: usize) -> usize {
+        1 + encoded_len_varint(len as u64) + len
+    }
+    fn message(out: &mut Vec<u8>, tag: u8, len: usize) {
+        key(out, tag, 2);
+        put_varint(out, len as u64);
+    }
+    // Enums and int32 are sign-extended to 64 bits; every value here is positive.
+    let enum_code = |c: Code| pb_code(c) as i32 as u64;
+    let limit_len = |l: &crate::model::LimitInfo| {
+        varint_len(u64::from(saturate_u32(l.requests_per_unit)))
+            + varint_len(pb_unit(l.unit) as i32 as u64)
+            + string_len(l.name.as_deref().unwrap_or_default())
+    };
+    let duration_len = |d: &PbDuration| varint_len(d.seconds as u64) + varint_len(d.nanos as u64);
+    let status_len = |s: &DescriptorStatus| {
+        varint_len(enum_code(s.code))
+            + s.limit.as_ref().map_or(0, |l| message_len(limit_len(l)))
+            + varint_len(u64::from(saturate_u32(s.remaining)))
+            + s.reset_after
+                .map_or(0, |us| message_len(duration_len(&pb_duration(us))))
+    };
+    let header_len = |(k, v): &(K, String)| string_len(k.as_ref()) + string_len(v);
+    let len = varint_len(enum_code(resp.code()))
+        + resp
+            .statuses
+            .iter()
+            .map(|s| message_len(status_len(s)))
+            .sum::<usize>()
+        + headers
+            .iter()
+            .map(|h| message_len(header_len(h)))
+            .sum::<usize>();
+    let mut out = Vec::with_capacity(5 + len);
+    out.push(0);
+    out.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_be_bytes());
+    varint(&mut out, 1, enum_code(resp.code()));
+    for s in &resp.statuses {
+        message(&mut out, 2, status_len(s));
+        varint(&mut out, 1, enum_code(s.code));
+        if let Some(l) = &s.limit {
+            message(&mut out, 2, limit_len(l));
+            varint(&mut out, 1, u64::from(saturate_u32(l.requests_per_unit)));
+            varint(&mut out, 2, pb_unit(l.unit) as i32 as u64);
+            string(&mut out, 3, l.name.as_deref().unwrap_or_default());
+        }
+        varint(&mut out, 3, u64::from(saturate_u32(s.remaining)));
+        if let Some(us) = s.reset_after {
+            let d = pb_duration(us);
+            message(&mut out, 4, duration_len(&d));
+            varint(&mut out, 1, d.seconds as u64);
+            varint(&mut out, 2, d.nanos as u64);
+        }
+    }
+    for h in headers {
+        message(&mut out, 3, header_len(h));
+        string(&mut out, 1, h.0.as_ref());
+        string(&mut out, 2, &h.1);
+    }
+    debug_assert_eq!(out.len(), 5 + len, "measured as written");
+    bytes::Bytes::from(out)
+}
+
+/// The HTTP response of a unary call: the message then `grpc-status: 0`, or the error status.
+fn unary_response(message: Result<bytes::Bytes, Status>) -> http::Response<GrpcBody> {
+    let message = match message {
+        Ok(message) => message,
+        Err(status) => return trailers_only(status),
+    };
+    let mut trailers = http::HeaderMap::with_capacity(1);
+    trailers.insert(GRPC_STATUS, http::HeaderValue::from_static("0"));
+    let mut response = http::Response::new(http_body_util::Either::Left(UnaryBody {
+        message: Some(message),
+        trailers: Some(trailers),
+    }));
+    // Room for the one header, not the default map's.
+    *response.headers_mut() = http::HeaderMap::with_capacity(1);
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    response
 }
 
 /// An error answer: the status in the headers, no body (gRPC's "trailers-only" response).
@@ -1223,73 +1554,169 @@ fn trailers_only(status: Status) -> http::Response<GrpcBody> {
         .map(http_body_util::Either::Left)
 }
 
-/// The request's one message (without its 5-byte prefix), read to the end of the stream.
-async fn read_message(mut body: Incoming, max_message: usize) -> Result<bytes::Bytes, Status> {
-    use bytes::Buf as _;
-    use http_body_util::BodyExt as _;
-    // Usually the whole message comes in one DATA frame and is used as it is (no copy).
-    let mut first: Option<bytes::Bytes> = None;
-    let mut more: Option<bytes::BytesMut> = None;
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| Status::internal(format!("reading the request: {e}")))?;
-        let Ok(data) = frame.into_data() else {
-            continue; // trailers
+/// Reads the request's one message (without its 5-byte prefix) to the end of the stream. A
+/// poll that returns `Pending` keeps what was read, so the same reader can be polled first with
+/// a no-op waker (is it all here?) and then awaited.
+struct MessageReader {
+    body: Incoming,
+    max_message: usize,
+    /// Usually the whole message comes in one DATA frame and is used as it is (no copy).
+    first: Option<bytes::Bytes>,
+    /// The frames so far, when there were several.
+    more: Option<bytes::BytesMut>,
+}
+
+impl MessageReader {
+    fn new(body: Incoming, max_message: usize) -> Self {
+        Self {
+            body,
+            max_message,
+            first: None,
+            more: None,
+        }
+    }
+
+    fn poll_message(&mut self, cx: &mut Context<'_>) -> Poll<Result<bytes::Bytes, Status>> {
+        use bytes::Buf as _;
+        // Until the stream ends: known from h2 after the last DATA frame (one lock), rather than
+        // by polling once more for the end (two).
+        while let Some(frame) = std::task::ready!(Pin::new(&mut self.body).poll_frame(cx)) {
+            let frame = frame.map_err(|e| Status::internal(format!("reading the request: {e}")))?;
+            let Ok(data) = frame.into_data() else {
+                continue; // trailers
+            };
+            match (&mut self.first, &mut self.more) {
+                (None, _) => self.first = Some(data),
+                (Some(f), None) => {
+                    let mut m = bytes::BytesMut::with_capacity(f.len() + data.len());
+                    m.extend_from_slice(f);
+                    m.extend_from_slice(&data);
+                    self.more = Some(m);
+                }
+                (Some(_), Some(m)) => m.extend_from_slice(&data),
+            }
+            let have = self
+                .more
+                .as_deref()
+                .or(self.first.as_deref())
+                .unwrap_or_default();
+            if have.len() >= 5 {
+                let len = u32::from_be_bytes([have[1], have[2], have[3], have[4]]) as usize;
+                if len > self.max_message {
+                    return Poll::Ready(Err(Status::out_of_range(format!(
+                        "Error, decoded message length too large: found {len} bytes, the limit is: {} bytes",
+                        self.max_message
+                    ))));
+                }
+                // A unary call carries one message: data past it is refused as it arrives, not
+                // buffered (else a client could stream without end into one request).
+                if have.len() > 5 + len {
+                    return Poll::Ready(Err(Status::invalid_argument(
+                        "a unary call carries one request message: data follows it",
+                    )));
+                }
+            }
+            if Body::is_end_stream(&self.body) {
+                break;
+            }
+        }
+        let mut all = match (self.first.take(), self.more.take()) {
+            (None, _) => return Poll::Ready(Err(Status::internal("Missing request message."))),
+            (Some(_), Some(m)) => m.freeze(),
+            (Some(f), None) => f,
         };
-        match (&mut first, &mut more) {
-            (None, _) => first = Some(data),
-            (Some(f), None) => {
-                let mut m = bytes::BytesMut::with_capacity(f.len() + data.len());
-                m.extend_from_slice(f);
-                m.extend_from_slice(&data);
-                more = Some(m);
-            }
-            (Some(_), Some(m)) => m.extend_from_slice(&data),
+        if all.len() < 5 {
+            return Poll::Ready(Err(Status::internal("Unexpected EOF decoding stream.")));
         }
-        let have = more.as_deref().or(first.as_deref()).unwrap_or_default();
-        if have.len() >= 5 {
-            let len = u32::from_be_bytes([have[1], have[2], have[3], have[4]]) as usize;
-            if len > max_message {
-                return Err(Status::out_of_range(format!(
-                    "Error, decoded message length too large: found {len} bytes, the limit is: {max_message} bytes"
-                )));
+        match all[0] {
+            0 => {}
+            1 => {
+                return Poll::Ready(Err(Status::internal(
+                    "protocol error: received message with compressed-flag but no grpc-encoding was specified",
+                )))
             }
-            // A unary call carries one message: data past it is refused as it arrives, not
-            // buffered (else a client could stream without end into one request).
-            if have.len() > 5 + len {
-                return Err(Status::invalid_argument(
-                    "a unary call carries one request message: data follows it",
-                ));
+            f => {
+                return Poll::Ready(Err(Status::internal(format!(
+                    "protocol error: received message with invalid compression flag: {f} (valid flags are 0 and 1), while sending request"
+                ))))
             }
         }
-    }
-    let mut all = match (first, more) {
-        (None, _) => return Err(Status::internal("Missing request message.")),
-        (Some(_), Some(m)) => m.freeze(),
-        (Some(f), None) => f,
-    };
-    if all.len() < 5 {
-        return Err(Status::internal("Unexpected EOF decoding stream."));
-    }
-    match all[0] {
-        0 => {}
-        1 => {
-            return Err(Status::internal(
-                "protocol error: received message with compressed-flag but no grpc-encoding was specified",
-            ))
+        let len = u32::from_be_bytes([all[1], all[2], all[3], all[4]]) as usize;
+        all.advance(5);
+        if all.len() < len {
+            return Poll::Ready(Err(Status::internal("Unexpected EOF decoding stream.")));
         }
-        f => {
-            return Err(Status::internal(format!(
-                "protocol error: received message with invalid compression flag: {f} (valid flags are 0 and 1), while sending request"
-            )))
+        all.truncate(len);
+        Poll::Ready(Ok(all))
+    }
+}
+
+/// How hyper runs each stream of a gRPC connection (`hyper::rt::Executor`): polled once at
+/// once, inside the connection task, with a no-op waker, and spawned as a task only if that
+/// poll left it pending. A call answered at once ([`Answer::Now`]) is then sent within the
+/// connection's own poll: no task per stream (spawning, scheduling and freeing one cost about
+/// a tenth of a decision), and its frames join the connection's next write.
+///
+/// Sound because nothing is lost by the first poll: a stream still pending is spawned, and its
+/// task polls it again at once with its real waker, which every future it waits on then
+/// registers in place of the no-op one (h2's streams, tokio's timer and sockets all keep the
+/// waker of the latest poll). hyper holds none of h2's locks while it hands a stream over, and
+/// the stream's futures only take them for the time of a call. A panic in that first poll is
+/// caught and the stream dropped (h2 then resets it), as tokio does with a panicking task, so
+/// it does not end the connection or its other streams.
+#[derive(Clone, Debug)]
+struct InlineExecutor {
+    shared: Arc<ConnShared>,
+}
+
+impl<F> hyper::rt::Executor<F> for InlineExecutor
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn execute(&self, fut: F) {
+        let mut fut = Box::pin(fut);
+        let first = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            fut.as_mut().poll(&mut Context::from_waker(Waker::noop()))
+        }));
+        match first {
+            Ok(Poll::Ready(_)) => {}
+            Ok(Poll::Pending) => {
+                self.shared.spawned.fetch_add(1, Relaxed);
+                tokio::spawn(StreamTask {
+                    fut,
+                    shared: Arc::clone(&self.shared),
+                });
+            }
+            Err(_) => tracing::error!("gRPC stream panicked; the stream was reset"),
         }
     }
-    let len = u32::from_be_bytes([all[1], all[2], all[3], all[4]]) as usize;
-    all.advance(5);
-    if all.len() < len {
-        return Err(Status::internal("Unexpected EOF decoding stream."));
+}
+
+/// A stream that was not answered inline, as a task: counted in [`ConnShared::spawned`] while it
+/// lives, and arming the connection's write deferral when it finishes, so that the answers of
+/// the tasks finishing in the same turn share a write.
+struct StreamTask<F> {
+    fut: Pin<Box<F>>,
+    shared: Arc<ConnShared>,
+}
+
+impl<F: Future> Future for StreamTask<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let done = self.fut.as_mut().poll(cx);
+        if done.is_ready() {
+            self.shared.armed.store(true, Relaxed);
+        }
+        done
     }
-    all.truncate(len);
-    Ok(all)
+}
+
+impl<F> Drop for StreamTask<F> {
+    fn drop(&mut self) {
+        self.shared.spawned.fetch_sub(1, Relaxed);
+    }
 }
 
 /// A `grpc-timeout` header value: at most 8 digits and a unit (`H`, `M`, `S`, `m`, `u`, `n`);
@@ -1312,32 +1739,46 @@ fn parse_grpc_timeout(v: &[u8]) -> Option<Duration> {
 }
 
 /// A connection whose preface was read (to time it), handed to hyper as if it were not: the
-/// preface is read again first. It also coalesces the answers' writes (see [`Replayed::poll_write`]).
+/// preface is read again first. It also holds and defers writes so that answers share them (see
+/// [`poll_coalesced`] and [`Replayed::hold_or_defer`]).
 struct Replayed<S> {
     io: S,
     replayed: usize,
-    /// Set when a read brought new frames: the next write is put off once (see `poll_write`).
-    armed: bool,
+    shared: Arc<ConnShared>,
+    /// The last write attempt was deferred: the next one goes out whatever happened since, so
+    /// frames arriving and tasks finishing turn after turn cannot put writes off for ever.
+    deferred: bool,
 }
 
 impl<S> Replayed<S> {
-    fn new(io: S) -> Self {
+    fn new(io: S, shared: Arc<ConnShared>) -> Self {
         Self {
             io,
             replayed: 0,
-            armed: false,
+            shared,
+            deferred: false,
         }
     }
 
-    /// Put the first write after a read off by one turn of the scheduler: the connection task
-    /// is woken at once and goes to the back of the run queue (a task waking itself is not
-    /// run next), so the calls answered meanwhile join this write. Without it, hyper's task per
-    /// call wakes the connection task as it answers, the runtime runs that task next, and h2
-    /// writes and flushes one answer per system call: 64 calls in flight cost 64 `writev`s
-    /// where one does (that was half of the server's CPU time per decision). Nothing waits
-    /// on a timer: at most the tasks already runnable on this worker run first.
-    fn defer(&mut self, cx: &mut Context<'_>) -> bool {
-        if std::mem::take(&mut self.armed) {
+    /// Whether this write waits: held ([`poll_coalesced`]), or deferred. A deferred write is put
+    /// off by one turn of the scheduler when stream tasks are still running and frames came in
+    /// or a stream task finished since the last write: the connection task wakes itself and goes
+    /// to the back of the run queue (a task waking itself is not run next), so the tasks
+    /// answering meanwhile join this write. Without it, each task answering wakes the connection
+    /// task, the runtime runs it next (its LIFO slot), and h2 writes and flushes one answer per
+    /// system call. Calls answered inline need no deferral: their answers are all queued when
+    /// the hold is lifted. Nothing waits on a timer.
+    fn hold_or_defer(&mut self, cx: &mut Context<'_>) -> bool {
+        if self.shared.hold.load(Relaxed) {
+            self.shared.held.store(true, Relaxed);
+            return true;
+        }
+        let armed = self.shared.armed.swap(false, Relaxed);
+        if std::mem::take(&mut self.deferred) {
+            return false;
+        }
+        if armed && self.shared.spawned.load(Relaxed) > 0 {
+            self.deferred = true;
             cx.waker().wake_by_ref();
             return true;
         }
@@ -1361,7 +1802,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Replayed<S> {
         let before = buf.filled().len();
         let read = Pin::new(&mut this.io).poll_read(cx, buf);
         if buf.filled().len() > before {
-            this.armed = true;
+            this.shared.armed.store(true, Relaxed);
         }
         read
     }
@@ -1373,7 +1814,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Replayed<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        if self.defer(cx) {
+        if self.hold_or_defer(cx) {
             return Poll::Pending;
         }
         Pin::new(&mut self.io).poll_write(cx, buf)
@@ -1384,7 +1825,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Replayed<S> {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        if self.defer(cx) {
+        if self.hold_or_defer(cx) {
             return Poll::Pending;
         }
         Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
@@ -1419,6 +1860,205 @@ mod tests {
         for bad in [&b""[..], b"m", b"123456789m", b"10x", b"-1S", b"1.5S"] {
             assert_eq!(parse_grpc_timeout(bad), None, "{bad:?}");
         }
+    }
+
+    /// The executor of the connections' streams runs a future that is ready at once within
+    /// `execute` (no task), spawns one that is pending (its task then finishes it), and
+    /// survives a panic in the first poll.
+    #[test]
+    fn inline_executor_polls_once_then_spawns() {
+        use hyper::rt::Executor as _;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let exec = InlineExecutor {
+            shared: Arc::new(ConnShared::default()),
+        };
+        rt.block_on(async {
+            let ran = Arc::new(AtomicBool::new(false));
+            let flag = Arc::clone(&ran);
+            exec.execute(async move { flag.store(true, Ordering::SeqCst) });
+            assert!(
+                ran.load(Ordering::SeqCst),
+                "ready at once: run within execute"
+            );
+
+            let (tx, rx) = tokio::sync::oneshot::channel::<u32>();
+            let (done_tx, done_rx) = tokio::sync::oneshot::channel::<u32>();
+            exec.execute(async move {
+                let n = rx.await.unwrap();
+                let _ = done_tx.send(n + 1);
+            });
+            tx.send(41).unwrap();
+            assert_eq!(done_rx.await.unwrap(), 42, "pending: spawned and woken");
+            while exec.shared.spawned.load(Relaxed) != 0 {
+                tokio::task::yield_now().await; // the task is counted until it is dropped
+            }
+
+            exec.execute(async { panic!("a stream that panics") });
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            exec.execute(async move {
+                let _ = tx.send(());
+            });
+            rx.await.expect("streams after a panicking one still run");
+        });
+    }
+
+    /// The writes of a connection's poll are held, then let through by one more poll: what a
+    /// poll queued reaches the socket together (regression: answering streams inline made h2
+    /// write once per stream, as hyper asked it for the next one).
+    #[test]
+    fn writes_of_a_poll_go_out_together() {
+        use tokio::io::AsyncWriteExt as _;
+        /// A socket counting the writes that reach it.
+        #[derive(Default)]
+        struct Counting(Vec<usize>);
+        impl AsyncRead for Counting {
+            fn poll_read(
+                self: Pin<&mut Self>,
+                _: &mut Context<'_>,
+                _: &mut ReadBuf<'_>,
+            ) -> Poll<std::io::Result<()>> {
+                Poll::Pending
+            }
+        }
+        impl AsyncWrite for Counting {
+            fn poll_write(
+                mut self: Pin<&mut Self>,
+                _: &mut Context<'_>,
+                buf: &[u8],
+            ) -> Poll<std::io::Result<usize>> {
+                self.0.push(buf.len());
+                Poll::Ready(Ok(buf.len()))
+            }
+            fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+                Poll::Ready(Ok(()))
+            }
+            fn poll_shutdown(
+                self: Pin<&mut Self>,
+                _: &mut Context<'_>,
+            ) -> Poll<std::io::Result<()>> {
+                Poll::Ready(Ok(()))
+            }
+        }
+        let shared = Arc::new(ConnShared::default());
+        let mut io = Replayed::new(Counting::default(), Arc::clone(&shared));
+        io.replayed = PREFACE.len();
+        let mut polls = 0;
+        // A connection that, each time it is polled, tries to write what it has queued.
+        let mut conn = std::pin::pin!(std::future::poll_fn(|cx| {
+            polls += 1;
+            let mut write = std::pin::pin!(io.write_all(b"answers"));
+            match write.as_mut().poll(cx) {
+                Poll::Ready(r) => Poll::Ready(r.map(|()| polls)),
+                Poll::Pending => Poll::Pending,
+            }
+        }));
+        let mut cx = Context::from_waker(Waker::noop());
+        let done = poll_coalesced(conn.as_mut(), &mut cx, &shared);
+        assert!(
+            matches!(done, Poll::Ready(Ok(2))),
+            "held once, then written"
+        );
+        assert_eq!(io.io.0, vec![7], "one write of everything");
+        assert!(!shared.held.load(Relaxed) && !shared.hold.load(Relaxed));
+    }
+
+    /// Any decision, as `encode_decision` sees it.
+    fn any_decision() -> impl proptest::strategy::Strategy<Value = CheckResponse> {
+        use proptest::prelude::*;
+        let unit = prop::sample::select(vec![
+            Unit::Second,
+            Unit::Minute,
+            Unit::Hour,
+            Unit::Day,
+            Unit::Week,
+            Unit::Month,
+            Unit::Year,
+        ]);
+        let big = prop_oneof![Just(0u64), 0u64..300, any::<u64>()];
+        let limit = (
+            prop::option::of(prop_oneof![Just(String::new()), "[a-z_é]{1,20}"]),
+            big.clone(),
+            unit,
+        )
+            .prop_map(|(name, requests_per_unit, unit)| crate::model::LimitInfo {
+                id: "d|k".into(),
+                name,
+                requests_per_unit,
+                unit,
+                unit_multiplier: 1,
+                algorithm: tollgate_core::quota::Algorithm::FixedWindow,
+            });
+        let status = (
+            any::<bool>(),
+            prop::option::of(limit),
+            big.clone(),
+            prop::option::of(big),
+        )
+            .prop_map(|(ok, limit, remaining, reset_after)| DescriptorStatus {
+                reset_after,
+                ..DescriptorStatus::new(
+                    if ok { Code::Ok } else { Code::OverLimit },
+                    limit,
+                    remaining,
+                )
+            });
+        (any::<bool>(), prop::collection::vec(status, 0..4)).prop_map(|(allowed, statuses)| {
+            CheckResponse {
+                allowed,
+                statuses,
+                headers: None,
+                delay: 0,
+            }
+        })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+        /// The direct encoding is byte for byte what prost writes for the protobuf response.
+        #[test]
+        fn direct_encoding_is_prosts(
+            resp in any_decision(),
+            headers in proptest::collection::vec(("[a-zA-Z-]{0,12}", "[0-9]{0,12}"), 0..4),
+        ) {
+            let headers: Vec<(String, String)> = headers;
+            let mut proto = to_proto_response(&resp, false);
+            proto.response_headers_to_add = headers
+                .iter()
+                .map(|(key, value)| HeaderValue {
+                    key: key.clone(),
+                    value: value.clone(),
+                    ..HeaderValue::default()
+                })
+                .collect();
+            let prost = encode_response(proto).unwrap();
+            proptest::prop_assert_eq!(encode_decision(&resp, &headers), prost);
+        }
+    }
+
+    /// Regression (liveness): a write is deferred at most one turn, even when frames keep
+    /// arriving and stream tasks keep finishing (each would arm another deferral).
+    #[test]
+    fn a_write_is_deferred_once_not_for_ever() {
+        let shared = Arc::new(ConnShared::default());
+        shared.spawned.store(3, Relaxed);
+        let mut io = Replayed::new((), Arc::clone(&shared));
+        let mut cx = Context::from_waker(Waker::noop());
+        for _ in 0..3 {
+            shared.armed.store(true, Relaxed);
+            assert!(io.hold_or_defer(&mut cx), "deferred one turn");
+            shared.armed.store(true, Relaxed);
+            assert!(!io.hold_or_defer(&mut cx), "then written");
+        }
+        shared.spawned.store(0, Relaxed);
+        shared.armed.store(true, Relaxed);
+        assert!(
+            !io.hold_or_defer(&mut cx),
+            "no task to wait for: written at once"
+        );
     }
 
     #[test]
