@@ -1969,15 +1969,7 @@ mod tests {
     /// Any decision, as `encode_decision` sees it.
     fn any_decision() -> impl proptest::strategy::Strategy<Value = CheckResponse> {
         use proptest::prelude::*;
-        let unit = prop::sample::select(vec![
-            Unit::Second,
-            Unit::Minute,
-            Unit::Hour,
-            Unit::Day,
-            Unit::Week,
-            Unit::Month,
-            Unit::Year,
-        ]);
+        let unit = prop::sample::select(Unit::ALL.to_vec());
         let big = prop_oneof![Just(0u64), 0u64..300, any::<u64>()];
         let limit = (
             prop::option::of(prop_oneof![Just(String::new()), "[a-z_é]{1,20}"]),
