@@ -382,6 +382,20 @@ impl Limiter {
     /// takes I/O ([`Limiter::decide`]).
     pub(crate) fn decide_now(&self, query: &Query) -> Option<Answer> {
         let store = self.local()?;
+        match self.one_counter(query) {
+            Some((quota, item)) => {
+                let now = self.clock.now();
+                Some(match store.check_one(now, &item) {
+                    Ok(d) => self.one_answer(quota, &d, now, false),
+                    Err(_) => Answer::unavailable(),
+                })
+            }
+            None => self.decide(query).now_or_never(),
+        }
+    }
+
+    /// The in-code limit's quota and the check of `query`'s one counter, when `query` is that.
+    fn one_counter<'a>(&'a self, query: &'a Query) -> Option<(&'a Quota, CheckItem<'a>)> {
         match (&self.limits, query) {
             (
                 Limits::Key {
@@ -390,15 +404,8 @@ impl Limiter {
                     ..
                 },
                 Query::One(counter),
-            ) => {
-                let now = self.clock.now();
-                let item = CheckItem::hit(rule, counter, quota);
-                Some(match store.check_one(now, &item) {
-                    Ok(d) => self.one_answer(quota, &d, now, false),
-                    Err(_) => Answer::unavailable(),
-                })
-            }
-            _ => self.decide(query).now_or_never(),
+            ) => Some((quota, CheckItem::hit(rule, counter, quota))),
+            _ => None,
         }
     }
 
@@ -409,24 +416,16 @@ impl Limiter {
             return self.decide_remote(client, query).await;
         }
         let now = self.clock.now();
-        match (&self.limits, query) {
-            (
-                Limits::Key {
-                    quota: Some(quota),
-                    rule,
-                    ..
-                },
-                Query::One(counter),
-            ) => {
-                let item = CheckItem::hit(rule, counter, quota);
-                match self.check(now, std::slice::from_ref(&item)).await {
-                    Some(decided) => {
-                        let d = decided.decisions.first().copied().unwrap_or_default();
-                        self.one_answer(quota, &d, now, decided.denied_by_policy)
-                    }
-                    None => Answer::unavailable(),
+        if let Some((quota, item)) = self.one_counter(query) {
+            return match self.check(now, std::slice::from_ref(&item)).await {
+                Some(decided) => {
+                    let d = decided.decisions.first().copied().unwrap_or_default();
+                    self.one_answer(quota, &d, now, decided.denied_by_policy)
                 }
-            }
+                None => Answer::unavailable(),
+            };
+        }
+        match (&self.limits, query) {
             (Limits::Rules { rules, domain }, Query::Many(entries)) => {
                 let descriptors: Vec<Descriptor> = entries
                     .iter()
