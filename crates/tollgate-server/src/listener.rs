@@ -19,6 +19,21 @@
 //!   (`http::read_body`) and closes the connection. A body that came with its head costs no
 //!   timer: one is only armed when the body has to be waited for.
 //!
+//! - a strict request head: a bare LF line ending in an HTTP/1.1 head is refused with 400 and
+//!   the connection closed. hyper's parser takes a bare LF as a line end, so
+//!   `X-Forwarded-For: a\nX-Forwarded-For: b` would be two headers to tollgate and one to a
+//!   gateway in front that vouched for the first; the head bytes are checked as they are read,
+//!   before hyper sees them (the bytes after a head are the body, not checked). A head that
+//!   follows a request whose body the handler did not read to its end is not checked (its
+//!   start cannot be told without parsing the body; hyper closes such a connection anyway).
+//! - a lingering close: when the server ends a connection the client may still be sending (a
+//!   413 for a body the client writes whole before reading), closing with unread bytes would
+//!   make the kernel send a reset, which can destroy the response before the client reads it.
+//!   So the write side is shut (the client sees the response end), and what still arrives is
+//!   read and thrown away until the client closes, for at most [`LINGER_TIME`] (and
+//!   [`LINGER_IDLE`] between reads) and [`LINGER_BYTES`], as nginx's `lingering_close`. The
+//!   connection keeps its slot under the cap meanwhile.
+//!
 //! Why not hyper's own `header_read_timeout`: it also runs while an HTTP/1.1 connection waits
 //! idle for its next request, so the idle timeout could never exceed it. Each connection instead
 //! carries a small `Activity` record (requests in flight, when it went idle, when the next
@@ -28,7 +43,7 @@
 use crate::metrics::{ConnectionMetrics, DropReason};
 use axum::extract::Request;
 use axum::response::Response;
-use hyper::body::Incoming;
+use hyper::body::{Body as _, Incoming};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder;
 use std::convert::Infallible;
@@ -43,7 +58,7 @@ use std::sync::atomic::{
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
@@ -79,6 +94,23 @@ impl Default for ConnLimits {
 
 /// Largest request head (HTTP/1.1 read buffer, HTTP/2 header list) a connection may send.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
+
+/// Lingering close: the longest a closed connection is drained in all.
+const LINGER_TIME: Duration = Duration::from_secs(5);
+/// Lingering close: the longest wait for the client's next bytes (or its close).
+const LINGER_IDLE: Duration = Duration::from_secs(2);
+/// Lingering close: the most bytes read and thrown away.
+const LINGER_BYTES: usize = 16 * 1024 * 1024;
+
+/// The answer to a request head with a bare LF line ending (JSON, as every error).
+fn bare_lf_response() -> Vec<u8> {
+    let body = r#"{"error":{"code":"malformed_request_head","message":"a line of the request head ends in LF without CR"}}"#;
+    format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
 
 /// At most one "connection cap reached" WARN per this interval.
 const CAP_WARN_EVERY: Duration = Duration::from_secs(10);
@@ -251,100 +283,184 @@ impl<M> Connection<M> {
         let peer = stream.peer_addr().ok();
         let activity = Arc::new(Activity::new());
         let io = TokioIo::new(Tracked {
-            inner: stream,
+            inner: Some(stream),
             activity: activity.clone(),
             preface: Preface::Unknown(0),
+            head: HeadScan::default(),
         });
-        let tracker = activity.clone();
         let service = make(peer);
         drop(make);
-        let hyper_service = hyper::service::service_fn(move |req: Request<Incoming>| {
-            let request = RequestGuard::begin(tracker.clone());
-            let req = req.map(|body| TimedBody::new(body, limits.body_read_timeout));
-            let response = service.clone().oneshot(req);
-            async move {
-                let response = response.await;
-                drop(request);
-                response
+        let end = drive(
+            io, service, &builder, limits, &metrics, &activity, &mut close,
+        )
+        .await;
+        // hyper has let go of the socket (its connection is dropped): `Tracked` handed it back.
+        let stream = activity
+            .stream
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        let Some(stream) = stream else {
+            return;
+        };
+        match end {
+            End::Drop => {}
+            End::Refuse => {
+                metrics.dropped(DropReason::MalformedHead, 1);
+                tracing::debug!("HTTP request head with a bare LF: answered 400, closing");
+                linger(stream, Some(&bare_lf_response())).await;
             }
-        });
-        let mut conn = pin!(builder.serve_connection(io, hyper_service));
-        let mut closing = false;
-        // Set once the connection was told to close because it was idle: a peer that does not
-        // let go (HTTP/2 GOAWAY unanswered) is dropped at this instant.
-        let mut close_by: Option<Instant> = None;
-        let next = activity.deadline(&limits).unwrap_or_else(Instant::now);
-        let mut timer = pin!(tokio::time::sleep_until(next));
-        let mut stop = pin!(stopped(&mut close));
-        // The timer and the shutdown signal wake the task through `side`, which notes it: the
-        // socket wakes the task for every request, and polling those two each time (a lock
-        // in the watch channel, the timer entry) would cost more than the check below.
-        let side = Arc::new(SideWake::default());
-        let side_waker = std::task::Waker::from(side.clone());
-        loop {
-            let event = std::future::poll_fn(|cx| {
-                if let Poll::Ready(result) = conn.as_mut().poll(cx) {
-                    return Poll::Ready(Event::Ended(result));
+            End::Close if activity.peer_closed.load(Relaxed) => {}
+            End::Close => linger(stream, None).await,
+        }
+    }
+}
+
+/// How a connection's serving ended, for what to do with its socket.
+enum End {
+    /// Dropped (a timeout, shutdown): close at once.
+    Drop,
+    /// hyper ended it (served, closed by either side, failed): close lingering.
+    Close,
+    /// A request head was refused ([`HeadScan`]): answer 400, then close lingering.
+    Refuse,
+}
+
+/// Serve `io` with hyper until the connection ends or a timeout or shutdown drops it.
+async fn drive<S>(
+    io: TokioIo<Tracked>,
+    service: S,
+    builder: &Builder<TokioExecutor>,
+    limits: ConnLimits,
+    metrics: &ConnectionMetrics,
+    activity: &Arc<Activity>,
+    close: &mut watch::Receiver<bool>,
+) -> End
+where
+    S: Service<Request<TimedBody>, Response = Response, Error = Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let tracker = activity.clone();
+    let hyper_service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let request = RequestGuard::begin(tracker.clone(), !req.body().is_end_stream());
+        let req = req.map(|body| TimedBody::new(body, limits.body_read_timeout, &tracker));
+        let response = service.clone().oneshot(req);
+        async move {
+            let response = response.await;
+            drop(request);
+            response
+        }
+    });
+    let mut conn = pin!(builder.serve_connection(io, hyper_service));
+    let mut closing = false;
+    // Set once the connection was told to close because it was idle: a peer that does not
+    // let go (HTTP/2 GOAWAY unanswered) is dropped at this instant.
+    let mut close_by: Option<Instant> = None;
+    let next = activity.deadline(&limits).unwrap_or_else(Instant::now);
+    let mut timer = pin!(tokio::time::sleep_until(next));
+    let mut stop = pin!(stopped(close));
+    // The timer and the shutdown signal wake the task through `side`, which notes it: the
+    // socket wakes the task for every request, and polling those two each time (a lock
+    // in the watch channel, the timer entry) would cost more than the check below.
+    let side = Arc::new(SideWake::default());
+    let side_waker = std::task::Waker::from(side.clone());
+    loop {
+        let event = std::future::poll_fn(|cx| {
+            if let Poll::Ready(result) = conn.as_mut().poll(cx) {
+                return Poll::Ready(Event::Ended(result));
+            }
+            side.task.register(cx.waker());
+            if side.woken.swap(false, AcqRel) {
+                let mut side_cx = Context::from_waker(&side_waker);
+                if timer.as_mut().poll(&mut side_cx).is_ready() {
+                    return Poll::Ready(Event::Timer);
                 }
-                side.task.register(cx.waker());
-                if side.woken.swap(false, AcqRel) {
-                    let mut side_cx = Context::from_waker(&side_waker);
-                    if timer.as_mut().poll(&mut side_cx).is_ready() {
-                        return Poll::Ready(Event::Timer);
-                    }
-                    if !closing && stop.as_mut().poll(&mut side_cx).is_ready() {
-                        return Poll::Ready(Event::Stop);
-                    }
-                }
-                Poll::Pending
-            })
-            .await;
-            match event {
-                Event::Ended(result) => {
-                    if let Err(e) = result {
-                        tracing::debug!(error = %e, "HTTP connection ended with an error");
-                    }
-                    return;
-                }
-                Event::Timer => {
-                    let now = Instant::now();
-                    if close_by.is_some_and(|at| now >= at) {
-                        return;
-                    }
-                    let next = match activity.deadline(&limits) {
-                        Some(at) if at > now => close_by.map_or(at, |c| c.min(at)),
-                        // A request is in flight: it is bounded by the body timeout and the
-                        // store timeout; look again later.
-                        None => now + limits.header_read_timeout.min(limits.idle_timeout),
-                        Some(_) if activity.reading_head() => {
-                            metrics.dropped(DropReason::HeaderTimeout, 1);
-                            tracing::debug!("HTTP header-read timeout: connection dropped");
-                            return;
-                        }
-                        Some(_) => {
-                            // Idle: HTTP/1.1 closes at once, HTTP/2 sends GOAWAY first.
-                            metrics.dropped(DropReason::IdleTimeout, 1);
-                            if closing {
-                                return;
-                            }
-                            closing = true;
-                            conn.as_mut().graceful_shutdown();
-                            let at = now + limits.header_read_timeout;
-                            close_by = Some(at);
-                            at
-                        }
-                    };
-                    timer.as_mut().reset(next);
-                    // Polled next time round, which arms it again.
-                    side.woken.store(true, Release);
-                }
-                Event::Stop => {
-                    closing = true;
-                    conn.as_mut().graceful_shutdown();
-                    // The timer may have fired meanwhile: look at it again.
-                    side.woken.store(true, Release);
+                if !closing && stop.as_mut().poll(&mut side_cx).is_ready() {
+                    return Poll::Ready(Event::Stop);
                 }
             }
+            Poll::Pending
+        })
+        .await;
+        match event {
+            Event::Ended(result) => {
+                if activity.refused.load(Relaxed) {
+                    return End::Refuse;
+                }
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "HTTP connection ended with an error");
+                }
+                // Closed for idleness or shutdown: nothing is being sent; do not hold on.
+                return if closing { End::Drop } else { End::Close };
+            }
+            Event::Timer => {
+                let now = Instant::now();
+                if close_by.is_some_and(|at| now >= at) {
+                    return End::Drop;
+                }
+                let next = match activity.deadline(&limits) {
+                    Some(at) if at > now => close_by.map_or(at, |c| c.min(at)),
+                    // A request is in flight: it is bounded by the body timeout and the
+                    // store timeout; look again later.
+                    None => now + limits.header_read_timeout.min(limits.idle_timeout),
+                    Some(_) if activity.reading_head() => {
+                        metrics.dropped(DropReason::HeaderTimeout, 1);
+                        tracing::debug!("HTTP header-read timeout: connection dropped");
+                        return End::Drop;
+                    }
+                    Some(_) => {
+                        // Idle: HTTP/1.1 closes at once, HTTP/2 sends GOAWAY first.
+                        metrics.dropped(DropReason::IdleTimeout, 1);
+                        if closing {
+                            return End::Drop;
+                        }
+                        closing = true;
+                        conn.as_mut().graceful_shutdown();
+                        let at = now + limits.header_read_timeout;
+                        close_by = Some(at);
+                        at
+                    }
+                };
+                timer.as_mut().reset(next);
+                // Polled next time round, which arms it again.
+                side.woken.store(true, Release);
+            }
+            Event::Stop => {
+                closing = true;
+                conn.as_mut().graceful_shutdown();
+                // The timer may have fired meanwhile: look at it again.
+                side.woken.store(true, Release);
+            }
+        }
+    }
+}
+
+/// Close `stream` the way nginx's `lingering_close` does: write `answer` (if any), shut the
+/// write side, then read and drop what the client still sends until it closes, within
+/// [`LINGER_TIME`], [`LINGER_IDLE`] and [`LINGER_BYTES`].
+async fn linger(mut stream: TcpStream, answer: Option<&[u8]>) {
+    let deadline = Instant::now() + LINGER_TIME;
+    if let Some(answer) = answer {
+        if !matches!(
+            tokio::time::timeout_at(deadline, stream.write_all(answer)).await,
+            Ok(Ok(()))
+        ) {
+            return;
+        }
+    }
+    // hyper may have shut it already; an error here changes nothing below.
+    let _ = stream.shutdown().await;
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut drained = 0usize;
+    while drained < LINGER_BYTES {
+        let wait = deadline.min(Instant::now() + LINGER_IDLE);
+        match tokio::time::timeout_at(wait, stream.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => drained += n,
+            _ => return,
         }
     }
 }
@@ -450,6 +566,15 @@ struct Activity {
     idle_since: AtomicU64,
     /// When the first byte of the next HTTP/1.1 request head arrived (0: none yet).
     head_since: AtomicU64,
+    /// Whether the last request's body was not read to its end (the bytes that follow may be
+    /// the rest of it, not a head).
+    body_open: AtomicBool,
+    /// A request head was refused ([`HeadScan`]).
+    refused: AtomicBool,
+    /// The client closed its side (a read gave end of file).
+    peer_closed: AtomicBool,
+    /// The socket, handed back by [`Tracked`] when hyper drops it, for the close.
+    stream: std::sync::Mutex<Option<TcpStream>>,
 }
 
 impl Activity {
@@ -460,6 +585,10 @@ impl Activity {
             served: AtomicBool::new(false),
             idle_since: AtomicU64::new(0),
             head_since: AtomicU64::new(0),
+            body_open: AtomicBool::new(false),
+            refused: AtomicBool::new(false),
+            peer_closed: AtomicBool::new(false),
+            stream: std::sync::Mutex::new(None),
         }
     }
 
@@ -496,8 +625,10 @@ impl Activity {
 struct RequestGuard(Arc<Activity>);
 
 impl RequestGuard {
-    fn begin(activity: Arc<Activity>) -> Self {
+    /// `body`: whether the request has a body still to be read.
+    fn begin(activity: Arc<Activity>, body: bool) -> Self {
         activity.in_flight.fetch_add(1, Relaxed);
+        activity.body_open.store(body, Relaxed);
         activity.served.store(true, Relaxed);
         activity.head_since.store(0, Relaxed);
         Self(activity)
@@ -539,15 +670,26 @@ pub struct TimedBody {
     deadline: Instant,
     /// Armed on the first wait only.
     sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Told when the body was read to its end ([`Activity::body_open`]); `None` once told.
+    activity: Option<Arc<Activity>>,
 }
 
 impl TimedBody {
-    fn new(inner: Incoming, timeout: Duration) -> Self {
+    fn new(inner: Incoming, timeout: Duration, activity: &Arc<Activity>) -> Self {
+        let activity = (!inner.is_end_stream()).then(|| activity.clone());
         Self {
             inner,
             timeout,
             deadline: Instant::now() + timeout,
             sleep: None,
+            activity,
+        }
+    }
+
+    /// Note in the connection's activity that the body was read to its end.
+    fn ended(&mut self) {
+        if let Some(a) = self.activity.take() {
+            a.body_open.store(false, Relaxed);
         }
     }
 }
@@ -562,6 +704,9 @@ impl hyper::body::Body for TimedBody {
     ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
         let this = self.get_mut();
         if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
+            if frame.is_none() || this.inner.is_end_stream() {
+                this.ended();
+            }
             return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
         }
         let deadline = this.deadline;
@@ -615,24 +760,193 @@ impl Preface {
 
 /// The socket, noting when an idle HTTP/1.1 connection starts sending its next request head
 /// (HTTP/2 frames such as PING arrive on idle connections: no head is being read there).
+///
+/// It also checks HTTP/1.1 request heads ([`HeadScan`]) and, when hyper drops it, hands the
+/// socket back through [`Activity::stream`] for the close.
 struct Tracked {
-    inner: TcpStream,
+    /// `None` only once handed back (in `drop`).
+    inner: Option<TcpStream>,
     activity: Arc<Activity>,
     preface: Preface,
+    head: HeadScan,
 }
 
 impl Tracked {
-    fn on_read(&mut self, bytes: &[u8]) {
+    /// Note `bytes`, just read; `false` when they are to be refused (a bare LF in a head).
+    fn on_read(&mut self, bytes: &[u8]) -> bool {
         self.preface = self.preface.after(bytes);
+        if self.preface != Preface::Http1 {
+            return true;
+        }
         let a = &self.activity;
-        if self.preface == Preface::Http1
-            && a.served.load(Relaxed)
+        if a.served.load(Relaxed)
             && a.in_flight.load(Relaxed) == 0
             && a.head_since.load(Relaxed) == 0
         {
             a.head_since.store(a.stamp(Instant::now()), Relaxed);
+            if !a.body_open.load(Relaxed) {
+                self.head = HeadScan::default();
+            }
+        }
+        self.head.accepts(bytes)
+    }
+
+    fn stream(&mut self) -> io::Result<&mut TcpStream> {
+        self.inner
+            .as_mut()
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotConnected))
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        if let Some(stream) = self.inner.take() {
+            *self
+                .activity
+                .stream
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(stream);
         }
     }
+}
+
+/// Where a connection is in its HTTP/1.1 requests, to refuse a bare LF line ending in a head.
+/// A head is followed by its body, framed by `Content-Length` (skipped, then the next head is
+/// checked: pipelined requests too); a body framed otherwise (`Transfer-Encoding`) or a length
+/// that cannot be read ends the checking until the connection is idle again.
+#[derive(Debug, Clone, Copy)]
+struct HeadScan {
+    at: ScanAt,
+    /// The previous byte of the head was a CR.
+    after_cr: bool,
+    /// How much of the blank line ending the head (CR LF CR LF) was just seen.
+    end: u8,
+    /// A byte other than CR and LF was seen (CR LF before the request line is not its end).
+    started: bool,
+    /// The start of the current line, for its header name (`line_len` past the array: longer).
+    line: [u8; 40],
+    line_len: usize,
+    /// The head's body length, when it has one (`Content-Length`).
+    body: u64,
+    /// The body's framing is not a plain `Content-Length` this scan can follow.
+    unframed: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ScanAt {
+    Head,
+    /// In a body: that many bytes left.
+    Body(u64),
+    /// Not checking (see [`HeadScan`]).
+    Off,
+}
+
+impl Default for HeadScan {
+    fn default() -> Self {
+        Self {
+            at: ScanAt::Head,
+            after_cr: false,
+            end: 0,
+            started: false,
+            line: [0; 40],
+            line_len: 0,
+            body: 0,
+            unframed: false,
+        }
+    }
+}
+
+impl HeadScan {
+    /// Take the next bytes read; `false` when a head line ends in a bare LF.
+    fn accepts(&mut self, mut bytes: &[u8]) -> bool {
+        while !bytes.is_empty() {
+            match self.at {
+                ScanAt::Off => return true,
+                ScanAt::Body(left) => {
+                    let n = bytes.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+                    bytes = &bytes[n..];
+                    let left = left - n as u64;
+                    *self = if left == 0 {
+                        HeadScan::default()
+                    } else {
+                        HeadScan {
+                            at: ScanAt::Body(left),
+                            ..*self
+                        }
+                    };
+                }
+                ScanAt::Head => {
+                    let b = bytes[0];
+                    bytes = &bytes[1..];
+                    if !self.head_byte(b) {
+                        return false;
+                    }
+                }
+            }
+        }
+        true
+    }
+
+    fn head_byte(&mut self, b: u8) -> bool {
+        match b {
+            b'\n' if !self.after_cr => return false,
+            b'\n' => {
+                self.end = if self.end == 1 { 2 } else { 4 };
+                self.header_line();
+                if self.end == 4 && self.started {
+                    self.at = if self.unframed {
+                        ScanAt::Off
+                    } else if self.body > 0 {
+                        ScanAt::Body(self.body)
+                    } else {
+                        ScanAt::Head
+                    };
+                    if self.at == ScanAt::Head {
+                        *self = HeadScan::default();
+                    }
+                }
+            }
+            b'\r' => self.end = if self.end == 2 { 3 } else { 1 },
+            _ => {
+                self.end = 0;
+                self.started = true;
+                if let Some(slot) = self.line.get_mut(self.line_len) {
+                    *slot = b;
+                }
+                self.line_len = self.line_len.saturating_add(1);
+            }
+        }
+        self.after_cr = b == b'\r';
+        true
+    }
+
+    /// A line of the head ended: note how its body is framed.
+    fn header_line(&mut self) {
+        let len = std::mem::take(&mut self.line_len);
+        let Some(line) = self.line.get(..len) else {
+            // Longer than the array: a framing header this long is not followed.
+            if starts_with_name(&self.line, b"content-length:")
+                || starts_with_name(&self.line, b"transfer-encoding:")
+            {
+                self.unframed = true;
+            }
+            return;
+        };
+        if starts_with_name(line, b"transfer-encoding:") {
+            self.unframed = true;
+        } else if starts_with_name(line, b"content-length:") {
+            let value = std::str::from_utf8(&line[15..]).unwrap_or("").trim();
+            match value.parse::<u64>() {
+                Ok(n) if self.body == 0 || self.body == n => self.body = n,
+                _ => self.unframed = true,
+            }
+        }
+    }
+}
+
+/// Whether `line` starts with the header name `name` (lowercase, with its colon), in any case.
+fn starts_with_name(line: &[u8], name: &[u8]) -> bool {
+    line.len() >= name.len() && line[..name.len()].eq_ignore_ascii_case(name)
 }
 
 impl AsyncRead for Tracked {
@@ -643,9 +957,20 @@ impl AsyncRead for Tracked {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let before = buf.filled().len();
-        let result = Pin::new(&mut this.inner).poll_read(cx, buf);
+        let result = Pin::new(this.stream()?).poll_read(cx, buf);
         if buf.filled().len() > before {
-            this.on_read(&buf.filled()[before..]);
+            if !this.on_read(&buf.filled()[before..]) {
+                // Not given to hyper: it ends the connection on this error, and the
+                // connection answers 400 itself.
+                buf.set_filled(before);
+                this.activity.refused.store(true, Relaxed);
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "bare LF in the request head",
+                )));
+            }
+        } else if matches!(result, Poll::Ready(Ok(()))) {
+            this.activity.peer_closed.store(true, Relaxed);
         }
         result
     }
@@ -657,7 +982,7 @@ impl AsyncWrite for Tracked {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+        Pin::new(self.get_mut().stream()?).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
@@ -665,19 +990,24 @@ impl AsyncWrite for Tracked {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+        Pin::new(self.get_mut().stream()?).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
+        self.inner.as_ref().is_some_and(|s| s.is_write_vectored())
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+        Pin::new(self.get_mut().stream()?).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+        let this = self.get_mut();
+        if this.activity.refused.load(Relaxed) {
+            // The 400 is still to be written (`Connection::run`).
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(this.stream()?).poll_shutdown(cx)
     }
 }
 
@@ -701,7 +1031,7 @@ mod tests {
         // Fresh: the header timeout runs from accept.
         assert_eq!(a.deadline(&l), Some(a.born + l.header_read_timeout));
         assert!(a.reading_head());
-        let r = RequestGuard::begin(a.clone());
+        let r = RequestGuard::begin(a.clone(), false);
         assert_eq!(a.deadline(&l), None, "in flight");
         drop(r);
         // Idle after a request: the idle timeout runs from its end (here, 3 s after accept).
@@ -716,8 +1046,48 @@ mod tests {
         );
         assert!(a.reading_head());
         // A request clears it.
-        drop(RequestGuard::begin(a.clone()));
+        drop(RequestGuard::begin(a.clone(), false));
         assert_eq!(a.head_since.load(Relaxed), 0);
+    }
+
+    #[test]
+    fn bare_lf_in_a_head_is_refused_and_a_body_is_not_looked_at() {
+        let scan = |chunks: &[&[u8]]| {
+            let mut h = HeadScan::default();
+            chunks.iter().all(|c| h.accepts(c))
+        };
+        assert!(scan(&[b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"]));
+        assert!(scan(&[b"\r\nGET / HTTP/1.1\r", b"\nHost: x\r\n\r", b"\n"]));
+        assert!(!scan(&[
+            b"GET / HTTP/1.1\r\nX-Forwarded-For: 1.1.1.1\nX-Forwarded-For: 6.6.6.6\r\n\r\n"
+        ]));
+        assert!(!scan(&[b"GET / HTTP/1.1\n"]));
+        assert!(!scan(&[b"GET / HTTP/1.1\r\nHost: x\r\n\n"]));
+        assert!(!scan(&[b"GET / HTTP/1.1\r\nHost: x\r", b"\r\n", b"\n"]));
+        // After the head: the body's bytes are its own business.
+        assert!(scan(&[
+            b"POST / HTTP/1.1\r\nContent-Length: 3\r\n\r\n",
+            b"a\nb"
+        ]));
+        // The next head (pipelined) is checked again, after a body or none.
+        assert!(!scan(&[
+            b"GET / HTTP/1.1\r\n\r\nGET / HTTP/1.1\nHost: x\r\n\r\n"
+        ]));
+        assert!(!scan(&[
+            b"POST / HTTP/1.1\r\ncontent-length:  3 \r\n\r\na\n",
+            b"bGET / HTTP/1.1\nHost: x\r\n\r\n"
+        ]));
+        assert!(scan(&[
+            b"POST / HTTP/1.1\r\ncontent-length: 3\r\n\r\na\nbGET / HTTP/1.1\r\n\r\n"
+        ]));
+        // A body framed otherwise is not followed: checking stops there.
+        assert!(scan(&[
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n\n\r\n0\r\n\r\n"
+        ]));
+        let response = String::from_utf8(bare_lf_response()).unwrap();
+        let (head, body) = response.split_once("\r\n\r\n").unwrap();
+        assert!(head.contains(&format!("content-length: {}", body.len())));
+        serde_json::from_str::<serde_json::Value>(body).unwrap();
     }
 
     #[test]

@@ -446,14 +446,17 @@ pub enum DropReason {
     IdleTimeout,
     /// Still open when the shutdown timeout ran out.
     Shutdown,
+    /// A request head with a bare LF line ending (answered 400).
+    MalformedHead,
 }
 
 impl DropReason {
-    const ALL: [DropReason; 4] = [
+    const ALL: [DropReason; 5] = [
         DropReason::HeaderTimeout,
         DropReason::BodyTimeout,
         DropReason::IdleTimeout,
         DropReason::Shutdown,
+        DropReason::MalformedHead,
     ];
 
     /// The label value.
@@ -463,6 +466,7 @@ impl DropReason {
             DropReason::BodyTimeout => "body_timeout",
             DropReason::IdleTimeout => "idle_timeout",
             DropReason::Shutdown => "shutdown",
+            DropReason::MalformedHead => "malformed_head",
         }
     }
 }
@@ -507,7 +511,7 @@ impl ConnectionMetrics {
             "# HELP tollgate_connections_open Client connections open now.\n# TYPE tollgate_connections_open gauge\ntollgate_connections_open{{listener=\"{listener}\"}} {}",
             self.open()
         );
-        out.push_str("# HELP tollgate_connections_dropped_total Client connections closed by the server: a timeout, or still open at the shutdown deadline.\n# TYPE tollgate_connections_dropped_total counter\n");
+        out.push_str("# HELP tollgate_connections_dropped_total Client connections closed by the server: a timeout, a malformed request head, or still open at the shutdown deadline.\n# TYPE tollgate_connections_dropped_total counter\n");
         for r in DropReason::ALL {
             let _ = writeln!(
                 out,
