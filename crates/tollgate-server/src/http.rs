@@ -753,46 +753,162 @@ impl Serialize for ProtoDuration {
 // ---------------------------------------------------------------------------------------------
 // Introspection and health
 
-async fn v1_rules(State(state): State<AppState>) -> Response {
-    axum::Json(rules_json(&state)).into_response()
+/// Most limits (or, in a summary, domains) one page of `GET /v1/rules` lists by default, and
+/// at most.
+const RULES_PAGE: usize = 1000;
+const RULES_PAGE_MAX: usize = 10_000;
+
+/// `GET /v1/rules`: the running rules, a page at a time (`?domain=`, `?after=`, `?limit=`).
+/// With an admin token configured, the limits themselves are listed only to a caller that
+/// presents it; others get the summary (each domain with its number of limits). Built and
+/// serialised on a blocking thread, one listing at a time ([`AppState::admin_work`]).
+async fn v1_rules(State(state): State<AppState>, req: Request) -> Response {
+    let query = match RulesQuery::parse(req.uri().query()) {
+        Ok(q) => q,
+        Err(message) => {
+            let e = ApiError::Invalid {
+                code: "invalid_query",
+                message,
+            };
+            state.metrics().error(e.code());
+            return e.into_response();
+        }
+    };
+    let full = match state.registry().filter(|r| r.writable()) {
+        None => true,
+        Some(registry) => match req.headers().get(axum::http::header::AUTHORIZATION) {
+            None => false,
+            Some(value) => match registry.authorize(Some(value.as_bytes())) {
+                Ok(()) => true,
+                Err(e) => {
+                    state.metrics().error(e.code());
+                    return e.into_response();
+                }
+            },
+        },
+    };
+    let st = state.clone();
+    let body = state
+        .admin_work(move || serde_json::to_vec(&rules_page(&st, &query, full)))
+        .await;
+    match body {
+        Some(Ok(bytes)) => (
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            bytes,
+        )
+            .into_response(),
+        _ => ApiError::Internal("the rules listing failed".into()).into_response(),
+    }
 }
 
-/// The body of `GET /v1/rules`.
+/// The query of `GET /v1/rules`.
+#[derive(Debug, Clone, Default)]
+pub struct RulesQuery {
+    /// Only this domain.
+    pub domain: Option<String>,
+    /// Only the domains after this name (the previous page's `next_after`).
+    pub after: Option<String>,
+    /// Most limits on the page (domains in a summary); a domain is never split.
+    pub limit: usize,
+}
+
+impl RulesQuery {
+    /// `domain=`, `after=`, `limit=` (others are ignored); a message when one is not valid.
+    pub fn parse(query: Option<&str>) -> Result<Self, String> {
+        let mut q = RulesQuery {
+            limit: RULES_PAGE,
+            ..RulesQuery::default()
+        };
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let v = percent_decode(v)
+                .ok_or_else(|| format!("`{k}` is not valid UTF-8 once decoded"))?;
+            match k {
+                "domain" => q.domain = Some(v),
+                "after" => q.after = Some(v),
+                "limit" => {
+                    q.limit = v
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=RULES_PAGE_MAX).contains(n))
+                        .ok_or_else(|| {
+                            format!("limit must be a number from 1 to {RULES_PAGE_MAX}, not `{v}`")
+                        })?
+                }
+                _ => {}
+            }
+        }
+        Ok(q)
+    }
+}
+
+/// `%XX` and `+` decoded; `None` when the result is not UTF-8.
+fn percent_decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => {
+                let hex = std::str::from_utf8(&b[i + 1..i + 3]).ok();
+                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    Some(v) => {
+                        out.push(v);
+                        i += 3;
+                        continue;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8(out).ok()
+}
+
+/// The body of `GET /v1/rules`, everything in one page (tests, embedding).
 pub fn rules_json(state: &AppState) -> Value {
+    let query = RulesQuery {
+        limit: usize::MAX,
+        ..RulesQuery::default()
+    };
+    rules_page(state, &query, true)
+}
+
+/// One page of `GET /v1/rules`: `full` lists each limit, else each domain's number of limits.
+pub fn rules_page(state: &AppState, query: &RulesQuery, full: bool) -> Value {
     let rules = state.rules();
-    let domains: Vec<Value> = rules
-        .set
+    let set = &rules.set;
+    let mut domains: Vec<Value> = Vec::new();
+    let mut used = 0usize;
+    let mut more = false;
+    let selected = set
         .domains()
-        .map(|d| {
-            let limits: Vec<Value> = rules
-                .set
-                .limits()
-                .filter(|l| l.domain == d.name)
-                .map(|l| {
-                    json!({
-                        "id": l.id,
-                        "name": l.name,
-                        "quota": l.quota.map(|q| json!({
-                            "requests_per_unit": q.limit(),
-                            "unit": q.period().unit.as_str(),
-                            "unit_multiplier": q.period().multiplier,
-                            "burst": q.burst(),
-                        })),
-                        "unlimited": l.is_unlimited(),
-                        "algorithm": l.quota.map(|q| q.algorithm().as_str()),
-                        "shadow_mode": l.shadow_mode,
-                        "message": l.message,
-                        "replaces": l.replaces,
-                        "detailed_metric": l.detailed_metric || l.value_to_metric,
-                        "quota_mode": l.quota_mode,
-                        "stats_key": l.stats.base(),
-                        "source": format!("{}:{}", l.file, l.line),
-                    })
-                })
-                .collect();
-            json!({"domain": d.name, "file": d.file, "limits": limits})
-        })
-        .collect();
+        .filter(|d| query.domain.as_deref().is_none_or(|name| d.name == name))
+        .filter(|d| {
+            query
+                .after
+                .as_deref()
+                .is_none_or(|after| d.name.as_str() > after)
+        });
+    for d in selected {
+        let limits = set.limits_of(d);
+        let cost = if full { limits.len().max(1) } else { 1 };
+        if !domains.is_empty() && used.saturating_add(cost) > query.limit {
+            more = true;
+            break;
+        }
+        used = used.saturating_add(cost);
+        let mut entry = json!({"domain": d.name, "file": d.file, "limit_count": limits.len()});
+        if full {
+            entry["limits"] = limits.iter().map(limit_json).collect::<Vec<_>>().into();
+        }
+        domains.push(entry);
+    }
+    // Where the next page starts (`?after=`), when there is one.
+    let next_after = domains.last().filter(|_| more).map(|v| v["domain"].clone());
     let report = state
         .backend()
         .redis()
@@ -830,8 +946,35 @@ pub fn rules_json(state: &AppState) -> Value {
         "loaded_at_ms": rules.loaded_at / 1000,
         "path": state.rules_path().map(|p| p.display().to_string()),
         "store": store,
+        "detail": if full { "full" } else { "summary" },
+        "domain_count": set.domains().count(),
+        "limit_count": set.limits().count(),
         "domains": domains,
+        "next_after": next_after,
         "last_reload_error": error,
+    })
+}
+
+/// One limit as `GET /v1/rules` lists it.
+fn limit_json(l: &tollgate_core::rules::Limit) -> Value {
+    json!({
+        "id": l.id,
+        "name": l.name,
+        "quota": l.quota.map(|q| json!({
+            "requests_per_unit": q.limit(),
+            "unit": q.period().unit.as_str(),
+            "unit_multiplier": q.period().multiplier,
+            "burst": q.burst(),
+        })),
+        "unlimited": l.is_unlimited(),
+        "algorithm": l.quota.map(|q| q.algorithm().as_str()),
+        "shadow_mode": l.shadow_mode,
+        "message": l.message,
+        "replaces": l.replaces,
+        "detailed_metric": l.detailed_metric || l.value_to_metric,
+        "quota_mode": l.quota_mode,
+        "stats_key": l.stats.base(),
+        "source": format!("{}:{}", l.file, l.line),
     })
 }
 

@@ -111,6 +111,9 @@ struct Shared {
     /// Held while new rules are computed and swapped in (file reload, registry change), so that
     /// one cannot swap in rules built from what the other is replacing.
     rules_update: Mutex<()>,
+    /// One permit: admin work (rule compilation, large listings) runs one at a time on a
+    /// blocking thread ([`AppState::admin_work`]).
+    admin: tokio::sync::Semaphore,
 }
 
 /// The state every handler and background task shares. Clone freely.
@@ -228,6 +231,7 @@ impl AppStateBuilder {
             redis_answered: AtomicBool::new(false),
             registry: std::sync::OnceLock::new(),
             rules_update: Mutex::new(()),
+            admin: tokio::sync::Semaphore::new(1),
         }))
     }
 }
@@ -276,6 +280,19 @@ impl AppState {
             .rules_update
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Run `work` (rule compilation, a large listing) off the request path: on a blocking
+    /// thread, one such job at a time (the others wait without holding a thread), so admin work
+    /// takes at most one core and never a runtime worker that decisions need. Decisions take no
+    /// lock that it holds: they read the rules through one atomic pointer. `None` when `work`
+    /// panicked.
+    pub async fn admin_work<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> T + Send + 'static,
+    ) -> Option<T> {
+        let _turn = self.0.admin.acquire().await.ok()?;
+        tokio::task::spawn_blocking(work).await.ok()
     }
 
     /// Attach the rule registry (once; `serve` does it before serving).

@@ -127,6 +127,8 @@ pub struct Domain {
     pub file: String,
     tree: Tree,
     http: Option<crate::request::HttpActions>,
+    /// Its limits' positions in its rule set's limits (contiguous: built one domain at a time).
+    limits: std::ops::Range<usize>,
 }
 
 impl Domain {
@@ -324,6 +326,7 @@ impl RuleSet {
         specs.sort_by(|a, b| a.1.name.cmp(&b.1.name));
         let mut set = RuleSet::default();
         for (file, spec) in specs {
+            let start = set.limits.len();
             let tree = Tree::build(&spec.name, file, spec.descriptors, &mut set.limits);
             set.by_name.insert(spec.name.clone(), set.domains.len());
             set.domains.push(Domain {
@@ -331,6 +334,48 @@ impl RuleSet {
                 file: file.to_string(),
                 tree,
                 http: spec.http,
+                limits: start..set.limits.len(),
+            });
+        }
+        Ok(set)
+    }
+
+    /// The rule set of every domain of `parts` (each as it is in its part, defaults not
+    /// applied: call [`RuleSet::with_defaults`] on the result): what parsing all their files
+    /// together would give, built without parsing anything again, so that a service which
+    /// changes one domain among many parses only that one. A domain in two parts is an error.
+    pub fn merged(parts: &[&RuleSet]) -> Result<RuleSet, RuleErrors> {
+        let mut all: Vec<(&Domain, &RuleSet)> = parts
+            .iter()
+            .flat_map(|p| p.domains.iter().map(move |d| (d, *p)))
+            .collect();
+        all.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+        if let Some(w) = all.windows(2).find(|w| w[0].0.name == w[1].0.name) {
+            return Err(RuleErrors(vec![RuleError::new(
+                &w[1].0.file,
+                0,
+                0,
+                format!(
+                    "duplicate domain `{}`: already defined in {}",
+                    w[1].0.name, w[0].0.file
+                ),
+            )]));
+        }
+        let mut set = RuleSet::default();
+        set.limits
+            .reserve(all.iter().map(|(d, _)| d.limits.len()).sum());
+        for (d, part) in all {
+            let start = set.limits.len();
+            set.limits
+                .extend_from_slice(part.limits.get(d.limits.clone()).unwrap_or_default());
+            let offset = start as isize - d.limits.start as isize;
+            set.by_name.insert(d.name.clone(), set.domains.len());
+            set.domains.push(Domain {
+                name: d.name.clone(),
+                file: d.file.clone(),
+                tree: d.tree.shifted(offset),
+                http: d.http.clone(),
+                limits: start..set.limits.len(),
             });
         }
         Ok(set)
@@ -385,6 +430,12 @@ impl RuleSet {
     /// Every limit, for listing and metrics: by domain name, then in file order (depth first).
     pub fn limits(&self) -> impl Iterator<Item = &Limit> {
         self.limits.iter()
+    }
+
+    /// The limits of `domain` (one of this set's domains; another set's gives what is at its
+    /// positions here, or nothing), in file order: without a pass over every limit.
+    pub fn limits_of(&self, domain: &Domain) -> &[Limit] {
+        self.limits.get(domain.limits.clone()).unwrap_or_default()
     }
 
     /// The position of `limit` in [`RuleSet::limits`] when it is one of this set's limits (found
@@ -575,6 +626,57 @@ fn why(p: &Path, e: &std::io::Error) -> String {
 mod tests {
     use super::*;
     use crate::quota::{Algorithm, Unit};
+
+    #[test]
+    fn merged_parts_resolve_as_the_files_parsed_together() {
+        let files: Vec<(String, String)> = ["a", "b", "c"]
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                (
+                    format!("{d}.yaml"),
+                    format!(
+                        "domain: {d}\ndescriptors:\n  - key: k\n    rate_limit: {{unit: minute, requests_per_unit: {}}}\n    descriptors:\n      - key: n\n        value: v\n        rate_limit: {{unit: hour, requests_per_unit: {}}}\n  - key: other\n    rate_limit: {{unit: second, requests_per_unit: 7}}\n",
+                        i + 1,
+                        i + 10
+                    ),
+                )
+            })
+            .collect();
+        let together = RuleSet::from_sources(&files).unwrap();
+        let parts: Vec<RuleSet> = [&files[2], &files[0], &files[1]]
+            .iter()
+            .map(|f| RuleSet::from_sources(std::slice::from_ref(*f)).unwrap())
+            .collect();
+        let merged = RuleSet::merged(&parts.iter().collect::<Vec<_>>()).unwrap();
+        for d in merged.domains() {
+            let of = merged.limits_of(d);
+            assert_eq!(of.len(), 3);
+            assert!(of.iter().all(|l| l.domain == d.name));
+        }
+        assert_eq!(
+            merged.limits().collect::<Vec<_>>(),
+            together.limits().collect::<Vec<_>>()
+        );
+        for d in ["a", "b", "c", "x"] {
+            for entries in [
+                &[("k", "1")][..],
+                &[("k", "1"), ("n", "v")],
+                &[("other", "z")],
+            ] {
+                let (m, t) = (merged.resolve(d, entries), together.resolve(d, entries));
+                assert_eq!(m, t, "{d} {entries:?}");
+                if let Resolution::Limited { limit, .. } = m {
+                    assert!(merged.index_of(limit).is_some());
+                }
+            }
+        }
+        let twice = RuleSet::merged(&[&parts[0], &parts[0]]).unwrap_err();
+        assert!(
+            twice.to_string().contains("duplicate domain `c`"),
+            "{twice}"
+        );
+    }
 
     fn set(text: &str) -> RuleSet {
         match RuleSet::from_sources(&[("t.yaml".to_string(), text.to_string())]) {

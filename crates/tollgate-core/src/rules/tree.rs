@@ -56,6 +56,16 @@ pub(crate) enum Found {
 }
 
 impl Tree {
+    /// The same tree with every limit index moved by `offset` (its limits copied to another
+    /// rule set at another position: [`super::RuleSet::merged`]).
+    pub(crate) fn shifted(&self, offset: isize) -> Tree {
+        let mut tree = self.clone();
+        for node in &mut tree.nodes {
+            node.limit = node.limit.map(|i| i.wrapping_add_signed(offset));
+        }
+        tree
+    }
+
     /// How many descriptor nodes the tree has.
     pub(crate) fn node_count(&self) -> usize {
         self.nodes.len()

@@ -93,7 +93,7 @@ pub fn is_registered_source(file: &str) -> bool {
 }
 
 /// A registered domain as the running rules take it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Registered {
     /// The domain.
     pub domain: String,
@@ -101,6 +101,9 @@ pub struct Registered {
     pub version: u64,
     /// Its rules text.
     pub rules: String,
+    /// Its rules, already parsed and validated (as `registry:<domain>`), when known: a
+    /// rebuild then parses only the domains that changed.
+    pub compiled: Option<Arc<RuleSet>>,
 }
 
 /// The rule set of the files (`files` as read, `read_errors` the files that could not be) and
@@ -113,22 +116,40 @@ pub fn combine(
     options: LoadOptions,
 ) -> Result<RuleSet, RuleErrors> {
     let file_set = RuleSet::from_read_sources(files, read_errors, options)?;
-    let mut all: Vec<(String, String)> = Vec::new();
+    combine_parsed(&file_set, registered)
+}
+
+/// [`combine`] on the files' rule set already parsed: the registered domains are added as
+/// they were compiled ([`Registered::compiled`]; parsed here only when not), so the cost is
+/// a copy of the rules, not a parse of every domain.
+fn combine_parsed(file_set: &RuleSet, registered: &[Registered]) -> Result<RuleSet, RuleErrors> {
+    let mut parsed: Vec<RuleSet> = Vec::new();
+    let mut compiled: Vec<&RuleSet> = Vec::new();
     for r in registered {
-        match file_set.domain(&r.domain) {
-            Some(d) => tracing::warn!(
+        if let Some(d) = file_set.domain(&r.domain) {
+            tracing::warn!(
                 domain = %r.domain,
                 file = %d.file,
                 "registered domain hidden by a rules file defining it (the file owns it)"
-            ),
-            None => all.push((source_name(&r.domain), r.rules.clone())),
+            );
+            continue;
+        }
+        match &r.compiled {
+            Some(set) => compiled.push(set),
+            None => parsed.push(RuleSet::from_sources(&[(
+                source_name(&r.domain),
+                r.rules.clone(),
+            )])?),
         }
     }
-    if all.is_empty() {
-        return Ok(file_set);
+    if compiled.is_empty() && parsed.is_empty() {
+        return Ok(file_set.clone());
     }
-    all.splice(0..0, files.iter().cloned());
-    RuleSet::from_sources_with(&all, options.merge_domains)
+    let parts: Vec<&RuleSet> = std::iter::once(file_set)
+        .chain(compiled)
+        .chain(parsed.iter())
+        .collect();
+    RuleSet::merged(&parts)
 }
 
 /// Whether `name` can be registered: 1 to 128 of `A-Z a-z 0-9 . _ : -`, not starting with `.`
@@ -174,6 +195,12 @@ pub struct Registry {
     /// it (an instance that cannot serve a domain, an older version, must not drop it).
     stored: RwLock<Arc<Snapshot>>,
     writes: tokio::sync::Mutex<()>,
+    /// Each served registered domain's rules, parsed and validated, with the version they are
+    /// of: a change re-parses only the domains whose version moved.
+    compiled: std::sync::Mutex<BTreeMap<String, (u64, Arc<RuleSet>)>>,
+    /// The files' rule set last built, and the file texts it was built from (compared by
+    /// pointer: a file reload replaces them).
+    files: std::sync::Mutex<Option<(Arc<[(String, String)]>, Arc<RuleSet>)>>,
     counters: Counters,
     /// Redis: whether the last look at Redis failed (a WARN is logged on each transition).
     redis_down: AtomicBool,
@@ -311,6 +338,8 @@ impl Registry {
             snapshot: RwLock::new(Arc::new(Snapshot::default())),
             stored: RwLock::new(Arc::new(Snapshot::default())),
             writes: tokio::sync::Mutex::new(()),
+            compiled: std::sync::Mutex::new(BTreeMap::new()),
+            files: std::sync::Mutex::new(None),
             counters: Counters::default(),
             redis_down: AtomicBool::new(false),
         }
@@ -343,6 +372,7 @@ impl Registry {
 
     /// The registered domains, as the running rules take them.
     pub fn registered(&self) -> Vec<Registered> {
+        let compiled = self.compiled.lock().unwrap_or_else(|e| e.into_inner());
         self.snapshot()
             .domains
             .values()
@@ -351,6 +381,10 @@ impl Registry {
                     domain: e.domain.clone(),
                     version: v.version,
                     rules: v.rules.clone(),
+                    compiled: compiled
+                        .get(&e.domain)
+                        .filter(|(version, _)| *version == v.version)
+                        .map(|(_, set)| set.clone()),
                 })
             })
             .collect()
@@ -392,15 +426,17 @@ impl Registry {
         }
     }
 
-    /// Validate `rules` as the rules of `domain` on `state`'s store: the rule set of the body.
+    /// Validate `rules` as the rules of `domain` on `state`'s store: the rule set of the body,
+    /// as file `file` (`body` for positions in a request's body, [`source_name`] to serve it).
     fn validate(
         &self,
         state: &AppState,
         domain: &str,
         rules: &str,
         caps: bool,
+        file: &str,
     ) -> Result<RuleSet, RegistryError> {
-        let set = RuleSet::from_sources(&[("body".to_string(), rules.to_string())])
+        let set = RuleSet::from_sources(&[(file.to_string(), rules.to_string())])
             .map_err(RegistryError::InvalidRules)?;
         let Some(d) = set.domains().next() else {
             return Err(RegistryError::InvalidBody(
@@ -427,15 +463,36 @@ impl Registry {
     }
 
     /// Install `snapshot` (entries that no longer validate are dropped, each with an ERROR) and
-    /// apply it to `state`.
-    fn install(&self, state: &AppState, mut snapshot: Snapshot) {
+    /// apply it to `state`: on a blocking thread ([`AppState::admin_work`]), so that however
+    /// many limits there are, no runtime worker waits for the rebuild.
+    async fn install(self: &Arc<Self>, state: &AppState, snapshot: Snapshot) {
+        let (me, st) = (self.clone(), state.clone());
+        if state
+            .admin_work(move || me.install_now(&st, snapshot))
+            .await
+            .is_none()
+        {
+            tracing::error!("registry: the rebuild failed; keeping the running rules");
+        }
+    }
+
+    fn install_now(&self, state: &AppState, mut snapshot: Snapshot) {
         *self.stored.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(snapshot.clone());
+        let mut compiled = self.compiled.lock().unwrap_or_else(|e| e.into_inner());
+        let mut next = BTreeMap::new();
         snapshot.domains.retain(|name, entry| {
             let Some(v) = entry.current() else {
                 return false;
             };
-            match self.validate(state, name, &v.rules, false) {
-                Ok(_) => true,
+            if let Some(known) = compiled.remove(name).filter(|(ver, _)| *ver == v.version) {
+                next.insert(name.clone(), known);
+                return true;
+            }
+            match self.validate(state, name, &v.rules, false, &source_name(name)) {
+                Ok(set) => {
+                    next.insert(name.clone(), (v.version, Arc::new(set)));
+                    true
+                }
                 Err(e) => {
                     tracing::error!(domain = %name, version = v.version, error = %e,
                         "registered domain is not valid here; not served");
@@ -443,22 +500,45 @@ impl Registry {
                 }
             }
         });
+        *compiled = next;
+        drop(compiled);
         self.set_snapshot(snapshot);
         self.apply(state);
     }
 
+    /// The rule set of the running files, parsed once per file reload.
+    fn file_set(
+        &self,
+        running: &LoadedRules,
+        state: &AppState,
+    ) -> Result<Arc<RuleSet>, RuleErrors> {
+        let mut files = self.files.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((sources, set)) = files.as_ref() {
+            if Arc::ptr_eq(sources, &running.file_sources) {
+                return Ok(set.clone());
+            }
+        }
+        let set = Arc::new(RuleSet::from_read_sources(
+            &running.file_sources,
+            Vec::new(),
+            state.rule_listing(),
+        )?);
+        *files = Some((running.file_sources.clone(), set.clone()));
+        Ok(set)
+    }
+
     /// Swap in the running files' rules with the registered domains (counters of unchanged
     /// limits keep their state). On failure the running rules stay (and an ERROR says why).
-    pub fn apply(&self, state: &AppState) -> bool {
+    /// Only the domains whose version changed are parsed ([`Registry::install`]); the rest is
+    /// a copy.
+    fn apply(&self, state: &AppState) -> bool {
         let _update = state.rules_update_lock();
         let running = state.rules();
         let registered = self.registered();
-        let set = match combine(
-            &running.file_sources,
-            Vec::new(),
-            &registered,
-            state.rule_listing(),
-        ) {
+        let set = match self
+            .file_set(&running, state)
+            .and_then(|files| combine_parsed(&files, &registered))
+        {
             Ok(set) => set.with_defaults(running.set.defaults()),
             Err(e) => {
                 tracing::error!(error = %e, "registry: cannot apply; keeping the running rules");
@@ -486,7 +566,7 @@ impl Registry {
 
     /// Register (or replace) `domain` with `body` (rules, or the service-registration shape).
     pub async fn put(
-        &self,
+        self: &Arc<Self>,
         state: &AppState,
         domain: &str,
         body: &str,
@@ -502,7 +582,7 @@ impl Registry {
         } else {
             body.to_string()
         };
-        let new_set = self.validate(state, domain, &rules, true)?;
+        let new_set = self.validate(state, domain, &rules, true, "body")?;
         self.check_owner(state, domain)?;
         let _write = self.writes.lock().await;
         let snapshot = self.snapshot();
@@ -511,25 +591,20 @@ impl Registry {
             .get(domain)
             .and_then(Entry::current)
             .map(|v| v.version);
-        if !expect.met_by(current) {
-            return Err(stale(domain, expect, current));
-        }
-        if current.is_none() && snapshot.domains.len() >= self.config.max_domains {
-            return Err(RegistryError::TooManyDomains {
-                max: self.config.max_domains,
-            });
-        }
-        let changes = diff(&state.rules().set, &new_set, domain);
-        let mut outcome = PutOutcome {
-            domain: domain.to_string(),
-            created: current.is_none(),
-            dry_run,
-            previous_version: current,
-            version: None,
-            changes,
+        let (max, history) = (self.config.max_domains, self.config.history);
+        let shared = match &self.backing {
+            Backing::Redis { redis, .. } if !dry_run => Some(redis),
+            _ => None,
         };
-        if dry_run {
-            return Ok(outcome);
+        // This instance's view decides for a local registry (writes are serialised by
+        // `writes`) and for a dry run; Redis decides for a shared one, in the write's own step.
+        if shared.is_none() {
+            if !expect.met_by(current) {
+                return Err(stale(domain, expect, current));
+            }
+            if current.is_none() && snapshot.domains.len() >= max {
+                return Err(RegistryError::TooManyDomains { max });
+            }
         }
         let version = Version {
             version: 0,
@@ -537,9 +612,41 @@ impl Registry {
             updated_by: caller.to_string(),
             rules,
         };
-        let (max, history) = (self.config.max_domains, self.config.history);
-        let written = match &self.backing {
-            Backing::Memory | Backing::Dir(_) => {
+        let outcome = |previous: Option<u64>, old: &RuleSet, written: Option<u64>| PutOutcome {
+            domain: domain.to_string(),
+            created: previous.is_none(),
+            dry_run,
+            previous_version: previous,
+            version: written,
+            changes: diff(old, &new_set, domain),
+        };
+        if dry_run {
+            return Ok(outcome(current, &state.rules().set, None));
+        }
+        let outcome = match (&self.backing, shared) {
+            (Backing::Redis { .. }, Some(redis)) => {
+                let written = self
+                    .write_redis(state, redis, |known| {
+                        redis.put(domain, &version, expect, max, history, known)
+                    })
+                    .await?
+                    .map_err(|r| refused(domain, expect, r, max))?;
+                // The diff against the version this write replaced, as Redis had it.
+                let old = written
+                    .previous
+                    .as_ref()
+                    .and_then(|p| {
+                        RuleSet::from_sources(&[(source_name(domain), p.rules.clone())]).ok()
+                    })
+                    .unwrap_or_default();
+                outcome(
+                    written.previous.as_ref().map(|p| p.version),
+                    &old,
+                    Some(written.version),
+                )
+            }
+            _ => {
+                let old = outcome(current, &state.rules().set, None);
                 let (next, entry) = storage::put(&snapshot, domain, version, expect, max, history)
                     .map_err(|r| refused(domain, expect, r, max))?;
                 self.write_dir(|dir| {
@@ -547,24 +654,20 @@ impl Registry {
                         .and_then(|()| dir.write_revision(next.revision))
                 })?;
                 let v = next.revision;
-                self.install(state, next);
-                v
+                self.install(state, next).await;
+                PutOutcome {
+                    version: Some(v),
+                    ..old
+                }
             }
-            Backing::Redis { redis, .. } => self
-                .write_redis(state, redis, |known| {
-                    redis.put(domain, &version, expect, max, history, known)
-                })
-                .await?
-                .map_err(|r| refused(domain, expect, r, max))?,
         };
-        outcome.version = Some(written);
         self.counters.puts.fetch_add(1, Relaxed);
         tracing::info!(
             target: "tollgate::audit",
             action = "put",
             domain,
-            old_version = current.unwrap_or(0),
-            new_version = written,
+            old_version = outcome.previous_version.unwrap_or(0),
+            new_version = outcome.version.unwrap_or(0),
             caller,
             "registry change"
         );
@@ -573,7 +676,7 @@ impl Registry {
 
     /// Unregister `domain`; the new registry revision.
     pub async fn delete(
-        &self,
+        self: &Arc<Self>,
         state: &AppState,
         domain: &str,
         expect: Expect,
@@ -582,7 +685,7 @@ impl Registry {
         self.check_owner(state, domain)?;
         let _write = self.writes.lock().await;
         let snapshot = self.snapshot();
-        let current = snapshot
+        let mut current = snapshot
             .domains
             .get(domain)
             .and_then(Entry::current)
@@ -597,13 +700,18 @@ impl Registry {
                         .and_then(|()| dir.write_revision(next.revision))
                 })?;
                 let v = next.revision;
-                self.install(state, next);
+                self.install(state, next).await;
                 v
             }
-            Backing::Redis { redis, .. } => self
-                .write_redis(state, redis, |known| redis.delete(domain, expect, known))
-                .await?
-                .map_err(|r| refused(domain, expect, r, max))?,
+            Backing::Redis { redis, .. } => {
+                let (revision, deleted) = self
+                    .write_redis(state, redis, |known| redis.delete(domain, expect, known))
+                    .await?
+                    .map_err(|r| refused(domain, expect, r, max))?;
+                // The version Redis deleted (this instance's view may be behind).
+                current = Some(deleted);
+                revision
+            }
         };
         let old = current.unwrap_or(0);
         self.counters.deletes.fetch_add(1, Relaxed);
@@ -634,15 +742,15 @@ impl Registry {
 
     /// One write script on Redis, given the revision this instance knows: when Redis is behind
     /// it (it lost the registry), write the registry back once and retry; then follow Redis.
-    async fn write_redis<F, Fut>(
-        &self,
+    async fn write_redis<T, F, Fut>(
+        self: &Arc<Self>,
         state: &AppState,
         redis: &RedisRegistry,
         write: F,
-    ) -> Result<Result<u64, Refused>, RegistryError>
+    ) -> Result<Result<T, Refused>, RegistryError>
     where
         F: Fn(u64) -> Fut,
-        Fut: std::future::Future<Output = Result<Result<u64, Refused>, tollgate_core::StoreError>>,
+        Fut: std::future::Future<Output = Result<Result<T, Refused>, tollgate_core::StoreError>>,
     {
         let mut restored = false;
         let written = loop {
@@ -680,7 +788,7 @@ impl Registry {
     /// limits; instead this instance writes back what it knows ([`RedisRegistry::restore`],
     /// only while Redis is still behind it, so racing instances write once and the newest
     /// knowledge wins) and then applies what Redis holds.
-    pub async fn sync_redis(&self, state: &AppState) -> bool {
+    pub async fn sync_redis(self: &Arc<Self>, state: &AppState) -> bool {
         let Backing::Redis { redis, snapshot } = &self.backing else {
             return true;
         };
@@ -725,7 +833,7 @@ impl Registry {
                 domains = loaded.domains.len(),
                 "registry: applying a change from Redis"
             );
-            self.install(state, loaded);
+            self.install(state, loaded).await;
             return true;
         }
         true
@@ -931,7 +1039,7 @@ pub async fn start(
         "registry started"
     );
     state.set_registry(registry.clone());
-    registry.install(state, initial);
+    registry.install(state, initial).await;
     let Backing::Redis { redis, .. } = &registry.backing else {
         return Ok(None);
     };

@@ -34,12 +34,16 @@ use tollgate_redis::RedisStore;
 /// Bound on each registry call to Redis.
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Puts one version: `{status, current}` with status the new revision, 0 (stale), -1 (cap) or
-/// -3 (the registry is behind the writer's known revision, `ARGV[7]`: restore first).
+/// Puts one version: `{status, current, previous}` with status the new revision, 0 (stale), -1
+/// (cap) or -3 (the registry is behind the writer's known revision, `ARGV[7]`: restore first),
+/// and `previous` the version replaced (JSON; absent when none), read in the same step as the
+/// write so that the answer describes this write whoever else writes at the same time.
 const PUT: &str = r#"
 local known = tonumber(ARGV[7])
 if known > 0 and tonumber(redis.call('GET', KEYS[1]) or '0') < known then return {-3, 0} end
 local cur = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
+local previous = false
+if cur > 0 then previous = redis.call('LINDEX', KEYS[3], 0) end
 local expect = tonumber(ARGV[2])
 if (expect == -2 and cur == 0) or (expect > 0 and expect ~= cur) then return {0, cur} end
 if cur == 0 and redis.call('HLEN', KEYS[2]) >= tonumber(ARGV[4]) then return {-1, cur} end
@@ -48,7 +52,7 @@ redis.call('HSET', KEYS[2], ARGV[1], rev)
 redis.call('LPUSH', KEYS[3], '{"version":' .. rev .. ',' .. ARGV[3])
 redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[5]) - 1)
 redis.call('PUBLISH', ARGV[6], rev)
-return {rev, cur}
+return {rev, cur, previous}
 "#;
 
 /// Deletes a domain: `{status, current}` with status the new revision, 0 (stale), -2 (absent)
@@ -117,6 +121,16 @@ for _, d in ipairs(names) do
 end
 return out
 "#;
+
+/// What a `PUT` wrote: the new version, and the version it replaced (`None`: the domain was
+/// new), as one atomic step saw them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    /// The new version.
+    pub version: u64,
+    /// The version replaced.
+    pub previous: Option<Version>,
+}
 
 /// The registry's keys and channel under one prefix.
 #[derive(Debug, Clone)]
@@ -215,7 +229,7 @@ impl RedisRegistry {
     }
 
     /// Store `version` (its number is ignored: the script gives the next revision) as the
-    /// current version of `domain`. The new version, or why it was refused. `known` is the
+    /// current version of `domain`. What was written, or why it was refused. `known` is the
     /// revision the writer knows: a registry behind it is refused ([`Refused::Behind`]).
     pub async fn put(
         &self,
@@ -225,7 +239,7 @@ impl RedisRegistry {
         max_domains: usize,
         history: usize,
         known: u64,
-    ) -> Result<Result<u64, Refused>, StoreError> {
+    ) -> Result<Result<Written, Refused>, StoreError> {
         // The JSON of `version` without its `version` field and opening brace: the script puts
         // `{"version":<revision>,` in front.
         let rest = serde_json::json!({
@@ -242,24 +256,45 @@ impl RedisRegistry {
             .arg(history.max(1))
             .arg(&self.channel)
             .arg(known);
-        let reply: Vec<i64> = self.store.command(&cmd, CALL_TIMEOUT).await?;
-        Ok(match reply.as_slice() {
-            [0, cur] => Err(Refused::Stale((*cur > 0).then_some(*cur as u64))),
-            [-1, _] => Err(Refused::Full),
-            [-3, _] => Err(Refused::Behind),
-            [rev, _] if *rev > 0 => Ok(*rev as u64),
-            _ => return Err(StoreError::Unavailable("registry script: bad reply".into())),
+        let reply: redis::Value = self.store.command(&cmd, CALL_TIMEOUT).await?;
+        let bad = || StoreError::Unavailable("registry script: bad reply".into());
+        let redis::Value::Array(items) = reply else {
+            return Err(bad());
+        };
+        let int = |v: Option<&redis::Value>| match v {
+            Some(redis::Value::Int(n)) => Ok(*n),
+            _ => Err(bad()),
+        };
+        let (status, cur) = (int(items.first())?, int(items.get(1))?);
+        Ok(match status {
+            0 => Err(Refused::Stale((cur > 0).then_some(cur as u64))),
+            -1 => Err(Refused::Full),
+            -3 => Err(Refused::Behind),
+            rev if rev > 0 => {
+                let previous = match items.get(2) {
+                    Some(redis::Value::BulkString(json)) => Some(
+                        serde_json::from_slice::<Version>(json)
+                            .map_err(|e| StoreError::Unavailable(format!("registry entry: {e}")))?,
+                    ),
+                    _ => None,
+                };
+                Ok(Written {
+                    version: rev as u64,
+                    previous,
+                })
+            }
+            _ => return Err(bad()),
         })
     }
 
-    /// Delete `domain`: the new revision, or why it was refused. `known` as for
-    /// [`RedisRegistry::put`].
+    /// Delete `domain`: the new revision and the version deleted, or why it was refused.
+    /// `known` as for [`RedisRegistry::put`].
     pub async fn delete(
         &self,
         domain: &str,
         expect: Expect,
         known: u64,
-    ) -> Result<Result<u64, Refused>, StoreError> {
+    ) -> Result<Result<(u64, u64), Refused>, StoreError> {
         let mut cmd = self.eval(DELETE, Some(domain));
         cmd.arg(domain)
             .arg(expect_arg(expect))
@@ -270,7 +305,7 @@ impl RedisRegistry {
             [-2, _] => Err(Refused::NotFound),
             [-3, _] => Err(Refused::Behind),
             [0, cur] => Err(Refused::Stale((*cur > 0).then_some(*cur as u64))),
-            [rev, _] if *rev > 0 => Ok(*rev as u64),
+            [rev, cur] if *rev > 0 => Ok((*rev as u64, *cur as u64)),
             _ => return Err(StoreError::Unavailable("registry script: bad reply".into())),
         })
     }
