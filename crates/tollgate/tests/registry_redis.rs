@@ -6,8 +6,9 @@
 //! serves the registered limits from its local snapshot. When Redis loses the registry
 //! (restarted empty, `FLUSHALL`), the instances write it back and nothing registered is lost;
 //! an instance started from a stale snapshot does not bring back a domain deleted while it was
-//! away; deleting every domain is not taken for a loss; and the registry works on a Redis
-//! Cluster (polled; its keys in one slot).
+//! away; deleting every domain is not taken for a loss; the registry works on a Redis
+//! Cluster (polled; its keys in one slot); and concurrent writes over two instances each get
+//! an answer that describes their own write.
 
 mod support;
 
@@ -541,4 +542,65 @@ fn the_registry_works_on_a_redis_cluster() {
     assert_eq!(delete(&b.base, "shop").status, 200);
     wait_serving(&both, &[("shop", None), ("cart", Some(2))]);
     assert_eq!(stored_domains(port, &prefix), ["cart"]);
+}
+
+/// 20 `PUT`s of one new domain at once, without `If-Match`, spread over two instances: each
+/// answer describes the write its caller made. Exactly one created the domain; ordered by
+/// version, each names the one before as `previous_version`, and its diff is against that
+/// version's limit.
+#[test]
+fn concurrent_puts_each_answer_for_their_own_write() {
+    let dir = temp_dir("registry-redis-races");
+    let prefix = unique_prefix("regrace");
+    let _cleanup = Cleanup(prefix.clone());
+    let store = "redis://127.0.0.1:6379";
+    let a = instance(&dir, store, &prefix, "snap-a", "registry-race-a");
+    let b = instance(&dir, store, &prefix, "snap-b", "registry-race-b");
+    let writers = 20u64;
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(writers as usize));
+    let threads: Vec<_> = (0..writers)
+        .map(|i| {
+            let base = if i % 2 == 0 { &a.base } else { &b.base }.clone();
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                let limit = 100 + i;
+                barrier.wait();
+                let r = put(&base, "raced", &user_limit("raced", limit), None);
+                (limit, r.status, body(&r))
+            })
+        })
+        .collect();
+    let mut answers: Vec<(u64, u16, serde_json::Value)> =
+        threads.into_iter().map(|t| t.join().unwrap()).collect();
+    answers.sort_by_key(|(_, _, v)| v["version"].as_u64().unwrap_or(0));
+    let created: Vec<_> = answers.iter().filter(|(_, s, _)| *s == 201).collect();
+    assert_eq!(created.len(), 1, "{answers:#?}");
+    let mut wrong = Vec::new();
+    for (k, (limit, status, v)) in answers.iter().enumerate() {
+        assert!(v["version"].as_u64().is_some(), "{v}");
+        if k == 0 {
+            if *status != 201 || v["created"] != true || !v["previous_version"].is_null() {
+                wrong.push(format!("first write: {v}"));
+            }
+            continue;
+        }
+        let (prev_limit, _, prev) = &answers[k - 1];
+        let described = v["created"] == false
+            && *status == 200
+            && v["previous_version"] == prev["version"]
+            && v["changes"]["changed"][0]["from"]
+                .as_str()
+                .is_some_and(|f| f.starts_with(&format!("{prev_limit} per minute")))
+            && v["changes"]["changed"][0]["to"]
+                .as_str()
+                .is_some_and(|t| t.starts_with(&format!("{limit} per minute")));
+        if !described {
+            wrong.push(format!("after {}: {v}", prev["version"]));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} of {writers} answers describe another write: {wrong:#?}",
+        wrong.len()
+    );
 }
