@@ -1,5 +1,5 @@
-//! `tollgate rules apply|get|list|delete`: the rule registry of a running service
-//! (`/v1/domains`), from the command line.
+//! `tollgate rules apply|get|list|history|rollback|delete`: the rule registry of a running
+//! service (`/v1/domains`), from the command line.
 //!
 //! Exit codes as `check`'s: 0 done; 1 the service refused (invalid rules, a domain owned by a
 //! file, a stale version, a cap, an unknown domain); 2 an error (no answer, no or wrong admin
@@ -41,11 +41,11 @@ enum RulesCommand {
         #[command(flatten)]
         service: Service,
     },
-    /// Print the rules of a domain (registered, or defined by a file).
+    /// Print the rules of a domain (registered, or defined by a file) as YAML.
     Get {
         /// The domain.
         domain: String,
-        /// Print the service's JSON answer (version, source, rules).
+        /// Print the service's JSON answer (version, source, rules) instead.
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -56,6 +56,29 @@ enum RulesCommand {
         /// Print the service's JSON answer.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        service: Service,
+    },
+    /// The versions of a registered domain kept for rollback, newest (current) first.
+    History {
+        /// The domain.
+        domain: String,
+        /// Print the service's JSON answer (every version with its rules).
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        service: Service,
+    },
+    /// Make an old version of a registered domain current again (as a new version), showing
+    /// what changes; refused if the domain changes meanwhile.
+    Rollback {
+        /// The domain.
+        domain: String,
+        /// The version to go back to (see `rules history`).
+        version: u64,
+        /// Show what would change; store nothing.
+        #[arg(long)]
+        dry_run: bool,
         #[command(flatten)]
         service: Service,
     },
@@ -110,6 +133,17 @@ pub fn run(args: RulesArgs) -> anyhow::Result<ExitCode> {
             service,
         } => runtime.block_on(get(&domain, json, &service)),
         RulesCommand::List { json, service } => runtime.block_on(list(json, &service)),
+        RulesCommand::History {
+            domain,
+            json,
+            service,
+        } => runtime.block_on(history(&domain, json, &service)),
+        RulesCommand::Rollback {
+            domain,
+            version,
+            dry_run,
+            service,
+        } => runtime.block_on(rollback(&domain, version, dry_run, &service)),
         RulesCommand::Delete {
             domain,
             if_match,
@@ -324,20 +358,118 @@ async fn get(domain: &str, json: bool, service: &Service) -> anyhow::Result<Exit
             v["updated_by"].as_str().unwrap_or("?")
         ),
     }
-    let rules = v["rules"].as_str().unwrap_or("");
-    print!("{rules}");
-    if !rules.ends_with('\n') {
-        println!();
-    }
+    print!("{}", as_yaml(v["rules"].as_str().unwrap_or("")));
     Ok(ExitCode::SUCCESS)
 }
 
-async fn list(json: bool, service: &Service) -> anyhow::Result<ExitCode> {
-    let resp = call(service, Method::GET, "/v1/domains", None, None).await?;
-    if resp.status != 200 {
-        return Ok(refused(&resp, "body", service));
+/// Rules text as YAML: YAML as it is (its comments kept), JSON (a JSON body is stored as sent)
+/// written out as block YAML; ends with a newline.
+fn as_yaml(rules: &str) -> String {
+    let mut out = match serde_json::from_str::<Value>(rules) {
+        Ok(v @ (Value::Object(_) | Value::Array(_))) => {
+            let mut out = String::new();
+            yaml_block(&v, 0, &mut out);
+            out
+        }
+        _ => rules.to_string(),
+    };
+    if !out.ends_with('\n') {
+        out.push('\n');
     }
-    let v: Value = serde_json::from_str(&resp.body).context("not JSON")?;
+    out
+}
+
+/// `v` (an object or an array) as block YAML indented by `indent`, one entry a line. Strings
+/// are written as JSON strings, which YAML reads as double-quoted scalars, so nothing in them
+/// can change their meaning.
+fn yaml_block(v: &Value, indent: usize, out: &mut String) {
+    let pad = " ".repeat(indent);
+    let scalar = |v: &Value| match v {
+        Value::Object(m) if m.is_empty() => Some("{}".to_string()),
+        Value::Array(a) if a.is_empty() => Some("[]".to_string()),
+        Value::Object(_) | Value::Array(_) => None,
+        other => Some(other.to_string()),
+    };
+    match v {
+        Value::Object(m) => {
+            // A rules file's order: the name first, nested descriptors last.
+            let rank = |k: &str| match k {
+                "domain" => 0,
+                "key" => 1,
+                "value" => 2,
+                "descriptors" => 4,
+                _ => 3,
+            };
+            let mut entries: Vec<_> = m.iter().collect();
+            entries.sort_by_key(|(k, _)| rank(k));
+            for (k, item) in entries {
+                let key = if k
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+                    && !k.is_empty()
+                {
+                    k.clone()
+                } else {
+                    Value::String(k.clone()).to_string()
+                };
+                match scalar(item) {
+                    Some(s) => out.push_str(&format!("{pad}{key}: {s}\n")),
+                    None => {
+                        out.push_str(&format!("{pad}{key}:\n"));
+                        yaml_block(item, indent + 2, out);
+                    }
+                }
+            }
+        }
+        Value::Array(a) => {
+            for item in a {
+                match scalar(item) {
+                    Some(s) => out.push_str(&format!("{pad}- {s}\n")),
+                    None => {
+                        // The item's first line goes after the dash, the rest under it.
+                        let mut inner = String::new();
+                        yaml_block(item, indent + 2, &mut inner);
+                        let first = inner.get(indent + 2..).unwrap_or("");
+                        out.push_str(&format!("{pad}- {first}"));
+                    }
+                }
+            }
+        }
+        other => out.push_str(&format!("{pad}{other}\n")),
+    }
+}
+
+async fn list(json: bool, service: &Service) -> anyhow::Result<ExitCode> {
+    // Every page (`next_after`), put together as one answer.
+    let mut all: Option<Value> = None;
+    let mut path = "/v1/domains".to_string();
+    loop {
+        let resp = call(service, Method::GET, &path, None, None).await?;
+        if resp.status != 200 {
+            return Ok(refused(&resp, "body", service));
+        }
+        let mut page: Value = serde_json::from_str(&resp.body).context("not JSON")?;
+        let next = page["next_after"].as_str().map(str::to_string);
+        match &mut all {
+            None => all = Some(page),
+            Some(all) => {
+                if let (Some(into), Some(more)) = (
+                    all["domains"].as_array_mut(),
+                    page["domains"].as_array_mut(),
+                ) {
+                    into.append(more);
+                }
+            }
+        }
+        match next {
+            Some(after) => path = format!("/v1/domains?after={after}"),
+            None => break,
+        }
+    }
+    let mut v = all.unwrap_or(Value::Null);
+    if let Some(m) = v.as_object_mut() {
+        m.remove("next_after");
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(ExitCode::SUCCESS);
@@ -359,6 +491,109 @@ async fn list(json: bool, service: &Service) -> anyhow::Result<ExitCode> {
             version
         );
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `GET /v1/domains/{domain}/history`: the answer, or the exit code of a refusal.
+async fn fetch_history(domain: &str, service: &Service) -> anyhow::Result<Result<Value, ExitCode>> {
+    let resp = call(
+        service,
+        Method::GET,
+        &format!("/v1/domains/{domain}/history"),
+        None,
+        None,
+    )
+    .await?;
+    if resp.status != 200 {
+        return Ok(Err(refused(&resp, "body", service)));
+    }
+    Ok(Ok(serde_json::from_str(&resp.body).context("not JSON")?))
+}
+
+async fn history(domain: &str, json: bool, service: &Service) -> anyhow::Result<ExitCode> {
+    let v = match fetch_history(domain, service).await? {
+        Ok(v) => v,
+        Err(code) => return Ok(code),
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    println!(
+        "{:>8}  {:<18} {:<7} {:>6}  BY",
+        "VERSION", "UPDATED", "", "LIMITS"
+    );
+    for (i, ver) in v["versions"].as_array().into_iter().flatten().enumerate() {
+        let rules = ver["rules"].as_str().unwrap_or("");
+        let limits = RuleSet::from_sources(&[(domain.to_string(), rules.to_string())])
+            .map_or("?".to_string(), |set| set.limits().count().to_string());
+        let age = ver["updated_at_ms"].as_u64().map_or("?".to_string(), |at| {
+            format!(
+                "{} ago",
+                crate::human::human_duration(now_ms.saturating_sub(at))
+            )
+        });
+        println!(
+            "{:>8}  {:<18} {:<7} {:>6}  {}",
+            ver["version"],
+            age,
+            if i == 0 { "current" } else { "" },
+            limits,
+            ver["updated_by"].as_str().unwrap_or("?")
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn rollback(
+    domain: &str,
+    version: u64,
+    dry_run: bool,
+    service: &Service,
+) -> anyhow::Result<ExitCode> {
+    let v = match fetch_history(domain, service).await? {
+        Ok(v) => v,
+        Err(code) => return Ok(code),
+    };
+    let versions = v["versions"].as_array().cloned().unwrap_or_default();
+    let current = versions.first().and_then(|c| c["version"].as_u64());
+    let Some(target) = versions
+        .iter()
+        .find(|x| x["version"].as_u64() == Some(version))
+    else {
+        let kept: Vec<String> = versions.iter().map(|x| x["version"].to_string()).collect();
+        eprintln!(
+            "error: {domain} has no version {version} in its history (kept: {})",
+            kept.join(", ")
+        );
+        return Ok(ExitCode::from(1));
+    };
+    if current == Some(version) {
+        println!("{domain}: already at version {version}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let rules = target["rules"].as_str().unwrap_or("").to_string();
+    let path = format!(
+        "/v1/domains/{domain}{}",
+        if dry_run { "?dry_run=true" } else { "" }
+    );
+    // Only over the version looked at: a change made meanwhile is not rolled over.
+    let resp = call(
+        service,
+        Method::PUT,
+        &path,
+        Some(("application/yaml", rules)),
+        current.map(|c| format!("\"{c}\"")),
+    )
+    .await?;
+    if !(200..300).contains(&resp.status) {
+        return Ok(refused(&resp, "body", service));
+    }
+    let out: Value = serde_json::from_str(&resp.body).context("not JSON")?;
+    print_outcome(&format!("rollback to version {version}"), &out);
     Ok(ExitCode::SUCCESS)
 }
 

@@ -574,3 +574,103 @@ fn rules_cli_applies_gets_lists_and_deletes() {
     assert_eq!(code, 1);
     assert_eq!(current_limit(url, "beta", "x"), None);
 }
+
+/// `rules history` lists the versions kept, `rules rollback` makes an old one current (as a new
+/// version, only over the version it looked at), `rules get` prints YAML (a JSON body too) and
+/// `rules list` follows the pages of `/v1/domains`.
+#[test]
+fn rules_cli_history_rollback_yaml_and_pages() {
+    let dir = temp_dir("registry-cli-history");
+    let server = start(&dir, &[], "registry-cli-history");
+    let token = dir.join("token");
+    let token = token.to_str().unwrap();
+    let url = server.base.as_str();
+    let run = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--url", url, "--token-file", token]);
+        let out = tollgate(&all);
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let versions: Vec<u64> = [5, 6, 7]
+        .iter()
+        .map(|limit| {
+            let r = put(url, "hist", &user_limit("hist", *limit), None);
+            assert!(r.status == 200 || r.status == 201, "{}", r.body);
+            body(&r)["version"].as_u64().unwrap()
+        })
+        .collect();
+    let (code, out, err) = run(&["rules", "history", "hist"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].contains("VERSION"), "{out}");
+    assert!(
+        lines[1].trim_start().starts_with(&versions[2].to_string()) && lines[1].contains("current"),
+        "{out}"
+    );
+    assert!(
+        lines[3].trim_start().starts_with(&versions[0].to_string()),
+        "{out}"
+    );
+
+    // Back to the first version: 7 -> 5 per minute, as a new version.
+    let (code, out, err) = run(&["rules", "rollback", "hist", &versions[0].to_string()]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("7 per minute") && out.contains("-> 5 per minute"),
+        "{out}"
+    );
+    assert_eq!(current_limit(url, "hist", "ann"), Some(5));
+    let (_, out, _) = run(&["rules", "history", "hist", "--json"]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["versions"].as_array().unwrap().len(), 4, "{v}");
+    // A version no longer (or never) kept is refused, naming those kept.
+    let (code, _, err) = run(&["rules", "rollback", "hist", "999999"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("no version 999999"), "{err}");
+
+    // `get` prints YAML, for a body registered as JSON too; `--json` the service's answer.
+    let json_body = r#"{"domain":"js","descriptors":[{"key":"user","rate_limit":{"unit":"minute","requests_per_unit":4}}]}"#;
+    let r = call(
+        url,
+        Method::PUT,
+        "/v1/domains/js",
+        Some(("application/json", json_body)),
+        &[("authorization", &format!("Bearer {TOKEN}"))],
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    let (code, out, err) = run(&["rules", "get", "js"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.starts_with("domain: \"js\"\ndescriptors:\n  - key: \"user\""),
+        "{out}"
+    );
+    let file = dir.join("js-back.yaml");
+    std::fs::write(&file, &out).unwrap();
+    let (code, out2, err) = run(&["rules", "apply", "-f", file.to_str().unwrap(), "--dry-run"]);
+    assert_eq!(code, 0, "{out2}{err}");
+    assert!(
+        out2.contains("1 limit(s) unchanged"),
+        "the YAML means the same: {out2}"
+    );
+    let (_, out, _) = run(&["rules", "get", "js", "--json"]);
+    assert_eq!(
+        serde_json::from_str::<Value>(&out).unwrap()["version"].is_u64(),
+        true
+    );
+
+    // Pages of /v1/domains: 2 at a time, followed by `rules list`.
+    let r = call(url, Method::GET, "/v1/domains?limit=2", None, &[]);
+    let page = body(&r);
+    assert_eq!(page["domains"].as_array().unwrap().len(), 2, "{page}");
+    assert!(page["next_after"].is_string(), "{page}");
+    let (code, out, err) = run(&["rules", "list"]);
+    assert_eq!(code, 0, "{out}{err}");
+    for d in ["hist", "js"] {
+        assert!(out.lines().any(|l| l.starts_with(d)), "{d}: {out}");
+    }
+    drop(server);
+}

@@ -151,7 +151,11 @@ fn modified_ms(file: &str) -> Option<u64> {
     Some(t.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() as u64)
 }
 
-async fn list(State(state): State<AppState>) -> Response {
+async fn list(State(state): State<AppState>, uri: axum::http::Uri) -> Response {
+    let query = match crate::http::RulesQuery::parse(uri.query()) {
+        Ok(q) => q,
+        Err(message) => return respond(&state, Err(RegistryError::InvalidBody(message))),
+    };
     let rules = state.rules();
     let snapshot = state.registry().map(|r| r.snapshot());
     let mut domains: Vec<Value> = Vec::new();
@@ -203,6 +207,22 @@ async fn list(State(state): State<AppState>) -> Response {
             }));
         }
     }
+    // A page: by name, after `?after=`, at most `?limit=` domains.
+    domains.sort_by(|a, b| a["domain"].as_str().cmp(&b["domain"].as_str()));
+    let total = domains.len();
+    let mut page: Vec<Value> = domains
+        .into_iter()
+        .filter(|d| {
+            query.domain.as_deref().is_none_or(|n| d["domain"] == n)
+                && query
+                    .after
+                    .as_deref()
+                    .is_none_or(|a| d["domain"].as_str().is_some_and(|n| n > a))
+        })
+        .collect();
+    let more = page.len() > query.limit;
+    page.truncate(query.limit);
+    let next_after = page.last().filter(|_| more).map(|d| d["domain"].clone());
     let registry = state.registry().map(|r| {
         json!({
             "storage": r.storage_kind(),
@@ -210,7 +230,13 @@ async fn list(State(state): State<AppState>) -> Response {
             "writable": r.writable(),
         })
     });
-    axum::Json(json!({"registry": registry, "domains": domains})).into_response()
+    axum::Json(json!({
+        "registry": registry,
+        "domain_count": total,
+        "domains": page,
+        "next_after": next_after,
+    }))
+    .into_response()
 }
 
 async fn get_domain(
