@@ -39,6 +39,9 @@ pub enum RegistryError {
     /// The body is not in a shape the registry reads (not UTF-8, a bad service registration).
     #[error("{0}")]
     InvalidBody(String),
+    /// A listing's query is not valid (`limit` out of range).
+    #[error("{0}")]
+    InvalidQuery(String),
     /// The body's `domain` is not the domain of the URL.
     #[error("the body defines domain `{body}`, the URL names `{path}`: they must be the same")]
     DomainMismatch {
@@ -115,6 +118,7 @@ impl RegistryError {
             E::InvalidDomain(_)
             | E::InvalidRules(_)
             | E::InvalidBody(_)
+            | E::InvalidQuery(_)
             | E::DomainMismatch { .. }
             | E::Unsupported(_)
             | E::InvalidPrecondition(_) => StatusCode::BAD_REQUEST,
@@ -138,6 +142,7 @@ impl RegistryError {
             E::InvalidDomain(_) => "invalid_domain",
             E::InvalidRules(_) => "invalid_rules",
             E::InvalidBody(_) => "invalid_body",
+            E::InvalidQuery(_) => "invalid_query",
             E::DomainMismatch { .. } => "domain_mismatch",
             E::Unsupported(_) => "unsupported_by_store",
             E::InvalidPrecondition(_) => "invalid_if_match",

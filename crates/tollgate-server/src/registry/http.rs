@@ -154,7 +154,7 @@ fn modified_ms(file: &str) -> Option<u64> {
 async fn list(State(state): State<AppState>, uri: axum::http::Uri) -> Response {
     let query = match crate::http::RulesQuery::parse(uri.query()) {
         Ok(q) => q,
-        Err(message) => return respond(&state, Err(RegistryError::InvalidBody(message))),
+        Err(message) => return respond(&state, Err(RegistryError::InvalidQuery(message))),
     };
     let rules = state.rules();
     let snapshot = state.registry().map(|r| r.snapshot());
