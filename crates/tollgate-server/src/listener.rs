@@ -30,8 +30,8 @@
 //!   413 for a body the client writes whole before reading), closing with unread bytes would
 //!   make the kernel send a reset, which can destroy the response before the client reads it.
 //!   So the write side is shut (the client sees the response end), and what still arrives is
-//!   read and thrown away until the client closes, for at most [`LINGER_TIME`] (and
-//!   [`LINGER_IDLE`] between reads) and [`LINGER_BYTES`], as nginx's `lingering_close`. The
+//!   read and thrown away until the client closes, for at most 5 s (and 2 s between reads)
+//!   and 16 MiB, as nginx's `lingering_close`. The
 //!   connection keeps its slot under the cap meanwhile.
 //!
 //! Why not hyper's own `header_read_timeout`: it also runs while an HTTP/1.1 connection waits

@@ -63,21 +63,26 @@ async fn lost_registries_are_refused_written_back_once_and_repaired() {
     assert_eq!(
         reg.put("a", &version("A"), Expect::Any, 10, 5, 0)
             .await
-            .unwrap(),
+            .unwrap()
+            .map(|w| w.version),
         Ok(1)
     );
     assert_eq!(
         reg.put("b", &version("B"), Expect::Any, 10, 5, 1)
             .await
-            .unwrap(),
+            .unwrap()
+            .map(|w| w.version),
         Ok(2)
     );
-    assert_eq!(
-        reg.put("a", &version("A2"), Expect::Any, 10, 5, 2)
-            .await
-            .unwrap(),
-        Ok(3)
-    );
+    // The script answers with the version it replaced, read in the same step.
+    let written = reg
+        .put("a", &version("A2"), Expect::Any, 10, 5, 2)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(written.version, 3);
+    let previous = written.previous.expect("a was at version 1");
+    assert_eq!((previous.version, previous.rules.as_str()), (1, "A"));
     let known = reg.load().await.unwrap().unwrap();
     assert_eq!(known.revision, 3);
     assert_eq!(known.domains["a"].versions.len(), 2);
@@ -120,7 +125,8 @@ async fn lost_registries_are_refused_written_back_once_and_repaired() {
     assert_eq!(
         reg.put("c", &version("C"), Expect::Any, 10, 5, 5)
             .await
-            .unwrap(),
+            .unwrap()
+            .map(|w| w.version),
         Ok(6)
     );
 
@@ -132,8 +138,8 @@ async fn lost_registries_are_refused_written_back_once_and_repaired() {
     assert_eq!(reg.load().await.unwrap().unwrap().domains.len(), 2);
 
     // Deleting every domain keeps the revision: an empty registry, not a lost one.
-    assert_eq!(reg.delete("a", Expect::Any, 6).await.unwrap(), Ok(7));
-    assert_eq!(reg.delete("c", Expect::Any, 7).await.unwrap(), Ok(8));
+    assert_eq!(reg.delete("a", Expect::Any, 6).await.unwrap(), Ok((7, 3)));
+    assert_eq!(reg.delete("c", Expect::Any, 7).await.unwrap(), Ok((8, 6)));
     let empty = reg.load().await.unwrap().unwrap();
     assert_eq!((empty.revision, empty.domains.len()), (8, 0));
 
@@ -141,7 +147,8 @@ async fn lost_registries_are_refused_written_back_once_and_repaired() {
     assert_eq!(
         reg.put("d", &version("D"), Expect::Any, 10, 5, 8)
             .await
-            .unwrap(),
+            .unwrap()
+            .map(|w| w.version),
         Ok(9)
     );
     cli(6379, &["DEL", &keys.key("history:d")]);

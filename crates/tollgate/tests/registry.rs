@@ -657,10 +657,7 @@ fn rules_cli_history_rollback_yaml_and_pages() {
         "the YAML means the same: {out2}"
     );
     let (_, out, _) = run(&["rules", "get", "js", "--json"]);
-    assert_eq!(
-        serde_json::from_str::<Value>(&out).unwrap()["version"].is_u64(),
-        true
-    );
+    assert!(serde_json::from_str::<Value>(&out).unwrap()["version"].is_u64());
 
     // Pages of /v1/domains: 2 at a time, followed by `rules list`.
     let r = call(url, Method::GET, "/v1/domains?limit=2", None, &[]);

@@ -9,8 +9,9 @@
 //!   service-registration shape of [`shape`]), validated by the same parser with the same
 //!   messages, positions inside the body.
 //! - **Same swap.** A change is applied like a file reload: the files already loaded and the
-//!   registered domains are parsed together and swapped in atomically ([`Registry::apply`]), so
-//!   counters of unchanged limits keep their state.
+//!   registered domains make one rule set, swapped in atomically, so counters of unchanged
+//!   limits keep their state. Each domain is parsed once per version and the files once per
+//!   reload (a change parses only its domain), on a blocking thread ([`AppState::admin_work`]).
 //! - **Storage** ([`storage`]): memory only, a directory, or Redis (shared by every instance,
 //!   followed through a channel and a polled revision key, with the directory as a local
 //!   snapshot for a start while Redis is down). When Redis loses the registry (flushed,
@@ -183,6 +184,9 @@ struct Counters {
     restores: AtomicU64,
 }
 
+/// Rule file texts and the rule set parsed from them.
+type ParsedFiles = (Arc<[(String, String)]>, Arc<RuleSet>);
+
 /// A running registry. Shared through [`AppState::registry`].
 #[derive(Debug)]
 pub struct Registry {
@@ -200,7 +204,7 @@ pub struct Registry {
     compiled: std::sync::Mutex<BTreeMap<String, (u64, Arc<RuleSet>)>>,
     /// The files' rule set last built, and the file texts it was built from (compared by
     /// pointer: a file reload replaces them).
-    files: std::sync::Mutex<Option<(Arc<[(String, String)]>, Arc<RuleSet>)>>,
+    files: std::sync::Mutex<Option<ParsedFiles>>,
     counters: Counters,
     /// Redis: whether the last look at Redis failed (a WARN is logged on each transition).
     redis_down: AtomicBool,
