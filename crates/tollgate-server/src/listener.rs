@@ -115,6 +115,25 @@ fn bare_lf_response() -> Vec<u8> {
 /// At most one "connection cap reached" WARN per this interval.
 const CAP_WARN_EVERY: Duration = Duration::from_secs(10);
 
+/// What serves the requests of a connection ([`serve`]'s `make` gives one per connection).
+pub trait ConnService:
+    Service<Request<TimedBody>, Response = Response, Error = Infallible, Future: Send + 'static>
+    + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<S> ConnService for S where
+    S: Service<Request<TimedBody>, Response = Response, Error = Infallible, Future: Send + 'static>
+        + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// Serve on `listener` until `shutdown` turns `true`, then shut down within
 /// `limits.shutdown_timeout`. Each connection is served by `make(peer)` (the client's address,
 /// when known: [`with_connect_info`] gives it to handlers as axum's `ConnectInfo`), each request
@@ -127,12 +146,7 @@ pub async fn serve<M, S>(
     mut shutdown: watch::Receiver<bool>,
 ) where
     M: Fn(Option<SocketAddr>) -> S + Send + Sync + 'static,
-    S: Service<Request<TimedBody>, Response = Response, Error = Infallible>
-        + Clone
-        + Send
-        + Sync
-        + 'static,
-    S::Future: Send + 'static,
+    S: ConnService,
 {
     let make = Arc::new(make);
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
@@ -260,15 +274,9 @@ struct Connection<M> {
 
 impl<M> Connection<M> {
     /// Serve the connection until it ends, a timeout drops it or shutdown closes it.
-    async fn run<S>(self)
+    async fn run<S: ConnService>(self)
     where
         M: Fn(Option<SocketAddr>) -> S,
-        S: Service<Request<TimedBody>, Response = Response, Error = Infallible>
-            + Clone
-            + Send
-            + Sync
-            + 'static,
-        S::Future: Send + 'static,
     {
         let Connection {
             stream,
@@ -327,7 +335,7 @@ enum End {
 }
 
 /// Serve `io` with hyper until the connection ends or a timeout or shutdown drops it.
-async fn drive<S>(
+async fn drive<S: ConnService>(
     io: TokioIo<Tracked>,
     service: S,
     builder: &Builder<TokioExecutor>,
@@ -335,15 +343,7 @@ async fn drive<S>(
     metrics: &ConnectionMetrics,
     activity: &Arc<Activity>,
     close: &mut watch::Receiver<bool>,
-) -> End
-where
-    S: Service<Request<TimedBody>, Response = Response, Error = Infallible>
-        + Clone
-        + Send
-        + Sync
-        + 'static,
-    S::Future: Send + 'static,
-{
+) -> End {
     let tracker = activity.clone();
     let hyper_service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let request = RequestGuard::begin(tracker.clone(), !req.body().is_end_stream());

@@ -178,6 +178,29 @@ async fn call(
     .await
 }
 
+/// `PUT /v1/domains/{domain}` of `rules` (`?dry_run=true` when `dry_run`), only over version
+/// `if_match` when given.
+async fn put_rules(
+    service: &Service,
+    domain: &str,
+    rules: String,
+    dry_run: bool,
+    if_match: Option<u64>,
+) -> anyhow::Result<HttpResponse> {
+    let path = format!(
+        "/v1/domains/{domain}{}",
+        if dry_run { "?dry_run=true" } else { "" }
+    );
+    call(
+        service,
+        Method::PUT,
+        &path,
+        Some(("application/yaml", rules)),
+        if_match.map(|v| format!("\"{v}\"")),
+    )
+    .await
+}
+
 /// The exit code and printed message of a refusal (`file` names the body in positions).
 fn refused(resp: &HttpResponse, file: &str, service: &Service) -> ExitCode {
     let v: Value = serde_json::from_str(&resp.body).unwrap_or(Value::Null);
@@ -272,18 +295,7 @@ async fn apply(
     }
     let mut worst = ExitCode::SUCCESS;
     for (name, target, text) in work {
-        let path = format!(
-            "/v1/domains/{target}{}",
-            if dry_run { "?dry_run=true" } else { "" }
-        );
-        let resp = call(
-            service,
-            Method::PUT,
-            &path,
-            Some(("application/yaml", text)),
-            None,
-        )
-        .await?;
+        let resp = put_rules(service, &target, text, dry_run, None).await?;
         if !(200..300).contains(&resp.status) {
             let code = refused(&resp, &name, service);
             if code == ExitCode::from(2) {
@@ -576,19 +588,8 @@ async fn rollback(
         return Ok(ExitCode::SUCCESS);
     }
     let rules = target["rules"].as_str().unwrap_or("").to_string();
-    let path = format!(
-        "/v1/domains/{domain}{}",
-        if dry_run { "?dry_run=true" } else { "" }
-    );
     // Only over the version looked at: a change made meanwhile is not rolled over.
-    let resp = call(
-        service,
-        Method::PUT,
-        &path,
-        Some(("application/yaml", rules)),
-        current.map(|c| format!("\"{c}\"")),
-    )
-    .await?;
+    let resp = put_rules(service, domain, rules, dry_run, current).await?;
     if !(200..300).contains(&resp.status) {
         return Ok(refused(&resp, "body", service));
     }

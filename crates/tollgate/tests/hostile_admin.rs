@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use support::conn::Conn;
 use support::registry::*;
 use support::*;
-use tollgate_server::client::{send_with, Method};
+use tollgate_server::client::Method;
 
 /// `tollgate serve` with the admin token (memory registry) and a rules file of one domain.
 fn start(dir: &std::path::Path, name: &str) -> Server {
@@ -26,21 +26,7 @@ fn start(dir: &std::path::Path, name: &str) -> Server {
         "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 1000000}\n",
     )
     .unwrap();
-    let token = token_file(dir);
-    Server::start(
-        &[
-            "--http-addr",
-            "127.0.0.1:0",
-            "--grpc-addr",
-            "off",
-            "--rules",
-            rules.to_str().unwrap(),
-            "--admin-token-file",
-            token.to_str().unwrap(),
-        ],
-        dir,
-        name,
-    )
+    serve_registry(dir, &rules, &[], name)
 }
 
 /// A domain of `rules` limits (`k0`..), each `per_minute` per minute.
@@ -54,8 +40,11 @@ fn many_limits(domain: &str, rules: usize, per_minute: u64) -> String {
     y
 }
 
-/// `GET /v1/rules{query}`, with the admin token when `token`. Listings run one at a time, so
-/// ten queued ones may wait a while on a busy machine: the bound is generous.
+/// How long an admin call may wait: listings run one at a time, so ten queued ones may wait a
+/// while on a busy machine.
+const ADMIN_WAIT: Duration = Duration::from_secs(300);
+
+/// `GET /v1/rules{query}`, with the admin token when `token`.
 fn rules_call(base: &str, query: &str, token: bool) -> (u16, Value) {
     let auth = format!("Bearer {TOKEN}");
     let headers: Vec<(&str, &str)> = if token {
@@ -63,42 +52,25 @@ fn rules_call(base: &str, query: &str, token: bool) -> (u16, Value) {
     } else {
         Vec::new()
     };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let r = rt
-        .block_on(send_with(
-            base,
-            Method::GET,
-            &format!("/v1/rules{query}"),
-            None,
-            &headers,
-            Duration::from_secs(300),
-        ))
-        .expect("GET /v1/rules");
+    let path = format!("/v1/rules{query}");
+    let r = call_within(base, Method::GET, &path, None, &headers, ADMIN_WAIT);
     (
         r.status,
         serde_json::from_str(&r.body).unwrap_or(Value::Null),
     )
 }
 
-/// `PUT /v1/domains/{domain}` with the admin token, waiting as long as [`rules_call`] does.
+/// `PUT /v1/domains/{domain}` with the admin token, waiting up to [`ADMIN_WAIT`].
 fn put_waiting(base: &str, domain: &str, yaml: &str) -> u16 {
     let auth = format!("Bearer {TOKEN}");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(send_with(
+    call_within(
         base,
         Method::PUT,
         &format!("/v1/domains/{domain}"),
-        Some(("application/yaml", yaml.to_string())),
+        Some(("application/yaml", yaml)),
         &[("authorization", auth.as_str())],
-        Duration::from_secs(300),
-    ))
-    .expect("PUT")
+        ADMIN_WAIT,
+    )
     .status
 }
 

@@ -22,22 +22,10 @@ fn start(dir: &Path, extra: &[&str], name: &str) -> Server {
     let rules = dir.join("rules");
     std::fs::create_dir_all(&rules).unwrap();
     std::fs::write(rules.join("files.yaml"), FILE_RULES).unwrap();
-    let token = token_file(dir);
     let registry = dir.join("registry");
-    let mut args = vec![
-        "--http-addr",
-        "127.0.0.1:0",
-        "--grpc-addr",
-        "off",
-        "--rules",
-        rules.to_str().unwrap(),
-        "--admin-token-file",
-        token.to_str().unwrap(),
-        "--registry-dir",
-        registry.to_str().unwrap(),
-    ];
+    let mut args = vec!["--registry-dir", registry.to_str().unwrap()];
     args.extend(extra);
-    Server::start(&args, dir, name)
+    serve_registry(dir, &rules, &args, name)
 }
 
 /// One hit for `user=value`: the status and `limit_remaining`.

@@ -27,26 +27,18 @@ const PROPAGATION_WAIT: Duration = Duration::from_secs(15);
 fn instance(dir: &Path, store: &str, prefix: &str, snapshot: &str, name: &str) -> Server {
     let rules = dir.join("rules.yaml");
     std::fs::write(&rules, "domain: files\n").unwrap();
-    let token = token_file(dir);
     let snapshot = dir.join(snapshot);
-    Server::start(
+    serve_registry(
+        dir,
+        &rules,
         &[
-            "--http-addr",
-            "127.0.0.1:0",
-            "--grpc-addr",
-            "off",
-            "--rules",
-            rules.to_str().unwrap(),
             "--store",
             store,
             "--redis-prefix",
             prefix,
-            "--admin-token-file",
-            token.to_str().unwrap(),
             "--registry-dir",
             snapshot.to_str().unwrap(),
         ],
-        dir,
         name,
     )
 }

@@ -23,6 +23,18 @@ pub fn call(
     body: Option<(&str, &str)>,
     headers: &[(&str, &str)],
 ) -> HttpResponse {
+    call_within(base, method, path, body, headers, Duration::from_secs(10))
+}
+
+/// [`call`], waiting for the answer up to `bound`.
+pub fn call_within(
+    base: &str,
+    method: Method,
+    path: &str,
+    body: Option<(&str, &str)>,
+    headers: &[(&str, &str)],
+    bound: Duration,
+) -> HttpResponse {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -33,9 +45,27 @@ pub fn call(
         path,
         body.map(|(t, b)| (t, b.to_string())),
         headers,
-        Duration::from_secs(10),
+        bound,
     ))
     .expect("HTTP request")
+}
+
+/// `tollgate serve` in `dir` on an ephemeral HTTP port (no gRPC) with `--rules rules` (a file
+/// or a directory), the admin token of [`token_file`] and `extra` flags.
+pub fn serve_registry(dir: &Path, rules: &Path, extra: &[&str], name: &str) -> super::Server {
+    let token = token_file(dir);
+    let mut args = vec![
+        "--http-addr",
+        "127.0.0.1:0",
+        "--grpc-addr",
+        "off",
+        "--rules",
+        rules.to_str().unwrap(),
+        "--admin-token-file",
+        token.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    super::Server::start(&args, dir, name)
 }
 
 /// `PUT /v1/domains/{domain}` with the admin token, a YAML body and optional `If-Match`.
