@@ -45,11 +45,8 @@ pub fn validate(limits: &RequestLimits, req: &CheckRequest) -> Result<(), ApiErr
     if req.descriptors.len() > limits.max_descriptors {
         return Err(ApiError::invalid(
             "too_many_descriptors",
-            format!(
-                "{} descriptors, more than the maximum {}",
-                req.descriptors.len(),
-                limits.max_descriptors
-            ),
+            // The limit, not the total: the readers stop at the first one past it.
+            format!("more than the maximum {} descriptors", limits.max_descriptors),
         ));
     }
     if let Some(h) = req.hits {
@@ -70,8 +67,7 @@ pub fn validate(limits: &RequestLimits, req: &CheckRequest) -> Result<(), ApiErr
             return Err(ApiError::invalid(
                 "too_many_entries",
                 format!(
-                    "descriptors[{i}] has {} entries, more than the maximum {}",
-                    d.entries.len(),
+                    "descriptors[{i}] has more than the maximum {} entries",
                     limits.max_entries
                 ),
             ));
@@ -123,6 +119,22 @@ pub fn validate(limits: &RequestLimits, req: &CheckRequest) -> Result<(), ApiErr
     Ok(())
 }
 
+/// Refuse a `limit` override that asks more than the store would hold for it (see
+/// [`Overrides::too_large`]): a client must not choose how much memory one key takes.
+fn bounded_overrides(rules: &LoadedRules, req: &CheckRequest) -> Result<(), ApiError> {
+    match Overrides::too_large(&rules.set, &req.descriptors) {
+        None => Ok(()),
+        Some((i, n)) => Err(ApiError::invalid(
+            "invalid_limit",
+            format!(
+                "descriptors[{i}].limit.requests_per_unit is {n}, more than the maximum {} \
+                 for a sliding_window_log override",
+                tollgate_core::limiter::MAX_LOG_OVERRIDE
+            ),
+        )),
+    }
+}
+
 /// `s`'s length in characters (Unicode scalar values) when it is more than `max`. Characters,
 /// as JSON Schema's `maxLength` counts them, so the OpenAPI document states the limit exactly;
 /// the bytes are at most 4x (and the body is capped anyway). Counted only when the byte length
@@ -163,6 +175,10 @@ pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckRespons
         return Err(e);
     }
     let rules = state.rules();
+    if let Err(e) = bounded_overrides(&rules, req) {
+        state.metrics().error(e.code());
+        return Err(e);
+    }
     let hits = req.hits.unwrap_or(1);
     let overrides = Overrides::new(&rules.set, &req.domain, &req.descriptors);
     let plan = Plan::with_overrides(&rules.set, &overrides, &req.domain, &req.descriptors, hits);
@@ -190,6 +206,10 @@ pub fn decide_now(state: &AppState, req: &CheckRequest) -> Option<Result<CheckRe
         return Some(Err(e));
     }
     let rules = state.rules();
+    if let Err(e) = bounded_overrides(&rules, req) {
+        state.metrics().error(e.code());
+        return Some(Err(e));
+    }
     let hits = req.hits.unwrap_or(1);
     let overrides = Overrides::new(&rules.set, &req.domain, &req.descriptors);
     let plan = Plan::with_overrides(&rules.set, &overrides, &req.domain, &req.descriptors, hits);
