@@ -450,6 +450,11 @@ impl Shard {
         d
     }
 
+    /// `h`'s log; `None` when untracked.
+    fn log(&self, h: Key) -> Option<&Log> {
+        self.logs.get(&h).map(|(log, _)| log)
+    }
+
     /// `h`'s log moved out (an empty one left in its place, so the key keeps its room); `None`
     /// when untracked. Give it back with [`Shard::put_log`].
     fn take_log(&mut self, h: Key) -> Option<Log> {
@@ -771,10 +776,9 @@ impl MemoryStore {
             .collect();
 
         // Evaluate in order; a key appearing twice sees the earlier item's tentative state. Slot
-        // states are small and copied per item. A sliding-window log is moved out of its shard
-        // once per request and stepped in place by every item naming it (never copied, so an
-        // item costs the same however long the log), with what this request admitted summed so
-        // that it can be taken back in one step.
+        // states are small and copied per item. A sliding-window log is neither copied nor
+        // changed while its items are decided: each item reads it with what the items before
+        // admitted summed ([`sliding_log::peek`]), and it is written once, at commit.
         let mut pending: Vec<(Key, Option<State>)> = Vec::new();
         let mut logs: Vec<LogWork> = Vec::new();
         let mut decisions: Vec<Decision> = Vec::with_capacity(items.len());
@@ -797,19 +801,18 @@ impl MemoryStore {
                 let w = match logs.iter().position(|w| w.h == h) {
                     Some(w) => w,
                     None => {
-                        let shard = locked(&mut guards, self.shard_of(h));
                         logs.push(LogWork {
                             h,
-                            log: shard.take_log(h),
                             admitted: 0,
                             quota: item.quota,
+                            commit: false,
                         });
                         logs.len() - 1
                     }
                 };
                 let w = &mut logs[w];
-                let (d, next) = sliding_log::step(w.log.take(), now, item.cost, item.quota);
-                w.log = next;
+                let shard = locked(&mut guards, self.shard_of(h));
+                let d = sliding_log::peek(shard.log(h), w.admitted, now, item.cost, item.quota);
                 w.quota = item.quota;
                 if d.allowed {
                     w.admitted += item.cost;
@@ -836,14 +839,12 @@ impl MemoryStore {
             .zip(&decisions)
             .map(|(item, d)| consumes(item, d, any_denied, blocked))
             .collect();
-        // A log's items consume exactly when nothing blocks (`consumes`): otherwise what they
-        // admitted is taken back, leaving the log as stored (pruned and clamped, which changes
-        // no decision).
-        if blocked {
-            for w in &mut logs {
-                if let Some(l) = &mut w.log {
-                    l.refund(now, w.admitted);
-                }
+        // A log is written when one of its items consumes (then all its admitted ones do:
+        // `consumes` is "allowed and nothing blocks"), as the steps of its items would have
+        // left it; otherwise it stays as stored.
+        for (h, _) in hashes.iter().zip(&commit).filter(|(_, c)| **c) {
+            if let Some(w) = logs.iter_mut().find(|w| w.h == *h) {
+                w.commit = true;
             }
         }
         // An allowed item that does not consume reports what it has left, unconsumed (a cost-0
@@ -855,13 +856,8 @@ impl MemoryStore {
                     let g = locked(&mut sketch_guards, Arc::as_ptr(sk));
                     g.evaluate(h.wide(), now, 0, item.quota)
                 } else if h.layout().is_none() {
-                    let w = logs
-                        .iter_mut()
-                        .find(|w| w.h == h)
-                        .expect("every log item has its work");
-                    let (d, l) = sliding_log::step(w.log.take(), now, 0, item.quota);
-                    w.log = l;
-                    d
+                    let shard = locked(&mut guards, self.shard_of(h));
+                    sliding_log::peek(shard.log(h), 0, now, 0, item.quota)
                 } else {
                     let shard = locked(&mut guards, self.shard_of(h));
                     let state = shard.get(h);
@@ -869,8 +865,11 @@ impl MemoryStore {
                 };
             }
         }
-        for w in logs {
-            locked(&mut guards, self.shard_of(w.h)).put_log(w.h, w.log, w.quota, now);
+        for w in logs.iter().filter(|w| w.commit) {
+            let shard = locked(&mut guards, self.shard_of(w.h));
+            let log = shard.take_log(w.h).unwrap_or_default();
+            let log = log.commit(now, w.admitted, w.quota);
+            shard.put_log(w.h, log, w.quota, now);
         }
 
         // Commit: per-key states in order (the last write of a repeated key is its final state).
@@ -903,14 +902,15 @@ impl MemoryStore {
     }
 }
 
-/// A sliding-window log during a multi-key check: moved out of its shard, stepped in place.
+/// A sliding-window log during a multi-key check.
 struct LogWork<'q> {
     h: Key,
-    log: Option<Log>,
-    /// The cost this request's items admitted on it (all logged at `now`).
+    /// The cost this request's items admitted on it (all to be logged at `now`).
     admitted: u64,
     /// The quota of the last item naming it (its expiry is computed with it).
     quota: &'q Quota,
+    /// Whether one of its items consumes: then the log is written.
+    commit: bool,
 }
 
 /// The guard locked for `id` among `guards` (which hold every lock a multi-key check needs,

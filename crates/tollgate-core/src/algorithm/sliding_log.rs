@@ -90,35 +90,94 @@ impl Log {
         }
     }
 
-    /// Take back `cost` logged at `t` by [`step`]s of one request (all at `t`, so all in the
-    /// newest entry): the log as those steps found it, pruned and clamped.
-    pub fn refund(&mut self, t: Micros, cost: u64) {
-        if cost == 0 {
-            return;
-        }
-        let Some(&(bt, cum)) = self.entries.back() else {
-            return;
-        };
-        let prev = self
-            .entries
-            .len()
-            .checked_sub(2)
-            .map_or(self.base, |i| self.entries[i].1);
-        if bt != t || cum - prev < cost {
-            return;
-        }
-        if cum - prev == cost {
-            self.entries.pop_back();
-        } else {
-            self.entries.back_mut().expect("checked above").1 -= cost;
-        }
-    }
-
     /// Shrink the buffer when it holds far more than the entries (after a burst left).
     fn trim(&mut self) {
         if self.entries.capacity() > 64 && self.entries.len() < self.entries.capacity() / 4 {
             self.entries.shrink_to(self.entries.len() * 2);
         }
+    }
+}
+
+/// The decision of a step of `cost` at `now` on `log` after `added` more was logged at `now` by
+/// earlier items of the same request, without changing the log: what [`step`] would answer on
+/// the log those steps left (pruned, clamped, `added` appended), found by binary searches on the
+/// running totals. A store checking a counter named several times in one request asks this per
+/// item and writes once ([`Log::commit`]) only if the request consumes, so the stored log is
+/// neither copied nor touched by a request that does not.
+pub fn peek(log: Option<&Log>, added: u64, now: Micros, cost: u64, quota: &Quota) -> Decision {
+    let len = quota.period().nominal();
+    let empty = Log::new();
+    let log = log.unwrap_or(&empty);
+    // The first entry still inside (now - len, now], and the running total before it.
+    let first = log.entries.partition_point(|&(t, _)| t.saturating_add(len) <= now);
+    let before = first
+        .checked_sub(1)
+        .map_or(log.base, |i| log.entries[i].1);
+    let kept = log.total() + log.base - before;
+    let count = kept + added;
+    let limit = quota.limit();
+    // The newest entry, clamped to `now`; `now` itself once this request logged something.
+    let last = if added > 0 {
+        Some(now)
+    } else {
+        log.entries
+            .back()
+            .filter(|_| first < log.entries.len())
+            .map(|&(t, _)| t.min(now))
+    };
+    let empties_in = |last: Option<Micros>| last.map_or(0, |t| (t + len).saturating_sub(now));
+    if limit == 0 || cost > limit {
+        let mut d = deny_forever(limit, ()).0;
+        d.remaining = limit.saturating_sub(count);
+        d.reset_after = empties_in(last);
+        return d;
+    }
+    if count + cost <= limit {
+        let last = if cost > 0 { Some(now) } else { last };
+        return Decision {
+            allowed: true,
+            limit,
+            remaining: limit - count - cost,
+            reset_after: empties_in(last),
+            retry_after: None,
+            delay: 0,
+            count: None,
+        };
+    }
+    // As in `step`: the first entry whose running total covers the excess; past the stored
+    // entries, one this request logged at `now`.
+    let excess = count + cost - limit;
+    let retry = if excess <= kept {
+        let target = before + excess;
+        // Totals grow along the log and every one before `first` is at most `before`: the
+        // search over the whole log lands at or after `first`.
+        let at = log.entries.partition_point(|&(_, cum)| cum < target);
+        let t = log.entries.get(at).map_or(now, |&(t, _)| t.min(now));
+        (t + len).saturating_sub(now)
+    } else {
+        len
+    };
+    Decision {
+        allowed: false,
+        limit,
+        remaining: limit.saturating_sub(count),
+        reset_after: empties_in(last),
+        retry_after: Some(retry),
+        delay: 0,
+        count: None,
+    }
+}
+
+impl Log {
+    /// What the steps that [`peek`] stood for leave: the log pruned and clamped at `now` for a
+    /// window of `quota`, with `added` (> 0 or not) logged at `now`; `None` when empty.
+    pub fn commit(self, now: Micros, added: u64, quota: &Quota) -> Option<Log> {
+        // A step of cost 0 prunes and clamps (on the limit-0 path too); the push follows it.
+        let mut log = step(Some(self), now, 0, quota).1.unwrap_or_default();
+        if added > 0 {
+            log.push(now, added);
+        }
+        (!log.is_empty()).then_some(log)
     }
 }
 
@@ -211,19 +270,17 @@ mod tests {
     }
 
     #[test]
-    fn admissions_at_one_time_share_an_entry_and_refund_restores() {
+    fn admissions_at_one_time_share_an_entry() {
         let mut log = None;
         for _ in 0..1_000 {
             let (d, l) = step(log.take(), 5, 1, &q(10_000));
             assert!(d.allowed);
             log = l;
         }
-        let mut l = log.unwrap();
+        let l = log.unwrap();
         assert_eq!((l.len(), l.total()), (1, 1_000));
-        l.refund(5, 400);
-        assert_eq!(l.iter().collect::<Vec<_>>(), vec![(5, 600)]);
-        l.refund(5, 600);
-        assert!(l.is_empty());
+        let l = l.commit(5, 400, &q(10_000)).unwrap();
+        assert_eq!(l.iter().collect::<Vec<_>>(), vec![(5, 1_400)]);
     }
 
     #[test]
