@@ -24,7 +24,7 @@ const MAX_NODES: usize = 1_000_000;
 /// what bounds the memory a small text can ask for: without it a few kilobytes of nested
 /// aliases build up to [`MAX_NODES`] (about 100 MB) before being refused. Rule files use
 /// aliases for a shared `rate_limit` block or two, a handful of nodes each.
-const MAX_ALIAS_NODES: usize = 65_536;
+const MAX_ALIAS_NODES: usize = 16_384;
 
 /// A position in the source: 1-based line and column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
