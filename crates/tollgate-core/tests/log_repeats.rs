@@ -84,7 +84,10 @@ fn trace() -> impl Strategy<Value = (Vec<Quota>, Vec<(i64, Vec<Item>)>)> {
             2 => 0i64..90,
             1 => -90i64..0,
         ],
-        prop::collection::vec((0usize..2, 0usize..2, 0u64..5, prop::bool::weighted(0.2)), 1..5),
+        prop::collection::vec(
+            (0usize..2, 0usize..2, 0u64..5, prop::bool::weighted(0.2)),
+            1..5,
+        ),
     );
     (quotas, prop::collection::vec(step, 1..40))
 }

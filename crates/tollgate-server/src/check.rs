@@ -46,7 +46,10 @@ pub fn validate(limits: &RequestLimits, req: &CheckRequest) -> Result<(), ApiErr
         return Err(ApiError::invalid(
             "too_many_descriptors",
             // The limit, not the total: the readers stop at the first one past it.
-            format!("more than the maximum {} descriptors", limits.max_descriptors),
+            format!(
+                "more than the maximum {} descriptors",
+                limits.max_descriptors
+            ),
         ));
     }
     if let Some(h) = req.hits {

@@ -1468,7 +1468,10 @@ fn count_check(message: &[u8], limits: &crate::state::RequestLimits) -> Result<(
         if descriptors == limits.max_descriptors {
             return Err(ApiError::invalid(
                 "too_many_descriptors",
-                format!("more than the maximum {} descriptors", limits.max_descriptors),
+                format!(
+                    "more than the maximum {} descriptors",
+                    limits.max_descriptors
+                ),
             ));
         }
         let entries = fields(descriptor)

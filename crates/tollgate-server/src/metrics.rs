@@ -672,7 +672,10 @@ mod tests {
         let long = |c: char| format!("d.k_{}", c.to_string().repeat(1_000));
         let (la, lb) = (long('a'), long('b'));
         let (a, b) = (bounded_label(&la), bounded_label(&lb));
-        assert!(a.len() <= MAX_LABEL_BYTES && b.len() <= MAX_LABEL_BYTES, "{a}");
+        assert!(
+            a.len() <= MAX_LABEL_BYTES && b.len() <= MAX_LABEL_BYTES,
+            "{a}"
+        );
         assert!(a.contains('…') && a != b);
         assert_eq!(bounded_label("d.k_v"), "d.k_v");
         // Multi-byte characters are cut whole.

@@ -112,7 +112,10 @@ impl Over {
         match self {
             Over::Descriptors => ApiError::invalid(
                 "too_many_descriptors",
-                format!("more than the maximum {} descriptors", limits.max_descriptors),
+                format!(
+                    "more than the maximum {} descriptors",
+                    limits.max_descriptors
+                ),
             ),
             Over::Entries(i) => ApiError::invalid(
                 "too_many_entries",
@@ -174,8 +177,7 @@ mod plain {
                 }
                 b"descriptors" if descriptors.is_none() => {
                     r.expect(b':')?;
-                    descriptors =
-                        Some(r.list(max_descriptors, |r| r.descriptor(max_entries))?);
+                    descriptors = Some(r.list(max_descriptors, |r| r.descriptor(max_entries))?);
                 }
                 _ => return None,
             }
@@ -1023,7 +1025,10 @@ mod tests {
         // Plain bodies, and bodies the general reader takes (a `hits_addend`).
         for extra in ["", r#""hits_addend":1,"#] {
             let body = |descs: Vec<String>| {
-                format!(r#"{{{extra}"domain":"d","descriptors":[{}]}}"#, descs.join(","))
+                format!(
+                    r#"{{{extra}"domain":"d","descriptors":[{}]}}"#,
+                    descs.join(",")
+                )
             };
             for d in [Dialect::Native, Dialect::ProtoJson] {
                 let ok = parse_request(body(vec![desc(16); 64]).as_bytes(), d).unwrap();
@@ -1416,7 +1421,11 @@ mod tests {
             r#"{"domain":"a","descriptors":[{"entries":[{"key":"k","value":"v"}]}]} x"#,
             r#"{"domain":"a","descriptors":[{"entries":[{"key":"k","value":"v"}]}],"hits_addend":2}"#,
         ] {
-            assert_eq!(plain::read(body.as_bytes(), usize::MAX, usize::MAX), None, "{body}");
+            assert_eq!(
+                plain::read(body.as_bytes(), usize::MAX, usize::MAX),
+                None,
+                "{body}"
+            );
         }
     }
 

@@ -160,7 +160,11 @@ fn a_descriptor_flood_is_refused_at_the_limit_over_http() {
         vec![entry; 65].join(",")
     );
     let (status, v) = post(cut);
-    assert_eq!((status, &v["error"]["code"]), (400, &json!("too_many_descriptors")), "{v}");
+    assert_eq!(
+        (status, &v["error"]["code"]),
+        (400, &json!("too_many_descriptors")),
+        "{v}"
+    );
     // Entries likewise, naming the descriptor.
     let many = json!({"domain": "p", "descriptors": [
         {"entries": [{"key": "k", "value": "v"}]},
@@ -245,7 +249,9 @@ fn override_labels_cannot_inflate_metrics_or_starve_configured_series() {
         &server.base,
         Method::POST,
         "/v1/check",
-        Some(json!({"domain": "m", "descriptors": [{"entries": [{"key": "path", "value": "/login"}]}]})),
+        Some(
+            json!({"domain": "m", "descriptors": [{"entries": [{"key": "path", "value": "/login"}]}]}),
+        ),
     );
     assert_eq!(r.status, 200, "{}", r.body);
     let page = http(&server.base, Method::GET, "/metrics", None).body;
@@ -399,7 +405,8 @@ fn a_trailing_empty_document_loads_and_a_second_one_is_refused() {
     )
     .unwrap();
     let out = tollgate(&["validate", &rules]);
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{text}");
     assert!(text.contains("rules.yaml:5"), "{text}");
     assert!(text.contains("second"), "{text}");

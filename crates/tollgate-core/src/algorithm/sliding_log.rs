@@ -109,10 +109,10 @@ pub fn peek(log: Option<&Log>, added: u64, now: Micros, cost: u64, quota: &Quota
     let empty = Log::new();
     let log = log.unwrap_or(&empty);
     // The first entry still inside (now - len, now], and the running total before it.
-    let first = log.entries.partition_point(|&(t, _)| t.saturating_add(len) <= now);
-    let before = first
-        .checked_sub(1)
-        .map_or(log.base, |i| log.entries[i].1);
+    let first = log
+        .entries
+        .partition_point(|&(t, _)| t.saturating_add(len) <= now);
+    let before = first.checked_sub(1).map_or(log.base, |i| log.entries[i].1);
     let kept = log.total() + log.base - before;
     let count = kept + added;
     let limit = quota.limit();

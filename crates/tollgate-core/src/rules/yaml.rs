@@ -535,14 +535,27 @@ mod tests {
 
     #[test]
     fn a_trailing_empty_document_is_ignored() {
-        for text in ["a: 1\n---\n", "a: 1\n---\n...\n", "a: 1\n--- ~\n", "a: 1\n---\n---\n# end\n"] {
+        for text in [
+            "a: 1\n---\n",
+            "a: 1\n---\n...\n",
+            "a: 1\n--- ~\n",
+            "a: 1\n---\n---\n# end\n",
+        ] {
             let p = parse(text);
             assert!(p.errors.is_empty(), "{text:?}: {:?}", p.errors);
             assert_eq!(map(&p.root.expect("root"))[0].key, "a", "{text:?}");
         }
-        for text in ["a: 1\n---\nb: 2\n", "a: 1\n---\n---\n- x\n", "a: 1\n--- x\n"] {
+        for text in [
+            "a: 1\n---\nb: 2\n",
+            "a: 1\n---\n---\n- x\n",
+            "a: 1\n--- x\n",
+        ] {
             let p = parse(text);
-            assert!(p.errors[0].message.contains("one YAML document"), "{text:?}: {:?}", p.errors);
+            assert!(
+                p.errors[0].message.contains("one YAML document"),
+                "{text:?}: {:?}",
+                p.errors
+            );
             assert!(p.errors[0].pos.line >= 2, "{text:?}");
         }
     }
