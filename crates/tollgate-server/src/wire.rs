@@ -137,6 +137,18 @@ struct Bounds<'b> {
     over: &'b Cell<Option<Over>>,
 }
 
+impl<'b> Bounds<'b> {
+    /// A list of objects of kind `O`, at most `max` of them (`over` records the limit met).
+    fn list<O>(self, max: usize, over: Over) -> List<'b, Fields<'b, O>> {
+        List {
+            item: Fields(PhantomData, self),
+            max,
+            over,
+            bounds: self,
+        }
+    }
+}
+
 /// The request's fields as read, or the JSON syntax error (or the error that stopped the read
 /// at a count limit, recorded in `bounds`).
 fn collect(body: &[u8], bounds: Bounds<'_>) -> Result<Got<RawBody>, serde_json::Error> {
@@ -663,15 +675,7 @@ impl Object for RawBody {
             0 => self.domain = next(map, Leaf)?,
             1 => self.hits = next(map, Leaf)?,
             2 => self.hits_camel = next(map, Leaf)?,
-            _ => {
-                let list = List {
-                    item: Fields(PhantomData, b),
-                    max: b.descriptors,
-                    over: Over::Descriptors,
-                    bounds: b,
-                };
-                self.descriptors = next(map, list)?
-            }
+            _ => self.descriptors = next(map, b.list(b.descriptors, Over::Descriptors))?,
         }
         Ok(())
     }
@@ -696,15 +700,7 @@ impl Object for RawDescriptor {
         b: Bounds<'_>,
     ) -> Result<(), A::Error> {
         match key {
-            0 => {
-                let list = List {
-                    item: Fields(PhantomData, b),
-                    max: b.entries,
-                    over: Over::Entries(usize::MAX),
-                    bounds: b,
-                };
-                self.entries = next(map, list)?
-            }
+            0 => self.entries = next(map, b.list(b.entries, Over::Entries(usize::MAX)))?,
             1 => self.hits = next(map, Leaf)?,
             2 => self.hits_camel = next(map, Leaf)?,
             _ => self.limit = next(map, Fields(PhantomData, b))?,

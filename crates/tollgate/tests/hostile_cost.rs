@@ -33,6 +33,52 @@ fn rules_file(dir: &std::path::Path, yaml: &str) -> String {
     path.to_str().unwrap().to_string()
 }
 
+/// 5 per minute on `p` `k`: the rules of the tests that only need a configured domain.
+const P_RULES: &str =
+    "domain: p\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+
+/// `tollgate serve` with `yaml` as `rules.yaml` and `extra` flags, in its own directory
+/// (returned too).
+fn serve_yaml(name: &str, yaml: &str, extra: &[&str]) -> (Server, std::path::PathBuf) {
+    let dir = temp_dir(name);
+    let rules = rules_file(&dir, yaml);
+    (serve_rules(&rules, extra, name), dir)
+}
+
+/// After an attack: the RSS now and the peak, printed beside `idle`, all in kB.
+fn rss_after(pid: u32, idle: u64, what: &str) -> (u64, u64) {
+    let (after, peak) = (status_kb(pid, "VmRSS"), status_kb(pid, "VmHWM"));
+    eprintln!("RSS idle {idle} kB, after {what} {after} kB, peak {peak} kB");
+    (after, peak)
+}
+
+/// `clients` keep-alive connections at once, each sending `per_client` bodies
+/// `body(client, i)`, every answer `want`.
+fn on_connections(
+    base: &str,
+    clients: usize,
+    per_client: usize,
+    want: u16,
+    body: impl Fn(usize, usize) -> String + Send + Sync + 'static,
+) {
+    let body = std::sync::Arc::new(body);
+    runtime().block_on(async {
+        let mut tasks = Vec::new();
+        for client in 0..clients {
+            let (base, body) = (base.to_string(), body.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut c = Conn::open(&base).await;
+                for i in 0..per_client {
+                    assert_eq!(c.status(body(client, i)).await, want);
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+    });
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -52,30 +98,11 @@ fn repeated(value: &str, n: usize) -> String {
 /// about 40 MB per request, the peak kept by the allocator).
 #[test]
 fn a_counter_repeated_on_a_long_log_is_not_copied_per_repeat() {
-    let dir = temp_dir("hostile-log-repeat");
-    let rules = rules_file(
-        &dir,
-        "domain: log\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 200000, algorithm: sliding_window_log}\n",
-    );
-    let server = serve_rules(&rules, &[], "hostile-log-repeat");
+    let (server, _dir) = serve_yaml("hostile-log-repeat", "domain: log\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 200000, algorithm: sliding_window_log}\n", &[]);
     let pid = server.child.id();
+    // 40,000 admissions, each at its own microsecond: a log of 40,000 entries.
+    on_connections(&server.base, 4, 10_000, 200, |_, _| repeated("victim", 1));
     let rt = runtime();
-    rt.block_on(async {
-        // 40,000 admissions, each at its own microsecond: a log of 40,000 entries.
-        let mut tasks = Vec::new();
-        for _ in 0..4 {
-            let base = server.base.clone();
-            tasks.push(tokio::spawn(async move {
-                let mut c = Conn::open(&base).await;
-                for _ in 0..10_000 {
-                    assert_eq!(c.status(repeated("victim", 1)).await, 200);
-                }
-            }));
-        }
-        for t in tasks {
-            t.await.unwrap();
-        }
-    });
     let peak_before = status_kb(pid, "VmHWM");
     rt.block_on(async {
         let mut c = Conn::open(&server.base).await;
@@ -99,16 +126,7 @@ fn a_counter_repeated_on_a_long_log_is_not_copied_per_repeat() {
 /// 10,000 per unit it is refused (400 `invalid_limit`, naming the bound), at the bound it works.
 #[test]
 fn a_sliding_log_override_is_bounded() {
-    let dir = temp_dir("hostile-log-override");
-    let rules = rules_file(
-        &dir,
-        "domain: log\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 5}\n",
-    );
-    let server = serve_rules(
-        &rules,
-        &["--default-algorithm", "sliding_window_log"],
-        "hostile-log-override",
-    );
+    let (server, _dir) = serve_yaml("hostile-log-override", "domain: log\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 5}\n", &["--default-algorithm", "sliding_window_log"]);
     let ask = |n: u64| {
         let body = json!({"domain": "log", "descriptors": [{"entries": [{"key": "user", "value": "a"}],
             "limit": {"requests_per_unit": n, "unit": "second"}}]});
@@ -129,12 +147,7 @@ fn a_sliding_log_override_is_bounded() {
 /// a total the reader never counted; what follows the 65th is not even read.
 #[test]
 fn a_descriptor_flood_is_refused_at_the_limit_over_http() {
-    let dir = temp_dir("hostile-desc-http");
-    let rules = rules_file(
-        &dir,
-        "domain: p\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n",
-    );
-    let server = serve_rules(&rules, &[], "hostile-desc-http");
+    let (server, _dir) = serve_yaml("hostile-desc-http", P_RULES, &[]);
     let post = |body: String| {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -188,12 +201,7 @@ fn a_descriptor_flood_is_refused_at_the_limit_over_http() {
 /// limit, not the 21,000 the message holds.
 #[test]
 fn a_descriptor_flood_is_refused_at_the_limit_over_grpc() {
-    let dir = temp_dir("hostile-desc-grpc");
-    let rules = rules_file(
-        &dir,
-        "domain: p\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n",
-    );
-    let server = serve_rules(&rules, &[], "hostile-desc-grpc");
+    let (server, _dir) = serve_yaml("hostile-desc-grpc", P_RULES, &[]);
     let grpc = format!("http://{}", server.addr("gRPC "));
     let rt = runtime();
     rt.block_on(async {
@@ -237,12 +245,7 @@ fn a_descriptor_flood_is_refused_at_the_limit_over_grpc() {
 /// per-value series still appear after an override flood), and the page stays small.
 #[test]
 fn override_labels_cannot_inflate_metrics_or_starve_configured_series() {
-    let dir = temp_dir("hostile-labels");
-    let rules = rules_file(
-        &dir,
-        "domain: m\ndescriptors:\n  - key: path\n    detailed_metric: true\n    rate_limit: {unit: minute, requests_per_unit: 100}\n",
-    );
-    let server = serve_rules(&rules, &[], "hostile-labels");
+    let (server, _dir) = serve_yaml("hostile-labels", "domain: m\ndescriptors:\n  - key: path\n    detailed_metric: true\n    rate_limit: {unit: minute, requests_per_unit: 100}\n", &[]);
     let key = "k".repeat(200);
     rt_flood(&server.base, &key);
     let r = http(
@@ -276,23 +279,12 @@ fn override_labels_cannot_inflate_metrics_or_starve_configured_series() {
 
 /// 10,100 overrides, each with its own 200-byte key and 1,000-byte value, on 4 connections.
 fn rt_flood(base: &str, key: &str) {
-    runtime().block_on(async {
-        let mut tasks = Vec::new();
-        for t in 0..4 {
-            let (base, key) = (base.to_string(), key.to_string());
-            tasks.push(tokio::spawn(async move {
-                let mut c = Conn::open(&base).await;
-                for i in 0..2_525 {
-                    let value = format!("{t}-{i}-{}", "v".repeat(1_000));
-                    let body = json!({"domain": "m", "descriptors": [{"entries": [{"key": key, "value": value}],
-                        "limit": {"requests_per_unit": 5, "unit": "minute"}}]});
-                    assert_eq!(c.status(body.to_string()).await, 200);
-                }
-            }));
-        }
-        for t in tasks {
-            t.await.unwrap();
-        }
+    let key = key.to_string();
+    on_connections(base, 4, 2_525, 200, move |t, i| {
+        let value = format!("{t}-{i}-{}", "v".repeat(1_000));
+        json!({"domain": "m", "descriptors": [{"entries": [{"key": key, "value": value}],
+            "limit": {"requests_per_unit": 5, "unit": "minute"}}]})
+        .to_string()
     });
 }
 
@@ -310,22 +302,18 @@ fn yaml_bomb() -> String {
 /// after 16,384 nodes instead of after a million (which took and kept about 70 MB each).
 #[test]
 fn refused_yaml_bombs_leave_rss_near_idle() {
-    let dir = temp_dir("hostile-bombs");
-    let rules = rules_file(
-        &dir,
-        "domain: p\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n",
-    );
+    let dir = temp_dir("hostile-bombs-registry");
     let token = token_file(&dir);
     let registry = dir.join("registry");
-    let server = serve_rules(
-        &rules,
+    let (server, _dir) = serve_yaml(
+        "hostile-bombs",
+        P_RULES,
         &[
             "--admin-token-file",
             token.to_str().unwrap(),
             "--registry-dir",
             registry.to_str().unwrap(),
         ],
-        "hostile-bombs",
     );
     let pid = server.child.id();
     assert_eq!(check(&server.base, "p", "k", "v").0, 200);
@@ -336,9 +324,7 @@ fn refused_yaml_bombs_leave_rss_near_idle() {
         assert!(r.body.contains("too large"), "{}", r.body);
     }
     assert_eq!(check(&server.base, "p", "k", "v").0, 200);
-    let after = status_kb(pid, "VmRSS");
-    let peak = status_kb(pid, "VmHWM");
-    eprintln!("RSS idle {idle} kB, after two bombs {after} kB, peak {peak} kB");
+    let (after, _) = rss_after(pid, idle, "two bombs");
     assert!(
         after < idle + 12 * 1024,
         "RSS {idle} kB idle, {after} kB after two refused bombs"
@@ -349,12 +335,7 @@ fn refused_yaml_bombs_leave_rss_near_idle() {
 /// past the 65th descriptor is built.
 #[test]
 fn a_descriptor_flood_leaves_rss_near_idle() {
-    let dir = temp_dir("hostile-flood-rss");
-    let rules = rules_file(
-        &dir,
-        "domain: p\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n",
-    );
-    let server = serve_rules(&rules, &[], "hostile-flood-rss");
+    let (server, _dir) = serve_yaml("hostile-flood-rss", P_RULES, &[]);
     let pid = server.child.id();
     assert_eq!(check(&server.base, "p", "k", "v").0, 200);
     let idle = status_kb(pid, "VmRSS");
@@ -362,24 +343,8 @@ fn a_descriptor_flood_leaves_rss_near_idle() {
         r#"{{"domain":"p","descriptors":[{}]}}"#,
         vec!["{}"; 21_000].join(",")
     );
-    runtime().block_on(async {
-        let mut tasks = Vec::new();
-        for _ in 0..32 {
-            let (base, body) = (server.base.clone(), flood.clone());
-            tasks.push(tokio::spawn(async move {
-                let mut c = Conn::open(&base).await;
-                for _ in 0..8 {
-                    assert_eq!(c.status(body.clone()).await, 400);
-                }
-            }));
-        }
-        for t in tasks {
-            t.await.unwrap();
-        }
-    });
-    let after = status_kb(pid, "VmRSS");
-    let peak = status_kb(pid, "VmHWM");
-    eprintln!("RSS idle {idle} kB, after the flood {after} kB, peak {peak} kB");
+    on_connections(&server.base, 32, 8, 400, move |_, _| flood.clone());
+    let (_, peak) = rss_after(pid, idle, "the flood");
     assert!(
         peak < idle + 10 * 1024,
         "RSS {idle} kB idle, peak {peak} kB during a descriptor flood"
@@ -390,15 +355,11 @@ fn a_descriptor_flood_leaves_rss_near_idle() {
 /// document); a second document with content is still refused, naming the file and line.
 #[test]
 fn a_trailing_empty_document_loads_and_a_second_one_is_refused() {
-    let dir = temp_dir("hostile-trailing-doc");
-    let rules = rules_file(
-        &dir,
-        "domain: t\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1}\n---\n",
-    );
-    let server = serve_rules(&rules, &[], "hostile-trailing-doc");
+    let (server, dir) = serve_yaml("hostile-trailing-doc", "domain: t\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1}\n---\n", &[]);
     assert_eq!(check(&server.base, "t", "k", "v").0, 200);
     assert_eq!(check(&server.base, "t", "k", "v").0, 429);
     drop(server);
+    let rules = dir.join("rules.yaml").to_str().unwrap().to_string();
     std::fs::write(
         &rules,
         "domain: t\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1}\n---\ndomain: u\n",
