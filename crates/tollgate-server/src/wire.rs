@@ -28,8 +28,10 @@
 //! Counts are bounded while reading: the reader stops at the descriptor past
 //! `max_descriptors` and at the entry past `max_entries` (`too_many_descriptors`,
 //! `too_many_entries`, naming the limit: the rest is never read, so its total is unknown), so a
-//! body of thousands of empty descriptors costs what the limit allows, not what it holds. The
-//! other size limits are applied by [`crate::check::validate`].
+//! body of thousands of empty descriptors costs what the limit allows, not what it holds. Fields
+//! that are not read (unknown ones, or of the wrong type) may hold at most `MAX_UNREAD` values
+//! in all, for the same reason. The other size limits are applied by
+//! [`crate::check::validate`].
 
 use crate::error::ApiError;
 use crate::grpc::unit_from_proto;
@@ -70,11 +72,12 @@ pub fn parse_request_within(
     if let Some(req) = plain::read(body, limits.max_descriptors, limits.max_entries) {
         return Ok(req);
     }
-    let over = Cell::new(None);
+    let (over, unread) = (Cell::new(None), Cell::new(MAX_UNREAD));
     let bounds = Bounds {
         descriptors: limits.max_descriptors,
         entries: limits.max_entries,
         over: &over,
+        unread: &unread,
     };
     let collected = collect(body, bounds).map_err(|e| {
         if let Some(o) = over.get() {
@@ -105,6 +108,8 @@ enum Over {
     /// Too many entries in the descriptor at this index (`usize::MAX` until the descriptor
     /// list fills it in).
     Entries(usize),
+    /// More than [`MAX_UNREAD`] values in fields that are not read.
+    Unread,
 }
 
 impl Over {
@@ -124,9 +129,22 @@ impl Over {
                     limits.max_entries
                 ),
             ),
+            Over::Unread => ApiError::invalid(
+                "invalid_request",
+                format!(
+                    "more than {MAX_UNREAD} values in fields that are not read \
+                     (unknown fields, or fields of the wrong type)"
+                ),
+            ),
         }
     }
 }
+
+/// Most array elements and object members a request may hold in fields that are not read:
+/// unknown ones (skipped for forward compatibility) and ones of the wrong type (kept for the
+/// error message). They are still parsed, so without a bound an unknown field of thousands of
+/// empty objects would cost what the descriptor limit saves.
+const MAX_UNREAD: usize = 1024;
 
 /// The count limits of a read, and where the one met is recorded (the serde error that stops
 /// the read carries no data of ours).
@@ -135,9 +153,25 @@ struct Bounds<'b> {
     descriptors: usize,
     entries: usize,
     over: &'b Cell<Option<Over>>,
+    /// What is left of [`MAX_UNREAD`].
+    unread: &'b Cell<usize>,
 }
 
 impl<'b> Bounds<'b> {
+    /// Spend one unread value; the error that stops the read when none is left.
+    fn spend<E: serde::de::Error>(self) -> Result<(), E> {
+        match self.unread.get().checked_sub(1) {
+            Some(left) => {
+                self.unread.set(left);
+                Ok(())
+            }
+            None => {
+                self.over.set(Some(Over::Unread));
+                Err(E::custom("count limit"))
+            }
+        }
+    }
+
     /// A list of objects of kind `O`, at most `max` of them (`over` records the limit met).
     fn list<O>(self, max: usize, over: Over) -> List<'b, Fields<'b, O>> {
         List {
@@ -333,6 +367,9 @@ enum Scalar {
 trait Shape<'de>: Sized {
     type Out;
 
+    /// The limits of the read this value belongs to.
+    fn bounds(&self) -> Bounds<'_>;
+
     fn string(self, s: String) -> Got<Self::Out> {
         Got::Other(Value::String(s))
     }
@@ -342,19 +379,20 @@ trait Shape<'de>: Sized {
     }
 
     fn seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Got<Self::Out>, A::Error> {
-        Strict.visit_seq(seq).map(Got::Other)
+        Strict(self.bounds()).visit_seq(seq).map(Got::Other)
     }
 
     fn map<A: MapAccess<'de>>(self, map: A) -> Result<Got<Self::Out>, A::Error> {
-        Strict.visit_map(map).map(Got::Other)
+        Strict(self.bounds()).visit_map(map).map(Got::Other)
     }
 }
 
 /// Any JSON value as a `Value`, read as serde_json's own `Value` reads it except that an
 /// object naming a key twice is an error (a `Value` keeps the last).
-struct Strict;
+/// Every element and member it reads spends one of the request's [`MAX_UNREAD`].
+struct Strict<'b>(Bounds<'b>);
 
-impl<'de> DeserializeSeed<'de> for Strict {
+impl<'de> DeserializeSeed<'de> for Strict<'_> {
     type Value = Value;
 
     fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<Value, D::Error> {
@@ -362,7 +400,7 @@ impl<'de> DeserializeSeed<'de> for Strict {
     }
 }
 
-impl<'de> Visitor<'de> for Strict {
+impl<'de> Visitor<'de> for Strict<'_> {
     type Value = Value;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -403,7 +441,8 @@ impl<'de> Visitor<'de> for Strict {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
         let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64));
-        while let Some(item) = seq.next_element_seed(Strict)? {
+        while let Some(item) = seq.next_element_seed(Strict(self.0))? {
+            self.0.spend()?;
             out.push(item);
         }
         Ok(Value::Array(out))
@@ -415,7 +454,8 @@ impl<'de> Visitor<'de> for Strict {
             if out.contains_key(&key) {
                 return Err(duplicate(&key));
             }
-            let value = map.next_value_seed(Strict)?;
+            let value = map.next_value_seed(Strict(self.0))?;
+            self.0.spend()?;
             out.insert(key, value);
         }
         Ok(Value::Object(out))
@@ -488,10 +528,14 @@ impl<'de, S: Shape<'de>> Visitor<'de> for Slot<S> {
 
 /// A leaf field: [`Scalar`].
 #[derive(Clone, Copy)]
-struct Leaf;
+struct Leaf<'b>(Bounds<'b>);
 
-impl<'de> Shape<'de> for Leaf {
+impl<'de> Shape<'de> for Leaf<'_> {
     type Out = Scalar;
+
+    fn bounds(&self) -> Bounds<'_> {
+        self.0
+    }
 
     fn string(self, s: String) -> Got<Scalar> {
         Got::Is(Scalar::Str(s))
@@ -514,6 +558,10 @@ struct List<'b, S> {
 
 impl<'de, S: Shape<'de> + Copy> Shape<'de> for List<'_, S> {
     type Out = Vec<Got<S::Out>>;
+
+    fn bounds(&self) -> Bounds<'_> {
+        self.bounds
+    }
 
     fn seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Got<Self::Out>, A::Error> {
         let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(1).min(self.max).min(64));
@@ -583,6 +631,10 @@ impl<O> Copy for Fields<'_, O> {}
 impl<'de, O: Object> Shape<'de> for Fields<'_, O> {
     type Out = O;
 
+    fn bounds(&self) -> Bounds<'_> {
+        self.1
+    }
+
     fn map<A: MapAccess<'de>>(self, mut map: A) -> Result<Got<O>, A::Error> {
         let mut out = O::default();
         // Known keys seen so far, one bit per index; unknown ones (rare) in a set made at the
@@ -603,7 +655,7 @@ impl<'de, O: Object> Shape<'de> for Fields<'_, O> {
                     if set.contains(&name) {
                         return Err(duplicate(&name));
                     }
-                    map.next_value_seed(Strict)?;
+                    map.next_value_seed(Strict(self.1))?;
                     set.insert(name);
                 }
             }
@@ -672,9 +724,9 @@ impl Object for RawBody {
         b: Bounds<'_>,
     ) -> Result<(), A::Error> {
         match key {
-            0 => self.domain = next(map, Leaf)?,
-            1 => self.hits = next(map, Leaf)?,
-            2 => self.hits_camel = next(map, Leaf)?,
+            0 => self.domain = next(map, Leaf(b))?,
+            1 => self.hits = next(map, Leaf(b))?,
+            2 => self.hits_camel = next(map, Leaf(b))?,
             _ => self.descriptors = next(map, b.list(b.descriptors, Over::Descriptors))?,
         }
         Ok(())
@@ -701,8 +753,8 @@ impl Object for RawDescriptor {
     ) -> Result<(), A::Error> {
         match key {
             0 => self.entries = next(map, b.list(b.entries, Over::Entries(usize::MAX)))?,
-            1 => self.hits = next(map, Leaf)?,
-            2 => self.hits_camel = next(map, Leaf)?,
+            1 => self.hits = next(map, Leaf(b))?,
+            2 => self.hits_camel = next(map, Leaf(b))?,
             _ => self.limit = next(map, Fields(PhantomData, b))?,
         }
         Ok(())
@@ -723,11 +775,11 @@ impl Object for RawEntry {
         &mut self,
         key: usize,
         map: &mut A,
-        _: Bounds<'_>,
+        b: Bounds<'_>,
     ) -> Result<(), A::Error> {
         match key {
-            0 => self.key = next(map, Leaf)?,
-            _ => self.value = next(map, Leaf)?,
+            0 => self.key = next(map, Leaf(b))?,
+            _ => self.value = next(map, Leaf(b))?,
         }
         Ok(())
     }
@@ -748,12 +800,12 @@ impl Object for RawLimit {
         &mut self,
         key: usize,
         map: &mut A,
-        _: Bounds<'_>,
+        b: Bounds<'_>,
     ) -> Result<(), A::Error> {
         match key {
-            0 => self.requests_per_unit = next(map, Leaf)?,
-            1 => self.requests_per_unit_camel = next(map, Leaf)?,
-            _ => self.unit = next(map, Leaf)?,
+            0 => self.requests_per_unit = next(map, Leaf(b))?,
+            1 => self.requests_per_unit_camel = next(map, Leaf(b))?,
+            _ => self.unit = next(map, Leaf(b))?,
         }
         Ok(())
     }
@@ -1005,13 +1057,30 @@ mod tests {
 
     /// The reader without count limits.
     fn collect(body: &[u8]) -> Result<Got<RawBody>, serde_json::Error> {
-        let over = Cell::new(None);
+        let (over, unread) = (Cell::new(None), Cell::new(usize::MAX));
         let bounds = Bounds {
             descriptors: usize::MAX,
             entries: usize::MAX,
             over: &over,
+            unread: &unread,
         };
         super::collect(body, bounds)
+    }
+
+    #[test]
+    fn unread_fields_are_bounded() {
+        let body = |n: usize| {
+            format!(
+                r#"{{"domain":"d","descriptors":[{{"entries":[{{"key":"k","x":[{}]}}]}}],"y":{{}}}}"#,
+                vec!["{}"; n].join(",")
+            )
+        };
+        for d in [Dialect::Native, Dialect::ProtoJson] {
+            assert!(parse_request(body(MAX_UNREAD).as_bytes(), d).is_ok());
+            let e = parse_request(body(MAX_UNREAD + 1).as_bytes(), d).unwrap_err();
+            assert_eq!(e.code(), "invalid_request");
+            assert!(e.to_string().contains("more than 1024 values"), "{e}");
+        }
     }
 
     #[test]

@@ -148,6 +148,7 @@ fn a_sliding_log_override_is_bounded() {
 #[test]
 fn a_descriptor_flood_is_refused_at_the_limit_over_http() {
     let (server, _dir) = serve_yaml("hostile-desc-http", P_RULES, &[]);
+    let entry = r#"{"entries":[{"key":"k","value":"v"}]}"#;
     let post = |body: String| {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -167,7 +168,6 @@ fn a_descriptor_flood_is_refused_at_the_limit_over_http() {
         "{v}"
     );
     // The 66th descriptor onwards is never read: here it is not even JSON.
-    let entry = r#"{"entries":[{"key":"k","value":"v"}]}"#;
     let cut = format!(
         r#"{{"domain":"p","descriptors":[{},{{"entries":[ not json"#,
         vec![entry; 65].join(",")
@@ -176,6 +176,17 @@ fn a_descriptor_flood_is_refused_at_the_limit_over_http() {
     assert_eq!(
         (status, &v["error"]["code"]),
         (400, &json!("too_many_descriptors")),
+        "{v}"
+    );
+    // The same flood in a field that is not read: bounded too (it is parsed, not kept).
+    let unknown = format!(
+        r#"{{"domain":"p","descriptors":[{entry}],"x":[{}]}}"#,
+        vec!["{}"; 21_000].join(",")
+    );
+    let (status, v) = post(unknown);
+    assert_eq!(
+        (status, &v["error"]["code"]),
+        (400, &json!("invalid_request")),
         "{v}"
     );
     // Entries likewise, naming the descriptor.
