@@ -439,3 +439,35 @@ async fn header_families_apply_to_rules_file_limits() {
         assert!(!r.headers().contains_key(name), "{name}");
     }
 }
+
+/// Regression: `fn main() -> Result<(), Box<dyn Error>>` printed a build error with Rust's
+/// structure dump (`Rules(RuleErrors([RuleError { file: ..., line: 0, ...`). Its `Debug` is
+/// now the `file:line:column: problem` lines `tollgate validate` prints.
+#[test]
+fn build_error_debug_reads_like_validate() {
+    let dir = tollgate_testsupport::temp_dir("tower-error-text");
+    let file = dir.join("rules.yaml");
+    std::fs::write(
+        &file,
+        "domain: web\ndescriptors:\n  - key: path\n    rate_limit: {unit: minute, requests_per_unt: 5}\n",
+    )
+    .unwrap();
+    let build_error = |path: &std::path::Path| -> Box<dyn std::error::Error> {
+        match RateLimitLayer::builder().rules_file(path, "web").build() {
+            Err(e) => Box::new(e),
+            Ok(_) => panic!("{} was accepted", path.display()),
+        }
+    };
+    let boxed = build_error(&file);
+    let debug = format!("{boxed:?}");
+    let prefix = format!("{}:4:", file.display());
+    assert!(debug.starts_with(&prefix), "{debug}");
+    assert!(debug.contains("requests_per_unit"), "{debug}");
+    assert!(!debug.contains("RuleError"), "{debug}");
+    assert_eq!(debug, boxed.to_string());
+
+    let missing = build_error(std::path::Path::new("/nonexistent/rules.yaml"));
+    let debug = format!("{missing:?}");
+    assert!(debug.starts_with("/nonexistent/rules.yaml: "), "{debug}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
