@@ -904,6 +904,83 @@ mod tests {
         assert!(!w.contains("PATH"), "{w}");
     }
 
+    /// Regression: `GRPC_DEFAULT_SSL_ROOTS_FILE_PATH` (read by the gRPC libraries, set on many
+    /// machines) warned on every start. Only envoy's own prefixes, and near misses of its
+    /// variables under the prefixes it shares, are warned about.
+    #[test]
+    fn other_softwares_variables_under_shared_prefixes_do_not_warn() {
+        let t = tr(&[
+            ("GRPC_DEFAULT_SSL_ROOTS_FILE_PATH", "/etc/ssl/roots.pem"),
+            ("GRPC_TRACE", "all"),
+            ("GRPC_VERBOSITY", "debug"),
+            ("REDIS_HOST", "cache"),
+            ("DEBUG_MODE", "1"),
+        ]);
+        assert!(t.warnings.is_empty(), "{:?}", t.warnings);
+        let t = tr(&[("GRPC_SERVER_TLS_CRT", "x"), ("RUNTIME_ROOTS", "/x")]);
+        assert_eq!(t.warnings.len(), 2, "{:?}", t.warnings);
+    }
+
+    fn explicit_base() -> ServeConfig {
+        ServeConfig {
+            rules: PathBuf::from("my/rules"),
+            http_addr: Some("127.0.0.1:9999".parse().unwrap()),
+            redis_prefix: "mine".into(),
+            response_headers: true,
+            ..ServeConfig::default()
+        }
+    }
+
+    const ALL_EXPLICIT: Explicit = Explicit {
+        rules: true,
+        http_addr: true,
+        response_headers: true,
+        redis_prefix: true,
+    };
+
+    /// Regression: `--rules`, `--http-addr`, `--response-headers` and `--redis-prefix` were
+    /// silently replaced by the profile's defaults.
+    #[test]
+    fn explicit_flags_win_over_the_profiles_defaults() {
+        let vars = env(&[("REDIS_SOCKET_TYPE", "tcp"), ("REDIS_URL", "127.0.0.1:6379")]);
+        let t = translate_with(&vars, explicit_base(), ALL_EXPLICIT).unwrap();
+        let c = &t.config;
+        assert_eq!(c.rules, PathBuf::from("my/rules"));
+        assert_eq!(c.rules_origin, None);
+        assert_eq!(c.http_addr, Some("127.0.0.1:9999".parse().unwrap()));
+        assert_eq!(c.redis_prefix, "mine");
+        let headers = c.envoy.as_ref().unwrap().headers.as_ref().unwrap();
+        assert_eq!(headers.limit, "RateLimit-Limit");
+        // Not given: the profile's defaults, as before.
+        let t = translate_with(&vars, explicit_base(), Explicit::default()).unwrap();
+        assert_eq!(t.config.rules, PathBuf::from("/srv/runtime_data/current/config"));
+        assert!(t.config.rules_origin.as_deref().unwrap().contains("RUNTIME_ROOT"));
+        assert_eq!(t.config.redis_prefix, "");
+        assert_eq!(t.config.envoy.unwrap().headers, None);
+    }
+
+    #[test]
+    fn a_flag_and_envoys_variable_that_disagree_stop_the_start_naming_both() {
+        for (var, value, flag) in [
+            ("RUNTIME_ROOT", "/data", "--rules"),
+            ("PORT", "7000", "--http-addr"),
+            ("CACHE_KEY_PREFIX", "other", "--redis-prefix"),
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "false", "--response-headers"),
+        ] {
+            let vars = env(&[
+                ("REDIS_SOCKET_TYPE", "tcp"),
+                ("REDIS_URL", "127.0.0.1:6379"),
+                (var, value),
+            ]);
+            let e = translate_with(&vars, explicit_base(), ALL_EXPLICIT).unwrap_err();
+            assert_eq!(e.name, var);
+            assert!(e.to_string().contains(flag), "{e}");
+        }
+        // Agreeing values are no conflict.
+        let vars = env(&[("HOST", "127.0.0.1"), ("PORT", "9999")]);
+        translate_with(&vars, explicit_base(), ALL_EXPLICIT).unwrap();
+    }
+
     #[test]
     fn bad_values_are_clear_errors() {
         assert_eq!(err(&[("PORT", "http")]).name, "PORT");
