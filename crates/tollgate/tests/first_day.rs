@@ -157,6 +157,24 @@ fn profile_with_flags(name: &str, extra: &[(&str, &str)]) -> Server {
     s
 }
 
+/// `serve --profile envoy` configured by envoy's variables only (rules under `RUNTIME_ROOT`),
+/// with `extra` in the environment.
+fn profile_from_env(name: &str, extra: &[(&str, &str)]) -> Server {
+    let root = temp_dir(name);
+    std::fs::create_dir_all(root.join("config")).unwrap();
+    std::fs::write(root.join("config/rules.yaml"), SHADOWED).unwrap();
+    let (http, grpc) = (free_port().to_string(), free_port().to_string());
+    let mut owned = profile_env(&grpc);
+    owned.extend([
+        ("HOST", "127.0.0.1".into()),
+        ("PORT", http),
+        ("RUNTIME_ROOT", root.display().to_string()),
+    ]);
+    let mut env: Vec<(&str, &str)> = owned.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    env.extend_from_slice(extra);
+    Server::start_env(&["--profile", "envoy"], &env, &repo(), name)
+}
+
 fn json_call(base: &str, body: Value) -> (u16, Value) {
     let r = http(base, Method::POST, "/json", Some(body));
     (r.status, serde_json::from_str(&r.body).unwrap_or(Value::Null))
@@ -189,7 +207,7 @@ fn envoy_profile_keeps_the_flags_given_and_warns_only_about_its_own_variables() 
 /// profile; envoyproxy/ratelimit answers it OK with no limit.
 #[test]
 fn envoy_profile_answers_a_descriptor_with_no_entries_ok() {
-    let s = profile_with_flags("first-day-profile-empty", &[]);
+    let s = profile_from_env("first-day-profile-empty", &[]);
     let (status, body) = json_call(
         &s.base,
         json!({"domain": "first", "descriptors": [{"entries": []}]}),
@@ -213,7 +231,13 @@ fn envoy_profile_answers_a_descriptor_with_no_entries_ok() {
 /// still carried `Retry-After` and a `retry_after_ms`: an allowed answer tells no one to wait.
 #[test]
 fn envoy_profile_global_shadow_answer_carries_no_retry_after() {
-    let s = profile_with_flags("first-day-profile-shadow", &[("SHADOW_MODE", "true")]);
+    let s = profile_from_env(
+        "first-day-profile-shadow",
+        &[
+            ("SHADOW_MODE", "true"),
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+        ],
+    );
     let body = json!({"domain": "first", "descriptors": [{"entries": [{"key": "user", "value": "c"}]}]});
     for i in 0..2 {
         let r = http(&s.base, Method::POST, "/v1/check", Some(body.clone()));
