@@ -214,14 +214,14 @@ impl HeaderValues {
 fn in_force(quota: &Quota, d: &Decision, reset: Micros, now: Micros) -> (u64, Micros, Micros) {
     let nominal = quota.period().nominal();
     match quota.algorithm() {
-        Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra
-            if quota.limit() > 0 =>
-        {
+        Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra if quota.limit() > 0 => {
             // The decision's limit may be a share of the quota's (a degraded Redis store
             // divides it among instances): the capacity is scaled with it.
             let scale = |v: u64| {
-                u64::try_from(u128::from(v) * u128::from(quota.capacity()) / u128::from(quota.limit()))
-                    .unwrap_or(u64::MAX)
+                u64::try_from(
+                    u128::from(v) * u128::from(quota.capacity()) / u128::from(quota.limit()),
+                )
+                .unwrap_or(u64::MAX)
             };
             (scale(d.limit), scale(nominal), reset)
         }
@@ -373,7 +373,10 @@ mod tests {
         let now = 1_000 * 60 * SECOND + 32 * SECOND;
         let (d, _) = crate::algorithm::step(&q, None, now, 1);
         let h = HeaderValues::new(Some(&q), &d, true, now);
-        assert_eq!((h.limit, h.remaining, h.reset_secs, h.window_secs), (100, 99, 28, 60));
+        assert_eq!(
+            (h.limit, h.remaining, h.reset_secs, h.window_secs),
+            (100, 99, 28, 60)
+        );
     }
 
     proptest::proptest! {

@@ -82,7 +82,13 @@ pub fn install(config: DecisionLogConfig) {
         DecisionLogMode::All => 2,
     };
     if mode > 0 {
-        BUDGET.get_or_init(|| (Instant::now(), config.max_per_second.max(1), Mutex::new((0, 0, 0))));
+        BUDGET.get_or_init(|| {
+            (
+                Instant::now(),
+                config.max_per_second.max(1),
+                Mutex::new((0, 0, 0)),
+            )
+        });
     }
     MODE.store(mode, Ordering::Relaxed);
 }
@@ -142,7 +148,11 @@ pub(crate) fn record(domain: &str, statuses: &[Status<'_>], descriptors: &[Descr
                 "decision log: lines suppressed (more than --decision-log-max-per-second)"
             );
         }
-        let outcome = if decision.allowed { "allowed" } else { "denied" };
+        let outcome = if decision.allowed {
+            "allowed"
+        } else {
+            "denied"
+        };
         tracing::info!(
             target: TARGET,
             domain,

@@ -517,7 +517,11 @@ pub fn translate_with(
 ) -> Result<Translation, ProfileError> {
     let env = Env { vars };
     // The first of `names` that is set, when the flag is given and the values differ.
-    let clash = |given: bool, differ: bool, names: &[&str], flag: &str| -> Result<(), ProfileError> {
+    let clash = |given: bool,
+                 differ: bool,
+                 names: &[&str],
+                 flag: &str|
+     -> Result<(), ProfileError> {
         match names.iter().find(|n| env.get(n).is_some()) {
             Some(name) if given && differ => Err(env.error(
                 name,
@@ -630,7 +634,11 @@ pub fn translate_with(
     clash(
         explicit.rules,
         rules != base.rules,
-        &["RUNTIME_ROOT", "RUNTIME_SUBDIRECTORY", "RUNTIME_APPDIRECTORY"],
+        &[
+            "RUNTIME_ROOT",
+            "RUNTIME_SUBDIRECTORY",
+            "RUNTIME_APPDIRECTORY",
+        ],
         "--rules (TOLLGATE_RULES)",
     )?;
     if !explicit.rules {
@@ -717,12 +725,11 @@ pub fn translate_with(
         &["LIMIT_RESPONSE_HEADERS_ENABLED"],
         "--response-headers (TOLLGATE_RESPONSE_HEADERS)",
     )?;
-    let headers = (headers_on || explicit.response_headers)
-        .then(|| HeaderNames {
-            limit: env.str_or("LIMIT_LIMIT_HEADER", "RateLimit-Limit"),
-            remaining: env.str_or("LIMIT_REMAINING_HEADER", "RateLimit-Remaining"),
-            reset: env.str_or("LIMIT_RESET_HEADER", "RateLimit-Reset"),
-        });
+    let headers = (headers_on || explicit.response_headers).then(|| HeaderNames {
+        limit: env.str_or("LIMIT_LIMIT_HEADER", "RateLimit-Limit"),
+        remaining: env.str_or("LIMIT_REMAINING_HEADER", "RateLimit-Remaining"),
+        reset: env.str_or("LIMIT_RESET_HEADER", "RateLimit-Reset"),
+    });
     config.envoy = Some(EnvoyMode {
         shadow_mode: env.bool_or("SHADOW_MODE", false)?,
         quota_mode: env.bool_or("QUOTA_MODE", false)?,
@@ -942,7 +949,10 @@ mod tests {
     /// silently replaced by the profile's defaults.
     #[test]
     fn explicit_flags_win_over_the_profiles_defaults() {
-        let vars = env(&[("REDIS_SOCKET_TYPE", "tcp"), ("REDIS_URL", "127.0.0.1:6379")]);
+        let vars = env(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "127.0.0.1:6379"),
+        ]);
         let t = translate_with(&vars, explicit_base(), ALL_EXPLICIT).unwrap();
         let c = &t.config;
         assert_eq!(c.rules, PathBuf::from("my/rules"));
@@ -953,8 +963,16 @@ mod tests {
         assert_eq!(headers.limit, "RateLimit-Limit");
         // Not given: the profile's defaults, as before.
         let t = translate_with(&vars, explicit_base(), Explicit::default()).unwrap();
-        assert_eq!(t.config.rules, PathBuf::from("/srv/runtime_data/current/config"));
-        assert!(t.config.rules_origin.as_deref().unwrap().contains("RUNTIME_ROOT"));
+        assert_eq!(
+            t.config.rules,
+            PathBuf::from("/srv/runtime_data/current/config")
+        );
+        assert!(t
+            .config
+            .rules_origin
+            .as_deref()
+            .unwrap()
+            .contains("RUNTIME_ROOT"));
         assert_eq!(t.config.redis_prefix, "");
         assert_eq!(t.config.envoy.unwrap().headers, None);
     }
@@ -965,7 +983,11 @@ mod tests {
             ("RUNTIME_ROOT", "/data", "--rules"),
             ("PORT", "7000", "--http-addr"),
             ("CACHE_KEY_PREFIX", "other", "--redis-prefix"),
-            ("LIMIT_RESPONSE_HEADERS_ENABLED", "false", "--response-headers"),
+            (
+                "LIMIT_RESPONSE_HEADERS_ENABLED",
+                "false",
+                "--response-headers",
+            ),
         ] {
             let vars = env(&[
                 ("REDIS_SOCKET_TYPE", "tcp"),

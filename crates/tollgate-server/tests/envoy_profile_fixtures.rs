@@ -387,7 +387,11 @@ async fn empty_descriptor(store: Store) {
     let r = check(&p, "test-domain", &[&[]], 1).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     assert_eq!(r.code(0), "OK", "{}", r.text);
-    assert!(r.body["statuses"][0]["current_limit"].is_null(), "{}", r.text);
+    assert!(
+        r.body["statuses"][0]["current_limit"].is_null(),
+        "{}",
+        r.text
+    );
     // key3: 1/hour; the empty descriptor beside it changes nothing.
     let r = check(&p, "test-domain", &[&[], &[("key3", "e")]], 2).await;
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{}", r.text);

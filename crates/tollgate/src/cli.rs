@@ -422,7 +422,9 @@ impl ServeArgs {
 
     fn config(&self) -> ServeConfig {
         ServeConfig {
-            http_addr: self.http_addr.map_or(ServeConfig::default().http_addr, |a| a.0),
+            http_addr: self
+                .http_addr
+                .map_or(ServeConfig::default().http_addr, |a| a.0),
             grpc_addr: self.grpc_addr.0,
             rules: self
                 .rules
@@ -453,9 +455,11 @@ impl ServeArgs {
             header_read_timeout: self.header_read_timeout,
             body_read_timeout: self.body_read_timeout,
             idle_timeout: self.idle_timeout,
-            max_connections: self.max_connections.map_or(ServeConfig::default().max_connections, |n| {
-                usize::try_from(n).unwrap_or(usize::MAX)
-            }),
+            max_connections: self
+                .max_connections
+                .map_or(ServeConfig::default().max_connections, |n| {
+                    usize::try_from(n).unwrap_or(usize::MAX)
+                }),
             max_connections_chosen: self.max_connections.is_some(),
             shutdown_timeout: self.shutdown_timeout,
             grpc_limits: self.grpc.limits(),

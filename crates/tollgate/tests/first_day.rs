@@ -177,7 +177,10 @@ fn profile_from_env(name: &str, extra: &[(&str, &str)]) -> Server {
 
 fn json_call(base: &str, body: Value) -> (u16, Value) {
     let r = http(base, Method::POST, "/json", Some(body));
-    (r.status, serde_json::from_str(&r.body).unwrap_or(Value::Null))
+    (
+        r.status,
+        serde_json::from_str(&r.body).unwrap_or(Value::Null),
+    )
 }
 
 /// Regression: under the profile `--rules`, `--http-addr` and `--response-headers` were
@@ -195,7 +198,10 @@ fn envoy_profile_keeps_the_flags_given_and_warns_only_about_its_own_variables() 
         json!({"domain": "first", "descriptors": [{"entries": [{"key": "user", "value": "a"}]}]}),
     );
     assert_eq!(status, 200, "{body}");
-    assert_eq!(body["statuses"][0]["currentLimit"]["requestsPerUnit"], 1, "{body}");
+    assert_eq!(
+        body["statuses"][0]["currentLimit"]["requestsPerUnit"], 1,
+        "{body}"
+    );
     let headers = body["responseHeadersToAdd"].to_string();
     assert!(headers.contains("RateLimit-Limit"), "{body}");
     let log = s.stderr();
@@ -224,7 +230,10 @@ fn envoy_profile_answers_a_descriptor_with_no_entries_ok() {
             {"entries": [{"key": "user", "value": "b"}]}
         ]}),
     );
-    assert_eq!(body["statuses"][1]["currentLimit"]["requestsPerUnit"], 1, "{body}");
+    assert_eq!(
+        body["statuses"][1]["currentLimit"]["requestsPerUnit"], 1,
+        "{body}"
+    );
 }
 
 /// Regression: with `SHADOW_MODE=true` an over-limit request is answered OK, yet the answer
@@ -238,14 +247,19 @@ fn envoy_profile_global_shadow_answer_carries_no_retry_after() {
             ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
         ],
     );
-    let body = json!({"domain": "first", "descriptors": [{"entries": [{"key": "user", "value": "c"}]}]});
+    let body =
+        json!({"domain": "first", "descriptors": [{"entries": [{"key": "user", "value": "c"}]}]});
     for i in 0..2 {
         let r = http(&s.base, Method::POST, "/v1/check", Some(body.clone()));
         assert_eq!(r.status, 200, "request {i}: {}", r.body);
         let v: Value = serde_json::from_str(&r.body).unwrap();
         assert_eq!(v["overall_code"], "OK", "{v}");
         assert_eq!(v["statuses"][0]["retry_after_ms"], Value::Null, "{v}");
-        assert!(r.header("retry-after").is_none(), "request {i}: {:?}", r.headers);
+        assert!(
+            r.header("retry-after").is_none(),
+            "request {i}: {:?}",
+            r.headers
+        );
     }
 }
 
@@ -327,7 +341,11 @@ fn header_numbers(r: &tollgate_server::client::HttpResponse) -> (u64, u64, u64, 
     };
     let policy = r.header("ratelimit-policy").expect("ratelimit-policy");
     let (limit, window) = policy.split_once(";w=").expect("limit;w=window");
-    assert_eq!(limit.parse::<u64>().unwrap(), num("x-ratelimit-limit"), "{policy}");
+    assert_eq!(
+        limit.parse::<u64>().unwrap(),
+        num("x-ratelimit-limit"),
+        "{policy}"
+    );
     (
         num("x-ratelimit-limit"),
         num("x-ratelimit-remaining"),
@@ -356,7 +374,9 @@ fn rate_limit_headers_never_claim_more_than_the_capacity_in_force() {
                 &s.base,
                 Method::POST,
                 "/v1/check",
-                Some(json!({"domain": "hdr", "descriptors": [{"entries": [{"key": key, "value": "x"}]}]})),
+                Some(
+                    json!({"domain": "hdr", "descriptors": [{"entries": [{"key": key, "value": "x"}]}]}),
+                ),
             );
             let (limit, remaining, reset, window) = header_numbers(&r);
             assert!(remaining <= limit, "{key} #{i}: {:?}", r.headers);
@@ -422,7 +442,12 @@ fn decision_log_is_rate_limited_and_counts_what_it_drops() {
     let dir = rules_dir("first-day-decision-flood", ONE_AN_HOUR);
     let s = serve_rules_env(
         dir.to_str().unwrap(),
-        &["--decision-log", "all", "--decision-log-max-per-second", "3"],
+        &[
+            "--decision-log",
+            "all",
+            "--decision-log-max-per-second",
+            "3",
+        ],
         &[("TOLLGATE_LOG_FORMAT", "json")],
         "first-day-decision-flood",
     );
@@ -456,7 +481,10 @@ fn decision_log_is_rate_limited_and_counts_what_it_drops() {
         .filter_map(|l| l["fields"]["suppressed"].as_u64())
         .sum();
     assert!(written < sent, "{written} of {sent} written");
-    assert!(dropped > 0 && written + dropped <= sent, "{written} + {dropped} > {sent}");
+    assert!(
+        dropped > 0 && written + dropped <= sent,
+        "{written} + {dropped} > {sent}"
+    );
 }
 
 /// `tollgate serve --help` documents the decision log's modes and that keys are personal data.

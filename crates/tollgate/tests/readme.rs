@@ -413,7 +413,11 @@ fn every_shell_block_in_the_docs_runs_as_written() {
     let mut failures = Vec::new();
     let (mut ran, mut not_run) = (0, 0);
     for path in &files {
-        let name = path.strip_prefix(repo()).unwrap_or(path).display().to_string();
+        let name = path
+            .strip_prefix(repo())
+            .unwrap_or(path)
+            .display()
+            .to_string();
         let text = std::fs::read_to_string(path).unwrap();
         // One quick-start server per file, for its `run: server` blocks; stopped before a block
         // that starts its own services.
@@ -471,7 +475,10 @@ fn every_shell_block_in_the_docs_runs_as_written() {
         failures.len(),
         failures.join("\n\n")
     );
-    assert!(ran >= 10, "only {ran} blocks ran ({not_run} marked not run)");
+    assert!(
+        ran >= 10,
+        "only {ran} blocks ran ({not_run} marked not run)"
+    );
 }
 
 #[test]
