@@ -69,9 +69,17 @@ impl Default for DecisionLogConfig {
 /// The mode in force ([`install`]): 0 off, 1 denied, 2 all.
 static MODE: AtomicU8 = AtomicU8::new(0);
 
-/// The line budget: (second since [`install`], lines written in it, lines suppressed since the
-/// last report).
-static BUDGET: OnceLock<(Instant, u32, Mutex<(u64, u32, u64)>)> = OnceLock::new();
+/// The line budget of the process.
+struct Budget {
+    /// When the log was installed: seconds are counted from it.
+    start: Instant,
+    /// Most lines a second.
+    max: u32,
+    /// The second being counted, lines written in it, lines suppressed since the last report.
+    state: Mutex<(u64, u32, u64)>,
+}
+
+static BUDGET: OnceLock<Budget> = OnceLock::new();
 
 /// Turn the log on as `config` says, for the whole process (the log is process-wide, like the
 /// logger it writes to). The first configuration installed keeps its line budget.
@@ -82,12 +90,10 @@ pub fn install(config: DecisionLogConfig) {
         DecisionLogMode::All => 2,
     };
     if mode > 0 {
-        BUDGET.get_or_init(|| {
-            (
-                Instant::now(),
-                config.max_per_second.max(1),
-                Mutex::new((0, 0, 0)),
-            )
+        BUDGET.get_or_init(|| Budget {
+            start: Instant::now(),
+            max: config.max_per_second.max(1),
+            state: Mutex::new((0, 0, 0)),
         });
     }
     MODE.store(mode, Ordering::Relaxed);
@@ -96,14 +102,14 @@ pub fn install(config: DecisionLogConfig) {
 /// Whether a line may be written now; when lines were suppressed before it, that count (to
 /// report first).
 fn admit() -> Option<u64> {
-    let (start, max, state) = BUDGET.get()?;
-    let second = start.elapsed().as_secs();
-    let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+    let budget = BUDGET.get()?;
+    let second = budget.start.elapsed().as_secs();
+    let mut s = budget.state.lock().unwrap_or_else(|e| e.into_inner());
     if s.0 != second {
         s.0 = second;
         s.1 = 0;
     }
-    if s.1 >= *max {
+    if s.1 >= budget.max {
         s.2 += 1;
         return None;
     }

@@ -370,7 +370,8 @@ const FD_HEADROOM: u64 = 256;
 
 /// Raise the soft `RLIMIT_NOFILE` to the hard limit (the default soft limit, often 1024, would
 /// run out long before `--max-connections`) and return the per-listener connection cap to use
-/// on `listeners` listeners ([`fit_connections`]).
+/// on `listeners` listeners: a default cap (not `chosen`) that the limit cannot hold is lowered
+/// to fit, silently; a chosen one is kept and warned about.
 pub fn raise_open_files_limit(max_connections: usize, listeners: usize, chosen: bool) -> usize {
     match rlimit::increase_nofile_limit(u64::MAX) {
         Ok(limit) => {

@@ -508,3 +508,22 @@ fn doc_block_markers_parse() {
     assert_eq!(blocks[0].text, "echo a\n");
     assert_eq!(blocks[1].how, None);
 }
+
+/// Regression: the migration guide said both that envoy's debug port (6070) has no tollgate
+/// counterpart and that `/rlconfig` and `/stats` are served there (they are), and the swap
+/// manifest's comment repeated the first. The guide and the manifest keep the port.
+#[test]
+fn the_migration_guide_and_swap_manifest_keep_the_debug_port() {
+    let guide =
+        std::fs::read_to_string(repo().join("docs/migrating-from-envoy-ratelimit.md")).unwrap();
+    assert!(
+        !guide.contains("no tollgate counterpart"),
+        "docs/migrating-from-envoy-ratelimit.md"
+    );
+    assert!(guide.contains("/rlconfig"));
+    let manifest =
+        std::fs::read_to_string(repo().join("deploy/kubernetes/envoy-ratelimit-swap.yaml"))
+            .unwrap();
+    assert!(manifest.contains("containerPort: 6070"), "{manifest}");
+    assert!(!manifest.contains("debug port 6070 is gone"), "{manifest}");
+}
