@@ -62,12 +62,16 @@ fn wait_for_stderr(s: &Server, what: &str, cond: impl Fn(&str) -> bool) -> Strin
 const LOW_NOFILE: &str = "n=$(ulimit -Hn); if [ \"$n\" = unlimited ] || [ \"$n\" -gt 20000 ]; \
                           then n=20000; fi; ulimit -n \"$n\" && exec \"$0\" \"$@\"";
 
+/// `tollgate ARGS` under [`LOW_NOFILE`].
+fn start_low_nofile(args: &[&str], name: &str) -> Server {
+    Server::launch_under(&["bash", "-c", LOW_NOFILE], args, &[], &repo(), name).unwrap()
+}
+
 /// Regression: every default start warned "--max-connections (per listener, two listeners)
 /// exceeds the open-files limit". Defaults must fit each other: nothing is warned about.
 #[test]
 fn a_default_start_warns_about_nothing() {
-    let s = Server::launch_under(
-        &["bash", "-c", LOW_NOFILE],
+    let s = start_low_nofile(
         &[
             "serve",
             "--http-addr",
@@ -75,11 +79,8 @@ fn a_default_start_warns_about_nothing() {
             "--grpc-addr",
             "127.0.0.1:0",
         ],
-        &[],
-        &repo(),
         "first-day-default-start",
-    )
-    .unwrap();
+    );
     let log = s.stderr();
     assert!(!log.contains("WARN"), "{log}");
     assert_eq!(check(&s.base, "api", "user", "alice").0, 200);
@@ -89,8 +90,7 @@ fn a_default_start_warns_about_nothing() {
 /// the listeners actually on (one here: gRPC is off).
 #[test]
 fn a_chosen_connection_cap_that_cannot_fit_is_warned_about_with_the_real_listener_count() {
-    let s = Server::launch_under(
-        &["bash", "-c", LOW_NOFILE],
+    let s = start_low_nofile(
         &[
             "serve",
             "--http-addr",
@@ -100,11 +100,8 @@ fn a_chosen_connection_cap_that_cannot_fit_is_warned_about_with_the_real_listene
             "--max-connections",
             "30000",
         ],
-        &[],
-        &repo(),
         "first-day-chosen-cap",
-    )
-    .unwrap();
+    );
     let log = s.stderr();
     assert!(log.contains("WARN"), "{log}");
     assert!(log.contains("1 listener)"), "{log}");

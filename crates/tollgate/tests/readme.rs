@@ -14,7 +14,7 @@ mod support;
 
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 use support::{free_port, port_is_free, repo};
 
@@ -102,21 +102,7 @@ fn readme_distributed_setup_runs_as_written() {
         .process_group(0)
         .spawn()
         .unwrap();
-    let group = child.id();
-    let until = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break Some(s);
-        }
-        if Instant::now() > until {
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let _ = Command::new("kill")
-        .args(["-KILL", "--", &format!("-{group}")])
-        .stderr(Stdio::null())
-        .status();
+    let status = wait_then_stop(&mut child, Duration::from_secs(60));
     let out = child.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -309,10 +295,9 @@ fn kill_group(pid: u32) {
         .status();
 }
 
-/// Run `script` to its end (at most `limit`); `Err` with its output unless it exits 0.
-fn run_to_end(env: &Env, script: &str, limit: Duration) -> Result<(), String> {
-    let mut child = env.command(script).spawn().unwrap();
-    let group = child.id();
+/// Wait for `child` (the leader of its own process group) at most `limit`, then stop whatever
+/// of its group is left; its status if it ended in time.
+fn wait_then_stop(child: &mut std::process::Child, limit: Duration) -> Option<ExitStatus> {
     let until = Instant::now() + limit;
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
@@ -323,7 +308,14 @@ fn run_to_end(env: &Env, script: &str, limit: Duration) -> Result<(), String> {
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    kill_group(group);
+    kill_group(child.id());
+    status
+}
+
+/// Run `script` to its end (at most `limit`); `Err` with its output unless it exits 0.
+fn run_to_end(env: &Env, script: &str, limit: Duration) -> Result<(), String> {
+    let mut child = env.command(script).spawn().unwrap();
+    let status = wait_then_stop(&mut child, limit);
     let out = child.wait_with_output().unwrap();
     let text = format!(
         "stdout:\n{}\nstderr:\n{}",
