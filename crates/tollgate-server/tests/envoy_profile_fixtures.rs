@@ -370,6 +370,12 @@ async fn shadow_mode(store: Store) {
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     assert_eq!(r.body["overall_code"], "OK", "{}", r.text);
     assert_eq!(r.remaining(0), 0, "{}", r.text);
+    // An allowed answer tells no one to wait.
+    assert!(
+        r.body["statuses"][0]["retry_after_ms"].is_null(),
+        "{}",
+        r.text
+    );
 }
 
 #[tokio::test]

@@ -471,3 +471,28 @@ fn build_error_debug_reads_like_validate() {
     assert!(debug.starts_with("/nonexistent/rules.yaml: "), "{debug}");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// Regression: a leaky bucket of 5/second with a burst of 10 answered `x-ratelimit-limit: 5`
+/// with `x-ratelimit-remaining: 8`. The limit is the bucket's capacity, the window its refill.
+#[tokio::test]
+async fn a_bursty_bucket_reports_its_capacity() {
+    let app = Router::new().route("/", get(|| async { "ok" })).layer(
+        RateLimitLayer::builder()
+            .quota(
+                Quota::new(5, Unit::Second)
+                    .with_algorithm(tollgate_tower::Algorithm::LeakyBucket)
+                    .with_burst(10),
+            )
+            .key(Key::peer_ip())
+            .build()
+            .unwrap(),
+    );
+    let addr: SocketAddr = "192.0.2.1:1000".parse().unwrap();
+    for _ in 0..3 {
+        let resp = app.clone().oneshot(from_addr(addr)).await.unwrap();
+        let num = |name: &str| -> u64 { resp.headers()[name].to_str().unwrap().parse().unwrap() };
+        assert_eq!(num("x-ratelimit-limit"), 10, "{:?}", resp.headers());
+        assert!(num("x-ratelimit-remaining") <= 10, "{:?}", resp.headers());
+        assert_eq!(resp.headers()["ratelimit-policy"], "10;w=2");
+    }
+}

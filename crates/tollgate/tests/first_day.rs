@@ -219,6 +219,29 @@ fn envoy_profile_answers_a_descriptor_with_no_entries_ok() {
     assert_eq!(body["overallCode"], "OK", "{body}");
     assert_eq!(body["statuses"][0]["code"], "OK", "{body}");
     assert!(body["statuses"][0].get("currentLimit").is_none(), "{body}");
+    // Over gRPC, as Envoy asks: OK, not INVALID_ARGUMENT.
+    let grpc = s.addr("gRPC ");
+    let answer = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+            use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+            use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+            let mut client = RateLimitServiceClient::connect(format!("http://{grpc}"))
+                .await
+                .expect("gRPC connect");
+            client
+                .should_rate_limit(RateLimitRequest {
+                    domain: "first".into(),
+                    descriptors: vec![RateLimitDescriptor::default()],
+                    hits_addend: 0,
+                })
+                .await
+        });
+    let answer = answer.expect("ShouldRateLimit answered").into_inner();
+    assert_eq!(answer.overall_code, 1, "OK: {answer:?}");
     // Next to a limited descriptor, the limited one still counts.
     let (_, body) = json_call(
         &s.base,
