@@ -467,10 +467,10 @@ fn runtime(env: &Env<'_>) -> Result<(PathBuf, LoadOptions), ProfileError> {
     ))
 }
 
-/// Which of tollgate's own settings were given explicitly (a flag or its `TOLLGATE_*`
-/// variable), so that the profile does not replace them with envoy's defaults: a given setting
-/// wins over the profile's default, and when envoy's variable for it is set too and says
-/// something else, the start fails naming both.
+/// Which of tollgate's own settings were given explicitly (a flag on the command line), so
+/// that the profile does not replace them with envoy's defaults: a given setting wins over the
+/// profile's default, and when envoy's variable for it is set too and says something else, the
+/// start fails naming both.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Explicit {
     /// `--rules` (envoy: `RUNTIME_ROOT`, `RUNTIME_SUBDIRECTORY`, `RUNTIME_APPDIRECTORY`).

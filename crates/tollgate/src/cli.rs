@@ -410,13 +410,37 @@ impl std::str::FromStr for TrustedProxy {
 }
 
 impl ServeArgs {
-    /// The flags (or their `TOLLGATE_*` variables) a profile must not silently override.
+    /// The settings given on the command line, which a profile must not silently override.
+    /// Their `TOLLGATE_*` variables do not count: the container image sets `TOLLGATE_RULES`
+    /// for plain `serve`, and under the profile envoy's variables (and defaults) replace it.
     fn explicit(&self) -> tollgate_server::profile::Explicit {
+        // A value that is not the variable's came from the flag.
+        fn flag<T: PartialEq>(
+            value: Option<&T>,
+            var: &str,
+            parse: impl Fn(&str) -> Option<T>,
+        ) -> bool {
+            match (value, std::env::var(var).ok()) {
+                (None, _) => false,
+                (Some(_), None) => true,
+                (Some(v), Some(text)) => parse(&text).as_ref() != Some(v),
+            }
+        }
+        let addr = |a: &ListenAddr| a.0;
         tollgate_server::profile::Explicit {
-            rules: self.rules.is_some(),
-            http_addr: self.http_addr.is_some(),
-            response_headers: self.response_headers,
-            redis_prefix: self.redis_prefix.is_some(),
+            rules: flag(self.rules.as_ref(), "TOLLGATE_RULES", |t| {
+                Some(PathBuf::from(t))
+            }),
+            http_addr: flag(
+                self.http_addr.as_ref().map(addr).as_ref(),
+                "TOLLGATE_HTTP_ADDR",
+                |t| listen_addr(t).ok().map(|a| a.0),
+            ),
+            response_headers: self.response_headers
+                && std::env::var_os("TOLLGATE_RESPONSE_HEADERS").is_none(),
+            redis_prefix: flag(self.redis_prefix.as_ref(), "TOLLGATE_REDIS_PREFIX", |t| {
+                Some(t.to_owned())
+            }),
         }
     }
 

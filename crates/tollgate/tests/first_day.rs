@@ -515,3 +515,20 @@ fn decision_log_flag_is_documented() {
     assert!(help.contains("--decision-log"), "{help}");
     assert!(help.contains("personal data"), "{help}");
 }
+
+/// The container image sets `TOLLGATE_RULES` for plain `serve`; under the profile that
+/// variable gives way to envoy's `RUNTIME_*` layout (only flags on the command line win), so a
+/// swapped deployment loads its ConfigMap, not the image's example rules.
+#[test]
+fn envoy_profile_lets_the_images_rules_variable_give_way_to_the_runtime_layout() {
+    let s = profile_from_env(
+        "first-day-profile-image-rules",
+        &[("TOLLGATE_RULES", "/etc/tollgate/rules")],
+    );
+    let (status, body) = json_call(
+        &s.base,
+        json!({"domain": "first", "descriptors": [{"entries": [{"key": "user", "value": "d"}]}]}),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["statuses"][0]["currentLimit"]["requestsPerUnit"], 1, "{body}");
+}
