@@ -530,5 +530,8 @@ fn envoy_profile_lets_the_images_rules_variable_give_way_to_the_runtime_layout()
         json!({"domain": "first", "descriptors": [{"entries": [{"key": "user", "value": "d"}]}]}),
     );
     assert_eq!(status, 200, "{body}");
-    assert_eq!(body["statuses"][0]["currentLimit"]["requestsPerUnit"], 1, "{body}");
+    assert_eq!(
+        body["statuses"][0]["currentLimit"]["requestsPerUnit"], 1,
+        "{body}"
+    );
 }

@@ -1,7 +1,8 @@
 //! The shell blocks of README.md and docs/*.md, run as written. Each block carries an HTML
 //! comment on the line before it saying how it is run (`<!-- run -->`, `<!-- run: server -->`
 //! next to the quick start's `serve`, `<!-- run: serve -->` for a foreground service, a named
-//! test's marker, or `<!-- not run: REASON -->`); an unmarked block fails the run.
+//! test's marker, or `<!-- not run: REASON -->`), optionally followed by `| stdout has: TEXT`
+//! for what its output must show; an unmarked block fails the run.
 //!
 //! README.md's distributed setup, run as written (extracted from the README, so the two cannot
 //! drift): on a machine that already runs the quick start's `serve` and a Redis on 6379, the
@@ -157,6 +158,8 @@ struct Block {
     file: String,
     line: usize,
     how: Option<How>,
+    /// `| stdout has: TEXT` after the mode: what the block's output must contain.
+    expect: Vec<String>,
     text: String,
 }
 
@@ -178,21 +181,42 @@ fn shell_blocks(file: &str, text: &str) -> Vec<Block> {
         if !SHELL.contains(&lang.trim()) {
             continue;
         }
-        let how = start
-            .checked_sub(1)
-            .and_then(|p| parse_marker(lines[p].trim()));
+        let marker = start.checked_sub(1).map_or("", |p| lines[p].trim());
         blocks.push(Block {
             file: file.to_owned(),
             line: start + 1,
-            how,
+            how: parse_marker(marker),
+            expect: expectations(marker),
             text: lines[start + 1..end].join("\n") + "\n",
         });
     }
     blocks
 }
 
-fn parse_marker(line: &str) -> Option<How> {
+/// The comment's text, without what follows a ` | ` (the expectations).
+fn comment(line: &str) -> Option<&str> {
     let inner = line.strip_prefix("<!--")?.strip_suffix("-->")?.trim();
+    Some(inner.split(" | ").next().unwrap_or(inner).trim())
+}
+
+/// The `| stdout has: TEXT` parts of a marker.
+fn expectations(line: &str) -> Vec<String> {
+    let Some(inner) = line
+        .strip_prefix("<!--")
+        .and_then(|l| l.strip_suffix("-->"))
+    else {
+        return Vec::new();
+    };
+    inner
+        .split(" | ")
+        .skip(1)
+        .filter_map(|part| part.trim().strip_prefix("stdout has:"))
+        .map(|text| text.trim().to_owned())
+        .collect()
+}
+
+fn parse_marker(line: &str) -> Option<How> {
+    let inner = comment(line)?;
     if inner == "run" {
         return Some(How::Run);
     }
@@ -288,6 +312,26 @@ impl Env {
     }
 }
 
+/// Ports the standalone blocks bind besides the fixed ones (the gateway walk-through's nginx
+/// and stand-in API).
+const BLOCK_PORTS: &[u16] = &[8000, 9000];
+
+/// Wait until the ports a standalone block binds are free again: the services of the block
+/// before may still be closing their listeners.
+fn wait_for_free_ports(env: &Env) {
+    let ports: Vec<u16> = env
+        .ports
+        .iter()
+        .map(|(_, p)| *p)
+        .chain(BLOCK_PORTS.iter().copied())
+        .collect();
+    let until = Instant::now() + Duration::from_secs(30);
+    while let Some(p) = ports.iter().find(|p| !port_is_free(**p)) {
+        assert!(Instant::now() < until, "port {p} stays taken");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn kill_group(pid: u32) {
     let _ = Command::new("kill")
         .args(["-KILL", "--", &format!("-{pid}")])
@@ -312,8 +356,9 @@ fn wait_then_stop(child: &mut std::process::Child, limit: Duration) -> Option<Ex
     status
 }
 
-/// Run `script` to its end (at most `limit`); `Err` with its output unless it exits 0.
-fn run_to_end(env: &Env, script: &str, limit: Duration) -> Result<(), String> {
+/// Run `script` to its end (at most `limit`); `Err` with its output unless it exits 0 and its
+/// standard output holds each of `expect`.
+fn run_to_end(env: &Env, script: &str, limit: Duration, expect: &[String]) -> Result<(), String> {
     let mut child = env.command(script).spawn().unwrap();
     let status = wait_then_stop(&mut child, limit);
     let out = child.wait_with_output().unwrap();
@@ -323,7 +368,13 @@ fn run_to_end(env: &Env, script: &str, limit: Duration) -> Result<(), String> {
         String::from_utf8_lossy(&out.stderr)
     );
     match status {
-        Some(s) if s.success() => Ok(()),
+        Some(s) if s.success() => match expect
+            .iter()
+            .find(|e| !String::from_utf8_lossy(&out.stdout).contains(e.as_str()))
+        {
+            None => Ok(()),
+            Some(e) => Err(format!("no `{e}` in its output\n{text}")),
+        },
         Some(s) => Err(format!("{s}\n{text}")),
         None => Err(format!("did not end within {limit:?}\n{text}")),
     }
@@ -443,15 +494,22 @@ fn every_shell_block_in_the_docs_runs_as_written() {
                         server = Some(quick_start_server(&env));
                     }
                     ran += 1;
-                    run_to_end(&env, &commands(&script), Duration::from_secs(120))
+                    run_to_end(
+                        &env,
+                        &commands(&script),
+                        Duration::from_secs(120),
+                        &block.expect,
+                    )
                 }
                 Some(How::Run) => {
                     server = None;
+                    wait_for_free_ports(&env);
                     ran += 1;
-                    run_to_end(&env, &script, Duration::from_secs(120))
+                    run_to_end(&env, &script, Duration::from_secs(120), &block.expect)
                 }
                 Some(How::Serve) => {
                     server = None;
+                    wait_for_free_ports(&env);
                     ran += 1;
                     run_until_listening(&env, &script)
                 }
@@ -490,6 +548,9 @@ fn doc_block_markers_parse() {
         })
     );
     assert_eq!(parse_marker("<!-- run: sometimes -->"), None);
+    let marker = "<!-- run | stdout has: 200 429 | stdout has: spoofed: 429 -->";
+    assert_eq!(parse_marker(marker), Some(How::Run));
+    assert_eq!(expectations(marker), ["200 429", "spoofed: 429"]);
     assert_eq!(parse_marker("some text"), None);
     let blocks = shell_blocks(
         "x.md",
