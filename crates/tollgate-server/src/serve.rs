@@ -380,10 +380,11 @@ pub fn raise_open_files_limit(max_connections: usize, listeners: usize, chosen: 
             if let Some(w) = warning {
                 tracing::warn!(open_files_limit = limit, max_connections, listeners, "{w}");
             } else if cap != max_connections {
-                tracing::debug!(
+                tracing::info!(
                     open_files_limit = limit,
                     max_connections = cap,
-                    "default --max-connections lowered to fit the open-files limit"
+                    "connections per listener capped to fit the open-files limit (raise its hard \
+                     limit, e.g. LimitNOFILE=, for more)"
                 );
             }
             cap
