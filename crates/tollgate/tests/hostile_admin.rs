@@ -44,8 +44,9 @@ fn many_limits(domain: &str, rules: usize, per_minute: u64) -> String {
 /// while on a busy machine.
 const ADMIN_WAIT: Duration = Duration::from_secs(300);
 
-/// `GET /v1/rules{query}`, with the admin token when `token`.
-fn rules_call(base: &str, query: &str, token: bool) -> (u16, Value) {
+/// `GET /v1/rules{query}`, with the admin token when `token`; `answered` is called as soon as
+/// the answer is in (before it is parsed).
+fn rules_call_then(base: &str, query: &str, token: bool, answered: impl FnOnce()) -> (u16, Value) {
     let auth = format!("Bearer {TOKEN}");
     let headers: Vec<(&str, &str)> = if token {
         vec![("authorization", auth.as_str())]
@@ -54,10 +55,15 @@ fn rules_call(base: &str, query: &str, token: bool) -> (u16, Value) {
     };
     let path = format!("/v1/rules{query}");
     let r = call_within(base, Method::GET, &path, None, &headers, ADMIN_WAIT);
+    answered();
     (
         r.status,
         serde_json::from_str(&r.body).unwrap_or(Value::Null),
     )
+}
+
+fn rules_call(base: &str, query: &str, token: bool) -> (u16, Value) {
+    rules_call_then(base, query, token, || {})
 }
 
 /// `PUT /v1/domains/{domain}` with the admin token, waiting up to [`ADMIN_WAIT`].
@@ -108,6 +114,22 @@ fn listings_and_registry_writes_do_not_hold_up_decisions() {
         domains * per_domain,
         registering.elapsed()
     );
+    // One domain's change among them all, measured (printed, not asserted).
+    let mut one_put: Vec<Duration> = (0..10)
+        .map(|n| {
+            let t = Instant::now();
+            let status = put_waiting(&base, "d1", &many_limits("d1", per_domain, 20 + n));
+            assert_eq!(status, 200);
+            t.elapsed()
+        })
+        .collect();
+    one_put.sort();
+    eprintln!(
+        "a PUT of one {per_domain}-limit domain among {} limits: median {:?}, max {:?}",
+        domains * per_domain,
+        one_put[one_put.len() / 2],
+        one_put[one_put.len() - 1]
+    );
     let (status, summary) = rules_call(&base, "", false);
     assert_eq!(status, 200);
     assert_eq!(summary["limit_count"], domains * per_domain + 1);
@@ -149,8 +171,9 @@ fn listings_and_registry_writes_do_not_hold_up_decisions() {
         threads.push(std::thread::spawn(move || {
             let _finished = Finished(done);
             for _ in 0..rounds {
-                let (status, page) = rules_call(&base, "?limit=10000", true);
-                admin_done.fetch_add(1, SeqCst);
+                let (status, page) = rules_call_then(&base, "?limit=10000", true, || {
+                    admin_done.fetch_add(1, SeqCst);
+                });
                 assert_eq!(status, 200, "{page}");
                 assert_eq!(page["detail"], "full");
                 assert!(page["domains"][0]["limits"].is_array(), "{page}");
@@ -193,9 +216,10 @@ fn listings_and_registry_writes_do_not_hold_up_decisions() {
     );
     // No check waited behind the admin work: admin calls run one at a time, each far longer
     // than a check, so a check that is not queued behind them sees at most one or two of them
-    // end while it waits; one queued behind them sees several.
+    // answered while it waits (their callers may see answers a little apart from when they were
+    // made: one more is allowed); one queued behind them sees several.
     assert!(
-        most_during_one <= 2,
+        most_during_one <= 3,
         "a check waited while {most_during_one} admin calls were answered"
     );
     assert!(!during.is_empty());
