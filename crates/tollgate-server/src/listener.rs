@@ -957,6 +957,7 @@ impl AsyncRead for Tracked {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let before = buf.filled().len();
+        let room = buf.remaining() > 0;
         let result = Pin::new(this.stream()?).poll_read(cx, buf);
         if buf.filled().len() > before {
             if !this.on_read(&buf.filled()[before..]) {
@@ -969,7 +970,7 @@ impl AsyncRead for Tracked {
                     "bare LF in the request head",
                 )));
             }
-        } else if matches!(result, Poll::Ready(Ok(()))) {
+        } else if room && matches!(result, Poll::Ready(Ok(()))) {
             this.activity.peer_closed.store(true, Relaxed);
         }
         result

@@ -188,3 +188,45 @@ fn a_refused_body_written_whole_before_reading_reads_413_every_time() {
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
     drop(server);
 }
+
+/// The client of the report itself: Python's `http.client`, which sends a request's head, then
+/// its whole body, then reads. 2 MiB bodies, 40 tries: every one reads the 413.
+#[test]
+fn python_http_client_reads_413_for_a_2_mib_body_every_time() {
+    let (server, addr) = start("heads-linger-python");
+    let (host, port) = addr.rsplit_once(':').unwrap();
+    let script = r#"
+import http.client, sys
+host, port, tries = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+bad = []
+for i in range(tries):
+    try:
+        c = http.client.HTTPConnection(host, port, timeout=30)
+        c.request("POST", "/v1/check", body=b"x" * (2 * 1024 * 1024),
+                  headers={"content-type": "application/json"})
+        status = c.getresponse().status
+        if status != 413:
+            bad.append(f"try {i}: {status}")
+        c.close()
+    except Exception as e:
+        bad.append(f"try {i}: {e!r}")
+print(len(bad))
+print("\n".join(bad))
+"#;
+    let out = std::process::Command::new("python3")
+        .args(["-c", script, host, port, "40"])
+        .output()
+        .expect("python3 (scripts/test.sh installs it)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout.lines().next(),
+        Some("0"),
+        "tries that did not read 413:\n{stdout}"
+    );
+    drop(server);
+}
