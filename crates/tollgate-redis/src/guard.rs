@@ -322,28 +322,41 @@ impl Condition {
         self.current.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn failed(&self, e: &StoreError, now: Micros, store: &RedisStore) {
+    /// A failure at `now` (0: the probe, which has no clock; the quiet period then starts at
+    /// the next answer).
+    fn failed(&self, e: &StoreError, now: Micros, url: &str) {
         let kind = e.kind();
         let mut cur = self.lock();
         if cur.map(|(k, _)| k) != Some(kind) {
-            tracing::warn!(kind = kind.as_str(), store = %store.url(), "Redis store error: {e}");
+            tracing::warn!(kind = kind.as_str(), store = %url, "Redis store error: {e}");
         }
-        *cur = Some((kind, now));
+        let at = match *cur {
+            Some((_, at)) if now == 0 => at,
+            _ => now,
+        };
+        *cur = Some((kind, at.max(now)));
         self.failing.store(true, Relaxed);
     }
 
-    fn answered(&self, now: Micros) {
+    /// An answer at `now`: reported (once) when no failure came for [`QUIET`]. Returns whether
+    /// it was reported.
+    fn answered(&self, now: Micros) -> bool {
         if !self.failing.load(Relaxed) {
-            return;
+            return false;
         }
         let mut cur = self.lock();
-        if let Some((kind, at)) = *cur {
-            if now.saturating_sub(at) >= QUIET {
+        match *cur {
+            // The last failure's time is unknown (the probe's): the quiet period starts now.
+            Some((kind, 0)) => *cur = Some((kind, now)),
+            Some((kind, at)) if now.saturating_sub(at) >= QUIET => {
                 tracing::info!(was = kind.as_str(), "Redis store answers again");
                 *cur = None;
                 self.failing.store(false, Relaxed);
+                return true;
             }
+            _ => {}
         }
+        false
     }
 
     fn get(&self) -> Option<FaultKind> {
@@ -414,7 +427,7 @@ impl Guarded {
         if let Some(i) = FaultKind::ALL.iter().position(|k| *k == kind) {
             self.errors[i].fetch_add(1, Relaxed);
         }
-        self.condition.failed(e, now, &self.store);
+        self.condition.failed(e, now, self.store.url());
     }
 
     /// The kind of failure going on (logged once per change), `None` while the store answers.
@@ -506,14 +519,16 @@ impl Guarded {
             // Not a failure: a request this store cannot serve.
             Err(Some(e @ StoreError::Unsupported(_))) => Err(e),
             Err(Some(e)) => {
-                self.count_error(&e, now);
                 let kind = e.kind();
+                // A timeout is known only at the end of its bound: that is when it failed (the
+                // quiet period before "answers again" counts from there).
+                let opts = self.store.options();
+                let late = match kind {
+                    FaultKind::Timeout => (opts.timeout + opts.patience).as_micros() as Micros,
+                    _ => 0,
+                };
+                self.count_error(&e, now.saturating_add(late));
                 if kind.is_outage() {
-                    let opts = self.store.options();
-                    let late = match kind {
-                        FaultKind::Timeout => (opts.timeout + opts.patience).as_micros() as Micros,
-                        _ => 0,
-                    };
                     self.breaker.failure(kind, now.saturating_add(late));
                 } else {
                     // Redis answered: a fault of this request's keys or writes, not an outage.
@@ -710,7 +725,7 @@ async fn probe(g: Weak<Guarded>) {
                 Ok(()) => g.breaker.probe_ok(),
                 // Logged when its kind changes (e.g. Redis is back but out of memory); the probe
                 // has no clock, so a success clears it at once.
-                Err(e) => g.condition.failed(&e, 0, &g.store),
+                Err(e) => g.condition.failed(&e, 0, g.store.url()),
             }
         }
     }
@@ -928,6 +943,27 @@ mod tests {
             b.failure(FaultKind::Timeout, t0 + k * second / 10);
         }
         assert_eq!(b.state(), BreakerState::Open);
+    }
+
+    #[test]
+    fn answers_again_only_after_a_quiet_second() {
+        let store = "redis://127.0.0.1:1";
+        let c = Condition::default();
+        let lost = StoreError::Failed {
+            kind: FaultKind::ConnectionLost,
+            message: "lost".into(),
+        };
+        // A probe failure (no clock), then answers: the quiet second starts at the first one.
+        c.failed(&lost, 0, store);
+        assert!(!c.answered(5_000_000));
+        assert!(!c.answered(5_002_000), "2 ms after: not yet");
+        assert!(c.answered(6_000_000));
+        assert_eq!(c.get(), None);
+        // A request's failure at t: nothing before t + 1 s, once after.
+        c.failed(&lost, 7_000_000, store);
+        assert!(!c.answered(7_500_000));
+        assert!(c.answered(8_000_000));
+        assert!(!c.answered(8_000_001));
     }
 
     #[test]

@@ -1,0 +1,178 @@
+//! The shared store under network faults, end to end: real `tollgate serve` processes talking to
+//! a private `redis-server` (or `valkey-server`, see scripts/test.sh) through a TCP proxy that
+//! stalls, drops bytes or silently loses connections
+//! ([`tollgate_testsupport::FaultProxy`]), and a Redis killed while idle.
+//!
+//! - A connection that stops answering is replaced: after a lost flow (a NAT or conntrack entry
+//!   gone, the peer never told), a spell of dropped bytes or a stall, both instances go back to
+//!   Redis by themselves once the network works again (`/readyz` ready), with no HTTP error.
+//! - A Redis killed while idle and restarted empty is not an outage: the first calls find the
+//!   pooled connection closed, reconnect and retry, and no decision is left to the failure
+//!   policy (so a burst never admits more than the limit).
+
+mod support;
+
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+use support::{http, serve_store, temp_dir, Server};
+use tollgate_server::client::Method;
+use tollgate_testsupport::{unique_prefix, FaultProxy, ProxyMode, RedisServer};
+
+/// Generous: an event (the breaker opening, `/readyz` back to ready) must come well within it
+/// on a busy machine; the test fails only when it never comes.
+const DEADLINE: Duration = Duration::from_secs(60);
+
+fn rules(name: &str, limit: u64) -> String {
+    let dir = temp_dir(name);
+    std::fs::write(
+        dir.join("faults.yaml"),
+        format!(
+            "domain: faults\ndescriptors:\n  - key: k\n    rate_limit: {{unit: day, requests_per_unit: {limit}, algorithm: fixed_window}}\n"
+        ),
+    )
+    .unwrap();
+    dir.display().to_string()
+}
+
+fn check(base: &str, value: &str) -> u16 {
+    http(
+        base,
+        Method::POST,
+        "/v1/check",
+        Some(json!({"domain": "faults", "descriptors": [{"entries": [{"key": "k", "value": value}]}]})),
+    )
+    .status
+}
+
+fn readyz(base: &str) -> Value {
+    serde_json::from_str(&http(base, Method::GET, "/readyz", None).body).unwrap()
+}
+
+/// The value of one metric line (`name{labels}`), 0 when absent.
+fn metric(base: &str, line: &str) -> u64 {
+    let m = http(base, Method::GET, "/metrics", None).body;
+    m.lines()
+        .find_map(|l| l.strip_prefix(line)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Send checks to every instance until `done` holds for all of them; every answer must be a
+/// decision (200 or 429), never an error. Panics naming `what` after [`DEADLINE`].
+fn drive_until(servers: &[Server], what: &str, done: impl Fn(&Value) -> bool) -> Duration {
+    let started = Instant::now();
+    let mut n = 0u64;
+    loop {
+        for s in servers {
+            let status = check(&s.base, &format!("v{}", n % 50));
+            assert!(
+                status == 200 || status == 429,
+                "{what}: HTTP {status}; stderr:\n{}",
+                s.stderr()
+            );
+            n += 1;
+        }
+        if servers.iter().all(|s| done(&readyz(&s.base))) {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "{what} never happened: {:?}; stderr:\n{}",
+            servers.iter().map(|s| readyz(&s.base)).collect::<Vec<_>>(),
+            servers[0].stderr()
+        );
+    }
+}
+
+#[test]
+fn silent_connections_are_replaced_and_both_instances_recover_by_themselves() {
+    let redis = RedisServer::start(&[]);
+    let proxy = FaultProxy::start(redis.port);
+    let rules = rules("silent", 1_000_000);
+    let prefix = unique_prefix("silent");
+    let servers: Vec<Server> = (0..2)
+        .map(|i| {
+            serve_store(
+                &rules,
+                &proxy.url(),
+                &["--redis-prefix", &prefix, "--expected-instances", "2"],
+                &format!("silent{i}"),
+            )
+        })
+        .collect();
+    let ready = |r: &Value| r["status"] == "ready";
+    let degraded = |r: &Value| r["status"] == "degraded";
+    drive_until(&servers, "both instances on Redis", ready);
+    // (name, fault, whether the connections open during the fault are lost for good)
+    let faults = [
+        ("a lost flow", ProxyMode::BlackHole, true),
+        ("dropped bytes", ProxyMode::BlackHole, false),
+        ("a stall", ProxyMode::Stall, false),
+    ];
+    for (name, mode, lose) in faults {
+        proxy.set(mode);
+        if lose {
+            proxy.lose_connections();
+        }
+        drive_until(&servers, &format!("{name}: breaker open"), degraded);
+        if lose {
+            // Connections dialled during the fault are lost too (their handshake would never
+            // have completed).
+            proxy.lose_connections();
+        }
+        proxy.set(ProxyMode::Pass);
+        let took = drive_until(&servers, &format!("{name}: back on Redis"), ready);
+        eprintln!("{name}: back on Redis {took:?} after the network came back");
+    }
+    let log = servers[0].stderr();
+    assert!(
+        log.contains("replacing the Redis connection"),
+        "the log says why a new connection was opened:\n{log}"
+    );
+}
+
+#[test]
+fn an_idle_redis_killed_and_restarted_empty_is_not_an_outage() {
+    const LIMIT: u64 = 100;
+    let mut redis = RedisServer::start(&[]);
+    let port = redis.port;
+    let rules = rules("idle", LIMIT);
+    let s = serve_store(
+        &rules,
+        &redis.url(),
+        &["--redis-prefix", &unique_prefix("idle")],
+        "idle",
+    );
+    assert_eq!(check(&s.base, "warm"), 200, "the connection is made");
+    for trial in 0..3 {
+        redis.kill();
+        redis = RedisServer::start_on(port, &[]);
+        // 32 callers at once on a fresh key, 160 requests on a limit of 100.
+        let admitted = AtomicU64::new(0);
+        std::thread::scope(|scope| {
+            for _ in 0..32 {
+                scope.spawn(|| {
+                    for _ in 0..5 {
+                        match check(&s.base, &format!("fresh{trial}")) {
+                            200 => {
+                                admitted.fetch_add(1, Relaxed);
+                            }
+                            429 => {}
+                            other => panic!("HTTP {other}"),
+                        }
+                    }
+                });
+            }
+        });
+        let admitted = admitted.load(Relaxed);
+        let degraded = metric(&s.base, "tollgate_degraded_decisions_total{policy=\"local\"}");
+        eprintln!("trial {trial}: {admitted} admitted on {LIMIT}, {degraded} degraded decisions");
+        assert!(admitted <= LIMIT, "trial {trial}: {admitted} admitted on {LIMIT}");
+        assert_eq!(
+            degraded,
+            0,
+            "trial {trial}: a closed connection was left to the failure policy; stderr:\n{}",
+            s.stderr()
+        );
+    }
+}
