@@ -29,6 +29,13 @@
 //! call's cost as possibly consumed: a slow Redis cannot turn into a fresh local budget per
 //! instance.
 //!
+//! What the `local` policy admitted during an outage is not lost when Redis comes back: the
+//! guard remembers, per key (bounded), what it admitted locally, and the probe that finds Redis
+//! answering again folds it into the shared counters before traffic goes back to Redis (at most
+//! two script calls per key touched during the outage: the cost owed, or, when that no longer
+//! fits, what is left), so a window admits little more than its limit across an outage instead
+//! of its limit again on top of the local shares (see docs/operations.md for the bound).
+//!
 //! The optional deny cache ([`RedisSettings::deny_cache`]) answers keys Redis reported as denied
 //! until the time Redis said they could pass again; see docs/operations.md for where that is
 //! exact.
@@ -58,6 +65,9 @@ pub const PROBE_INTERVAL: Duration = Duration::from_millis(250);
 const QUIET: Micros = 1_000_000;
 /// Bound on the ledger's entries (beyond it, new keys are not remembered until others expire).
 const LEDGER_MAX: usize = 100_000;
+/// Bound on the keys whose local admissions are remembered for folding into Redis (beyond it,
+/// the admissions of new keys are not folded).
+const OWED_MAX: usize = 100_000;
 /// `retry_after` of a denial made by the `deny` policy: the store may be back by then.
 const DENY_RETRY: Micros = 1_000_000;
 /// Bound on the deny cache's entries (beyond it, new denials are not cached until expiry).
@@ -306,6 +316,8 @@ pub struct Guarded {
     /// Calls slower than the per-call timeout (answered or not).
     slow: AtomicU64,
     condition: Condition,
+    /// What the `local` policy admitted, to fold into Redis when it answers again.
+    owed: Owed,
 }
 
 /// The store's current failure, logged once per change: set by a failure of another kind than
@@ -404,6 +416,7 @@ impl Guarded {
             errors: Default::default(),
             slow: AtomicU64::new(0),
             condition: Condition::default(),
+            owed: Owed::default(),
         });
         if let Err(e) = g.store.probe().await {
             g.count_error(&e, 0);
@@ -478,6 +491,58 @@ impl Guarded {
     /// The `local` policy's memory store (swept by `serve` like the memory backend).
     pub fn local_store(&self) -> &Arc<MemoryStore> {
         &self.local
+    }
+
+    /// Local admissions folded into Redis after outages so far: (keys, cost).
+    pub fn folded(&self) -> (u64, u64) {
+        (self.owed.keys.load(Relaxed), self.owed.cost.load(Relaxed))
+    }
+
+    /// Fold what the `local` policy admitted into Redis' counters (see the module docs): for
+    /// each key, consume the cost owed, or, when it no longer fits, what is left of the limit.
+    /// Entries whose window has ended are dropped. Returns false when Redis failed (what was
+    /// not folded stays owed).
+    async fn fold(&self) -> bool {
+        let owed = self.owed.take();
+        if owed.is_empty() {
+            return true;
+        }
+        let opts = self.store.options();
+        let bound = opts.timeout + opts.patience;
+        let last = self.owed.last_now.load(Relaxed);
+        let at = self.settings.caller_clock.then_some(last);
+        let mut left = owed.into_iter();
+        while let Some((key, o)) = left.next() {
+            if o.until <= last {
+                continue;
+            }
+            let item = CheckItem {
+                cost: o.cost,
+                ..CheckItem::hit(&o.rule, &key, &o.quota)
+            };
+            let r = match self.store.check_within(bound, at, &[item]).await {
+                Ok(d) if !d[0].allowed && d[0].remaining > 0 => {
+                    let rest = CheckItem {
+                        cost: d[0].remaining,
+                        ..item
+                    };
+                    self.store.check_within(bound, at, &[rest]).await.map(|_| ())
+                }
+                r => r.map(|_| ()),
+            };
+            if r.is_err() {
+                // Owed again, with what was not reached.
+                let mut map = self.owed.lock();
+                for (k, o) in std::iter::once((key, o)).chain(left) {
+                    map.entry(k).or_insert(o);
+                }
+                self.owed.pending.store(true, Relaxed);
+                return false;
+            }
+            self.owed.keys.fetch_add(1, Relaxed);
+            self.owed.cost.fetch_add(o.cost, Relaxed);
+        }
+        true
     }
 
     /// Decisions made by the policy so far, by policy.
@@ -690,6 +755,9 @@ impl Guarded {
             self.local.check(now, &local).unwrap_or_default()
         };
         let admitted = !blocks(items, &decisions);
+        if admitted {
+            self.owed.add(now, items, &decisions);
+        }
         let mut decisions = decisions;
         if admitted || possibly_consumed {
             for (i, d) in items.iter().zip(decisions.iter_mut()) {
@@ -722,12 +790,79 @@ async fn probe(g: Weak<Guarded>) {
         let Some(g) = g.upgrade() else { return };
         if g.state() != BreakerState::Healthy {
             match g.store.probe().await {
-                Ok(()) => g.breaker.probe_ok(),
+                // Redis answers: what was admitted locally meanwhile is folded into its
+                // counters before traffic goes back to it.
+                Ok(()) if g.fold().await => g.breaker.probe_ok(),
+                Ok(()) => {}
                 // Logged when its kind changes (e.g. Redis is back but out of memory); the probe
                 // has no clock, so a success clears it at once.
                 Err(e) => g.condition.failed(&e, 0, g.store.url()),
             }
+        } else if g.owed.pending.load(Relaxed) {
+            // Admitted locally while half-open, or left over by a failed fold.
+            g.fold().await;
         }
+    }
+}
+
+/// A key's local admissions not yet folded into Redis.
+struct OwedKey {
+    rule: String,
+    quota: Quota,
+    cost: u64,
+    /// Local time the key's window ends (nothing to fold after it).
+    until: Micros,
+}
+
+/// What the `local` policy admitted per key, for [`Guarded::fold`].
+#[derive(Default)]
+struct Owed {
+    map: Mutex<HashMap<String, OwedKey>>,
+    /// The map may hold entries (the healthy path reads only this).
+    pending: std::sync::atomic::AtomicBool,
+    /// The time of the last local decision (the fold's clock: the probe has none).
+    last_now: AtomicU64,
+    keys: AtomicU64,
+    cost: AtomicU64,
+}
+
+impl Owed {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, OwedKey>> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn add(&self, now: Micros, items: &[CheckItem<'_>], decisions: &[Decision]) {
+        self.last_now.fetch_max(now, Relaxed);
+        let mut map = self.lock();
+        for (i, d) in items.iter().zip(decisions) {
+            if i.shadow || i.cost == 0 {
+                continue;
+            }
+            let until = now.saturating_add(d.reset_after.max(1));
+            if let Some(o) = map.get_mut(i.key).filter(|o| o.quota == *i.quota) {
+                o.cost = o.cost.saturating_add(i.cost);
+                o.until = o.until.max(until);
+                continue;
+            }
+            if map.len() >= OWED_MAX && !map.contains_key(i.key) {
+                continue;
+            }
+            map.insert(
+                i.key.to_owned(),
+                OwedKey {
+                    rule: i.rule.to_owned(),
+                    quota: *i.quota,
+                    cost: i.cost,
+                    until,
+                },
+            );
+        }
+        self.pending.store(true, Relaxed);
+    }
+
+    fn take(&self) -> HashMap<String, OwedKey> {
+        self.pending.store(false, Relaxed);
+        std::mem::take(&mut *self.lock())
     }
 }
 
