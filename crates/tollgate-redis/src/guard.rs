@@ -526,7 +526,10 @@ impl Guarded {
                         cost: d[0].remaining,
                         ..item
                     };
-                    self.store.check_within(bound, at, &[rest]).await.map(|_| ())
+                    self.store
+                        .check_within(bound, at, &[rest])
+                        .await
+                        .map(|_| ())
                 }
                 r => r.map(|_| ()),
             };

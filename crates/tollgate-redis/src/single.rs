@@ -111,10 +111,7 @@ impl SingleConn {
             b.gap = (b.gap * 2).min(MAX_GAP);
         }
         // Lazy: the new manager dials on its first use, with the manager's own retries.
-        let Ok(fresh) = self
-            .client
-            .get_connection_manager_lazy(self.config.clone())
-        else {
+        let Ok(fresh) = self.client.get_connection_manager_lazy(self.config.clone()) else {
             return false;
         };
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = fresh;

@@ -32,8 +32,8 @@
 use crate::keys::{self, KeyLayout};
 use crate::script::{self, Call, Mode, Reply};
 use crate::sentinel::{self, SentinelConn};
-use futures_util::future::join_all;
 use crate::single::{self, SingleConn};
+use futures_util::future::join_all;
 use redis::aio::ConnectionManagerConfig;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -715,7 +715,10 @@ impl RedisStore {
                     let r = match self.inner.conn.clone() {
                         Conn::Single(s) => eval_or_load(&mut s.conn(), &evalsha, &eval).await,
                         Conn::Cluster(mut c) => match eval_or_load(&mut c, &evalsha, &eval).await {
-                            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Ask) => {
+                            Err(e)
+                                if e.kind()
+                                    == redis::ErrorKind::Server(redis::ServerErrorKind::Ask) =>
+                            {
                                 follow_ask(&mut c, &e, &evalsha, &eval).await
                             }
                             r => r,
@@ -1035,7 +1038,9 @@ async fn eval_or_load(
 /// Whether `e` says the connection was closed or reset under the call (not refused, not timed
 /// out): the manager reconnects on such an error, so one more try is worth it.
 fn closed_under_us(e: &RedisError) -> bool {
-    !e.is_timeout() && !e.is_connection_refusal() && (e.is_connection_dropped() || e.kind() == redis::ErrorKind::Io)
+    !e.is_timeout()
+        && !e.is_connection_refusal()
+        && (e.is_connection_dropped() || e.kind() == redis::ErrorKind::Io)
 }
 
 /// A slot is migrating and the key is already on the node `ASK` names: send `ASKING` and the
@@ -1068,7 +1073,10 @@ async fn follow_ask(
     };
     let once = |v: Vec<redis::Value>| -> Result<Vec<i64>, RedisError> {
         let v = v.into_iter().next().ok_or_else(|| {
-            RedisError::from((redis::ErrorKind::Client, "no reply to an ASK-redirected call"))
+            RedisError::from((
+                redis::ErrorKind::Client,
+                "no reply to an ASK-redirected call",
+            ))
         })?;
         Ok(redis::from_redis_value(v.extract_error()?)?)
     };

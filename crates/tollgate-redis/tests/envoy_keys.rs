@@ -31,7 +31,9 @@ fn envoy_and_tollgate_share_one_counter() {
         timeout: Duration::from_secs(3),
         ..RedisOptions::default()
     };
-    let store = rt.block_on(RedisStore::connect(shared_url(), opts)).unwrap();
+    let store = rt
+        .block_on(RedisStore::connect(shared_url(), opts))
+        .unwrap();
     let quota = Quota::new(5, Unit::Minute).with_algorithm(Algorithm::EnvoyFixedWindow);
     let key = counter_key("users", &[("user", "alice"), ("path", "/a_b")]);
     // Early in a real minute, so the key's window is the one envoy would use now.

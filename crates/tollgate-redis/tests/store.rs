@@ -7,7 +7,7 @@ mod support;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use support::{RedisServer, shared_url};
+use support::{shared_url, RedisServer};
 use tollgate_core::{Algorithm, CheckItem, Micros, Period, Quota, StoreError, Unit};
 use tollgate_redis::keys::counter_keys;
 use tollgate_redis::{RedisOptions, RedisStore};

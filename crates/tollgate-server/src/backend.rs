@@ -179,6 +179,9 @@ pub fn render_backend_metrics(out: &mut String, backend: &Backend) {
     }
 }
 
+/// A plain counter of every store: its name, help text and reading.
+type Counter<'a> = (&'a str, &'a str, &'a dyn Fn(&Guarded) -> u64);
+
 fn render_stores(out: &mut String, stores: &[(Option<&str>, &Guarded)]) {
     let rows = |label: &str, f: &dyn Fn(&Guarded) -> Vec<(&'static str, u64)>| {
         let mut rows = Vec::new();
@@ -233,7 +236,7 @@ fn render_stores(out: &mut String, stores: &[(Option<&str>, &Guarded)]) {
         let labels = store.map_or(String::new(), |s| format!("{{store=\"{s}\"}}"));
         (labels, f(g))
     };
-    let counters: [(&str, &str, &dyn Fn(&Guarded) -> u64); 3] = [
+    let counters: [Counter<'_>; 3] = [
         (
             "tollgate_redis_slow_calls_total",
             "Redis calls slower than the per-call timeout (waited for while Redis answers others).",

@@ -179,9 +179,15 @@ fn an_idle_redis_killed_and_restarted_empty_is_not_an_outage() {
             }
         });
         let admitted = admitted.load(Relaxed);
-        let degraded = metric(&s.base, "tollgate_degraded_decisions_total{policy=\"local\"}");
+        let degraded = metric(
+            &s.base,
+            "tollgate_degraded_decisions_total{policy=\"local\"}",
+        );
         eprintln!("trial {trial}: {admitted} admitted on {LIMIT}, {degraded} degraded decisions");
-        assert!(admitted <= LIMIT, "trial {trial}: {admitted} admitted on {LIMIT}");
+        assert!(
+            admitted <= LIMIT,
+            "trial {trial}: {admitted} admitted on {LIMIT}"
+        );
         assert_eq!(
             degraded,
             0,
@@ -265,5 +271,49 @@ fn an_outage_admits_little_more_than_the_limit_5_runs() {
             admitted <= LIMIT + LIMIT / 2 + 2,
             "{alg}: {admitted} admitted on a limit of {LIMIT} across an outage"
         );
+    }
+}
+
+/// While Redis is down and the `local` policy decides, the headers report the capacity in force
+/// (the local share, `L / N`), so `remaining` never exceeds `limit` and a 429 does not claim the
+/// full limit.
+#[test]
+fn headers_report_the_local_share_while_redis_is_down() {
+    let nothing = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = nothing.local_addr().unwrap().port();
+    drop(nothing);
+    let rules = rules("share", 10);
+    let s = serve_store(
+        &rules,
+        &format!("redis://127.0.0.1:{port}"),
+        &["--expected-instances", "2"],
+        "share",
+    );
+    let mut seen = Vec::new();
+    for _ in 0..7 {
+        let r = http(
+            &s.base,
+            Method::POST,
+            "/v1/check",
+            Some(
+                json!({"domain": "faults", "descriptors": [{"entries": [{"key": "k", "value": "x"}]}]}),
+            ),
+        );
+        let header = |name: &str| {
+            r.header(name)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("no {name} in {:?}", r.headers))
+        };
+        seen.push((
+            r.status,
+            header("x-ratelimit-limit"),
+            header("x-ratelimit-remaining"),
+        ));
+    }
+    let statuses: Vec<u16> = seen.iter().map(|s| s.0).collect();
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429, 429], "{seen:?}");
+    for (status, limit, remaining) in seen {
+        assert_eq!(limit, 5, "HTTP {status}: the local share is 10 / 2");
+        assert!(remaining <= limit);
     }
 }
