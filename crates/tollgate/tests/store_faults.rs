@@ -15,6 +15,7 @@ mod support;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
+use support::registry::metric;
 use support::{http, serve_store, temp_dir, Server};
 use tollgate_server::client::Method;
 use tollgate_testsupport::{unique_prefix, FaultProxy, ProxyMode, RedisServer};
@@ -63,12 +64,20 @@ fn readyz(base: &str) -> Value {
     serde_json::from_str(&http(base, Method::GET, "/readyz", None).body).unwrap()
 }
 
-/// The value of one metric line (`name{labels}`), 0 when absent.
-fn metric(base: &str, line: &str) -> u64 {
-    let m = http(base, Method::GET, "/metrics", None).body;
-    m.lines()
-        .find_map(|l| l.strip_prefix(line)?.trim().parse().ok())
-        .unwrap_or(0)
+/// Two instances told there are 2 of them (the `local` policy's share is half a limit), on the
+/// store at `url` under one fresh prefix.
+fn two_instances(rules: &str, url: &str, name: &str) -> Vec<Server> {
+    let prefix = unique_prefix(name);
+    (0..2)
+        .map(|i| {
+            serve_store(
+                rules,
+                url,
+                &["--redis-prefix", &prefix, "--expected-instances", "2"],
+                &format!("{name}{i}"),
+            )
+        })
+        .collect()
 }
 
 /// Send checks to every instance until `done` holds for all of them; every answer must be a
@@ -103,17 +112,7 @@ fn silent_connections_are_replaced_and_both_instances_recover_by_themselves() {
     let redis = RedisServer::start(&[]);
     let proxy = FaultProxy::start(redis.port);
     let rules = rules("silent", 1_000_000);
-    let prefix = unique_prefix("silent");
-    let servers: Vec<Server> = (0..2)
-        .map(|i| {
-            serve_store(
-                &rules,
-                &proxy.url(),
-                &["--redis-prefix", &prefix, "--expected-instances", "2"],
-                &format!("silent{i}"),
-            )
-        })
-        .collect();
+    let servers = two_instances(&rules, &proxy.url(), "silent");
     let ready = |r: &Value| r["status"] == "ready";
     let degraded = |r: &Value| r["status"] == "degraded";
     drive_until(&servers, "both instances on Redis", ready);
@@ -209,17 +208,7 @@ fn an_outage_admits_little_more_than_the_limit_5_runs() {
     let redis = RedisServer::start(&[]);
     let proxy = FaultProxy::start(redis.port);
     let rules = rules("fold", LIMIT);
-    let prefix = unique_prefix("fold");
-    let servers: Vec<Server> = (0..2)
-        .map(|i| {
-            serve_store(
-                &rules,
-                &proxy.url(),
-                &["--redis-prefix", &prefix, "--expected-instances", "2"],
-                &format!("fold{i}"),
-            )
-        })
-        .collect();
+    let servers = two_instances(&rules, &proxy.url(), "fold");
     let state = |want: &str| {
         let want = want.to_string();
         move |r: &Value| r["status"] == want.as_str()
