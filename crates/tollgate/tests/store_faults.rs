@@ -142,6 +142,11 @@ fn silent_connections_are_replaced_and_both_instances_recover_by_themselves() {
         log.contains("replacing the Redis connection"),
         "the log says why a new connection was opened:\n{log}"
     );
+    // "Answers again" once per fault at most (after 1 s without a failure), not per request.
+    for s in &servers {
+        let again = s.stderr().matches("Redis store answers again").count();
+        assert!(again <= faults.len(), "{again} times:\n{}", s.stderr());
+    }
 }
 
 #[test]
