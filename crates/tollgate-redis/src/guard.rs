@@ -29,6 +29,11 @@
 //! call's cost as possibly consumed: a slow Redis cannot turn into a fresh local budget per
 //! instance.
 //!
+//! On a Redis Cluster there is one breaker per master (found by the slot of a request's
+//! counters, from `CLUSTER SLOTS`, refreshed every second), each with its own probe (a write
+//! in a slot that master serves): a master that is down sends only its own keys to the
+//! policy, and keys on the healthy masters stay on Redis.
+//!
 //! What the `local` policy admitted during an outage is not lost when Redis comes back: the
 //! guard remembers, per key (bounded), what it admitted locally, and the probe that finds Redis
 //! answering again folds it into the shared counters before traffic goes back to Redis (at most
@@ -306,7 +311,11 @@ impl Breaker {
 pub struct Guarded {
     store: RedisStore,
     settings: RedisSettings,
-    breaker: Breaker,
+    /// The whole store's breaker (a single server, Sentinel, or a cluster whose slots are not
+    /// known yet).
+    breaker: Arc<Breaker>,
+    /// A cluster's per-master breakers.
+    nodes: Option<Nodes>,
     local: Arc<MemoryStore>,
     ledger: Option<Ledger>,
     deny_cache: Option<DenyCache>,
@@ -409,9 +418,10 @@ impl Guarded {
             local,
             ledger: (settings.policy == Policy::Local).then(Ledger::default),
             deny_cache: settings.deny_cache.then(DenyCache::default),
+            nodes: store.is_cluster().then(Nodes::default),
             store,
             settings,
-            breaker: Breaker::default(),
+            breaker: Arc::default(),
             degraded: Default::default(),
             errors: Default::default(),
             slow: AtomicU64::new(0),
@@ -430,8 +440,86 @@ impl Guarded {
                 );
             }
         }
+        g.refresh_slots().await;
         tokio::spawn(probe(Arc::downgrade(&g)));
         g
+    }
+
+    /// Learn which master serves which slots (a cluster only; kept as it was on a failure).
+    async fn refresh_slots(&self) {
+        let Some(nodes) = &self.nodes else { return };
+        let Ok(owners) = self.store.slot_owners().await else {
+            return;
+        };
+        if owners.is_empty() {
+            return;
+        }
+        let mut by_addr = nodes.by_addr.lock().unwrap_or_else(|e| e.into_inner());
+        let slots: Vec<(u16, u16, Arc<Breaker>)> = owners
+            .into_iter()
+            .map(|(a, b, addr)| (a, b, by_addr.entry(addr).or_default().clone()))
+            .collect();
+        drop(by_addr);
+        *nodes.slots.write().unwrap_or_else(|e| e.into_inner()) = slots;
+    }
+
+    /// The breaker that decides for `items`: on a cluster, the breaker of the master serving
+    /// their counters (the first that is not healthy, when they span masters); else the whole
+    /// store's.
+    fn breaker_for(&self, items: &[CheckItem<'_>]) -> Arc<Breaker> {
+        let Some(nodes) = &self.nodes else {
+            return self.breaker.clone();
+        };
+        if self.breaker.state() != BreakerState::Healthy {
+            return self.breaker.clone();
+        }
+        let slots = nodes.slots.read().unwrap_or_else(|e| e.into_inner());
+        let mut pick: Option<&Arc<Breaker>> = None;
+        for item in items {
+            let slot = self.store.slot_of(item);
+            let i = slots.partition_point(|(_, last, _)| *last < slot);
+            let Some((_, _, b)) = slots.get(i).filter(|(first, _, _)| *first <= slot) else {
+                continue;
+            };
+            if b.state() != BreakerState::Healthy {
+                return b.clone();
+            }
+            pick.get_or_insert(b);
+        }
+        pick.unwrap_or(&self.breaker).clone()
+    }
+
+    /// The breakers to probe now (not healthy), each with the slot ranges of its master (`None`:
+    /// the whole store).
+    #[allow(clippy::type_complexity)]
+    fn to_probe(&self) -> Vec<(Arc<Breaker>, Option<Vec<(u16, u16)>>)> {
+        let mut due = Vec::new();
+        if self.breaker.state() != BreakerState::Healthy {
+            due.push((self.breaker.clone(), None));
+        }
+        let Some(nodes) = &self.nodes else { return due };
+        let slots = nodes.slots.read().unwrap_or_else(|e| e.into_inner());
+        for (first, last, b) in slots.iter() {
+            if b.state() == BreakerState::Healthy {
+                continue;
+            }
+            match due.iter_mut().find(|(d, _)| Arc::ptr_eq(d, b)) {
+                Some((_, Some(ranges))) => ranges.push((*first, *last)),
+                _ => due.push((b.clone(), Some(vec![(*first, *last)]))),
+            }
+        }
+        due
+    }
+
+    /// Every breaker: the whole store's, then a cluster's masters' (also former masters', whose
+    /// transitions stay counted).
+    fn breakers(&self) -> Vec<Arc<Breaker>> {
+        let mut all = vec![self.breaker.clone()];
+        if let Some(nodes) = &self.nodes {
+            let by_addr = nodes.by_addr.lock().unwrap_or_else(|e| e.into_inner());
+            all.extend(by_addr.values().cloned());
+        }
+        all
     }
 
     /// Count and (once per change) log a store error.
@@ -450,7 +538,10 @@ impl Guarded {
 
     /// Breaker transitions into `to` so far.
     pub fn transitions(&self, to: BreakerState) -> u64 {
-        self.breaker.transitions[to as usize].load(Relaxed)
+        self.breakers()
+            .iter()
+            .map(|b| b.transitions[to as usize].load(Relaxed))
+            .sum()
     }
 
     /// Calls slower than the per-call timeout so far (answered or not).
@@ -483,9 +574,20 @@ impl Guarded {
         &self.settings
     }
 
-    /// The breaker state.
+    /// The breaker state: the worst of a cluster's masters' (one master down: open).
     pub fn state(&self) -> BreakerState {
-        self.breaker.state()
+        if self.nodes.is_none() {
+            return self.breaker.state();
+        }
+        let mut states = vec![self.breaker.state()];
+        if let Some(nodes) = &self.nodes {
+            let slots = nodes.slots.read().unwrap_or_else(|e| e.into_inner());
+            states.extend(slots.iter().map(|(_, _, b)| b.state()));
+        }
+        [BreakerState::Open, BreakerState::HalfOpen]
+            .into_iter()
+            .find(|s| states.contains(s))
+            .unwrap_or(BreakerState::Healthy)
     }
 
     /// The `local` policy's memory store (swept by `serve` like the memory backend).
@@ -502,17 +604,17 @@ impl Guarded {
     /// each key, consume the cost owed, or, when it no longer fits, what is left of the limit.
     /// Entries whose window has ended are dropped. Returns false when Redis failed (what was
     /// not folded stays owed).
-    async fn fold(&self) -> bool {
+    async fn fold(&self, probed: &Arc<Breaker>) -> bool {
         let owed = self.owed.take();
         if owed.is_empty() {
             return true;
         }
+        let mut ok = true;
         let opts = self.store.options();
         let bound = opts.timeout + opts.patience;
         let last = self.owed.last_now.load(Relaxed);
         let at = self.settings.caller_clock.then_some(last);
-        let mut left = owed.into_iter();
-        while let Some((key, o)) = left.next() {
+        for (key, o) in owed {
             if o.until <= last {
                 continue;
             }
@@ -520,6 +622,12 @@ impl Guarded {
                 cost: o.cost,
                 ..CheckItem::hit(&o.rule, &key, &o.quota)
             };
+            // Keys on another master that is still down wait for its own probe.
+            let b = self.breaker_for(&[item]);
+            if b.state() == BreakerState::Open && !Arc::ptr_eq(&b, probed) {
+                self.owed.put_back(key, o);
+                continue;
+            }
             let r = match self.store.check_within(bound, at, &[item]).await {
                 Ok(d) if !d[0].allowed && d[0].remaining > 0 => {
                     let rest = CheckItem {
@@ -534,18 +642,15 @@ impl Guarded {
                 r => r.map(|_| ()),
             };
             if r.is_err() {
-                // Owed again, with what was not reached.
-                let mut map = self.owed.lock();
-                for (k, o) in std::iter::once((key, o)).chain(left) {
-                    map.entry(k).or_insert(o);
-                }
-                self.owed.pending.store(true, Relaxed);
-                return false;
+                // Owed again.
+                self.owed.put_back(key, o);
+                ok = false;
+                continue;
             }
             self.owed.keys.fetch_add(1, Relaxed);
             self.owed.cost.fetch_add(o.cost, Relaxed);
         }
-        true
+        ok
     }
 
     /// Decisions made by the policy so far, by policy.
@@ -565,13 +670,14 @@ impl Guarded {
                 });
             }
         }
-        if self.breaker.state() == BreakerState::Open {
+        let breaker = self.breaker_for(items);
+        if breaker.state() == BreakerState::Open {
             return Ok(self.fallback(now, items, false, false));
         }
-        match self.call(now, items).await {
+        match self.call(now, items, &breaker).await {
             Err(None) => Ok(self.fallback(now, items, true, true)),
             Ok((decisions, receipt)) => {
-                self.breaker.success();
+                breaker.success();
                 self.condition.answered(now);
                 if let Some(cache) = &self.deny_cache {
                     cache.learn(now, items, &decisions);
@@ -597,10 +703,10 @@ impl Guarded {
                 };
                 self.count_error(&e, now.saturating_add(late));
                 if kind.is_outage() {
-                    self.breaker.failure(kind, now.saturating_add(late));
+                    breaker.failure(kind, now.saturating_add(late));
                 } else {
                     // Redis answered: a fault of this request's keys or writes, not an outage.
-                    self.breaker.success();
+                    breaker.success();
                 }
                 let possibly_consumed = kind == FaultKind::Timeout;
                 Ok(self.fallback(now, items, true, possibly_consumed))
@@ -616,6 +722,7 @@ impl Guarded {
         &self,
         now: Micros,
         items: &[CheckItem<'_>],
+        breaker: &Breaker,
     ) -> Result<(Vec<Decision>, Receipt), Option<StoreError>> {
         let opts = self.store.options();
         let at = self.settings.caller_clock.then_some(now);
@@ -627,12 +734,12 @@ impl Guarded {
             return r.map_err(Some);
         }
         self.slow.fetch_add(1, Relaxed);
-        let opened = self.breaker.opened.notified();
+        let opened = breaker.opened.notified();
         tokio::pin!(opened);
         opened.as_mut().enable();
         let late = now.saturating_add(opts.timeout.as_micros() as Micros);
-        self.breaker.failure(FaultKind::Timeout, late);
-        if self.breaker.state() == BreakerState::Open {
+        breaker.failure(FaultKind::Timeout, late);
+        if breaker.state() == BreakerState::Open {
             return Err(None);
         }
         tokio::select! {
@@ -788,24 +895,49 @@ fn divide(quota: &Quota, n: u64) -> Quota {
 async fn probe(g: Weak<Guarded>) {
     let mut tick = tokio::time::interval(PROBE_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticks: u64 = 0;
     loop {
         tick.tick().await;
         let Some(g) = g.upgrade() else { return };
-        if g.state() != BreakerState::Healthy {
-            match g.store.probe().await {
+        ticks += 1;
+        if ticks % 4 == 0 {
+            // A cluster's masters change with failovers: once a second.
+            g.refresh_slots().await;
+        }
+        let due = g.to_probe();
+        for (b, ranges) in &due {
+            let r = match ranges {
+                None => g.store.probe().await,
+                Some(ranges) => g.store.probe_slots(ranges).await,
+            };
+            match r {
                 // Redis answers: what was admitted locally meanwhile is folded into its
                 // counters before traffic goes back to it.
-                Ok(()) if g.fold().await => g.breaker.probe_ok(),
-                Ok(()) => {}
+                Ok(()) => {
+                    if g.fold(b).await {
+                        b.probe_ok();
+                    }
+                }
                 // Logged when its kind changes (e.g. Redis is back but out of memory); the probe
                 // has no clock, so a success clears it at once.
                 Err(e) => g.condition.failed(&e, 0, g.store.url()),
             }
-        } else if g.owed.pending.load(Relaxed) {
+        }
+        if due.is_empty() && g.owed.pending.load(Relaxed) {
             // Admitted locally while half-open, or left over by a failed fold.
-            g.fold().await;
+            g.fold(&g.breaker).await;
         }
     }
+}
+
+/// A Redis Cluster's per-master breakers.
+#[derive(Default)]
+struct Nodes {
+    /// (first slot, last slot, the breaker of the master serving them), sorted.
+    #[allow(clippy::type_complexity)]
+    slots: std::sync::RwLock<Vec<(u16, u16, Arc<Breaker>)>>,
+    /// Every master seen, by address.
+    by_addr: Mutex<HashMap<String, Arc<Breaker>>>,
 }
 
 /// A key's local admissions not yet folded into Redis.
@@ -860,6 +992,11 @@ impl Owed {
                 },
             );
         }
+        self.pending.store(true, Relaxed);
+    }
+
+    fn put_back(&self, key: String, o: OwedKey) {
+        self.lock().entry(key).or_insert(o);
         self.pending.store(true, Relaxed);
     }
 

@@ -592,6 +592,75 @@ impl RedisStore {
         self.record(r.map(|_| ()))
     }
 
+    /// A Redis Cluster's masters and the slot ranges each serves (`CLUSTER SLOTS`, asked of any
+    /// node): `(first slot, last slot, "host:port")`. Empty for a single server or Sentinel.
+    pub async fn slot_owners(&self) -> Result<Vec<(u16, u16, String)>, StoreError> {
+        if !self.is_cluster() {
+            return Ok(Vec::new());
+        }
+        let v: redis::Value = self
+            .query(&redis::cmd("CLUSTER").arg("SLOTS").clone())
+            .await?;
+        let int = |v: &redis::Value| match v {
+            redis::Value::Int(i) => u16::try_from(*i).ok(),
+            _ => None,
+        };
+        let text = |v: &redis::Value| match v {
+            redis::Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+            redis::Value::SimpleString(s) => Some(s.clone()),
+            _ => None,
+        };
+        let mut owners = Vec::new();
+        if let redis::Value::Array(ranges) = v {
+            for r in ranges {
+                let redis::Value::Array(r) = r else { continue };
+                let (Some(first), Some(last), Some(redis::Value::Array(master))) =
+                    (r.first().and_then(int), r.get(1).and_then(int), r.get(2))
+                else {
+                    continue;
+                };
+                let (Some(host), Some(redis::Value::Int(port))) =
+                    (master.first().and_then(text), master.get(1))
+                else {
+                    continue;
+                };
+                owners.push((first, last, format!("{host}:{port}")));
+            }
+        }
+        owners.sort();
+        Ok(owners)
+    }
+
+    /// The cluster slot of `item`'s counter.
+    pub fn slot_of(&self, item: &CheckItem<'_>) -> u16 {
+        let opts = &self.inner.opts;
+        let (main, _) = keys::counter_keys_in(opts.key_layout, &opts.prefix, item.key, item.quota);
+        keys::slot(&main)
+    }
+
+    /// [`RedisStore::probe`] of the cluster node that serves `ranges` (inclusive slot ranges):
+    /// the same write, on a key whose slot is in them.
+    pub async fn probe_slots(&self, ranges: &[(u16, u16)]) -> Result<(), StoreError> {
+        let prefix = &self.inner.opts.prefix;
+        // About one in (16384 / slots served) tags lands in the ranges: a few tries.
+        let key = (0u32..1 << 20)
+            .map(|n| format!("{prefix}:{{probe-{n}}}"))
+            .find(|k| {
+                let s = keys::slot(k);
+                ranges.iter().any(|&(a, b)| (a..=b).contains(&s))
+            })
+            .ok_or_else(|| StoreError::Unsupported("no slot to probe".into()))?;
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(key).arg(1).arg("PX").arg(10_000);
+        let opts = &self.inner.opts;
+        self.bounded(
+            opts.connect_timeout + opts.timeout,
+            self.exec::<String>(&cmd),
+        )
+        .await
+        .map(|_| ())
+    }
+
     /// One command on the store's connection, bounded by `bound`, for callers that keep data of
     /// their own under the key prefix (the rule registry). It does not count toward the store's
     /// health: only the counters' calls do.

@@ -219,3 +219,78 @@ fn a_slot_migrating_under_load_is_followed_not_an_error() {
     assert_eq!(LIMIT - left, done.load(Relaxed) + 1);
     assert!(!dst.cli(&["GET", &main]).contains("MOVED"));
 }
+
+/// One master of a cluster dies (no replica takes over): only the keys it served are decided by
+/// the failure policy; keys on the healthy masters never are, and their breakers stay closed.
+#[test]
+fn a_dead_master_sends_only_its_own_keys_to_the_policy() {
+    use tollgate_redis::guard::BreakerState;
+    use tollgate_redis::{Guarded, RedisSettings};
+    let mut cluster = Cluster::start_with(3, &["--cluster-require-full-coverage", "no"]);
+    let rt = support::runtime();
+    let opts = RedisOptions {
+        prefix: support::unique_prefix("deadmaster"),
+        ..RedisOptions::default()
+    };
+    let quota = Quota::new(1_000_000, Unit::Day);
+    let counters: Vec<String> = (0..60).map(|n| format!("d|k=v{n}")).collect();
+    rt.block_on(async {
+        let store = RedisStore::connect(&cluster.url(), opts).await.unwrap();
+        let owners = store.slot_owners().await.unwrap();
+        assert_eq!(
+            owners
+                .iter()
+                .map(|o| &o.2)
+                .collect::<std::collections::BTreeSet<_>>()
+                .len(),
+            3
+        );
+        let g = Guarded::start(store.clone(), RedisSettings::default()).await;
+        let victim = format!("127.0.0.1:{}", cluster.nodes[0].port);
+        let (on_victim, healthy): (Vec<&String>, Vec<&String>) = counters.iter().partition(|c| {
+            let slot = store.slot_of(&CheckItem::hit("d|k", c, &quota));
+            owners
+                .iter()
+                .any(|(a, b, addr)| (*a..=*b).contains(&slot) && *addr == victim)
+        });
+        assert!(!on_victim.is_empty() && !healthy.is_empty());
+        cluster.nodes[0].kill();
+        // The victim's keys go to the policy once its breaker opens.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let mut n = 0;
+        loop {
+            let c = on_victim[n % on_victim.len()];
+            n += 1;
+            let o = g
+                .check(0, &[CheckItem::hit("d|k", c, &quota)])
+                .await
+                .unwrap();
+            if o.degraded.is_some() && g.state() == BreakerState::Open {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the dead master's breaker never opened"
+            );
+        }
+        // The healthy masters' keys: on Redis, every one.
+        for round in 0..5 {
+            for c in &healthy {
+                let o = g
+                    .check(0, &[CheckItem::hit("d|k", c, &quota)])
+                    .await
+                    .unwrap();
+                assert!(
+                    o.degraded.is_none() && !o.store_failed,
+                    "round {round}: {c} (on a healthy master) was decided by the policy"
+                );
+            }
+        }
+        // And the victim's keys still go to the policy, without waiting on the dead node.
+        let o = g
+            .check(0, &[CheckItem::hit("d|k", on_victim[0], &quota)])
+            .await
+            .unwrap();
+        assert!(o.degraded.is_some());
+    });
+}

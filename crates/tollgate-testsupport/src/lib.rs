@@ -320,16 +320,23 @@ pub struct Cluster {
 impl Cluster {
     /// Start the nodes, create the cluster and wait for `cluster_state:ok` on every node.
     pub fn start(masters: usize) -> Cluster {
+        Self::start_with(masters, &[])
+    }
+
+    /// [`Cluster::start`] with extra server arguments on every node.
+    pub fn start_with(masters: usize, extra: &[&str]) -> Cluster {
         let nodes: Vec<RedisServer> = (0..masters)
             .map(|_| {
-                RedisServer::start(&[
+                let mut args = vec![
                     "--cluster-enabled",
                     "yes",
                     "--cluster-config-file",
                     "nodes.conf",
                     "--cluster-node-timeout",
                     "5000",
-                ])
+                ];
+                args.extend(extra);
+                RedisServer::start(&args)
             })
             .collect();
         let addrs: Vec<String> = nodes
