@@ -311,3 +311,65 @@ fn headers_report_the_local_share_while_redis_is_down() {
         assert!(remaining <= limit);
     }
 }
+
+/// A Redis Cluster master is killed (no replica takes over; the cluster serves the other slots):
+/// once its breaker opens, its keys are decided by the failure policy, and keys on the healthy
+/// masters never are.
+#[test]
+fn a_killed_cluster_master_sends_only_its_own_keys_to_the_policy() {
+    let mut cluster =
+        tollgate_testsupport::Cluster::start_with(3, &["--cluster-require-full-coverage", "no"]);
+    let rules = rules("deadmaster", 1_000_000);
+    let prefix = unique_prefix("deadmaster");
+    let s = serve_store(
+        &rules,
+        &cluster.url(),
+        &["--redis-prefix", &prefix],
+        "deadmaster",
+    );
+    let values: Vec<String> = (0..30).map(|n| format!("v{n}")).collect();
+    for v in &values {
+        assert_eq!(check(&s.base, v), 200);
+    }
+    // Which master holds which value's counter.
+    let pattern = format!("{prefix}:*");
+    let on_node = |i: usize, v: &str| {
+        cluster.nodes[i]
+            .cli(&["KEYS", &pattern])
+            .contains(&format!("={v}}}"))
+    };
+    let (victim, healthy): (Vec<&String>, Vec<&String>) =
+        values.iter().partition(|v| on_node(0, v));
+    assert!(
+        !victim.is_empty() && !healthy.is_empty(),
+        "{victim:?} {healthy:?}"
+    );
+    cluster.nodes[0].kill();
+    let started = Instant::now();
+    let mut n = 0;
+    while readyz(&s.base)["status"] != "degraded" {
+        check(&s.base, victim[n % victim.len()]);
+        n += 1;
+        assert!(
+            started.elapsed() < DEADLINE,
+            "the dead master's breaker never opened"
+        );
+    }
+    let series = "tollgate_degraded_decisions_total{policy=\"local\"}";
+    let before = metric(&s.base, series);
+    for _ in 0..5 {
+        for v in &healthy {
+            assert_eq!(check(&s.base, v), 200);
+        }
+    }
+    let after = metric(&s.base, series);
+    assert_eq!(
+        after - before,
+        0,
+        "keys on healthy masters were decided by the failure policy; stderr:\n{}",
+        s.stderr()
+    );
+    // The dead master's keys are (without waiting on it).
+    check(&s.base, victim[0]);
+    assert!(metric(&s.base, series) > after);
+}
