@@ -166,6 +166,7 @@ cargo test --workspace --doc --locked
 # tests' own throwaway servers and clusters run valkey-server too).
 phase "Valkey: store conformance, exactness and fault tests on $("$TOLLGATE_VALKEY_SERVER" --version | cut -d' ' -f1-3)"
 valkey_dir=$(mktemp -d)
+need_cmd python3 python3
 valkey_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 "$TOLLGATE_VALKEY_SERVER" --daemonize yes --bind 127.0.0.1 --port "$valkey_port" --save "" \
   --appendonly no --dir "$valkey_dir" --pidfile "$valkey_dir/valkey.pid" --logfile "$valkey_dir/valkey.log" \
