@@ -65,6 +65,10 @@ pub const FAILURES_TO_OPEN: u32 = 3;
 pub const TIMEOUTS_OPEN_AFTER: Duration = Duration::from_secs(1);
 /// How often an open (or half-open) breaker probes Redis.
 pub const PROBE_INTERVAL: Duration = Duration::from_millis(250);
+/// With the `local` policy over several instances, an open breaker half-opens at this many
+/// successful probes in a row (two probe intervals after the first): every instance that saw
+/// Redis come back has folded its local admissions by then.
+pub const SETTLE_PROBES: u8 = 3;
 /// A failing store is reported as answering again only after this long without a failure (so
 /// isolated failures between successes log once, not once per request).
 const QUIET: Micros = 1_000_000;
@@ -234,6 +238,9 @@ struct Breaker {
     transitions: [AtomicU64; 3],
     /// Wakes the calls waiting on a slow Redis when the breaker opens.
     opened: tokio::sync::Notify,
+    /// An open breaker's successful probes in a row (each folded the local admissions): with
+    /// the `local` policy over several instances, the [`SETTLE_PROBES`]th half-opens it.
+    streak: AtomicU8,
 }
 
 impl Breaker {
@@ -914,13 +921,25 @@ async fn probe(g: Weak<Guarded>) {
                 // Redis answers: what was admitted locally meanwhile is folded into its
                 // counters before traffic goes back to it.
                 Ok(()) => {
-                    if g.fold(b).await {
+                    // With other instances sharing the key's limit, traffic goes back to Redis
+                    // two probe intervals after the first success: every instance that saw Redis
+                    // come back has folded its local admissions by then, so none is granted
+                    // again what another admitted locally.
+                    let settle = g.settings.policy == Policy::Local
+                        && g.settings.expected_instances > 1
+                        && b.state() == BreakerState::Open;
+                    let streak = b.streak.fetch_add(1, Relaxed).saturating_add(1);
+                    if g.fold(b).await && (!settle || streak >= SETTLE_PROBES) {
+                        b.streak.store(0, Relaxed);
                         b.probe_ok();
                     }
                 }
                 // Logged when its kind changes (e.g. Redis is back but out of memory); the probe
                 // has no clock, so a success clears it at once.
-                Err(e) => g.condition.failed(&e, 0, g.store.url()),
+                Err(e) => {
+                    b.streak.store(0, Relaxed);
+                    g.condition.failed(&e, 0, g.store.url());
+                }
             }
         }
         if due.is_empty() && g.owed.pending.load(Relaxed) {
