@@ -46,6 +46,14 @@ need_cmd caddy caddy
 need_cmd podman podman
 need_cmd runc runc
 need_cmd systemd-analyze systemd
+# The expected kit (crates/tollgate/tests/kit.rs): completion scripts are parsed and asked by
+# the shells themselves, manual pages rendered by groff and man; --version is compared with git.
+need_cmd bash bash
+need_cmd zsh zsh
+need_cmd fish fish
+need_cmd groff groff-base
+need_cmd man man-db
+need_cmd git git
 if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
   echo "scripts/test.sh: no Redis on 127.0.0.1:6379, starting one for the tests"
   redis_dir=$(mktemp -d)
