@@ -124,20 +124,24 @@ fi
 "$TOLLGATE_ENVOY_BIN" --version >/dev/null 2>&1 || die "Envoy at $TOLLGATE_ENVOY_BIN does not run"
 
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+# One build of everything gains nothing from incremental compilation's saved state, which was
+# the largest part of target/ (BENCHMARKS.md, "Build time and size"). Set CARGO_INCREMENTAL=1 to
+# keep it (cargo rebuilds the workspace's own crates when the setting changes between runs).
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 export RUST_BACKTRACE=1
 
 # Each phase says when it starts and how long it took; cargo's own progress (one line per crate
-# compiled) shows while it builds: a cold build takes minutes (see README.md).
+# compiled) shows while it builds: a cold build takes minutes (see BENCHMARKS.md).
 started=$SECONDS
 phase() { echo "== $* ($(date +%H:%M:%S), $((SECONDS - started)) s so far)"; }
 
-phase "build: every crate, test and bench (cold: minutes, see README.md; warm: seconds)"
+phase "build: every crate, test and bench (cold: minutes, see BENCHMARKS.md; warm: seconds)"
 cargo build --workspace --all-targets --locked
 
 # The container image's binary (crates/tollgate/tests/image.rs builds the image from it): glibc
 # linked statically, so the image is `FROM scratch`. --target keeps RUSTFLAGS off build scripts
-# and proc-macros. The `image` profile (Cargo.toml) is release code built cheaply (cold: minutes,
-# see README.md "Deploy").
+# and proc-macros. The `image` profile (Cargo.toml) is the release build, stripped (cold: minutes,
+# see BENCHMARKS.md).
 phase "build: static binary for the container image (profile image)"
 RUSTFLAGS='-C target-feature=+crt-static' cargo build --profile image --locked \
   -p tollgate --bin tollgate --target x86_64-unknown-linux-gnu
