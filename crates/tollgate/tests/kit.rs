@@ -47,7 +47,10 @@ fn version_names_the_git_commit() {
     assert!(version.starts_with(&expected_version), "{version}");
     // The build reads the commit with git; the test asks git the same question. (A build from a
     // tree without .git prints the bare version instead: nothing to compare with here.)
-    let head = run("git", &["-C", repo().to_str().unwrap(), "rev-parse", "HEAD"]);
+    let head = run(
+        "git",
+        &["-C", repo().to_str().unwrap(), "rev-parse", "HEAD"],
+    );
     assert_ok("git rev-parse HEAD", &head);
     let head = String::from_utf8(head.stdout).unwrap();
     let short = &head.trim()[..12];
@@ -165,8 +168,15 @@ fn man_pages_render() {
     }
     // Every flag of serve is on its page, with the variable that also sets it.
     let serve = render(&pages.join("tollgate-serve.1"));
-    for expected in ["--redis-prefix", "TOLLGATE_REDIS_PREFIX", "--trusted-proxies"] {
-        assert!(serve.contains(expected), "no {expected} in tollgate-serve(1)");
+    for expected in [
+        "--redis-prefix",
+        "TOLLGATE_REDIS_PREFIX",
+        "--trusted-proxies",
+    ] {
+        assert!(
+            serve.contains(expected),
+            "no {expected} in tollgate-serve(1)"
+        );
     }
     // And man itself reads it.
     let man = run("man", &["-l", pages.join("tollgate.1").to_str().unwrap()]);
