@@ -70,6 +70,22 @@ pub mod pb {
                     /// Per week.
                     Week = 7,
                 }
+
+                impl RateLimitUnit {
+                    /// The value's name in the `.proto` file (`MINUTE`, ...).
+                    pub fn as_str_name(&self) -> &'static str {
+                        match self {
+                            Self::Unknown => "UNKNOWN",
+                            Self::Second => "SECOND",
+                            Self::Minute => "MINUTE",
+                            Self::Hour => "HOUR",
+                            Self::Day => "DAY",
+                            Self::Week => "WEEK",
+                            Self::Month => "MONTH",
+                            Self::Year => "YEAR",
+                        }
+                    }
+                }
             }
         }
 
@@ -118,7 +134,7 @@ pub mod pb {
                                 /// Requests allowed per unit.
                                 #[prost(uint32, tag = "1")]
                                 pub requests_per_unit: u32,
-                                /// The unit ([`RateLimitUnit`](crate::pb::envoy::r#type::v3::RateLimitUnit)).
+                                /// The unit (`envoy.type.v3.RateLimitUnit`).
                                 #[prost(
                                     enumeration = "crate::pb::envoy::r#type::v3::RateLimitUnit",
                                     tag = "2"
@@ -212,53 +228,9 @@ pub mod pb {
 
                         /// [`RateLimit`]'s enum.
                         pub mod rate_limit {
-                            /// The unit of a limit.
-                            #[derive(
-                                Clone,
-                                Copy,
-                                Debug,
-                                PartialEq,
-                                Eq,
-                                Hash,
-                                PartialOrd,
-                                Ord,
-                                ::prost::Enumeration,
-                            )]
-                            #[repr(i32)]
-                            pub enum Unit {
-                                /// Not set.
-                                Unknown = 0,
-                                /// Per second.
-                                Second = 1,
-                                /// Per minute.
-                                Minute = 2,
-                                /// Per hour.
-                                Hour = 3,
-                                /// Per day.
-                                Day = 4,
-                                /// Per week.
-                                Week = 7,
-                                /// Per month.
-                                Month = 5,
-                                /// Per year.
-                                Year = 6,
-                            }
-
-                            impl Unit {
-                                /// The value's name in the `.proto` file (`MINUTE`, ...).
-                                pub fn as_str_name(&self) -> &'static str {
-                                    match self {
-                                        Self::Unknown => "UNKNOWN",
-                                        Self::Second => "SECOND",
-                                        Self::Minute => "MINUTE",
-                                        Self::Hour => "HOUR",
-                                        Self::Day => "DAY",
-                                        Self::Week => "WEEK",
-                                        Self::Month => "MONTH",
-                                        Self::Year => "YEAR",
-                                    }
-                                }
-                            }
+                            /// The unit of a limit: the same values as the descriptor
+                            /// override's `envoy.type.v3.RateLimitUnit`.
+                            pub use crate::pb::envoy::r#type::v3::RateLimitUnit as Unit;
                         }
 
                         /// A quota assignment.

@@ -6,6 +6,7 @@ use crate::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitRespon
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use tonic::codec::Codec;
 use tonic::codegen::{http, Body, BoxFuture, StdError};
 
 /// The service's fully-qualified name.
@@ -78,6 +79,33 @@ impl<T: RateLimitService> tonic::server::UnaryService<RateLimitRequest> for Shou
     }
 }
 
+/// Answer one HTTP/2 request to this service: `ShouldRateLimit` through `inner`, with `codec`
+/// and requests over `max_decoding_message_size` refused; any other method UNIMPLEMENTED, as
+/// gRPC specifies. [`RateLimitServiceServer`] calls it with tonic-prost's codec; a server that
+/// needs its own codec (to map decoding errors, say) calls it with that one.
+pub fn route<T, C, B>(
+    inner: &Arc<T>,
+    codec: C,
+    max_decoding_message_size: Option<usize>,
+    req: http::Request<B>,
+) -> BoxFuture<http::Response<tonic::body::Body>, Infallible>
+where
+    T: RateLimitService,
+    C: Codec<Encode = RateLimitResponse, Decode = RateLimitRequest> + Send + 'static,
+    B: Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    if req.uri().path() != PATH {
+        return Box::pin(async { Ok(tonic::Status::unimplemented("").into_http()) });
+    }
+    let method = ShouldRateLimit(Arc::clone(inner));
+    Box::pin(async move {
+        let mut grpc = tonic::server::Grpc::new(codec)
+            .apply_max_message_size_config(max_decoding_message_size, None);
+        Ok(grpc.unary(method, req).await)
+    })
+}
+
 impl<T, B> tonic::codegen::Service<http::Request<B>> for RateLimitServiceServer<T>
 where
     T: RateLimitService,
@@ -93,16 +121,7 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        if req.uri().path() != PATH {
-            // Any other method of this service: UNIMPLEMENTED, as gRPC specifies.
-            return Box::pin(async move { Ok(tonic::Status::unimplemented("").into_http()) });
-        }
-        let method = ShouldRateLimit(Arc::clone(&self.inner));
-        let max = self.max_decoding_message_size;
-        Box::pin(async move {
-            let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::default())
-                .apply_max_message_size_config(max, None);
-            Ok(grpc.unary(method, req).await)
-        })
+        let codec = tonic_prost::ProstCodec::default();
+        route(&self.inner, codec, self.max_decoding_message_size, req)
     }
 }

@@ -80,7 +80,9 @@ use tollgate_proto::pb::envoy::service::ratelimit::v3::rate_limit_response::rate
 use tollgate_proto::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code as PbCode, DescriptorStatus as PbStatus, RateLimit as PbRateLimit,
 };
-use tollgate_proto::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
+use tollgate_proto::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    route, RateLimitService,
+};
 use tollgate_proto::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tollgate_proto::pb::google::protobuf::value::Kind as PbKind;
 use tollgate_proto::pb::google::protobuf::Duration as PbDuration;
@@ -90,7 +92,7 @@ use tollgate_proto::pb::google::protobuf::{
 use tonic::codec::{Codec, DecodeBuf, Decoder};
 use tonic::codegen::http::Request as HttpRequest;
 use tonic::codegen::{http, Body, BoxFuture, StdError};
-use tonic::server::{NamedService, UnaryService};
+use tonic::server::NamedService;
 use tonic::service::Routes;
 use tonic::{Request, Response, Status};
 use tonic_health::ServingStatus;
@@ -163,30 +165,13 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        if req.uri().path() != SHOULD_RATE_LIMIT_PATH {
-            return Box::pin(async { Ok(Status::unimplemented("").into_http()) });
-        }
-        let method = ShouldRateLimit(Arc::clone(&self.inner));
         let codec = RlsCodec(Some(Arc::clone(&self.inner)));
-        let max = self.max_decoding_message_size;
-        Box::pin(async move {
-            let mut grpc =
-                tonic::server::Grpc::new(codec).apply_max_message_size_config(Some(max), None);
-            Ok(grpc.unary(method, req).await)
-        })
-    }
-}
-
-/// One `ShouldRateLimit` call, as tonic's unary plumbing wants it.
-struct ShouldRateLimit(Arc<RateLimitGrpc>);
-
-impl UnaryService<RateLimitRequest> for ShouldRateLimit {
-    type Response = RateLimitResponse;
-    type Future = BoxFuture<Response<RateLimitResponse>, Status>;
-
-    fn call(&mut self, request: Request<RateLimitRequest>) -> Self::Future {
-        let inner = Arc::clone(&self.0);
-        Box::pin(async move { inner.should_rate_limit(request).await })
+        route(
+            &self.inner,
+            codec,
+            Some(self.max_decoding_message_size),
+            req,
+        )
     }
 }
 
