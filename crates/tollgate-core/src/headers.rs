@@ -14,7 +14,7 @@
 use crate::clock::Micros;
 use crate::decision::Decision;
 use crate::limiter::Verdict;
-use crate::quota::Quota;
+use crate::quota::{Algorithm, Quota};
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
 /// Values for the rate-limit response headers, from the limit that binds a request.
@@ -72,19 +72,40 @@ impl HeaderValues {
     /// The headers for decision `d` of a limit with `quota` (`None`: a limit without one, whose
     /// reset is the decision's own), at `now`, in a request whose overall verdict is `allowed`:
     /// `Retry-After` only when the request is denied and `d` can pass later.
+    ///
+    /// The values describe the capacity in force, so that `remaining <= limit` and
+    /// `reset <= window` always hold, as clients of the IETF fields assume:
+    /// - token bucket, leaky bucket and GCRA: the limit is the bucket's capacity (`burst`, the
+    ///   most that can pass at once), the window the time an empty bucket takes to fill
+    ///   (`burst / limit` periods), the reset the time until it is full again;
+    /// - sliding window counter and count-min sketch: the reset is the end of the current
+    ///   aligned window, when the hits counted in it start to fade (they are gone one window
+    ///   later; until the current window ends none of them comes back);
+    /// - fixed windows and the sliding log: the time until the counter is full again, which
+    ///   is at most one period.
     pub fn new(quota: Option<&Quota>, d: &Decision, allowed: bool, now: Micros) -> Self {
         let reset = quota.map_or(d.reset_after, |q| d.reported_reset(q.period(), now));
+        let (limit, window, reset) = match quota {
+            Some(q) => in_force(q, d, reset, now),
+            None => (d.limit, 0, reset),
+        };
+        let window_secs = secs_ceil(window);
+        let reset_secs = secs_ceil(reset);
         Self {
-            limit: d.limit,
-            remaining: d.reported_remaining(),
-            reset_secs: secs_ceil(reset),
+            limit,
+            remaining: d.reported_remaining().min(limit),
+            reset_secs: if window_secs > 0 {
+                reset_secs.min(window_secs)
+            } else {
+                reset_secs
+            },
             // An allowed request may be bound by a quota-mode limit that is over: no Retry-After.
             retry_after_secs: if d.allowed || allowed {
                 None
             } else {
                 d.retry_after.map(|r| secs_ceil(r).max(1))
             },
-            window_secs: quota.map_or(0, |q| secs_ceil(q.period().nominal())),
+            window_secs,
         }
     }
 
@@ -188,6 +209,37 @@ impl HeaderValues {
     }
 }
 
+/// The capacity in force for decision `d` of `quota`: (limit, window, reset), in cost units and
+/// microseconds (see [`HeaderValues::new`]).
+fn in_force(quota: &Quota, d: &Decision, reset: Micros, now: Micros) -> (u64, Micros, Micros) {
+    let nominal = quota.period().nominal();
+    match quota.algorithm() {
+        Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra if quota.limit() > 0 => {
+            // The decision's limit may be a share of the quota's (a degraded Redis store
+            // divides it among instances): the capacity is scaled with it.
+            let scale = |v: u64| {
+                u64::try_from(
+                    u128::from(v) * u128::from(quota.capacity()) / u128::from(quota.limit()),
+                )
+                .unwrap_or(u64::MAX)
+            };
+            (scale(d.limit), scale(nominal), reset)
+        }
+        algorithm => {
+            // Calendar months and years: the current window may be longer than the nominal.
+            let (start, end) = crate::window::window(quota.period(), now);
+            let window = nominal.max(end - start);
+            let reset = match algorithm {
+                Algorithm::SlidingWindowCounter | Algorithm::CountMinSketch => {
+                    reset.min(end.saturating_sub(now))
+                }
+                _ => reset,
+            };
+            (d.limit, window, reset)
+        }
+    }
+}
+
 /// Microseconds to whole seconds, rounded up.
 pub fn secs_ceil(us: Micros) -> u64 {
     us.div_ceil(1_000_000)
@@ -287,6 +339,67 @@ mod tests {
                 match map.get(*name) {
                     Some(v) => assert_eq!(v.to_str().unwrap(), value, "{families:?} {name}"),
                     None => assert!(!expected.contains(name), "{families:?} lacks {name}"),
+                }
+            }
+        }
+    }
+    /// Regression: a leaky bucket of 5/second with a burst of 10 answered `limit 5` with
+    /// `remaining 8`. The limit is the capacity in force, and the window the time it takes to
+    /// refill.
+    #[test]
+    fn a_bucket_reports_its_capacity_as_the_limit() {
+        use crate::quota::Algorithm;
+        let q = Quota::new(5, Unit::Second)
+            .with_algorithm(Algorithm::LeakyBucket)
+            .with_burst(10);
+        let mut state = None;
+        for _ in 0..2 {
+            let (d, next) = crate::algorithm::step(&q, state.take(), 1_000 * SECOND, 1);
+            state = next;
+            let h = HeaderValues::new(Some(&q), &d, true, 1_000 * SECOND);
+            assert_eq!(h.limit, 10, "{h:?}");
+            assert!(h.remaining <= h.limit, "{h:?}");
+            assert_eq!(h.window_secs, 2, "{h:?}");
+            assert!(h.reset_secs <= h.window_secs, "{h:?}");
+        }
+    }
+
+    /// Regression: the first request on 100/minute (sliding window counter, the default) 32 s
+    /// into the minute answered `reset 88`, more than the window. It is the end of the current
+    /// minute, when the counted hits start to fade.
+    #[test]
+    fn a_sliding_window_counter_resets_within_the_window() {
+        let q = Quota::new(100, Unit::Minute);
+        let now = 1_000 * 60 * SECOND + 32 * SECOND;
+        let (d, _) = crate::algorithm::step(&q, None, now, 1);
+        let h = HeaderValues::new(Some(&q), &d, true, now);
+        assert_eq!(
+            (h.limit, h.remaining, h.reset_secs, h.window_secs),
+            (100, 99, 28, 60)
+        );
+    }
+
+    proptest::proptest! {
+        /// Whatever the algorithm, burst and trace: remaining <= limit and reset <= window.
+        #[test]
+        fn remaining_and_reset_stay_within_the_capacity_in_force(
+            alg in proptest::sample::select(crate::quota::Algorithm::ALL.to_vec()),
+            limit in 1u64..50,
+            burst in proptest::option::of(1u64..80),
+            unit in proptest::sample::select(vec![Unit::Second, Unit::Minute, Unit::Hour, Unit::Month]),
+            steps in proptest::collection::vec((0u64..5_000_000, 0u64..4), 1..60),
+        ) {
+            let q = Quota::new(limit, unit).with_algorithm(alg).with_burst(burst);
+            let mut state = None;
+            let mut now = 1_795_305_600 * SECOND;
+            for (gap, cost) in steps {
+                now += gap * unit.nominal() / 10_000_000;
+                let (d, next) = crate::algorithm::step(&q, state.take(), now, cost);
+                state = next;
+                for allowed in [true, false] {
+                    let h = HeaderValues::new(Some(&q), &d, allowed, now);
+                    proptest::prop_assert!(h.remaining <= h.limit, "{:?} {:?}", h, d);
+                    proptest::prop_assert!(h.reset_secs <= h.window_secs, "{:?} {:?}", h, d);
                 }
             }
         }

@@ -46,6 +46,12 @@ pub struct LimitOverride {
 /// key (the descriptor's, as envoyproxy/ratelimit names it) folds into past the series cap.
 const OVERRIDE_ID: &str = "=override";
 
+/// Most requests per unit a [`LimitOverride`] may ask when the overrides of its rule set are
+/// sliding window logs ([`Overrides::too_large`]). A log's memory grows with its limit (an
+/// entry per admission time in the window): with this bound a key that requests choose holds
+/// at most this many entries, whatever a client asks.
+pub const MAX_LOG_OVERRIDE: u64 = 10_000;
+
 /// The limits that the [`LimitOverride`]s of one request stand for, one slot per descriptor.
 /// Build it with [`Overrides::new`] and keep it alive as long as the [`Plan`].
 #[derive(Debug, Default)]
@@ -93,6 +99,20 @@ impl Overrides {
                 })
                 .collect(),
         )
+    }
+
+    /// The first descriptor (index and override) whose override asks more than a request may
+    /// ask of the algorithm overrides use in `rules`: [`MAX_LOG_OVERRIDE`] for the sliding
+    /// window log, no bound for the others (their state does not grow with the limit).
+    pub fn too_large(rules: &RuleSet, descriptors: &[Descriptor]) -> Option<(usize, u64)> {
+        if rules.defaults().algorithm() != crate::quota::Algorithm::SlidingWindowLog {
+            return None;
+        }
+        descriptors.iter().enumerate().find_map(|(i, d)| {
+            d.limit
+                .filter(|l| l.requests_per_unit > MAX_LOG_OVERRIDE)
+                .map(|l| (i, l.requests_per_unit))
+        })
     }
 
     fn get(&self, i: usize) -> Option<&Limit> {

@@ -450,6 +450,37 @@ impl Shard {
         d
     }
 
+    /// `h`'s log; `None` when untracked.
+    fn log(&self, h: Key) -> Option<&Log> {
+        self.logs.get(&h).map(|(log, _)| log)
+    }
+
+    /// `h`'s log moved out (an empty one left in its place, so the key keeps its room); `None`
+    /// when untracked. Give it back with [`Shard::put_log`].
+    fn take_log(&mut self, h: Key) -> Option<Log> {
+        self.logs
+            .get_mut(&h)
+            .map(|(log, _)| std::mem::take(log))
+            .filter(|l| !l.is_empty())
+    }
+
+    /// Keep `log` for `h` (or forget `h` when it is `None` or empty), its expiry as a cost-0
+    /// step under `quota` at `now` finds it.
+    fn put_log(&mut self, h: Key, log: Option<Log>, quota: &Quota, now: Micros) {
+        let (d, log) = sliding_log::step(log, now, 0, quota);
+        let Some(log) = log else {
+            self.logs.remove(&h);
+            return;
+        };
+        let expires = log_expiry(now + d.reset_after, d.remaining == 0);
+        if let Some(e) = self.logs.get_mut(&h) {
+            *e = (log, expires);
+        } else {
+            self.make_room(now);
+            self.logs.insert(h, (log, expires));
+        }
+    }
+
     /// Keep `h`'s state clamped as a step at `now` would clamp it, when that changes it (see
     /// [`algorithm::clamp`]): for requests that write nothing else.
     fn keep_clamp(&mut self, h: Key, quota: &Quota, now: Micros) {
@@ -744,8 +775,12 @@ impl MemoryStore {
             .map(|a| (Arc::as_ptr(a), lock(a)))
             .collect();
 
-        // Evaluate in order; a key appearing twice sees the earlier item's tentative state.
+        // Evaluate in order; a key appearing twice sees the earlier item's tentative state. Slot
+        // states are small and copied per item. A sliding-window log is neither copied nor
+        // changed while its items are decided: each item reads it with what the items before
+        // admitted summed ([`sliding_log::peek`]), and it is written once, at commit.
         let mut pending: Vec<(Key, Option<State>)> = Vec::new();
+        let mut logs: Vec<LogWork> = Vec::new();
         let mut decisions: Vec<Decision> = Vec::with_capacity(items.len());
         for (i, item) in items.iter().enumerate() {
             let h = hashes[i];
@@ -761,6 +796,28 @@ impl MemoryStore {
                     .sum();
                 let mut d = g.evaluate(h.wide(), now, earlier + item.cost, item.quota);
                 d.remaining = d.remaining.min(item.quota.limit());
+                d
+            } else if h.layout().is_none() {
+                let w = match logs.iter().position(|w| w.h == h) {
+                    Some(w) => w,
+                    None => {
+                        logs.push(LogWork {
+                            h,
+                            admitted: 0,
+                            quota: item.quota,
+                            commit: false,
+                        });
+                        logs.len() - 1
+                    }
+                };
+                let w = &mut logs[w];
+                let shard = locked(&mut guards, self.shard_of(h));
+                let d = sliding_log::peek(shard.log(h), w.admitted, now, item.cost, item.quota);
+                w.quota = item.quota;
+                if d.allowed {
+                    w.admitted += item.cost;
+                }
+                pending.push((h, None));
                 d
             } else {
                 let shard = locked(&mut guards, self.shard_of(h));
@@ -782,6 +839,14 @@ impl MemoryStore {
             .zip(&decisions)
             .map(|(item, d)| consumes(item, d, any_denied, blocked))
             .collect();
+        // A log is written when one of its items consumes (then all its admitted ones do:
+        // `consumes` is "allowed and nothing blocks"), as the steps of its items would have
+        // left it; otherwise it stays as stored.
+        for (h, _) in hashes.iter().zip(&commit).filter(|(_, c)| **c) {
+            if let Some(w) = logs.iter_mut().find(|w| w.h == *h) {
+                w.commit = true;
+            }
+        }
         // An allowed item that does not consume reports what it has left, unconsumed (a cost-0
         // query against the stored state, before anything of this request is written).
         for (i, item) in items.iter().enumerate() {
@@ -790,12 +855,21 @@ impl MemoryStore {
                 decisions[i] = if let Some(sk) = &sketches[i] {
                     let g = locked(&mut sketch_guards, Arc::as_ptr(sk));
                     g.evaluate(h.wide(), now, 0, item.quota)
+                } else if h.layout().is_none() {
+                    let shard = locked(&mut guards, self.shard_of(h));
+                    sliding_log::peek(shard.log(h), 0, now, 0, item.quota)
                 } else {
                     let shard = locked(&mut guards, self.shard_of(h));
                     let state = shard.get(h);
                     algorithm::step(item.quota, state, now, 0).0
                 };
             }
+        }
+        for w in logs.iter().filter(|w| w.commit) {
+            let shard = locked(&mut guards, self.shard_of(w.h));
+            let log = shard.take_log(w.h).unwrap_or_default();
+            let log = log.commit(now, w.admitted, w.quota);
+            shard.put_log(w.h, log, w.quota, now);
         }
 
         // Commit: per-key states in order (the last write of a repeated key is its final state).
@@ -811,6 +885,10 @@ impl MemoryStore {
             }
             let next = pending[p].1.take();
             p += 1;
+            if h.layout().is_none() {
+                // Written back above.
+                continue;
+            }
             if !commit[i] {
                 // Nothing consumed (but a clamped state is kept).
                 locked(&mut guards, self.shard_of(h)).keep_clamp(h, item.quota, now);
@@ -822,6 +900,17 @@ impl MemoryStore {
         }
         decisions
     }
+}
+
+/// A sliding-window log during a multi-key check.
+struct LogWork<'q> {
+    h: Key,
+    /// The cost this request's items admitted on it (all to be logged at `now`).
+    admitted: u64,
+    /// The quota of the last item naming it (its expiry is computed with it).
+    quota: &'q Quota,
+    /// Whether one of its items consumes: then the log is written.
+    commit: bool,
 }
 
 /// The guard locked for `id` among `guards` (which hold every lock a multi-key check needs,

@@ -162,7 +162,7 @@ proptest! {
             prop_assert!(d.reset_after <= len, "reset_after {} > period {}: {:?}", d.reset_after, len, d);
             prop_assert!(d.retry_after.is_none_or(|r| r <= len), "retry_after beyond the period: {:?}", d);
             if let Some(l) = log {
-                prop_assert!(l.iter().all(|&(t, _)| t <= now), "an entry after now: {:?}", l);
+                prop_assert!(l.iter().all(|(t, _)| t <= now), "an entry after now: {:?}", l);
             }
             if let Some((before, log_before)) = &prev {
                 if now < *before {

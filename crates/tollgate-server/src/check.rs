@@ -21,6 +21,20 @@ pub const DENIED_BY_POLICY: &str =
 /// Reject requests that break the size and shape limits (counted in
 /// `tollgate_request_errors_total` by [`decide`]).
 pub fn validate(limits: &RequestLimits, req: &CheckRequest) -> Result<(), ApiError> {
+    validate_shape(limits, req, false)
+}
+
+/// [`validate`] for `state`: under the envoy profile a descriptor with no entries is not an
+/// error, as in envoyproxy/ratelimit, which answers it OK with no limit (it matches no rule).
+fn validate_in(state: &AppState, req: &CheckRequest) -> Result<(), ApiError> {
+    validate_shape(state.limits(), req, state.envoy().is_some())
+}
+
+fn validate_shape(
+    limits: &RequestLimits,
+    req: &CheckRequest,
+    empty_descriptors_ok: bool,
+) -> Result<(), ApiError> {
     if req.domain.is_empty() {
         return Err(ApiError::invalid(
             "invalid_domain",
@@ -45,9 +59,9 @@ pub fn validate(limits: &RequestLimits, req: &CheckRequest) -> Result<(), ApiErr
     if req.descriptors.len() > limits.max_descriptors {
         return Err(ApiError::invalid(
             "too_many_descriptors",
+            // The limit, not the total: the readers stop at the first one past it.
             format!(
-                "{} descriptors, more than the maximum {}",
-                req.descriptors.len(),
+                "more than the maximum {} descriptors",
                 limits.max_descriptors
             ),
         ));
@@ -56,7 +70,7 @@ pub fn validate(limits: &RequestLimits, req: &CheckRequest) -> Result<(), ApiErr
         check_hits(limits, h, "hits_addend")?;
     }
     for (i, d) in req.descriptors.iter().enumerate() {
-        if d.entries.is_empty() {
+        if d.entries.is_empty() && !empty_descriptors_ok {
             return Err(ApiError::invalid(
                 "invalid_descriptor",
                 format!(
@@ -70,8 +84,7 @@ pub fn validate(limits: &RequestLimits, req: &CheckRequest) -> Result<(), ApiErr
             return Err(ApiError::invalid(
                 "too_many_entries",
                 format!(
-                    "descriptors[{i}] has {} entries, more than the maximum {}",
-                    d.entries.len(),
+                    "descriptors[{i}] has more than the maximum {} entries",
                     limits.max_entries
                 ),
             ));
@@ -123,6 +136,22 @@ pub fn validate(limits: &RequestLimits, req: &CheckRequest) -> Result<(), ApiErr
     Ok(())
 }
 
+/// Refuse a `limit` override that asks more than the store would hold for it (see
+/// [`Overrides::too_large`]): a client must not choose how much memory one key takes.
+fn bounded_overrides(rules: &LoadedRules, req: &CheckRequest) -> Result<(), ApiError> {
+    match Overrides::too_large(&rules.set, &req.descriptors) {
+        None => Ok(()),
+        Some((i, n)) => Err(ApiError::invalid(
+            "invalid_limit",
+            format!(
+                "descriptors[{i}].limit.requests_per_unit is {n}, more than the maximum {} \
+                 for a sliding_window_log override",
+                tollgate_core::limiter::MAX_LOG_OVERRIDE
+            ),
+        )),
+    }
+}
+
 /// `s`'s length in characters (Unicode scalar values) when it is more than `max`. Characters,
 /// as JSON Schema's `maxLength` counts them, so the OpenAPI document states the limit exactly;
 /// the bytes are at most 4x (and the body is capped anyway). Counted only when the byte length
@@ -158,11 +187,15 @@ pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckRespons
         return decided;
     }
     let started = Instant::now();
-    if let Err(e) = validate(state.limits(), req) {
+    if let Err(e) = validate_in(state, req) {
         state.metrics().error(e.code());
         return Err(e);
     }
     let rules = state.rules();
+    if let Err(e) = bounded_overrides(&rules, req) {
+        state.metrics().error(e.code());
+        return Err(e);
+    }
     let hits = req.hits.unwrap_or(1);
     let overrides = Overrides::new(&rules.set, &req.domain, &req.descriptors);
     let plan = Plan::with_overrides(&rules.set, &overrides, &req.domain, &req.descriptors, hits);
@@ -185,11 +218,15 @@ pub fn decide_now(state: &AppState, req: &CheckRequest) -> Option<Result<CheckRe
         return None;
     };
     let started = Instant::now();
-    if let Err(e) = validate(state.limits(), req) {
+    if let Err(e) = validate_in(state, req) {
         state.metrics().error(e.code());
         return Some(Err(e));
     }
     let rules = state.rules();
+    if let Err(e) = bounded_overrides(&rules, req) {
+        state.metrics().error(e.code());
+        return Some(Err(e));
+    }
     let hits = req.hits.unwrap_or(1);
     let overrides = Overrides::new(&rules.set, &req.domain, &req.descriptors);
     let plan = Plan::with_overrides(&rules.set, &overrides, &req.domain, &req.descriptors, hits);
@@ -233,10 +270,11 @@ fn conclude(
     };
     let policy_denied = degraded == Some(Policy::Deny);
     let verdict = plan.finish(decisions);
+    crate::decision_log::record(&req.domain, &verdict.statuses, &req.descriptors, hits);
     let envoy = state.envoy();
     let allowed = verdict.allowed_with_quota_mode(envoy.is_some_and(|m| m.quota_mode));
 
-    let statuses = verdict
+    let statuses: Vec<DescriptorStatus> = verdict
         .statuses
         .iter()
         .zip(&req.descriptors)
@@ -305,11 +343,20 @@ fn conclude(
     };
     // envoy profile, SHADOW_MODE: an OVER_LIMIT answer becomes OK (the statuses keep their
     // codes, the counters what the store decided), and is counted.
-    let allowed = if !allowed && envoy.is_some_and(|m| m.shadow_mode) {
+    let (allowed, statuses, headers) = if !allowed && envoy.is_some_and(|m| m.shadow_mode) {
         state.count_global_shadow();
-        true
+        // An allowed answer tells no one to wait: no Retry-After, no `retry_after` anywhere.
+        let mut statuses = statuses;
+        for s in &mut statuses {
+            s.retry_after = None;
+        }
+        let headers = headers.map(|h| HeaderValues {
+            retry_after_secs: None,
+            ..h
+        });
+        (true, statuses, headers)
     } else {
-        allowed
+        (allowed, statuses, headers)
     };
     let response = CheckResponse {
         allowed,

@@ -210,6 +210,13 @@ impl Decoder for RlsDecoder {
     type Error = Status;
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<Self::Item>, Self::Error> {
+        if let Some(service) = &self.service {
+            let limits = service.state.limits();
+            if let Err(e) = count_check(bytes::Buf::chunk(buf), limits) {
+                service.state.metrics().error(e.code());
+                return Err(status_from(&e));
+            }
+        }
         // tonic-prost's only error is prost's `DecodeError`, as INTERNAL with its message.
         self.prost.decode(buf).map_err(|e| {
             if let Some(service) = &self.service {
@@ -1376,8 +1383,14 @@ fn encoding_refused(headers: &http::HeaderMap) -> Option<Status> {
     Some(status)
 }
 
-/// The request message decoded; INVALID_ARGUMENT (counted) when it is not a `RateLimitRequest`.
+/// The request message decoded; INVALID_ARGUMENT (counted) when it is not a `RateLimitRequest`
+/// or holds more descriptors or entries than the limits (refused before decoding, see
+/// [`count_check`]).
 fn decode_request(rls: &RateLimitGrpc, message: bytes::Bytes) -> Result<RateLimitRequest, Status> {
+    if let Err(e) = count_check(&message, rls.state.limits()) {
+        rls.state.metrics().error(e.code());
+        return Err(status_from(&e));
+    }
     <RateLimitRequest as prost::Message>::decode(message).map_err(|e| {
         rls.state.metrics().error(INVALID_PROTOBUF);
         status_from(&ApiError::invalid(
@@ -1385,6 +1398,81 @@ fn decode_request(rls: &RateLimitGrpc, message: bytes::Bytes) -> Result<RateLimi
             format!("request is not a valid RateLimitRequest: {e}"),
         ))
     })
+}
+
+/// Refuse a `RateLimitRequest` message with more descriptors (field 2) than
+/// `limits.max_descriptors`, or a descriptor with more entries (its field 1) than
+/// `limits.max_entries`, by walking the wire format up to the first one too many: nothing is
+/// built, so a message of thousands of empty descriptors (2 bytes each) costs what the limit
+/// allows. Malformed input is left to the decoder, which names what is wrong.
+fn count_check(message: &[u8], limits: &crate::state::RequestLimits) -> Result<(), ApiError> {
+    /// The fields of `msg` as (field number, its bytes when length-delimited); `None` at the
+    /// first malformed or group field.
+    fn fields(mut msg: &[u8]) -> impl Iterator<Item = (u64, Option<&[u8]>)> {
+        std::iter::from_fn(move || {
+            let key = varint(&mut msg)?;
+            let value = match key & 7 {
+                0 => varint(&mut msg).map(|_| None)?,
+                1 => skip(&mut msg, 8).map(|_| None)?,
+                2 => {
+                    let len = usize::try_from(varint(&mut msg)?).ok()?;
+                    Some(skip(&mut msg, len)?)
+                }
+                5 => skip(&mut msg, 4).map(|_| None)?,
+                _ => return None,
+            };
+            Some((key >> 3, value))
+        })
+    }
+    fn varint(msg: &mut &[u8]) -> Option<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let (&b, rest) = msg.split_first()?;
+            *msg = rest;
+            v |= u64::from(b & 0x7f) << shift;
+            if b < 0x80 {
+                return Some(v);
+            }
+        }
+        None
+    }
+    fn skip<'a>(msg: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+        if msg.len() < n {
+            return None;
+        }
+        let (head, rest) = msg.split_at(n);
+        *msg = rest;
+        Some(head)
+    }
+    let mut descriptors = 0usize;
+    for (field, value) in fields(message) {
+        let (2, Some(descriptor)) = (field, value) else {
+            continue;
+        };
+        if descriptors == limits.max_descriptors {
+            return Err(ApiError::invalid(
+                "too_many_descriptors",
+                format!(
+                    "more than the maximum {} descriptors",
+                    limits.max_descriptors
+                ),
+            ));
+        }
+        let entries = fields(descriptor)
+            .filter(|(f, v)| *f == 1 && v.is_some())
+            .nth(limits.max_entries);
+        if entries.is_some() {
+            return Err(ApiError::invalid(
+                "too_many_entries",
+                format!(
+                    "descriptors[{descriptors}] has more than the maximum {} entries",
+                    limits.max_entries
+                ),
+            ));
+        }
+        descriptors += 1;
+    }
+    Ok(())
 }
 
 /// The response as one length-prefixed message (compressed flag 0, 4-byte big-endian length).

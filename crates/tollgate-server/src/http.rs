@@ -15,7 +15,7 @@ use crate::listener::BodyTimedOut;
 use crate::metrics::DropReason;
 use crate::model::{ms_ceil, CheckResponse, DescriptorStatus, HeaderValues};
 use crate::state::AppState;
-pub use crate::wire::{parse_request, Dialect};
+pub use crate::wire::{parse_request, parse_request_within, Dialect};
 use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
@@ -381,7 +381,7 @@ where
 {
     let result = async {
         let body = read_body(&state, req, true).await?;
-        parse_request(&body, Dialect::Native)
+        parse_request_within(&body, Dialect::Native, state.limits())
     }
     .await;
     let check = match result {
@@ -579,7 +579,7 @@ async fn envoy_json(State(state): State<AppState>, req: Request) -> Response {
     let result = async {
         // Any content type: envoyproxy/ratelimit's clients (`curl --data`) send none or a form type.
         let body = read_body(&state, req, false).await?;
-        parse_request(&body, Dialect::ProtoJson)
+        parse_request_within(&body, Dialect::ProtoJson, state.limits())
     }
     .await;
     let check = match result {

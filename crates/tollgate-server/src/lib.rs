@@ -9,6 +9,7 @@ pub mod backend;
 pub mod check;
 pub mod client;
 pub mod debug;
+pub mod decision_log;
 pub mod envoy_redis;
 pub mod envoy_stats;
 pub mod error;

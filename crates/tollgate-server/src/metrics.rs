@@ -8,11 +8,17 @@
 //!
 //! The `rule` label is the rule's stats key as envoyproxy/ratelimit names it
 //! (`api.user`, `api.path_/login.ip`; see `tollgate_core::rules::StatsKey`), so dashboards keep
-//! their series when a deployment moves over. Cardinality stays bounded: the key holds no
-//! request value unless the rule has `detailed_metric` or `value_to_metric` (the operator opted
-//! in), and then at most `MAX_SERIES` series exist before new ones fold into the rule's
-//! configured path.
+//! their series when a deployment moves over. Cardinality and size stay bounded whatever clients
+//! send: a configured rule's own series always exist (the rule set bounds them); series named
+//! by request values (`detailed_metric` / `value_to_metric` rules, and per-request limit
+//! overrides, labelled by their descriptor) each have a budget of their own
+//! (`MAX_PER_VALUE_SERIES`, `MAX_OVERRIDE_SERIES`), past which new ones fold into the rule's
+//! configured path (the override's `<domain>|=override` id), so overrides cannot starve
+//! per-value series and neither can starve a configured rule; and a label longer than
+//! `MAX_LABEL_BYTES` is cut, with a visible marker and a hash of the whole value
+//! ([`bounded_label`]) so that distinct values stay distinct series.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -84,6 +90,8 @@ pub struct Metrics {
     unmatched: RwLock<BTreeMap<(String, &'static str), u64>>,
     /// Distinct unknown domain names labelled in `unmatched` (at most [`MAX_UNKNOWN_DOMAINS`]).
     unknown_domains: AtomicUsize,
+    /// Series created per [`Series`] kind named by request values (per-value, override).
+    client_series: [AtomicUsize; 2],
     requests: [AtomicU64; 2],
     errors: RwLock<BTreeMap<&'static str, u64>>,
     latency: Histogram,
@@ -98,9 +106,45 @@ pub struct Metrics {
     pub http_connections: Arc<ConnectionMetrics>,
 }
 
-/// Bound on distinct `(domain, rule)` label pairs; beyond it detailed labels fold into the rule's
-/// configured path.
-const MAX_SERIES: usize = 10_000;
+/// Bound on the series named by request values of `detailed_metric` / `value_to_metric` rules;
+/// beyond it new ones fold into the rule's configured path.
+pub const MAX_PER_VALUE_SERIES: usize = 4_000;
+
+/// Bound on the series of per-request limit overrides (named by their descriptor); beyond it new
+/// ones fold into the domain's override id, `<domain>|=override`.
+pub const MAX_OVERRIDE_SERIES: usize = 1_000;
+
+/// Longest `rule` label kept whole, in bytes. Longer ones keep their first bytes, then `…` and
+/// 16 hex digits of a hash of the whole value.
+pub const MAX_LABEL_BYTES: usize = 128;
+
+/// What names a series, for its budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Series {
+    /// A configured rule's own path: always kept (the rule set bounds them).
+    Configured,
+    /// A configured rule's path with request values (`detailed_metric`, `value_to_metric`).
+    PerValue,
+    /// A per-request limit override, named by its descriptor.
+    Override,
+}
+
+/// `label`, or when it is longer than [`MAX_LABEL_BYTES`] its first bytes (whole characters)
+/// followed by `…` and the hash of the whole value: bounded, visibly cut, still distinct.
+pub fn bounded_label(label: &str) -> Cow<'_, str> {
+    use std::hash::{Hash, Hasher};
+    if label.len() <= MAX_LABEL_BYTES {
+        return Cow::Borrowed(label);
+    }
+    // The marker and hash take 3 + 16 bytes.
+    let mut end = MAX_LABEL_BYTES - 19;
+    while !label.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    label.hash(&mut h);
+    Cow::Owned(format!("{}…{:016x}", &label[..end], h.finish()))
+}
 
 /// Unknown domain names labelled one by one in `tollgate_unmatched_total`; further ones are
 /// counted under the label `other` (the names are client input: the bound keeps /metrics small).
@@ -112,21 +156,54 @@ impl Metrics {
         Self::default()
     }
 
-    /// The counters for `(domain, rule)`, created on first use. `fallback` is used instead of
-    /// `rule` once `MAX_SERIES` pairs exist (guards detailed metrics against unbounded values).
+    /// The counters for `(domain, rule)`, created on first use: a configured rule's own when
+    /// `rule` is `fallback`, else a per-value series ([`Metrics::series`]).
     pub fn rule(&self, domain: &str, rule: &str, fallback: &str) -> Arc<RuleCounters> {
+        let kind = if rule == fallback {
+            Series::Configured
+        } else {
+            Series::PerValue
+        };
+        self.series(domain, rule, fallback, kind)
+    }
+
+    /// The counters for `(domain, rule)` (the label bounded by [`bounded_label`]), created on
+    /// first use. A series of `kind` named by request values is folded into `fallback` (a
+    /// configured path, always kept) once its kind's budget is spent.
+    pub fn series(
+        &self,
+        domain: &str,
+        rule: &str,
+        fallback: &str,
+        kind: Series,
+    ) -> Arc<RuleCounters> {
+        let rule = bounded_label(rule);
+        let key = (domain.to_string(), rule.into_owned());
         let read = self.rules.read().unwrap_or_else(|e| e.into_inner());
-        if let Some(c) = read.get(&(domain.to_string(), rule.to_string())) {
+        if let Some(c) = read.get(&key) {
             return c.clone();
         }
-        let full = read.len() >= MAX_SERIES;
         drop(read);
-        let rule = if full { fallback } else { rule };
+        let budget = match kind {
+            Series::Configured => None,
+            Series::PerValue => Some((&self.client_series[0], MAX_PER_VALUE_SERIES)),
+            Series::Override => Some((&self.client_series[1], MAX_OVERRIDE_SERIES)),
+        };
         let mut write = self.rules.write().unwrap_or_else(|e| e.into_inner());
-        write
-            .entry((domain.to_string(), rule.to_string()))
-            .or_default()
-            .clone()
+        if let Some(c) = write.get(&key) {
+            return c.clone();
+        }
+        let key = match budget {
+            Some((used, max)) if used.load(Relaxed) >= max => {
+                (domain.to_string(), bounded_label(fallback).into_owned())
+            }
+            Some((used, _)) => {
+                used.fetch_add(1, Relaxed);
+                key
+            }
+            None => key,
+        };
+        write.entry(key).or_default().clone()
     }
 
     /// The counters of `limit` (keyed by its stats key), a rule of `set` whose [`RuleSlots`] are
@@ -145,7 +222,12 @@ impl Metrics {
             }
             // A limit given with the request: named after the descriptor, folded into the
             // bounded rule id past the series cap.
-            None => LimitCounters::Shared(self.rule(&limit.domain, limit.stats.base(), &limit.id)),
+            None => LimitCounters::Shared(self.series(
+                &limit.domain,
+                limit.stats.base(),
+                &limit.id,
+                Series::Override,
+            )),
         }
     }
 
@@ -583,6 +665,40 @@ mod tests {
         assert!(text.contains("le=\"0.05\"} 2\n"));
         assert!(text.contains("le=\"+Inf\"} 3\n"));
         assert!(text.contains("tollgate_memory_keys 7"));
+    }
+
+    #[test]
+    fn labels_are_bounded_and_stay_distinct() {
+        let long = |c: char| format!("d.k_{}", c.to_string().repeat(1_000));
+        let (la, lb) = (long('a'), long('b'));
+        let (a, b) = (bounded_label(&la), bounded_label(&lb));
+        assert!(
+            a.len() <= MAX_LABEL_BYTES && b.len() <= MAX_LABEL_BYTES,
+            "{a}"
+        );
+        assert!(a.contains('…') && a != b);
+        assert_eq!(bounded_label("d.k_v"), "d.k_v");
+        // Multi-byte characters are cut whole.
+        assert!(bounded_label(&"é".repeat(500)).contains('…'));
+    }
+
+    #[test]
+    fn overrides_cannot_spend_the_per_value_budget() {
+        let m = Metrics::new();
+        for i in 0..MAX_OVERRIDE_SERIES + 50 {
+            m.series("d", &format!("d.o_{i}"), "d|=override", Series::Override);
+        }
+        for i in 0..10 {
+            m.series("d", &format!("d.k_{i}"), "d.k", Series::PerValue);
+        }
+        m.rule("d", "d.c", "d.c");
+        let mut labels = Vec::new();
+        m.for_each_rule(|_, r, _| labels.push(r.to_string()));
+        let overrides = labels.iter().filter(|l| l.starts_with("d.o_")).count();
+        assert_eq!(overrides, MAX_OVERRIDE_SERIES);
+        assert!(labels.iter().any(|l| l == "d|=override"));
+        assert_eq!(labels.iter().filter(|l| l.starts_with("d.k_")).count(), 10);
+        assert!(labels.iter().any(|l| l == "d.c"));
     }
 
     #[test]

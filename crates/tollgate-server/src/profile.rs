@@ -263,12 +263,13 @@ pub const VARIABLES: &[(&str, Support)] = &[
     ("GOMAXPROCS", Unsupported(FIXED)),
 ];
 
-/// Prefixes of envoy's variables: a set variable with one of these that is not in
-/// [`VARIABLES`] is most likely a typo or a newer envoy setting, and is warned about.
+/// Prefixes only envoyproxy/ratelimit's variables use: a set variable with one of these that is
+/// not in [`VARIABLES`] is most likely a typo or a newer envoy setting, and is warned about.
 const PREFIXES: &[&str] = &[
-    "GRPC_",
     "RUNTIME_",
-    "REDIS_",
+    "REDIS_PERSECOND_",
+    "REDIS_SENTINEL_",
+    "REDIS_TLS_",
     "MEMCACHE_",
     "LIMIT_",
     "STATSD_",
@@ -277,8 +278,28 @@ const PREFIXES: &[&str] = &[
     "CONFIG_GRPC_XDS_",
     "XDS_CLIENT_",
     "USE_DOG_STATSD",
-    "DEBUG_",
+    "GRPC_SERVER_",
+    "GRPC_CLIENT_TLS_",
+    "GRPC_MAX_CONNECTION_",
 ];
+
+/// Prefixes envoy shares with other software on the same machines (the gRPC libraries read
+/// `GRPC_DEFAULT_SSL_ROOTS_FILE_PATH`, `GRPC_TRACE`, ...; Redis clients `REDIS_HOST`): an unknown
+/// variable with one of these is warned about only when it is a near miss of one of envoy's
+/// (at most [`NEAR_MISS`] edits away, e.g. `GRPC_PORTT`).
+const SHARED_PREFIXES: &[&str] = &["GRPC_", "REDIS_", "DEBUG_"];
+
+/// Most edits between a set variable and one of envoy's for it to be taken for a typo.
+const NEAR_MISS: usize = 2;
+
+/// Whether `name` (not one of [`VARIABLES`]) looks like one of envoyproxy/ratelimit's.
+fn looks_like_envoys(name: &str) -> bool {
+    PREFIXES.iter().any(|p| name.starts_with(p))
+        || (SHARED_PREFIXES.iter().any(|p| name.starts_with(p))
+            && VARIABLES
+                .iter()
+                .any(|(known, _)| tollgate_core::rules::edit_distance(name, known) <= NEAR_MISS))
+}
 
 /// Variables whose value is a secret: never echoed in an error.
 const SECRETS: &[&str] = &[
@@ -446,14 +467,72 @@ fn runtime(env: &Env<'_>) -> Result<(PathBuf, LoadOptions), ProfileError> {
     ))
 }
 
+/// Which of tollgate's own settings were given explicitly (a flag on the command line), so
+/// that the profile does not replace them with envoy's defaults: a given setting wins over the
+/// profile's default, and when envoy's variable for it is set too and says something else, the
+/// start fails naming both.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Explicit {
+    /// `--rules` (envoy: `RUNTIME_ROOT`, `RUNTIME_SUBDIRECTORY`, `RUNTIME_APPDIRECTORY`).
+    pub rules: bool,
+    /// `--http-addr` (envoy: `HOST`, `PORT`).
+    pub http_addr: bool,
+    /// `--response-headers` (envoy: `LIMIT_RESPONSE_HEADERS_ENABLED`).
+    pub response_headers: bool,
+    /// `--redis-prefix` (envoy: `CACHE_KEY_PREFIX`).
+    pub redis_prefix: bool,
+}
+
+/// How the rules path was made from the `RUNTIME_*` variables, for the error when it is missing.
+fn runtime_origin(env: &Env<'_>) -> String {
+    let part = |name: &str, default: Option<&str>| match (env.get(name), default) {
+        (Some(v), _) => format!("{name}={v}"),
+        (None, Some(d)) => format!("{name} unset (default {d})"),
+        (None, None) => format!("{name} unset"),
+    };
+    format!(
+        "--profile envoy made it from {}, {} and {}: set those variables to where the rules \
+         are (or give --rules PATH)",
+        part("RUNTIME_ROOT", Some("/srv/runtime_data/current")),
+        part("RUNTIME_SUBDIRECTORY", None),
+        part("RUNTIME_APPDIRECTORY", Some("config")),
+    )
+}
+
 /// Translate envoyproxy/ratelimit's environment into tollgate's settings, on top of `base`
 /// (tollgate's own flags, for what envoy has no variable for).
 pub fn translate(
     vars: &BTreeMap<String, String>,
     base: ServeConfig,
 ) -> Result<Translation, ProfileError> {
+    translate_with(vars, base, Explicit::default())
+}
+
+/// [`translate`], where the settings `explicit` names keep `base`'s value unless envoy's
+/// variable for them is set to something else (then an error names the two).
+pub fn translate_with(
+    vars: &BTreeMap<String, String>,
+    base: ServeConfig,
+    explicit: Explicit,
+) -> Result<Translation, ProfileError> {
     let env = Env { vars };
-    let mut config = base;
+    // The first of `names` that is set, when the flag is given and the values differ.
+    let clash = |given: bool,
+                 differ: bool,
+                 names: &[&str],
+                 flag: &str|
+     -> Result<(), ProfileError> {
+        match names.iter().find(|n| env.get(n).is_some()) {
+            Some(name) if given && differ => Err(env.error(
+                name,
+                format!(
+                    "conflicts with {flag}: the flag and envoyproxy/ratelimit's variable say                      different things; keep one"
+                ),
+            )),
+            _ => Ok(()),
+        }
+    };
+    let mut config = base.clone();
     // The statistics and Redis translations take the environment as a `HashMap`.
     let map: std::collections::HashMap<String, String> =
         vars.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
@@ -468,7 +547,7 @@ pub fn translate(
                 "{name} is set but not supported by tollgate's envoy profile ({why}); ignored"
             )),
             Some(_) => {}
-            None if PREFIXES.iter().any(|p| name.starts_with(p)) => warnings.push(format!(
+            None if looks_like_envoys(name) => warnings.push(format!(
                 "{name} is set but is not an envoyproxy/ratelimit setting tollgate knows; ignored"
             )),
             None => {}
@@ -476,7 +555,16 @@ pub fn translate(
     }
 
     // Listeners.
-    config.http_addr = Some(env.addr("HOST", "PORT", 8080)?);
+    let http_addr = Some(env.addr("HOST", "PORT", 8080)?);
+    clash(
+        explicit.http_addr,
+        http_addr != base.http_addr,
+        &["HOST", "PORT"],
+        "--http-addr (TOLLGATE_HTTP_ADDR)",
+    )?;
+    if !explicit.http_addr {
+        config.http_addr = http_addr;
+    }
     config.grpc_addr = Some(env.addr("GRPC_HOST", "GRPC_PORT", 8081)?);
     // As envoy: a socket path replaces the gRPC host and port.
     config.grpc_uds = env.get("GRPC_UDS").map(PathBuf::from);
@@ -543,7 +631,20 @@ pub fn translate(
     }
     let (rules, mut listing) = runtime(&env)?;
     listing.merge_domains = env.bool_or("MERGE_DOMAIN_CONFIG", false)?;
-    config.rules = rules;
+    clash(
+        explicit.rules,
+        rules != base.rules,
+        &[
+            "RUNTIME_ROOT",
+            "RUNTIME_SUBDIRECTORY",
+            "RUNTIME_APPDIRECTORY",
+        ],
+        "--rules (TOLLGATE_RULES)",
+    )?;
+    if !explicit.rules {
+        config.rules = rules;
+        config.rules_origin = Some(runtime_origin(&env));
+    }
     config.rule_listing = listing;
 
     // Store.
@@ -592,7 +693,16 @@ pub fn translate(
         }
     } else {
         config.redis_key_layout = tollgate_redis::KeyLayout::Envoy;
-        config.redis_prefix = env.str_or("CACHE_KEY_PREFIX", "");
+        let prefix = env.str_or("CACHE_KEY_PREFIX", "");
+        clash(
+            explicit.redis_prefix,
+            prefix != base.redis_prefix,
+            &["CACHE_KEY_PREFIX"],
+            "--redis-prefix (TOLLGATE_REDIS_PREFIX)",
+        )?;
+        if !explicit.redis_prefix {
+            config.redis_prefix = prefix;
+        }
         let jitter = env.str_or("EXPIRATION_JITTER_MAX_SECONDS", "300");
         config.redis_expiration_jitter = Duration::from_secs(jitter.parse().map_err(|_| {
             env.error(
@@ -608,13 +718,18 @@ pub fn translate(
         .map_err(|e| env.error(&e.var, e.reason))?;
 
     // Service behaviour.
-    let headers = env
-        .bool_or("LIMIT_RESPONSE_HEADERS_ENABLED", false)?
-        .then(|| HeaderNames {
-            limit: env.str_or("LIMIT_LIMIT_HEADER", "RateLimit-Limit"),
-            remaining: env.str_or("LIMIT_REMAINING_HEADER", "RateLimit-Remaining"),
-            reset: env.str_or("LIMIT_RESET_HEADER", "RateLimit-Reset"),
-        });
+    let headers_on = env.bool_or("LIMIT_RESPONSE_HEADERS_ENABLED", false)?;
+    clash(
+        explicit.response_headers,
+        !headers_on,
+        &["LIMIT_RESPONSE_HEADERS_ENABLED"],
+        "--response-headers (TOLLGATE_RESPONSE_HEADERS)",
+    )?;
+    let headers = (headers_on || explicit.response_headers).then(|| HeaderNames {
+        limit: env.str_or("LIMIT_LIMIT_HEADER", "RateLimit-Limit"),
+        remaining: env.str_or("LIMIT_REMAINING_HEADER", "RateLimit-Remaining"),
+        reset: env.str_or("LIMIT_RESET_HEADER", "RateLimit-Reset"),
+    });
     config.envoy = Some(EnvoyMode {
         shadow_mode: env.bool_or("SHADOW_MODE", false)?,
         quota_mode: env.bool_or("QUOTA_MODE", false)?,
@@ -794,6 +909,98 @@ mod tests {
             );
         }
         assert!(!w.contains("PATH"), "{w}");
+    }
+
+    /// Regression: `GRPC_DEFAULT_SSL_ROOTS_FILE_PATH` (read by the gRPC libraries, set on many
+    /// machines) warned on every start. Only envoy's own prefixes, and near misses of its
+    /// variables under the prefixes it shares, are warned about.
+    #[test]
+    fn other_softwares_variables_under_shared_prefixes_do_not_warn() {
+        let t = tr(&[
+            ("GRPC_DEFAULT_SSL_ROOTS_FILE_PATH", "/etc/ssl/roots.pem"),
+            ("GRPC_TRACE", "all"),
+            ("GRPC_VERBOSITY", "debug"),
+            ("REDIS_HOST", "cache"),
+            ("DEBUG_MODE", "1"),
+        ]);
+        assert!(t.warnings.is_empty(), "{:?}", t.warnings);
+        let t = tr(&[("GRPC_SERVER_TLS_CRT", "x"), ("RUNTIME_ROOTS", "/x")]);
+        assert_eq!(t.warnings.len(), 2, "{:?}", t.warnings);
+    }
+
+    fn explicit_base() -> ServeConfig {
+        ServeConfig {
+            rules: PathBuf::from("my/rules"),
+            http_addr: Some("127.0.0.1:9999".parse().unwrap()),
+            redis_prefix: "mine".into(),
+            response_headers: true,
+            ..ServeConfig::default()
+        }
+    }
+
+    const ALL_EXPLICIT: Explicit = Explicit {
+        rules: true,
+        http_addr: true,
+        response_headers: true,
+        redis_prefix: true,
+    };
+
+    /// Regression: `--rules`, `--http-addr`, `--response-headers` and `--redis-prefix` were
+    /// silently replaced by the profile's defaults.
+    #[test]
+    fn explicit_flags_win_over_the_profiles_defaults() {
+        let vars = env(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "127.0.0.1:6379"),
+        ]);
+        let t = translate_with(&vars, explicit_base(), ALL_EXPLICIT).unwrap();
+        let c = &t.config;
+        assert_eq!(c.rules, PathBuf::from("my/rules"));
+        assert_eq!(c.rules_origin, None);
+        assert_eq!(c.http_addr, Some("127.0.0.1:9999".parse().unwrap()));
+        assert_eq!(c.redis_prefix, "mine");
+        let headers = c.envoy.as_ref().unwrap().headers.as_ref().unwrap();
+        assert_eq!(headers.limit, "RateLimit-Limit");
+        // Not given: the profile's defaults, as before.
+        let t = translate_with(&vars, explicit_base(), Explicit::default()).unwrap();
+        assert_eq!(
+            t.config.rules,
+            PathBuf::from("/srv/runtime_data/current/config")
+        );
+        assert!(t
+            .config
+            .rules_origin
+            .as_deref()
+            .unwrap()
+            .contains("RUNTIME_ROOT"));
+        assert_eq!(t.config.redis_prefix, "");
+        assert_eq!(t.config.envoy.unwrap().headers, None);
+    }
+
+    #[test]
+    fn a_flag_and_envoys_variable_that_disagree_stop_the_start_naming_both() {
+        for (var, value, flag) in [
+            ("RUNTIME_ROOT", "/data", "--rules"),
+            ("PORT", "7000", "--http-addr"),
+            ("CACHE_KEY_PREFIX", "other", "--redis-prefix"),
+            (
+                "LIMIT_RESPONSE_HEADERS_ENABLED",
+                "false",
+                "--response-headers",
+            ),
+        ] {
+            let vars = env(&[
+                ("REDIS_SOCKET_TYPE", "tcp"),
+                ("REDIS_URL", "127.0.0.1:6379"),
+                (var, value),
+            ]);
+            let e = translate_with(&vars, explicit_base(), ALL_EXPLICIT).unwrap_err();
+            assert_eq!(e.name, var);
+            assert!(e.to_string().contains(flag), "{e}");
+        }
+        // Agreeing values are no conflict.
+        let vars = env(&[("HOST", "127.0.0.1"), ("PORT", "9999")]);
+        translate_with(&vars, explicit_base(), ALL_EXPLICIT).unwrap();
     }
 
     #[test]

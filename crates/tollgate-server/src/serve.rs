@@ -113,6 +113,14 @@ pub struct ServeConfig {
     /// envoy's debug port (`DEBUG_HOST`:`DEBUG_PORT` under the profile, [`crate::debug`]);
     /// `None`: none. As in envoyproxy/ratelimit, failing to bind it is logged, not fatal.
     pub debug_addr: Option<SocketAddr>,
+    /// How `rules` was made when no `--rules` gave it (the envoy profile's `RUNTIME_*`
+    /// variables), said when the path is missing; `None`: from `--rules`/`TOLLGATE_RULES`.
+    pub rules_origin: Option<String>,
+    /// Whether `max_connections` was chosen (`--max-connections`): a chosen cap the open-files
+    /// limit cannot hold is warned about; the default one is lowered to fit instead.
+    pub max_connections_chosen: bool,
+    /// `--decision-log`, `--decision-log-max-per-second` ([`crate::decision_log`]).
+    pub decision_log: crate::decision_log::DecisionLogConfig,
 }
 
 impl Default for ServeConfig {
@@ -151,6 +159,9 @@ impl Default for ServeConfig {
             envoy: None,
             registry: crate::registry::RegistryConfig::default(),
             debug_addr: None,
+            rules_origin: None,
+            max_connections_chosen: false,
+            decision_log: crate::decision_log::DecisionLogConfig::default(),
         }
     }
 }
@@ -187,9 +198,12 @@ async fn build_state_at(
         let cwd = std::env::current_dir()
             .map(|d| d.display().to_string())
             .unwrap_or_else(|_| "?".into());
+        let origin = config
+            .rules_origin
+            .as_deref()
+            .unwrap_or("set it with --rules PATH or TOLLGATE_RULES");
         bail!(
-            "rules path {} not found (relative to the working directory {cwd}): set it with \
-             --rules PATH or TOLLGATE_RULES",
+            "rules path {} not found (relative to the working directory {cwd}): {origin}",
             config.rules.display()
         );
     }
@@ -355,32 +369,63 @@ pub fn connection_limits(config: &ServeConfig) -> ConnLimits {
 const FD_HEADROOM: u64 = 256;
 
 /// Raise the soft `RLIMIT_NOFILE` to the hard limit (the default soft limit, often 1024, would
-/// run out long before `--max-connections`) and WARN when both listeners at their cap plus some
-/// headroom could still exceed it. Returns the limit in force.
-pub fn raise_open_files_limit(max_connections: usize) -> Option<u64> {
-    let needed = (max_connections as u64)
-        .saturating_mul(2)
-        .saturating_add(FD_HEADROOM);
+/// run out long before `--max-connections`) and return the per-listener connection cap to use
+/// on `listeners` listeners: a default cap (not `chosen`) that the limit cannot hold is lowered
+/// to fit, silently; a chosen one is kept and warned about.
+pub fn raise_open_files_limit(max_connections: usize, listeners: usize, chosen: bool) -> usize {
     match rlimit::increase_nofile_limit(u64::MAX) {
         Ok(limit) => {
-            if needed > limit {
-                tracing::warn!(
+            tracing::debug!(open_files_limit = limit, "open-files limit");
+            let (cap, warning) = fit_connections(max_connections, listeners, limit, chosen);
+            if let Some(w) = warning {
+                tracing::warn!(open_files_limit = limit, max_connections, listeners, "{w}");
+            } else if cap != max_connections {
+                tracing::info!(
                     open_files_limit = limit,
-                    max_connections,
-                    needed,
-                    "--max-connections (per listener, two listeners) exceeds the open-files limit: \
-                     raise the hard limit (ulimit -Hn, LimitNOFILE=) or lower --max-connections"
+                    max_connections = cap,
+                    "connections per listener capped to fit the open-files limit (raise its hard \
+                     limit, e.g. LimitNOFILE=, for more)"
                 );
-            } else {
-                tracing::debug!(open_files_limit = limit, "open-files limit");
             }
-            Some(limit)
+            cap
         }
         Err(e) => {
             tracing::warn!(error = %e, "cannot read or raise the open-files limit");
-            None
+            max_connections
         }
     }
+}
+
+/// The connection cap per listener when `listeners` listeners each hold up to
+/// `max_connections` under the open-files `limit` (plus [`FD_HEADROOM`] for everything else).
+/// A default cap (not `chosen`) that does not fit is lowered to what does, silently: the
+/// defaults must fit each other. A chosen one is kept and the returned text says what to do.
+pub(crate) fn fit_connections(
+    max_connections: usize,
+    listeners: usize,
+    limit: u64,
+    chosen: bool,
+) -> (usize, Option<String>) {
+    let listeners = listeners.max(1) as u64;
+    let needed = (max_connections as u64)
+        .saturating_mul(listeners)
+        .saturating_add(FD_HEADROOM);
+    if needed <= limit {
+        return (max_connections, None);
+    }
+    if chosen {
+        let plural = if listeners == 1 { "" } else { "s" };
+        return (
+            max_connections,
+            Some(format!(
+                "--max-connections {max_connections} (per listener, {listeners} listener{plural}) \
+                 exceeds the open-files limit {limit}: raise the hard limit (ulimit -Hn, \
+                 LimitNOFILE=) or lower --max-connections"
+            )),
+        );
+    }
+    let fits = limit.saturating_sub(FD_HEADROOM) / listeners;
+    (usize::try_from(fits).unwrap_or(usize::MAX).max(1), None)
 }
 
 /// Where the server listens (after binding: port 0 is resolved).
@@ -415,8 +460,22 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
     on_bound: impl FnOnce(Bound) + Send,
 ) -> anyhow::Result<()> {
+    let mut config = config;
     check_connection_limits(&config)?;
-    raise_open_files_limit(config.max_connections);
+    crate::decision_log::install(config.decision_log);
+    let listeners = [
+        config.http_addr.is_some(),
+        config.grpc_addr.is_some() || config.grpc_uds.is_some(),
+        config.debug_addr.is_some(),
+    ]
+    .into_iter()
+    .filter(|on| *on)
+    .count();
+    config.max_connections = raise_open_files_limit(
+        config.max_connections,
+        listeners,
+        config.max_connections_chosen,
+    );
     if config.http_addr.is_none() && config.grpc_addr.is_none() {
         bail!("--http-addr and --grpc-addr are both off: turn at least one listener on");
     }
@@ -742,5 +801,30 @@ pub fn shutdown_signal() -> impl Future<Output = ()> + Send {
         async {
             let _ = tokio::signal::ctrl_c().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fit_connections;
+
+    #[test]
+    fn the_default_cap_fits_the_open_files_limit_silently() {
+        // Two listeners at 10 000 each do not fit 20 000 descriptors: the default is lowered.
+        let (cap, warning) = fit_connections(10_000, 2, 20_000, false);
+        assert_eq!(warning, None);
+        assert!(cap * 2 + 256 <= 20_000, "{cap}");
+        // One listener fits: nothing changes.
+        assert_eq!(fit_connections(10_000, 1, 20_000, false), (10_000, None));
+    }
+
+    #[test]
+    fn a_chosen_cap_is_kept_and_warned_about_with_the_real_listener_count() {
+        let (cap, warning) = fit_connections(10_000, 1, 5_000, true);
+        assert_eq!(cap, 10_000);
+        let w = warning.unwrap();
+        assert!(w.contains("1 listener)"), "{w}");
+        assert!(w.contains("5000"), "{w}");
+        assert_eq!(fit_connections(100, 3, 20_000, true), (100, None));
     }
 }

@@ -25,13 +25,21 @@
 //! created at the first one. In protojson (`/json`) a field given under both of its names
 //! (`hits_addend` and `hitsAddend`) is the same field twice, and a duplicate as well.
 //!
-//! Size and count limits are not applied here but by [`crate::check::validate`].
+//! Counts are bounded while reading: the reader stops at the descriptor past
+//! `max_descriptors` and at the entry past `max_entries` (`too_many_descriptors`,
+//! `too_many_entries`, naming the limit: the rest is never read, so its total is unknown), so a
+//! body of thousands of empty descriptors costs what the limit allows, not what it holds. Fields
+//! that are not read (unknown ones, or of the wrong type) may hold at most `MAX_UNREAD` values
+//! in all, for the same reason. The other size limits are applied by
+//! [`crate::check::validate`].
 
 use crate::error::ApiError;
 use crate::grpc::unit_from_proto;
 use crate::model::{CheckRequest, Descriptor};
+use crate::state::RequestLimits;
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
+use std::cell::Cell;
 use std::collections::BTreeSet;
 use std::fmt;
 use std::marker::PhantomData;
@@ -51,11 +59,31 @@ pub enum Dialect {
 /// twice `duplicate_key`; JSON of the wrong shape gets the code of its first mistake
 /// (`invalid_request`, `invalid_hits`, ...).
 pub fn parse_request(body: &[u8], d: Dialect) -> Result<CheckRequest, ApiError> {
-    if let Some(req) = plain::read(body) {
+    parse_request_within(body, d, &RequestLimits::default())
+}
+
+/// [`parse_request`] reading at most `limits.max_descriptors` descriptors and
+/// `limits.max_entries` entries per descriptor: one more is refused where it starts.
+pub fn parse_request_within(
+    body: &[u8],
+    d: Dialect,
+    limits: &RequestLimits,
+) -> Result<CheckRequest, ApiError> {
+    if let Some(req) = plain::read(body, limits.max_descriptors, limits.max_entries) {
         return Ok(req);
     }
-    let collected = collect(body).map_err(|e| {
-        // The only data (not syntax) error collecting raises is a duplicate key.
+    let (over, unread) = (Cell::new(None), Cell::new(MAX_UNREAD));
+    let bounds = Bounds {
+        descriptors: limits.max_descriptors,
+        entries: limits.max_entries,
+        over: &over,
+        unread: &unread,
+    };
+    let collected = collect(body, bounds).map_err(|e| {
+        if let Some(o) = over.get() {
+            return o.error(limits);
+        }
+        // The only other data (not syntax) error collecting raises is a duplicate key.
         if e.classify() == serde_json::error::Category::Data {
             ApiError::invalid(DUPLICATE_KEY, e.to_string())
         } else {
@@ -73,10 +101,93 @@ fn duplicate<E: serde::de::Error>(key: &str) -> E {
     E::custom(format_args!("duplicate key `{key}`"))
 }
 
-/// The request's fields as read, or the JSON syntax error.
-fn collect(body: &[u8]) -> Result<Got<RawBody>, serde_json::Error> {
+/// A count limit met while reading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Over {
+    Descriptors,
+    /// Too many entries in the descriptor at this index (`usize::MAX` until the descriptor
+    /// list fills it in).
+    Entries(usize),
+    /// More than [`MAX_UNREAD`] values in fields that are not read.
+    Unread,
+}
+
+impl Over {
+    fn error(self, limits: &RequestLimits) -> ApiError {
+        match self {
+            Over::Descriptors => ApiError::invalid(
+                "too_many_descriptors",
+                format!(
+                    "more than the maximum {} descriptors",
+                    limits.max_descriptors
+                ),
+            ),
+            Over::Entries(i) => ApiError::invalid(
+                "too_many_entries",
+                format!(
+                    "descriptors[{i}] has more than the maximum {} entries",
+                    limits.max_entries
+                ),
+            ),
+            Over::Unread => ApiError::invalid(
+                "invalid_request",
+                format!(
+                    "more than {MAX_UNREAD} values in fields that are not read \
+                     (unknown fields, or fields of the wrong type)"
+                ),
+            ),
+        }
+    }
+}
+
+/// Most array elements and object members a request may hold in fields that are not read:
+/// unknown ones (skipped for forward compatibility) and ones of the wrong type (kept for the
+/// error message). They are still parsed, so without a bound an unknown field of thousands of
+/// empty objects would cost what the descriptor limit saves.
+const MAX_UNREAD: usize = 1024;
+
+/// The count limits of a read, and where the one met is recorded (the serde error that stops
+/// the read carries no data of ours).
+#[derive(Clone, Copy)]
+struct Bounds<'b> {
+    descriptors: usize,
+    entries: usize,
+    over: &'b Cell<Option<Over>>,
+    /// What is left of [`MAX_UNREAD`].
+    unread: &'b Cell<usize>,
+}
+
+impl<'b> Bounds<'b> {
+    /// Spend one unread value; the error that stops the read when none is left.
+    fn spend<E: serde::de::Error>(self) -> Result<(), E> {
+        match self.unread.get().checked_sub(1) {
+            Some(left) => {
+                self.unread.set(left);
+                Ok(())
+            }
+            None => {
+                self.over.set(Some(Over::Unread));
+                Err(E::custom("count limit"))
+            }
+        }
+    }
+
+    /// A list of objects of kind `O`, at most `max` of them (`over` records the limit met).
+    fn list<O>(self, max: usize, over: Over) -> List<'b, Fields<'b, O>> {
+        List {
+            item: Fields(PhantomData, self),
+            max,
+            over,
+            bounds: self,
+        }
+    }
+}
+
+/// The request's fields as read, or the JSON syntax error (or the error that stopped the read
+/// at a count limit, recorded in `bounds`).
+fn collect(body: &[u8], bounds: Bounds<'_>) -> Result<Got<RawBody>, serde_json::Error> {
     let mut de = serde_json::Deserializer::from_slice(body);
-    let got = Slot(Fields::<RawBody>(PhantomData)).deserialize(&mut de)?;
+    let got = Slot(Fields::<RawBody>(PhantomData, bounds)).deserialize(&mut de)?;
     de.end()?;
     Ok(got)
 }
@@ -96,7 +207,11 @@ mod plain {
     use crate::model::{CheckRequest, Descriptor};
 
     /// The request, if `body` has the plain shape.
-    pub(super) fn read(body: &[u8]) -> Option<CheckRequest> {
+    pub(super) fn read(
+        body: &[u8],
+        max_descriptors: usize,
+        max_entries: usize,
+    ) -> Option<CheckRequest> {
         let mut r = Reader { b: body, i: 0 };
         r.expect(b'{')?;
         let (mut domain, mut descriptors) = (None, None);
@@ -108,7 +223,7 @@ mod plain {
                 }
                 b"descriptors" if descriptors.is_none() => {
                     r.expect(b':')?;
-                    descriptors = Some(r.list(Reader::descriptor)?);
+                    descriptors = Some(r.list(max_descriptors, |r| r.descriptor(max_entries))?);
                 }
                 _ => return None,
             }
@@ -178,11 +293,18 @@ mod plain {
             self.expect(b':')
         }
 
-        /// `[item, ...]` with at least one item.
-        fn list<T>(&mut self, mut item: impl FnMut(&mut Self) -> Option<T>) -> Option<Vec<T>> {
+        /// `[item, ...]` with one to `max` items.
+        fn list<T>(
+            &mut self,
+            max: usize,
+            mut item: impl FnMut(&mut Self) -> Option<T>,
+        ) -> Option<Vec<T>> {
             self.expect(b'[')?;
             let mut out = Vec::with_capacity(1);
             loop {
+                if out.len() == max {
+                    return None;
+                }
                 out.push(item(self)?);
                 match self.next()? {
                     b',' => continue,
@@ -193,10 +315,10 @@ mod plain {
         }
 
         /// `{"entries": [...]}`.
-        fn descriptor(&mut self) -> Option<Descriptor> {
+        fn descriptor(&mut self, max_entries: usize) -> Option<Descriptor> {
             self.expect(b'{')?;
             self.key(b"entries")?;
-            let entries = self.list(Reader::entry)?;
+            let entries = self.list(max_entries, Reader::entry)?;
             self.expect(b'}')?;
             Some(Descriptor {
                 entries,
@@ -245,6 +367,9 @@ enum Scalar {
 trait Shape<'de>: Sized {
     type Out;
 
+    /// The limits of the read this value belongs to.
+    fn bounds(&self) -> Bounds<'_>;
+
     fn string(self, s: String) -> Got<Self::Out> {
         Got::Other(Value::String(s))
     }
@@ -254,19 +379,20 @@ trait Shape<'de>: Sized {
     }
 
     fn seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Got<Self::Out>, A::Error> {
-        Strict.visit_seq(seq).map(Got::Other)
+        Strict(self.bounds()).visit_seq(seq).map(Got::Other)
     }
 
     fn map<A: MapAccess<'de>>(self, map: A) -> Result<Got<Self::Out>, A::Error> {
-        Strict.visit_map(map).map(Got::Other)
+        Strict(self.bounds()).visit_map(map).map(Got::Other)
     }
 }
 
 /// Any JSON value as a `Value`, read as serde_json's own `Value` reads it except that an
 /// object naming a key twice is an error (a `Value` keeps the last).
-struct Strict;
+/// Every element and member it reads spends one of the request's [`MAX_UNREAD`].
+struct Strict<'b>(Bounds<'b>);
 
-impl<'de> DeserializeSeed<'de> for Strict {
+impl<'de> DeserializeSeed<'de> for Strict<'_> {
     type Value = Value;
 
     fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<Value, D::Error> {
@@ -274,7 +400,7 @@ impl<'de> DeserializeSeed<'de> for Strict {
     }
 }
 
-impl<'de> Visitor<'de> for Strict {
+impl<'de> Visitor<'de> for Strict<'_> {
     type Value = Value;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -315,7 +441,8 @@ impl<'de> Visitor<'de> for Strict {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
         let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64));
-        while let Some(item) = seq.next_element_seed(Strict)? {
+        while let Some(item) = seq.next_element_seed(Strict(self.0))? {
+            self.0.spend()?;
             out.push(item);
         }
         Ok(Value::Array(out))
@@ -327,7 +454,8 @@ impl<'de> Visitor<'de> for Strict {
             if out.contains_key(&key) {
                 return Err(duplicate(&key));
             }
-            let value = map.next_value_seed(Strict)?;
+            let value = map.next_value_seed(Strict(self.0))?;
+            self.0.spend()?;
             out.insert(key, value);
         }
         Ok(Value::Object(out))
@@ -400,10 +528,14 @@ impl<'de, S: Shape<'de>> Visitor<'de> for Slot<S> {
 
 /// A leaf field: [`Scalar`].
 #[derive(Clone, Copy)]
-struct Leaf;
+struct Leaf<'b>(Bounds<'b>);
 
-impl<'de> Shape<'de> for Leaf {
+impl<'de> Shape<'de> for Leaf<'_> {
     type Out = Scalar;
+
+    fn bounds(&self) -> Bounds<'_> {
+        self.0
+    }
 
     fn string(self, s: String) -> Got<Scalar> {
         Got::Is(Scalar::Str(s))
@@ -414,19 +546,61 @@ impl<'de> Shape<'de> for Leaf {
     }
 }
 
-/// An array whose elements have shape `S`.
+/// An array whose elements have shape `S`, at most `max` of them: reading stops at the next
+/// one with `over` recorded in `bounds`.
 #[derive(Clone, Copy)]
-struct List<S>(S);
+struct List<'b, S> {
+    item: S,
+    max: usize,
+    over: Over,
+    bounds: Bounds<'b>,
+}
 
-impl<'de, S: Shape<'de> + Copy> Shape<'de> for List<S> {
+impl<'de, S: Shape<'de> + Copy> Shape<'de> for List<'_, S> {
     type Out = Vec<Got<S::Out>>;
 
+    fn bounds(&self) -> Bounds<'_> {
+        self.bounds
+    }
+
     fn seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Got<Self::Out>, A::Error> {
-        let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(1).min(64));
-        while let Some(item) = seq.next_element_seed(Slot(self.0))? {
-            out.push(item);
+        let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(1).min(self.max).min(64));
+        loop {
+            if out.len() == self.max {
+                // One more is refused where it starts: `Stop` reads nothing of it.
+                return match seq.next_element_seed(Stop) {
+                    Ok(None) => Ok(Got::Is(out)),
+                    Ok(Some(())) | Err(_) => {
+                        self.bounds.over.set(Some(self.over));
+                        Err(serde::de::Error::custom("count limit"))
+                    }
+                };
+            }
+            match seq.next_element_seed(Slot(self.item)) {
+                Ok(Some(item)) => out.push(item),
+                Ok(None) => return Ok(Got::Is(out)),
+                Err(e) => {
+                    // An inner list over its limit: name the element it is in.
+                    if self.over == Over::Descriptors
+                        && self.bounds.over.get() == Some(Over::Entries(usize::MAX))
+                    {
+                        self.bounds.over.set(Some(Over::Entries(out.len())));
+                    }
+                    return Err(e);
+                }
+            }
         }
-        Ok(Got::Is(out))
+    }
+}
+
+/// An element that is not to be read: refused before any of it is.
+struct Stop;
+
+impl<'de> DeserializeSeed<'de> for Stop {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, _: D) -> Result<(), D::Error> {
+        Err(serde::de::Error::custom("count limit"))
     }
 }
 
@@ -435,22 +609,31 @@ trait Object: Default {
     /// The keys read, in the order of [`Object::read`]'s index (at most 32).
     const KEYS: &'static [&'static str];
     /// Read the value of `KEYS[key]` (once per object: a duplicate is an error before).
-    fn read<'de, A: MapAccess<'de>>(&mut self, key: usize, map: &mut A) -> Result<(), A::Error>;
+    fn read<'de, A: MapAccess<'de>>(
+        &mut self,
+        key: usize,
+        map: &mut A,
+        bounds: Bounds<'_>,
+    ) -> Result<(), A::Error>;
 }
 
 /// An object of kind `O`.
-struct Fields<O>(PhantomData<O>);
+struct Fields<'b, O>(PhantomData<O>, Bounds<'b>);
 
-impl<O> Clone for Fields<O> {
+impl<O> Clone for Fields<'_, O> {
     fn clone(&self) -> Self {
         *self
     }
 }
 
-impl<O> Copy for Fields<O> {}
+impl<O> Copy for Fields<'_, O> {}
 
-impl<'de, O: Object> Shape<'de> for Fields<O> {
+impl<'de, O: Object> Shape<'de> for Fields<'_, O> {
     type Out = O;
+
+    fn bounds(&self) -> Bounds<'_> {
+        self.1
+    }
 
     fn map<A: MapAccess<'de>>(self, mut map: A) -> Result<Got<O>, A::Error> {
         let mut out = O::default();
@@ -465,14 +648,14 @@ impl<'de, O: Object> Shape<'de> for Fields<O> {
                         return Err(duplicate(O::KEYS[i]));
                     }
                     seen |= 1 << i;
-                    out.read(i, &mut map)?;
+                    out.read(i, &mut map, self.1)?;
                 }
                 Key::Unknown(name) => {
                     let set = unknown.get_or_insert_with(BTreeSet::new);
                     if set.contains(&name) {
                         return Err(duplicate(&name));
                     }
-                    map.next_value_seed(Strict)?;
+                    map.next_value_seed(Strict(self.1))?;
                     set.insert(name);
                 }
             }
@@ -534,12 +717,17 @@ struct RawBody {
 impl Object for RawBody {
     const KEYS: &'static [&'static str] = &["domain", "hits_addend", "hitsAddend", "descriptors"];
 
-    fn read<'de, A: MapAccess<'de>>(&mut self, key: usize, map: &mut A) -> Result<(), A::Error> {
+    fn read<'de, A: MapAccess<'de>>(
+        &mut self,
+        key: usize,
+        map: &mut A,
+        b: Bounds<'_>,
+    ) -> Result<(), A::Error> {
         match key {
-            0 => self.domain = next(map, Leaf)?,
-            1 => self.hits = next(map, Leaf)?,
-            2 => self.hits_camel = next(map, Leaf)?,
-            _ => self.descriptors = next(map, List(Fields(PhantomData)))?,
+            0 => self.domain = next(map, Leaf(b))?,
+            1 => self.hits = next(map, Leaf(b))?,
+            2 => self.hits_camel = next(map, Leaf(b))?,
+            _ => self.descriptors = next(map, b.list(b.descriptors, Over::Descriptors))?,
         }
         Ok(())
     }
@@ -557,12 +745,17 @@ struct RawDescriptor {
 impl Object for RawDescriptor {
     const KEYS: &'static [&'static str] = &["entries", "hits_addend", "hitsAddend", "limit"];
 
-    fn read<'de, A: MapAccess<'de>>(&mut self, key: usize, map: &mut A) -> Result<(), A::Error> {
+    fn read<'de, A: MapAccess<'de>>(
+        &mut self,
+        key: usize,
+        map: &mut A,
+        b: Bounds<'_>,
+    ) -> Result<(), A::Error> {
         match key {
-            0 => self.entries = next(map, List(Fields(PhantomData)))?,
-            1 => self.hits = next(map, Leaf)?,
-            2 => self.hits_camel = next(map, Leaf)?,
-            _ => self.limit = next(map, Fields(PhantomData))?,
+            0 => self.entries = next(map, b.list(b.entries, Over::Entries(usize::MAX)))?,
+            1 => self.hits = next(map, Leaf(b))?,
+            2 => self.hits_camel = next(map, Leaf(b))?,
+            _ => self.limit = next(map, Fields(PhantomData, b))?,
         }
         Ok(())
     }
@@ -578,10 +771,15 @@ struct RawEntry {
 impl Object for RawEntry {
     const KEYS: &'static [&'static str] = &["key", "value"];
 
-    fn read<'de, A: MapAccess<'de>>(&mut self, key: usize, map: &mut A) -> Result<(), A::Error> {
+    fn read<'de, A: MapAccess<'de>>(
+        &mut self,
+        key: usize,
+        map: &mut A,
+        b: Bounds<'_>,
+    ) -> Result<(), A::Error> {
         match key {
-            0 => self.key = next(map, Leaf)?,
-            _ => self.value = next(map, Leaf)?,
+            0 => self.key = next(map, Leaf(b))?,
+            _ => self.value = next(map, Leaf(b))?,
         }
         Ok(())
     }
@@ -598,11 +796,16 @@ struct RawLimit {
 impl Object for RawLimit {
     const KEYS: &'static [&'static str] = &["requests_per_unit", "requestsPerUnit", "unit"];
 
-    fn read<'de, A: MapAccess<'de>>(&mut self, key: usize, map: &mut A) -> Result<(), A::Error> {
+    fn read<'de, A: MapAccess<'de>>(
+        &mut self,
+        key: usize,
+        map: &mut A,
+        b: Bounds<'_>,
+    ) -> Result<(), A::Error> {
         match key {
-            0 => self.requests_per_unit = next(map, Leaf)?,
-            1 => self.requests_per_unit_camel = next(map, Leaf)?,
-            _ => self.unit = next(map, Leaf)?,
+            0 => self.requests_per_unit = next(map, Leaf(b))?,
+            1 => self.requests_per_unit_camel = next(map, Leaf(b))?,
+            _ => self.unit = next(map, Leaf(b))?,
         }
         Ok(())
     }
@@ -851,6 +1054,66 @@ fn entry(raw: Got<RawEntry>, i: usize, j: usize) -> Result<(String, String), Api
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The reader without count limits.
+    fn collect(body: &[u8]) -> Result<Got<RawBody>, serde_json::Error> {
+        let (over, unread) = (Cell::new(None), Cell::new(usize::MAX));
+        let bounds = Bounds {
+            descriptors: usize::MAX,
+            entries: usize::MAX,
+            over: &over,
+            unread: &unread,
+        };
+        super::collect(body, bounds)
+    }
+
+    #[test]
+    fn unread_fields_are_bounded() {
+        let body = |n: usize| {
+            format!(
+                r#"{{"domain":"d","descriptors":[{{"entries":[{{"key":"k","x":[{}]}}]}}],"y":{{}}}}"#,
+                vec!["{}"; n].join(",")
+            )
+        };
+        for d in [Dialect::Native, Dialect::ProtoJson] {
+            assert!(parse_request(body(MAX_UNREAD).as_bytes(), d).is_ok());
+            let e = parse_request(body(MAX_UNREAD + 1).as_bytes(), d).unwrap_err();
+            assert_eq!(e.code(), "invalid_request");
+            assert!(e.to_string().contains("more than 1024 values"), "{e}");
+        }
+    }
+
+    #[test]
+    fn counts_are_refused_at_the_limit_naming_it() {
+        let entry = r#"{"key":"k","value":"v"}"#;
+        let desc = |n: usize| format!(r#"{{"entries":[{}]}}"#, vec![entry; n].join(","));
+        // Plain bodies, and bodies the general reader takes (a `hits_addend`).
+        for extra in ["", r#""hits_addend":1,"#] {
+            let body = |descs: Vec<String>| {
+                format!(
+                    r#"{{{extra}"domain":"d","descriptors":[{}]}}"#,
+                    descs.join(",")
+                )
+            };
+            for d in [Dialect::Native, Dialect::ProtoJson] {
+                let ok = parse_request(body(vec![desc(16); 64]).as_bytes(), d).unwrap();
+                assert_eq!(ok.descriptors.len(), 64);
+                // The rest is never read: not even whether it is JSON.
+                let many = body(vec![desc(1); 65]).replace("]}]}", "]}, not json");
+                let e = parse_request(many.as_bytes(), d).unwrap_err();
+                assert_eq!(e.code(), "too_many_descriptors", "{e}");
+                assert_eq!(e.to_string(), "more than the maximum 64 descriptors");
+                let mut descs = vec![desc(1); 3];
+                descs[2] = desc(17);
+                let e = parse_request(body(descs).as_bytes(), d).unwrap_err();
+                assert_eq!(e.code(), "too_many_entries", "{e}");
+                assert_eq!(
+                    e.to_string(),
+                    "descriptors[2] has more than the maximum 16 entries"
+                );
+            }
+        }
+    }
     use proptest::prelude::*;
 
     /// JSON text of one leaf: the kinds and edge cases a request field can get.
@@ -1195,7 +1458,7 @@ mod tests {
         /// is what `parse_request`'s serde reader makes of the same body, in both dialects.
         #[test]
         fn the_plain_reader_agrees_with_the_general_one(bytes in near_plain()) {
-            if let Some(req) = plain::read(&bytes) {
+            if let Some(req) = plain::read(&bytes, usize::MAX, usize::MAX) {
                 let text = String::from_utf8_lossy(&bytes);
                 for d in [Dialect::Native, Dialect::ProtoJson] {
                     let general = assemble(collect(&bytes).expect("valid JSON"), d);
@@ -1212,7 +1475,7 @@ mod tests {
             "{ \"domain\": \"api\", \"descriptors\": [ { \"entries\": [ { \"key\": \"a\", \"value\": \"1\" }, { \"key\": \"b\", \"value\": \"é\" } ] } ] }\n",
             r#"{"descriptors":[{"entries":[{"key":"k","value":""}]},{"entries":[{"key":"k","value":"v"}]}],"domain":"d"}"#,
         ] {
-            let req = plain::read(body.as_bytes()).unwrap_or_else(|| panic!("{body}"));
+            let req = plain::read(body.as_bytes(), usize::MAX, usize::MAX).unwrap_or_else(|| panic!("{body}"));
             let general = assemble(collect(body.as_bytes()).unwrap(), Dialect::Native).unwrap();
             assert_eq!(req, general);
         }
@@ -1223,7 +1486,11 @@ mod tests {
             r#"{"domain":"a","descriptors":[{"entries":[{"key":"k","value":"v"}]}]} x"#,
             r#"{"domain":"a","descriptors":[{"entries":[{"key":"k","value":"v"}]}],"hits_addend":2}"#,
         ] {
-            assert_eq!(plain::read(body.as_bytes()), None, "{body}");
+            assert_eq!(
+                plain::read(body.as_bytes(), usize::MAX, usize::MAX),
+                None,
+                "{body}"
+            );
         }
     }
 

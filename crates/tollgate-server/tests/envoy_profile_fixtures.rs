@@ -42,6 +42,7 @@
 //! | 27 | local cache (`LOCAL_CACHE_SIZE_IN_BYTES`): a hit denied without Redis counts in over_limit and over_limit_with_local_cache (Redis only) | TestOverLimitWithLocalCache |
 //! | 28 | statistics with `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` (a key left at 13 still counts 2 within, 1 near) | TestOverLimitWithStopCacheKeyIncrement |
 //! | 29 | every descriptor of a denied request is counted in the statistics (key5: 1 over, 3 near; subkey5: 16 within) | GenerateCacheKeys, GetResponseDescriptorStatus |
+//! | 30 | a descriptor with no entries is OK with no limit (not INVALID_ARGUMENT); next to it, a limited descriptor still decides | service.go (no limit found for an empty descriptor) |
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
@@ -369,6 +370,12 @@ async fn shadow_mode(store: Store) {
     assert_eq!(r.status, StatusCode::OK, "{}", r.text);
     assert_eq!(r.body["overall_code"], "OK", "{}", r.text);
     assert_eq!(r.remaining(0), 0, "{}", r.text);
+    // An allowed answer tells no one to wait.
+    assert!(
+        r.body["statuses"][0]["retry_after_ms"].is_null(),
+        "{}",
+        r.text
+    );
 }
 
 #[tokio::test]
@@ -379,6 +386,32 @@ async fn profile_shadow_mode_memory() {
 #[tokio::test]
 async fn profile_shadow_mode_redis() {
     shadow_mode(Store::Redis).await;
+}
+
+async fn empty_descriptor(store: Store) {
+    let p = profile(store, &["config/basic_config.yaml"], &[]).await;
+    let r = check(&p, "test-domain", &[&[]], 1).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text);
+    assert_eq!(r.code(0), "OK", "{}", r.text);
+    assert!(
+        r.body["statuses"][0]["current_limit"].is_null(),
+        "{}",
+        r.text
+    );
+    // key3: 1/hour; the empty descriptor beside it changes nothing.
+    let r = check(&p, "test-domain", &[&[], &[("key3", "e")]], 2).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{}", r.text);
+    assert_eq!((r.code(0), r.code(1)), ("OK", "OVER_LIMIT"), "{}", r.text);
+}
+
+#[tokio::test]
+async fn profile_empty_descriptor_memory() {
+    empty_descriptor(Store::Memory).await;
+}
+
+#[tokio::test]
+async fn profile_empty_descriptor_redis() {
+    empty_descriptor(Store::Redis).await;
 }
 
 async fn unlimited(store: Store) {

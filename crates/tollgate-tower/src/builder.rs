@@ -14,7 +14,11 @@ use tollgate_core::rules::counter_key;
 use tollgate_core::{Clock, HeaderFamilies, MemoryStore, Quota, RuleErrors, RuleSet, Store};
 
 /// Why a layer could not be built.
-#[derive(Debug, thiserror::Error)]
+///
+/// `Debug` prints the same text as `Display` (each rule problem as `file:line:column: problem`,
+/// as `tollgate validate` does), because `fn main() -> Result<(), Box<dyn Error>>` reports an
+/// error with `Debug`: a user reads that line, not Rust's structure dump.
+#[derive(thiserror::Error)]
 pub enum Error {
     /// The rules file could not be read or is invalid (every problem, with its line).
     #[error("{0}")]
@@ -22,6 +26,12 @@ pub enum Error {
     /// The builder's settings do not fit together (the message says how to fix them).
     #[error("{0}")]
     Config(String),
+}
+
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
 }
 
 fn config<T>(message: impl Into<String>) -> Result<T, Error> {

@@ -439,3 +439,60 @@ async fn header_families_apply_to_rules_file_limits() {
         assert!(!r.headers().contains_key(name), "{name}");
     }
 }
+
+/// Regression: `fn main() -> Result<(), Box<dyn Error>>` printed a build error with Rust's
+/// structure dump (`Rules(RuleErrors([RuleError { file: ..., line: 0, ...`). Its `Debug` is
+/// now the `file:line:column: problem` lines `tollgate validate` prints.
+#[test]
+fn build_error_debug_reads_like_validate() {
+    let dir = tollgate_testsupport::temp_dir("tower-error-text");
+    let file = dir.join("rules.yaml");
+    std::fs::write(
+        &file,
+        "domain: web\ndescriptors:\n  - key: path\n    rate_limit: {unit: minute, requests_per_unt: 5}\n",
+    )
+    .unwrap();
+    let build_error = |path: &std::path::Path| -> Box<dyn std::error::Error> {
+        match RateLimitLayer::builder().rules_file(path, "web").build() {
+            Err(e) => Box::new(e),
+            Ok(_) => panic!("{} was accepted", path.display()),
+        }
+    };
+    let boxed = build_error(&file);
+    let debug = format!("{boxed:?}");
+    let prefix = format!("{}:4:", file.display());
+    assert!(debug.starts_with(&prefix), "{debug}");
+    assert!(debug.contains("requests_per_unit"), "{debug}");
+    assert!(!debug.contains("RuleError"), "{debug}");
+    assert_eq!(debug, boxed.to_string());
+
+    let missing = build_error(std::path::Path::new("/nonexistent/rules.yaml"));
+    let debug = format!("{missing:?}");
+    assert!(debug.starts_with("/nonexistent/rules.yaml: "), "{debug}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Regression: a leaky bucket of 5/second with a burst of 10 answered `x-ratelimit-limit: 5`
+/// with `x-ratelimit-remaining: 8`. The limit is the bucket's capacity, the window its refill.
+#[tokio::test]
+async fn a_bursty_bucket_reports_its_capacity() {
+    let app = Router::new().route("/", get(|| async { "ok" })).layer(
+        RateLimitLayer::builder()
+            .quota(
+                Quota::new(5, Unit::Second)
+                    .with_algorithm(tollgate_tower::Algorithm::LeakyBucket)
+                    .with_burst(10),
+            )
+            .key(Key::peer_ip())
+            .build()
+            .unwrap(),
+    );
+    let addr: SocketAddr = "192.0.2.1:1000".parse().unwrap();
+    for _ in 0..3 {
+        let resp = app.clone().oneshot(from_addr(addr)).await.unwrap();
+        let num = |name: &str| -> u64 { resp.headers()[name].to_str().unwrap().parse().unwrap() };
+        assert_eq!(num("x-ratelimit-limit"), 10, "{:?}", resp.headers());
+        assert!(num("x-ratelimit-remaining") <= 10, "{:?}", resp.headers());
+        assert_eq!(resp.headers()["ratelimit-policy"], "10;w=2");
+    }
+}

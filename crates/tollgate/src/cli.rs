@@ -124,17 +124,17 @@ enum Command {
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
     /// HTTP listen address: `host:port` (a host name is resolved at start), `:port` or `port`
-    /// (all interfaces), or `off`.
-    #[arg(long, env = "TOLLGATE_HTTP_ADDR", default_value = "0.0.0.0:8080",
-          value_parser = listen_addr)]
-    http_addr: ListenAddr,
+    /// (all interfaces), or `off`. Default: 0.0.0.0:8080 (under --profile envoy: HOST:PORT).
+    #[arg(long, env = "TOLLGATE_HTTP_ADDR", value_parser = listen_addr)]
+    http_addr: Option<ListenAddr>,
     /// gRPC (Envoy RLS v3) listen address: as --http-addr (`off`: no gRPC listener).
     #[arg(long, env = "TOLLGATE_GRPC_ADDR", default_value = "0.0.0.0:8081",
           value_parser = listen_addr)]
     grpc_addr: ListenAddr,
-    /// Rules file or directory (watched and hot-reloaded).
-    #[arg(long, env = "TOLLGATE_RULES", default_value = crate::simulate::DEFAULT_RULES)]
-    rules: PathBuf,
+    /// Rules file or directory (watched and hot-reloaded). Default: examples/rules (under
+    /// --profile envoy: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY).
+    #[arg(long, env = "TOLLGATE_RULES")]
+    rules: Option<PathBuf>,
     /// Where counters live: `memory`, `redis://[user:pass@]host:port[/db]`, `rediss://...` (TLS),
     /// `redis+cluster://h1:p1,h2:p2` (`rediss+cluster://` for TLS),
     /// `redis+sentinel://[user:pass@]s1:p1,s2:p2/MASTER[/db][?sentinel_user=u&sentinel_pass=p]`
@@ -158,9 +158,10 @@ pub struct ServeArgs {
     #[arg(long, env = "TOLLGATE_REDIS_PER_SECOND_TIMEOUT_MS",
           value_parser = clap::value_parser!(u64).range(1..))]
     redis_per_second_timeout_ms: Option<u64>,
-    /// Redis: first part of every key (`<prefix>:{...}:...`); no braces.
-    #[arg(long, env = "TOLLGATE_REDIS_PREFIX", default_value = "tollgate")]
-    redis_prefix: String,
+    /// Redis: first part of every key (`<prefix>:{...}:...`); no braces. Default: tollgate
+    /// (under --profile envoy on a standalone Redis: CACHE_KEY_PREFIX).
+    #[arg(long, env = "TOLLGATE_REDIS_PREFIX")]
+    redis_prefix: Option<String>,
     /// Redis: what decides while Redis is unavailable: `allow` admits, `deny` denies, `local`
     /// limits with an in-memory limiter (limits divided by --expected-instances).
     #[arg(long, env = "TOLLGATE_ON_STORE_ERROR", default_value = "local")]
@@ -178,6 +179,16 @@ pub struct ServeArgs {
     /// Log format.
     #[arg(long, env = "TOLLGATE_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: crate::serve::LogFormat,
+    /// Log decisions at INFO: `off`, `denied` (descriptors over their limit) or `all`, each
+    /// line naming domain, rule and key. Keys are request values (user ids, addresses): the log
+    /// may hold personal data.
+    #[arg(long, env = "TOLLGATE_DECISION_LOG", default_value = "off")]
+    decision_log: tollgate_server::decision_log::DecisionLogMode,
+    /// Most decision-log lines per second; the lines beyond are counted and reported in one
+    /// line in a later second.
+    #[arg(long, env = "TOLLGATE_DECISION_LOG_MAX_PER_SECOND", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    decision_log_max_per_second: u32,
     /// gRPC: add rate-limit headers to `response_headers_to_add`.
     #[arg(long, env = "TOLLGATE_RESPONSE_HEADERS")]
     response_headers: bool,
@@ -202,10 +213,11 @@ pub struct ServeArgs {
           value_parser = positive_duration)]
     idle_timeout: Duration,
     /// Most client connections open at once, per listener; beyond it new connections wait in
-    /// the kernel's backlog until one closes.
-    #[arg(long, env = "TOLLGATE_MAX_CONNECTIONS", default_value_t = 10_000,
+    /// the kernel's backlog until one closes. Default: 10000, lowered at start when the
+    /// open-files limit cannot hold that many on every listener.
+    #[arg(long, env = "TOLLGATE_MAX_CONNECTIONS",
           value_parser = clap::value_parser!(u64).range(1..))]
-    max_connections: u64,
+    max_connections: Option<u64>,
     /// On SIGTERM/SIGINT: how long in-flight requests may take to finish before the remaining
     /// connections are dropped and the process exits.
     #[arg(long, env = "TOLLGATE_SHUTDOWN_TIMEOUT", default_value = "10s",
@@ -417,14 +429,56 @@ impl std::str::FromStr for TrustedProxy {
 }
 
 impl ServeArgs {
+    /// The settings given on the command line, which a profile must not silently override.
+    /// Their `TOLLGATE_*` variables do not count: the container image sets `TOLLGATE_RULES`
+    /// for plain `serve`, and under the profile envoy's variables (and defaults) replace it.
+    fn explicit(&self) -> tollgate_server::profile::Explicit {
+        // A value that is not the variable's came from the flag.
+        fn flag<T: PartialEq>(
+            value: Option<&T>,
+            var: &str,
+            parse: impl Fn(&str) -> Option<T>,
+        ) -> bool {
+            match (value, std::env::var(var).ok()) {
+                (None, _) => false,
+                (Some(_), None) => true,
+                (Some(v), Some(text)) => parse(&text).as_ref() != Some(v),
+            }
+        }
+        let addr = |a: &ListenAddr| a.0;
+        tollgate_server::profile::Explicit {
+            rules: flag(self.rules.as_ref(), "TOLLGATE_RULES", |t| {
+                Some(PathBuf::from(t))
+            }),
+            http_addr: flag(
+                self.http_addr.as_ref().map(addr).as_ref(),
+                "TOLLGATE_HTTP_ADDR",
+                |t| listen_addr(t).ok().map(|a| a.0),
+            ),
+            response_headers: self.response_headers
+                && std::env::var_os("TOLLGATE_RESPONSE_HEADERS").is_none(),
+            redis_prefix: flag(self.redis_prefix.as_ref(), "TOLLGATE_REDIS_PREFIX", |t| {
+                Some(t.to_owned())
+            }),
+        }
+    }
+
     fn config(&self) -> ServeConfig {
         ServeConfig {
-            http_addr: self.http_addr.0,
+            http_addr: self
+                .http_addr
+                .map_or(ServeConfig::default().http_addr, |a| a.0),
             grpc_addr: self.grpc_addr.0,
-            rules: self.rules.clone(),
+            rules: self
+                .rules
+                .clone()
+                .unwrap_or_else(|| crate::simulate::DEFAULT_RULES.into()),
             store: self.store.clone(),
             redis_timeout: Duration::from_millis(self.redis_timeout_ms),
-            redis_prefix: self.redis_prefix.clone(),
+            redis_prefix: self
+                .redis_prefix
+                .clone()
+                .unwrap_or_else(|| ServeConfig::default().redis_prefix),
             redis: RedisSettings {
                 policy: self.on_store_error,
                 expected_instances: self.expected_instances,
@@ -444,7 +498,12 @@ impl ServeArgs {
             header_read_timeout: self.header_read_timeout,
             body_read_timeout: self.body_read_timeout,
             idle_timeout: self.idle_timeout,
-            max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
+            max_connections: self
+                .max_connections
+                .map_or(ServeConfig::default().max_connections, |n| {
+                    usize::try_from(n).unwrap_or(usize::MAX)
+                }),
+            max_connections_chosen: self.max_connections.is_some(),
             shutdown_timeout: self.shutdown_timeout,
             grpc_limits: self.grpc.limits(),
             trusted_proxies: self.trusted_proxies.iter().filter_map(|t| t.0).collect(),
@@ -453,6 +512,10 @@ impl ServeArgs {
             redis_key_layout: self.counting.redis_key_layout,
             redis_expiration_jitter: self.counting.redis_expiration_jitter,
             registry: self.registry.config(),
+            decision_log: tollgate_server::decision_log::DecisionLogConfig {
+                mode: self.decision_log,
+                max_per_second: self.decision_log_max_per_second,
+            },
             ..ServeConfig::default()
         }
     }
@@ -473,7 +536,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             config.near_limit_ratio = args.stats.near_limit_ratio;
             match args.profile {
                 None => crate::serve::run(config, args.log_format),
-                Some(profile) => crate::serve::run_profile(profile, config),
+                Some(profile) => crate::serve::run_profile(profile, config, args.explicit()),
             }
         }
         Command::Check {

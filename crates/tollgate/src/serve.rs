@@ -23,17 +23,19 @@ pub enum Profile {
 }
 
 /// Install the global `tracing` subscriber. `RUST_LOG` (e.g. `info,tollgate_server=debug`)
-/// overrides the default level `info`.
+/// overrides the default level `info` (but for the decision log, on or off by its own flag).
 pub fn init_logging(format: LogFormat) {
     init_logging_at(format, LevelFilter::INFO);
 }
 
 /// [`init_logging`] with another default level.
 fn init_logging_at(format: LogFormat, level: LevelFilter) {
+    // The decision log (off unless asked for) is written whatever the level of the rest.
     let filter = std::env::var("RUST_LOG")
         .ok()
         .and_then(|s| s.parse::<Targets>().ok())
-        .unwrap_or_else(|| Targets::new().with_default(level));
+        .unwrap_or_else(|| Targets::new().with_default(level))
+        .with_target(tollgate_server::decision_log::TARGET, LevelFilter::INFO);
     let registry = tracing_subscriber::registry().with(filter);
     let _ = match format {
         LogFormat::Text => registry
@@ -55,10 +57,15 @@ fn init_logging_at(format: LogFormat, level: LevelFilter) {
 
 /// `serve --profile`: `base` (the flags) with the profile's environment variables applied over
 /// it, logged at the profile's level; each variable set but not honoured is one WARN.
-pub fn run_profile(profile: Profile, base: ServeConfig) -> anyhow::Result<ExitCode> {
+/// `explicit` names the flags given, which win over the profile's defaults.
+pub fn run_profile(
+    profile: Profile,
+    base: ServeConfig,
+    explicit: tollgate_server::profile::Explicit,
+) -> anyhow::Result<ExitCode> {
     let Profile::Envoy = profile;
     let vars: BTreeMap<String, String> = std::env::vars().collect();
-    let t = tollgate_server::profile::translate(&vars, base)
+    let t = tollgate_server::profile::translate_with(&vars, base, explicit)
         .map_err(|e| anyhow::anyhow!("--profile envoy: {e}"))?;
     let format = if t.log_json {
         LogFormat::Json

@@ -20,6 +20,12 @@ const MAX_NESTING: usize = 64;
 /// Most nodes a document may expand to, aliases included.
 const MAX_NODES: usize = 1_000_000;
 
+/// Most nodes that aliases may add in total. Each alias copies its anchor's subtree, so this is
+/// what bounds the memory a small text can ask for: without it a few kilobytes of nested
+/// aliases build up to [`MAX_NODES`] (about 100 MB) before being refused. Rule files use
+/// aliases for a shared `rate_limit` block or two, a handful of nodes each.
+const MAX_ALIAS_NODES: usize = 16_384;
+
 /// A position in the source: 1-based line and column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Pos {
@@ -150,6 +156,8 @@ struct Builder {
     root: Option<Node>,
     errors: Vec<YamlError>,
     nodes: usize,
+    /// Nodes added by aliases so far.
+    alias_nodes: usize,
 }
 
 impl Builder {
@@ -242,6 +250,7 @@ pub(crate) fn parse(text: &str) -> Parsed {
         root: None,
         errors: Vec::new(),
         nodes: 0,
+        alias_nodes: 0,
     };
     match run(&mut b, text) {
         Ok(()) => Parsed {
@@ -288,23 +297,48 @@ fn scan_error(text: &str, e: &yaml_rust2::ScanError) -> YamlError {
 fn run(b: &mut Builder, text: &str) -> Result<(), YamlError> {
     let mut parser = Parser::new_from_str(text);
     let mut documents = 0usize;
+    // Where a second document began: it may only be empty (a trailing `---`, which
+    // envoyproxy/ratelimit's reader ignores, as it reads the first document only).
+    let mut extra: Option<Pos> = None;
     loop {
         let (event, mark) = parser.next_token().map_err(|e| scan_error(text, &e))?;
         let pos = Pos::from(&mark);
+        if let Some(at) = extra {
+            match event {
+                Event::StreamEnd => return Ok(()),
+                Event::Nothing | Event::DocumentStart | Event::DocumentEnd => continue,
+                Event::Scalar(ref t, TScalarStyle::Plain, 0, None) if t.is_empty() || t == "~" => {
+                    continue
+                }
+                _ => {
+                    return Err(YamlError {
+                        pos: at,
+                        message: "a rule file holds one YAML document (one domain); found a second `---` document"
+                            .to_string(),
+                    })
+                }
+            }
+        }
         match event {
             Event::StreamEnd => return Ok(()),
             Event::Nothing | Event::StreamStart | Event::DocumentEnd => {}
             Event::DocumentStart => {
                 documents += 1;
                 if documents > 1 {
-                    return Err(YamlError {
-                        pos,
-                        message: "a rule file holds one YAML document (one domain); found a second `---` document"
-                            .to_string(),
-                    });
+                    extra = Some(pos);
                 }
             }
             Event::Alias(id) => {
+                let weight = b.anchors.get(&id).map_or(0, |n| n.weight);
+                b.alias_nodes = b.alias_nodes.saturating_add(weight);
+                if b.alias_nodes > MAX_ALIAS_NODES {
+                    return Err(YamlError {
+                        pos,
+                        message: format!(
+                            "document too large (aliases expand to more than {MAX_ALIAS_NODES} nodes)"
+                        ),
+                    });
+                }
                 let node = b.anchors.get(&id).cloned().ok_or_else(|| YamlError {
                     pos,
                     message: "alias refers to an unknown anchor".to_string(),
@@ -497,6 +531,33 @@ mod tests {
         let p = parse("a: 1\n---\nb: 2\n");
         assert!(p.errors[0].message.contains("one YAML document"));
         assert_eq!(p.errors[0].pos.line, 2);
+    }
+
+    #[test]
+    fn a_trailing_empty_document_is_ignored() {
+        for text in [
+            "a: 1\n---\n",
+            "a: 1\n---\n...\n",
+            "a: 1\n--- ~\n",
+            "a: 1\n---\n---\n# end\n",
+        ] {
+            let p = parse(text);
+            assert!(p.errors.is_empty(), "{text:?}: {:?}", p.errors);
+            assert_eq!(map(&p.root.expect("root"))[0].key, "a", "{text:?}");
+        }
+        for text in [
+            "a: 1\n---\nb: 2\n",
+            "a: 1\n---\n---\n- x\n",
+            "a: 1\n--- x\n",
+        ] {
+            let p = parse(text);
+            assert!(
+                p.errors[0].message.contains("one YAML document"),
+                "{text:?}: {:?}",
+                p.errors
+            );
+            assert!(p.errors[0].pos.line >= 2, "{text:?}");
+        }
     }
 
     #[test]

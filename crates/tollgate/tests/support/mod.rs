@@ -95,8 +95,28 @@ impl Server {
         cwd: &Path,
         log_name: &str,
     ) -> Result<Server, String> {
+        Self::launch_under(&[], args, env, cwd, log_name)
+    }
+
+    /// [`Server::launch`] with `tollgate` run by a wrapper: `wrapper` then the binary's path
+    /// then `args` (e.g. `["bash", "-c", "ulimit -n 2000 && exec \"$0\" \"$@\""]`).
+    pub fn launch_under(
+        wrapper: &[&str],
+        args: &[&str],
+        env: &[(&str, &str)],
+        cwd: &Path,
+        log_name: &str,
+    ) -> Result<Server, String> {
         let log = temp_dir(log_name).join("stderr.log");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tollgate"));
+        let bin = env!("CARGO_BIN_EXE_tollgate");
+        let mut cmd = match wrapper.split_first() {
+            None => Command::new(bin),
+            Some((program, rest)) => {
+                let mut c = Command::new(program);
+                c.args(rest).arg(bin);
+                c
+            }
+        };
         // A test says every setting it means: none leaks in from the caller's environment.
         for (k, _) in std::env::vars_os() {
             if k.to_string_lossy().starts_with("TOLLGATE_") {
