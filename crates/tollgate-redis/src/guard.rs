@@ -29,6 +29,18 @@
 //! call's cost as possibly consumed: a slow Redis cannot turn into a fresh local budget per
 //! instance.
 //!
+//! On a Redis Cluster there is one breaker per master (found by the slot of a request's
+//! counters, from `CLUSTER SLOTS`, refreshed every second), each with its own probe (a write
+//! in a slot that master serves): a master that is down sends only its own keys to the
+//! policy, and keys on the healthy masters stay on Redis.
+//!
+//! What the `local` policy admitted during an outage is not lost when Redis comes back: the
+//! guard remembers, per key (bounded), what it admitted locally, and the probe that finds Redis
+//! answering again folds it into the shared counters before traffic goes back to Redis (at most
+//! two script calls per key touched during the outage: the cost owed, or, when that no longer
+//! fits, what is left), so a window admits little more than its limit across an outage instead
+//! of its limit again on top of the local shares (see docs/operations.md for the bound).
+//!
 //! The optional deny cache ([`RedisSettings::deny_cache`]) answers keys Redis reported as denied
 //! until the time Redis said they could pass again; see docs/operations.md for where that is
 //! exact.
@@ -53,11 +65,18 @@ pub const FAILURES_TO_OPEN: u32 = 3;
 pub const TIMEOUTS_OPEN_AFTER: Duration = Duration::from_secs(1);
 /// How often an open (or half-open) breaker probes Redis.
 pub const PROBE_INTERVAL: Duration = Duration::from_millis(250);
+/// With the `local` policy over several instances, an open breaker half-opens at this many
+/// successful probes in a row (two probe intervals after the first): every instance that saw
+/// Redis come back has folded its local admissions by then.
+pub const SETTLE_PROBES: u8 = 3;
 /// A failing store is reported as answering again only after this long without a failure (so
 /// isolated failures between successes log once, not once per request).
 const QUIET: Micros = 1_000_000;
 /// Bound on the ledger's entries (beyond it, new keys are not remembered until others expire).
 const LEDGER_MAX: usize = 100_000;
+/// Bound on the keys whose local admissions are remembered for folding into Redis (beyond it,
+/// the admissions of new keys are not folded).
+const OWED_MAX: usize = 100_000;
 /// `retry_after` of a denial made by the `deny` policy: the store may be back by then.
 const DENY_RETRY: Micros = 1_000_000;
 /// Bound on the deny cache's entries (beyond it, new denials are not cached until expiry).
@@ -219,6 +238,9 @@ struct Breaker {
     transitions: [AtomicU64; 3],
     /// Wakes the calls waiting on a slow Redis when the breaker opens.
     opened: tokio::sync::Notify,
+    /// An open breaker's successful probes in a row (each folded the local admissions): with
+    /// the `local` policy over several instances, the [`SETTLE_PROBES`]th half-opens it.
+    streak: AtomicU8,
 }
 
 impl Breaker {
@@ -296,7 +318,11 @@ impl Breaker {
 pub struct Guarded {
     store: RedisStore,
     settings: RedisSettings,
-    breaker: Breaker,
+    /// The whole store's breaker (a single server, Sentinel, or a cluster whose slots are not
+    /// known yet).
+    breaker: Arc<Breaker>,
+    /// A cluster's per-master breakers.
+    nodes: Option<Nodes>,
     local: Arc<MemoryStore>,
     ledger: Option<Ledger>,
     deny_cache: Option<DenyCache>,
@@ -306,6 +332,8 @@ pub struct Guarded {
     /// Calls slower than the per-call timeout (answered or not).
     slow: AtomicU64,
     condition: Condition,
+    /// What the `local` policy admitted, to fold into Redis when it answers again.
+    owed: Owed,
 }
 
 /// The store's current failure, logged once per change: set by a failure of another kind than
@@ -322,28 +350,41 @@ impl Condition {
         self.current.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn failed(&self, e: &StoreError, now: Micros, store: &RedisStore) {
+    /// A failure at `now` (0: the probe, which has no clock; the quiet period then starts at
+    /// the next answer).
+    fn failed(&self, e: &StoreError, now: Micros, url: &str) {
         let kind = e.kind();
         let mut cur = self.lock();
         if cur.map(|(k, _)| k) != Some(kind) {
-            tracing::warn!(kind = kind.as_str(), store = %store.url(), "Redis store error: {e}");
+            tracing::warn!(kind = kind.as_str(), store = %url, "Redis store error: {e}");
         }
-        *cur = Some((kind, now));
+        let at = match *cur {
+            Some((_, at)) if now == 0 => at,
+            _ => now,
+        };
+        *cur = Some((kind, at.max(now)));
         self.failing.store(true, Relaxed);
     }
 
-    fn answered(&self, now: Micros) {
+    /// An answer at `now`: reported (once) when no failure came for [`QUIET`]. Returns whether
+    /// it was reported.
+    fn answered(&self, now: Micros) -> bool {
         if !self.failing.load(Relaxed) {
-            return;
+            return false;
         }
         let mut cur = self.lock();
-        if let Some((kind, at)) = *cur {
-            if now.saturating_sub(at) >= QUIET {
+        match *cur {
+            // The last failure's time is unknown (the probe's): the quiet period starts now.
+            Some((kind, 0)) => *cur = Some((kind, now)),
+            Some((kind, at)) if now.saturating_sub(at) >= QUIET => {
                 tracing::info!(was = kind.as_str(), "Redis store answers again");
                 *cur = None;
                 self.failing.store(false, Relaxed);
+                return true;
             }
+            _ => {}
         }
+        false
     }
 
     fn get(&self) -> Option<FaultKind> {
@@ -384,13 +425,15 @@ impl Guarded {
             local,
             ledger: (settings.policy == Policy::Local).then(Ledger::default),
             deny_cache: settings.deny_cache.then(DenyCache::default),
+            nodes: store.is_cluster().then(Nodes::default),
             store,
             settings,
-            breaker: Breaker::default(),
+            breaker: Arc::default(),
             degraded: Default::default(),
             errors: Default::default(),
             slow: AtomicU64::new(0),
             condition: Condition::default(),
+            owed: Owed::default(),
         });
         if let Err(e) = g.store.probe().await {
             g.count_error(&e, 0);
@@ -404,8 +447,86 @@ impl Guarded {
                 );
             }
         }
+        g.refresh_slots().await;
         tokio::spawn(probe(Arc::downgrade(&g)));
         g
+    }
+
+    /// Learn which master serves which slots (a cluster only; kept as it was on a failure).
+    async fn refresh_slots(&self) {
+        let Some(nodes) = &self.nodes else { return };
+        let Ok(owners) = self.store.slot_owners().await else {
+            return;
+        };
+        if owners.is_empty() {
+            return;
+        }
+        let mut by_addr = nodes.by_addr.lock().unwrap_or_else(|e| e.into_inner());
+        let slots: Vec<(u16, u16, Arc<Breaker>)> = owners
+            .into_iter()
+            .map(|(a, b, addr)| (a, b, by_addr.entry(addr).or_default().clone()))
+            .collect();
+        drop(by_addr);
+        *nodes.slots.write().unwrap_or_else(|e| e.into_inner()) = slots;
+    }
+
+    /// The breaker that decides for `items`: on a cluster, the breaker of the master serving
+    /// their counters (the first that is not healthy, when they span masters); else the whole
+    /// store's.
+    fn breaker_for(&self, items: &[CheckItem<'_>]) -> Arc<Breaker> {
+        let Some(nodes) = &self.nodes else {
+            return self.breaker.clone();
+        };
+        if self.breaker.state() != BreakerState::Healthy {
+            return self.breaker.clone();
+        }
+        let slots = nodes.slots.read().unwrap_or_else(|e| e.into_inner());
+        let mut pick: Option<&Arc<Breaker>> = None;
+        for item in items {
+            let slot = self.store.slot_of(item);
+            let i = slots.partition_point(|(_, last, _)| *last < slot);
+            let Some((_, _, b)) = slots.get(i).filter(|(first, _, _)| *first <= slot) else {
+                continue;
+            };
+            if b.state() != BreakerState::Healthy {
+                return b.clone();
+            }
+            pick.get_or_insert(b);
+        }
+        pick.unwrap_or(&self.breaker).clone()
+    }
+
+    /// The breakers to probe now (not healthy), each with the slot ranges of its master (`None`:
+    /// the whole store).
+    #[allow(clippy::type_complexity)]
+    fn to_probe(&self) -> Vec<(Arc<Breaker>, Option<Vec<(u16, u16)>>)> {
+        let mut due = Vec::new();
+        if self.breaker.state() != BreakerState::Healthy {
+            due.push((self.breaker.clone(), None));
+        }
+        let Some(nodes) = &self.nodes else { return due };
+        let slots = nodes.slots.read().unwrap_or_else(|e| e.into_inner());
+        for (first, last, b) in slots.iter() {
+            if b.state() == BreakerState::Healthy {
+                continue;
+            }
+            match due.iter_mut().find(|(d, _)| Arc::ptr_eq(d, b)) {
+                Some((_, Some(ranges))) => ranges.push((*first, *last)),
+                _ => due.push((b.clone(), Some(vec![(*first, *last)]))),
+            }
+        }
+        due
+    }
+
+    /// Every breaker: the whole store's, then a cluster's masters' (also former masters', whose
+    /// transitions stay counted).
+    fn breakers(&self) -> Vec<Arc<Breaker>> {
+        let mut all = vec![self.breaker.clone()];
+        if let Some(nodes) = &self.nodes {
+            let by_addr = nodes.by_addr.lock().unwrap_or_else(|e| e.into_inner());
+            all.extend(by_addr.values().cloned());
+        }
+        all
     }
 
     /// Count and (once per change) log a store error.
@@ -414,7 +535,7 @@ impl Guarded {
         if let Some(i) = FaultKind::ALL.iter().position(|k| *k == kind) {
             self.errors[i].fetch_add(1, Relaxed);
         }
-        self.condition.failed(e, now, &self.store);
+        self.condition.failed(e, now, self.store.url());
     }
 
     /// The kind of failure going on (logged once per change), `None` while the store answers.
@@ -424,7 +545,10 @@ impl Guarded {
 
     /// Breaker transitions into `to` so far.
     pub fn transitions(&self, to: BreakerState) -> u64 {
-        self.breaker.transitions[to as usize].load(Relaxed)
+        self.breakers()
+            .iter()
+            .map(|b| b.transitions[to as usize].load(Relaxed))
+            .sum()
     }
 
     /// Calls slower than the per-call timeout so far (answered or not).
@@ -457,14 +581,83 @@ impl Guarded {
         &self.settings
     }
 
-    /// The breaker state.
+    /// The breaker state: the worst of a cluster's masters' (one master down: open).
     pub fn state(&self) -> BreakerState {
-        self.breaker.state()
+        if self.nodes.is_none() {
+            return self.breaker.state();
+        }
+        let mut states = vec![self.breaker.state()];
+        if let Some(nodes) = &self.nodes {
+            let slots = nodes.slots.read().unwrap_or_else(|e| e.into_inner());
+            states.extend(slots.iter().map(|(_, _, b)| b.state()));
+        }
+        [BreakerState::Open, BreakerState::HalfOpen]
+            .into_iter()
+            .find(|s| states.contains(s))
+            .unwrap_or(BreakerState::Healthy)
     }
 
     /// The `local` policy's memory store (swept by `serve` like the memory backend).
     pub fn local_store(&self) -> &Arc<MemoryStore> {
         &self.local
+    }
+
+    /// Local admissions folded into Redis after outages so far: (keys, cost).
+    pub fn folded(&self) -> (u64, u64) {
+        (self.owed.keys.load(Relaxed), self.owed.cost.load(Relaxed))
+    }
+
+    /// Fold what the `local` policy admitted into Redis' counters (see the module docs): for
+    /// each key, consume the cost owed, or, when it no longer fits, what is left of the limit.
+    /// Entries whose window has ended are dropped. Returns false when Redis failed (what was
+    /// not folded stays owed).
+    async fn fold(&self, probed: &Arc<Breaker>) -> bool {
+        let owed = self.owed.take();
+        if owed.is_empty() {
+            return true;
+        }
+        let mut ok = true;
+        let opts = self.store.options();
+        let bound = opts.timeout + opts.patience;
+        let last = self.owed.last_now.load(Relaxed);
+        let at = self.settings.caller_clock.then_some(last);
+        for (key, o) in owed {
+            if o.until <= last {
+                continue;
+            }
+            let item = CheckItem {
+                cost: o.cost,
+                ..CheckItem::hit(&o.rule, &key, &o.quota)
+            };
+            // Keys on another master that is still down wait for its own probe.
+            let b = self.breaker_for(&[item]);
+            if b.state() == BreakerState::Open && !Arc::ptr_eq(&b, probed) {
+                self.owed.put_back(key, o);
+                continue;
+            }
+            let r = match self.store.check_within(bound, at, &[item]).await {
+                Ok(d) if !d[0].allowed && d[0].remaining > 0 => {
+                    let rest = CheckItem {
+                        cost: d[0].remaining,
+                        ..item
+                    };
+                    self.store
+                        .check_within(bound, at, &[rest])
+                        .await
+                        .map(|_| ())
+                }
+                r => r.map(|_| ()),
+            };
+            if r.is_err() {
+                // Owed again.
+                self.owed.put_back(key, o);
+                ok = false;
+                continue;
+            }
+            self.owed.keys.fetch_add(1, Relaxed);
+            self.owed.cost.fetch_add(o.cost, Relaxed);
+        }
+        ok
     }
 
     /// Decisions made by the policy so far, by policy.
@@ -484,13 +677,14 @@ impl Guarded {
                 });
             }
         }
-        if self.breaker.state() == BreakerState::Open {
+        let breaker = self.breaker_for(items);
+        if breaker.state() == BreakerState::Open {
             return Ok(self.fallback(now, items, false, false));
         }
-        match self.call(now, items).await {
+        match self.call(now, items, &breaker).await {
             Err(None) => Ok(self.fallback(now, items, true, true)),
             Ok((decisions, receipt)) => {
-                self.breaker.success();
+                breaker.success();
                 self.condition.answered(now);
                 if let Some(cache) = &self.deny_cache {
                     cache.learn(now, items, &decisions);
@@ -506,18 +700,20 @@ impl Guarded {
             // Not a failure: a request this store cannot serve.
             Err(Some(e @ StoreError::Unsupported(_))) => Err(e),
             Err(Some(e)) => {
-                self.count_error(&e, now);
                 let kind = e.kind();
+                // A timeout is known only at the end of its bound: that is when it failed (the
+                // quiet period before "answers again" counts from there).
+                let opts = self.store.options();
+                let late = match kind {
+                    FaultKind::Timeout => (opts.timeout + opts.patience).as_micros() as Micros,
+                    _ => 0,
+                };
+                self.count_error(&e, now.saturating_add(late));
                 if kind.is_outage() {
-                    let opts = self.store.options();
-                    let late = match kind {
-                        FaultKind::Timeout => (opts.timeout + opts.patience).as_micros() as Micros,
-                        _ => 0,
-                    };
-                    self.breaker.failure(kind, now.saturating_add(late));
+                    breaker.failure(kind, now.saturating_add(late));
                 } else {
                     // Redis answered: a fault of this request's keys or writes, not an outage.
-                    self.breaker.success();
+                    breaker.success();
                 }
                 let possibly_consumed = kind == FaultKind::Timeout;
                 Ok(self.fallback(now, items, true, possibly_consumed))
@@ -533,6 +729,7 @@ impl Guarded {
         &self,
         now: Micros,
         items: &[CheckItem<'_>],
+        breaker: &Breaker,
     ) -> Result<(Vec<Decision>, Receipt), Option<StoreError>> {
         let opts = self.store.options();
         let at = self.settings.caller_clock.then_some(now);
@@ -544,12 +741,12 @@ impl Guarded {
             return r.map_err(Some);
         }
         self.slow.fetch_add(1, Relaxed);
-        let opened = self.breaker.opened.notified();
+        let opened = breaker.opened.notified();
         tokio::pin!(opened);
         opened.as_mut().enable();
         let late = now.saturating_add(opts.timeout.as_micros() as Micros);
-        self.breaker.failure(FaultKind::Timeout, late);
-        if self.breaker.state() == BreakerState::Open {
+        breaker.failure(FaultKind::Timeout, late);
+        if breaker.state() == BreakerState::Open {
             return Err(None);
         }
         tokio::select! {
@@ -675,6 +872,9 @@ impl Guarded {
             self.local.check(now, &local).unwrap_or_default()
         };
         let admitted = !blocks(items, &decisions);
+        if admitted {
+            self.owed.add(now, items, &decisions);
+        }
         let mut decisions = decisions;
         if admitted || possibly_consumed {
             for (i, d) in items.iter().zip(decisions.iter_mut()) {
@@ -702,17 +902,126 @@ fn divide(quota: &Quota, n: u64) -> Quota {
 async fn probe(g: Weak<Guarded>) {
     let mut tick = tokio::time::interval(PROBE_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticks: u64 = 0;
     loop {
         tick.tick().await;
         let Some(g) = g.upgrade() else { return };
-        if g.state() != BreakerState::Healthy {
-            match g.store.probe().await {
-                Ok(()) => g.breaker.probe_ok(),
+        ticks += 1;
+        if ticks % 4 == 0 {
+            // A cluster's masters change with failovers: once a second.
+            g.refresh_slots().await;
+        }
+        let due = g.to_probe();
+        for (b, ranges) in &due {
+            let r = match ranges {
+                None => g.store.probe().await,
+                Some(ranges) => g.store.probe_slots(ranges).await,
+            };
+            match r {
+                // Redis answers: what was admitted locally meanwhile is folded into its
+                // counters before traffic goes back to it.
+                Ok(()) => {
+                    // With other instances sharing the key's limit, traffic goes back to Redis
+                    // two probe intervals after the first success: every instance that saw Redis
+                    // come back has folded its local admissions by then, so none is granted
+                    // again what another admitted locally.
+                    let settle = g.settings.policy == Policy::Local
+                        && g.settings.expected_instances > 1
+                        && b.state() == BreakerState::Open;
+                    let streak = b.streak.fetch_add(1, Relaxed).saturating_add(1);
+                    if g.fold(b).await && (!settle || streak >= SETTLE_PROBES) {
+                        b.streak.store(0, Relaxed);
+                        b.probe_ok();
+                    }
+                }
                 // Logged when its kind changes (e.g. Redis is back but out of memory); the probe
                 // has no clock, so a success clears it at once.
-                Err(e) => g.condition.failed(&e, 0, &g.store),
+                Err(e) => {
+                    b.streak.store(0, Relaxed);
+                    g.condition.failed(&e, 0, g.store.url());
+                }
             }
         }
+        if due.is_empty() && g.owed.pending.load(Relaxed) {
+            // Admitted locally while half-open, or left over by a failed fold.
+            g.fold(&g.breaker).await;
+        }
+    }
+}
+
+/// A Redis Cluster's per-master breakers.
+#[derive(Default)]
+struct Nodes {
+    /// (first slot, last slot, the breaker of the master serving them), sorted.
+    #[allow(clippy::type_complexity)]
+    slots: std::sync::RwLock<Vec<(u16, u16, Arc<Breaker>)>>,
+    /// Every master seen, by address.
+    by_addr: Mutex<HashMap<String, Arc<Breaker>>>,
+}
+
+/// A key's local admissions not yet folded into Redis.
+struct OwedKey {
+    rule: String,
+    quota: Quota,
+    cost: u64,
+    /// Local time the key's window ends (nothing to fold after it).
+    until: Micros,
+}
+
+/// What the `local` policy admitted per key, for [`Guarded::fold`].
+#[derive(Default)]
+struct Owed {
+    map: Mutex<HashMap<String, OwedKey>>,
+    /// The map may hold entries (the healthy path reads only this).
+    pending: std::sync::atomic::AtomicBool,
+    /// The time of the last local decision (the fold's clock: the probe has none).
+    last_now: AtomicU64,
+    keys: AtomicU64,
+    cost: AtomicU64,
+}
+
+impl Owed {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, OwedKey>> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn add(&self, now: Micros, items: &[CheckItem<'_>], decisions: &[Decision]) {
+        self.last_now.fetch_max(now, Relaxed);
+        let mut map = self.lock();
+        for (i, d) in items.iter().zip(decisions) {
+            if i.shadow || i.cost == 0 {
+                continue;
+            }
+            let until = now.saturating_add(d.reset_after.max(1));
+            if let Some(o) = map.get_mut(i.key).filter(|o| o.quota == *i.quota) {
+                o.cost = o.cost.saturating_add(i.cost);
+                o.until = o.until.max(until);
+                continue;
+            }
+            if map.len() >= OWED_MAX && !map.contains_key(i.key) {
+                continue;
+            }
+            map.insert(
+                i.key.to_owned(),
+                OwedKey {
+                    rule: i.rule.to_owned(),
+                    quota: *i.quota,
+                    cost: i.cost,
+                    until,
+                },
+            );
+        }
+        self.pending.store(true, Relaxed);
+    }
+
+    fn put_back(&self, key: String, o: OwedKey) {
+        self.lock().entry(key).or_insert(o);
+        self.pending.store(true, Relaxed);
+    }
+
+    fn take(&self) -> HashMap<String, OwedKey> {
+        self.pending.store(false, Relaxed);
+        std::mem::take(&mut *self.lock())
     }
 }
 
@@ -928,6 +1237,27 @@ mod tests {
             b.failure(FaultKind::Timeout, t0 + k * second / 10);
         }
         assert_eq!(b.state(), BreakerState::Open);
+    }
+
+    #[test]
+    fn answers_again_only_after_a_quiet_second() {
+        let store = "redis://127.0.0.1:1";
+        let c = Condition::default();
+        let lost = StoreError::Failed {
+            kind: FaultKind::ConnectionLost,
+            message: "lost".into(),
+        };
+        // A probe failure (no clock), then answers: the quiet second starts at the first one.
+        c.failed(&lost, 0, store);
+        assert!(!c.answered(5_000_000));
+        assert!(!c.answered(5_002_000), "2 ms after: not yet");
+        assert!(c.answered(6_000_000));
+        assert_eq!(c.get(), None);
+        // A request's failure at t: nothing before t + 1 s, once after.
+        c.failed(&lost, 7_000_000, store);
+        assert!(!c.answered(7_500_000));
+        assert!(c.answered(8_000_000));
+        assert!(!c.answered(8_000_001));
     }
 
     #[test]

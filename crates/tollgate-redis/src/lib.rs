@@ -20,6 +20,7 @@ pub mod guard;
 pub mod keys;
 pub mod script;
 pub mod sentinel;
+mod single;
 pub mod store;
 
 pub use guard::{Guarded, Policy, RedisSettings};

@@ -169,7 +169,9 @@ impl SentinelConn {
             .into_connection_info()?
             .redis_settings()
             .clone();
-        let mut node = SentinelNodeConnectionInfo::default().set_redis_connection_info(settings);
+        let mut node = SentinelNodeConnectionInfo::default()
+            .set_redis_connection_info(settings)
+            .set_tcp_settings(crate::single::tcp_settings());
         if let Some(insecure) = url.tls {
             node = node.set_tls_mode(if insecure {
                 TlsMode::Insecure

@@ -1,10 +1,12 @@
 //! [`RedisStore`]: connection handling, per-call timeouts, cluster slot groups and refunds.
 //!
-//! - **Connections.** One multiplexed connection per store (a [`ConnectionManager`], which
-//!   reconnects by itself; a cluster connection, which follows `MOVED`/`ASK` and topology
-//!   changes; or a connection to the master Redis Sentinel names, which follows failovers, see
-//!   [`crate::sentinel`]), shared by every concurrent caller: no connection per request, no
-//!   pool to size.
+//! - **Connections.** One multiplexed connection per store (to a single server, replaced when a
+//!   request goes unanswered past its bound, see `single.rs`; a cluster connection, which
+//!   follows `MOVED`/`ASK` and topology changes; or a connection to the master Redis Sentinel
+//!   names, which follows failovers, see [`crate::sentinel`]), shared by every concurrent caller:
+//!   no connection per request, no pool to size. Every socket has TCP keepalive and a user
+//!   timeout. A script call that finds its connection closed (a server restarted while idle)
+//!   is sent once more on the reconnected one before it counts as a failure.
 //! - **Cheap clones.** The store is an `Arc`; clone it into every handler.
 //! - **Timeouts.** Every call is bounded by [`RedisOptions::timeout`] (default 50 ms), and a
 //!   timeout is reported as [`StoreError::Timeout`], distinct from [`StoreError::Unavailable`], so
@@ -30,8 +32,9 @@
 use crate::keys::{self, KeyLayout};
 use crate::script::{self, Call, Mode, Reply};
 use crate::sentinel::{self, SentinelConn};
+use crate::single::{self, SingleConn};
 use futures_util::future::join_all;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManagerConfig;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{RedisError, Script};
@@ -82,7 +85,7 @@ impl Default for RedisOptions {
 
 #[derive(Clone)]
 enum Conn {
-    Single(ConnectionManager),
+    Single(Arc<SingleConn>),
     Cluster(ClusterConnection),
     Sentinel(Arc<SentinelConn>),
 }
@@ -246,6 +249,16 @@ pub fn classify(e: &RedisError, url: &str) -> StoreError {
             FaultKind::NoPermission,
             format!("the Redis user lacks a permission the rate-limit script needs: {detail}"),
         ),
+        // Through a cluster or Sentinel, READONLY is a failover under way (a replica answers
+        // for a master that is gone), not a wrong URL.
+        (K::Server(S::ReadOnly), _) if url.contains("+cluster://") => failed(
+            FaultKind::ReadOnly,
+            format!("a node of the Redis Cluster at {url} answered READONLY: a master is down or being replaced (failover under way); the cluster connection follows the new master when it is promoted"),
+        ),
+        (K::Server(S::ReadOnly), _) if url.contains("+sentinel://") => failed(
+            FaultKind::ReadOnly,
+            format!("the master Redis Sentinel named for {url} is a replica now (failover under way): asking the sentinels for the new master"),
+        ),
         (K::Server(S::ReadOnly), _) => failed(
             FaultKind::ReadOnly,
             format!("Redis at {url} is a read-only replica: point the store URL at the primary"),
@@ -392,7 +405,7 @@ impl RedisStore {
                 || url.starts_with("rediss://")
                 || url.starts_with("redis+unix://")
             {
-                let client = redis::Client::open(url).map_err(|e| {
+                let client = single::client(url).map_err(|e| {
                     StoreError::Unsupported(format!(
                         "store URL {}: {}",
                         redact(url),
@@ -401,11 +414,12 @@ impl RedisStore {
                 })?;
                 let cfg = manager_config(&opts);
                 let cm = if lazy {
-                    client.get_connection_manager_lazy(cfg)
+                    client.get_connection_manager_lazy(cfg.clone())
                 } else {
-                    client.get_connection_manager_with_config(cfg).await
+                    client.get_connection_manager_with_config(cfg.clone()).await
                 };
-                Ok(Conn::Single(cm.map_err(|e| classify(&e, &redact(url)))?))
+                let cm = cm.map_err(|e| classify(&e, &redact(url)))?;
+                Ok(Conn::Single(Arc::new(SingleConn::new(client, cfg, cm))))
             } else {
                 Err(StoreError::Unsupported(format!(
                     "store URL {} (expected redis://, rediss://, redis+cluster://, rediss+cluster://, redis+sentinel://, rediss+sentinel:// or redis+unix://)",
@@ -477,6 +491,7 @@ impl RedisStore {
         let nodes = cluster_nodes(scheme, rest)?;
         let url = redact(&format!("{scheme}+cluster://{rest}"));
         let client = ClusterClient::builder(nodes)
+            .tcp_settings(single::tcp_settings())
             .connection_timeout(opts.connect_timeout)
             .response_timeout(opts.timeout + opts.patience)
             .build()
@@ -538,21 +553,112 @@ impl RedisStore {
     /// (`SET <prefix>:probe 1 PX 10000`). Fails, unlike [`RedisStore::ping`], while Redis
     /// refuses writes (out of memory, read-only replica).
     ///
-    /// Bounded by the connect timeout, not the per-call one: a probe is not on a request's path,
-    /// and while Redis is down it must wait for the reconnection to say why (connection refused,
-    /// authentication, ...) rather than report a timeout of its own.
+    /// Bounded by the connect timeout plus the per-call timeout, not the per-call one alone: a
+    /// probe is not on a request's path, and while Redis is down it must wait for the
+    /// connection to say why (connection refused, authentication, ...) rather than report a
+    /// timeout of its own; a timeout it reports names that bound.
+    ///
+    /// On a single server the probe dials a connection of its own: a shared connection that went
+    /// silent would keep every probe from seeing the server come back. When that probe succeeds
+    /// after a failure, the shared connection is replaced too.
     pub async fn probe(&self) -> Result<(), StoreError> {
         let mut cmd = redis::cmd("SET");
         cmd.arg(format!("{}:probe", self.inner.opts.prefix))
             .arg(1)
             .arg("PX")
             .arg(10_000);
-        let bound = self.inner.opts.timeout.max(self.inner.opts.connect_timeout);
-        let r = self
-            .bounded(bound, self.exec::<String>(&cmd))
-            .await
-            .map(|_| ());
-        self.record(r)
+        let opts = &self.inner.opts;
+        let bound = opts.connect_timeout + opts.timeout;
+        let r = match &self.inner.conn {
+            Conn::Single(s) => {
+                let was_healthy = self.is_healthy();
+                let r = self
+                    .bounded(bound, async {
+                        let mut c = s.fresh(opts.connect_timeout, bound).await?;
+                        cmd.query_async::<String>(&mut c).await
+                    })
+                    .await;
+                if r.is_ok() && !was_healthy {
+                    s.replace(
+                        "the probe reached Redis on a new connection after a failure",
+                        &self.inner.url,
+                        true,
+                    );
+                }
+                r
+            }
+            _ => self.bounded(bound, self.exec::<String>(&cmd)).await,
+        };
+        self.record(r.map(|_| ()))
+    }
+
+    /// A Redis Cluster's masters and the slot ranges each serves (`CLUSTER SLOTS`, asked of any
+    /// node): `(first slot, last slot, "host:port")`. Empty for a single server or Sentinel.
+    pub async fn slot_owners(&self) -> Result<Vec<(u16, u16, String)>, StoreError> {
+        if !self.is_cluster() {
+            return Ok(Vec::new());
+        }
+        let v: redis::Value = self
+            .query(&redis::cmd("CLUSTER").arg("SLOTS").clone())
+            .await?;
+        let int = |v: &redis::Value| match v {
+            redis::Value::Int(i) => u16::try_from(*i).ok(),
+            _ => None,
+        };
+        let text = |v: &redis::Value| match v {
+            redis::Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+            redis::Value::SimpleString(s) => Some(s.clone()),
+            _ => None,
+        };
+        let mut owners = Vec::new();
+        if let redis::Value::Array(ranges) = v {
+            for r in ranges {
+                let redis::Value::Array(r) = r else { continue };
+                let (Some(first), Some(last), Some(redis::Value::Array(master))) =
+                    (r.first().and_then(int), r.get(1).and_then(int), r.get(2))
+                else {
+                    continue;
+                };
+                let (Some(host), Some(redis::Value::Int(port))) =
+                    (master.first().and_then(text), master.get(1))
+                else {
+                    continue;
+                };
+                owners.push((first, last, format!("{host}:{port}")));
+            }
+        }
+        owners.sort();
+        Ok(owners)
+    }
+
+    /// The cluster slot of `item`'s counter.
+    pub fn slot_of(&self, item: &CheckItem<'_>) -> u16 {
+        let opts = &self.inner.opts;
+        let (main, _) = keys::counter_keys_in(opts.key_layout, &opts.prefix, item.key, item.quota);
+        keys::slot(&main)
+    }
+
+    /// [`RedisStore::probe`] of the cluster node that serves `ranges` (inclusive slot ranges):
+    /// the same write, on a key whose slot is in them.
+    pub async fn probe_slots(&self, ranges: &[(u16, u16)]) -> Result<(), StoreError> {
+        let prefix = &self.inner.opts.prefix;
+        // About one in (16384 / slots served) tags lands in the ranges: a few tries.
+        let key = (0u32..1 << 20)
+            .map(|n| format!("{prefix}:{{probe-{n}}}"))
+            .find(|k| {
+                let s = keys::slot(k);
+                ranges.iter().any(|&(a, b)| (a..=b).contains(&s))
+            })
+            .ok_or_else(|| StoreError::Unsupported("no slot to probe".into()))?;
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(key).arg(1).arg("PX").arg(10_000);
+        let opts = &self.inner.opts;
+        self.bounded(
+            opts.connect_timeout + opts.timeout,
+            self.exec::<String>(&cmd),
+        )
+        .await
+        .map(|_| ())
     }
 
     /// One command on the store's connection, bounded by `bound`, for callers that keep data of
@@ -573,7 +679,7 @@ impl RedisStore {
 
     async fn exec<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, RedisError> {
         match self.inner.conn.clone() {
-            Conn::Single(mut c) => cmd.query_async::<T>(&mut c).await,
+            Conn::Single(s) => cmd.query_async::<T>(&mut s.conn()).await,
             Conn::Cluster(mut c) => cmd.query_async::<T>(&mut c).await,
             Conn::Sentinel(s) => cmd.query_async::<T>(&mut s.master().await?).await,
         }
@@ -586,15 +692,29 @@ impl RedisStore {
                 if !self.inner.healthy.load(Ordering::Relaxed) {
                     self.inner.healthy.store(true, Ordering::Relaxed);
                 }
+                if let Conn::Single(s) = &self.inner.conn {
+                    s.answered();
+                }
             }
             Err(StoreError::Unsupported(_)) => {}
             Err(e) => {
                 let kind = e.kind();
                 if kind.is_outage() {
                     self.inner.healthy.store(false, Ordering::Relaxed);
-                    // Refused, lost, read-only, timed out: what a failover looks like.
-                    if let Conn::Sentinel(s) = &self.inner.conn {
-                        s.suspect();
+                    match &self.inner.conn {
+                        // Refused, lost, read-only, timed out: what a failover looks like.
+                        Conn::Sentinel(s) => s.suspect(),
+                        // Unanswered past its bound: the connection is dead, whatever the
+                        // server is doing (with back-off: a server that is down is not
+                        // dialled in a loop).
+                        Conn::Single(s) if kind == FaultKind::Timeout => {
+                            s.replace(
+                                "a request went unanswered past its timeout",
+                                &self.inner.url,
+                                false,
+                            );
+                        }
+                        _ => {}
                     }
                 } else {
                     // The server answered: it is up, whatever this key or write did.
@@ -659,10 +779,33 @@ impl RedisStore {
         let eval = || cmd("EVAL", script::SOURCE);
         let v: Vec<i64> = self
             .bounded(bound, async {
-                match self.inner.conn.clone() {
-                    Conn::Single(mut c) => eval_or_load(&mut c, &evalsha, eval).await,
-                    Conn::Cluster(mut c) => eval_or_load(&mut c, &evalsha, eval).await,
-                    Conn::Sentinel(s) => eval_or_load(&mut s.master().await?, &evalsha, eval).await,
+                let mut retried = false;
+                loop {
+                    let r = match self.inner.conn.clone() {
+                        Conn::Single(s) => eval_or_load(&mut s.conn(), &evalsha, &eval).await,
+                        Conn::Cluster(mut c) => match eval_or_load(&mut c, &evalsha, &eval).await {
+                            Err(e)
+                                if e.kind()
+                                    == redis::ErrorKind::Server(redis::ServerErrorKind::Ask) =>
+                            {
+                                follow_ask(&mut c, &e, &evalsha, &eval).await
+                            }
+                            r => r,
+                        },
+                        Conn::Sentinel(s) => {
+                            eval_or_load(&mut s.master().await?, &evalsha, &eval).await
+                        }
+                    };
+                    match r {
+                        // The connection was found closed (a server restarted while the
+                        // connection sat idle): the manager has reconnected; once more on the
+                        // new connection, within the same bound. (The cluster client retries
+                        // on its own.)
+                        Err(e) if !retried && !self.is_cluster() && closed_under_us(&e) => {
+                            retried = true;
+                        }
+                        r => return r,
+                    }
                 }
             })
             .await?;
@@ -951,12 +1094,70 @@ fn manager_config(opts: &RedisOptions) -> ConnectionManagerConfig {
 async fn eval_or_load(
     c: &mut impl redis::aio::ConnectionLike,
     evalsha: &redis::Cmd,
-    eval: impl FnOnce() -> redis::Cmd,
+    eval: impl Fn() -> redis::Cmd,
 ) -> Result<Vec<i64>, RedisError> {
     match evalsha.query_async(c).await {
         Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
             eval().query_async(c).await
         }
+        r => r,
+    }
+}
+
+/// Whether `e` says the connection was closed or reset under the call (not refused, not timed
+/// out): the manager reconnects on such an error, so one more try is worth it.
+fn closed_under_us(e: &RedisError) -> bool {
+    !e.is_timeout()
+        && !e.is_connection_refusal()
+        && (e.is_connection_dropped() || e.kind() == redis::ErrorKind::Io)
+}
+
+/// A slot is migrating and the key is already on the node `ASK` names: send `ASKING` and the
+/// script call there as one pipeline, so that no other request's command on the shared
+/// connection can come between them and consume the `ASKING` (the cluster client sends
+/// `ASKING` on its own and waits for its reply first, which loses that race under load and
+/// ends in the `ASK` error surfacing). `NOSCRIPT` on that node: the same with `EVAL`.
+async fn follow_ask(
+    c: &mut ClusterConnection,
+    ask: &RedisError,
+    evalsha: &redis::Cmd,
+    eval: impl Fn() -> redis::Cmd,
+) -> Result<Vec<i64>, RedisError> {
+    use redis::cluster_routing::SingleNodeRoutingInfo;
+    let Some((host, port)) = ask
+        .redirect_node()
+        .and_then(|(addr, _)| addr.rsplit_once(':'))
+        .and_then(|(h, p)| Some((h.to_string(), p.parse::<u16>().ok()?)))
+    else {
+        return Err(ask.clone());
+    };
+    let route = || SingleNodeRoutingInfo::ByAddress {
+        host: host.clone(),
+        port,
+    };
+    let asking = |cmd: redis::Cmd| {
+        let mut p = redis::pipe();
+        p.cmd("ASKING").add_command(cmd);
+        p
+    };
+    let once = |v: Vec<redis::Value>| -> Result<Vec<i64>, RedisError> {
+        let v = v.into_iter().next().ok_or_else(|| {
+            RedisError::from((
+                redis::ErrorKind::Client,
+                "no reply to an ASK-redirected call",
+            ))
+        })?;
+        Ok(redis::from_redis_value(v.extract_error()?)?)
+    };
+    match c
+        .route_pipeline(asking(evalsha.clone()), 1, 1, route())
+        .await
+        .and_then(once)
+    {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => c
+            .route_pipeline(asking(eval()), 1, 1, route())
+            .await
+            .and_then(once),
         r => r,
     }
 }

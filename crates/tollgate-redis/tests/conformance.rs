@@ -26,7 +26,7 @@ pub fn replay_options(what: &str) -> RedisOptions {
 fn edge_case_suite_matches_memory_store() {
     let rt = runtime();
     rt.block_on(async {
-        let store = RedisStore::connect(support::SHARED_URL, replay_options("conf"))
+        let store = RedisStore::connect(support::shared_url(), replay_options("conf"))
             .await
             .unwrap();
         let all = traces();
@@ -34,7 +34,7 @@ fn edge_case_suite_matches_memory_store() {
         for t in &all {
             replay(&store, t).await;
         }
-        support::delete_prefix(support::SHARED_URL, &store.options().prefix);
+        support::delete_prefix(support::shared_url(), &store.options().prefix);
     });
 }
 
@@ -43,7 +43,7 @@ fn random_traces_match_memory_store() {
     let rt = runtime();
     let store = rt
         .block_on(RedisStore::connect(
-            support::SHARED_URL,
+            support::shared_url(),
             replay_options("prop"),
         ))
         .unwrap();
@@ -56,7 +56,7 @@ fn random_traces_match_memory_store() {
             })
             .unwrap_or_else(|e| panic!("{alg}: {e}"));
     }
-    support::delete_prefix(support::SHARED_URL, &store.options().prefix);
+    support::delete_prefix(support::shared_url(), &store.options().prefix);
 }
 
 /// envoyproxy/ratelimit's key layout (a key per window, `INCRBY`/`EXPIRE`) decides as the
@@ -76,7 +76,7 @@ fn envoy_key_layout_matches_memory_store() {
         ..base
     };
     let store = rt
-        .block_on(RedisStore::connect(support::SHARED_URL, opts))
+        .block_on(RedisStore::connect(support::shared_url(), opts))
         .unwrap();
     rt.block_on(async {
         for t in traces().iter().filter(|t| {
@@ -100,6 +100,6 @@ fn envoy_key_layout_matches_memory_store() {
             Ok(())
         })
         .unwrap();
-    let written = support::delete_prefix(support::SHARED_URL, &ns);
+    let written = support::delete_prefix(support::shared_url(), &ns);
     assert!(written > 0, "envoy keys written");
 }

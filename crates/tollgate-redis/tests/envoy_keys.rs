@@ -6,7 +6,7 @@
 mod support;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use support::{envoy_incr, runtime, SHARED_URL};
+use support::{envoy_incr, runtime, shared_url};
 use tollgate_core::rules::counter_key;
 use tollgate_core::{Algorithm, CheckItem, Micros, Quota, Unit};
 use tollgate_redis::{KeyLayout, RedisOptions, RedisStore};
@@ -14,7 +14,7 @@ use tollgate_redis::{KeyLayout, RedisOptions, RedisStore};
 const SECOND: Micros = 1_000_000;
 
 fn con() -> redis::Connection {
-    redis::Client::open(SHARED_URL)
+    redis::Client::open(shared_url())
         .unwrap()
         .get_connection()
         .unwrap()
@@ -31,7 +31,9 @@ fn envoy_and_tollgate_share_one_counter() {
         timeout: Duration::from_secs(3),
         ..RedisOptions::default()
     };
-    let store = rt.block_on(RedisStore::connect(SHARED_URL, opts)).unwrap();
+    let store = rt
+        .block_on(RedisStore::connect(shared_url(), opts))
+        .unwrap();
     let quota = Quota::new(5, Unit::Minute).with_algorithm(Algorithm::EnvoyFixedWindow);
     let key = counter_key("users", &[("user", "alice"), ("path", "/a_b")]);
     // Early in a real minute, so the key's window is the one envoy would use now.

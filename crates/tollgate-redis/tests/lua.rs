@@ -10,7 +10,7 @@ use tollgate_core::{Micros, Period, Unit};
 const COMMON: &str = include_str!("../scripts/common.lua");
 
 fn eval(body: &str, args: &[u64]) -> Vec<i64> {
-    let mut con = redis::Client::open(support::SHARED_URL)
+    let mut con = redis::Client::open(support::shared_url())
         .unwrap()
         .get_connection()
         .unwrap();

@@ -8,7 +8,7 @@ mod support;
 use proptest::prelude::*;
 use std::time::Duration;
 use support::conformance::{replay, runner, Req, Step, Trace};
-use support::SHARED_URL;
+use support::shared_url;
 use tollgate_core::{Algorithm, CheckItem, Decision, MemoryStore, Micros, Quota, Store, Unit};
 use tollgate_redis::keys::counter_keys;
 use tollgate_redis::script::{invocation, script, Call, Mode};
@@ -33,7 +33,7 @@ fn options(what: &str) -> RedisOptions {
 
 /// A store on the shared Redis under a fresh prefix for `what`.
 async fn store(what: &str) -> RedisStore {
-    RedisStore::connect(SHARED_URL, options(what))
+    RedisStore::connect(shared_url(), options(what))
         .await
         .unwrap()
 }
@@ -50,7 +50,7 @@ fn item<'a>(key: &'a str, quota: &'a Quota, cost: u64) -> CheckItem<'a> {
 }
 
 fn con() -> redis::Connection {
-    redis::Client::open(SHARED_URL)
+    redis::Client::open(shared_url())
         .unwrap()
         .get_connection()
         .unwrap()
@@ -131,7 +131,7 @@ async fn pruning_is_capped_per_call_and_decisions_stay_exact() {
     assert!(calls >= 10, "the cap never applied");
     let d = both(&store, &mem, key, &q, now, 0).await;
     assert!(d.allowed);
-    support::delete_prefix(SHARED_URL, &store.options().prefix);
+    support::delete_prefix(shared_url(), &store.options().prefix);
 }
 
 /// A refunded entry in the middle of the log (entries logged after it): the refund removes it
@@ -141,7 +141,7 @@ async fn refund_in_the_middle_keeps_later_costs() {
     let store = store("slog-refund").await;
     let prefix = store.options().prefix.clone();
     let lua = script();
-    let con = redis::Client::open(SHARED_URL)
+    let con = redis::Client::open(shared_url())
         .unwrap()
         .get_multiplexed_async_connection()
         .await
@@ -192,7 +192,7 @@ async fn refund_in_the_middle_keeps_later_costs() {
         run(T0 + MINUTE + 3, "h", Mode::Check, 0).await,
         (true, 20, -1)
     );
-    support::delete_prefix(SHARED_URL, &prefix);
+    support::delete_prefix(shared_url(), &prefix);
 }
 
 /// A log written by the previous layout (member "<time>:<cost>:<id>:<index>", sum key = the plain
@@ -245,8 +245,8 @@ async fn previous_layout_is_read() {
         .await
         .unwrap();
     assert_eq!(d[0].remaining, 6);
-    support::assert_every_key_has_a_ttl(SHARED_URL, &store.options().prefix);
-    support::delete_prefix(SHARED_URL, &store.options().prefix);
+    support::assert_every_key_has_a_ttl(shared_url(), &store.options().prefix);
+    support::delete_prefix(shared_url(), &store.options().prefix);
 }
 
 /// Running totals near 2^52 (a log that never emptied through ~2^52 of admitted cost) are
@@ -301,7 +301,7 @@ async fn running_totals_are_renumbered_before_2_pow_52() {
     assert_eq!(d.remaining, 13);
     let d = check(T0 + MINUTE + SECOND, 11).await;
     assert_eq!((d.allowed, d.remaining), (true, 7));
-    support::delete_prefix(SHARED_URL, &store.options().prefix);
+    support::delete_prefix(shared_url(), &store.options().prefix);
 }
 
 /// Clock steps on both stores: quota used after a day's jump forward stays used after the
@@ -337,7 +337,7 @@ async fn clock_steps_keep_retry_within_the_period() {
     // A period after that, the quota is back.
     let d = both(&store, &mem, key, &q, T0 - 365 * DAY + MINUTE, 1).await;
     assert!(d.allowed, "{d:?}");
-    support::delete_prefix(SHARED_URL, &store.options().prefix);
+    support::delete_prefix(shared_url(), &store.options().prefix);
 }
 
 /// Random long logs (limits in the hundreds, hundreds of requests, costs up to 4, a key repeated
@@ -347,7 +347,7 @@ async fn clock_steps_keep_retry_within_the_period() {
 fn random_long_logs_match_memory_store() {
     let rt = support::runtime();
     let store = rt
-        .block_on(RedisStore::connect(SHARED_URL, options("slog-random")))
+        .block_on(RedisStore::connect(shared_url(), options("slog-random")))
         .unwrap();
     let strategy = (
         50u64..400,
@@ -400,5 +400,5 @@ fn random_long_logs_match_memory_store() {
             Ok(())
         })
         .unwrap();
-    support::delete_prefix(SHARED_URL, &store.options().prefix);
+    support::delete_prefix(shared_url(), &store.options().prefix);
 }

@@ -7,7 +7,7 @@ mod support;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use support::{RedisServer, SHARED_URL};
+use support::{shared_url, RedisServer};
 use tollgate_core::{Algorithm, CheckItem, Micros, Period, Quota, StoreError, Unit};
 use tollgate_redis::keys::counter_keys;
 use tollgate_redis::{RedisOptions, RedisStore};
@@ -62,16 +62,16 @@ async fn hammer(store: &RedisStore, key: &str, quota: Quota, tasks: usize, attem
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_callers_admit_exactly_the_limit() {
-    let store = RedisStore::connect(SHARED_URL, options("conc"))
+    let store = RedisStore::connect(shared_url(), options("conc"))
         .await
         .unwrap();
     // Window algorithms need the run inside one minute: start early in a minute.
-    let now = redis_time(SHARED_URL);
+    let now = redis_time(shared_url());
     let into_minute = now % 60_000_000;
     if into_minute > 30_000_000 {
         tokio::time::sleep(Duration::from_micros(60_000_000 - into_minute + 50_000)).await;
     }
-    let start = redis_time(SHARED_URL);
+    let start = redis_time(shared_url());
     let per_minute = |alg| Quota::new(1000, Unit::Minute).with_algorithm(alg);
     let log = hammer(
         &store,
@@ -100,7 +100,7 @@ async fn concurrent_callers_admit_exactly_the_limit() {
     let gcra = hammer(&store, "gcra", per_minute(Algorithm::Gcra), 64, 5000).await;
     let bucket_q = per_minute(Algorithm::TokenBucket).with_burst(1000);
     let bucket = hammer(&store, "bucket", bucket_q, 64, 5000).await;
-    let end = redis_time(SHARED_URL);
+    let end = redis_time(shared_url());
     assert_eq!(start / 60_000_000, end / 60_000_000, "run crossed a minute");
     assert_eq!(log, 1000, "sliding log");
     assert_eq!(fixed, 1000, "fixed window");
@@ -128,13 +128,13 @@ async fn concurrent_callers_admit_exactly_the_limit() {
     let lq = per_day(Algorithm::LeakyBucket);
     assert_eq!(hammer(&store, "leaky-d", lq, 64, 5000).await, 1000);
 
-    support::assert_every_key_has_a_ttl(SHARED_URL, &store.options().prefix);
-    support::delete_prefix(SHARED_URL, &store.options().prefix);
+    support::assert_every_key_has_a_ttl(shared_url(), &store.options().prefix);
+    support::delete_prefix(shared_url(), &store.options().prefix);
 }
 
 #[tokio::test]
 async fn every_key_has_a_ttl_and_full_counters_are_deleted() {
-    let store = RedisStore::connect(SHARED_URL, options("ttl"))
+    let store = RedisStore::connect(shared_url(), options("ttl"))
         .await
         .unwrap();
     let algs = support::conformance::ALGORITHMS;
@@ -148,7 +148,7 @@ async fn every_key_has_a_ttl_and_full_counters_are_deleted() {
         }
     }
     // a and b hold usage (the log has two keys each); c was only queried: nothing stored.
-    let n = support::assert_every_key_has_a_ttl(SHARED_URL, &store.options().prefix);
+    let n = support::assert_every_key_has_a_ttl(shared_url(), &store.options().prefix);
     assert_eq!(n, 2 * (algs.len() + 1));
 
     // A counter that is back to full is deleted.
@@ -157,7 +157,7 @@ async fn every_key_has_a_ttl_and_full_counters_are_deleted() {
     let short = Quota::new(1, Unit::Second).with_algorithm(Algorithm::Gcra);
     store.check(None, &[item("z", &short, 1)]).await.unwrap();
     let (zkey, _) = counter_keys(&store.options().prefix, "z", &short);
-    let mut con = redis::Client::open(SHARED_URL)
+    let mut con = redis::Client::open(shared_url())
         .unwrap()
         .get_connection()
         .unwrap();
@@ -166,12 +166,12 @@ async fn every_key_has_a_ttl_and_full_counters_are_deleted() {
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let exists: i64 = redis::cmd("EXISTS").arg(&zkey).query(&mut con).unwrap();
     assert_eq!(exists, 0);
-    support::delete_prefix(SHARED_URL, &store.options().prefix);
+    support::delete_prefix(shared_url(), &store.options().prefix);
 }
 
 #[tokio::test]
 async fn hostile_counter_keys_stay_distinct_and_independent() {
-    let store = RedisStore::connect(SHARED_URL, options("inj"))
+    let store = RedisStore::connect(shared_url(), options("inj"))
         .await
         .unwrap();
     let prefix = store.options().prefix.clone();
@@ -246,9 +246,9 @@ async fn hostile_counter_keys_stay_distinct_and_independent() {
         let d = store.check(None, &[item(v, &q, 1)]).await.unwrap();
         assert!(!d[0].allowed, "{v:?}");
     }
-    let n = support::assert_every_key_has_a_ttl(SHARED_URL, &prefix);
+    let n = support::assert_every_key_has_a_ttl(shared_url(), &prefix);
     assert_eq!(n, values.len());
-    support::delete_prefix(SHARED_URL, &prefix);
+    support::delete_prefix(shared_url(), &prefix);
 }
 
 #[tokio::test]
@@ -348,7 +348,7 @@ async fn auth_from_url_and_password_redacted() {
 
 #[tokio::test]
 async fn server_time_by_default() {
-    let store = RedisStore::connect(SHARED_URL, options("time"))
+    let store = RedisStore::connect(shared_url(), options("time"))
         .await
         .unwrap();
     let q = Quota::new(5, Unit::Second).with_algorithm(Algorithm::Gcra);
@@ -364,12 +364,12 @@ async fn server_time_by_default() {
     if !last.allowed {
         assert!(last.retry_after.is_some_and(|r| r > 0 && r <= 200_000));
     }
-    support::delete_prefix(SHARED_URL, &store.options().prefix);
+    support::delete_prefix(shared_url(), &store.options().prefix);
 }
 
 #[tokio::test]
 async fn unsupported_quotas_are_rejected_with_a_reason() {
-    let store = RedisStore::connect(SHARED_URL, options("unsup"))
+    let store = RedisStore::connect(shared_url(), options("unsup"))
         .await
         .unwrap();
     let cms = Quota::new(5, Unit::Second).with_algorithm(Algorithm::CountMinSketch);
@@ -473,12 +473,12 @@ async fn script_flush_under_concurrent_load_fails_no_call() {
 #[tokio::test]
 async fn refund_never_comes_off_a_later_window() {
     use tollgate_redis::script::{invocation, script, Call, Mode};
-    let store = RedisStore::connect(SHARED_URL, options("refund-window"))
+    let store = RedisStore::connect(shared_url(), options("refund-window"))
         .await
         .unwrap();
     let prefix = store.options().prefix.clone();
     let lua = script();
-    let mut con = redis::Client::open(SHARED_URL)
+    let mut con = redis::Client::open(shared_url())
         .unwrap()
         .get_multiplexed_async_connection()
         .await
@@ -520,5 +520,5 @@ async fn refund_never_comes_off_a_later_window() {
             "{alg}: refunded a window it never counted in"
         );
     }
-    support::delete_prefix(SHARED_URL, &prefix);
+    support::delete_prefix(shared_url(), &prefix);
 }

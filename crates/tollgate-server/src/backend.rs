@@ -179,6 +179,9 @@ pub fn render_backend_metrics(out: &mut String, backend: &Backend) {
     }
 }
 
+/// A plain counter of every store: its name, help text and reading.
+type Counter<'a> = (&'a str, &'a str, &'a dyn Fn(&Guarded) -> u64);
+
 fn render_stores(out: &mut String, stores: &[(Option<&str>, &Guarded)]) {
     let rows = |label: &str, f: &dyn Fn(&Guarded) -> Vec<(&'static str, u64)>| {
         let mut rows = Vec::new();
@@ -233,13 +236,29 @@ fn render_stores(out: &mut String, stores: &[(Option<&str>, &Guarded)]) {
         let labels = store.map_or(String::new(), |s| format!("{{store=\"{s}\"}}"));
         (labels, f(g))
     };
-    let _ = writeln!(
-        out,
-        "# HELP tollgate_redis_slow_calls_total Redis calls slower than the per-call timeout (waited for while Redis answers others).\n# TYPE tollgate_redis_slow_calls_total counter"
-    );
-    for (store, g) in stores {
-        let (labels, n) = plain(g, store, &|g| g.slow_calls());
-        let _ = writeln!(out, "tollgate_redis_slow_calls_total{labels} {n}");
+    let counters: [Counter<'_>; 3] = [
+        (
+            "tollgate_redis_slow_calls_total",
+            "Redis calls slower than the per-call timeout (waited for while Redis answers others).",
+            &|g| g.slow_calls(),
+        ),
+        (
+            "tollgate_store_folded_keys_total",
+            "Keys whose local admissions during an outage were folded into Redis when it answered again.",
+            &|g| g.folded().0,
+        ),
+        (
+            "tollgate_store_folded_cost_total",
+            "Hits admitted locally during an outage and folded into Redis when it answered again.",
+            &|g| g.folded().1,
+        ),
+    ];
+    for (name, help, f) in counters {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        for (store, g) in stores {
+            let (labels, n) = plain(g, store, f);
+            let _ = writeln!(out, "{name}{labels} {n}");
+        }
     }
     let cached: Vec<_> = stores
         .iter()

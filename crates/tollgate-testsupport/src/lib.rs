@@ -19,6 +19,21 @@ use std::time::{Duration, Instant};
 /// The shared Redis every test may use (with its own prefix).
 pub const SHARED_URL: &str = "redis://127.0.0.1:6379";
 
+/// The shared server of this run: `TOLLGATE_TEST_REDIS_URL` when set (scripts/test.sh runs the
+/// store suites a second time against a Valkey server that way), else [`SHARED_URL`].
+pub fn shared_url() -> &'static str {
+    static URL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    URL.get_or_init(|| {
+        std::env::var("TOLLGATE_TEST_REDIS_URL").unwrap_or_else(|_| SHARED_URL.to_string())
+    })
+}
+
+/// The server binary the throwaway servers run: `TOLLGATE_TEST_REDIS_SERVER` when set (a
+/// `valkey-server`), else `redis-server` from the `PATH`.
+pub fn server_binary() -> String {
+    std::env::var("TOLLGATE_TEST_REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_string())
+}
+
 fn random() -> u64 {
     static N: AtomicU64 = AtomicU64::new(0);
     std::collections::hash_map::RandomState::new().hash_one((
@@ -46,7 +61,7 @@ fn free_port() -> u16 {
 
 /// `redis-server ARGS` with persistence off, data in `dir`, output discarded.
 fn spawn_redis(args: &[&str], dir: &std::path::Path) -> Child {
-    Command::new("redis-server")
+    Command::new(server_binary())
         .args(args)
         .args(["--save", "", "--appendonly", "no"])
         .arg("--dir")
@@ -54,7 +69,7 @@ fn spawn_redis(args: &[&str], dir: &std::path::Path) -> Child {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .expect("redis-server must be installed")
+        .unwrap_or_else(|e| panic!("{} must be installed: {e}", server_binary()))
 }
 
 /// A fresh directory under the system temp dir, unique to this process and moment.
@@ -305,16 +320,23 @@ pub struct Cluster {
 impl Cluster {
     /// Start the nodes, create the cluster and wait for `cluster_state:ok` on every node.
     pub fn start(masters: usize) -> Cluster {
+        Self::start_with(masters, &[])
+    }
+
+    /// [`Cluster::start`] with extra server arguments on every node.
+    pub fn start_with(masters: usize, extra: &[&str]) -> Cluster {
         let nodes: Vec<RedisServer> = (0..masters)
             .map(|_| {
-                RedisServer::start(&[
+                let mut args = vec![
                     "--cluster-enabled",
                     "yes",
                     "--cluster-config-file",
                     "nodes.conf",
                     "--cluster-node-timeout",
                     "5000",
-                ])
+                ];
+                args.extend(extra);
+                RedisServer::start(&args)
             })
             .collect();
         let addrs: Vec<String> = nodes
@@ -569,4 +591,162 @@ pub fn envoy_incr(c: &mut redis::Connection, key: &str, hits: u64, secs: u64) ->
         .query(c)
         .unwrap();
     n
+}
+
+/// What a [`FaultProxy`] does with the bytes of a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ProxyMode {
+    /// Forward both ways.
+    Pass = 0,
+    /// Drop every byte both ways, silently: connections stay open, nothing arrives (a
+    /// partition, a black-holed route). Bytes dropped meanwhile are gone for good.
+    BlackHole = 1,
+    /// Stop reading: bytes wait in the kernel's buffers and flow again when the mode changes
+    /// (a stalled peer or link).
+    Stall = 2,
+}
+
+struct ProxyState {
+    mode: std::sync::atomic::AtomicU8,
+    /// Connections accepted before this generation are dead for good (see
+    /// [`FaultProxy::lose_connections`]).
+    cut: AtomicU64,
+    generation: AtomicU64,
+    accepted: AtomicU64,
+    stop: std::sync::atomic::AtomicBool,
+    streams: std::sync::Mutex<Vec<TcpStream>>,
+}
+
+/// A TCP proxy on a free loopback port in front of `127.0.0.1:<upstream>` that can stall,
+/// black-hole or silently lose connections on demand, as a network between a service and its
+/// store does (a lost NAT or conntrack entry, a moved virtual IP, a silent peer). Threads, no
+/// runtime; everything stops on drop.
+pub struct FaultProxy {
+    /// The proxy's port on 127.0.0.1.
+    pub port: u16,
+    state: std::sync::Arc<ProxyState>,
+    accept: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FaultProxy {
+    /// Listen on `127.0.0.1:0` and forward each connection to `127.0.0.1:upstream`.
+    pub fn start(upstream: u16) -> FaultProxy {
+        use std::sync::Arc;
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+        let port = listener.local_addr().unwrap().port();
+        let state = Arc::new(ProxyState {
+            mode: std::sync::atomic::AtomicU8::new(ProxyMode::Pass as u8),
+            cut: AtomicU64::new(0),
+            generation: AtomicU64::new(0),
+            accepted: AtomicU64::new(0),
+            stop: Default::default(),
+            streams: Default::default(),
+        });
+        let st = state.clone();
+        let accept = std::thread::spawn(move || {
+            for client in listener.incoming() {
+                if st.stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                let Ok(client) = client else { continue };
+                st.accepted.fetch_add(1, Ordering::Relaxed);
+                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                    continue;
+                };
+                let generation = st.generation.load(Ordering::Relaxed);
+                {
+                    let mut streams = st.streams.lock().unwrap();
+                    streams.extend(client.try_clone().ok());
+                    streams.extend(server.try_clone().ok());
+                }
+                for (from, to) in [
+                    (client.try_clone(), server.try_clone()),
+                    (server.try_clone(), client.try_clone()),
+                ] {
+                    let (Ok(from), Ok(to)) = (from, to) else {
+                        continue;
+                    };
+                    let st = st.clone();
+                    std::thread::spawn(move || pump(from, to, generation, &st));
+                }
+            }
+        });
+        FaultProxy {
+            port,
+            state,
+            accept: Some(accept),
+        }
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Change what happens to the bytes of every connection (old and new).
+    pub fn set(&self, mode: ProxyMode) {
+        self.state.mode.store(mode as u8, Ordering::Relaxed);
+    }
+
+    /// Every connection open now is lost for good: its bytes are dropped from now on, whatever
+    /// the mode, and it is never closed (the peers are not told). Connections made later pass
+    /// as the mode says.
+    pub fn lose_connections(&self) {
+        let g = self.state.generation.fetch_add(1, Ordering::Relaxed) + 1;
+        self.state.cut.store(g, Ordering::Relaxed);
+    }
+
+    /// Connections accepted so far.
+    pub fn accepted(&self) -> u64 {
+        self.state.accepted.load(Ordering::Relaxed)
+    }
+}
+
+/// Copy `from` to `to` as the proxy's mode says, until either side closes.
+fn pump(mut from: TcpStream, mut to: TcpStream, generation: u64, st: &ProxyState) {
+    use std::io::{Read, Write};
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        // Stalled: do not read, so the bytes wait in the kernel (polled: this is the proxy's
+        // own loop, not a test's synchronisation).
+        while st.mode.load(Ordering::Relaxed) == ProxyMode::Stall as u8
+            && !st.stop.load(Ordering::Relaxed)
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if st.stop.load(Ordering::Relaxed) {
+            break;
+        }
+        let lost = generation < st.cut.load(Ordering::Relaxed);
+        let black = st.mode.load(Ordering::Relaxed) == ProxyMode::BlackHole as u8;
+        if lost || black {
+            continue;
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    // A lost connection stays open: its peer must find out by itself.
+    if generation >= st.cut.load(Ordering::Relaxed) {
+        let _ = to.shutdown(std::net::Shutdown::Write);
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.state.stop.store(true, Ordering::Relaxed);
+        // Wake the accept loop.
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+        for s in self.state.streams.lock().unwrap().drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        if let Some(a) = self.accept.take() {
+            let _ = a.join();
+        }
+    }
 }
