@@ -55,6 +55,14 @@ need_cmd caddy caddy
 need_cmd podman podman
 need_cmd runc runc
 need_cmd systemd-analyze systemd
+# The expected kit (crates/tollgate/tests/kit.rs): completion scripts are parsed and asked by
+# the shells themselves, manual pages rendered by groff and man; --version is compared with git.
+need_cmd bash bash
+need_cmd zsh zsh
+need_cmd fish fish
+need_cmd groff groff-base
+need_cmd man man-db
+need_cmd git git
 if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
   echo "scripts/test.sh: no Redis on 127.0.0.1:6379, starting one for the tests"
   redis_dir=$(mktemp -d)
@@ -136,20 +144,24 @@ chmod +x "$TOLLGATE_VALKEY_SERVER" 2>/dev/null || true
   || die "$TOLLGATE_VALKEY_SERVER is not a Valkey 9 server ($("$TOLLGATE_VALKEY_SERVER" --version 2>&1 | head -n 1))"
 
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+# One build of everything gains nothing from incremental compilation's saved state, which was
+# the largest part of target/ (BENCHMARKS.md, "Build time and size"). Set CARGO_INCREMENTAL=1 to
+# keep it (cargo rebuilds the workspace's own crates when the setting changes between runs).
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 export RUST_BACKTRACE=1
 
 # Each phase says when it starts and how long it took; cargo's own progress (one line per crate
-# compiled) shows while it builds: a cold build takes minutes (see README.md).
+# compiled) shows while it builds: a cold build takes minutes (see BENCHMARKS.md).
 started=$SECONDS
 phase() { echo "== $* ($(date +%H:%M:%S), $((SECONDS - started)) s so far)"; }
 
-phase "build: every crate, test and bench (cold: minutes, see README.md; warm: seconds)"
+phase "build: every crate, test and bench (cold: minutes, see BENCHMARKS.md; warm: seconds)"
 cargo build --workspace --all-targets --locked
 
 # The container image's binary (crates/tollgate/tests/image.rs builds the image from it): glibc
 # linked statically, so the image is `FROM scratch`. --target keeps RUSTFLAGS off build scripts
-# and proc-macros. The `image` profile (Cargo.toml) is release code built cheaply (cold: minutes,
-# see README.md "Deploy").
+# and proc-macros. The `image` profile (Cargo.toml) is the release build, stripped (cold: minutes,
+# see BENCHMARKS.md).
 phase "build: static binary for the container image (profile image)"
 RUSTFLAGS='-C target-feature=+crt-static' cargo build --profile image --locked \
   -p tollgate --bin tollgate --target x86_64-unknown-linux-gnu

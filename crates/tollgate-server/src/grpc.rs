@@ -1,6 +1,6 @@
 //! The Envoy RLS v3 gRPC service:
-//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` on the `envoy-types`
-//! pre-generated protobuf types (no protoc), plus the standard `grpc.health.v1.Health` service
+//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` on the `tollgate-proto`
+//! protobuf types (no protoc), plus the standard `grpc.health.v1.Health` service
 //! and gRPC server reflection (v1 and v1alpha, so `grpcurl HOST:PORT list` and `describe` work with
 //! no proto files), which serves [`RLS_DESCRIPTOR_SET`].
 //!
@@ -55,18 +55,6 @@ use crate::error::{ApiError, ErrorClass};
 use crate::model::{CheckRequest, CheckResponse, Code, Descriptor, DescriptorStatus};
 use crate::profile::{EnvoyMode, HEALTH_SERVICE};
 use crate::state::AppState;
-use envoy_types::pb::envoy::config::core::v3::HeaderValue;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as PbUnit;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
-    Code as PbCode, DescriptorStatus as PbStatus, RateLimit as PbRateLimit,
-};
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::value::Kind as PbKind;
-use envoy_types::pb::google::protobuf::Duration as PbDuration;
-use envoy_types::pb::google::protobuf::{
-    ListValue as PbListValue, Struct as PbStruct, Value as PbValue,
-};
 use futures_util::FutureExt;
 use hyper::body::Incoming;
 use hyper::server::conn::http2;
@@ -87,10 +75,24 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tollgate_core::limiter::LimitOverride;
 use tollgate_core::quota::Unit;
+use tollgate_proto::pb::envoy::config::core::v3::HeaderValue;
+use tollgate_proto::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit as PbUnit;
+use tollgate_proto::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code as PbCode, DescriptorStatus as PbStatus, RateLimit as PbRateLimit,
+};
+use tollgate_proto::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    route, RateLimitService,
+};
+use tollgate_proto::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tollgate_proto::pb::google::protobuf::value::Kind as PbKind;
+use tollgate_proto::pb::google::protobuf::Duration as PbDuration;
+use tollgate_proto::pb::google::protobuf::{
+    ListValue as PbListValue, Struct as PbStruct, Value as PbValue,
+};
 use tonic::codec::{Codec, DecodeBuf, Decoder};
 use tonic::codegen::http::Request as HttpRequest;
 use tonic::codegen::{http, Body, BoxFuture, StdError};
-use tonic::server::{NamedService, UnaryService};
+use tonic::server::NamedService;
 use tonic::service::Routes;
 use tonic::{Request, Response, Status};
 use tonic_health::ServingStatus;
@@ -136,7 +138,7 @@ impl RateLimitGrpc {
     }
 }
 
-/// The RLS service as tonic serves it: what envoy-types generates as `RateLimitServiceServer`
+/// The RLS service as tonic serves it: what `tollgate-proto` has as `RateLimitServiceServer`
 /// (same routing, same two boxed futures per call, no compression), with a codec of its own in
 /// place of tonic-prost's (undecodable requests are INVALID_ARGUMENT, see the module docs). Any other path of the service is UNIMPLEMENTED.
 #[derive(Debug, Clone)]
@@ -163,30 +165,13 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        if req.uri().path() != SHOULD_RATE_LIMIT_PATH {
-            return Box::pin(async { Ok(Status::unimplemented("").into_http()) });
-        }
-        let method = ShouldRateLimit(Arc::clone(&self.inner));
         let codec = RlsCodec(Some(Arc::clone(&self.inner)));
-        let max = self.max_decoding_message_size;
-        Box::pin(async move {
-            let mut grpc =
-                tonic::server::Grpc::new(codec).apply_max_message_size_config(Some(max), None);
-            Ok(grpc.unary(method, req).await)
-        })
-    }
-}
-
-/// One `ShouldRateLimit` call, as tonic's unary plumbing wants it.
-struct ShouldRateLimit(Arc<RateLimitGrpc>);
-
-impl UnaryService<RateLimitRequest> for ShouldRateLimit {
-    type Response = RateLimitResponse;
-    type Future = BoxFuture<Response<RateLimitResponse>, Status>;
-
-    fn call(&mut self, request: Request<RateLimitRequest>) -> Self::Future {
-        let inner = Arc::clone(&self.0);
-        Box::pin(async move { inner.should_rate_limit(request).await })
+        route(
+            &self.inner,
+            codec,
+            Some(self.max_decoding_message_size),
+            req,
+        )
     }
 }
 
@@ -784,8 +769,7 @@ async fn sleep_or_never(d: Option<Duration>) {
 }
 
 /// The encoded `FileDescriptorSet` of `envoy.service.ratelimit.v3` and its imports, served by
-/// the reflection service (`envoy-types` ships generated code, not descriptors; regenerate with
-/// `scripts/gen-rls-descriptors.sh` when its version changes).
+/// the reflection service (made by protoc from Envoy's proto files: `scripts/gen-rls-descriptors.sh`).
 pub const RLS_DESCRIPTOR_SET: &[u8] = include_bytes!("../proto/rls_descriptor_set.bin");
 
 /// Serve RLS, health and reflection on `listener` until `shutdown` resolves. Health reports

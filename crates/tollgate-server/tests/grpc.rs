@@ -1,18 +1,10 @@
 //! End-to-end tests of the Envoy RLS v3 gRPC service over real sockets: `serve::serve` runs
 //! in-process on 127.0.0.1:0 with a temporary rules file, and a tonic client built from the
-//! `envoy-types` protobufs calls `ShouldRateLimit` (and `grpc.health.v1.Health`), exactly as Envoy
+//! `tollgate-proto` protobufs calls `ShouldRateLimit` (and `grpc.health.v1.Health`), exactly as Envoy
 //! would. The last tests check that gRPC, `/v1/check` and `/json` give the same decisions.
 //! The server runs on the wall clock, so counted limits use the sliding log (exact, no window
 //! boundary): a fixed window could roll over between two calls and make a test flaky.
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::UInt64Value;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -20,6 +12,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use tollgate_proto::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use tollgate_proto::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+use tollgate_proto::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use tollgate_proto::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use tollgate_proto::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use tollgate_proto::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use tollgate_proto::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tollgate_proto::pb::google::protobuf::UInt64Value;
 use tollgate_server::client::{send, Method};
 use tollgate_server::serve::{serve, ServeConfig};
 use tonic::transport::Channel;

@@ -6,15 +6,15 @@
 //! the same HTTP/2 connection.
 
 use bytes::{Buf as _, BufMut as _, Bytes, BytesMut};
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use http_body_util::BodyExt as _;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tollgate_core::rules::RuleSet;
 use tollgate_core::{CheckItem, Decision, Micros, Store, StoreError};
+use tollgate_proto::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use tollgate_proto::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use tollgate_proto::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tollgate_server::grpc::{self, GrpcLimits};
 use tollgate_server::state::{AppState, LoadedRules};
 use tonic_prost::prost::Message as _;

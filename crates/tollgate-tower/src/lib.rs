@@ -150,7 +150,7 @@
 //! the service (the failure policy and breaker, the header formatting) were moved down into
 //! those two crates, so embedding tollgate costs neither the service's HTTP API, metrics and
 //! reload machinery nor its dependencies. The remote client is the one thing of its own: a
-//! small Envoy RLS v3 client on tonic and `envoy-types`, behind the `remote` feature.
+//! small Envoy RLS v3 client on tonic and `tollgate-proto`, behind the `remote` feature.
 //!
 //! Features (all on by default): `axum` (client address from axum's `ConnectInfo`), `tonic`
 //! (from tonic's `TcpConnectInfo`, and tonic's body), `redis`, `remote`. With

@@ -10,15 +10,15 @@
 //! limits never shape; the rate-limit headers are the ones the service sends when it runs with
 //! `--response-headers`.
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
-    rate_limit_descriptor::Entry, RateLimitDescriptor,
-};
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use std::sync::OnceLock;
 use std::time::Duration;
+use tollgate_proto::pb::envoy::extensions::common::ratelimit::v3::{
+    rate_limit_descriptor::Entry, RateLimitDescriptor,
+};
+use tollgate_proto::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use tollgate_proto::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use tollgate_proto::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use tonic::transport::{Channel, Endpoint};
 
 /// Where and how to ask a remote tollgate service.

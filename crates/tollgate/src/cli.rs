@@ -13,7 +13,7 @@ use tollgate_server::RequestLimits;
 
 /// tollgate: a rate limiter (library, HTTP JSON + Envoy RLS gRPC service, and this CLI).
 #[derive(Debug, Parser)]
-#[command(name = "tollgate", version, about, long_about = None)]
+#[command(name = "tollgate", version = env!("TOLLGATE_VERSION"), about, long_about = None)]
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -99,6 +99,25 @@ enum Command {
     /// Run a bare axum or tonic server with no rate limiting (the ceiling `bench` compares with).
     #[command(hide = true)]
     BenchCeiling(crate::bench::ceiling::CeilingArgs),
+    /// Print a shell completion script for SHELL to standard output.
+    ///
+    /// bash: `tollgate completions bash > ~/.local/share/bash-completion/completions/tollgate`;
+    /// zsh: `tollgate completions zsh > _tollgate` in a directory of `$fpath`;
+    /// fish: `tollgate completions fish > ~/.config/fish/completions/tollgate.fish`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page tollgate(1) (roff) to standard output, or write one page per
+    /// command into a directory.
+    ///
+    /// Read it with `tollgate man | man -l -`; install the pages with
+    /// `tollgate man --dir /usr/local/share/man/man1`.
+    Man {
+        /// Write `tollgate.1`, `tollgate-serve.1`, ... into this directory instead.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
 }
 
 /// `tollgate serve` flags; each also reads a `TOLLGATE_*` environment variable.
@@ -531,6 +550,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bench(args) => crate::bench::run(&args),
         Command::Rules(args) => crate::registry::run(args),
         Command::BenchCeiling(args) => crate::bench::ceiling::run(&args),
+        Command::Completions { shell } => crate::manual::completions(shell),
+        Command::Man { dir } => crate::manual::man(dir.as_deref()),
     }
 }
 

@@ -4,6 +4,7 @@ mod bench;
 mod check;
 mod cli;
 mod human;
+mod manual;
 mod registry;
 mod serve;
 mod simulate;

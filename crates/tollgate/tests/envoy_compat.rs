@@ -5,13 +5,13 @@
 //! `quota_mode` load and mean what they mean there, metric labels are envoy's stats keys, and
 //! `share_threshold` without a wildcard is rejected naming file and line.
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
+use tollgate_proto::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use tollgate_proto::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use tollgate_proto::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use tollgate_proto::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use tollgate_proto::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use tollgate_server::client::Method;
 
 mod support;

@@ -6,14 +6,14 @@
 //! with `FORCE_START_WITHOUT_INITIAL_CONFIG`, `GRPC_UDS`, TLS on gRPC (with client
 //! certificates), `RESPONSE_DYNAMIC_METADATA`, and a WARN for a variable it does not know.
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use serde_json::{json, Value};
 use std::path::Path;
 use std::time::{Duration, Instant};
+use tollgate_proto::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use tollgate_proto::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use tollgate_proto::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use tollgate_proto::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use tollgate_proto::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tollgate_server::client::Method;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
@@ -710,9 +710,10 @@ descriptors:
             ..Default::default()
         };
         let mut overridden = descriptor("grace-o");
-        overridden.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 0 });
+        overridden.hits_addend =
+            Some(tollgate_proto::pb::google::protobuf::UInt64Value { value: 0 });
         overridden.limit = Some(
-            envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride {
+            tollgate_proto::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride {
                 requests_per_unit: 5,
                 unit: 2,
             },

@@ -226,9 +226,9 @@ fn envoy_profile_answers_a_descriptor_with_no_entries_ok() {
         .build()
         .unwrap()
         .block_on(async {
-            use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-            use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-            use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+            use tollgate_proto::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+            use tollgate_proto::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+            use tollgate_proto::pb::envoy::service::ratelimit::v3::RateLimitRequest;
             let mut client = RateLimitServiceClient::connect(format!("http://{grpc}"))
                 .await
                 .expect("gRPC connect");

@@ -6,15 +6,15 @@
 //! library obeys the server's SETTINGS (it would never open more streams than allowed), an
 //! attacker does not. Well-behaved clients are tonic's, as Envoy would be.
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use std::collections::HashSet;
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+use tollgate_proto::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use tollgate_proto::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use tollgate_proto::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use tollgate_proto::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 
 mod support;
 

@@ -5,7 +5,7 @@
 //! - HTTP: `axum::serve` (as `serve`), `POST /v1/check` reads the body, parses it into the same
 //!   [`tollgate_server::CheckRequest`] as the real service (`parse_request`), and answers a fixed
 //!   200 OK body. No rules, no store, no response building, no tracing layer.
-//! - gRPC: tonic with the `envoy-types` RLS service (as `serve`, TCP_NODELAY too) answering a
+//! - gRPC: tonic with the `tollgate-proto` RLS service (as `serve`, TCP_NODELAY too) answering a
 //!   constant OK, one OK status per request descriptor.
 //!
 //! - HTTP floor (`http-floor`): no HTTP stack at all. Each kept-alive connection reads until a
@@ -17,16 +17,16 @@
 //! It prints a `listening: ...` line like `serve` so scripts find the port from `--addr ...:0`.
 
 use anyhow::Context;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
-    Code as PbCode, DescriptorStatus,
-};
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
-    RateLimitService, RateLimitServiceServer,
-};
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use tokio::net::TcpListener;
+use tollgate_proto::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code as PbCode, DescriptorStatus,
+};
+use tollgate_proto::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use tollgate_proto::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tonic::transport::server::TcpIncoming;
 
 /// Which ceiling.

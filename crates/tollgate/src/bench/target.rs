@@ -13,14 +13,14 @@ use super::report::Outcome;
 use super::workload::Workload;
 use anyhow::{bail, Context};
 use axum::http::{header, HeaderValue, Request, Uri};
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code as PbCode;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use std::sync::Arc;
 use tokio::net::TcpStream;
+use tollgate_proto::pb::envoy::service::ratelimit::v3::rate_limit_response::Code as PbCode;
+use tollgate_proto::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use tonic::transport::{Channel, Endpoint};
 
 /// Most gRPC channels (HTTP/2 connections) opened, whatever the concurrency.

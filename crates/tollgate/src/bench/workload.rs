@@ -8,12 +8,12 @@
 //! (Hörmann & Derflinger 1996), O(1) memory and time whatever `--keys` is.
 
 use anyhow::{bail, Context};
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+use std::fmt::Write as _;
+use tollgate_proto::pb::envoy::extensions::common::ratelimit::v3::{
     rate_limit_descriptor::Entry, RateLimitDescriptor,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-use envoy_types::pb::google::protobuf::UInt64Value;
-use std::fmt::Write as _;
+use tollgate_proto::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use tollgate_proto::pb::google::protobuf::UInt64Value;
 
 /// The placeholder replaced by the drawn key number.
 const HOLE: &str = "{key}";
