@@ -80,7 +80,8 @@ mod tests {
         let started = tokio::time::Instant::now();
         let r = app.clone().oneshot(request("k1")).await.unwrap();
         assert_eq!(r.status(), StatusCode::OK);
-        assert_eq!(r.headers()["x-ratelimit-limit"], "5");
+        // The headers describe the capacity in force: the address's queue holds 10.
+        assert_eq!(r.headers()["x-ratelimit-limit"], "10");
         // The second request from the address is queued 200 ms (5 per second), not refused.
         let r = app.clone().oneshot(request("k1")).await.unwrap();
         assert_eq!(r.status(), StatusCode::OK);
