@@ -759,9 +759,10 @@ const RULES_PAGE: usize = 1000;
 const RULES_PAGE_MAX: usize = 10_000;
 
 /// `GET /v1/rules`: the running rules, a page at a time (`?domain=`, `?after=`, `?limit=`).
-/// With an admin token configured, the limits themselves are listed only to a caller that
-/// presents it; others get the summary (each domain with its number of limits). Built and
-/// serialised on a blocking thread, one listing at a time ([`AppState::admin_work`]).
+/// The limits themselves are listed only to a caller presenting the configured admin token (a
+/// wrong one is 403); everyone else, and everyone when no token is configured, gets the
+/// summary (each domain with its number of limits). Built and serialised on a blocking thread,
+/// one listing at a time ([`AppState::admin_work`]).
 async fn v1_rules(State(state): State<AppState>, req: Request) -> Response {
     let query = match RulesQuery::parse(req.uri().query()) {
         Ok(q) => q,
@@ -774,8 +775,10 @@ async fn v1_rules(State(state): State<AppState>, req: Request) -> Response {
             return e.into_response();
         }
     };
+    // The limits name client keys (`remote_address` values, API keys): an admin surface. Only
+    // the admin token unlocks them; with none configured, everyone gets the summary.
     let full = match state.registry().filter(|r| r.writable()) {
-        None => true,
+        None => false,
         Some(registry) => match req.headers().get(axum::http::header::AUTHORIZATION) {
             None => false,
             Some(value) => match registry.authorize(Some(value.as_bytes())) {
@@ -877,6 +880,10 @@ pub fn rules_json(state: &AppState) -> Value {
     rules_page(state, &query, true)
 }
 
+/// What a summary of `GET /v1/rules` says about getting the limits.
+const SUMMARY_HINT: &str = "each limit is listed only to the admin: start serve with \
+--admin-token-file and send `Authorization: Bearer <token>`";
+
 /// One page of `GET /v1/rules`: `full` lists each limit, else each domain's number of limits.
 pub fn rules_page(state: &AppState, query: &RulesQuery, full: bool) -> Value {
     let rules = state.rules();
@@ -947,6 +954,7 @@ pub fn rules_page(state: &AppState, query: &RulesQuery, full: bool) -> Value {
         "path": state.rules_path().map(|p| p.display().to_string()),
         "store": store,
         "detail": if full { "full" } else { "summary" },
+        "detail_hint": (!full).then_some(SUMMARY_HINT),
         "domain_count": set.domains().count(),
         "limit_count": set.limits().count(),
         "domains": domains,

@@ -75,10 +75,14 @@ async fn redis_app(set: RuleSet) -> (Router, String) {
     (router(state), prefix)
 }
 
+/// The admin token of [`app_with`]'s registry, which the full `/v1/rules` listing needs.
+const ADMIN_TOKEN: &str = "envoy-fixtures-admin";
+
 fn app_with(set: RuleSet) -> Router {
     let state = AppState::builder(LoadedRules::inline(set))
         .clock(Arc::new(ManualClock::new(T0)))
         .build();
+    state.set_registry(tollgate_server::registry::Registry::in_memory(ADMIN_TOKEN));
     router(state)
 }
 
@@ -333,9 +337,11 @@ async fn metric_rule_labels_are_envoy_stats_keys() {
         assert!(m.contains(&line), "missing {line} in\n{m}");
     }
     // `/v1/rules` lists each rule's stats key (the configured path) and quota mode.
-    let rules = send(&app, Request::get("/v1/rules").body(Body::empty()).unwrap())
-        .await
-        .body;
+    let listing = Request::get("/v1/rules")
+        .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+        .body(Body::empty())
+        .unwrap();
+    let rules = send(&app, listing).await.body;
     let listed: Vec<String> = rules["domains"]
         .as_array()
         .expect("domains")

@@ -83,7 +83,7 @@ async fn check(app: &App, key: &str, value: &str) -> (StatusCode, Value) {
 }
 
 /// Write `dir/cms.yaml` with one `fw` limit of `rate_limit`, reload (which must be refused),
-/// and return `/v1/rules` (parsed and as text).
+/// and return `/v1/rules` (parsed and as text), the full listing (with an admin token).
 async fn refused_reload(app: &App, dir: &std::path::Path, rate_limit: &str) -> (Value, String) {
     std::fs::write(
         dir.join("cms.yaml"),
@@ -91,7 +91,16 @@ async fn refused_reload(app: &App, dir: &std::path::Path, rate_limit: &str) -> (
     )
     .unwrap();
     assert!(!tollgate_server::reload::reload_now(&app.state, dir));
-    let (_, rules, text) = get(app, "/v1/rules").await;
+    // Attached once: later calls keep the first registry.
+    app.state
+        .set_registry(tollgate_server::registry::Registry::in_memory(
+            "redis-admin",
+        ));
+    let listing = Request::get("/v1/rules")
+        .header("authorization", "Bearer redis-admin")
+        .body(Body::empty())
+        .unwrap();
+    let (_, rules, text) = send(app, listing).await;
     (rules, text)
 }
 

@@ -727,8 +727,29 @@ descriptors:
 #[tokio::test]
 async fn rules_health_and_openapi() {
     let app = app(THREE);
+    // No admin token configured: the summary, never the limits.
     let r = get(&app, "/v1/rules").await;
     assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.body["detail"], "summary");
+    assert_eq!(r.body["domains"][0]["domain"], "d");
+    assert_eq!(r.body["domains"][0]["limit_count"], 5);
+    assert!(r.body["domains"][0].get("limits").is_none(), "{}", r.text);
+    assert!(r.body["detail_hint"]
+        .as_str()
+        .is_some_and(|h| h.contains("--admin-token-file")));
+    // With one, its holder gets each limit.
+    app.state
+        .set_registry(tollgate_server::registry::Registry::in_memory(
+            "router-admin",
+        ));
+    let listing = Request::get("/v1/rules")
+        .header("authorization", "Bearer router-admin")
+        .body(Body::empty())
+        .unwrap();
+    let r = call(&app, listing).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.body["detail"], "full");
+    assert!(r.body["detail_hint"].is_null());
     assert_eq!(r.body["domains"][0]["domain"], "d");
     let l = &r.body["domains"][0]["limits"][0];
     assert_eq!(l["id"], "d|fw");

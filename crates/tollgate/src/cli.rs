@@ -271,9 +271,9 @@ struct CountingArgs {
 /// `tollgate serve` flags of the rule registry (`/v1/domains`; see docs/registry.md).
 #[derive(Debug, clap::Args)]
 struct RegistryArgs {
-    /// File holding the admin token that registry writes (PUT, DELETE /v1/domains/..) must carry
-    /// as `Authorization: Bearer <token>`; without it the registry is read-only. Turns the
-    /// registry on.
+    /// File holding the admin token that registry requests (/v1/domains/.., reads and writes)
+    /// and the full GET /v1/rules listing must carry as `Authorization: Bearer <token>`; without
+    /// it the registry answers no one and /v1/rules is a summary. Turns the registry on.
     #[arg(long, env = "TOLLGATE_ADMIN_TOKEN_FILE")]
     admin_token_file: Option<PathBuf>,
     /// The registry directory (memory store: where registered domains are kept; Redis store:

@@ -1,5 +1,6 @@
 //! `tollgate rules apply|get|list|history|rollback|delete`: the rule registry of a running
-//! service (`/v1/domains`), from the command line.
+//! service (`/v1/domains`), from the command line. Every subcommand, reads too, sends the admin
+//! token of `--token-file`: the service answers the registry only to the admin.
 //!
 //! Exit codes as `check`'s: 0 done; 1 the service refused (invalid rules, a domain owned by a
 //! file, a stale version, a cap, an unknown domain); 2 an error (no answer, no or wrong admin
@@ -100,7 +101,8 @@ struct Service {
     /// Base URL of the service's HTTP API.
     #[arg(long, env = "TOLLGATE_URL", default_value = "http://127.0.0.1:8080")]
     url: String,
-    /// File holding the admin token (needed by apply and delete).
+    /// File holding the admin token, sent by every command: the service answers reads of the
+    /// registry, like writes, only to the admin.
     #[arg(long, env = "TOLLGATE_ADMIN_TOKEN_FILE")]
     token_file: Option<PathBuf>,
 }
@@ -223,7 +225,10 @@ fn refused(resp: &HttpResponse, file: &str, service: &Service) -> ExitCode {
         ),
     }
     if resp.status == 401 && service.token_file.is_none() {
-        eprintln!("(give the admin token with --token-file or TOLLGATE_ADMIN_TOKEN_FILE)");
+        eprintln!(
+            "the service needs the admin token for registry reads and writes alike: pass \
+             --token-file <file> (or set TOLLGATE_ADMIN_TOKEN_FILE)"
+        );
     }
     match resp.status {
         400 | 404 | 409 | 412 | 413 => ExitCode::from(1),

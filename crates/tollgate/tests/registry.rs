@@ -50,27 +50,15 @@ fn register_change_delete_and_roll_back() {
     assert_eq!(hit(base, "shop", "ann").0, 429);
 
     // Listed with its source and version; readable with its ETag.
-    let list = body(&call(base, Method::GET, "/v1/domains", None, &[]));
-    let shop = list["domains"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["domain"] == "shop")
-        .expect("shop listed")
-        .clone();
+    let list = body(&admin_get(base, "/v1/domains"));
+    let shop = listed(&list, "shop");
     assert_eq!(shop["source"], "registry");
     assert_eq!(shop["version"], 1);
     assert_eq!(shop["updated_by"], "127.0.0.1");
-    let files = list["domains"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["domain"] == "files")
-        .expect("files listed")
-        .clone();
+    let files = listed(&list, "files");
     assert_eq!(files["source"], "file");
     assert!(files["file"].as_str().unwrap().ends_with("files.yaml"));
-    let got = call(base, Method::GET, "/v1/domains/shop", None, &[]);
+    let got = admin_get(base, "/v1/domains/shop");
     assert_eq!(got.header("etag"), Some("\"1\""));
     assert_eq!(body(&got)["rules"], user_limit("shop", 2));
 
@@ -100,13 +88,7 @@ fn register_change_delete_and_roll_back() {
     assert_eq!(hit(base, "shop", "ann"), (200, 1.into()));
 
     // History: both versions, newest first; a PUT of the old one rolls back.
-    let h = body(&call(
-        base,
-        Method::GET,
-        "/v1/domains/shop/history",
-        None,
-        &[],
-    ));
+    let h = body(&admin_get(base, "/v1/domains/shop/history"));
     let versions = h["versions"].as_array().unwrap();
     assert_eq!(versions.len(), 2);
     assert_eq!(versions[0]["version"], 2);
@@ -121,10 +103,7 @@ fn register_change_delete_and_roll_back() {
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(body(&r)["deleted_version"], 3);
     assert_eq!(current_limit(base, "shop", "ann"), None);
-    assert_eq!(
-        call(base, Method::GET, "/v1/domains/shop", None, &[]).status,
-        404
-    );
+    assert_eq!(admin_get(base, "/v1/domains/shop").status, 404);
     // The file's domain was never touched.
     assert_eq!(current_limit(base, "files", "ann"), Some(50));
 
@@ -153,10 +132,82 @@ fn register_change_delete_and_roll_back() {
         metrics.contains("tollgate_registry_changes_total{action=\"delete\"} 1"),
         "{metrics}"
     );
-    let rules = call(base, Method::GET, "/v1/rules", None, &[]).body;
+    let rules = admin_get(base, "/v1/rules").body;
     for text in [&log, &metrics, &rules] {
         assert!(!text.contains(TOKEN));
     }
+}
+
+/// The registry's reads name client keys as its writes do: each needs the admin token (401
+/// without, 403 with a wrong one), for a file's domain too. `/v1/rules` lists the limits only
+/// to the token's holder; others get the summary.
+#[test]
+fn reads_and_the_full_listing_need_the_admin_token() {
+    let dir = temp_dir("registry-reads");
+    let server = start(&dir, &[], "registry-reads");
+    let base = &server.base;
+    assert_eq!(put(base, "shop", &user_limit("shop", 2), None).status, 201);
+    let code = |r: &tollgate_server::client::HttpResponse| body(r)["error"]["code"].clone();
+    for path in [
+        "/v1/domains",
+        "/v1/domains?limit=1",
+        "/v1/domains/shop",
+        "/v1/domains/files",
+        "/v1/domains/shop/history",
+        "/v1/domains/unknown",
+    ] {
+        let r = call(base, Method::GET, path, None, &[]);
+        assert_eq!(
+            (r.status, code(&r)),
+            (401, "unauthenticated".into()),
+            "{path}"
+        );
+        assert!(
+            r.header("www-authenticate")
+                .is_some_and(|h| h.starts_with("Bearer")),
+            "{path}"
+        );
+        assert!(!r.body.contains("requests_per_unit"), "{path}: {}", r.body);
+        let r = call(
+            base,
+            Method::GET,
+            path,
+            None,
+            &[("authorization", "Bearer not-the-token")],
+        );
+        assert_eq!((r.status, code(&r)), (403, "forbidden".into()), "{path}");
+    }
+    assert_eq!(admin_get(base, "/v1/domains").status, 200);
+    assert_eq!(
+        body(&admin_get(base, "/v1/domains/files"))["source"],
+        "file"
+    );
+    assert_eq!(admin_get(base, "/v1/domains/shop/history").status, 200);
+    assert_eq!(admin_get(base, "/v1/domains/unknown").status, 404);
+
+    let summary = call(base, Method::GET, "/v1/rules", None, &[]);
+    assert_eq!(summary.status, 200);
+    let v = body(&summary);
+    assert_eq!(v["detail"], "summary");
+    assert!(v["detail_hint"].is_string(), "{v}");
+    assert_eq!(v["domain_count"], 2, "{v}");
+    for d in v["domains"].as_array().unwrap() {
+        assert!(d.get("limits").is_none(), "{d}");
+        assert_eq!(d["limit_count"], 1, "{d}");
+    }
+    let r = call(
+        base,
+        Method::GET,
+        "/v1/rules",
+        None,
+        &[("authorization", "Bearer not-the-token")],
+    );
+    assert_eq!((r.status, code(&r)), (403, "forbidden".into()));
+    let full = body(&admin_get(base, "/v1/rules"));
+    assert_eq!(full["detail"], "full");
+    assert!(full["detail_hint"].is_null(), "{full}");
+    let shop = listed(&full, "shop");
+    assert_eq!(shop["limits"][0]["quota"]["requests_per_unit"], 2, "{shop}");
 }
 
 #[test]
@@ -176,7 +227,7 @@ fn refusals_change_nothing() {
     );
     let base = &server.base;
     assert_eq!(put(base, "shop", &user_limit("shop", 2), None).status, 201);
-    let before = body(&call(base, Method::GET, "/v1/rules", None, &[]));
+    let before = body(&admin_get(base, "/v1/rules"));
     let code = |r: &tollgate_server::client::HttpResponse| body(r)["error"]["code"].clone();
 
     // A stale If-Match: 412, naming the current version.
@@ -267,7 +318,7 @@ fn refusals_change_nothing() {
     assert_eq!(current_limit(base, "shop", "ann"), Some(2));
     assert_eq!(current_limit(base, "files", "ann"), Some(50));
     assert_eq!(current_limit(base, "big", "ann"), None);
-    let after = body(&call(base, Method::GET, "/v1/rules", None, &[]));
+    let after = body(&admin_get(base, "/v1/rules"));
     assert_eq!(
         after["generation"].as_u64().unwrap(),
         before["generation"].as_u64().unwrap() + 1,
@@ -282,48 +333,36 @@ fn refusals_change_nothing() {
 }
 
 #[test]
-fn writes_are_off_without_a_token() {
+fn the_registry_is_closed_without_a_token() {
     let dir = temp_dir("registry-off");
     let rules = dir.join("rules.yaml");
     std::fs::write(&rules, FILE_RULES).unwrap();
-    // No registry at all: reads still list the file domains; writes are refused.
-    let server = Server::start(
-        &[
-            "--http-addr",
-            "127.0.0.1:0",
-            "--grpc-addr",
-            "off",
-            "--rules",
-            rules.to_str().unwrap(),
-        ],
-        &dir,
-        "registry-off",
-    );
-    let list = body(&call(&server.base, Method::GET, "/v1/domains", None, &[]));
-    assert_eq!(list["domains"][0]["domain"], "files");
-    assert_eq!(list["registry"], Value::Null);
-    let r = put(&server.base, "shop", &user_limit("shop", 2), None);
-    assert_eq!(r.status, 403, "{}", r.body);
-    assert_eq!(body(&r)["error"]["code"], "registry_writes_off");
-    // A registry directory without a token: read-only.
+    // No registry at all: reads and writes are refused alike (no token could unlock them).
+    let server = serve_http(&dir, &rules, &[], "registry-off");
+    for r in [
+        admin_get(&server.base, "/v1/domains"),
+        admin_get(&server.base, "/v1/domains/files"),
+        put(&server.base, "shop", &user_limit("shop", 2), None),
+    ] {
+        assert_eq!(r.status, 403, "{}", r.body);
+        assert_eq!(body(&r)["error"]["code"], "registry_writes_off");
+        assert!(!r.body.contains("requests_per_unit"), "{}", r.body);
+    }
+    // A registry directory without a token: its domains are served, the registry answers no one.
     let reg = dir.join("registry");
-    let server = Server::start(
-        &[
-            "--http-addr",
-            "127.0.0.1:0",
-            "--grpc-addr",
-            "off",
-            "--rules",
-            rules.to_str().unwrap(),
-            "--registry-dir",
-            reg.to_str().unwrap(),
-        ],
+    let server = serve_http(
         &dir,
+        &rules,
+        &["--registry-dir", reg.to_str().unwrap()],
         "registry-readonly",
     );
-    let r = put(&server.base, "shop", &user_limit("shop", 2), None);
-    assert_eq!(r.status, 403, "{}", r.body);
-    assert!(r.body.contains("--admin-token-file"), "{}", r.body);
+    for r in [
+        admin_get(&server.base, "/v1/domains"),
+        put(&server.base, "shop", &user_limit("shop", 2), None),
+    ] {
+        assert_eq!(r.status, 403, "{}", r.body);
+        assert!(r.body.contains("--admin-token-file"), "{}", r.body);
+    }
 }
 
 #[test]
@@ -348,15 +387,9 @@ fn a_restart_keeps_registered_domains() {
     assert_eq!(names, ["shop.json"]);
     let server = start(&dir, &[], "registry-restart-2");
     assert_eq!(current_limit(&server.base, "shop", "ann"), Some(5));
-    let got = call(&server.base, Method::GET, "/v1/domains/shop", None, &[]);
+    let got = admin_get(&server.base, "/v1/domains/shop");
     assert_eq!(got.header("etag"), Some("\"2\""));
-    let h = body(&call(
-        &server.base,
-        Method::GET,
-        "/v1/domains/shop/history",
-        None,
-        &[],
-    ));
+    let h = body(&admin_get(&server.base, "/v1/domains/shop/history"));
     assert_eq!(h["versions"].as_array().unwrap().len(), 2);
     // Versions go on from the stored revision.
     let r = put(&server.base, "other", &user_limit("other", 1), None);
@@ -490,13 +523,27 @@ fn rules_cli_applies_gets_lists_and_deletes() {
     assert!(out.contains("~ alpha|user: 7 per minute"), "{out}");
     assert!(out.contains("1 limit(s) unchanged"), "{out}");
 
-    let (code, out, _) = run(&["rules", "list", "--url", url]);
+    // Reads name client keys too: without the token, exit 2 saying to pass it.
+    let (code, _, err) = run(&["rules", "list", "--url", url]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--token-file"), "{err}");
+    let (code, _, err) = run(&["rules", "get", "alpha", "--url", url]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--token-file"), "{err}");
+    // The token from the environment, as writes take it.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["rules", "list", "--url", url])
+        .env("TOLLGATE_ADMIN_TOKEN_FILE", token)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let (code, out, _) = run(&["rules", "list", "--url", url, "--token-file", token]);
     assert_eq!(code, 0);
     assert!(
         out.contains("alpha") && out.contains("registry") && out.contains("files.yaml"),
         "{out}"
     );
-    let (code, out, _) = run(&["rules", "get", "alpha", "--url", url]);
+    let (code, out, _) = run(&["rules", "get", "alpha", "--url", url, "--token-file", token]);
     assert_eq!(code, 0);
     assert_eq!(out, user_limit("alpha", 9));
 
@@ -558,7 +605,7 @@ fn rules_cli_applies_gets_lists_and_deletes() {
         token,
     ]);
     assert_eq!(code, 1, "{err}");
-    let (code, _, _) = run(&["rules", "get", "beta", "--url", url]);
+    let (code, _, _) = run(&["rules", "get", "beta", "--url", url, "--token-file", token]);
     assert_eq!(code, 1);
     assert_eq!(current_limit(url, "beta", "x"), None);
 }
@@ -648,7 +695,7 @@ fn rules_cli_history_rollback_yaml_and_pages() {
     assert!(serde_json::from_str::<Value>(&out).unwrap()["version"].is_u64());
 
     // Pages of /v1/domains: 2 at a time, followed by `rules list`.
-    let r = call(url, Method::GET, "/v1/domains?limit=2", None, &[]);
+    let r = admin_get(url, "/v1/domains?limit=2");
     let page = body(&r);
     assert_eq!(page["domains"].as_array().unwrap().len(), 2, "{page}");
     assert!(page["next_after"].is_string(), "{page}");

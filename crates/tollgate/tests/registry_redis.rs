@@ -16,7 +16,6 @@ use std::path::Path;
 use std::time::Duration;
 use support::registry::*;
 use support::*;
-use tollgate_server::client::Method;
 use tollgate_testsupport::{cli, unique_prefix, Cluster, RedisServer};
 
 /// Generous bound on "every instance applies a change within 1 s" on a loaded test machine.
@@ -125,13 +124,7 @@ fn three_instances_share_the_registry() {
     );
 
     // Roll back from history on C, delete on B: applied everywhere.
-    let h = body(&call(
-        &c.base,
-        Method::GET,
-        "/v1/domains/shop/history",
-        None,
-        &[],
-    ));
+    let h = body(&admin_get(&c.base, "/v1/domains/shop/history"));
     let oldest = h["versions"].as_array().unwrap().last().unwrap()["rules"]
         .as_str()
         .unwrap()
@@ -163,7 +156,7 @@ fn three_instances_share_the_registry() {
         put(&a.base, "shop", &user_limit("shop", 5), None).status,
         201
     );
-    let v = body(&call(&a.base, Method::GET, "/v1/domains/shop", None, &[]))["version"].clone();
+    let v = body(&admin_get(&a.base, "/v1/domains/shop"))["version"].clone();
     let stale = format!("\"{}\"", v.as_u64().unwrap() - 1);
     assert!(
         wait_for(PROPAGATION_WAIT, || current_limit(&c.base, "shop", "ann")
@@ -374,7 +367,7 @@ fn a_redis_that_lost_the_registry_gets_it_back_from_the_instances() {
         &all,
         &[("shop", Some(3)), ("cart", Some(5)), ("gone", None)],
     );
-    let shop_version = body(&call(&a.base, Method::GET, "/v1/domains/shop", None, &[]))["version"]
+    let shop_version = body(&admin_get(&a.base, "/v1/domains/shop"))["version"]
         .as_u64()
         .unwrap();
     let revision: u64 = stored_revision(port, &prefix).parse().unwrap();
@@ -397,15 +390,9 @@ fn a_redis_that_lost_the_registry_gets_it_back_from_the_instances() {
     // Written back once (the instances race; one script run wins), versions and history kept,
     // revisions carry on from where they were.
     assert_eq!(restores(&all), 1);
-    let history = body(&call(
-        &c.base,
-        Method::GET,
-        "/v1/domains/shop/history",
-        None,
-        &[],
-    ));
+    let history = body(&admin_get(&c.base, "/v1/domains/shop/history"));
     assert_eq!(history["versions"][0]["version"], shop_version, "{history}");
-    let fresh = body(&call(&c.base, Method::GET, "/v1/domains/fresh", None, &[]));
+    let fresh = body(&admin_get(&c.base, "/v1/domains/fresh"));
     assert!(fresh["version"].as_u64().unwrap() > revision, "{fresh}");
 
     // FLUSHALL, then a delete through another instance: it deletes what was registered.

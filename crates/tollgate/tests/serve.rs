@@ -384,3 +384,57 @@ fn configmap_symlink_swap_is_picked_up_by_the_running_server() {
     }
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// Without an admin token configured, `GET /v1/rules` is the summary for everyone (each domain
+/// with its number of limits, never the limits and the client keys they name), and the
+/// registry's reads are refused like its writes.
+#[test]
+fn without_an_admin_token_the_rules_listing_is_the_summary() {
+    let dir = temp_dir("rules-summary");
+    std::fs::write(
+        dir.join("keys.yaml"),
+        "domain: keys\ndescriptors:\n  - key: remote_address\n    value: 203.0.113.77\n    rate_limit: {unit: minute, requests_per_unit: 1}\n  - key: api_key\n    value: vip-customer-key\n    rate_limit: {unit: minute, requests_per_unit: 9}\n",
+    )
+    .unwrap();
+    let server = support::registry::serve_http(&dir, &dir.join("keys.yaml"), &[], "rules-summary");
+    // A bearer token changes nothing when none is configured.
+    let anyone = support::registry::call(&server.base, Method::GET, "/v1/rules", None, &[]);
+    let bearer = support::registry::admin_get(&server.base, "/v1/rules");
+    for r in [&anyone, &bearer] {
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v: Value = serde_json::from_str(&r.body).unwrap();
+        assert_eq!(v["detail"], "summary", "{v}");
+        assert!(
+            v["detail_hint"]
+                .as_str()
+                .is_some_and(|h| h.contains("--admin-token-file")),
+            "{v}"
+        );
+        assert_eq!(v["domain_count"], 1, "{v}");
+        assert_eq!(v["limit_count"], 2, "{v}");
+        assert_eq!(v["domains"][0]["domain"], "keys", "{v}");
+        assert_eq!(v["domains"][0]["limit_count"], 2, "{v}");
+        assert!(v["domains"][0].get("limits").is_none(), "{v}");
+        assert!(!v["generation"].is_null() && !v["version"].is_null(), "{v}");
+        for key in ["203.0.113.77", "vip-customer-key", "remote_address"] {
+            assert!(!r.body.contains(key), "{key} listed: {}", r.body);
+        }
+    }
+    let r = http(&server.base, Method::GET, "/v1/domains/keys", None);
+    assert_eq!(r.status, 403, "{}", r.body);
+    assert!(!r.body.contains("vip-customer-key"), "{}", r.body);
+    // What stays public: decisions, health, metrics.
+    assert_eq!(
+        check(&server.base, "keys", "api_key", "vip-customer-key").0,
+        200
+    );
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        assert_eq!(
+            http(&server.base, Method::GET, path, None).status,
+            200,
+            "{path}"
+        );
+    }
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -2,7 +2,8 @@
 //! [`crate::http::service`]. Handlers return [`RegistryError`]; its `IntoResponse` is the one
 //! place errors become responses (and each is counted in `tollgate_request_errors_total`).
 //!
-//! Reads are open, like `GET /v1/rules`; writes (`PUT`, `DELETE`) need the admin token. The
+//! Reads and writes alike need the admin token: a domain's rules name client keys, so its text
+//! and history are admin surfaces like the full `GET /v1/rules` listing. The
 //! `ETag` of a registered domain is its version (`"7"`); `If-Match` takes it (or `*`).
 
 use super::error::RegistryError;
@@ -46,7 +47,7 @@ fn registry(state: &AppState) -> Result<&Arc<Registry>, RegistryError> {
     ))
 }
 
-/// The registry, for a write whose bearer token is the admin token (401/403 otherwise).
+/// The registry, for a call whose bearer token is the admin token (401/403 otherwise).
 fn authorized(state: &AppState, req: &Request) -> Result<Arc<Registry>, RegistryError> {
     let registry = registry(state)?;
     registry.authorize(
@@ -151,8 +152,11 @@ fn modified_ms(file: &str) -> Option<u64> {
     Some(t.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() as u64)
 }
 
-async fn list(State(state): State<AppState>, uri: axum::http::Uri) -> Response {
-    let query = match crate::http::RulesQuery::parse(uri.query()) {
+async fn list(State(state): State<AppState>, req: Request) -> Response {
+    if let Err(e) = authorized(&state, &req) {
+        return respond(&state, Err(e));
+    }
+    let query = match crate::http::RulesQuery::parse(req.uri().query()) {
         Ok(q) => q,
         Err(message) => return respond(&state, Err(RegistryError::InvalidQuery(message))),
     };
@@ -242,8 +246,10 @@ async fn list(State(state): State<AppState>, uri: axum::http::Uri) -> Response {
 async fn get_domain(
     State(state): State<AppState>,
     path: Result<Path<String>, PathRejection>,
+    req: Request,
 ) -> Response {
     let result = (|| {
+        authorized(&state, &req)?;
         let domain = domain_of(path)?;
         let rules = state.rules();
         let file = rules
@@ -291,8 +297,10 @@ async fn get_domain(
 async fn history(
     State(state): State<AppState>,
     path: Result<Path<String>, PathRejection>,
+    req: Request,
 ) -> Response {
     let result = (|| {
+        authorized(&state, &req)?;
         let domain = domain_of(path)?;
         let snapshot = state.registry().map(|r| r.snapshot());
         let Some(entry) = snapshot.as_ref().and_then(|s| s.domains.get(&domain)) else {

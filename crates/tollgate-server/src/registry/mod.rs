@@ -45,7 +45,8 @@ use tollgate_core::rules::{LoadOptions, RuleError, RuleErrors, RuleSet};
 /// `tollgate serve`'s registry settings (`--admin-token-file`, `--registry-*`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RegistryConfig {
-    /// File holding the admin token; without it the registry is read-only.
+    /// File holding the admin token; without it the registry answers no request (its rules
+    /// are still served).
     pub token_file: Option<PathBuf>,
     /// The registry directory (memory store), or the local snapshot (Redis store).
     pub dir: Option<PathBuf>,
@@ -349,6 +350,17 @@ impl Registry {
         }
     }
 
+    /// A registry kept in memory, empty, whose admin token is `token`: what [`start`] opens
+    /// without `--registry-dir` or Redis, for embedding the API (and tests) without a token
+    /// file. Attach it with [`AppState::set_registry`].
+    pub fn in_memory(token: &str) -> Arc<Self> {
+        Arc::new(Self::new(
+            RegistryConfig::default(),
+            Some(token),
+            Backing::Memory,
+        ))
+    }
+
     /// The settings.
     pub fn config(&self) -> &RegistryConfig {
         &self.config
@@ -403,12 +415,12 @@ impl Registry {
         }
     }
 
-    /// Whether writes are on (an admin token is configured).
+    /// Whether an admin token is configured (without one, no registry request is answered).
     pub fn writable(&self) -> bool {
         self.token.is_some()
     }
 
-    /// Check a write's `Authorization` header value: the admin token as a bearer token.
+    /// Check a request's `Authorization` header value: the admin token as a bearer token.
     pub fn authorize(&self, authorization: Option<&[u8]>) -> Result<(), RegistryError> {
         let Some(expected) = &self.token else {
             return Err(RegistryError::WritesOff(
@@ -1033,7 +1045,9 @@ pub async fn start(
         },
     };
     if token.is_none() {
-        tracing::info!("registry is read-only: no --admin-token-file");
+        tracing::info!(
+            "registry is closed over HTTP: no --admin-token-file (registered domains are served)"
+        );
     }
     let registry = Arc::new(Registry::new(config.clone(), token.as_deref(), backing));
     tracing::info!(

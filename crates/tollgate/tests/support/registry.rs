@@ -51,9 +51,8 @@ pub fn call_within(
 }
 
 /// `tollgate serve` in `dir` on an ephemeral HTTP port (no gRPC) with `--rules rules` (a file
-/// or a directory), the admin token of [`token_file`] and `extra` flags.
-pub fn serve_registry(dir: &Path, rules: &Path, extra: &[&str], name: &str) -> super::Server {
-    let token = token_file(dir);
+/// or a directory) and `extra` flags: no admin token unless `extra` names one.
+pub fn serve_http(dir: &Path, rules: &Path, extra: &[&str], name: &str) -> super::Server {
     let mut args = vec![
         "--http-addr",
         "127.0.0.1:0",
@@ -61,11 +60,17 @@ pub fn serve_registry(dir: &Path, rules: &Path, extra: &[&str], name: &str) -> s
         "off",
         "--rules",
         rules.to_str().unwrap(),
-        "--admin-token-file",
-        token.to_str().unwrap(),
     ];
     args.extend(extra);
     super::Server::start(&args, dir, name)
+}
+
+/// [`serve_http`] with the admin token of [`token_file`].
+pub fn serve_registry(dir: &Path, rules: &Path, extra: &[&str], name: &str) -> super::Server {
+    let token = token_file(dir);
+    let mut args = vec!["--admin-token-file", token.to_str().unwrap()];
+    args.extend(extra);
+    serve_http(dir, rules, &args, name)
 }
 
 /// `PUT /v1/domains/{domain}` with the admin token, a YAML body and optional `If-Match`.
@@ -81,6 +86,18 @@ pub fn put(base: &str, domain: &str, yaml: &str, if_match: Option<&str>) -> Http
         &format!("/v1/domains/{domain}"),
         Some(("application/yaml", yaml)),
         &headers,
+    )
+}
+
+/// `GET path` with the admin token (registry reads, the full `/v1/rules` listing).
+pub fn admin_get(base: &str, path: &str) -> HttpResponse {
+    let auth = format!("Bearer {TOKEN}");
+    call(
+        base,
+        Method::GET,
+        path,
+        None,
+        &[("authorization", auth.as_str())],
     )
 }
 
@@ -134,6 +151,17 @@ pub fn wait_for(limit: Duration, mut f: impl FnMut() -> bool) -> Option<Duration
         }
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// The entry of `domain` in a listing's `domains` (`/v1/domains`, `/v1/rules`).
+pub fn listed(listing: &Value, domain: &str) -> Value {
+    listing["domains"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no domains in {listing}"))
+        .iter()
+        .find(|d| d["domain"] == domain)
+        .unwrap_or_else(|| panic!("{domain} not listed in {listing}"))
+        .clone()
 }
 
 /// The JSON body of `r`.
