@@ -48,8 +48,10 @@ pub fn unique_prefix(what: &str) -> String {
     format!("tgtest-{what}-{:012x}", random() & 0xffff_ffff_ffff)
 }
 
-/// A free loopback port whose cluster bus port (+10000) is free too.
-fn free_port() -> u16 {
+/// A loopback port that is free now, and whose cluster bus port (+10000) is free too: a
+/// reservation for a server that must be told its port before it starts. Another process may
+/// take it before that server binds it, so start such servers through [`on_free_port`].
+pub fn free_port() -> u16 {
     loop {
         let l = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
         let port = l.local_addr().unwrap().port();
@@ -59,6 +61,153 @@ fn free_port() -> u16 {
     }
 }
 
+/// A loopback port on which connections are refused for as long as this value lives: a socket
+/// is bound to it but does not listen, so no other process can listen there meanwhile (a
+/// port found free and released could come back to life as someone else's server).
+pub struct RefusedPort {
+    _socket: socket2::Socket,
+    /// The port on 127.0.0.1.
+    pub port: u16,
+}
+
+impl RefusedPort {
+    /// Bind a fresh loopback port without listening on it.
+    pub fn new() -> RefusedPort {
+        use socket2::{Domain, Socket, Type};
+        let socket = Socket::new(Domain::IPV4, Type::STREAM, None).expect("a TCP socket");
+        let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+        socket.bind(&any.into()).expect("bind a loopback port");
+        let port = socket
+            .local_addr()
+            .unwrap()
+            .as_socket()
+            .expect("an IP address")
+            .port();
+        RefusedPort {
+            _socket: socket,
+            port,
+        }
+    }
+}
+
+impl Default for RefusedPort {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// How many ports [`on_free_port`] tries before giving up.
+const PORT_ATTEMPTS: usize = 10;
+
+/// Start a server that cannot bind `:0` and report its port (nginx, Caddy, Envoy,
+/// `redis-server`, ...): `start(port)` starts it on a port found free a moment ago and returns
+/// `None` when it lost that port to another process (see [`wait_listening`]); the whole start
+/// is then retried on a new port, a bounded number of times.
+pub fn on_free_port<T>(what: &str, mut start: impl FnMut(u16) -> Option<T>) -> T {
+    for _ in 0..PORT_ATTEMPTS {
+        if let Some(started) = start(free_port()) {
+            return started;
+        }
+    }
+    panic!("{what} lost its port to another process {PORT_ATTEMPTS} times in a row");
+}
+
+/// Wait until `child` itself listens on TCP `port` (a connection alone could reach another
+/// process that took the port): `true` then; `false` when it exited first (it could not bind:
+/// the caller starts it again elsewhere, see [`on_free_port`]). A child that neither listens
+/// nor exits within `within` fails the test with `log` (its log file).
+pub fn wait_listening(
+    child: &mut Child,
+    port: u16,
+    what: &str,
+    log: &std::path::Path,
+    within: Duration,
+) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if child.try_wait().ok().flatten().is_some() {
+            return false;
+        }
+        if listens(child.id(), port) {
+            return true;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not listen on port {port} within {within:?}; log:\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether process `pid` holds a TCP socket listening on `port` (IPv4 or IPv6): the inodes of
+/// the listening sockets in `/proc/net/tcp{,6}` against the sockets among its open files.
+pub fn listens(pid: u32, port: u16) -> bool {
+    let inodes: Vec<String> = tcp_sockets()
+        .into_iter()
+        .filter(|s| s.listening && s.local_port == port)
+        .map(|s| format!("socket:[{}]", s.inode))
+        .collect();
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path())
+            .is_ok_and(|target| inodes.iter().any(|i| target.as_os_str() == i.as_str()))
+    })
+}
+
+/// One TCP socket of this network namespace, as `/proc/net/tcp{,6}` lists it.
+#[derive(Debug, Clone)]
+pub struct TcpSocket {
+    /// Its local port.
+    pub local_port: u16,
+    /// Its peer's port (0 for a listening socket).
+    pub remote_port: u16,
+    /// In the LISTEN state.
+    pub listening: bool,
+    /// Bytes received and not read yet by the process that owns it.
+    pub unread: u64,
+    /// Its inode (`socket:[inode]` among a process's open files).
+    pub inode: String,
+}
+
+/// Every TCP socket of this network namespace (IPv4 and IPv6).
+pub fn tcp_sockets() -> Vec<TcpSocket> {
+    let port = |addr: &str| {
+        addr.rsplit_once(':')
+            .and_then(|(_, p)| u16::from_str_radix(p, 16).ok())
+    };
+    let mut sockets = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let text = std::fs::read_to_string(table).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            // sl local_address rem_address st tx_queue:rx_queue tr:when retrnsmt uid timeout inode
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (Some(local), Some(remote), Some(st), Some(queues), Some(inode)) =
+                (f.get(1), f.get(2), f.get(3), f.get(4), f.get(9))
+            else {
+                continue;
+            };
+            let unread = queues
+                .split_once(':')
+                .and_then(|(_, rx)| u64::from_str_radix(rx, 16).ok());
+            if let (Some(local_port), Some(remote_port), Some(unread)) =
+                (port(local), port(remote), unread)
+            {
+                sockets.push(TcpSocket {
+                    local_port,
+                    remote_port,
+                    listening: *st == "0A",
+                    unread,
+                    inode: inode.to_string(),
+                });
+            }
+        }
+    }
+    sockets
+}
+
 /// `redis-server ARGS` with persistence off, data in `dir`, output discarded.
 fn spawn_redis(args: &[&str], dir: &std::path::Path) -> Child {
     Command::new(server_binary())
@@ -66,6 +215,8 @@ fn spawn_redis(args: &[&str], dir: &std::path::Path) -> Child {
         .args(["--save", "", "--appendonly", "no"])
         .arg("--dir")
         .arg(dir)
+        .arg("--logfile")
+        .arg(dir.join("redis.log"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -140,12 +291,7 @@ pub struct RedisServer {
 impl RedisServer {
     /// Start a server with extra arguments (e.g. `["--cluster-enabled", "yes"]`).
     pub fn start(extra: &[&str]) -> RedisServer {
-        for _attempt in 0..5 {
-            if let Some(s) = Self::try_start_on(free_port(), extra) {
-                return s;
-            }
-        }
-        panic!("could not start redis-server");
+        on_free_port("redis-server", |port| Self::try_start_on(port, extra))
     }
 
     /// Start a server on a given port (e.g. to restart one that was killed).
@@ -180,11 +326,8 @@ impl RedisServer {
                 dir,
                 cli_args: Vec::new(),
             };
-            if server.wait_ready(Duration::from_secs(5)) {
-                return Some(server);
-            }
-            // Lost a race for the port.
-            None
+            // `None`: it exited, having lost a race for the port.
+            server.wait_ready(Duration::from_secs(20)).then_some(server)
         }
     }
 
@@ -193,21 +336,29 @@ impl RedisServer {
         self.child.id()
     }
 
+    /// Wait until this process listens on its port and answers `PING`; `false` when it
+    /// exited first (it could not bind the port).
     fn wait_ready(&mut self, within: Duration) -> bool {
         let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
+        let log = self.dir.join("redis.log");
+        if !wait_listening(&mut self.child, self.port, "redis-server", &log, within) {
+            return false;
+        }
+        loop {
             if let Ok(Some(_)) = self.child.try_wait() {
                 return false;
             }
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() && {
-                let pong = self.cli(&["PING"]);
-                pong.contains("PONG") || pong.contains("NOAUTH")
-            } {
+            let pong = self.cli(&["PING"]);
+            if pong.contains("PONG") || pong.contains("NOAUTH") {
                 return true;
             }
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on {} listens but does not answer PING",
+                self.port
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
-        false
     }
 
     /// `redis://127.0.0.1:<port>`.
@@ -254,8 +405,7 @@ impl RedisServer {
         );
         let file = |f: &str| dir.join(f).to_string_lossy().into_owned();
         let (ca, cert, key) = (file("ca.crt"), file("server.crt"), file("server.key"));
-        for _ in 0..5 {
-            let port = free_port();
+        let server = on_free_port("a TLS redis-server", |port| {
             let port_s = port.to_string();
             let args = [
                 "--port",
@@ -280,11 +430,11 @@ impl RedisServer {
                 dir: dir.clone(),
                 cli_args: vec!["--tls".into(), "--cacert".into(), ca.clone()],
             };
-            if server.wait_ready(Duration::from_secs(5)) {
-                return (server, dir.join("ca.crt"));
-            }
-        }
-        panic!("could not start a TLS redis-server");
+            server
+                .wait_ready(Duration::from_secs(20))
+                .then_some(server)
+        });
+        (server, dir.join("ca.crt"))
     }
 
     /// Kill the server now (its port stays reserved by nobody).
@@ -498,8 +648,7 @@ impl SentinelGroup {
 
 /// `redis-sentinel` on a free port monitoring the master on `master_port` (quorum 1).
 fn start_sentinel(master_port: u16) -> RedisServer {
-    for _attempt in 0..5 {
-        let port = free_port();
+    on_free_port("redis-sentinel", |port| {
         let dir = std::env::temp_dir().join(format!("tollgate-sentinel-{port}-{:x}", random()));
         std::fs::create_dir_all(&dir).unwrap();
         let conf = dir.join("sentinel.conf");
@@ -507,12 +656,12 @@ fn start_sentinel(master_port: u16) -> RedisServer {
         std::fs::write(
             &conf,
             format!(
-                "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {}\n\
+                "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {dir}\nlogfile {dir}/redis.log\n\
                  sentinel monitor {name} 127.0.0.1 {master_port} 1\n\
                  sentinel down-after-milliseconds {name} 1000\n\
                  sentinel failover-timeout {name} 10000\n\
                  sentinel parallel-syncs {name} 1\n",
-                dir.display()
+                dir = dir.display()
             ),
         )
         .unwrap();
@@ -528,11 +677,8 @@ fn start_sentinel(master_port: u16) -> RedisServer {
             dir,
             cli_args: Vec::new(),
         };
-        if s.wait_ready(Duration::from_secs(5)) {
-            return s;
-        }
-    }
-    panic!("could not start redis-sentinel");
+        s.wait_ready(Duration::from_secs(20)).then_some(s)
+    })
 }
 
 /// Poll `ok` every 50 ms until it holds; panic naming `what` after `within`.
