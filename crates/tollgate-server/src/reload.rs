@@ -256,6 +256,7 @@ async fn watch_loop(
     }
     let mut tick = tokio::time::interval(options.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut looked = false;
     loop {
         let forced = tokio::select! {
             _ = shutdown.wait_for(|s| *s) => return,
@@ -263,6 +264,12 @@ async fn watch_loop(
             _ = hup.recv() => true,
         };
         let mut now = fp().await;
+        if !forced && !looked {
+            // The first tick is immediate: from here on, only the next tick or a SIGHUP sees a
+            // change (tests wait for this line before changing the files).
+            looked = true;
+            tracing::debug!(path = %path.display(), "rules watcher took its first look");
+        }
         if !forced && now == last {
             continue;
         }
