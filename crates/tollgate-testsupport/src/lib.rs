@@ -50,7 +50,7 @@ pub fn unique_prefix(what: &str) -> String {
 
 /// A loopback port that is free now, and whose cluster bus port (+10000) is free too: a
 /// reservation for a server that must be told its port before it starts. Another process may
-/// take it before that server binds it, so start such servers through [`on_free_port`].
+/// take it before that server binds it, so such servers start through [`on_free_ports`].
 pub fn free_port() -> u16 {
     loop {
         let l = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
@@ -96,20 +96,29 @@ impl Default for RefusedPort {
     }
 }
 
-/// How many ports [`on_free_port`] tries before giving up.
+/// How many times [`on_free_ports`] starts a server before giving up.
 const PORT_ATTEMPTS: usize = 10;
 
 /// Start a server that cannot bind `:0` and report its port (nginx, Caddy, Envoy,
-/// `redis-server`, ...): `start(port)` starts it on a port found free a moment ago and returns
-/// `None` when it lost that port to another process (see [`wait_listening`]); the whole start
-/// is then retried on a new port, a bounded number of times.
+/// `redis-server`, a documented script, ...): `start(port)` starts it on a port found free a
+/// moment ago and returns `None` when it lost that port to another process (see
+/// [`wait_listening`]); the whole start is then retried on a new port, a bounded number of
+/// times.
 pub fn on_free_port<T>(what: &str, mut start: impl FnMut(u16) -> Option<T>) -> T {
+    on_free_ports(what, |[port]: [u16; 1]| start(port))
+}
+
+/// [`on_free_port`] for a server told `N` ports: one lost is a start retried on `N` new ones.
+pub fn on_free_ports<T, const N: usize>(
+    what: &str,
+    mut start: impl FnMut([u16; N]) -> Option<T>,
+) -> T {
     for _ in 0..PORT_ATTEMPTS {
-        if let Some(started) = start(free_port()) {
+        if let Some(started) = start(std::array::from_fn(|_| free_port())) {
             return started;
         }
     }
-    panic!("{what} lost its port to another process {PORT_ATTEMPTS} times in a row");
+    panic!("{what} lost a port to another process {PORT_ATTEMPTS} times in a row");
 }
 
 /// Wait until `child` itself listens on TCP `port` (a connection alone could reach another
@@ -430,9 +439,7 @@ impl RedisServer {
                 dir: dir.clone(),
                 cli_args: vec!["--tls".into(), "--cacert".into(), ca.clone()],
             };
-            server
-                .wait_ready(Duration::from_secs(20))
-                .then_some(server)
+            server.wait_ready(Duration::from_secs(20)).then_some(server)
         });
         (server, dir.join("ca.crt"))
     }
