@@ -6,7 +6,7 @@ mod support;
 
 use serde_json::Value;
 use std::path::PathBuf;
-use support::{free_port, temp_dir, tollgate, Server};
+use support::{temp_dir, tollgate, RefusedPort, Server};
 
 /// `tollgate bench TARGET --duration 2s --json ARGS`, parsed and checked for consistency.
 fn bench(target: &str, extra: &[&str]) -> Value {
@@ -127,7 +127,8 @@ fn bench_against_the_ceilings() {
 
 #[test]
 fn bench_reports_an_unreachable_target_as_an_error() {
-    let target = format!("http://127.0.0.1:{}", free_port());
+    let refused = RefusedPort::new();
+    let target = format!("http://127.0.0.1:{}", refused.port);
     let out = tollgate(&["bench", &target, "--duration", "1s"]);
     assert!(!out.status.success());
     assert!(

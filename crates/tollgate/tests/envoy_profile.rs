@@ -49,15 +49,15 @@ fn write(root: &Path, file: &str, text: &str) {
     std::fs::write(root.join("ratelimit/config").join(file), text).unwrap();
 }
 
-/// `tollgate serve --profile envoy` with `vars` and envoy's listeners on free loopback ports.
+/// `tollgate serve --profile envoy` with `vars` and envoy's listeners on loopback ports the
+/// server picks (port 0, so envoy's defaults 8080 / 8081 / 6070 never show).
 fn start(root: &Path, vars: &[(&str, &str)], name: &str) -> (Server, String) {
-    let (http, grpc) = (free_port().to_string(), free_port().to_string());
     let root = root.display().to_string();
     let mut env: Vec<(&str, &str)> = vec![
         ("HOST", "127.0.0.1"),
-        ("PORT", &http),
+        ("PORT", "0"),
         ("GRPC_HOST", "127.0.0.1"),
-        ("GRPC_PORT", &grpc),
+        ("GRPC_PORT", "0"),
         ("RUNTIME_ROOT", &root),
         ("RUNTIME_SUBDIRECTORY", "ratelimit"),
         // envoy's debug port on any free port (its default 6070 may be taken).
@@ -66,9 +66,12 @@ fn start(root: &Path, vars: &[(&str, &str)], name: &str) -> (Server, String) {
     ];
     env.extend_from_slice(vars);
     let s = Server::start_env(&["--profile", "envoy"], &env, &repo(), name);
-    assert!(s.base.ends_with(&format!(":{http}")), "{}", s.line);
+    // HOST / PORT and GRPC_HOST / GRPC_PORT made the listeners.
+    assert!(s.line.contains("HTTP http://127.0.0.1:"), "{}", s.line);
+    assert_ne!(s.port(), 8080, "{}", s.line);
     let grpc_addr = s.addr("gRPC ");
-    assert!(grpc_addr.ends_with(&format!(":{grpc}")), "{}", s.line);
+    assert!(grpc_addr.starts_with("127.0.0.1:"), "{}", s.line);
+    assert_ne!(grpc_addr, "127.0.0.1:8081", "{}", s.line);
     (s, grpc_addr)
 }
 
@@ -401,7 +404,6 @@ fn grpc_on_a_unix_socket() {
     write(&root, "limits.yaml", RULES);
     let sock = root.join("rls.sock");
     let sock_s = sock.display().to_string();
-    let http_port = free_port().to_string();
     let root_s = root.display().to_string();
     // The profile from TOLLGATE_PROFILE rather than the flag.
     let s = Server::start_env(
@@ -409,7 +411,7 @@ fn grpc_on_a_unix_socket() {
         &[
             ("TOLLGATE_PROFILE", "envoy"),
             ("HOST", "127.0.0.1"),
-            ("PORT", &http_port),
+            ("PORT", "0"),
             ("GRPC_UDS", &sock_s),
             ("RUNTIME_ROOT", &root_s),
             ("RUNTIME_SUBDIRECTORY", "ratelimit"),
@@ -828,7 +830,9 @@ descriptors:
 fn unhealthy_until_redis_has_answered() {
     let root = runtime("envoy-profile-redis");
     write(&root, "limits.yaml", RULES);
-    let port = free_port();
+    // Refused until Redis starts there; held meanwhile, so no other server can take it.
+    let dead = RefusedPort::new();
+    let port = dead.port;
     let url = format!("127.0.0.1:{port}");
     // envoy's own variables name the store (TCP, standalone).
     let (s, grpc) = start(
@@ -842,6 +846,7 @@ fn unhealthy_until_redis_has_answered() {
         health(&grpc, "ratelimit"),
         Ok(ServingStatus::NotServing as i32)
     );
+    drop(dead);
     let mut redis = tollgate_testsupport::RedisServer::start_on(port, &[]);
     let until = Instant::now() + Duration::from_secs(30);
     loop {
@@ -852,7 +857,8 @@ fn unhealthy_until_redis_has_answered() {
         assert!(Instant::now() < until, "never healthy: {}", s.stderr());
         std::thread::sleep(Duration::from_millis(100));
     }
-    // A later outage does not make it unhealthy (envoy checks Redis once, at start).
+    // A later outage does not make it unhealthy (envoy checks Redis once, at start). The
+    // sleep is the scenario: an outage that lasts.
     redis.kill();
     std::thread::sleep(Duration::from_millis(600));
     assert_eq!(http(&s.base, Method::GET, "/healthcheck", None).status, 200);
@@ -878,18 +884,18 @@ descriptors:
         rate_limit: {unlimited: true}
 ",
     );
-    let port = free_port().to_string();
     let (s, grpc) = start(
         &root,
         &[
-            ("DEBUG_PORT", &port),
             // The hardened listener's limits apply to the debug port too.
             ("TOLLGATE_HEADER_READ_TIMEOUT", "1s"),
         ],
         "envoy-profile-debug",
     );
+    // DEBUG_HOST / DEBUG_PORT made the listener (not envoy's default 6070).
     let debug = format!("http://{}", s.addr("debug http://"));
-    assert_eq!(debug, format!("http://127.0.0.1:{port}"), "{}", s.line);
+    assert!(debug.starts_with("http://127.0.0.1:"), "{}", s.line);
+    assert_ne!(debug, "http://127.0.0.1:6070", "{}", s.line);
 
     // `/`: the endpoints, as envoy's debug index lists them.
     let index = http(&debug, Method::GET, "/", None);
@@ -950,6 +956,8 @@ descriptors:
     );
 
     // envoy logs a debug port it cannot bind and serves on: so does the profile.
+    // The first server holds its debug port: a second one asked for it cannot bind it.
+    let port = s.addr("debug http://127.0.0.1:");
     let (s2, grpc2) = start(&root, &[("DEBUG_PORT", &port)], "envoy-profile-debug-taken");
     assert!(!s2.line.contains("debug http://"), "{}", s2.line);
     assert!(

@@ -27,15 +27,15 @@ fn runtime_with(name: &str, rules: &str) -> std::path::PathBuf {
     root
 }
 
-/// `tollgate serve --profile envoy` on free ports with `vars` (and `TOLLGATE_*` settings).
+/// `tollgate serve --profile envoy` on loopback ports it picks, with `vars` (and `TOLLGATE_*`
+/// settings).
 fn start(root: &Path, vars: &[(&str, &str)], name: &str) -> Server {
-    let (http, grpc) = (free_port().to_string(), free_port().to_string());
     let root = root.display().to_string();
     let mut env: Vec<(&str, &str)> = vec![
         ("HOST", "127.0.0.1"),
-        ("PORT", &http),
+        ("PORT", "0"),
         ("GRPC_HOST", "127.0.0.1"),
-        ("GRPC_PORT", &grpc),
+        ("GRPC_PORT", "0"),
         ("RUNTIME_ROOT", &root),
         ("RUNTIME_SUBDIRECTORY", "ratelimit"),
         ("REDIS_TIMEOUT", "2s"),

@@ -12,7 +12,7 @@ use std::net::{TcpListener, UdpSocket};
 use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use support::{free_port, http, serve_rules, temp_dir, Server};
+use support::{http, serve_rules, temp_dir, Server};
 use tollgate_server::client::Method;
 
 // Fixed window (envoy's counting): a denial holds until the window ends, so the deny cache
@@ -167,13 +167,11 @@ fn statsd_tcp_stream_as_gostats_default_transport() {
 
 #[test]
 fn prometheus_page_with_envoy_metric_names_and_near_limit_ratio() {
-    let port = free_port();
-    let metrics_addr = format!("127.0.0.1:{port}");
     let server = start(
         "envoy-stats-prom",
         &[
             "--envoy-metrics-addr",
-            &metrics_addr,
+            "127.0.0.1:0",
             "--envoy-metrics-path",
             "/stats",
             // floor(3 * 0.5) = 1: the second and third admitted hits are near the limit.
@@ -182,7 +180,10 @@ fn prometheus_page_with_envoy_metric_names_and_near_limit_ratio() {
         ],
     );
     five_hits(&server);
-    let base = format!("http://{metrics_addr}");
+    let base = format!(
+        "http://{}",
+        server.logged_addr("serving envoy-named metrics")
+    );
     let page = http(&base, Method::GET, "/stats", None);
     assert_eq!(page.status, 200);
     for line in [
@@ -267,13 +268,12 @@ fn start_profile(name: &str, vars: &[(&str, &str)]) -> Server {
     let app = root.join("ratelimit/config");
     std::fs::create_dir_all(&app).unwrap();
     std::fs::write(app.join("stats.yaml"), PROFILE_RULES).unwrap();
-    let (http_port, grpc_port) = (free_port().to_string(), free_port().to_string());
     let root = root.display().to_string();
     let mut env: Vec<(&str, &str)> = vec![
         ("HOST", "127.0.0.1"),
-        ("PORT", &http_port),
+        ("PORT", "0"),
         ("GRPC_HOST", "127.0.0.1"),
-        ("GRPC_PORT", &grpc_port),
+        ("GRPC_PORT", "0"),
         ("RUNTIME_ROOT", &root),
         ("RUNTIME_SUBDIRECTORY", "ratelimit"),
         ("DEBUG_HOST", "127.0.0.1"),
@@ -346,19 +346,22 @@ fn profile_statsd_udp_counts_as_envoy_when_hits_cross_the_limit() {
 
 #[test]
 fn profile_prometheus_counts_as_envoy_when_hits_cross_the_limit() {
-    let port = free_port().to_string();
-    let metrics_addr = format!("127.0.0.1:{port}");
     let server = start_profile(
         "envoy-stats-profile-prom",
         &[
             ("USE_STATSD", "false"),
             ("USE_PROMETHEUS", "true"),
-            ("PROMETHEUS_ADDR", &metrics_addr),
+            ("PROMETHEUS_ADDR", "127.0.0.1:0"),
+            // The log line that names the bound address is at info (envoy's default: warn).
+            ("LOG_LEVEL", "info"),
         ],
     );
     crossing_sequences(&server);
     let page = http(
-        &format!("http://{metrics_addr}"),
+        &format!(
+            "http://{}",
+            server.logged_addr("serving envoy-named metrics")
+        ),
         Method::GET,
         "/metrics",
         None,

@@ -111,10 +111,11 @@ fn a_chosen_connection_cap_that_cannot_fit_is_warned_about_with_the_real_listene
 
 /// envoy's listeners (but HTTP, when `http` is given as a flag) on free loopback ports, the
 /// debug port on any port, no statsd.
-fn profile_env(grpc: &str) -> Vec<(&'static str, String)> {
+/// envoy's variables for a gRPC and a debug listener on loopback ports the server picks.
+fn profile_env() -> Vec<(&'static str, String)> {
     vec![
         ("GRPC_HOST", "127.0.0.1".into()),
-        ("GRPC_PORT", grpc.into()),
+        ("GRPC_PORT", "0".into()),
         ("DEBUG_HOST", "127.0.0.1".into()),
         ("DEBUG_PORT", "0".into()),
         ("USE_STATSD", "false".into()),
@@ -131,9 +132,7 @@ descriptors:
 /// environment: the flags must win over the profile's defaults.
 fn profile_with_flags(name: &str, extra: &[(&str, &str)]) -> Server {
     let dir = rules_dir(name, SHADOWED);
-    let http = format!("127.0.0.1:{}", free_port());
-    let grpc = free_port().to_string();
-    let owned = profile_env(&grpc);
+    let owned = profile_env();
     let mut env: Vec<(&str, &str)> = owned.iter().map(|(k, v)| (*k, v.as_str())).collect();
     env.extend_from_slice(extra);
     let s = Server::start_env(
@@ -143,14 +142,16 @@ fn profile_with_flags(name: &str, extra: &[(&str, &str)]) -> Server {
             "--rules",
             dir.to_str().unwrap(),
             "--http-addr",
-            &http,
+            "127.0.0.1:0",
             "--response-headers",
         ],
         &env,
         &repo(),
         name,
     );
-    assert!(s.line.contains(&format!("http://{http}")), "{}", s.line);
+    // The flag's address, not the profile's default (0.0.0.0:8080).
+    assert!(s.line.contains("HTTP http://127.0.0.1:"), "{}", s.line);
+    assert!(!s.line.contains(":8080"), "{}", s.line);
     s
 }
 
@@ -160,11 +161,10 @@ fn profile_from_env(name: &str, extra: &[(&str, &str)]) -> Server {
     let root = temp_dir(name);
     std::fs::create_dir_all(root.join("config")).unwrap();
     std::fs::write(root.join("config/rules.yaml"), SHADOWED).unwrap();
-    let (http, grpc) = (free_port().to_string(), free_port().to_string());
-    let mut owned = profile_env(&grpc);
+    let mut owned = profile_env();
     owned.extend([
         ("HOST", "127.0.0.1".into()),
-        ("PORT", http),
+        ("PORT", "0".into()),
         ("RUNTIME_ROOT", root.display().to_string()),
     ]);
     let mut env: Vec<(&str, &str)> = owned.iter().map(|(k, v)| (*k, v.as_str())).collect();
@@ -286,8 +286,7 @@ fn envoy_profile_global_shadow_answer_carries_no_retry_after() {
 /// A flag and envoy's variable that say different things stop the start, naming both.
 #[test]
 fn envoy_profile_flag_and_variable_that_disagree_fail_naming_both() {
-    let grpc = free_port().to_string();
-    let mut env: Vec<(&str, String)> = profile_env(&grpc);
+    let mut env: Vec<(&str, String)> = profile_env();
     env.push(("RUNTIME_ROOT", "/tmp".into()));
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let out = run_env(
@@ -312,14 +311,12 @@ fn envoy_profile_flag_and_variable_that_disagree_fail_naming_both() {
 /// TOLLGATE_RULES" although the path came from `RUNTIME_ROOT` and its siblings.
 #[test]
 fn envoy_profile_missing_rules_names_the_variables_that_made_the_path() {
-    let grpc = free_port().to_string();
-    let http = free_port().to_string();
     let root = temp_dir("first-day-no-runtime").join("absent");
     let root = root.to_str().unwrap().to_owned();
-    let mut env: Vec<(&str, String)> = profile_env(&grpc);
+    let mut env: Vec<(&str, String)> = profile_env();
     env.extend([
         ("HOST", "127.0.0.1".into()),
-        ("PORT", http),
+        ("PORT", "0".into()),
         ("RUNTIME_ROOT", root.clone()),
         ("RUNTIME_SUBDIRECTORY", "ratelimit".into()),
     ]);

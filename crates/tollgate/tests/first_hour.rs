@@ -7,7 +7,7 @@ mod support;
 
 use serde_json::json;
 use std::process::{Command, Output};
-use support::{free_port, http, repo, temp_dir, tollgate, Server};
+use support::{http, repo, temp_dir, tollgate, RefusedPort, Server};
 use tollgate_server::client::Method;
 
 fn text(b: &[u8]) -> String {
@@ -109,17 +109,16 @@ fn unknown_domains_and_unmatched_descriptors_are_visible() {
 
 #[test]
 fn listen_addresses_as_people_write_them() {
-    // A host name with a port, gRPC off.
-    let port = free_port();
-    let http_addr = format!("localhost:{port}");
+    // A host name with a port, gRPC off. Port 0 everywhere: the server picks the port.
     let server = Server::launch(
-        &["serve", "--http-addr", &http_addr, "--grpc-addr", "off"],
+        &["serve", "--http-addr", "localhost:0", "--grpc-addr", "off"],
         "first-hour-localhost",
     );
     assert!(
-        server
-            .line
-            .starts_with(&format!("listening: HTTP http://127.0.0.1:{port} ")),
+        server.line.starts_with(&format!(
+            "listening: HTTP http://127.0.0.1:{} ",
+            server.port()
+        )),
         "{}",
         server.line
     );
@@ -133,45 +132,35 @@ fn listen_addresses_as_people_write_them() {
     drop(server);
 
     // `:port` and a bare port: every interface; HTTP off with gRPC on.
-    for form in [format!(":{}", free_port()), free_port().to_string()] {
-        let grpc_port = free_port();
+    for form in [":0", "0"] {
         let server = Server::launch(
-            &[
-                "serve",
-                "--http-addr",
-                &form,
-                "--grpc-addr",
-                &grpc_port.to_string(),
-            ],
+            &["serve", "--http-addr", form, "--grpc-addr", "0"],
             "first-hour-port",
         );
-        let port = form.trim_start_matches(':');
         assert!(
             server
                 .line
-                .contains(&format!("HTTP http://0.0.0.0:{port} ")),
+                .contains(&format!("HTTP http://0.0.0.0:{} ", server.port())),
             "{}",
             server.line
         );
-        assert!(
-            server.line.contains(&format!("gRPC 0.0.0.0:{grpc_port}")),
-            "{}",
-            server.line
-        );
+        let grpc = server.addr("gRPC ");
+        assert!(grpc.starts_with("0.0.0.0:"), "{}", server.line);
+        assert_ne!(grpc, "0.0.0.0:0", "{}", server.line);
     }
-    let grpc_port = free_port();
     let server = Server::launch(
         &[
             "serve",
             "--http-addr",
             "off",
             "--grpc-addr",
-            &format!("127.0.0.1:{grpc_port}"),
+            "127.0.0.1:0",
             "--log-format",
             "json",
         ],
         "first-hour-http-off",
     );
+    let grpc_port = server.addr("gRPC 127.0.0.1:");
     assert_eq!(
         server.line,
         format!("listening: gRPC 127.0.0.1:{grpc_port}, store memory")
@@ -271,8 +260,8 @@ fn loose_ends_of_rules_and_traces() {
 /// timeout and refused every probe, and the breaker "opened from healthy" though it never was.
 #[test]
 fn a_redis_that_refuses_connections_is_named_once_at_start() {
-    let dead = free_port();
-    let store = format!("redis://127.0.0.1:{dead}");
+    let dead = RefusedPort::new();
+    let store = format!("redis://127.0.0.1:{}", dead.port);
     let server = Server::launch(
         &[
             "serve",
@@ -285,7 +274,9 @@ fn a_redis_that_refuses_connections_is_named_once_at_start() {
         ],
         "first-hour-dead-redis",
     );
-    // Several probe rounds (every 250 ms) while Redis stays down.
+    server.wait_for_log("Redis unavailable at start");
+    server.wait_for_log("connection refused");
+    // The scenario: several probe rounds (every 250 ms) while Redis stays down.
     std::thread::sleep(std::time::Duration::from_millis(1500));
     let log = server.stderr();
     assert!(log.contains("connection refused"), "{log}");

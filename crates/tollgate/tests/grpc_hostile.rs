@@ -163,16 +163,7 @@ fn start_env(extra: &[&str], env: &[(&str, &str)], name: &str) -> (Server, Strin
     let dir = temp_dir(name);
     std::fs::write(dir.join("rules.yaml"), RULES).unwrap();
     let rules = dir.join("rules.yaml").display().to_string();
-    let mut args = vec![
-        "--http-addr",
-        "127.0.0.1:0",
-        "--grpc-addr",
-        "127.0.0.1:0",
-        "--rules",
-        &rules,
-    ];
-    args.extend_from_slice(extra);
-    let server = Server::start_env(&args, env, &repo(), name);
+    let server = serve_rules_env(&rules, extra, env, name);
     let grpc = server.addr("gRPC ");
     (server, grpc)
 }

@@ -329,8 +329,10 @@ fn sigterm_ends_despite_half_sent_requests_and_a_raw_h2_preface() {
         .unwrap();
     let mut first = [0u8; 12];
     idle.read_exact(&mut first).unwrap();
-    // Let the server see every connection before the signal.
-    std::thread::sleep(Duration::from_millis(300));
+    // The server has read what each connection sent before the signal.
+    for conn in [&half_head, &h2, &grpc_h2, &in_flight, &idle] {
+        wait_until_read(conn);
+    }
 
     let signalled = Instant::now();
     server.terminate();

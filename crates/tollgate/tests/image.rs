@@ -22,7 +22,7 @@ use std::process::{Command, Output};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 use support::kube::{write_configmap, Manifest};
-use support::{free_port, repo, temp_dir, try_http};
+use support::{repo, temp_dir, try_http};
 use tollgate_server::client::{HttpResponse, Method};
 
 /// The binary the Containerfile's `host` stage copies (relative to the repository).
@@ -182,10 +182,28 @@ impl Container {
         )
     }
 
-    /// Wait until `GET path` on `base` answers 200; returns the time since `podman run`.
-    fn wait_ready(&mut self, base: String, path: &str) -> Duration {
-        self.base = base;
+    /// Wait until the container's `listening:` line names its HTTP address (it binds port 0,
+    /// on the host's network) and `GET path` there answers 200; returns the time since
+    /// `podman run`. The address is then [`Container::base`].
+    fn wait_ready(&mut self, path: &str) -> Duration {
         let until = Instant::now() + Duration::from_secs(60);
+        self.base = loop {
+            let logs = self.logs();
+            let http = logs
+                .lines()
+                .find_map(|l| l.strip_prefix("listening: HTTP http://"))
+                .and_then(|rest| rest.split_whitespace().next())
+                .and_then(|addr| addr.rsplit(':').next());
+            if let Some(port) = http {
+                break format!("http://127.0.0.1:{port}");
+            }
+            assert!(
+                Instant::now() < until,
+                "{} printed no listening line after 60 s; logs:\n{logs}",
+                self.name
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
         loop {
             if let Ok(r) = get(&self.base, path) {
                 if r.status == 200 {
@@ -269,16 +287,13 @@ fn check(base: &str, domain: &str, entries: &[(&str, &str)]) -> Value {
     serde_json::from_str(&r.body).unwrap()
 }
 
-/// `http://127.0.0.1:PORT` and the listener settings that put tollgate there.
-fn listeners() -> (String, Vec<(&'static str, String)>) {
-    let (http, grpc) = (free_port(), free_port());
-    (
-        format!("http://127.0.0.1:{http}"),
-        vec![
-            ("TOLLGATE_HTTP_ADDR", format!("127.0.0.1:{http}")),
-            ("TOLLGATE_GRPC_ADDR", format!("127.0.0.1:{grpc}")),
-        ],
-    )
+/// The listener settings that put tollgate on loopback ports it picks (see
+/// [`Container::wait_ready`]).
+fn listeners() -> Vec<(&'static str, String)> {
+    vec![
+        ("TOLLGATE_HTTP_ADDR", "127.0.0.1:0".to_string()),
+        ("TOLLGATE_GRPC_ADDR", "127.0.0.1:0".to_string()),
+    ]
 }
 
 /// The image's own settings: the entrypoint, a non-root user, the example rules, the ports.
@@ -313,9 +328,9 @@ fn image_runs_the_kubernetes_pod_reloads_the_configmap_and_stops_cleanly() {
     let cm = temp_dir("image-configmap");
     write_configmap(&cm, "2026_11_24_00_00_00.000000001", &files);
 
-    let (base, ports) = listeners();
-    let mut c = Container::run(&manifest, &cm, &ports, "pod");
-    let ready = c.wait_ready(base.clone(), &manifest.probe_path("readinessProbe"));
+    let mut c = Container::run(&manifest, &cm, &listeners(), "pod");
+    let ready = c.wait_ready(&manifest.probe_path("readinessProbe"));
+    let base = c.base.clone();
     let rss = c.rss_kb();
     println!("start to ready: {ready:?} (podman run -d until /readyz answers 200); RSS {rss} kB");
     let live = get(&base, &manifest.probe_path("livenessProbe")).unwrap();
@@ -385,12 +400,13 @@ fn image_runs_the_redis_pod_with_the_url_from_the_secret() {
         &manifest.configmap_files(),
     );
     let prefix = tollgate_testsupport::unique_prefix("image");
-    let (base, mut env) = listeners();
+    let mut env = listeners();
     // What the user puts in the Secret; `localhost` is resolved in the container (/etc/hosts).
     env.push(("TOLLGATE_STORE", "redis://localhost:6379".to_string()));
     env.push(("TOLLGATE_REDIS_PREFIX", prefix.clone()));
     let mut c = Container::run(&manifest, &cm, &env, "redis");
-    c.wait_ready(base.clone(), &manifest.probe_path("readinessProbe"));
+    c.wait_ready(&manifest.probe_path("readinessProbe"));
+    let base = c.base.clone();
     let ready: Value = serde_json::from_str(&get(&base, "/readyz").unwrap().body).unwrap();
     assert_eq!(ready["store"], "redis", "{ready}");
     assert_eq!(ready["store_state"], "healthy", "{ready}");
@@ -422,22 +438,21 @@ fn image_swaps_in_for_envoy_ratelimit_keeping_its_environment() {
         "2026_11_24_00_00_00.000000001",
         &manifest.configmap_files(),
     );
-    let (http, grpc) = (free_port(), free_port());
-    let base = format!("http://127.0.0.1:{http}");
     // envoy's own variables move the listeners and point REDIS_URL at the test Redis (a host
     // name, resolved in the container); CACHE_KEY_PREFIX keeps this run's counters (envoy's key
     // layout) apart.
     let prefix = tollgate_testsupport::unique_prefix("swap");
     let extra = [
         ("HOST", "127.0.0.1".to_string()),
-        ("PORT", http.to_string()),
+        ("PORT", "0".to_string()),
         ("GRPC_HOST", "127.0.0.1".to_string()),
-        ("GRPC_PORT", grpc.to_string()),
+        ("GRPC_PORT", "0".to_string()),
         ("REDIS_URL", "localhost:6379".to_string()),
         ("CACHE_KEY_PREFIX", format!("{prefix}:")),
     ];
     let mut c = Container::run(&manifest, &cm, &extra, "envoy");
-    c.wait_ready(base.clone(), &manifest.probe_path("readinessProbe"));
+    c.wait_ready(&manifest.probe_path("readinessProbe"));
+    let base = c.base.clone();
     // 2 per minute from the ConfigMap: 1 hit passes, 3 more go over (whatever the window).
     let mut statuses = Vec::new();
     for hits in [1, 3] {

@@ -83,16 +83,12 @@ fn serve(max_keys: &str, name: &str) -> Server {
     let dir = temp_dir(name);
     std::fs::write(dir.join("api.yaml"), RULES).unwrap();
     let rules = dir.display().to_string();
-    let (http, grpc) = (
-        format!("127.0.0.1:{}", free_port()),
-        format!("127.0.0.1:{}", free_port()),
-    );
     Server::start(
         &[
             "--http-addr",
-            &http,
+            "127.0.0.1:0",
             "--grpc-addr",
-            &grpc,
+            "127.0.0.1:0",
             "--rules",
             &rules,
             "--max-keys",

@@ -17,7 +17,8 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
-use support::{free_port, port_is_free, repo};
+use support::{on_free_ports, port_is_free, repo};
+use tollgate_testsupport::free_port;
 
 const MARKER: &str = "<!-- distributed-setup:";
 
@@ -69,7 +70,7 @@ fn quick_start_cargo_run_finds_the_tollgate_binary() {
 
 #[test]
 fn readme_distributed_setup_runs_as_written() {
-    let mut script = distributed_block();
+    let script = distributed_block();
     assert!(
         script.contains("redis-cli -h 127.0.0.1 -p 6379 ping ||"),
         "{script}"
@@ -79,34 +80,44 @@ fn readme_distributed_setup_runs_as_written() {
         !script.contains("8080") && !script.contains("8081"),
         "{script}"
     );
-    for port in ["9080", "9081", "9180", "9181"] {
-        if !port_is_free(port.parse().unwrap()) {
-            script = script.replace(port, &free_port().to_string());
-        }
-    }
     let bin_dir = Path::new(env!("CARGO_BIN_EXE_tollgate")).parent().unwrap();
     let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap());
-    let mut cmd = Command::new("bash");
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("TOLLGATE_") {
-            cmd.env_remove(k);
-        }
-    }
-    let mut child = cmd
-        .arg("-c")
-        .arg(&script)
-        .env("PATH", path)
-        .current_dir(repo())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        // Its own process group: whatever is left is stopped with it.
-        .process_group(0)
-        .spawn()
-        .unwrap();
-    let status = wait_then_stop(&mut child, Duration::from_secs(60));
-    let out = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    // The documented ports where free; all moved when one was lost to another process (the
+    // script's services cannot bind port 0 and say where they are).
+    let mut documented = true;
+    let (status, stdout, stderr) =
+        on_free_ports("the README's distributed setup", |moved: [u16; 4]| {
+            let mut script = script.clone();
+            for (port, to) in ["9080", "9081", "9180", "9181"].into_iter().zip(moved) {
+                if !documented || !port_is_free(port.parse().unwrap()) {
+                    script = script.replace(port, &to.to_string());
+                }
+            }
+            documented = false;
+            let mut cmd = Command::new("bash");
+            for (k, _) in std::env::vars_os() {
+                if k.to_string_lossy().starts_with("TOLLGATE_") {
+                    cmd.env_remove(k);
+                }
+            }
+            let mut child = cmd
+                .arg("-c")
+                .arg(&script)
+                .env("PATH", &path)
+                .current_dir(repo())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                // Its own process group: whatever is left is stopped with it.
+                .process_group(0)
+                .spawn()
+                .unwrap();
+            let status = wait_then_stop(&mut child, Duration::from_secs(60));
+            let out = child.wait_with_output().unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+            let lost = !status.is_some_and(|s| s.success()) && stderr.contains("in use");
+            (!lost).then_some((status, stdout, stderr))
+        });
     let status = status.unwrap_or_else(|| panic!("did not end in 60 s:\n{stdout}\n{stderr}"));
     assert!(status.success(), "{status}\n{stdout}\n{stderr}");
     // The running Redis answered: no second one was started.
@@ -134,7 +145,7 @@ fn readme_distributed_setup_runs_as_written() {
 const SHELL: &[&str] = &["sh", "bash", "shell", "console"];
 
 /// Ports the blocks use as the quick start does; replaced by free ones only when taken.
-const FIXED_PORTS: &[u16] = &[8080, 8081, 6070];
+const FIXED_PORTS: [u16; 3] = [8080, 8081, 6070];
 
 /// How a shell block is run, from the HTML comment on the line before it.
 #[derive(Debug, Clone, PartialEq)]
@@ -246,11 +257,13 @@ struct Env {
 }
 
 impl Env {
-    fn new() -> Env {
+    /// The fixed ports where free, else the `moved` ones (every one with `all`).
+    fn new(moved: [u16; 3], all: bool) -> Env {
         let bin_dir = Path::new(env!("CARGO_BIN_EXE_tollgate")).parent().unwrap();
         let ports = FIXED_PORTS
             .iter()
-            .map(|&p| (p, if port_is_free(p) { p } else { free_port() }))
+            .zip(moved)
+            .map(|(&p, to)| (p, if !all && port_is_free(p) { p } else { to }))
             .collect();
         Env {
             path: format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap()),
@@ -427,7 +440,7 @@ fn commands(text: &str) -> String {
 }
 
 /// The quick start's `tollgate serve` (repository root, default rules and ports).
-fn quick_start_server(env: &Env) -> support::Server {
+fn quick_start_server(env: &Env) -> Result<support::Server, String> {
     let vars = env.vars();
     let vars: Vec<(&str, &str)> = vars
         .iter()
@@ -435,7 +448,43 @@ fn quick_start_server(env: &Env) -> support::Server {
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
     support::Server::launch_under(&[], &["serve"], &vars, &repo(), "doc-blocks-quick-start")
-        .unwrap_or_else(|e| panic!("the quick start's serve: {e}"))
+        .map_err(|e| format!("the quick start's serve: {e}"))
+}
+
+/// Run a block marked `run`, `run: server` or `run: serve` in `env` (`server`: the quick-start
+/// server of the file, started for the first `run: server` block, stopped before a block that
+/// starts its own services).
+fn run_block(
+    env: &Env,
+    server: &mut Option<support::Server>,
+    how: &How,
+    block: &Block,
+) -> Result<(), String> {
+    let script = env.script(&block.text);
+    match how {
+        How::WithServer => {
+            if server.is_none() {
+                *server = Some(quick_start_server(env)?);
+            }
+            run_to_end(
+                env,
+                &commands(&script),
+                Duration::from_secs(120),
+                &block.expect,
+            )
+        }
+        How::Run => {
+            *server = None;
+            wait_for_free_ports(env);
+            run_to_end(env, &script, Duration::from_secs(120), &block.expect)
+        }
+        How::Serve => {
+            *server = None;
+            wait_for_free_ports(env);
+            run_until_listening(env, &script)
+        }
+        How::NotRun(_) | How::ByTest { .. } => unreachable!("not run here"),
+    }
 }
 
 /// Every shell block that README.md and docs/*.md show is run as written (or run by the test
@@ -452,7 +501,7 @@ fn every_shell_block_in_the_docs_runs_as_written() {
     docs.sort();
     files.extend(docs);
 
-    let env = Env::new();
+    let mut env = Env::new(std::array::from_fn(|_| free_port()), false);
     let mut failures = Vec::new();
     let (mut ran, mut not_run) = (0, 0);
     for path in &files {
@@ -467,7 +516,6 @@ fn every_shell_block_in_the_docs_runs_as_written() {
         let mut server: Option<support::Server> = None;
         for block in shell_blocks(&name, &text) {
             let at = format!("{}:{}", block.file, block.line);
-            let script = env.script(&block.text);
             let result = match &block.how {
                 None => Err(
                     "unmarked shell block: put `<!-- run -->`, `<!-- run: server -->`, \
@@ -489,29 +537,21 @@ fn every_shell_block_in_the_docs_runs_as_written() {
                         Err(format!("{test} does not look for `<!-- {marker}:`"))
                     }
                 }
-                Some(How::WithServer) => {
-                    if server.is_none() {
-                        server = Some(quick_start_server(&env));
+                Some(how) => {
+                    ran += 1;
+                    match run_block(&env, &mut server, how, &block) {
+                        // A port lost to another process meanwhile: the block again, with
+                        // every port moved.
+                        Err(e) if e.contains("in use") => on_free_ports(&at, |moved| {
+                            env = Env::new(moved, true);
+                            server = None;
+                            match run_block(&env, &mut server, how, &block) {
+                                Err(e) if e.contains("in use") => None,
+                                result => Some(result),
+                            }
+                        }),
+                        result => result,
                     }
-                    ran += 1;
-                    run_to_end(
-                        &env,
-                        &commands(&script),
-                        Duration::from_secs(120),
-                        &block.expect,
-                    )
-                }
-                Some(How::Run) => {
-                    server = None;
-                    wait_for_free_ports(&env);
-                    ran += 1;
-                    run_to_end(&env, &script, Duration::from_secs(120), &block.expect)
-                }
-                Some(How::Serve) => {
-                    server = None;
-                    wait_for_free_ports(&env);
-                    ran += 1;
-                    run_until_listening(&env, &script)
                 }
             };
             if let Err(e) = result {

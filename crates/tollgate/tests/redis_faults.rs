@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::conn::Conn;
-use support::{http, serve_store as serve, temp_dir, Server};
+use support::{http, serve_store as serve, temp_dir, Server, HANG};
 use tollgate_server::client::Method;
 use tollgate_testsupport::{runtime, unique_prefix, RedisServer};
 
@@ -101,7 +101,7 @@ fn serve_must_exit(store: &str, name: &str) -> (Option<i32>, String, Duration) {
         if let Some(s) = child.try_wait().unwrap() {
             break s;
         }
-        if started.elapsed() > Duration::from_secs(30) {
+        if started.elapsed() > HANG {
             let _ = child.kill();
             let _ = child.wait();
             panic!(
@@ -252,13 +252,14 @@ fn out_of_memory_is_reported_and_the_breaker_does_not_flap() {
     let started = Instant::now();
     while readyz(&s.base)["store_state"] != "open" {
         check(&s.base, "fw", "outage");
-        assert!(started.elapsed() < Duration::from_secs(10), "never opened");
+        assert!(started.elapsed() < HANG, "never opened");
     }
     let redis = RedisServer::start_on(
         port,
         &["--maxmemory", "1", "--maxmemory-policy", "noeviction"],
     );
     assert!(redis.cli(&["PING"]).contains("PONG"));
+    // The scenario: several probe rounds (every 250 ms) against a Redis that answers PING.
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(readyz(&s.base)["store_state"], "open");
     assert_eq!(
@@ -270,10 +271,7 @@ fn out_of_memory_is_reported_and_the_breaker_does_not_flap() {
     let started = Instant::now();
     while readyz(&s.base)["store_state"] != "healthy" {
         check(&s.base, "fw", "after");
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "never recovered"
-        );
+        assert!(started.elapsed() < HANG, "never recovered");
         std::thread::sleep(Duration::from_millis(25));
     }
 }

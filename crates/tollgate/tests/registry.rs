@@ -581,7 +581,8 @@ fn rules_cli_applies_gets_lists_and_deletes() {
     let (code, _, err) = run(&["rules", "apply", "-f", apply, "--url", url]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--token-file"), "{err}");
-    let dead = format!("http://127.0.0.1:{}", free_port());
+    let refused = RefusedPort::new();
+    let dead = format!("http://127.0.0.1:{}", refused.port);
     let (code, _, _) = run(&["rules", "list", "--url", &dead]);
     assert_eq!(code, 2);
 

@@ -4,10 +4,10 @@
 //! stopped when dropped. Plus a raw HTTP/1.1 client that can pick its source address on the
 //! loopback (127.0.0.0/8), so tests have many distinct client IPs.
 
-use super::{free_port, temp_dir};
+use super::{on_free_port, on_free_ports, temp_dir, wait_listening, HANG};
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -149,19 +149,6 @@ fn echo(mut conn: TcpStream) {
     );
 }
 
-/// Wait until something accepts connections on `127.0.0.1:port`.
-pub fn wait_for_port(port: u16, what: &str, log: &Path) {
-    let until = Instant::now() + Duration::from_secs(20);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            Instant::now() < until,
-            "{what} did not listen on {port}; log:\n{}",
-            std::fs::read_to_string(log).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(25));
-    }
-}
-
 /// Fail with a clear message when a gateway binary is missing (`scripts/test.sh` installs it).
 pub fn need(cmd: &str, package: &str) {
     let found = Command::new("sh")
@@ -204,8 +191,20 @@ impl Gateway {
         edit: impl Fn(String) -> String,
     ) -> Gateway {
         need("nginx", "nginx");
+        on_free_port("nginx", |port| {
+            Self::try_nginx(name, port, tollgate_port, upstream, &edit)
+        })
+    }
+
+    /// nginx listening on `port`; `None` when it could not bind it.
+    fn try_nginx(
+        name: &str,
+        port: u16,
+        tollgate_port: u16,
+        upstream: u16,
+        edit: &impl Fn(String) -> String,
+    ) -> Option<Gateway> {
         let dir = temp_dir(name);
-        let port = free_port();
         let conf = dir.join("nginx.conf");
         let text = edit(Self::config(
             "examples/nginx/nginx.conf",
@@ -238,25 +237,39 @@ impl Gateway {
             .stderr(std::fs::File::create(dir.join("stderr.log")).unwrap())
             .spawn()
             .expect("spawn nginx");
-        let g = Gateway {
+        let mut g = Gateway {
             child,
             port,
             log,
             dir,
         };
-        wait_for_port(port, "nginx", &g.dir.join("stderr.log"));
-        g
+        let stderr = g.dir.join("stderr.log");
+        wait_listening(&mut g.child, port, "nginx", &stderr, HANG).then_some(g)
     }
 
     /// Caddy from `examples/caddy/Caddyfile` (its admin endpoint moved to a free port).
     pub fn caddy(name: &str, tollgate_port: u16, upstream: u16) -> Gateway {
         need("caddy", "caddy");
+        // Caddy exits when it loses either port (its listener's, its admin endpoint's).
+        on_free_ports("caddy", |[port, admin]| {
+            Self::try_caddy(name, port, admin, tollgate_port, upstream)
+        })
+    }
+
+    /// Caddy listening on `port`, its admin endpoint on `admin`; `None` when it could not bind
+    /// them.
+    fn try_caddy(
+        name: &str,
+        port: u16,
+        admin: u16,
+        tollgate_port: u16,
+        upstream: u16,
+    ) -> Option<Gateway> {
         let dir = temp_dir(name);
-        let port = free_port();
         let conf = dir.join("Caddyfile");
         let text = Self::config("examples/caddy/Caddyfile", port, tollgate_port, upstream);
         assert!(text.contains("localhost:2019"));
-        let text = text.replace("localhost:2019", &format!("localhost:{}", free_port()));
+        let text = text.replace("localhost:2019", &format!("localhost:{admin}"));
         std::fs::write(&conf, text).unwrap();
         let log = dir.join("caddy.log");
         let child = Command::new("caddy")
@@ -269,14 +282,13 @@ impl Gateway {
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .expect("spawn caddy");
-        let g = Gateway {
+        let mut g = Gateway {
             child,
             port,
             log,
             dir,
         };
-        wait_for_port(port, "caddy", &g.log);
-        g
+        wait_listening(&mut g.child, port, "caddy", &g.log.clone(), HANG).then_some(g)
     }
 
     pub fn log(&self) -> String {

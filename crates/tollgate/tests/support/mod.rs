@@ -1,6 +1,11 @@
 //! Shared by the end-to-end tests: `tollgate serve` (or any subcommand that prints a
 //! `listening:` line, such as `bench-ceiling`) as a child process, its bound addresses read from
-//! that line, temporary directories, free ports and a blocking HTTP call.
+//! that line, temporary directories and a blocking HTTP call.
+//!
+//! Servers bind port 0 and report the port they got (a port found free and released could be
+//! taken by another process before the server binds it). Third-party servers that must be told
+//! their port start through [`on_free_port`], which starts them again elsewhere when they lose
+//! it.
 
 #![allow(dead_code)]
 
@@ -17,19 +22,14 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use tollgate_server::client::{send, HttpResponse, Method};
-pub use tollgate_testsupport::temp_dir;
+// Not every test binary uses every helper.
+#[allow(unused_imports)]
+pub use tollgate_testsupport::{
+    on_free_port, on_free_ports, temp_dir, wait_listening, RefusedPort,
+};
 
 pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// A port that was free a moment ago (bind, read, release).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 pub fn port_is_free(port: u16) -> bool {
@@ -172,6 +172,44 @@ impl Server {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The port of the HTTP listener.
+    pub fn port(&self) -> u16 {
+        self.base.rsplit(':').next().unwrap().parse().unwrap()
+    }
+
+    /// The `addr` of the log line saying `message` (text or JSON logs): where a listener that
+    /// the `listening:` line does not name (e.g. `--envoy-metrics-addr 127.0.0.1:0`) was bound.
+    pub fn logged_addr(&self, message: &str) -> String {
+        let log = self.stderr();
+        let line = log
+            .lines()
+            .find(|l| l.contains(message))
+            .unwrap_or_else(|| panic!("no {message:?} in the log:\n{log}"));
+        let rest = line
+            .split_once("addr=")
+            .or_else(|| line.split_once("\"addr\":\""))
+            .unwrap_or_else(|| panic!("no addr in {line}"))
+            .1;
+        rest.split(|c: char| c.is_whitespace() || c == '"')
+            .next()
+            .unwrap()
+            .to_string()
+    }
+
+    /// Wait until the server's log has a line containing `needle`. The deadline only turns a
+    /// hang into a failure.
+    pub fn wait_for_log(&self, needle: &str) {
+        let until = Instant::now() + HANG;
+        while !self.stderr().contains(needle) {
+            assert!(
+                Instant::now() < until,
+                "no {needle:?} in the log after {HANG:?}:\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn terminate(&mut self) {
         let status = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
@@ -213,6 +251,33 @@ fn addr_after(line: &str, marker: &str) -> Option<String> {
         .map(str::to_string)
 }
 
+/// How long a test waits for an event before it calls it a hang: generous, since a busy machine
+/// is slow, and never a claim about speed.
+pub const HANG: Duration = Duration::from_secs(60);
+
+/// Wait until the server at the other end of `conn` has read every byte sent on it (nothing
+/// left in its socket's receive queue): what was written is in the server's hands.
+pub fn wait_until_read(conn: &std::net::TcpStream) {
+    let (ours, theirs) = (
+        conn.local_addr().unwrap().port(),
+        conn.peer_addr().unwrap().port(),
+    );
+    let until = Instant::now() + HANG;
+    loop {
+        let read = tollgate_testsupport::tcp_sockets()
+            .iter()
+            .any(|s| s.local_port == theirs && s.remote_port == ours && s.unread == 0);
+        if read {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "the server did not read the request"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 pub fn http(base: &str, method: Method, path: &str, body: Option<Value>) -> HttpResponse {
     try_http(base, method, path, body).expect("HTTP request")
 }
@@ -246,14 +311,18 @@ pub fn tollgate(args: &[&str]) -> Output {
         .expect("run tollgate")
 }
 
-/// `tollgate serve` on free loopback ports (HTTP and gRPC) with `--rules rules`, extra flags and
-/// `TOLLGATE_*` settings in the environment, run in the repository root.
+/// `tollgate serve` on loopback ports of its choosing (HTTP and gRPC, see [`Server::addr`]) with
+/// `--rules rules`, extra flags and `TOLLGATE_*` settings in the environment, run in the
+/// repository root.
 pub fn serve_rules_env(rules: &str, extra: &[&str], env: &[(&str, &str)], name: &str) -> Server {
-    let (http, grpc) = (
-        format!("127.0.0.1:{}", free_port()),
-        format!("127.0.0.1:{}", free_port()),
-    );
-    let mut args = vec!["--http-addr", &http, "--grpc-addr", &grpc, "--rules", rules];
+    let mut args = vec![
+        "--http-addr",
+        "127.0.0.1:0",
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--rules",
+        rules,
+    ];
     args.extend(extra);
     Server::start_env(&args, env, &repo(), name)
 }
