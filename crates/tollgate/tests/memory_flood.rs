@@ -82,21 +82,7 @@ impl Conn {
 fn serve(max_keys: &str, name: &str) -> Server {
     let dir = temp_dir(name);
     std::fs::write(dir.join("api.yaml"), RULES).unwrap();
-    let rules = dir.display().to_string();
-    Server::start(
-        &[
-            "--http-addr",
-            "127.0.0.1:0",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--rules",
-            &rules,
-            "--max-keys",
-            max_keys,
-        ],
-        &repo(),
-        name,
-    )
+    serve_rules(&dir.display().to_string(), &["--max-keys", max_keys], name)
 }
 
 /// The value of metric `name` (unlabelled) from `/metrics`.
