@@ -38,14 +38,14 @@
 //! is answered directly on hyper's stream (`should_rate_limit`: the message read whole, prost,
 //! `RateLimitGrpc::respond_encoded`, one message and the `grpc-status` trailers back), which
 //! costs fewer instructions than tonic's generic unary stack. Health, reflection and every other
-//! path go through tonic's routes as before, and both paths answer the same statuses.
+//! path go through tonic's routes, and both paths answer the same statuses.
 //!
 //! The common call costs no task and no future: when hyper hands a stream over, h2 has usually
 //! read its HEADERS, DATA and END_STREAM already (they come in one read), and with the memory
 //! store the decision is synchronous ([`crate::check::decide_now`]), so the call is answered
 //! there and then, and hyper's stream future is polled once inline (`InlineExecutor`) instead of
 //! being spawned. A call that has to wait (its body still coming, Redis, tonic's routes) becomes
-//! a task as before. The connection's writes are held while it is polled and let through at the
+//! a task. The connection's writes are held while it is polled and let through at the
 //! end of the poll (`poll_coalesced`), and deferred one scheduler turn while stream tasks are
 //! answering (`Replayed::hold_or_defer`): with many calls in flight, one `writev` carries the
 //! answers of a whole turn instead of one each.
@@ -1247,8 +1247,27 @@ async fn connection<S>(
         };
         answer
     });
-    let shared = Arc::new(ConnShared::default());
-    let io = TokioIo::new(Replayed::new(tcp, Arc::clone(&shared), inline));
+    serve_http2(Replayed::new(tcp, inline), service, limits, drain).await;
+}
+
+/// Serve HTTP/2 on `io` with `service`, its streams run by `limits.engine`'s executor, until
+/// [`drive`] ends it.
+async fn serve_http2<S, Svc, B>(
+    io: Replayed<S>,
+    service: Svc,
+    limits: GrpcLimits,
+    drain: watch::Receiver<bool>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin,
+    Svc: hyper::service::HttpService<Incoming, ResBody = B>,
+    Svc::Error: Into<StdError>,
+    B: Body + 'static,
+    B::Error: Into<StdError>,
+    InlineExecutor: hyper::rt::bounds::Http2ServerConnExec<Svc::Future, B>,
+    hyper_util::rt::TokioExecutor: hyper::rt::bounds::Http2ServerConnExec<Svc::Future, B>,
+{
+    let shared = Arc::clone(&io.shared);
+    let io = TokioIo::new(io);
     match limits.engine {
         GrpcEngine::Inline => {
             let exec = InlineExecutor {
@@ -2030,11 +2049,12 @@ struct Replayed<S> {
 }
 
 impl<S> Replayed<S> {
-    fn new(io: S, shared: Arc<ConnShared>, coalesce: bool) -> Self {
+    /// `io` with the connection's [`ConnShared`], made here.
+    fn new(io: S, coalesce: bool) -> Self {
         Self {
             io,
             replayed: 0,
-            shared,
+            shared: Arc::new(ConnShared::default()),
             deferred: false,
             coalesce,
         }
@@ -2228,8 +2248,8 @@ mod tests {
                 Poll::Ready(Ok(()))
             }
         }
-        let shared = Arc::new(ConnShared::default());
-        let mut io = Replayed::new(Counting::default(), Arc::clone(&shared), true);
+        let mut io = Replayed::new(Counting::default(), true);
+        let shared = Arc::clone(&io.shared);
         io.replayed = PREFACE.len();
         let mut polls = 0;
         // A connection that, each time it is polled, tries to write what it has queued.
@@ -2320,9 +2340,9 @@ mod tests {
     /// arriving and stream tasks keep finishing (each would arm another deferral).
     #[test]
     fn a_write_is_deferred_once_not_for_ever() {
-        let shared = Arc::new(ConnShared::default());
+        let mut io = Replayed::new((), true);
+        let shared = Arc::clone(&io.shared);
         shared.spawned.store(3, Relaxed);
-        let mut io = Replayed::new((), Arc::clone(&shared), true);
         let mut cx = Context::from_waker(Waker::noop());
         for _ in 0..3 {
             shared.armed.store(true, Relaxed);
@@ -2404,27 +2424,14 @@ mod tests {
                     let response = http::Response::new(PoisoningBody(Some(buf)));
                     async move { Ok::<_, Infallible>(response) }
                 });
-                let shared = Arc::new(ConnShared::default());
-                let inline = engine == GrpcEngine::Inline;
-                let mut io = Replayed::new(tcp, Arc::clone(&shared), inline);
+                let mut io = Replayed::new(tcp, engine == GrpcEngine::Inline);
                 io.replayed = PREFACE.len(); // the client's preface is read by hyper itself
-                let io = TokioIo::new(io);
-                let limits = GrpcLimits::default();
+                let limits = GrpcLimits {
+                    engine,
+                    ..GrpcLimits::default()
+                };
                 let (_drain_tx, drain) = watch::channel(false);
-                match engine {
-                    GrpcEngine::Inline => {
-                        let exec = InlineExecutor {
-                            shared: Arc::clone(&shared),
-                        };
-                        let conn = limits.builder(exec).serve_connection(io, service);
-                        drive(conn, Some(&shared), limits, drain).await;
-                    }
-                    GrpcEngine::Plain => {
-                        let exec = hyper_util::rt::TokioExecutor::new();
-                        let conn = limits.builder(exec).serve_connection(io, service);
-                        drive(conn, None, limits, drain).await;
-                    }
-                }
+                serve_http2(io, service, limits, drain).await;
             });
             let tcp = TcpStream::connect(addr).await.unwrap();
             let (mut client, conn) = hyper::client::conn::http2::handshake(

@@ -800,24 +800,8 @@ async fn shutdown_with_an_open_health_watch(engine: GrpcEngine) {
     assert!(matches!(stream.message().await, Ok(None) | Err(_)));
 }
 
-/// Each test on both engines: `NAME::inline` and `NAME::plain`.
-macro_rules! on_both_engines {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            use super::GrpcEngine;
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn inline() {
-                super::$name(GrpcEngine::Inline).await;
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn plain() {
-                super::$name(GrpcEngine::Plain).await;
-            }
-        }
-    )*};
-}
-
-on_both_engines!(
+// Each test on both engines: `NAME::inline` and `NAME::plain`.
+tollgate_testsupport::test_each!([inline = GrpcEngine::Inline, plain = GrpcEngine::Plain];
     three_per_minute_then_over_limit,
     nested_unlimited_shadow_unmatched_and_units,
     replaces_removes_the_named_limit,

@@ -257,24 +257,8 @@ impl hyper::body::Body for ChanBody {
     }
 }
 
-/// Each test on both engines: `NAME::inline` and `NAME::plain`.
-macro_rules! on_both_engines {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            use super::GrpcEngine;
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn inline() {
-                super::$name(GrpcEngine::Inline).await;
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn plain() {
-                super::$name(GrpcEngine::Plain).await;
-            }
-        }
-    )*};
-}
-
-on_both_engines!(
+// Each test on both engines: `NAME::inline` and `NAME::plain`.
+tollgate_testsupport::test_each!([inline = GrpcEngine::Inline, plain = GrpcEngine::Plain];
     a_body_that_arrives_in_later_reads_is_still_answered,
     a_panicking_call_is_internal_and_the_connection_goes_on,
 );
