@@ -731,8 +731,8 @@ pub fn status_from(e: &ApiError) -> Status {
 /// connection; the handshake timeout is on these.
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// HTTP/2 and connection limits of the gRPC listener (`--grpc-*` flags). A zero duration turns
-/// the keepalive pings and the connection age off.
+/// HTTP/2 and connection limits of the gRPC listener, and its engine (`--grpc-*` flags). A zero
+/// duration turns the keepalive pings and the connection age off.
 ///
 /// The defaults bound one connection's memory to about `max_concurrent_streams` requests of at
 /// most `--max-body-bytes` plus the connection window, whatever the client sends: streams beyond
@@ -777,6 +777,7 @@ pub struct GrpcLimits {
 /// How the gRPC listener serves `ShouldRateLimit` (`--grpc-engine`). Both answer the same
 /// statuses and messages; only the cost and the HTTP/2 machinery differ (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum GrpcEngine {
     /// Answered on hyper's stream inside the connection's poll, streams polled once inline and
     /// writes coalesced: the fast path, resting on the hyper and h2 behaviour written down in
