@@ -38,17 +38,70 @@
 //! is answered directly on hyper's stream (`should_rate_limit`: the message read whole, prost,
 //! `RateLimitGrpc::respond_encoded`, one message and the `grpc-status` trailers back), which
 //! costs fewer instructions than tonic's generic unary stack. Health, reflection and every other
-//! path go through tonic's routes as before, and both paths answer the same statuses.
+//! path go through tonic's routes, and both paths answer the same statuses.
 //!
 //! The common call costs no task and no future: when hyper hands a stream over, h2 has usually
 //! read its HEADERS, DATA and END_STREAM already (they come in one read), and with the memory
 //! store the decision is synchronous ([`crate::check::decide_now`]), so the call is answered
 //! there and then, and hyper's stream future is polled once inline (`InlineExecutor`) instead of
 //! being spawned. A call that has to wait (its body still coming, Redis, tonic's routes) becomes
-//! a task as before. The connection's writes are held while it is polled and let through at the
+//! a task. The connection's writes are held while it is polled and let through at the
 //! end of the poll (`poll_coalesced`), and deferred one scheduler turn while stream tasks are
 //! answering (`Replayed::hold_or_defer`): with many calls in flight, one `writev` carries the
 //! answers of a whole turn instead of one each.
+//!
+//! That is the inline engine, the default. `--grpc-engine plain` ([`GrpcEngine::Plain`]) serves
+//! `ShouldRateLimit` through tonic's routes like the other methods, each stream a task spawned
+//! by hyper-util's `TokioExecutor`, writes as h2 makes them: more instructions per call
+//! (BENCHMARKS.md has both), and it rests only on what hyper, h2 and tonic document. The two
+//! share the listener, the limits, the timeouts and the panic handling below.
+//!
+//! # What the inline engine relies on
+//!
+//! hyper documents `Executor` as "spawn this future", and `AsyncWrite` wants a waker registered
+//! with every `Pending`; the inline engine goes beyond that on the strength of reading hyper
+//! 1.12.0 and h2 0.4.20 (`hyper/src/proto/h2/server.rs`, `h2/src/server.rs`,
+//! `h2/src/proto/streams/streams.rs`, `h2/src/codec/framed_write.rs`). A test fails when
+//! `Cargo.lock` resolves other versions (`audited_hyper_and_h2` in `tests/grpc_inline.rs`): read
+//! these again against the new sources, then update the versions there. If one no longer
+//! holds, run `--grpc-engine plain` until the inline engine is fixed.
+//!
+//! - **I1, no lock across `execute`.** hyper's `Serving::poll_server` calls the executor for a
+//!   stream after `h2::server::Connection::poll_accept` returned it, from inside the
+//!   connection's poll, with none of h2's locks held; the stream's future takes h2's lock only
+//!   within each of its calls (`send_response`, `send_data`, `poll_data`, `poll_capacity`), and
+//!   what it wakes there is the connection task, which is the one running. So a stream future
+//!   polled inside `execute` neither deadlocks nor re-enters the connection. Held by every
+//!   gRPC test on the inline engine (`tests/grpc.rs`, `tests/grpc_inline.rs`, the binary's
+//!   `grpc_*` tests), which answer calls this way.
+//! - **I2, the first poll loses nothing.** A stream future left `Pending` by the no-op waker is
+//!   spawned and polled again by its task with a real waker, and everything it waits on keeps
+//!   the waker of the latest poll (h2's stream recv, send and capacity tasks; tokio's timers and
+//!   sockets; tonic's routes). Held by `inline_executor_polls_once_then_spawns` and, end to end,
+//!   `a_body_that_arrives_in_later_reads_is_still_answered` and
+//!   `calls_over_a_slow_redis_are_answered_when_it_answers`.
+//! - **I3, held writes.** h2 touches the socket only inside `Connection::poll` (stream handles
+//!   queue frames and wake the connection task), and a write that returned `Pending` is tried
+//!   again, whole, at its next poll (`FramedWrite` keeps its buffer). A write held by
+//!   `Replayed` returns `Pending` *without registering a waker*: that is sound only because
+//!   `poll_coalesced` is the only place that sets the hold and it polls again at once, with
+//!   writes let through, whenever one was held; so no `Pending` reaches the runtime unless the
+//!   socket or h2 registered the real waker. A deferred write (`Replayed::hold_or_defer`) wakes
+//!   its task itself. Held by `writes_of_a_poll_go_out_together` and
+//!   `a_write_is_deferred_once_not_for_ever`.
+//! - **I4, panics.** A panic in a stream's future outside h2's lock (the service, the body, the
+//!   store) is caught (`should_rate_limit`, `RateLimitGrpc::decide_caught`, the executor) and
+//!   the stream answered INTERNAL or reset: the connection and its other calls go on (both
+//!   engines: `a_panicking_call_is_internal_and_the_connection_goes_on`). A panic while h2's
+//!   streams mutex is held (h2 itself, or a `Buf` it reads under the lock) poisons it, and h2
+//!   then panics on every use of that connection (`lock().unwrap()`, and "StreamRef::drop;
+//!   mutex poisoned" when a stream handle is dropped). Such a connection cannot go on: every
+//!   poll of it runs under `catch_unwind` (`drive`), and the first panic out of it closes it
+//!   (the socket is dropped without a GOAWAY, which h2 would write under the same lock; calls in
+//!   flight on it fail at the client as UNAVAILABLE), logged as an error; the task, the
+//!   listener and the other connections go on. A stream task still waiting on that connection
+//!   (for flow-control window, say) is not woken by it and ends at its own timeout or wake-up.
+//!   Both engines: `a_poisoned_connection_is_closed_inline` and `_plain` (unit tests).
 
 use crate::check::{decide, decide_now};
 use crate::error::{ApiError, ErrorClass};
@@ -678,8 +731,8 @@ pub fn status_from(e: &ApiError) -> Status {
 /// connection; the handshake timeout is on these.
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// HTTP/2 and connection limits of the gRPC listener (`--grpc-*` flags). A zero duration turns
-/// the keepalive pings and the connection age off.
+/// HTTP/2 and connection limits of the gRPC listener, and its engine (`--grpc-*` flags). A zero
+/// duration turns the keepalive pings and the connection age off.
 ///
 /// The defaults bound one connection's memory to about `max_concurrent_streams` requests of at
 /// most `--max-body-bytes` plus the connection window, whatever the client sends: streams beyond
@@ -717,6 +770,64 @@ pub struct GrpcLimits {
     pub connection_window_bytes: u32,
     /// `SETTINGS_MAX_FRAME_SIZE`, 16 KiB (the protocol's minimum).
     pub max_frame_bytes: u32,
+    /// How `ShouldRateLimit` is served (`--grpc-engine`, default [`GrpcEngine::Inline`]).
+    pub engine: GrpcEngine,
+}
+
+/// How the gRPC listener serves `ShouldRateLimit` (`--grpc-engine`). Both answer the same
+/// statuses and messages; only the cost and the HTTP/2 machinery differ (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum GrpcEngine {
+    /// Answered on hyper's stream inside the connection's poll, streams polled once inline and
+    /// writes coalesced: the fast path, resting on the hyper and h2 behaviour written down in
+    /// the module docs (audited for the versions in `Cargo.lock`).
+    #[default]
+    Inline,
+    /// Through tonic's routes like every other method, each stream a spawned task, writes as
+    /// h2 makes them: only what hyper and tonic document. The fallback if a hyper or h2 update
+    /// breaks the inline engine's assumptions.
+    Plain,
+}
+
+impl GrpcEngine {
+    /// The flag's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Inline => "inline",
+            Self::Plain => "plain",
+        }
+    }
+}
+
+impl std::fmt::Display for GrpcEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A `--grpc-engine` value that is neither `inline` nor `plain`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownGrpcEngine(pub String);
+
+impl std::fmt::Display for UnknownGrpcEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "unknown gRPC engine `{}` (inline or plain)", self.0)
+    }
+}
+
+impl std::error::Error for UnknownGrpcEngine {}
+
+impl std::str::FromStr for GrpcEngine {
+    type Err = UnknownGrpcEngine;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "inline" => Ok(Self::Inline),
+            "plain" => Ok(Self::Plain),
+            other => Err(UnknownGrpcEngine(other.to_owned())),
+        }
+    }
 }
 
 impl Default for GrpcLimits {
@@ -733,13 +844,14 @@ impl Default for GrpcLimits {
             stream_window_bytes: 64 * 1024,
             connection_window_bytes: 1024 * 1024,
             max_frame_bytes: 16 * 1024,
+            engine: GrpcEngine::Inline,
         }
     }
 }
 
 impl GrpcLimits {
     /// The HTTP/2 connection settings these limits stand for, streams run by `exec`.
-    fn builder(&self, exec: InlineExecutor) -> http2::Builder<InlineExecutor> {
+    fn builder<E>(&self, exec: E) -> http2::Builder<E> {
         let mut b = http2::Builder::new(exec);
         b.timer(TokioTimer::new())
             .max_concurrent_streams(self.max_concurrent_streams)
@@ -1114,52 +1226,162 @@ async fn connection<S>(
             return;
         }
     }
+    let inline = limits.engine == GrpcEngine::Inline;
     let service = hyper::service::service_fn(move |req: HttpRequest<Incoming>| {
-        let answer =
-            if req.method() == http::Method::POST && req.uri().path() == SHOULD_RATE_LIMIT_PATH {
-                should_rate_limit(
-                    &services.rls,
-                    req,
-                    services.max_message,
-                    limits.request_timeout,
-                )
-            } else {
-                let timeout = call_timeout(req.headers(), limits.request_timeout);
-                let call = services.routes.clone().oneshot(req).map(|r| match r {
-                    Ok(response) => response.map(http_body_util::Either::Right),
-                    Err(never) => match never {},
-                });
-                Answer::Later(Box::pin(within(timeout, call)))
-            };
+        let answer = if inline
+            && req.method() == http::Method::POST
+            && req.uri().path() == SHOULD_RATE_LIMIT_PATH
+        {
+            should_rate_limit(
+                &services.rls,
+                req,
+                services.max_message,
+                limits.request_timeout,
+            )
+        } else {
+            let timeout = call_timeout(req.headers(), limits.request_timeout);
+            let call = services.routes.clone().oneshot(req).map(|r| match r {
+                Ok(response) => response.map(http_body_util::Either::Right),
+                Err(never) => match never {},
+            });
+            Answer::Later(Box::pin(within(timeout, call)))
+        };
         answer
     });
-    let shared = Arc::new(ConnShared::default());
-    let builder = limits.builder(InlineExecutor {
-        shared: Arc::clone(&shared),
-    });
-    let conn = builder.serve_connection(
-        TokioIo::new(Replayed::new(tcp, Arc::clone(&shared))),
-        service,
-    );
-    tokio::pin!(conn);
-    let aged = tokio::select! {
-        r = std::future::poll_fn(|cx| poll_coalesced(conn.as_mut(), cx, &shared)) => {
-            if let Err(e) = r {
-                tracing::debug!(error = %e, "gRPC connection ended");
-            }
-            return;
+    serve_http2(Replayed::new(tcp, inline), service, limits, drain).await;
+}
+
+/// Serve HTTP/2 on `io` with `service`, its streams run by `limits.engine`'s executor, until
+/// [`drive`] ends it.
+async fn serve_http2<S, Svc, B>(
+    io: Replayed<S>,
+    service: Svc,
+    limits: GrpcLimits,
+    drain: watch::Receiver<bool>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin,
+    Svc: hyper::service::HttpService<Incoming, ResBody = B>,
+    Svc::Error: Into<StdError>,
+    B: Body + 'static,
+    B::Error: Into<StdError>,
+    InlineExecutor: hyper::rt::bounds::Http2ServerConnExec<Svc::Future, B>,
+    hyper_util::rt::TokioExecutor: hyper::rt::bounds::Http2ServerConnExec<Svc::Future, B>,
+{
+    let shared = Arc::clone(&io.shared);
+    let io = TokioIo::new(io);
+    match limits.engine {
+        GrpcEngine::Inline => {
+            let exec = InlineExecutor {
+                shared: Arc::clone(&shared),
+            };
+            let conn = limits.builder(exec).serve_connection(io, service);
+            drive(conn, Some(&shared), limits, drain).await;
         }
-        () = sleep_or_never(nonzero(limits.max_connection_age)) => true,
-        _ = drain.wait_for(|d| *d) => false,
-    };
-    conn.as_mut().graceful_shutdown();
-    let grace = aged.then_some(limits.max_connection_age_grace);
-    tokio::select! {
-        _ = std::future::poll_fn(|cx| poll_coalesced(conn.as_mut(), cx, &shared)) => {}
-        () = sleep_or_never(grace) => {
-            tracing::debug!("gRPC connection closed: max connection age and grace reached");
+        GrpcEngine::Plain => {
+            let exec = hyper_util::rt::TokioExecutor::new();
+            let conn = limits.builder(exec).serve_connection(io, service);
+            drive(conn, None, limits, drain).await;
         }
     }
+}
+
+/// hyper's HTTP/2 connection as [`drive`] uses it, whatever runs its streams.
+trait Http2Conn: Future {
+    fn graceful_shutdown(self: Pin<&mut Self>);
+}
+
+impl<I, S, E, B> Http2Conn for http2::Connection<I, S, E>
+where
+    S: hyper::service::HttpService<Incoming, ResBody = B>,
+    S::Error: Into<StdError>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin,
+    B: Body + 'static,
+    B::Error: Into<StdError>,
+    E: hyper::rt::bounds::Http2ServerConnExec<S::Future, B>,
+{
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        http2::Connection::graceful_shutdown(self);
+    }
+}
+
+/// A panic came out of hyper's connection: h2's state is poisoned, the connection is closed.
+#[derive(Debug)]
+struct ConnPanicked;
+
+/// Serve `conn` until the client leaves, the connection's age (GOAWAY, then at most the grace)
+/// or `drain` (GOAWAY, then until the caller drops this task). `coalesce`: the inline engine's
+/// connection, polled by [`poll_coalesced`].
+///
+/// Every poll of hyper's connection, and its graceful shutdown, is made under `catch_unwind`
+/// (see "Panics" in the module docs): a panic out of hyper's connection means h2's mutex is
+/// poisoned, and the connection is closed ([`close_poisoned`]) instead of unwinding this task.
+async fn drive<C>(
+    conn: C,
+    coalesce: Option<&ConnShared>,
+    limits: GrpcLimits,
+    mut drain: watch::Receiver<bool>,
+) where
+    C: Http2Conn<Output = hyper::Result<()>>,
+{
+    let mut conn = Box::pin(conn);
+    let grace = tokio::select! {
+        r = std::future::poll_fn(|cx| poll_caught(conn.as_mut(), cx, coalesce)) => Err(r),
+        () = sleep_or_never(nonzero(limits.max_connection_age)) => {
+            Ok(Some(limits.max_connection_age_grace))
+        }
+        _ = drain.wait_for(|d| *d) => Ok(None),
+    };
+    let grace = match grace {
+        Ok(grace) => grace,
+        Err(Ok(Ok(()))) => return,
+        Err(Ok(Err(e))) => {
+            tracing::debug!(error = %e, "gRPC connection ended");
+            return;
+        }
+        Err(Err(ConnPanicked)) => return close_poisoned(conn),
+    };
+    let shutdown = std::panic::catch_unwind(AssertUnwindSafe(|| conn.as_mut().graceful_shutdown()));
+    if shutdown.is_err() {
+        return close_poisoned(conn);
+    }
+    let closed = tokio::select! {
+        r = std::future::poll_fn(|cx| poll_caught(conn.as_mut(), cx, coalesce)) => r.is_ok(),
+        () = sleep_or_never(grace) => {
+            tracing::debug!("gRPC connection closed: max connection age and grace reached");
+            true
+        }
+    };
+    if !closed {
+        close_poisoned(conn);
+    }
+}
+
+/// Poll hyper's connection (through [`poll_coalesced`] when `coalesce`), a panic out of it
+/// caught.
+fn poll_caught<F: Future>(
+    conn: Pin<&mut F>,
+    cx: &mut Context<'_>,
+    coalesce: Option<&ConnShared>,
+) -> Poll<Result<F::Output, ConnPanicked>> {
+    let polled = std::panic::catch_unwind(AssertUnwindSafe(|| match coalesce {
+        Some(shared) => poll_coalesced(conn, cx, shared),
+        None => conn.poll(cx),
+    }));
+    match polled {
+        Ok(poll) => poll.map(Ok),
+        Err(_) => Poll::Ready(Err(ConnPanicked)),
+    }
+}
+
+/// Close a connection whose h2 state is poisoned: drop it (the socket closes; not even a
+/// GOAWAY can be written, h2 writes under that lock), its slot released by the caller. Calls in
+/// flight on it fail at the client (UNAVAILABLE); other connections are not concerned.
+fn close_poisoned<C>(conn: Pin<Box<C>>) {
+    tracing::error!(
+        "gRPC connection closed: a panic while HTTP/2's state was locked left it unusable"
+    );
+    // A stream handle dropped with it may find the lock poisoned and panic again.
+    let _ = std::panic::catch_unwind(AssertUnwindSafe(move || drop(conn)));
 }
 
 /// Poll hyper's connection with its writes held, then, if it wanted to write, once more with
@@ -1723,19 +1945,17 @@ impl MessageReader {
     }
 }
 
-/// How hyper runs each stream of a gRPC connection (`hyper::rt::Executor`): polled once at
-/// once, inside the connection task, with a no-op waker, and spawned as a task only if that
-/// poll left it pending. A call answered at once ([`Answer::Now`]) is then sent within the
-/// connection's own poll: no task per stream (spawning, scheduling and freeing one cost about
-/// a tenth of a decision), and its frames join the connection's next write.
+/// How hyper runs each stream of a gRPC connection (`hyper::rt::Executor`) under the inline
+/// engine: polled once at once, inside the connection task, with a no-op waker, and spawned as
+/// a task only if that poll left it pending. A call answered at once ([`Answer::Now`]) is then
+/// sent within the connection's own poll: no task per stream (spawning, scheduling and freeing
+/// one cost about a tenth of a decision), and its frames join the connection's next write.
 ///
-/// Sound because nothing is lost by the first poll: a stream still pending is spawned, and its
-/// task polls it again at once with its real waker, which every future it waits on then
-/// registers in place of the no-op one (h2's streams, tokio's timer and sockets all keep the
-/// waker of the latest poll). hyper holds none of h2's locks while it hands a stream over, and
-/// the stream's futures only take them for the time of a call. A panic in that first poll is
-/// caught and the stream dropped (h2 then resets it), as tokio does with a panicking task, so
-/// it does not end the connection or its other streams.
+/// What this rests on is in the module docs ("What the inline engine relies on"): hyper holds
+/// none of h2's locks when it hands a stream over (I1), and a future left pending by the no-op
+/// waker is made whole by its task's first poll (I2). A panic in that first poll is caught and
+/// the stream dropped (I4): h2 resets it and the connection goes on, unless the panic came
+/// while h2's lock was held, in which case the connection is closed by [`drive`].
 #[derive(Clone, Debug)]
 struct InlineExecutor {
     shared: Arc<ConnShared>,
@@ -1760,7 +1980,12 @@ where
                     shared: Arc::clone(&self.shared),
                 });
             }
-            Err(_) => tracing::error!("gRPC stream panicked; the stream was reset"),
+            Err(_) => {
+                tracing::error!("gRPC stream panicked; the stream was reset");
+                // Dropping the stream panics if the panic poisoned h2's lock; then the next
+                // poll of the connection panics too, and [`drive`] closes it.
+                let _ = std::panic::catch_unwind(AssertUnwindSafe(move || drop(fut)));
+            }
         }
     }
 }
@@ -1820,15 +2045,19 @@ struct Replayed<S> {
     /// The last write attempt was deferred: the next one goes out whatever happened since, so
     /// frames arriving and tasks finishing turn after turn cannot put writes off for ever.
     deferred: bool,
+    /// Writes are held and deferred (the inline engine); otherwise they go straight through.
+    coalesce: bool,
 }
 
 impl<S> Replayed<S> {
-    fn new(io: S, shared: Arc<ConnShared>) -> Self {
+    /// `io` with the connection's [`ConnShared`], made here.
+    fn new(io: S, coalesce: bool) -> Self {
         Self {
             io,
             replayed: 0,
-            shared,
+            shared: Arc::new(ConnShared::default()),
             deferred: false,
+            coalesce,
         }
     }
 
@@ -1841,6 +2070,11 @@ impl<S> Replayed<S> {
     /// system call. Calls answered inline need no deferral: their answers are all queued when
     /// the hold is lifted. Nothing waits on a timer.
     fn hold_or_defer(&mut self, cx: &mut Context<'_>) -> bool {
+        if !self.coalesce {
+            return false;
+        }
+        // No waker registered: [`poll_coalesced`], the only one to set `hold`, polls again at
+        // once with the writes let through (see "Held writes" in the module docs).
         if self.shared.hold.load(Relaxed) {
             self.shared.held.store(true, Relaxed);
             return true;
@@ -2015,8 +2249,8 @@ mod tests {
                 Poll::Ready(Ok(()))
             }
         }
-        let shared = Arc::new(ConnShared::default());
-        let mut io = Replayed::new(Counting::default(), Arc::clone(&shared));
+        let mut io = Replayed::new(Counting::default(), true);
+        let shared = Arc::clone(&io.shared);
         io.replayed = PREFACE.len();
         let mut polls = 0;
         // A connection that, each time it is polled, tries to write what it has queued.
@@ -2107,9 +2341,9 @@ mod tests {
     /// arriving and stream tasks keep finishing (each would arm another deferral).
     #[test]
     fn a_write_is_deferred_once_not_for_ever() {
-        let shared = Arc::new(ConnShared::default());
+        let mut io = Replayed::new((), true);
+        let shared = Arc::clone(&io.shared);
         shared.spawned.store(3, Relaxed);
-        let mut io = Replayed::new((), Arc::clone(&shared));
         let mut cx = Context::from_waker(Waker::noop());
         for _ in 0..3 {
             shared.armed.store(true, Relaxed);
@@ -2122,6 +2356,144 @@ mod tests {
         assert!(
             !io.hold_or_defer(&mut cx),
             "no task to wait for: written at once"
+        );
+    }
+
+    /// A response body of one DATA frame whose `Buf` panics when h2 measures it, which h2 does
+    /// under its streams mutex: the panic poisons the connection's HTTP/2 state, as a bug in h2
+    /// would. hyper measures it first, outside the lock: that first measure answers 0 (an
+    /// empty frame, handed to h2 at once). It reports on its channel just before panicking.
+    struct PoisoningBody(Option<PoisoningBuf>);
+    struct PoisoningBuf {
+        measured: std::sync::atomic::AtomicUsize,
+        reached: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+    }
+
+    impl bytes::Buf for PoisoningBuf {
+        fn remaining(&self) -> usize {
+            if self.measured.fetch_add(1, Relaxed) == 0 {
+                return 0;
+            }
+            if let Some(reached) = self.reached.lock().unwrap().take() {
+                let _ = reached.send(());
+            }
+            panic!("a Buf that panics under h2's lock");
+        }
+        fn chunk(&self) -> &[u8] {
+            &[]
+        }
+        fn advance(&mut self, _: usize) {}
+    }
+
+    impl Body for PoisoningBody {
+        type Data = PoisoningBuf;
+        type Error = Infallible;
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<hyper::body::Frame<PoisoningBuf>, Infallible>>> {
+            Poll::Ready(
+                self.get_mut()
+                    .0
+                    .take()
+                    .map(|b| Ok(hyper::body::Frame::data(b))),
+            )
+        }
+    }
+
+    /// A connection whose HTTP/2 state a panic poisoned is closed: the client's calls on it
+    /// fail, and the connection's task ends normally (no panic out of it; the listener and the
+    /// other connections are other tasks). On both engines.
+    fn a_poisoned_connection_is_closed(engine: GrpcEngine) {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let (reached_tx, reached) = tokio::sync::oneshot::channel();
+            let reached_tx = std::sync::Mutex::new(Some(reached_tx));
+            let server = tokio::spawn(async move {
+                let (tcp, _) = listener.accept().await.unwrap();
+                let service = hyper::service::service_fn(move |_req: HttpRequest<Incoming>| {
+                    let buf = PoisoningBuf {
+                        measured: AtomicUsize::new(0),
+                        reached: std::sync::Mutex::new(reached_tx.lock().unwrap().take()),
+                    };
+                    let response = http::Response::new(PoisoningBody(Some(buf)));
+                    async move { Ok::<_, Infallible>(response) }
+                });
+                let mut io = Replayed::new(tcp, engine == GrpcEngine::Inline);
+                io.replayed = PREFACE.len(); // the client's preface is read by hyper itself
+                let limits = GrpcLimits {
+                    engine,
+                    ..GrpcLimits::default()
+                };
+                let (_drain_tx, drain) = watch::channel(false);
+                serve_http2(io, service, limits, drain).await;
+            });
+            let tcp = TcpStream::connect(addr).await.unwrap();
+            let (mut client, conn) = hyper::client::conn::http2::handshake(
+                hyper_util::rt::TokioExecutor::new(),
+                TokioIo::new(tcp),
+            )
+            .await
+            .unwrap();
+            let client_conn = tokio::spawn(conn);
+            let request = || {
+                http::Request::post(format!("http://{addr}/x"))
+                    .body(http_body_util::Empty::<bytes::Bytes>::new())
+                    .unwrap()
+            };
+            /// `f`, with a bound on a hang (a failure, not a synchronisation).
+            fn within<F: Future>(f: F) -> tokio::time::Timeout<F> {
+                tokio::time::timeout(Duration::from_secs(10), f)
+            }
+            let first = client.send_request(request());
+            let first = tokio::spawn(async move {
+                let response = first.await?;
+                http_body_util::BodyExt::collect(response.into_body()).await
+            });
+            within(reached).await.expect("the body reached h2").unwrap();
+            // The poisoned lock is found by the connection's next poll at the latest: this
+            // call's frames wake it (the plain engine's stream task panicked on its own).
+            let second = within(client.send_request(request()))
+                .await
+                .expect("the connection ends");
+            assert!(second.is_err(), "a call on a poisoned connection fails");
+            let first = within(first).await.expect("the call ends").unwrap();
+            assert!(first.is_err(), "the call that poisoned it fails");
+            within(server)
+                .await
+                .expect("the connection is closed")
+                .expect("and its task ends without a panic");
+            let _ = within(client_conn)
+                .await
+                .expect("the client sees it closed");
+        });
+    }
+
+    #[test]
+    fn a_poisoned_connection_is_closed_inline() {
+        a_poisoned_connection_is_closed(GrpcEngine::Inline);
+    }
+
+    #[test]
+    fn a_poisoned_connection_is_closed_plain() {
+        a_poisoned_connection_is_closed(GrpcEngine::Plain);
+    }
+
+    #[test]
+    fn engines_by_name() {
+        for engine in [GrpcEngine::Inline, GrpcEngine::Plain] {
+            assert_eq!(engine.as_str().parse(), Ok(engine));
+        }
+        assert_eq!(GrpcEngine::default(), GrpcEngine::Inline);
+        assert_eq!(
+            "fast".parse::<GrpcEngine>(),
+            Err(UnknownGrpcEngine("fast".into()))
         );
     }
 

@@ -514,6 +514,12 @@ pub async fn serve(
         }
     };
     let grpc_addr = grpc.as_ref().and_then(|(_, addr)| *addr);
+    if grpc.is_some() && config.grpc_limits.engine != crate::grpc::GrpcEngine::default() {
+        tracing::info!(
+            "gRPC engine {}: ShouldRateLimit through tonic's ordinary path, a task per call",
+            config.grpc_limits.engine
+        );
+    }
     let mut grpc = match grpc {
         Some((listener, _)) => tokio::spawn(crate::grpc::serve_on(
             state.clone(),

@@ -4,6 +4,7 @@
 //! would. The last tests check that gRPC, `/v1/check` and `/json` give the same decisions.
 //! The server runs on the wall clock, so counted limits use the sliding log (exact, no window
 //! boundary): a fixed window could roll over between two calls and make a test flaky.
+//! Every test runs on both `--grpc-engine`s (`inline` and `plain`), which must answer alike.
 
 use serde_json::{json, Value};
 use std::net::SocketAddr;
@@ -21,6 +22,7 @@ use tollgate_proto::pb::envoy::service::ratelimit::v3::rate_limit_service_client
 use tollgate_proto::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tollgate_proto::pb::google::protobuf::UInt64Value;
 use tollgate_server::client::{send, Method};
+use tollgate_server::grpc::{GrpcEngine, GrpcLimits};
 use tollgate_server::serve::{serve, ServeConfig};
 use tonic::transport::Channel;
 
@@ -79,7 +81,7 @@ struct Server {
 }
 
 impl Server {
-    async fn start(response_headers: bool) -> Self {
+    async fn start(response_headers: bool, engine: GrpcEngine) -> Self {
         static N: AtomicUsize = AtomicUsize::new(0);
         let dir = std::env::temp_dir().join(format!(
             "tollgate-grpc-test-{}-{}",
@@ -94,6 +96,10 @@ impl Server {
             grpc_addr: Some("127.0.0.1:0".parse().unwrap()),
             rules,
             response_headers,
+            grpc_limits: GrpcLimits {
+                engine,
+                ..GrpcLimits::default()
+            },
             ..ServeConfig::default()
         };
         let (stop, stopped) = oneshot::channel::<()>();
@@ -182,9 +188,8 @@ fn remaining(r: &RateLimitResponse) -> Vec<u32> {
     r.statuses.iter().map(|s| s.limit_remaining).collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_per_minute_then_over_limit() {
-    let s = Server::start(false).await;
+async fn three_per_minute_then_over_limit(engine: GrpcEngine) {
+    let s = Server::start(false, engine).await;
     let mut c = s.client().await;
     let mut got = Vec::new();
     for _ in 0..4 {
@@ -211,9 +216,8 @@ async fn three_per_minute_then_over_limit() {
     s.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nested_unlimited_shadow_unmatched_and_units() {
-    let s = Server::start(false).await;
+async fn nested_unlimited_shadow_unmatched_and_units(engine: GrpcEngine) {
+    let s = Server::start(false, engine).await;
     let mut c = s.client().await;
     let login = || desc(&[("path", "/login"), ("ip", "10.0.0.1")]);
 
@@ -295,9 +299,8 @@ async fn nested_unlimited_shadow_unmatched_and_units() {
     s.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replaces_removes_the_named_limit() {
-    let s = Server::start(false).await;
+async fn replaces_removes_the_named_limit(engine: GrpcEngine) {
+    let s = Server::start(false, engine).await;
     let mut c = s.client().await;
     // plan_limit alone (0 per day) denies.
     let r = call(&mut c, req("test", vec![desc(&[("plan", "free")])])).await;
@@ -323,9 +326,8 @@ async fn replaces_removes_the_named_limit() {
     s.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hits_addend_request_and_per_descriptor() {
-    let s = Server::start(false).await;
+async fn hits_addend_request_and_per_descriptor(engine: GrpcEngine) {
+    let s = Server::start(false, engine).await;
     let mut c = s.client().await;
     let bob = |h: Option<u64>| match h {
         Some(h) => desc_hits(&[("user", "bob")], h),
@@ -387,9 +389,8 @@ async fn hits_addend_request_and_per_descriptor() {
     s.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn limit_override_replaces_the_rule() {
-    let s = Server::start(false).await;
+async fn limit_override_replaces_the_rule(engine: GrpcEngine) {
+    let s = Server::start(false, engine).await;
     let mut c = s.client().await;
     let over = |n: u32, unit: i32| RateLimitDescriptor {
         limit: Some(RateLimitOverride {
@@ -425,9 +426,8 @@ async fn limit_override_replaces_the_rule() {
     s.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn invalid_requests_are_invalid_argument() {
-    let s = Server::start(false).await;
+async fn invalid_requests_are_invalid_argument(engine: GrpcEngine) {
+    let s = Server::start(false, engine).await;
     let mut c = s.client().await;
     let too_many: Vec<_> = (0..65)
         .map(|i| desc(&[("user", &format!("u{i}"))]))
@@ -488,9 +488,8 @@ async fn invalid_requests_are_invalid_argument() {
     s.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn response_headers_only_with_the_flag() {
-    let s = Server::start(true).await;
+async fn response_headers_only_with_the_flag(engine: GrpcEngine) {
+    let s = Server::start(true, engine).await;
     let mut c = s.client().await;
     let headers = |r: &RateLimitResponse| -> Vec<(String, String)> {
         r.response_headers_to_add
@@ -550,7 +549,7 @@ async fn response_headers_only_with_the_flag() {
     s.stop().await;
 
     // Without the flag: never.
-    let s = Server::start(false).await;
+    let s = Server::start(false, engine).await;
     let mut c = s.client().await;
     for _ in 0..4 {
         let r = call(&mut c, req("test", vec![desc(&[("user", "hdr")])])).await;
@@ -559,12 +558,11 @@ async fn response_headers_only_with_the_flag() {
     s.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn health_serving() {
+async fn health_serving(engine: GrpcEngine) {
     use tonic_health::pb::health_check_response::ServingStatus;
     use tonic_health::pb::health_client::HealthClient;
     use tonic_health::pb::HealthCheckRequest;
-    let s = Server::start(false).await;
+    let s = Server::start(false, engine).await;
     let channel = Channel::from_shared(format!("http://{}", s.grpc))
         .unwrap()
         .connect()
@@ -728,9 +726,8 @@ async fn one(s: &Server, c: &mut RateLimitServiceClient<Channel>, via: Via, key:
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn same_decision_on_every_transport() {
-    let s = Server::start(false).await;
+async fn same_decision_on_every_transport(engine: GrpcEngine) {
+    let s = Server::start(false, engine).await;
     let mut c = s.client().await;
 
     // Three fresh keys, one per transport: the same first decision.
@@ -775,12 +772,11 @@ async fn same_decision_on_every_transport() {
     s.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shutdown_with_an_open_health_watch() {
+async fn shutdown_with_an_open_health_watch(engine: GrpcEngine) {
     use tonic_health::pb::health_check_response::ServingStatus;
     use tonic_health::pb::health_client::HealthClient;
     use tonic_health::pb::HealthCheckRequest;
-    let s = Server::start(false).await;
+    let s = Server::start(false, engine).await;
     let channel = Channel::from_shared(format!("http://{}", s.grpc))
         .unwrap()
         .connect()
@@ -803,3 +799,17 @@ async fn shutdown_with_an_open_health_watch() {
     assert_eq!(last.status, ServingStatus::NotServing as i32);
     assert!(matches!(stream.message().await, Ok(None) | Err(_)));
 }
+
+// Each test on both engines: `NAME::inline` and `NAME::plain`.
+tollgate_testsupport::test_each!([inline = GrpcEngine::Inline, plain = GrpcEngine::Plain];
+    three_per_minute_then_over_limit,
+    nested_unlimited_shadow_unmatched_and_units,
+    replaces_removes_the_named_limit,
+    hits_addend_request_and_per_descriptor,
+    limit_override_replaces_the_rule,
+    invalid_requests_are_invalid_argument,
+    response_headers_only_with_the_flag,
+    health_serving,
+    same_decision_on_every_transport,
+    shutdown_with_an_open_health_watch,
+);

@@ -3,7 +3,9 @@
 //! (`grpc::InlineExecutor`, `Answer::Later`). These pin the cases that must take the second
 //! way, and that one call's failure stays that call's: a request body that arrives in later
 //! reads, a Redis that is slow to answer, and a store that panics, each beside ordinary calls on
-//! the same HTTP/2 connection.
+//! the same HTTP/2 connection. Each runs on both `--grpc-engine`s: the plain engine must answer
+//! these alike. And the versions of hyper and h2 that the inline engine was audited against are
+//! pinned here (`audited_hyper_and_h2`).
 
 use bytes::{Buf as _, BufMut as _, Bytes, BytesMut};
 use http_body_util::BodyExt as _;
@@ -15,21 +17,24 @@ use tollgate_core::{CheckItem, Decision, Micros, Store, StoreError};
 use tollgate_proto::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use tollgate_proto::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use tollgate_proto::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use tollgate_server::grpc::{self, GrpcLimits};
+use tollgate_server::grpc::{self, GrpcEngine, GrpcLimits};
 use tollgate_server::state::{AppState, LoadedRules};
 use tonic_prost::prost::Message as _;
 
 const RULES: &str = "domain: t\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1}\n";
 
 /// The gRPC service of `state` on 127.0.0.1:0; stops when the sender is dropped or fires.
-async fn start(state: AppState) -> (String, oneshot::Sender<()>) {
+async fn start(state: AppState, engine: GrpcEngine) -> (String, oneshot::Sender<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let (stop, stopped) = oneshot::channel::<()>();
     tokio::spawn(grpc::serve(
         state,
         listener,
-        GrpcLimits::default(),
+        GrpcLimits {
+            engine,
+            ..GrpcLimits::default()
+        },
         16,
         Duration::from_secs(5),
         async move {
@@ -133,9 +138,8 @@ async fn whole_call(
 /// pieces, after the headers and after each other) is handed over unfinished, must not be
 /// answered from what is there yet, and is answered once its body is complete, while calls on
 /// the same connection are answered meanwhile.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_body_that_arrives_in_later_reads_is_still_answered() {
-    let (addr, _stop) = start(AppState::builder(rules()).build()).await;
+async fn a_body_that_arrives_in_later_reads_is_still_answered(engine: GrpcEngine) {
+    let (addr, _stop) = start(AppState::builder(rules()).build(), engine).await;
     let mut client = connect(&addr).await;
     let (tx, slow) = call(&mut client, &addr);
     let slow = tokio::spawn(slow);
@@ -173,10 +177,9 @@ impl Store for PanickyStore {
 
 /// A call that panics while it is answered inside the connection's poll gets INTERNAL, and the
 /// connection and its other calls go on.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_panicking_call_is_internal_and_the_connection_goes_on() {
+async fn a_panicking_call_is_internal_and_the_connection_goes_on(engine: GrpcEngine) {
     let store = Arc::new(PanickyStore(tollgate_core::memory::MemoryStore::new(1000)));
-    let (addr, _stop) = start(AppState::builder(rules()).store(store).build()).await;
+    let (addr, _stop) = start(AppState::builder(rules()).store(store).build(), engine).await;
     let mut client = connect(&addr).await;
     assert_eq!(
         whole_call(&mut client, &addr, "carol").await,
@@ -198,6 +201,11 @@ async fn a_panicking_call_is_internal_and_the_connection_goes_on() {
 /// SLEEP`), they wait as tasks and are answered when it wakes, and so is a second connection's.
 #[test]
 fn calls_over_a_slow_redis_are_answered_when_it_answers() {
+    calls_over_a_slow_redis(GrpcEngine::Inline);
+    calls_over_a_slow_redis(GrpcEngine::Plain);
+}
+
+fn calls_over_a_slow_redis(engine: GrpcEngine) {
     let redis = tollgate_testsupport::RedisServer::start(&["--enable-debug-command", "yes"]);
     let rt = tollgate_testsupport::runtime();
     rt.block_on(async {
@@ -214,7 +222,7 @@ fn calls_over_a_slow_redis_are_answered_when_it_answers() {
         )
         .await;
         let state = AppState::builder(rules()).redis(guarded).build();
-        let (addr, _stop) = start(state).await;
+        let (addr, _stop) = start(state, engine).await;
         let mut a = connect(&addr).await;
         let mut b = connect(&addr).await;
         assert_eq!(whole_call(&mut a, &addr, "erin").await, ("0".into(), 1));
@@ -247,4 +255,55 @@ impl hyper::body::Body for ChanBody {
             .poll_recv(cx)
             .map(|d| d.map(|d| Ok(hyper::body::Frame::data(d))))
     }
+}
+
+// Each test on both engines: `NAME::inline` and `NAME::plain`.
+tollgate_testsupport::test_each!([inline = GrpcEngine::Inline, plain = GrpcEngine::Plain];
+    a_body_that_arrives_in_later_reads_is_still_answered,
+    a_panicking_call_is_internal_and_the_connection_goes_on,
+);
+
+/// The versions of hyper and h2 whose sources the inline engine's invariants were checked
+/// against (the module docs of `tollgate_server::grpc`, "What the inline engine relies on").
+const AUDITED: &[(&str, &str)] = &[("hyper", "1.12.0"), ("h2", "0.4.20")];
+
+/// Fails when `Cargo.lock` resolves hyper or h2 to a version other than the audited one (a
+/// `cargo update`, a new dependency pulling another major): the inline engine rests on
+/// behaviour of theirs that they do not promise.
+#[test]
+fn audited_hyper_and_h2() {
+    let lock = concat!(env!("CARGO_MANIFEST_DIR"), "/../../Cargo.lock");
+    let lock = std::fs::read_to_string(lock).expect("the workspace's Cargo.lock");
+    for (name, audited) in AUDITED {
+        let resolved = locked_versions(&lock, name);
+        assert!(
+            resolved == [*audited],
+            "Cargo.lock resolves {name} {resolved:?}, but the inline gRPC engine was audited \
+             against {name} {audited} only. Re-audit the invariants in the module docs of \
+             crates/tollgate-server/src/grpc.rs (\"What the inline engine relies on\": I1 to I4) \
+             against the new {name} sources, then update AUDITED in {}. Until then, \
+             `--grpc-engine plain` does not depend on them.",
+            file!()
+        );
+    }
+}
+
+/// The versions of package `name` in a `Cargo.lock` (`[[package]]` tables, `name` then
+/// `version` lines).
+fn locked_versions<'a>(lock: &'a str, name: &str) -> Vec<&'a str> {
+    let wanted = format!("name = \"{name}\"");
+    let mut lines = lock.lines();
+    let mut out = Vec::new();
+    while let Some(line) = lines.next() {
+        if line == wanted {
+            if let Some(version) = lines
+                .next()
+                .and_then(|l| l.strip_prefix("version = \""))
+                .and_then(|v| v.strip_suffix('"'))
+            {
+                out.push(version);
+            }
+        }
+    }
+    out
 }

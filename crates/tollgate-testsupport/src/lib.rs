@@ -8,6 +8,9 @@
 //! persistence off, and are killed (and their directory removed) on drop, so a failing test
 //! cannot leak them. Nothing here touches the server on 6379 beyond keys under the prefix a test
 //! gets from [`unique_prefix`].
+//!
+//! And [`test_each!`]: one async test function run once per value of a parameter (a gRPC
+//! engine, say), each run its own test.
 
 use std::hash::BuildHasher;
 use std::net::{TcpListener, TcpStream};
@@ -749,4 +752,26 @@ impl Drop for FaultProxy {
             let _ = a.join();
         }
     }
+}
+
+/// Each listed `async fn NAME(value)` as tests `NAME::LABEL`, one per `LABEL = value`, on a
+/// two-worker tokio runtime:
+/// `test_each!([inline = GrpcEngine::Inline, plain = GrpcEngine::Plain]; first_test, second_test);`
+#[macro_export]
+macro_rules! test_each {
+    ($values:tt; $($name:ident),* $(,)?) => {
+        $($crate::test_each!(@one $name $values);)*
+    };
+    (@one $name:ident [$($label:ident = $value:expr),* $(,)?]) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $label() {
+                    super::$name($value).await;
+                }
+            )*
+        }
+    };
 }

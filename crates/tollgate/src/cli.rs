@@ -349,6 +349,11 @@ struct GrpcArgs {
     #[arg(long, env = "TOLLGATE_GRPC_HANDSHAKE_TIMEOUT", default_value = "10s",
           value_parser = positive_duration)]
     grpc_handshake_timeout: Duration,
+    /// gRPC: how `ShouldRateLimit` is served: `inline` (answered inside the connection's poll,
+    /// writes coalesced; the fast path) or `plain` (tonic's ordinary path, a task per call).
+    #[arg(long, env = "TOLLGATE_GRPC_ENGINE", default_value = "inline",
+          value_parser = str::parse::<tollgate_server::grpc::GrpcEngine>)]
+    grpc_engine: tollgate_server::grpc::GrpcEngine,
 }
 
 impl GrpcArgs {
@@ -362,6 +367,7 @@ impl GrpcArgs {
             max_connection_age_grace: self.grpc_max_connection_age_grace,
             request_timeout: self.grpc_request_timeout,
             handshake_timeout: self.grpc_handshake_timeout,
+            engine: self.grpc_engine,
             ..GrpcLimits::default()
         }
     }

@@ -455,6 +455,29 @@ fn grpc_limits_from_environment_variables() {
     assert!(conn.wait_for(PING).is_some(), "keepalive PING");
 }
 
+/// `TOLLGATE_GRPC_ENGINE=plain` (`--grpc-engine plain`) serves `ShouldRateLimit` through
+/// tonic's ordinary path, with the same HTTP/2 limits and answers as the inline engine.
+#[test]
+fn the_plain_engine_from_the_environment() {
+    let (server, addr) = start_env(
+        &[],
+        &[
+            ("TOLLGATE_GRPC_ENGINE", "plain"),
+            ("TOLLGATE_GRPC_MAX_CONCURRENT_STREAMS", "7"),
+        ],
+        "grpc-plain",
+    );
+    assert!(
+        server.stderr().contains("gRPC engine plain"),
+        "{}",
+        server.stderr()
+    );
+    assert_eq!(call_blocking(&addr), Ok(1), "OK: alice's first");
+    let mut conn = RawH2::connect(&addr);
+    let settings = conn.wait_for(SETTINGS).expect("server SETTINGS");
+    assert_eq!(settings.setting(SETTINGS_MAX_CONCURRENT_STREAMS), Some(7));
+}
+
 /// Regression: the direct `ShouldRateLimit` path read a unary call's body to its end, so a
 /// client that kept sending data after the one message grew that request's buffer without
 /// bound. Now the data past the message is refused (INVALID_ARGUMENT) as it arrives.
