@@ -52,7 +52,7 @@ fn unit_for_verify() -> PathBuf {
     assert!(
         unit.lines()
             .any(|l| l == "ExecStart=/usr/local/bin/tollgate serve"),
-        "{UNIT}: ExecStart is not `/usr/local/bin/tollgate serve` (README.md's install path)"
+        "{UNIT}: ExecStart is not `/usr/local/bin/tollgate serve` (docs/deploy.md's install path)"
     );
     let dir = temp_dir("systemd-unit");
     let path = dir.join("tollgate.service");
@@ -252,16 +252,16 @@ fn kubernetes_manifests_hold_valid_rules_and_settings() {
     }
 }
 
-/// README.md's Deploy section says what the tests run: its image build line is the one
+/// docs/deploy.md (the Deploy page) says what the tests run: its image build line is the one
 /// `scripts/test.sh` runs, its `podman` commands use the settings `image.rs` uses, and the
 /// systemd and Kubernetes checks it names are the ones above.
 #[test]
-fn readme_deploy_commands_are_the_tested_ones() {
-    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
-    let at = readme
+fn deploy_doc_commands_are_the_tested_ones() {
+    let doc = std::fs::read_to_string(repo().join("docs/deploy.md")).unwrap();
+    let at = doc
         .find("<!-- deploy-image:")
-        .expect("deploy-image marker in README.md");
-    let rest = &readme[at..];
+        .expect("deploy-image marker in docs/deploy.md");
+    let rest = &doc[at..];
     let start = rest.find("```sh\n").expect("sh block") + "```sh\n".len();
     let block = &rest[start..start + rest[start..].find("```").expect("end of block")];
     let joined = |s: &str| {
@@ -274,7 +274,7 @@ fn readme_deploy_commands_are_the_tested_ones() {
     let test_sh = joined(&std::fs::read_to_string(repo().join("scripts/test.sh")).unwrap());
     let build = "RUSTFLAGS='-C target-feature=+crt-static' cargo build --profile image --locked \
                  -p tollgate --bin tollgate --target x86_64-unknown-linux-gnu";
-    assert!(block.contains(build), "README: {block}");
+    assert!(block.contains(build), "docs/deploy.md: {block}");
     assert!(
         test_sh.contains(build),
         "scripts/test.sh builds the image binary otherwise"
@@ -283,7 +283,7 @@ fn readme_deploy_commands_are_the_tested_ones() {
     assert!(joined(&containerfile).contains(&build.replace("RUSTFLAGS=", "RUN RUSTFLAGS=")));
     let image_rs =
         joined(&std::fs::read_to_string(repo().join("crates/tollgate/tests/image.rs")).unwrap());
-    for (readme_part, test_part) in [
+    for (doc_part, test_part) in [
         (
             "podman build --build-arg BINARY=host",
             r#""build", "--build-arg", "BINARY=host","#,
@@ -301,8 +301,8 @@ fn readme_deploy_commands_are_the_tested_ones() {
         ),
     ] {
         assert!(
-            block.contains(readme_part),
-            "README's block lacks {readme_part:?}: {block}"
+            block.contains(doc_part),
+            "docs/deploy.md's block lacks {doc_part:?}: {block}"
         );
         assert!(image_rs.contains(test_part), "image.rs lacks {test_part:?}");
     }
@@ -317,8 +317,8 @@ fn readme_deploy_commands_are_the_tested_ones() {
         "kubectl apply -f deploy/kubernetes/tollgate.yaml",
     ] {
         assert!(
-            joined(&readme).contains(named),
-            "README.md does not say {named:?}"
+            joined(&doc).contains(named),
+            "docs/deploy.md does not say {named:?}"
         );
     }
 }

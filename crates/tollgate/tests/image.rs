@@ -6,7 +6,7 @@
 //!
 //! The image is built from the static binary `scripts/test.sh` makes first
 //! (`cargo build --profile image --target x86_64-unknown-linux-gnu`, glibc linked statically),
-//! with `--build-arg BINARY=host` (README.md, "Deploy"). The engine's state lives under
+//! with `--build-arg BINARY=host` (docs/deploy.md, "Container image"). The engine's state lives under
 //! `target/tmp/podman` (vfs storage, runc, cgroupfs: what works inside this kind of container
 //! host; see `containers.conf` below), never in the user's own podman setup; containers have
 //! unique names and are removed on drop. Containers share the host's network and listen on free
