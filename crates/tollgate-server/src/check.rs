@@ -10,6 +10,7 @@ use crate::model::{
     secs_ceil, CheckRequest, CheckResponse, Code, DescriptorStatus, HeaderValues, LimitInfo,
 };
 use crate::state::{AppState, LoadedRules, RequestLimits};
+use std::sync::Arc;
 use std::time::Instant;
 use tollgate_core::limiter::{Overrides, Plan, Status};
 use tollgate_core::rules::Limit;
@@ -136,6 +137,16 @@ fn validate_shape(
     Ok(())
 }
 
+/// The rules to decide `req` with, once `req` passed [`validate`] and its overrides are within
+/// bounds; the refusal (counted in `tollgate_request_errors_total`) otherwise.
+fn admitted(state: &AppState, req: &CheckRequest) -> Result<Arc<LoadedRules>, ApiError> {
+    let checked = validate_in(state, req).and_then(|()| {
+        let rules = state.rules();
+        bounded_overrides(&rules, req).map(|()| rules)
+    });
+    checked.inspect_err(|e| state.metrics().error(e.code()))
+}
+
 /// Refuse a `limit` override that asks more than the store would hold for it (see
 /// [`Overrides::too_large`]): a client must not choose how much memory one key takes.
 fn bounded_overrides(rules: &LoadedRules, req: &CheckRequest) -> Result<(), ApiError> {
@@ -187,15 +198,7 @@ pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckRespons
         return decided;
     }
     let started = Instant::now();
-    if let Err(e) = validate_in(state, req) {
-        state.metrics().error(e.code());
-        return Err(e);
-    }
-    let rules = state.rules();
-    if let Err(e) = bounded_overrides(&rules, req) {
-        state.metrics().error(e.code());
-        return Err(e);
-    }
+    let rules = admitted(state, req)?;
     let hits = req.hits.unwrap_or(1);
     let overrides = Overrides::new(&rules.set, &req.domain, &req.descriptors);
     let plan = Plan::with_overrides(&rules.set, &overrides, &req.domain, &req.descriptors, hits);
@@ -218,15 +221,10 @@ pub fn decide_now(state: &AppState, req: &CheckRequest) -> Option<Result<CheckRe
         return None;
     };
     let started = Instant::now();
-    if let Err(e) = validate_in(state, req) {
-        state.metrics().error(e.code());
-        return Some(Err(e));
-    }
-    let rules = state.rules();
-    if let Err(e) = bounded_overrides(&rules, req) {
-        state.metrics().error(e.code());
-        return Some(Err(e));
-    }
+    let rules = match admitted(state, req) {
+        Ok(rules) => rules,
+        Err(e) => return Some(Err(e)),
+    };
     let hits = req.hits.unwrap_or(1);
     let overrides = Overrides::new(&rules.set, &req.domain, &req.descriptors);
     let plan = Plan::with_overrides(&rules.set, &overrides, &req.domain, &req.descriptors, hits);
