@@ -593,31 +593,64 @@ pub fn render_prometheus(m: &Metrics) -> String {
     out
 }
 
-/// Serve [`render_prometheus`] of `state` on `listener` at `path` until shutdown.
+/// Serve [`render_prometheus`] of `state` on `listener` at `path` until shutdown, on the HTTP
+/// listener the API has ([`crate::listener::serve`]: the connection cap, the header, body and
+/// idle timeouts of `limits`, the drain at shutdown), with the API's body limit
+/// (`--max-body-bytes`): a request announcing a larger body is answered 413 (no handler reads a
+/// body here; one sent without a length is not read, and the connection is closed after the
+/// answer).
 pub async fn run_prometheus(
     state: AppState,
     listener: tokio::net::TcpListener,
     path: String,
+    limits: crate::listener::ConnLimits,
     shutdown: watch::Receiver<bool>,
-) -> std::io::Result<()> {
-    let app = axum::Router::new().route(
-        &path,
-        axum::routing::get(move || {
-            let state = state.clone();
-            async move {
-                (
-                    [(
-                        axum::http::header::CONTENT_TYPE,
-                        "text/plain; version=0.0.4; charset=utf-8",
-                    )],
-                    render_prometheus(state.metrics()),
-                )
-            }
-        }),
-    );
-    axum::serve(listener, app)
-        .with_graceful_shutdown(crate::serve::wait_for_shutdown(shutdown))
-        .await
+) {
+    let max_body = state.limits().max_body_bytes;
+    let page = state.clone();
+    let app = axum::Router::new()
+        .route(
+            &path,
+            axum::routing::get(move || {
+                let state = page.clone();
+                async move {
+                    (
+                        [(
+                            axum::http::header::CONTENT_TYPE,
+                            "text/plain; version=0.0.4; charset=utf-8",
+                        )],
+                        render_prometheus(state.metrics()),
+                    )
+                }
+            }),
+        )
+        .layer(axum::middleware::from_fn(
+            move |req: axum::extract::Request, next: axum::middleware::Next| async move {
+                let announced = req
+                    .headers()
+                    .get(axum::http::header::CONTENT_LENGTH)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse::<u64>().ok());
+                if announced.is_some_and(|n| n > max_body as u64) {
+                    use axum::response::IntoResponse as _;
+                    return crate::error::ApiError::PayloadTooLarge { limit: max_body }
+                        .into_response();
+                }
+                next.run(req).await
+            },
+        ));
+    // Counted apart from the API's listener (its numbers are not on any page, as the debug
+    // port's).
+    let metrics = std::sync::Arc::new(crate::metrics::ConnectionMetrics::default());
+    crate::listener::serve_as(
+        "envoy metrics",
+        listener,
+        crate::listener::with_connect_info(app),
+        limits,
+        metrics,
+        shutdown,
+    )
+    .await;
 }
 
 #[cfg(test)]

@@ -32,7 +32,9 @@
 //! `Server`, which leaves the concurrent streams per connection unlimited, has no handshake
 //! timeout or cap on connections, and waits for every connection at shutdown without bound:
 //! here each of those is bounded by [`GrpcLimits`], `--max-connections` and
-//! `--shutdown-timeout`.
+//! `--shutdown-timeout`. Connections are taken by the accept loop every listener shares
+//! ([`crate::listener::accept_loop`]: the cap, accept errors, the TLS handshake, the drain at
+//! shutdown); what is gRPC's (the preface, HTTP/2, health) is here.
 //!
 //! On those connections `ShouldRateLimit` itself does not go through tonic: a POST to its path
 //! is answered directly on hyper's stream (`should_rate_limit`: the message read whole, prost,
@@ -105,6 +107,7 @@
 
 use crate::check::{decide, decide_now};
 use crate::error::{ApiError, ErrorClass};
+use crate::listener::{accept_loop, AcceptLimits, NoDelay, Tls};
 use crate::model::{CheckRequest, CheckResponse, Code, Descriptor, DescriptorStatus};
 use crate::profile::{EnvoyMode, HEALTH_SERVICE};
 use crate::state::AppState;
@@ -114,7 +117,6 @@ use hyper::server::conn::http2;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use std::convert::Infallible;
 use std::future::Future;
-use std::io::ErrorKind;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
@@ -123,9 +125,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
-use tokio::task::JoinSet;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tollgate_core::limiter::LimitOverride;
 use tollgate_core::quota::Unit;
 use tollgate_proto::pb::envoy::config::core::v3::HeaderValue;
@@ -888,8 +889,10 @@ pub const RLS_DESCRIPTOR_SET: &[u8] = include_bytes!("../proto/rls_descriptor_se
 /// SERVING for `""` and for [`RLS_SERVICE_NAME`], and under the envoy profile for `ratelimit` as
 /// its `/healthcheck` does ([`AppState::envoy_healthy`]).
 ///
-/// Connections are served by hyper's HTTP/2 server with `limits`, at most `max_connections` at
-/// once: at the cap the listener is not accepted from (clients wait in the kernel's backlog).
+/// Connections are taken by [`crate::listener::accept_loop`], as the HTTP listener's, at most
+/// `max_connections` at once (at the cap the listener is not accepted from: clients wait in the
+/// kernel's backlog; counted in `tollgate_connections_cap_reached_total{listener="grpc"}`), and
+/// served by hyper's HTTP/2 server with `limits`.
 ///
 /// At shutdown, the listener closes, health turns NOT_SERVING (open `Watch` streams get it and
 /// then end: an open `Watch` is a call that never finishes), every connection gets GOAWAY and
@@ -937,14 +940,6 @@ impl std::fmt::Debug for GrpcListener {
     }
 }
 
-/// One accepted connection of a [`GrpcListener`].
-enum Accepted {
-    Tcp(TcpStream),
-    Tls(TcpStream, tokio_rustls::TlsAcceptor),
-    #[cfg(unix)]
-    Unix(tokio::net::UnixStream),
-}
-
 /// [`serve`] on any [`GrpcListener`].
 pub async fn serve_on(
     state: AppState,
@@ -984,6 +979,7 @@ pub async fn serve_on(
             .register_encoded_file_descriptor_set(RLS_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
+    let metrics = Arc::clone(&state.metrics().grpc_connections);
     let rls = RateLimitGrpc::new(state).into_server();
     let max_message = rls.max_decoding_message_size;
     let direct = Arc::clone(&rls.inner);
@@ -1001,79 +997,46 @@ pub async fn serve_on(
         rls: direct,
         max_message,
     };
-    let slots = Arc::new(Semaphore::new(
-        max_connections.clamp(1, Semaphore::MAX_PERMITS),
-    ));
-    let (drain_tx, drain_rx) = watch::channel(false);
-    let mut connections = JoinSet::new();
-    tokio::pin!(shutdown);
-    loop {
-        let slot = tokio::select! {
-            () = &mut shutdown => break,
-            s = slots.clone().acquire_owned() => s.expect("the semaphore is never closed"),
-        };
-        let accepted = tokio::select! {
-            () = &mut shutdown => break,
-            accepted = accept(&listener) => accepted,
-        };
-        let (routes, drain) = (routes.clone(), drain_rx.clone());
-        match accepted {
-            Accepted::Tcp(tcp) => {
-                let _ = tcp.set_nodelay(true);
-                connections.spawn(connection(tcp, slot, routes, limits, drain));
-            }
-            Accepted::Tls(tcp, tls) => {
-                let _ = tcp.set_nodelay(true);
-                connections.spawn(async move {
-                    // The TLS handshake is bounded like the HTTP/2 preface that follows it.
-                    let mut stop = drain.clone();
-                    let handshake = tokio::select! {
-                        r = tokio::time::timeout(limits.handshake_timeout, tls.accept(tcp)) => r,
-                        _ = stop.wait_for(|d| *d) => return,
-                    };
-                    match handshake {
-                        Ok(Ok(stream)) => {
-                            connection(stream, slot, routes, limits, drain).await;
-                        }
-                        Ok(Err(e)) => tracing::debug!(error = %e, "gRPC TLS handshake failed"),
-                        Err(_) => tracing::debug!(
-                            "gRPC TLS handshake not done within the handshake timeout"
-                        ),
-                    }
-                });
-            }
-            #[cfg(unix)]
-            Accepted::Unix(unix) => {
-                connections.spawn(connection(unix, slot, routes, limits, drain));
-            }
+    // Past the listener's close and before its connections are told to go: health turns
+    // NOT_SERVING, then the statuses are cleared (which ends the open `Watch` streams).
+    let on_stop = async move {
+        if let Some(task) = envoy_health {
+            task.abort();
         }
-        // Reap the finished ones so the set stays as large as the open connections.
-        while connections.try_join_next().is_some() {}
-    }
-    drop(listener);
-    if let Some(task) = envoy_health {
-        task.abort();
-    }
-    for name in names {
-        reporter
-            .set_service_status(name, ServingStatus::NotServing)
-            .await;
-    }
-    for name in names {
-        reporter.clear_service_status(name).await;
-    }
-    let _ = drain_tx.send(true);
-    let drained = tokio::time::timeout(shutdown_timeout, async {
-        while connections.join_next().await.is_some() {}
-    })
-    .await;
-    if drained.is_err() {
-        tracing::warn!(
-            connections = connections.len(),
-            timeout = ?shutdown_timeout,
-            "gRPC shutdown timeout: closing the connections left"
-        );
-        connections.shutdown().await;
+        for name in names {
+            reporter
+                .set_service_status(name, ServingStatus::NotServing)
+                .await;
+        }
+        for name in names {
+            reporter.clear_service_status(name).await;
+        }
+    };
+    let accept = AcceptLimits {
+        kind: "gRPC",
+        max_connections,
+        shutdown_timeout,
+    };
+    // One closure per kind of socket (each a stream type of its own); the loop is the same.
+    match listener {
+        GrpcListener::Tcp(tcp) => {
+            let serve = move |s, _, close| connection(s, routes.clone(), limits, close);
+            accept_loop(NoDelay(tcp), accept, metrics, shutdown, on_stop, serve).await;
+        }
+        GrpcListener::Tls(tcp, acceptor) => {
+            let tls = Tls {
+                listener: tcp,
+                acceptor,
+                handshake_timeout: limits.handshake_timeout,
+            };
+            let serve = move |s, _, close| connection(s, routes.clone(), limits, close);
+            accept_loop(tls, accept, metrics, shutdown, on_stop, serve).await;
+        }
+        #[cfg(unix)]
+        GrpcListener::Unix(unix) => {
+            let serve = move |s, _, close| connection(s, routes.clone(), limits, close);
+            accept_loop(unix, accept, metrics, shutdown, on_stop, serve).await;
+        }
     }
     Ok(())
 }
@@ -1164,43 +1127,12 @@ impl GrpcTls {
     }
 }
 
-/// The next connection. Errors that concern one connection are skipped; others (out of file
-/// descriptors, ...) are logged and retried after a pause instead of spinning.
-async fn accept(listener: &GrpcListener) -> Accepted {
-    loop {
-        let accepted = match listener {
-            GrpcListener::Tcp(l) => l.accept().await.map(|(tcp, _)| Accepted::Tcp(tcp)),
-            GrpcListener::Tls(l, tls) => l
-                .accept()
-                .await
-                .map(|(tcp, _)| Accepted::Tls(tcp, tls.clone())),
-            #[cfg(unix)]
-            GrpcListener::Unix(l) => l.accept().await.map(|(unix, _)| Accepted::Unix(unix)),
-        };
-        match accepted {
-            Ok(accepted) => return accepted,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    ErrorKind::ConnectionAborted
-                        | ErrorKind::ConnectionReset
-                        | ErrorKind::ConnectionRefused
-                ) => {}
-            Err(e) => {
-                tracing::warn!(error = %e, "gRPC accept failed; retrying in 100 ms");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    }
-}
-
-/// One connection, holding its `_slot` of `--max-connections` until it closes: the preface
-/// within the handshake timeout, then HTTP/2 until the client leaves, the connection's age
-/// (GOAWAY, then at most the grace) or shutdown (`drain`: GOAWAY, then until the caller gives
-/// up and drops this task).
+/// One connection (its slot of `--max-connections` held by the accept loop until this ends):
+/// the preface within the handshake timeout, then HTTP/2 until the client leaves, the
+/// connection's age (GOAWAY, then at most the grace) or shutdown (`drain`: GOAWAY, then until
+/// the accept loop gives up and drops this task).
 async fn connection<S>(
     mut tcp: S,
-    _slot: OwnedSemaphorePermit,
     services: Services,
     limits: GrpcLimits,
     mut drain: watch::Receiver<bool>,
@@ -2434,7 +2366,7 @@ mod tests {
                 let (_drain_tx, drain) = watch::channel(false);
                 serve_http2(io, service, limits, drain).await;
             });
-            let tcp = TcpStream::connect(addr).await.unwrap();
+            let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
             let (mut client, conn) = hyper::client::conn::http2::handshake(
                 hyper_util::rt::TokioExecutor::new(),
                 TokioIo::new(tcp),

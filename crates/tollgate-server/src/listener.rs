@@ -1,24 +1,33 @@
-//! The HTTP accept loop: serves the API on hyper's connection builders (HTTP/1.1 and HTTP/2
-//! prior knowledge, as `axum::serve` did) with the limits `axum::serve` has not got, so that idle
-//! or slow clients cannot hold the process:
+//! The accept loop of every listener, and the HTTP listener on it.
 //!
-//! - a cap on open connections ([`ConnLimits::max_connections`]): at the cap the loop stops
-//!   accepting until a connection ends (new clients wait in the kernel's backlog, costing the
-//!   process nothing), logging a rate-limited WARN;
+//! [`accept_loop`] is the one loop that takes connections, for the HTTP API, the gRPC service
+//! ([`crate::grpc`]), envoy's debug port and the envoy-named Prometheus page, over TCP, TLS over
+//! TCP (the handshake bounded) or a unix socket ([`Listener`]). It owns what every listener
+//! needs the same way:
+//!
+//! - a cap on open connections (`--max-connections`): at the cap the loop stops accepting until
+//!   a connection ends (new clients wait in the kernel's backlog, costing the process nothing),
+//!   counted in [`ConnectionMetrics::cap_reached`] and logged as a rate-limited WARN naming the
+//!   listener ("gRPC connection cap reached");
+//! - accept errors: one connection's are skipped, the process's (out of descriptors) pause the
+//!   loop briefly with a rate-limited WARN;
+//! - graceful shutdown that always ends: on shutdown the listener is closed, every connection is
+//!   told to finish (idle ones close at once, in-flight requests complete), and whatever is still
+//!   open after `--shutdown-timeout` is dropped.
+//!
+//! [`serve`] is the HTTP listener on that loop: it serves the API on hyper's connection builders
+//! (HTTP/1.1 and HTTP/2 prior knowledge, as `axum::serve` did) with the limits `axum::serve` has
+//! not got, so that idle or slow clients cannot hold the process:
+//!
 //! - a header-read timeout: a connection that has not sent a complete request head within it
 //!   (from accept, or, on a kept-alive HTTP/1.1 connection, from the first byte of the next
 //!   request) is dropped;
 //! - an idle timeout: a connection with no request in flight for that long is closed (HTTP/2 gets
 //!   a GOAWAY first);
-//! - graceful shutdown that always ends: on shutdown the listener is closed, every connection is
-//!   told to finish (idle ones close at once, in-flight requests complete), and whatever is still
-//!   open after [`ConnLimits::shutdown_timeout`] is dropped.
-//!
 //! - a body-read timeout: each request body is wrapped ([`TimedBody`]) so that a body not
 //!   complete within it fails with [`BodyTimedOut`]; the handler reading it answers 408 in JSON
 //!   (`http::read_body`) and closes the connection. A body that came with its head costs no
-//!   timer: one is only armed when the body has to be waited for.
-//!
+//!   timer: one is only armed when the body has to be waited for;
 //! - a strict request head: a bare LF line ending in an HTTP/1.1 head is refused with 400 and
 //!   the connection closed. hyper's parser takes a bare LF as a line end, so
 //!   `X-Forwarded-For: a\nX-Forwarded-For: b` would be two headers to tollgate and one to a
@@ -65,7 +74,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tower::{Service, ServiceExt as _};
 
-/// Connection limits and timeouts of one listener (`tollgate serve` flags).
+/// Connection limits and timeouts of one HTTP listener (`tollgate serve` flags).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnLimits {
     /// `--header-read-timeout`: longest wait for a complete request head.
@@ -112,7 +121,8 @@ fn bare_lf_response() -> Vec<u8> {
     .into_bytes()
 }
 
-/// At most one "connection cap reached" WARN per this interval.
+/// At most one "connection cap reached" WARN, and one "accept failed" WARN, per listener per
+/// this interval.
 const CAP_WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// What serves the requests of a connection ([`serve`]'s `make` gives one per connection).
@@ -137,19 +147,35 @@ impl<S> ConnService for S where
 /// Serve on `listener` until `shutdown` turns `true`, then shut down within
 /// `limits.shutdown_timeout`. Each connection is served by `make(peer)` (the client's address,
 /// when known: [`with_connect_info`] gives it to handlers as axum's `ConnectInfo`), each request
-/// with its body as a [`TimedBody`]. Counts connections in `metrics`.
+/// with its body as a [`TimedBody`]. Counts connections in `metrics`. The connections come from
+/// [`accept_loop`] (the cap, accept errors, the drain at shutdown).
 pub async fn serve<M, S>(
     listener: TcpListener,
     make: M,
     limits: ConnLimits,
     metrics: Arc<ConnectionMetrics>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
+) where
+    M: Fn(Option<SocketAddr>) -> S + Send + Sync + 'static,
+    S: ConnService,
+{
+    serve_as("HTTP", listener, make, limits, metrics, shutdown).await;
+}
+
+/// [`serve`] for a listener named `kind` in the accept loop's log lines (`debug`, `envoy
+/// metrics`: other HTTP listeners than the API's).
+pub async fn serve_as<M, S>(
+    kind: &'static str,
+    listener: TcpListener,
+    make: M,
+    limits: ConnLimits,
+    metrics: Arc<ConnectionMetrics>,
+    shutdown: watch::Receiver<bool>,
 ) where
     M: Fn(Option<SocketAddr>) -> S + Send + Sync + 'static,
     S: ConnService,
 {
     let make = Arc::new(make);
-    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let mut builder = Builder::new(TokioExecutor::new());
     // What one connection may make the process buffer for a request head: hyper's defaults
     // (~400 KB for HTTP/1.1, 16 MB of HTTP/2 header list) times the connection cap would be
@@ -157,10 +183,192 @@ pub async fn serve<M, S>(
     builder.http1().max_buf_size(MAX_HEAD_BYTES);
     builder.http2().max_header_list_size(MAX_HEAD_BYTES as u32);
     let builder = Arc::new(builder);
+    let counters = metrics.clone();
+    let serve_one = move |stream, peer, close| {
+        Connection {
+            stream,
+            peer,
+            make: make.clone(),
+            builder: builder.clone(),
+            limits,
+            metrics: counters.clone(),
+            close,
+        }
+        .run()
+    };
+    let accept = AcceptLimits {
+        kind,
+        max_connections: limits.max_connections,
+        shutdown_timeout: limits.shutdown_timeout,
+    };
+    accept_loop(
+        listener,
+        accept,
+        metrics,
+        stopped_owned(shutdown),
+        async {},
+        serve_one,
+    )
+    .await;
+}
+
+/// A listening socket [`accept_loop`] takes connections from: TCP ([`TcpListener`], or
+/// [`NoDelay`]), TLS over TCP ([`Tls`]) or a unix socket.
+pub trait Listener: Send + 'static {
+    /// A connection ready to be served.
+    type Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    /// What makes an accepted socket a [`Listener::Stream`] (the TLS handshake; nothing for
+    /// plain sockets). It runs on the connection's own task, holding its slot, so a slow
+    /// handshake holds up no other client; shutdown cuts it short.
+    type Handshake: Future<Output = io::Result<Self::Stream>> + Send + 'static;
+
+    /// The next socket and its peer's address (none on a unix socket).
+    fn accept(
+        &self,
+    ) -> impl Future<Output = io::Result<(Self::Handshake, Option<SocketAddr>)>> + Send;
+}
+
+impl Listener for TcpListener {
+    type Stream = TcpStream;
+    type Handshake = std::future::Ready<io::Result<TcpStream>>;
+
+    async fn accept(&self) -> io::Result<(Self::Handshake, Option<SocketAddr>)> {
+        let (stream, peer) = TcpListener::accept(self).await?;
+        Ok((std::future::ready(Ok(stream)), Some(peer)))
+    }
+}
+
+/// TCP with `TCP_NODELAY` on every connection: the gRPC listener's, whose small frames (an
+/// answer, a PING acknowledgement) must not wait for the previous write's ACK (Nagle).
+#[derive(Debug)]
+pub struct NoDelay(pub TcpListener);
+
+impl Listener for NoDelay {
+    type Stream = TcpStream;
+    type Handshake = std::future::Ready<io::Result<TcpStream>>;
+
+    async fn accept(&self) -> io::Result<(Self::Handshake, Option<SocketAddr>)> {
+        let (stream, peer) = self.0.accept().await?;
+        let _ = stream.set_nodelay(true);
+        Ok((std::future::ready(Ok(stream)), Some(peer)))
+    }
+}
+
+/// TLS over TCP (`TCP_NODELAY` on, as [`NoDelay`]): a handshake not done within
+/// `handshake_timeout` fails and the connection is closed.
+pub struct Tls {
+    /// The TCP listener.
+    pub listener: TcpListener,
+    /// The TLS configuration.
+    pub acceptor: tokio_rustls::TlsAcceptor,
+    /// The longest a client may take over its handshake.
+    pub handshake_timeout: Duration,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tls")
+            .field("listener", &self.listener)
+            .field("handshake_timeout", &self.handshake_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A TLS handshake under way (see [`Tls`]).
+pub type TlsHandshake =
+    Pin<Box<dyn Future<Output = io::Result<tokio_rustls::server::TlsStream<TcpStream>>> + Send>>;
+
+impl Listener for Tls {
+    type Stream = tokio_rustls::server::TlsStream<TcpStream>;
+    type Handshake = TlsHandshake;
+
+    async fn accept(&self) -> io::Result<(Self::Handshake, Option<SocketAddr>)> {
+        let (tcp, peer) = self.listener.accept().await?;
+        let _ = tcp.set_nodelay(true);
+        let (accept, timeout) = (self.acceptor.accept(tcp), self.handshake_timeout);
+        let handshake = async move {
+            match tokio::time::timeout(timeout, accept).await {
+                Ok(done) => done,
+                Err(_) => Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "TLS handshake not done within the handshake timeout ({} ms)",
+                        timeout.as_millis()
+                    ),
+                )),
+            }
+        };
+        Ok((Box::pin(handshake) as TlsHandshake, Some(peer)))
+    }
+}
+
+#[cfg(unix)]
+impl Listener for tokio::net::UnixListener {
+    type Stream = tokio::net::UnixStream;
+    type Handshake = std::future::Ready<io::Result<tokio::net::UnixStream>>;
+
+    async fn accept(&self) -> io::Result<(Self::Handshake, Option<SocketAddr>)> {
+        let (stream, _) = tokio::net::UnixListener::accept(self).await?;
+        Ok((std::future::ready(Ok(stream)), None))
+    }
+}
+
+/// What [`accept_loop`] needs besides the listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AcceptLimits {
+    /// The listener's name in log lines (`HTTP`, `gRPC`).
+    pub kind: &'static str,
+    /// `--max-connections`: most connections open at once.
+    pub max_connections: usize,
+    /// `--shutdown-timeout`: how long shutdown waits for connections before dropping them.
+    pub shutdown_timeout: Duration,
+}
+
+/// Pause after an accept error that is not one connection's (see [`accept_loop`]).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// The accept loop of every listener: take connections from `listener` until `shutdown`
+/// resolves, each served by `serve(stream, peer, close)` on a task of its own once its
+/// handshake ([`Listener::Handshake`]) is done; `close` turns `true` when shutdown begins, and
+/// the connection is to finish what it is doing and end.
+///
+/// - At most `limits.max_connections` connections at once: at the cap nothing is accepted (new
+///   clients wait in the kernel's backlog, costing the process nothing) until one ends; each
+///   time, [`ConnectionMetrics::cap_reached`] counts it and a WARN says so, at most once every
+///   10 s.
+/// - Accept errors: one connection's (reset before it was accepted) are skipped; the process's
+///   (out of descriptors) pause the loop for 50 ms, with a WARN at most once every 10 s (the
+///   comment in the loop says why).
+/// - Finished connections are reaped as the loop goes, so the task set is as large as the open
+///   connections.
+/// - At shutdown: the listener is closed (the kernel refuses new clients), `on_stop` runs (the
+///   gRPC listener turns its health NOT_SERVING there), every connection is told to close, and
+///   whatever is still open after `limits.shutdown_timeout` is dropped
+///   ([`DropReason::Shutdown`]).
+///
+/// [`ConnectionMetrics`] counts the connections open (handshake included).
+pub async fn accept_loop<L, F, Fut>(
+    listener: L,
+    limits: AcceptLimits,
+    metrics: Arc<ConnectionMetrics>,
+    shutdown: impl Future<Output = ()> + Send,
+    on_stop: impl Future<Output = ()> + Send,
+    serve: F,
+) where
+    L: Listener,
+    F: Fn(L::Stream, Option<SocketAddr>, watch::Receiver<bool>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let kind = limits.kind;
+    let serve = Arc::new(serve);
+    let slots = Arc::new(Semaphore::new(
+        limits.max_connections.clamp(1, Semaphore::MAX_PERMITS),
+    ));
     let (close_tx, close_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
     let mut last_cap_warn: Option<Instant> = None;
     let mut last_accept_warn: Option<Instant> = None;
+    let mut shutdown = pin!(shutdown);
     'accept: loop {
         // A slot first: at the cap nothing is accepted (the kernel's backlog holds new clients).
         let permit = match slots.clone().try_acquire_owned() {
@@ -171,13 +379,13 @@ pub async fn serve<M, S>(
                     last_cap_warn = Some(Instant::now());
                     tracing::warn!(
                         max_connections = limits.max_connections,
-                        "HTTP connection cap reached: new connections wait until one closes"
+                        "{kind} connection cap reached: new connections wait until one closes"
                     );
                 }
                 loop {
                     tokio::select! {
                         biased;
-                        _ = stopped(&mut shutdown) => break 'accept,
+                        () = &mut shutdown => break 'accept,
                         Some(_) = tasks.join_next() => {}
                         p = slots.clone().acquire_owned() => match p {
                             Ok(p) => break p,
@@ -187,47 +395,59 @@ pub async fn serve<M, S>(
                 }
             }
         };
-        let stream = tokio::select! {
+        let (handshake, peer) = tokio::select! {
             biased;
-            _ = stopped(&mut shutdown) => break,
+            () = &mut shutdown => break,
             // Reap finished connections (their permits are already back).
             Some(_) = tasks.join_next() => continue,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => stream,
+                Ok(accepted) => accepted,
+                // One policy for every listener. A connection that failed between the kernel's
+                // handshake and `accept` (reset by its client) concerns that client alone: go
+                // on at once. Anything else is the process's (out of descriptors: EMFILE,
+                // ENFILE; out of memory) and lasts until something is freed: accepting again at
+                // once would spin a core on the same error, so pause briefly (connections
+                // closing meanwhile free descriptors; shutdown still ends the pause) and say so,
+                // at most once every 10 s, as the error repeats every pause.
+                Err(e) if is_connection_error(&e) => continue,
                 Err(e) => {
-                    // Per-connection failures (reset before accept) are nothing; anything else
-                    // (out of descriptors) is worth a (rate-limited) line and a short pause.
-                    if !is_connection_error(&e) {
-                        if last_accept_warn.is_none_or(|t| t.elapsed() >= CAP_WARN_EVERY) {
-                            last_accept_warn = Some(Instant::now());
-                            tracing::warn!(error = %e, "HTTP accept failed");
-                        }
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    if last_accept_warn.is_none_or(|t| t.elapsed() >= CAP_WARN_EVERY) {
+                        last_accept_warn = Some(Instant::now());
+                        tracing::warn!(error = %e, "{kind} accept failed");
+                    }
+                    tokio::select! {
+                        biased;
+                        () = &mut shutdown => break,
+                        () = tokio::time::sleep(ACCEPT_BACKOFF) => {}
                     }
                     continue;
                 }
             },
         };
-        let connection = Connection {
-            stream,
-            make: make.clone(),
-            builder: builder.clone(),
-            limits,
-            metrics: metrics.clone(),
-            close: close_rx.clone(),
-        };
+        let (serve, metrics, mut close) = (serve.clone(), metrics.clone(), close_rx.clone());
         tasks.spawn(async move {
             let _permit = permit;
-            connection.run().await;
+            metrics.opened();
+            let _open = OpenGuard(&metrics);
+            let stream = tokio::select! {
+                biased;
+                stream = handshake => stream,
+                () = stopped(&mut close) => return,
+            };
+            match stream {
+                Ok(stream) => serve(stream, peer, close).await,
+                Err(e) => tracing::debug!(error = %e, "{kind} connection handshake failed"),
+            }
         });
     }
 
     // Stop accepting: new clients are refused by the kernel from here on.
     drop(listener);
+    on_stop.await;
     let _ = close_tx.send(true);
     let open = tasks.len();
     if open > 0 {
-        tracing::info!(connections = open, "closing HTTP connections");
+        tracing::info!(connections = open, "closing {kind} connections");
     }
     let deadline = Instant::now() + limits.shutdown_timeout;
     let drained = tokio::time::timeout_at(deadline, async {
@@ -240,7 +460,7 @@ pub async fn serve<M, S>(
         tracing::warn!(
             connections = left,
             shutdown_timeout_ms = limits.shutdown_timeout.as_millis() as u64,
-            "shutdown timeout: dropping the HTTP connections still open"
+            "shutdown timeout: dropping the {kind} connections still open"
         );
         metrics.dropped(DropReason::Shutdown, left as u64);
         tasks.shutdown().await;
@@ -250,6 +470,11 @@ pub async fn serve<M, S>(
 /// Resolves when `rx` turns `true` (or its sender is gone).
 async fn stopped(rx: &mut watch::Receiver<bool>) {
     let _ = rx.wait_for(|s| *s).await;
+}
+
+/// [`stopped`], owning its receiver.
+async fn stopped_owned(mut rx: watch::Receiver<bool>) {
+    stopped(&mut rx).await;
 }
 
 /// Errors of one connection that `accept` reports; the listener itself is fine.
@@ -265,6 +490,8 @@ fn is_connection_error(e: &io::Error) -> bool {
 /// One accepted connection and what it needs to be served.
 struct Connection<M> {
     stream: TcpStream,
+    /// The client's address.
+    peer: Option<SocketAddr>,
     make: Arc<M>,
     builder: Arc<Builder<TokioExecutor>>,
     limits: ConnLimits,
@@ -280,15 +507,13 @@ impl<M> Connection<M> {
     {
         let Connection {
             stream,
+            peer,
             make,
             builder,
             limits,
             metrics,
             mut close,
         } = self;
-        metrics.opened();
-        let _open = OpenGuard(&metrics);
-        let peer = stream.peer_addr().ok();
         let activity = Arc::new(Activity::new());
         let io = TokioIo::new(Tracked {
             inner: Some(stream),

@@ -104,6 +104,8 @@ pub struct Metrics {
     near_ratio: std::sync::atomic::AtomicU32,
     /// Connections of the HTTP listener (open, dropped, cap reached).
     pub http_connections: Arc<ConnectionMetrics>,
+    /// Connections of the gRPC listener (open, dropped at shutdown, cap reached).
+    pub grpc_connections: Arc<ConnectionMetrics>,
 }
 
 /// Bound on the series named by request values of `detailed_metric` / `value_to_metric` rules;
@@ -495,7 +497,13 @@ impl Metrics {
             self.rules_generation.load(Relaxed),
             self.rules_limits.load(Relaxed)
         );
-        self.http_connections.render(&mut out, "http");
+        ConnectionMetrics::render(
+            &mut out,
+            &[
+                ("http", &self.http_connections),
+                ("grpc", &self.grpc_connections),
+            ],
+        );
         for (name, help, v) in extra {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         }
@@ -587,26 +595,36 @@ impl ConnectionMetrics {
         self.cap_reached.fetch_add(1, Relaxed);
     }
 
-    fn render(&self, out: &mut String, listener: &str) {
-        let _ = writeln!(
-            out,
-            "# HELP tollgate_connections_open Client connections open now.\n# TYPE tollgate_connections_open gauge\ntollgate_connections_open{{listener=\"{listener}\"}} {}",
-            self.open()
-        );
-        out.push_str("# HELP tollgate_connections_dropped_total Client connections closed by the server: a timeout, a malformed request head, or still open at the shutdown deadline.\n# TYPE tollgate_connections_dropped_total counter\n");
-        for r in DropReason::ALL {
+    /// Append the connection metrics of `listeners` (label `listener`), each metric's HELP and
+    /// TYPE once.
+    fn render(out: &mut String, listeners: &[(&str, &ConnectionMetrics)]) {
+        out.push_str("# HELP tollgate_connections_open Client connections open now.\n# TYPE tollgate_connections_open gauge\n");
+        for (listener, m) in listeners {
             let _ = writeln!(
                 out,
-                "tollgate_connections_dropped_total{{listener=\"{listener}\",reason=\"{}\"}} {}",
-                r.as_str(),
-                self.dropped[r as usize].load(Relaxed)
+                "tollgate_connections_open{{listener=\"{listener}\"}} {}",
+                m.open()
             );
         }
-        let _ = writeln!(
-            out,
-            "# HELP tollgate_connections_cap_reached_total Times the accept loop waited because every connection slot was taken.\n# TYPE tollgate_connections_cap_reached_total counter\ntollgate_connections_cap_reached_total{{listener=\"{listener}\"}} {}",
-            self.cap_reached.load(Relaxed)
-        );
+        out.push_str("# HELP tollgate_connections_dropped_total Client connections closed by the server: a timeout, a malformed request head, or still open at the shutdown deadline.\n# TYPE tollgate_connections_dropped_total counter\n");
+        for (listener, m) in listeners {
+            for r in DropReason::ALL {
+                let _ = writeln!(
+                    out,
+                    "tollgate_connections_dropped_total{{listener=\"{listener}\",reason=\"{}\"}} {}",
+                    r.as_str(),
+                    m.dropped[r as usize].load(Relaxed)
+                );
+            }
+        }
+        out.push_str("# HELP tollgate_connections_cap_reached_total Times the accept loop waited because every connection slot was taken.\n# TYPE tollgate_connections_cap_reached_total counter\n");
+        for (listener, m) in listeners {
+            let _ = writeln!(
+                out,
+                "tollgate_connections_cap_reached_total{{listener=\"{listener}\"}} {}",
+                m.cap_reached.load(Relaxed)
+            );
+        }
     }
 }
 

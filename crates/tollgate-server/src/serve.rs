@@ -467,6 +467,7 @@ pub async fn serve(
         config.http_addr.is_some(),
         config.grpc_addr.is_some() || config.grpc_uds.is_some(),
         config.debug_addr.is_some(),
+        config.envoy_stats.prometheus.is_some(),
     ]
     .into_iter()
     .filter(|on| *on)
@@ -476,10 +477,14 @@ pub async fn serve(
         listeners,
         config.max_connections_chosen,
     );
-    if config.http_addr.is_none() && config.grpc_addr.is_none() {
+    if config.http_addr.is_none() && config.grpc_addr.is_none() && config.grpc_uds.is_none() {
         bail!("--http-addr and --grpc-addr are both off: turn at least one listener on");
     }
     let state = build_state(&config).await?;
+    // Every listener is bound, and every step that can fail is taken, before anything is
+    // started: a start that fails (a port taken, unreadable TLS files, a registry that cannot
+    // be read) returns its error with no listener served and no task left running, and the
+    // sockets bound so far close as they are dropped here.
     let http = match config.http_addr {
         Some(addr) => Some(
             TcpListener::bind(addr)
@@ -489,31 +494,16 @@ pub async fn serve(
         None => None,
     };
     let http_addr = http.as_ref().map(TcpListener::local_addr).transpose()?;
-    let (tx, rx) = shutdown_channel();
-
-    let grpc = match (&config.grpc_uds, config.grpc_addr) {
-        #[cfg(unix)]
-        (Some(path), _) => Some((crate::grpc::GrpcListener::Unix(bind_unix(path)?), None)),
-        #[cfg(not(unix))]
-        (Some(path), _) => bail!("unix sockets are not supported here: {}", path.display()),
-        (None, None) => None,
-        (None, Some(addr)) => {
-            let grpc = TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("cannot listen for gRPC on {addr}"))?;
-            let local = grpc.local_addr()?;
-            match &config.grpc_tls {
-                None => Some((crate::grpc::GrpcListener::Tcp(grpc), Some(local))),
-                Some(tls) => {
-                    let acceptor = tls
-                        .acceptor()
-                        .map_err(|e| anyhow::anyhow!("cannot use the gRPC TLS files: {e}"))?;
-                    Some((crate::grpc::GrpcListener::Tls(grpc, acceptor), Some(local)))
-                }
-            }
-        }
-    };
+    let grpc = bind_grpc(&config).await?;
     let grpc_addr = grpc.as_ref().and_then(|(_, addr)| *addr);
+    let prometheus = bind_envoy_metrics(&config.envoy_stats).await?;
+    let debug_listener = bind_debug(&config).await;
+    let (tx, rx) = shutdown_channel();
+    // Last of the fallible steps: it starts the registry's tasks only once nothing can fail.
+    let registry = crate::registry::start(&state, &config.registry, &config.store, rx.clone())
+        .await
+        .context("cannot start the rule registry")?;
+
     if grpc.is_some() && config.grpc_limits.engine != crate::grpc::GrpcEngine::default() {
         tracing::info!(
             "gRPC engine {}: ShouldRateLimit through tonic's ordinary path, a task per call",
@@ -552,9 +542,6 @@ pub async fn serve(
     }
     drop(rules);
 
-    let registry = crate::registry::start(&state, &config.registry, &config.store, rx.clone())
-        .await
-        .context("cannot start the rule registry")?;
     let watcher = tokio::spawn(reload::watch(
         state.clone(),
         config.rules.clone(),
@@ -565,8 +552,19 @@ pub async fn serve(
         rx.clone(),
     ));
     let sweeper = tokio::spawn(sweep(state.clone(), config.sweep_interval, rx.clone()));
-    let envoy_stats = spawn_envoy_stats(&state, &config.envoy_stats, &rx).await?;
-    let (debug, debug_task) = spawn_debug(&state, &config, &rx).await;
+    let limits = connection_limits(&config);
+    let envoy_stats = spawn_envoy_stats(&state, &config.envoy_stats, prometheus, limits, &rx);
+    let debug = debug_listener.as_ref().and_then(|l| l.local_addr().ok());
+    let debug_task = debug_listener.map(|listener| {
+        tokio::spawn(listener::serve_as(
+            "debug",
+            listener,
+            listener::with_connect_info(crate::debug::router(state.clone())),
+            limits,
+            Arc::new(crate::metrics::ConnectionMetrics::default()),
+            rx.clone(),
+        ))
+    });
     let stopping = state.clone();
     tokio::spawn(async move {
         shutdown.await;
@@ -585,7 +583,6 @@ pub async fn serve(
 
     // The API service itself, not `http::router`'s `Router` around it (which would route every
     // request twice), unless the trace layer is wanted: that one comes with the `Router`.
-    let limits = connection_limits(&config);
     let counters = state.metrics().http_connections.clone();
     let mut http_task = match http {
         // No HTTP listener: a task that ends at shutdown stands in for it.
@@ -695,41 +692,76 @@ pub fn listening_message(bound: &Bound) -> String {
     format!("listening: {}, store {}", parts.join(", "), bound.store)
 }
 
-/// Serve envoy's debug port ([`crate::debug`]) when `config` asks for it, on the hardened
-/// listener with the HTTP listener's limits. As envoyproxy/ratelimit does, a port that cannot be
-/// bound is logged as an error and the service runs without it.
-async fn spawn_debug(
-    state: &AppState,
+/// The gRPC listener `config` asks for (a unix socket, TLS over TCP or TCP) and, on TCP, its
+/// address; `None` when gRPC is off.
+async fn bind_grpc(
     config: &ServeConfig,
-    rx: &watch::Receiver<bool>,
-) -> (Option<SocketAddr>, Option<tokio::task::JoinHandle<()>>) {
-    let Some(addr) = config.debug_addr else {
-        return (None, None);
-    };
-    let listener = match TcpListener::bind(addr).await {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::error!(%addr, error = %e, "cannot open the debug listener (DEBUG_HOST, DEBUG_PORT); running without it");
-            return (None, None);
+) -> anyhow::Result<Option<(crate::grpc::GrpcListener, Option<SocketAddr>)>> {
+    Ok(match (&config.grpc_uds, config.grpc_addr) {
+        #[cfg(unix)]
+        (Some(path), _) => Some((crate::grpc::GrpcListener::Unix(bind_unix(path)?), None)),
+        #[cfg(not(unix))]
+        (Some(path), _) => bail!("unix sockets are not supported here: {}", path.display()),
+        (None, None) => None,
+        (None, Some(addr)) => {
+            // The TLS files first: a bad one is reported before the port is taken.
+            let acceptor = match &config.grpc_tls {
+                None => None,
+                Some(tls) => Some(
+                    tls.acceptor()
+                        .map_err(|e| anyhow::anyhow!("cannot use the gRPC TLS files: {e}"))?,
+                ),
+            };
+            let grpc = TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen for gRPC on {addr}"))?;
+            let local = grpc.local_addr()?;
+            match acceptor {
+                None => Some((crate::grpc::GrpcListener::Tcp(grpc), Some(local))),
+                Some(acceptor) => {
+                    Some((crate::grpc::GrpcListener::Tls(grpc, acceptor), Some(local)))
+                }
+            }
         }
-    };
-    let bound = listener.local_addr().ok();
-    let task = tokio::spawn(listener::serve(
-        listener,
-        listener::with_connect_info(crate::debug::router(state.clone())),
-        connection_limits(config),
-        Arc::new(crate::metrics::ConnectionMetrics::default()),
-        rx.clone(),
-    ));
-    (bound, Some(task))
+    })
 }
 
-/// Start the envoy-named stats exports of `settings` (statsd sender, Prometheus listener).
-async fn spawn_envoy_stats(
+/// envoy's debug port ([`crate::debug`]) when `config` asks for it, served on the hardened
+/// listener with the HTTP listener's limits. As envoyproxy/ratelimit does, a port that cannot be
+/// bound is logged as an error and the service runs without it.
+async fn bind_debug(config: &ServeConfig) -> Option<TcpListener> {
+    let addr = config.debug_addr?;
+    match TcpListener::bind(addr).await {
+        Ok(l) => Some(l),
+        Err(e) => {
+            tracing::error!(%addr, error = %e, "cannot open the debug listener (--debug-addr, or DEBUG_HOST and DEBUG_PORT); running without it");
+            None
+        }
+    }
+}
+
+/// The listener of the envoy-named Prometheus page, when `settings` asks for one, and its path.
+async fn bind_envoy_metrics(
+    settings: &crate::envoy_stats::EnvoyStats,
+) -> anyhow::Result<Option<(TcpListener, String)>> {
+    let Some(prom) = &settings.prometheus else {
+        return Ok(None);
+    };
+    let listener = TcpListener::bind(prom.addr)
+        .await
+        .with_context(|| format!("cannot listen for envoy metrics on {}", prom.addr))?;
+    Ok(Some((listener, prom.path.clone())))
+}
+
+/// Start the envoy-named stats exports of `settings`: the statsd sender, and the Prometheus
+/// page on `prometheus` (bound by [`bind_envoy_metrics`]) with the HTTP listener's `limits`.
+fn spawn_envoy_stats(
     state: &AppState,
     settings: &crate::envoy_stats::EnvoyStats,
+    prometheus: Option<(TcpListener, String)>,
+    limits: ConnLimits,
     rx: &watch::Receiver<bool>,
-) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+) -> Vec<tokio::task::JoinHandle<()>> {
     let mut tasks = Vec::new();
     if let Some(statsd) = settings.statsd.clone() {
         tracing::info!(host = %statsd.host, port = statsd.port, protocol = ?statsd.protocol,
@@ -740,20 +772,19 @@ async fn spawn_envoy_stats(
             rx.clone(),
         )));
     }
-    if let Some(prom) = settings.prometheus.clone() {
-        let listener = TcpListener::bind(prom.addr)
-            .await
-            .with_context(|| format!("cannot listen for envoy metrics on {}", prom.addr))?;
-        tracing::info!(addr = %listener.local_addr()?, path = %prom.path, "serving envoy-named metrics");
-        let (state, rx) = (state.clone(), rx.clone());
-        tasks.push(tokio::spawn(async move {
-            if let Err(e) = crate::envoy_stats::run_prometheus(state, listener, prom.path, rx).await
-            {
-                tracing::warn!(error = %e, "envoy metrics listener failed");
-            }
-        }));
+    if let Some((listener, path)) = prometheus {
+        if let Ok(addr) = listener.local_addr() {
+            tracing::info!(%addr, %path, "serving envoy-named metrics");
+        }
+        tasks.push(tokio::spawn(crate::envoy_stats::run_prometheus(
+            state.clone(),
+            listener,
+            path,
+            limits,
+            rx.clone(),
+        )));
     }
-    Ok(tasks)
+    tasks
 }
 
 /// Drop expired memory-store entries every `every` until shutdown.

@@ -7,12 +7,12 @@ mod support;
 
 use serde_json::json;
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
-use std::net::{TcpListener, UdpSocket};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream, UdpSocket};
 use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use support::{http, serve_rules, temp_dir, Server};
+use support::{http, serve_rules, temp_dir, Server, HANG};
 use tollgate_server::client::Method;
 
 // Fixed window (envoy's counting): a denial holds until the window ends, so the deny cache
@@ -198,6 +198,75 @@ fn prometheus_page_with_envoy_metric_names_and_near_limit_ratio() {
         assert!(page.body.contains(line), "{line} in\n{}", page.body);
     }
     assert_eq!(http(&base, Method::GET, "/other", None).status, 404);
+}
+
+/// What the server sends on `s` until it closes it (end of file or reset). [`HANG`] only turns
+/// a server that never closes into a failure.
+fn read_until_closed(s: &mut TcpStream) -> String {
+    s.set_read_timeout(Some(HANG)).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!(
+                "not closed by the server: {e}; received {:?}",
+                String::from_utf8_lossy(&got)
+            ),
+        }
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// The envoy-named Prometheus page is served by the API's HTTP listener, with its limits: the
+/// connection cap (at `--max-connections` the next client waits in the backlog until a slot
+/// frees), the header-read timeout (a client that sends half a request head is dropped, which
+/// frees its slot) and the body limit (`--max-body-bytes`).
+#[test]
+fn prometheus_listener_has_the_api_listeners_limits() {
+    let server = start(
+        "envoy-stats-prom-limits",
+        &[
+            "--envoy-metrics-addr",
+            "127.0.0.1:0",
+            "--max-connections",
+            "1",
+            "--header-read-timeout",
+            "500ms",
+            "--max-body-bytes",
+            "1024",
+        ],
+    );
+    let addr = server.logged_addr("serving envoy-named metrics");
+    // Half a request head takes the only slot: the listener says it is at its cap.
+    let mut half = TcpStream::connect(&addr).unwrap();
+    half.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    server.wait_for_log("envoy metrics connection cap reached: new connections wait");
+    // The next client is not accepted meanwhile: its request waits in the backlog.
+    let mut next = TcpStream::connect(&addr).unwrap();
+    next.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    // The half head is dropped at the header-read timeout, with nothing sent to it...
+    assert_eq!(read_until_closed(&mut half), "");
+    // ...and the waiting client is served in the slot it freed.
+    let page = read_until_closed(&mut next);
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    assert!(
+        page.contains("ratelimit_service_config_load_success 1"),
+        "{page}"
+    );
+    // A body over --max-body-bytes: 413, as on the API.
+    let mut big = TcpStream::connect(&addr).unwrap();
+    big.write_all(
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 2048\r\nConnection: close\r\n\r\n",
+    )
+    .unwrap();
+    let answer = read_until_closed(&mut big);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("payload_too_large"), "{answer}");
 }
 
 #[test]

@@ -15,6 +15,7 @@ use tollgate_proto::pb::envoy::extensions::common::ratelimit::v3::rate_limit_des
 use tollgate_proto::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use tollgate_proto::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use tollgate_proto::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use tollgate_server::client::Method;
 
 mod support;
 
@@ -349,7 +350,9 @@ fn sigterm_with_a_preface_only_client_and_an_open_stream_exits_zero() {
     let status = server.wait(Duration::from_secs(30));
     assert!(status.success(), "{status:?}\n{}", server.stderr());
     assert!(
-        server.stderr().contains("gRPC shutdown timeout"),
+        server
+            .stderr()
+            .contains("shutdown timeout: dropping the gRPC connections still open"),
         "{}",
         server.stderr()
     );
@@ -383,6 +386,40 @@ fn over_max_connections_a_client_waits_then_is_served() {
         .recv_timeout(Duration::from_secs(30))
         .expect("served once a connection closed");
     assert_eq!(answer, Ok(1));
+}
+
+/// The gRPC listener's cap is counted in the same connection metrics as the HTTP listener's,
+/// under `listener="grpc"` (one HELP and TYPE for both), and logged naming the listener.
+#[test]
+fn the_grpc_cap_is_counted_in_the_connection_metrics() {
+    let (server, addr) = start(&["--max-connections", "1"], "grpc-cap-metric");
+    let mut held = RawH2::connect(&addr);
+    held.wait_for(SETTINGS).expect("served");
+    // Once the only slot is taken the loop waits for one, which it logs after counting it.
+    server.wait_for_log("gRPC connection cap reached: new connections wait until one closes");
+    let page = http(&server.base, Method::GET, "/metrics", None).body;
+    let value = |series: &str| -> u64 {
+        page.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in\n{page}"))
+    };
+    assert!(value("tollgate_connections_cap_reached_total{listener=\"grpc\"}") >= 1);
+    assert_eq!(value("tollgate_connections_open{listener=\"grpc\"}"), 1);
+    // The HTTP listener's series are the same metrics.
+    value("tollgate_connections_cap_reached_total{listener=\"http\"}");
+    for name in [
+        "tollgate_connections_open",
+        "tollgate_connections_dropped_total",
+        "tollgate_connections_cap_reached_total",
+    ] {
+        let help = format!("# HELP {name} ");
+        assert_eq!(
+            page.lines().filter(|l| l.starts_with(&help)).count(),
+            1,
+            "{page}"
+        );
+    }
+    drop(held);
 }
 
 /// A connection that never sends the HTTP/2 preface is closed after `--grpc-handshake-timeout`;

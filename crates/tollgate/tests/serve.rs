@@ -436,3 +436,42 @@ fn without_an_admin_token_the_rules_listing_is_the_summary() {
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A start that fails on a later listener (the gRPC port, the envoy metrics port, taken by this
+/// test) exits 2 naming the address, and the listeners bound before it go with the process: it
+/// is gone once the error is out, nothing of it left serving. (That `serve` itself stops them
+/// before returning the error is `tests/failed_start.rs` of tollgate-server.)
+#[test]
+fn a_listener_that_cannot_bind_fails_the_start_and_nothing_is_left_running() {
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = held.local_addr().unwrap().to_string();
+    for (flags, message) in [
+        (
+            vec!["--http-addr", "127.0.0.1:0", "--grpc-addr", &taken],
+            format!("cannot listen for gRPC on {taken}"),
+        ),
+        (
+            vec![
+                "--http-addr",
+                "127.0.0.1:0",
+                "--grpc-addr",
+                "127.0.0.1:0",
+                "--envoy-metrics-addr",
+                &taken,
+            ],
+            format!("cannot listen for envoy metrics on {taken}"),
+        ),
+    ] {
+        let mut args = vec!["serve"];
+        args.extend(flags);
+        // `output` returns once the process has exited (and its descriptors closed with it).
+        let out = tollgate(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains(&message), "{err}");
+        assert!(
+            !String::from_utf8_lossy(&out.stdout).contains("listening:"),
+            "a start that fails announced its listeners"
+        );
+    }
+}
