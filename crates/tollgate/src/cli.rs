@@ -212,6 +212,10 @@ pub struct ServeArgs {
     #[arg(long, env = "TOLLGATE_IDLE_TIMEOUT", default_value = "60s",
           value_parser = positive_duration)]
     idle_timeout: Duration,
+    /// envoy's debug port (`/rlconfig`, `/stats`): as --http-addr. Default: off (under
+    /// --profile envoy: DEBUG_HOST:DEBUG_PORT, 0.0.0.0:6070 unless set).
+    #[arg(long, env = "TOLLGATE_DEBUG_ADDR", value_parser = listen_addr)]
+    debug_addr: Option<ListenAddr>,
     /// Most client connections open at once, per listener; beyond it new connections wait in
     /// the kernel's backlog until one closes. Default: 10000, lowered at start when the
     /// open-files limit cannot hold that many on every listener.
@@ -354,9 +358,56 @@ struct GrpcArgs {
     #[arg(long, env = "TOLLGATE_GRPC_ENGINE", default_value = "inline",
           value_parser = str::parse::<tollgate_server::grpc::GrpcEngine>)]
     grpc_engine: tollgate_server::grpc::GrpcEngine,
+    /// gRPC: serve TLS (ALPN h2) with this certificate chain (PEM file); needs --grpc-tls-key.
+    /// Read at start. (envoy: GRPC_SERVER_USE_TLS, GRPC_SERVER_TLS_CERT.)
+    #[arg(long, env = "TOLLGATE_GRPC_TLS_CERT", value_name = "PATH")]
+    grpc_tls_cert: Option<PathBuf>,
+    /// gRPC: the private key (PEM file) of --grpc-tls-cert. (envoy: GRPC_SERVER_TLS_KEY.)
+    #[arg(long, env = "TOLLGATE_GRPC_TLS_KEY", value_name = "PATH")]
+    grpc_tls_key: Option<PathBuf>,
+    /// gRPC, with TLS: require a client certificate signed by one of these CAs (PEM file); a
+    /// client without one is refused. (envoy: GRPC_CLIENT_TLS_CACERT.)
+    #[arg(long, env = "TOLLGATE_GRPC_TLS_CLIENT_CA", value_name = "PATH")]
+    grpc_tls_client_ca: Option<PathBuf>,
+    /// gRPC on this unix socket instead of --grpc-addr (a socket file left there by a previous
+    /// process is replaced; any other file is an error). (envoy: GRPC_UDS.)
+    #[arg(long, env = "TOLLGATE_GRPC_UNIX_SOCKET", value_name = "PATH")]
+    grpc_unix_socket: Option<PathBuf>,
 }
 
 impl GrpcArgs {
+    /// TLS on the gRPC listener, from the `--grpc-tls-*` flags; an error names the flags
+    /// missing or at odds.
+    fn tls(&self) -> anyhow::Result<Option<tollgate_server::grpc::GrpcTls>> {
+        let tls = match (&self.grpc_tls_cert, &self.grpc_tls_key) {
+            (Some(cert), Some(key)) => Some(tollgate_server::grpc::GrpcTls {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: self.grpc_tls_client_ca.clone(),
+            }),
+            (Some(_), None) => anyhow::bail!(
+                "--grpc-tls-cert needs --grpc-tls-key (TOLLGATE_GRPC_TLS_KEY): give both, the \
+                 certificate chain and its private key"
+            ),
+            (None, Some(_)) => anyhow::bail!(
+                "--grpc-tls-key needs --grpc-tls-cert (TOLLGATE_GRPC_TLS_CERT): give both, the \
+                 certificate chain and its private key"
+            ),
+            (None, None) if self.grpc_tls_client_ca.is_some() => anyhow::bail!(
+                "--grpc-tls-client-ca needs --grpc-tls-cert and --grpc-tls-key: client \
+                 certificates are asked for on a TLS listener only"
+            ),
+            (None, None) => None,
+        };
+        if tls.is_some() && self.grpc_unix_socket.is_some() {
+            anyhow::bail!(
+                "--grpc-unix-socket and --grpc-tls-cert cannot go together: TLS is served on \
+                 the TCP listener (--grpc-addr) only"
+            );
+        }
+        Ok(tls)
+    }
+
     fn limits(&self) -> GrpcLimits {
         GrpcLimits {
             max_concurrent_streams: self.grpc_max_concurrent_streams,
@@ -537,12 +588,20 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             input,
         } => crate::simulate::run(&rules, &store, input.as_deref()),
         Command::Serve(args) => {
+            let native = crate::serve::NativeListeners {
+                grpc_tls: args.grpc.tls()?,
+                grpc_uds: args.grpc.grpc_unix_socket.clone(),
+                debug_addr: args.debug_addr.map(|a| a.0),
+            };
             let mut config = args.config();
             config.envoy_stats = args.stats.settings().map_err(anyhow::Error::msg)?;
             config.near_limit_ratio = args.stats.near_limit_ratio;
+            native.apply_to(&mut config);
             match args.profile {
                 None => crate::serve::run(config, args.log_format),
-                Some(profile) => crate::serve::run_profile(profile, config, args.explicit()),
+                Some(profile) => {
+                    crate::serve::run_profile(profile, config, args.explicit(), native)
+                }
             }
         }
         Command::Check {

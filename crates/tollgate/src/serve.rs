@@ -62,10 +62,14 @@ pub fn run_profile(
     profile: Profile,
     base: ServeConfig,
     explicit: tollgate_server::profile::Explicit,
+    native: NativeListeners,
 ) -> anyhow::Result<ExitCode> {
     let Profile::Envoy = profile;
     let vars: BTreeMap<String, String> = std::env::vars().collect();
-    let t = tollgate_server::profile::translate_with(&vars, base, explicit)
+    let mut t = tollgate_server::profile::translate_with(&vars, base, explicit)
+        .map_err(|e| anyhow::anyhow!("--profile envoy: {e}"))?;
+    native
+        .over_profile(&vars, &mut t.config)
         .map_err(|e| anyhow::anyhow!("--profile envoy: {e}"))?;
     let format = if t.log_json {
         LogFormat::Json
@@ -77,6 +81,71 @@ pub fn run_profile(
         tracing::warn!("--profile envoy: {w}");
     }
     serve_until_signal(t.config)
+}
+
+/// The listener settings of `serve`'s own flags that envoy's variables also set (gRPC TLS, the
+/// gRPC unix socket, the debug port); `None`: the flag is not given.
+#[derive(Debug, Clone, Default)]
+pub struct NativeListeners {
+    /// `--grpc-tls-cert`, `--grpc-tls-key`, `--grpc-tls-client-ca`.
+    pub grpc_tls: Option<tollgate_server::grpc::GrpcTls>,
+    /// `--grpc-unix-socket`.
+    pub grpc_uds: Option<std::path::PathBuf>,
+    /// `--debug-addr` (`Some(None)`: `off`).
+    pub debug_addr: Option<Option<std::net::SocketAddr>>,
+}
+
+impl NativeListeners {
+    /// Set in `config` what the flags give.
+    pub fn apply_to(&self, config: &mut ServeConfig) {
+        if let Some(tls) = &self.grpc_tls {
+            config.grpc_tls = Some(tls.clone());
+        }
+        if let Some(path) = &self.grpc_uds {
+            config.grpc_uds = Some(path.clone());
+        }
+        if let Some(addr) = self.debug_addr {
+            config.debug_addr = addr;
+        }
+    }
+
+    /// Under `--profile envoy`, once its translation made `config` from `vars`: a flag given
+    /// wins over the profile's default (its debug port 0.0.0.0:6070, no TLS, TCP), and a flag
+    /// whose envoy variable says something else is an error naming both, as for `--http-addr`.
+    fn over_profile(
+        &self,
+        vars: &BTreeMap<String, String>,
+        config: &mut ServeConfig,
+    ) -> anyhow::Result<()> {
+        let set = |name: &str| vars.get(name).is_some_and(|v| !v.trim().is_empty());
+        let clash = |flag: &str, vars: &str| {
+            anyhow::anyhow!(
+                "{flag} conflicts with {vars}: the flag and envoyproxy/ratelimit's variable say \
+                 different things; keep one"
+            )
+        };
+        if let Some(path) = &self.grpc_uds {
+            if set("GRPC_UDS") && config.grpc_uds.as_ref() != Some(path) {
+                return Err(clash("--grpc-unix-socket", "GRPC_UDS"));
+            }
+        }
+        if let Some(tls) = &self.grpc_tls {
+            // Without GRPC_SERVER_USE_TLS the translation keeps the flags' TLS.
+            if config.grpc_tls.as_ref().is_some_and(|t| t != tls) {
+                return Err(clash(
+                    "--grpc-tls-cert / --grpc-tls-key / --grpc-tls-client-ca",
+                    "GRPC_SERVER_USE_TLS and GRPC_SERVER_TLS_*",
+                ));
+            }
+        }
+        if let Some(addr) = self.debug_addr {
+            if (set("DEBUG_HOST") || set("DEBUG_PORT")) && config.debug_addr != addr {
+                return Err(clash("--debug-addr", "DEBUG_HOST / DEBUG_PORT"));
+            }
+        }
+        self.apply_to(config);
+        Ok(())
+    }
 }
 
 /// Run the service until SIGTERM or SIGINT; exit 0 after a graceful shutdown.

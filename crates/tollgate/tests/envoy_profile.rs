@@ -4,7 +4,8 @@
 //! dot files), `SHADOW_MODE`, `LIMIT_RESPONSE_HEADERS_ENABLED` with its header names,
 //! `GET /healthcheck`, the `ratelimit` health service, `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`
 //! with `FORCE_START_WITHOUT_INITIAL_CONFIG`, `GRPC_UDS`, TLS on gRPC (with client
-//! certificates), `RESPONSE_DYNAMIC_METADATA`, and a WARN for a variable it does not know.
+//! certificates), `RESPONSE_DYNAMIC_METADATA`, and a WARN for a variable it does not know. Also
+//! the native flags that set what those listener variables set, without the profile.
 
 use serde_json::{json, Value};
 use std::path::Path;
@@ -587,10 +588,20 @@ async fn tls_channel(
 }
 
 async fn tls_health(addr: &str, dir: &Path, client_cert: bool) -> Result<i32, String> {
+    tls_health_of(addr, dir, client_cert, "ratelimit").await
+}
+
+/// The health of `service` over TLS (see [`tls_channel`]).
+async fn tls_health_of(
+    addr: &str,
+    dir: &Path,
+    client_cert: bool,
+    service: &str,
+) -> Result<i32, String> {
     let channel = tls_channel(addr, dir, client_cert).await?;
     HealthClient::new(channel)
         .check(HealthCheckRequest {
-            service: "ratelimit".into(),
+            service: service.into(),
         })
         .await
         .map(|r| r.into_inner().status)
@@ -644,6 +655,112 @@ fn grpc_server_tls_and_client_certificates() {
         std::fs::copy(other.join(f), root.join(f)).unwrap();
     }
     assert_eq!(runtime_block(tls_health(&grpc, &root, true)), Ok(serving));
+}
+
+/// What the envoy variables `GRPC_SERVER_USE_TLS` / `GRPC_SERVER_TLS_*` / `GRPC_CLIENT_TLS_CACERT`,
+/// `GRPC_UDS` and `DEBUG_HOST` / `DEBUG_PORT` set, plain `tollgate serve` sets with its own flags
+/// (and their `TOLLGATE_*` variables): gRPC over TLS with client certificates, gRPC on a unix
+/// socket, the debug port.
+#[test]
+fn native_flags_for_grpc_tls_unix_socket_and_debug_port() {
+    let root = runtime("native-listeners");
+    write(&root, "limits.yaml", RULES);
+    certificates(&root);
+    let file = |name: &str| root.join(name).display().to_string();
+    let rules = root
+        .join("ratelimit/config/limits.yaml")
+        .display()
+        .to_string();
+    let serving = ServingStatus::Serving as i32;
+
+    // TLS with client certificates, from the flags; the debug port from its variable.
+    let (cert, key, ca) = (file("server.pem"), file("server.key"), file("ca.pem"));
+    let s = serve_rules_env(
+        &rules,
+        &[
+            "--grpc-tls-cert",
+            &cert,
+            "--grpc-tls-key",
+            &key,
+            "--grpc-tls-client-ca",
+            &ca,
+        ],
+        &[("TOLLGATE_DEBUG_ADDR", "127.0.0.1:0")],
+        "native-tls",
+    );
+    let grpc = s.addr("gRPC ");
+    assert_eq!(
+        runtime_block(tls_health_of(&grpc, &root, true, "")),
+        Ok(serving)
+    );
+    assert!(runtime_block(tls_health_of(&grpc, &root, false, "")).is_err());
+    let debug = format!("http://{}", s.addr("debug http://"));
+    let config = http(&debug, Method::GET, "/rlconfig", None);
+    assert_eq!(config.status, 200);
+    assert!(
+        config.body.contains("profile.user: unit=MINUTE"),
+        "{}",
+        config.body
+    );
+    drop(s);
+
+    // The unix socket, from its variable; the debug port from the flag.
+    let sock = root.join("native.sock");
+    let sock_s = sock.display().to_string();
+    let s = Server::start_env(
+        &[
+            "--http-addr",
+            "127.0.0.1:0",
+            "--rules",
+            &rules,
+            "--debug-addr",
+            "127.0.0.1:0",
+        ],
+        &[("TOLLGATE_GRPC_UNIX_SOCKET", &sock_s)],
+        &repo(),
+        "native-uds",
+    );
+    assert!(
+        s.line.contains(&format!("gRPC unix:{sock_s}")),
+        "{}",
+        s.line
+    );
+    let status = runtime_block(async {
+        HealthClient::new(unix_channel(&sock).await)
+            .check(HealthCheckRequest::default())
+            .await
+            .map(|r| r.into_inner().status)
+            .map_err(|e| e.to_string())
+    });
+    assert_eq!(status, Ok(serving));
+    let debug = format!("http://{}", s.addr("debug http://"));
+    assert_eq!(http(&debug, Method::GET, "/stats", None).status, 200);
+    drop(s);
+
+    // A certificate without its key (and the reverse) is refused at start, naming both flags.
+    for (flag, path) in [("--grpc-tls-cert", &cert), ("--grpc-tls-key", &key)] {
+        let out = tollgate(&["serve", "--rules", &rules, flag, path]);
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("--grpc-tls-cert") && err.contains("--grpc-tls-key"),
+            "{err}"
+        );
+    }
+    // Under the profile, a flag and the envoy variable that say different things: an error.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["serve", "--profile", "envoy", "--grpc-unix-socket", &sock_s])
+        .env("GRPC_UDS", root.join("other.sock"))
+        .env("RUNTIME_ROOT", &root)
+        .env("RUNTIME_SUBDIRECTORY", "ratelimit")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--grpc-unix-socket conflicts with GRPC_UDS"),
+        "{err}"
+    );
 }
 
 #[test]
