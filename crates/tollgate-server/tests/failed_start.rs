@@ -4,7 +4,8 @@
 //! test): it counts every listening socket the process holds.
 
 use std::net::TcpListener;
-use tollgate_server::envoy_stats::{EnvoyStats, PrometheusSettings};
+use tollgate_server::envoy::stats::{EnvoyStats, PrometheusSettings};
+use tollgate_server::envoy::EnvoyConfig;
 use tollgate_server::serve::{serve, ServeConfig};
 
 /// The ports of the TCP sockets this process listens on.
@@ -46,16 +47,14 @@ fn a_failed_start_leaves_no_listener() {
     let failing = [
         (
             "cannot listen for envoy metrics",
-            ServeConfig {
-                envoy_stats: EnvoyStats {
-                    prometheus: Some(PrometheusSettings {
-                        addr: held_addr,
-                        path: "/metrics".into(),
-                    }),
-                    ..EnvoyStats::default()
-                },
-                ..base.clone()
-            },
+            base.clone(),
+            EnvoyConfig::with_stats(EnvoyStats {
+                prometheus: Some(PrometheusSettings {
+                    addr: held_addr,
+                    path: "/metrics".into(),
+                }),
+                ..EnvoyStats::default()
+            }),
         ),
         (
             "cannot start the rule registry",
@@ -66,6 +65,7 @@ fn a_failed_start_leaves_no_listener() {
                 },
                 ..base.clone()
             },
+            EnvoyConfig::default(),
         ),
     ];
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -75,8 +75,8 @@ fn a_failed_start_leaves_no_listener() {
         .unwrap();
     let before = listening_ports();
     assert_eq!(before, vec![held_addr.port()]);
-    for (expected, config) in failing {
-        let result = runtime.block_on(serve(config, std::future::pending(), |bound| {
+    for (expected, config, envoy) in failing {
+        let result = runtime.block_on(serve(config, envoy, std::future::pending(), |bound| {
             panic!("a start that fails reported its listeners bound: {bound:?}")
         }));
         let err = format!("{:#}", result.expect_err("the start fails"));
