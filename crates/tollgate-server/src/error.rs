@@ -71,7 +71,7 @@ impl ApiError {
     }
 
     /// The transport-neutral class.
-    pub fn class(&self) -> ErrorClass {
+    pub(crate) fn class(&self) -> ErrorClass {
         match self {
             ApiError::Invalid { .. } => ErrorClass::InvalidInput,
             ApiError::PayloadTooLarge { .. } => ErrorClass::TooLarge,
@@ -101,6 +101,6 @@ impl ApiError {
 }
 
 /// The JSON error body: `{"error":{"code":"...","message":"..."}}`.
-pub fn error_body(code: &str, message: &str) -> serde_json::Value {
+pub(crate) fn error_body(code: &str, message: &str) -> serde_json::Value {
     serde_json::json!({"error": {"code": code, "message": message}})
 }
