@@ -2012,15 +2012,7 @@ mod tests {
 
     #[test]
     fn unit_numbers_are_the_protocols() {
-        for u in [
-            Unit::Second,
-            Unit::Minute,
-            Unit::Hour,
-            Unit::Day,
-            Unit::Week,
-            Unit::Month,
-            Unit::Year,
-        ] {
+        for u in Unit::ALL {
             assert_eq!(crate::model::unit_from_number(pb_unit(u) as i32), Some(u));
         }
         assert_eq!(crate::model::unit_from_number(PbUnit::Unknown as i32), None);
