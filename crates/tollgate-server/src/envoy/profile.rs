@@ -948,7 +948,7 @@ mod tests {
         assert_eq!(c.redis_prefix, "mine");
         let headers = t.envoy.mode.as_ref().unwrap().headers.as_ref().unwrap();
         assert_eq!(headers.limit, "RateLimit-Limit");
-        // Not given: the profile's defaults, as before.
+        // Not given: the profile's defaults.
         let t = translate_with(&vars, explicit_base(), Explicit::default()).unwrap();
         assert_eq!(
             t.config.rules,
