@@ -6,6 +6,7 @@ use tollgate_core::store::StoreError;
 
 /// What kind of failure an [`ApiError`] is, independent of the transport.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ErrorClass {
     /// The client sent something invalid (HTTP 400, gRPC INVALID_ARGUMENT).
     InvalidInput,
@@ -25,6 +26,7 @@ pub enum ErrorClass {
 
 /// Everything that can go wrong serving a request.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ApiError {
     /// The request is invalid; `code` is a stable machine-readable identifier.
     #[error("{message}")]

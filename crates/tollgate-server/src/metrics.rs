@@ -519,6 +519,7 @@ pub(crate) struct ServiceTotals {
 /// Why the server closed a client connection (`reason` label of
 /// `tollgate_connections_dropped_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum DropReason {
     /// No complete request headers within the header-read timeout.
     HeaderTimeout,
