@@ -1,13 +1,13 @@
 //! The accept loop of every listener, and the HTTP listener on it.
 //!
-//! [`accept_loop`] is the one loop that takes connections, for the HTTP API, the gRPC service
+//! `accept_loop` is the one loop that takes connections, for the HTTP API, the gRPC service
 //! ([`crate::grpc`]), envoy's debug port and the envoy-named Prometheus page, over TCP, TLS over
-//! TCP (the handshake bounded) or a unix socket ([`Listener`]). It owns what every listener
+//! TCP (the handshake bounded) or a unix socket (`Listener`). It owns what every listener
 //! needs the same way:
 //!
 //! - a cap on open connections (`--max-connections`): at the cap the loop stops accepting until
 //!   a connection ends (new clients wait in the kernel's backlog, costing the process nothing),
-//!   counted in [`ConnectionMetrics::cap_reached`] and logged as a rate-limited WARN naming the
+//!   counted in `ConnectionMetrics::cap_reached` and logged as a rate-limited WARN naming the
 //!   listener ("gRPC connection cap reached");
 //! - accept errors: one connection's are skipped, the process's (out of descriptors) pause the
 //!   loop briefly with a rate-limited WARN;
@@ -25,7 +25,7 @@
 //! - an idle timeout: a connection with no request in flight for that long is closed (HTTP/2 gets
 //!   a GOAWAY first);
 //! - a body-read timeout: each request body is wrapped ([`TimedBody`]) so that a body not
-//!   complete within it fails with [`BodyTimedOut`]; the handler reading it answers 408 in JSON
+//!   complete within it fails with `BodyTimedOut`; the handler reading it answers 408 in JSON
 //!   (`http::read_body`) and closes the connection. A body that came with its head costs no
 //!   timer: one is only armed when the body has to be waited for;
 //! - a strict request head: a bare LF line ending in an HTTP/1.1 head is refused with 400 and
@@ -148,7 +148,7 @@ impl<S> ConnService for S where
 /// `limits.shutdown_timeout`. Each connection is served by `make(peer)` (the client's address,
 /// when known: [`with_connect_info`] gives it to handlers as axum's `ConnectInfo`), each request
 /// with its body as a [`TimedBody`]. Counts connections in `metrics`. The connections come from
-/// [`accept_loop`] (the cap, accept errors, the drain at shutdown).
+/// `accept_loop` (the cap, accept errors, the drain at shutdown).
 pub async fn serve<M, S>(
     listener: TcpListener,
     make: M,
@@ -164,7 +164,7 @@ pub async fn serve<M, S>(
 
 /// [`serve`] for a listener named `kind` in the accept loop's log lines (`debug`, `envoy
 /// metrics`: other HTTP listeners than the API's).
-pub async fn serve_as<M, S>(
+pub(crate) async fn serve_as<M, S>(
     kind: &'static str,
     listener: TcpListener,
     make: M,
@@ -214,7 +214,7 @@ pub async fn serve_as<M, S>(
 
 /// A listening socket [`accept_loop`] takes connections from: TCP ([`TcpListener`], or
 /// [`NoDelay`]), TLS over TCP ([`Tls`]) or a unix socket.
-pub trait Listener: Send + 'static {
+pub(crate) trait Listener: Send + 'static {
     /// A connection ready to be served.
     type Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static;
     /// What makes an accepted socket a [`Listener::Stream`] (the TLS handshake; nothing for
@@ -241,7 +241,7 @@ impl Listener for TcpListener {
 /// TCP with `TCP_NODELAY` on every connection: the gRPC listener's, whose small frames (an
 /// answer, a PING acknowledgement) must not wait for the previous write's ACK (Nagle).
 #[derive(Debug)]
-pub struct NoDelay(pub TcpListener);
+pub(crate) struct NoDelay(pub TcpListener);
 
 impl Listener for NoDelay {
     type Stream = TcpStream;
@@ -256,7 +256,7 @@ impl Listener for NoDelay {
 
 /// TLS over TCP (`TCP_NODELAY` on, as [`NoDelay`]): a handshake not done within
 /// `handshake_timeout` fails and the connection is closed.
-pub struct Tls {
+pub(crate) struct Tls {
     /// The TCP listener.
     pub listener: TcpListener,
     /// The TLS configuration.
@@ -275,7 +275,7 @@ impl std::fmt::Debug for Tls {
 }
 
 /// A TLS handshake under way (see [`Tls`]).
-pub type TlsHandshake =
+pub(crate) type TlsHandshake =
     Pin<Box<dyn Future<Output = io::Result<tokio_rustls::server::TlsStream<TcpStream>>> + Send>>;
 
 impl Listener for Tls {
@@ -315,7 +315,7 @@ impl Listener for tokio::net::UnixListener {
 
 /// What [`accept_loop`] needs besides the listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AcceptLimits {
+pub(crate) struct AcceptLimits {
     /// The listener's name in log lines (`HTTP`, `gRPC`).
     pub kind: &'static str,
     /// `--max-connections`: most connections open at once.
@@ -347,7 +347,7 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 ///   ([`DropReason::Shutdown`]).
 ///
 /// [`ConnectionMetrics`] counts the connections open (handshake included).
-pub async fn accept_loop<L, F, Fut>(
+pub(crate) async fn accept_loop<L, F, Fut>(
     listener: L,
     limits: AcceptLimits,
     metrics: Arc<ConnectionMetrics>,
@@ -872,7 +872,7 @@ impl Drop for RequestGuard {
 /// yields; find it in an error's `source` chain with [`BodyTimedOut::find`]).
 #[derive(Debug, Clone, Copy, thiserror::Error)]
 #[error("request body not received within {} ms", .0.as_millis())]
-pub struct BodyTimedOut(pub Duration);
+pub(crate) struct BodyTimedOut(pub Duration);
 
 impl BodyTimedOut {
     /// The [`BodyTimedOut`] in `err` or its sources, if any.
