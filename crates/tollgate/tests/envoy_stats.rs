@@ -258,6 +258,8 @@ fn prometheus_listener_has_the_api_listeners_limits() {
         page.contains("ratelimit_service_config_load_success 1"),
         "{page}"
     );
+    // Closed on our side too, so the server's lingering close gives the slot back at once.
+    drop((half, next));
     // A body over --max-body-bytes: 413, as on the API.
     let mut big = TcpStream::connect(&addr).unwrap();
     big.write_all(
