@@ -527,5 +527,3 @@ fn parse_hop(s: &str) -> Option<IpAddr> {
         .map(canonical)
 }
 
-#[cfg(test)]
-mod tests;

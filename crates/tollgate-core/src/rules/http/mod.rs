@@ -502,3 +502,6 @@ fn safe_regex(node: &Node, errors: &mut Errors) -> Option<regex::Regex> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,6 +1,10 @@
-use super::*;
+//! The `http` section end to end: decoded from a rules file here, evaluated by
+//! [`crate::request`] (which knows nothing of rule files).
+
+use crate::request::*;
 use crate::rules::RuleSet;
-use http::HeaderValue;
+use http::{HeaderMap, HeaderValue};
+use std::net::{IpAddr, Ipv4Addr};
 use proptest::prelude::*;
 
 fn actions(http: &str) -> HttpActions {
