@@ -197,7 +197,7 @@ fn step_benches(c: &mut Criterion) {
             let mut state: Option<State> = None;
             let mut now = BASE;
             b.iter(|| {
-                let (d, s) = algorithm::step(q, state.take(), now, 1);
+                let (d, s) = algorithm::step(state.take(), now, 1, q);
                 state = s;
                 now += dt;
                 black_box(d.allowed)

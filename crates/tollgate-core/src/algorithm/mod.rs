@@ -73,12 +73,12 @@ pub enum State {
 /// `state` clamped as the step at `now` would clamp it (see the module docs), or `None` when the
 /// clamp leaves it as it is. Stores write the clamped state even when a request is blocked and
 /// writes nothing else: otherwise every retry would find the state as far ahead as before.
-pub fn clamp(quota: &Quota, state: &State, now: Micros) -> Option<State> {
+pub fn clamp(state: &State, now: Micros, quota: &Quota) -> Option<State> {
     let changed = |a: Micros, b: Micros| (a != b).then_some(b);
     match state {
         State::Gcra(t) => changed(*t, gcra::clamp(*t, now, quota)).map(State::Gcra),
         State::Leaky(t) => changed(*t, gcra::clamp(*t, now, quota)).map(State::Leaky),
-        State::Bucket(b) => changed(b.last, token_bucket::clamp(*b, now).last)
+        State::Bucket(b) => changed(b.last, token_bucket::clamp(*b, now, quota).last)
             .map(|last| State::Bucket(Bucket { last, ..*b })),
         State::Window(_) if quota.algorithm() == Algorithm::EnvoyFixedWindow => None,
         State::Window(w) => fixed_window::clamp(*w, now, quota).map(State::Window),
@@ -89,7 +89,7 @@ pub fn clamp(quota: &Quota, state: &State, now: Micros) -> Option<State> {
 
 /// One step of `quota.algorithm` for one key. A state of another algorithm's shape (the rule
 /// changed algorithm) is treated as untracked.
-pub fn step(quota: &Quota, state: Option<State>, now: Micros, cost: u64) -> Outcome<State> {
+pub fn step(state: Option<State>, now: Micros, cost: u64, quota: &Quota) -> Outcome<State> {
     use Algorithm as A;
     match quota.algorithm() {
         A::Gcra => {

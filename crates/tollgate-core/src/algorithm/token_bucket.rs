@@ -25,8 +25,9 @@ pub struct Bucket {
     pub last: Micros,
 }
 
-/// `bucket` with `last` clamped to `now` (see the module docs).
-pub fn clamp(bucket: Bucket, now: Micros) -> Bucket {
+/// `bucket` with `last` clamped to `now` (see the module docs). The quota plays no part; it is
+/// taken so that every algorithm's `clamp` has the same signature.
+pub fn clamp(bucket: Bucket, now: Micros, _quota: &Quota) -> Bucket {
     Bucket {
         last: bucket.last.min(now),
         ..bucket
