@@ -122,7 +122,7 @@ pub fn arguments(call: &Call<'_>, items: &[Entry<'_>]) -> (Vec<String>, Vec<Stri
         } else {
             0
         };
-        let expire = tollgate_core::algorithm::envoy_fixed_window::window_secs(q.period())
+        let expire = tollgate_core::internals::envoy_window_secs(q.period())
             + jitter
             + call.grace_ms.div_ceil(1000);
         let fields: [u64; 13] = [

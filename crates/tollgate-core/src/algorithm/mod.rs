@@ -17,14 +17,14 @@
 //! its exact per-key counterpart (used by [`step`] and as its reference) is the sliding window
 //! counter it approximates.
 
-pub mod count_min;
-pub mod envoy_fixed_window;
-pub mod fixed_window;
-pub mod gcra;
-pub mod leaky_bucket;
-pub mod sliding_counter;
-pub mod sliding_log;
-pub mod token_bucket;
+mod count_min;
+pub(crate) mod envoy_fixed_window;
+pub(crate) mod fixed_window;
+pub(crate) mod gcra;
+pub(crate) mod leaky_bucket;
+pub(crate) mod sliding_counter;
+pub(crate) mod sliding_log;
+pub(crate) mod token_bucket;
 
 pub use count_min::Sketch;
 pub use fixed_window::Window;
@@ -37,7 +37,7 @@ use crate::decision::Decision;
 use crate::quota::{Algorithm, Quota};
 
 /// What a step returns: the decision and the state to keep (`None` = untracked/full).
-pub type Outcome<S> = (Decision, Option<S>);
+pub(crate) type Outcome<S> = (Decision, Option<S>);
 
 /// A denial that retrying cannot fix, keeping `state` as it is.
 pub(crate) fn deny_forever<S>(limit: u64, state: S) -> (Decision, S) {
