@@ -688,7 +688,8 @@ impl MemoryStore {
     }
 
     /// Bytes held by count-min sketches.
-    pub fn sketch_memory(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn sketch_memory(&self) -> usize {
         self.sketches
             .read()
             .values()

@@ -17,7 +17,7 @@
 //! its exact per-key counterpart (used by [`step`] and as its reference) is the sliding window
 //! counter it approximates.
 
-mod count_min;
+pub(crate) mod count_min;
 pub(crate) mod envoy_fixed_window;
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;
@@ -26,11 +26,11 @@ pub(crate) mod sliding_counter;
 pub(crate) mod sliding_log;
 pub(crate) mod token_bucket;
 
-pub use count_min::Sketch;
-pub use fixed_window::Window;
-pub use sliding_counter::Counter;
-pub use sliding_log::Log;
-pub use token_bucket::Bucket;
+pub(crate) use count_min::Sketch;
+pub(crate) use fixed_window::Window;
+pub(crate) use sliding_counter::Counter;
+pub(crate) use sliding_log::Log;
+pub(crate) use token_bucket::Bucket;
 
 use crate::clock::Micros;
 use crate::decision::Decision;

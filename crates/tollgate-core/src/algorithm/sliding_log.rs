@@ -47,17 +47,18 @@ impl Eq for Log {}
 
 impl Log {
     /// An empty log.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// Whether nothing is logged.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
     /// Number of entries (distinct admission times) held.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 
@@ -72,7 +73,7 @@ impl Log {
     }
 
     /// The sum of the logged costs.
-    pub fn total(&self) -> u64 {
+    pub(crate) fn total(&self) -> u64 {
         self.entries.back().map_or(0, |&(_, cum)| cum - self.base)
     }
 

@@ -332,7 +332,7 @@ impl RuleSet {
     /// [`RuleSet::from_sources`]; with `merge_domains` (envoyproxy/ratelimit's
     /// `MERGE_DOMAIN_CONFIG`) a domain defined by several files has the top-level descriptors of
     /// all of them, in file order; a top-level descriptor defined twice is still an error.
-    pub fn from_sources_with(
+    pub(crate) fn from_sources_with(
         files: &[(String, String)],
         merge_domains: bool,
     ) -> Result<RuleSet, RuleErrors> {
@@ -587,7 +587,7 @@ pub struct LoadOptions {
     /// Entries whose name starts with `.` are read too (else skipped).
     pub dotfiles: bool,
     /// Several files may define one domain: their top-level descriptors are merged
-    /// ([`RuleSet::from_sources_with`]); else that is an error.
+    /// (envoyproxy/ratelimit's `MERGE_DOMAIN_CONFIG`); else that is an error.
     pub merge_domains: bool,
     /// Files in subdirectories (real ones, not symlinks) are rule files too.
     pub recursive: bool,
