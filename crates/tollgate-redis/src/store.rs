@@ -200,7 +200,7 @@ pub fn redact(url: &str) -> String {
 }
 
 /// `e` as a typed [`StoreError`] with a message for humans. `url` is the redacted store URL.
-pub fn classify(e: &RedisError, url: &str) -> StoreError {
+pub(crate) fn classify(e: &RedisError, url: &str) -> StoreError {
     use redis::{ErrorKind as K, ServerErrorKind as S};
     let detail = e.detail().unwrap_or("").trim();
     let code = e.code().unwrap_or("");
@@ -640,7 +640,7 @@ impl RedisStore {
 
     /// [`RedisStore::probe`] of the cluster node that serves `ranges` (inclusive slot ranges):
     /// the same write, on a key whose slot is in them.
-    pub async fn probe_slots(&self, ranges: &[(u16, u16)]) -> Result<(), StoreError> {
+    pub(crate) async fn probe_slots(&self, ranges: &[(u16, u16)]) -> Result<(), StoreError> {
         let prefix = &self.inner.opts.prefix;
         // About one in (16384 / slots served) tags lands in the ranges: a few tries.
         let key = (0u32..1 << 20)
