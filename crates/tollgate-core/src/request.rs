@@ -524,4 +524,3 @@ fn parse_hop(s: &str) -> Option<IpAddr> {
         .or_else(|| s.parse::<std::net::SocketAddr>().ok().map(|a| a.ip()))
         .map(canonical)
 }
-

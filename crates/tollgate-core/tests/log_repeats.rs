@@ -6,8 +6,8 @@
 
 use proptest::prelude::*;
 use std::collections::HashMap;
-use tollgate_core::internals::{self, State};
 use tollgate_core::clock::SECOND;
+use tollgate_core::internals::{self, State};
 use tollgate_core::{
     Algorithm, CheckItem, Decision, MemoryStore, Micros, Period, Quota, Store, Unit,
 };

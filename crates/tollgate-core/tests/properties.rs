@@ -11,8 +11,8 @@ mod support;
 use proptest::prelude::*;
 use std::collections::HashMap;
 use support::max_in_rolling_window;
-use tollgate_core::internals::{self, previous_start, window, Sketch, State};
 use tollgate_core::clock::SECOND;
+use tollgate_core::internals::{self, previous_start, window, Sketch, State};
 use tollgate_core::{
     Algorithm, CheckItem, Decision, MemoryStore, Micros, Period, Quota, SketchSize, Store, Unit,
 };

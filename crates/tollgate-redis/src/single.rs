@@ -62,7 +62,11 @@ pub(crate) struct SingleConn {
 
 impl SingleConn {
     /// Wrap a manager made from `client` with `config`.
-    pub(crate) fn new(client: Client, config: ConnectionManagerConfig, conn: ConnectionManager) -> Self {
+    pub(crate) fn new(
+        client: Client,
+        config: ConnectionManagerConfig,
+        conn: ConnectionManager,
+    ) -> Self {
         SingleConn {
             client,
             config,

@@ -3,7 +3,7 @@
 //! - **Connections.** One multiplexed connection per store (to a single server, replaced when a
 //!   request goes unanswered past its bound, see `single.rs`; a cluster connection, which
 //!   follows `MOVED`/`ASK` and topology changes; or a connection to the master Redis Sentinel
-//!   names, which follows failovers, see [`crate::sentinel`]), shared by every concurrent caller:
+//!   names, which follows failovers, see `sentinel.rs`), shared by every concurrent caller:
 //!   no connection per request, no pool to size. Every socket has TCP keepalive and a user
 //!   timeout. A script call that finds its connection closed (a server restarted while idle)
 //!   is sent once more on the reconnected one before it counts as a failure.
@@ -344,8 +344,9 @@ fn cluster_nodes(scheme: &str, rest: &str) -> Result<Vec<String>, StoreError> {
 impl RedisStore {
     /// Connect to `redis://[user:pass@]host:port[/db]`, `rediss://...` (TLS),
     /// `redis+cluster://[user:pass@]h1:p1,h2:p2` (`rediss+cluster://` for TLS) or
-    /// `redis+sentinel://[user:pass@]s1:p1,s2:p2/master[/db]` (`rediss+sentinel://`; see
-    /// [`crate::sentinel`]). Fails when the server cannot be reached within
+    /// `redis+sentinel://[user:pass@]s1:p1,s2:p2/master[/db]` (`rediss+sentinel://`; the user
+    /// info is the master's, the `sentinel_user` and `sentinel_pass` query parameters the
+    /// sentinels'). Fails when the server cannot be reached within
     /// [`RedisOptions::connect_timeout`]; after that, lost connections are re-established
     /// automatically (and a Sentinel master followed through failovers).
     pub async fn connect(url: &str, opts: RedisOptions) -> Result<RedisStore, StoreError> {

@@ -83,7 +83,13 @@ impl Sketch {
 
     /// Decide for the key with hash `hash`, without recording anything (rotating windows is not
     /// consumption).
-    pub(crate) fn evaluate(&mut self, hash: u128, now: Micros, cost: u64, quota: &Quota) -> Decision {
+    pub(crate) fn evaluate(
+        &mut self,
+        hash: u128,
+        now: Micros,
+        cost: u64,
+        quota: &Quota,
+    ) -> Decision {
         let (now, ws, we) = self.rotate(now, quota);
         let prev = self.estimate(&self.prev, hash);
         let cur = self.estimate(&self.cur, hash);

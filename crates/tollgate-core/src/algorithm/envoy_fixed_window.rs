@@ -54,7 +54,12 @@ pub(crate) fn window(period: Period, now: Micros) -> (Micros, Micros) {
 }
 
 /// One step. `state` is `None` when nothing is counted.
-pub(crate) fn step(state: Option<Window>, now: Micros, cost: u64, quota: &Quota) -> Outcome<Window> {
+pub(crate) fn step(
+    state: Option<Window>,
+    now: Micros,
+    cost: u64,
+    quota: &Quota,
+) -> Outcome<Window> {
     let (start, end) = window(quota.period(), now);
     let before = match state {
         Some(w) if w.start == start => w.count,

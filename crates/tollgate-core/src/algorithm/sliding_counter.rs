@@ -140,7 +140,12 @@ pub(crate) fn decide(
 }
 
 /// One step. `state` is `None` when nothing is counted.
-pub(crate) fn step(state: Option<Counter>, now: Micros, cost: u64, quota: &Quota) -> Outcome<Counter> {
+pub(crate) fn step(
+    state: Option<Counter>,
+    now: Micros,
+    cost: u64,
+    quota: &Quota,
+) -> Outcome<Counter> {
     let (s, p, c) = state.map_or((None, 0, 0), |st| (Some(st.start), st.prev, st.cur));
     let (now, start, end, prev, cur) = roll(quota.period(), s, p, c, now);
     let decision = decide(

@@ -105,7 +105,13 @@ impl Log {
 /// running totals. A store checking a counter named several times in one request asks this per
 /// item and writes once ([`Log::commit`]) only if the request consumes, so the stored log is
 /// neither copied nor touched by a request that does not.
-pub(crate) fn peek(log: Option<&Log>, added: u64, now: Micros, cost: u64, quota: &Quota) -> Decision {
+pub(crate) fn peek(
+    log: Option<&Log>,
+    added: u64,
+    now: Micros,
+    cost: u64,
+    quota: &Quota,
+) -> Decision {
     let len = quota.period().nominal();
     let empty = Log::new();
     let log = log.unwrap_or(&empty);

@@ -35,7 +35,12 @@ pub(crate) fn clamp(bucket: Bucket, now: Micros, _quota: &Quota) -> Bucket {
 }
 
 /// One step. `bucket` is `None` when the bucket is full.
-pub(crate) fn step(bucket: Option<Bucket>, now: Micros, cost: u64, quota: &Quota) -> Outcome<Bucket> {
+pub(crate) fn step(
+    bucket: Option<Bucket>,
+    now: Micros,
+    cost: u64,
+    quota: &Quota,
+) -> Outcome<Bucket> {
     let Some(t) = quota.emission_interval() else {
         return deny_forever(0, bucket);
     };

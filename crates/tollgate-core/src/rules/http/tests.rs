@@ -4,8 +4,8 @@
 use crate::request::*;
 use crate::rules::RuleSet;
 use http::{HeaderMap, HeaderValue};
-use std::net::{IpAddr, Ipv4Addr};
 use proptest::prelude::*;
+use std::net::{IpAddr, Ipv4Addr};
 
 fn actions(http: &str) -> HttpActions {
     let text = format!("domain: web\nhttp:\n{http}");
