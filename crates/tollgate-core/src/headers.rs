@@ -35,6 +35,7 @@ pub struct HeaderValues {
 /// Which families of rate-limit headers to send. `Retry-After` goes with every denial that can
 /// pass later, whatever the family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum HeaderFamilies {
     /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` and the IETF draft's
     /// `RateLimit-Policy` and `RateLimit`.

@@ -1017,15 +1017,7 @@ impl RedisStore {
         let mut failed = replies
             .iter()
             .find_map(|r| r.as_ref().err())
-            .map(|e| match e {
-                StoreError::Timeout(ms) => StoreError::Timeout(*ms),
-                StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
-                StoreError::Unsupported(m) => StoreError::Unsupported(m.clone()),
-                StoreError::Failed { kind, message } => StoreError::Failed {
-                    kind: *kind,
-                    message: message.clone(),
-                },
-            });
+            .cloned();
         let blocked = failed.is_some() || replies.iter().flatten().any(|r| r.blocked);
         let mut decisions = vec![Decision::default(); items.len()];
         let mut at = vec![0; items.len()];

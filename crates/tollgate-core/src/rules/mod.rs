@@ -232,6 +232,7 @@ impl Domain {
 
 /// What applies to one request descriptor.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Resolution<'a> {
     /// No rule matches (or unknown domain, or matched node has no rate_limit): OK with no limit.
     NoMatch,
