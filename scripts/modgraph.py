@@ -10,8 +10,10 @@ a top-level file, `use y::` inside lib.rs does not count), and prints:
 - the number of public items per crate: `pub` fn/struct/enum/trait/type/const/static/mod/use
   declarations, not `pub(crate)` or `pub(super)` ones (a text count, close to what rustdoc shows).
 
-`--check` exits 1 when a crate named with `--acyclic CRATE` has a cycle, or when a module named
-with `--only-imported-by CRATE:MODULE=ROOT` is imported by any module other than ROOT. Read-only:
+`--check` exits 1 when a crate named with `--acyclic CRATE` has a cycle, when a module named
+with `--only-imported-by CRATE:MODULE=ROOT` is imported by any module other than ROOT, or when
+a module named with `--no-crate CRATE:MODULE=DEP[,DEP...]` names one of those dependencies
+(`DEP::`, `use DEP`) in its code (comments aside). Read-only:
 it never writes anything but the `--dot` file.
 """
 
@@ -114,6 +116,7 @@ def main():
     ap.add_argument("--check", action="store_true", help="exit 1 when a --acyclic or --only-imported-by rule fails")
     ap.add_argument("--acyclic", action="append", default=[], metavar="CRATE")
     ap.add_argument("--only-imported-by", action="append", default=[], metavar="CRATE:MODULE=ROOT")
+    ap.add_argument("--no-crate", action="append", default=[], metavar="CRATE:MODULE=DEP[,DEP]")
     args = ap.parse_args()
 
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -153,12 +156,33 @@ def main():
         if others:
             failed = True
 
+    for rule in args.no_crate:
+        target, _, deps = rule.partition("=")
+        crate, _, module = target.partition(":")
+        src = os.path.join(CRATES, crate, "src")
+        files = [os.path.join(src, module + ".rs")]
+        folder = os.path.join(src, module)
+        if os.path.isdir(folder):
+            files += [os.path.join(d, f) for d, _, fs in os.walk(folder) for f in fs if f.endswith(".rs")]
+        hits = []
+        for path in files:
+            if not os.path.isfile(path):
+                continue
+            with open(path, encoding="utf-8") as fh:
+                text = strip_comments(fh.read())
+            for dep in deps.split(","):
+                if re.search(r"\b" + re.escape(dep) + r"::|\buse\s+" + re.escape(dep) + r"\b", text):
+                    hits.append(f"{os.path.relpath(path)} names {dep}")
+        print(f"{crate}::{module} names none of {deps}" if not hits else "\n".join(hits))
+        if hits:
+            failed = True
+
     if args.dot:
         with open(args.dot, "w", encoding="utf-8") as fh:
             fh.write("\n".join(dot) + "\n")
         print(f"wrote {args.dot}")
     if args.check and failed:
-        print("modgraph: a --acyclic or --only-imported-by rule failed", file=sys.stderr)
+        print("modgraph: a --acyclic, --only-imported-by or --no-crate rule failed", file=sys.stderr)
         return 1
     return 0
 

@@ -155,6 +155,16 @@ export RUST_BACKTRACE=1
 started=$SECONDS
 phase() { echo "== $* ($(date +%H:%M:%S), $((SECONDS - started)) s so far)"; }
 
+# The architecture (docs/architecture.md): no module cycle in the service crates, Envoy
+# compatibility imported by the composition root only, no transport in the service core.
+phase "architecture: the module graph (scripts/modgraph.py)"
+core_rules=()
+for m in model error metrics backend decision_log policy state check; do
+  core_rules+=(--no-crate "tollgate-server:$m=axum,hyper,hyper_util,h2,tonic,tower,tower_http,tollgate_proto")
+done
+python3 scripts/modgraph.py --check --acyclic tollgate-server --acyclic tollgate-redis \
+  --acyclic tollgate-tower --only-imported-by tollgate-server:envoy=serve "${core_rules[@]}"
+
 phase "build: every crate, test and bench (cold: minutes, see BENCHMARKS.md; warm: seconds)"
 cargo build --workspace --all-targets --locked
 

@@ -40,7 +40,27 @@ fn tollgate() -> Router {
 /// The ceiling: read the body, parse it like the service, answer a fixed OK (the one
 /// `tollgate bench-ceiling http` serves).
 fn ceiling() -> Router {
-    tollgate_server::http::ceiling_router()
+    ceiling_router()
+}
+
+/// The ceiling's router: the same `POST /v1/check` parsing as the service (`parse_request`) and a fixed 200 body the size of
+/// one allowed status, with no rules, store, metrics, response building or layers: the most any
+/// service on this stack could do.
+fn ceiling_router() -> Router {
+    /// What tollgate answers for one allowed descriptor.
+    const OK_BODY: &str = r#"{"overall_code":"OK","statuses":[{"code":"OK","current_limit":{"name":null,"requests_per_unit":1000000000,"unit":"SECOND"},"limit_remaining":999999999,"duration_until_reset_ms":1,"retry_after_ms":null,"message":null}],"delay_ms":null}"#;
+    async fn check(body: axum::body::Bytes) -> axum::response::Response {
+        use axum::response::IntoResponse;
+        use tollgate_server::wire::{parse_request, Dialect};
+        match parse_request(&body, Dialect::Native).ok() {
+            Some(req) => {
+                std::hint::black_box(req);
+                ([(header::CONTENT_TYPE, "application/json")], OK_BODY).into_response()
+            }
+            None => (StatusCode::BAD_REQUEST, "invalid request").into_response(),
+        }
+    }
+    Router::new().route("/v1/check", axum::routing::post(check))
 }
 
 fn request(i: usize) -> Request<Body> {

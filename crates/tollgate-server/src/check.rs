@@ -6,9 +6,7 @@
 use crate::backend::{Outcome, Policy};
 use crate::error::ApiError;
 use crate::metrics::LimitCounters;
-use crate::model::{
-    secs_ceil, CheckRequest, CheckResponse, Code, DescriptorStatus, HeaderValues, LimitInfo,
-};
+use crate::model::{CheckRequest, CheckResponse, Code, DescriptorStatus, HeaderValues, LimitInfo};
 use crate::state::{AppState, LoadedRules, RequestLimits};
 use std::sync::Arc;
 use std::time::Instant;
@@ -25,10 +23,10 @@ pub fn validate(limits: &RequestLimits, req: &CheckRequest) -> Result<(), ApiErr
     validate_shape(limits, req, false)
 }
 
-/// [`validate`] for `state`: under the envoy profile a descriptor with no entries is not an
-/// error, as in envoyproxy/ratelimit, which answers it OK with no limit (it matches no rule).
+/// [`validate`] for `state`, whose policy may accept descriptors with no entries
+/// ([`crate::policy::DecisionPolicy::empty_descriptors_ok`]).
 fn validate_in(state: &AppState, req: &CheckRequest) -> Result<(), ApiError> {
-    validate_shape(state.limits(), req, state.envoy().is_some())
+    validate_shape(state.limits(), req, state.policy().empty_descriptors_ok())
 }
 
 fn validate_shape(
@@ -269,8 +267,8 @@ fn conclude(
     let policy_denied = degraded == Some(Policy::Deny);
     let verdict = plan.finish(decisions);
     crate::decision_log::record(&req.domain, &verdict.statuses, &req.descriptors, hits);
-    let envoy = state.envoy();
-    let allowed = verdict.allowed_with_quota_mode(envoy.is_some_and(|m| m.quota_mode));
+    let policy = state.policy();
+    let allowed = verdict.allowed_with_quota_mode(policy.quota_mode());
 
     let statuses: Vec<DescriptorStatus> = verdict
         .statuses
@@ -334,15 +332,10 @@ fn conclude(
         })
         .collect();
 
-    let headers = if envoy.is_some() {
-        envoy_binding(&verdict, envoy.is_some_and(|m| m.quota_mode), allowed, now)
-    } else {
-        HeaderValues::of_verdict(&verdict, allowed, now)
-    };
-    // envoy profile, SHADOW_MODE: an OVER_LIMIT answer becomes OK (the statuses keep their
-    // codes, the counters what the store decided), and is counted.
-    let (allowed, statuses, headers) = if !allowed && envoy.is_some_and(|m| m.shadow_mode) {
-        state.count_global_shadow();
+    let headers = policy.headers(&verdict, allowed, now);
+    // A policy may answer OK where the store said over (a global shadow mode): the statuses keep
+    // their codes, the counters what the store decided.
+    let (allowed, statuses, headers) = if !allowed && policy.overrule_denial() {
         // An allowed answer tells no one to wait: no Retry-After, no `retry_after` anywhere.
         let mut statuses = statuses;
         for s in &mut statuses {
@@ -365,51 +358,6 @@ fn conclude(
     metrics.request(allowed);
     metrics.observe_latency(started.elapsed());
     Ok(response)
-}
-
-/// The envoy profile's rate-limit headers, chosen as envoyproxy/ratelimit chooses them: the
-/// limited descriptor with the least remaining (the first of equals), except that the last
-/// descriptor over its limit outside quota mode wins; the reset is the end of the unit's
-/// epoch-aligned window.
-fn envoy_binding(
-    verdict: &tollgate_core::limiter::Verdict<'_>,
-    quota_everywhere: bool,
-    allowed: bool,
-    now: tollgate_core::Micros,
-) -> Option<HeaderValues> {
-    let mut best: Option<(&Limit, u64, &tollgate_core::Decision)> = None;
-    for status in &verdict.statuses {
-        let Status::Limited { limit, decision } = status else {
-            continue;
-        };
-        if limit.quota.is_none() {
-            continue;
-        }
-        let over = status.blocks() && !(quota_everywhere || limit.quota_mode);
-        let remaining = if over {
-            0
-        } else {
-            decision.reported_remaining()
-        };
-        // Once one is over, only another over one (remaining 0, not below it) replaces it.
-        if over || best.is_none_or(|(_, r, _)| remaining < r) {
-            best = Some((limit, remaining, decision));
-        }
-    }
-    let (limit, remaining, decision) = best?;
-    let q = limit.quota?;
-    Some(HeaderValues {
-        limit: q.limit(),
-        remaining,
-        reset_secs: crate::profile::reset_secs(q.period().unit, now / 1_000_000),
-        // Only `/v1/check` sends these two; Envoy gets the three headers above.
-        retry_after_secs: if decision.allowed || allowed {
-            None
-        } else {
-            decision.retry_after.map(|r| secs_ceil(r).max(1))
-        },
-        window_secs: secs_ceil(q.period().nominal()),
-    })
 }
 
 /// A status's `duration_until_reset` (see `Decision::reported_reset`).

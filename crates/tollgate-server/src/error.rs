@@ -1,9 +1,7 @@
-//! The one error type of the service. Transports map it once, at their boundary: HTTP in
-//! [`crate::http`] (status + `{"error":{"code","message"}}`), gRPC to a `tonic::Status` by
-//! [`ApiError::class`].
+//! The one error type of the service. Transports map it once, at their boundary, by
+//! [`ApiError::class`]: HTTP to a status and `{"error":{"code","message"}}`, gRPC to a
+//! `tonic::Status`.
 
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use tollgate_core::store::StoreError;
 
 /// What kind of failure an [`ApiError`] is, independent of the transport.
@@ -100,50 +98,9 @@ impl ApiError {
             ApiError::Internal(_) => "internal",
         }
     }
-
-    /// The HTTP status.
-    pub fn status(&self) -> StatusCode {
-        if let ApiError::BodyTimeout(_) = self {
-            return StatusCode::REQUEST_TIMEOUT;
-        }
-        match self.class() {
-            ErrorClass::InvalidInput => StatusCode::BAD_REQUEST,
-            ErrorClass::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            ErrorClass::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ErrorClass::NotFound => StatusCode::NOT_FOUND,
-            ErrorClass::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            ErrorClass::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-            ErrorClass::Internal => StatusCode::INTERNAL_SERVER_ERROR,
-        }
-    }
 }
 
 /// The JSON error body: `{"error":{"code":"...","message":"..."}}`.
 pub fn error_body(code: &str, message: &str) -> serde_json::Value {
     serde_json::json!({"error": {"code": code, "message": message}})
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let status = self.status();
-        if status.is_server_error() {
-            tracing::error!(code = self.code(), error = %self, "request failed");
-        } else {
-            tracing::debug!(code = self.code(), error = %self, "bad request");
-        }
-        let mut response = (
-            status,
-            axum::Json(error_body(self.code(), &self.to_string())),
-        )
-            .into_response();
-        if status == StatusCode::REQUEST_TIMEOUT {
-            // The rest of the body may still come: close rather than read it as the next
-            // request (HTTP/1.1; HTTP/2 drops connection headers, the stream ends anyway).
-            response.headers_mut().insert(
-                axum::http::header::CONNECTION,
-                axum::http::HeaderValue::from_static("close"),
-            );
-        }
-        response
-    }
 }

@@ -105,8 +105,8 @@
 
 use crate::check::{decide, decide_now};
 use crate::error::{ApiError, ErrorClass};
+use crate::model::HeaderNames;
 use crate::model::{CheckRequest, CheckResponse, Code, Descriptor, DescriptorStatus};
-use crate::profile::{EnvoyMode, HEALTH_SERVICE};
 use crate::state::AppState;
 use futures_util::FutureExt;
 use hyper::body::Incoming;
@@ -137,11 +137,8 @@ use tollgate_proto::pb::envoy::service::ratelimit::v3::rate_limit_service_server
     route, RateLimitService,
 };
 use tollgate_proto::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use tollgate_proto::pb::google::protobuf::value::Kind as PbKind;
 use tollgate_proto::pb::google::protobuf::Duration as PbDuration;
-use tollgate_proto::pb::google::protobuf::{
-    ListValue as PbListValue, Struct as PbStruct, Value as PbValue,
-};
+use tollgate_proto::pb::google::protobuf::Struct as PbStruct;
 use tonic::codec::{Codec, DecodeBuf, Decoder};
 use tonic::codegen::http::Request as HttpRequest;
 use tonic::codegen::{http, Body, BoxFuture, StdError};
@@ -170,16 +167,69 @@ const GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeo
 /// The HTTP/2 path of `ShouldRateLimit`.
 const SHOULD_RATE_LIMIT_PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
+/// Builds a response's `dynamic_metadata` from the request and the decision.
+pub type MetadataFn = Arc<dyn Fn(&CheckRequest, &CheckResponse) -> PbStruct + Send + Sync>;
+
+/// A health service name, and whether it is healthy now.
+pub type HealthFn = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// Which rate-limit headers an answer carries in `response_headers_to_add`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ResponseHeaders {
+    /// None (the default: Envoy adds what the HTTP filter is configured to add).
+    #[default]
+    Off,
+    /// tollgate's headers, both families (`--response-headers`).
+    Tollgate,
+    /// Three headers under these names: the limit, the remaining and the reset.
+    Named(HeaderNames),
+}
+
+/// What the gRPC transport adds to the decision's answer; the default adds nothing.
+#[derive(Clone, Default)]
+#[non_exhaustive]
+pub struct GrpcAnswers {
+    /// The rate-limit headers of an answer.
+    pub headers: ResponseHeaders,
+    /// Builds `dynamic_metadata`, when answers carry it.
+    pub dynamic_metadata: Option<MetadataFn>,
+    /// One more health service (besides `""` and [`RLS_SERVICE_NAME`]), and its state.
+    pub health: Option<(&'static str, HealthFn)>,
+}
+
+impl GrpcAnswers {
+    /// Answers with the rate-limit headers chosen by `headers`, nothing else.
+    pub fn with_headers(headers: ResponseHeaders) -> Self {
+        Self {
+            headers,
+            ..Self::default()
+        }
+    }
+}
+
+impl std::fmt::Debug for GrpcAnswers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrpcAnswers")
+            .field("headers", &self.headers)
+            .field("dynamic_metadata", &self.dynamic_metadata.is_some())
+            .field("health", &self.health.as_ref().map(|(name, _)| name))
+            .finish()
+    }
+}
+
 /// The `RateLimitService` implementation: one [`AppState`] clone, shared with HTTP.
 #[derive(Debug, Clone)]
 pub struct RateLimitGrpc {
     state: AppState,
+    answers: GrpcAnswers,
 }
 
 impl RateLimitGrpc {
-    /// A service deciding with `state` (its rules, store, clock and `--response-headers`).
-    pub fn new(state: AppState) -> Self {
-        Self { state }
+    /// A service deciding with `state` (its rules, store and clock), answering as `answers`
+    /// says.
+    pub fn new(state: AppState, answers: GrpcAnswers) -> Self {
+        Self { state, answers }
     }
 
     /// The tonic service, with the request size capped at `--max-body-bytes` like HTTP.
@@ -351,42 +401,48 @@ impl RateLimitGrpc {
         result: Result<CheckResponse, ApiError>,
     ) -> Result<RateLimitResponse, Status> {
         let resp = result.map_err(|e| status_from(&e))?;
-        Ok(match self.state.envoy() {
-            Some(mode) => {
-                let mut out = to_envoy_proto_response(&resp, mode);
-                if mode.dynamic_metadata {
-                    let rules = self.state.rules();
-                    out.dynamic_metadata = Some(envoy_dynamic_metadata(check, &resp, &rules.set));
-                }
-                out
-            }
-            None => to_proto_response(&resp, self.state.response_headers()),
-        })
+        let mut out = to_proto_response(&resp, false);
+        out.response_headers_to_add = self
+            .header_pairs(&resp)
+            .into_iter()
+            .map(|(key, value)| HeaderValue {
+                key: key.to_owned(),
+                value,
+                ..HeaderValue::default()
+            })
+            .collect();
+        if let Some(metadata) = &self.answers.dynamic_metadata {
+            out.dynamic_metadata = Some(metadata(check, &resp));
+        }
+        Ok(out)
+    }
+
+    /// The answer's `response_headers_to_add` ([`ResponseHeaders`]).
+    fn header_pairs(&self, resp: &CheckResponse) -> Vec<(&str, String)> {
+        match (&self.answers.headers, &resp.headers) {
+            (ResponseHeaders::Tollgate, Some(h)) => h.pairs(),
+            (ResponseHeaders::Named(names), Some(h)) => vec![
+                (names.limit.as_str(), h.limit.to_string()),
+                (names.remaining.as_str(), h.remaining.to_string()),
+                (names.reset.as_str(), h.reset_secs.to_string()),
+            ],
+            _ => Vec::new(),
+        }
     }
 
     /// [`Self::reply`] as the message to send: written directly from the decision
-    /// ([`encode_decision`]), without building the protobuf structs, except under the envoy
-    /// profile's `RESPONSE_DYNAMIC_METADATA` (then prost encodes [`Self::reply`]).
+    /// ([`encode_decision`]), without building the protobuf structs, except when answers carry
+    /// `dynamic_metadata` (then prost encodes [`Self::reply`]).
     fn reply_encoded(
         &self,
         check: &CheckRequest,
         result: Result<CheckResponse, ApiError>,
     ) -> Result<bytes::Bytes, Status> {
-        match self.state.envoy() {
-            Some(mode) if mode.dynamic_metadata => encode_response(self.reply(check, result)?),
-            Some(mode) => {
-                let resp = result.map_err(|e| status_from(&e))?;
-                Ok(encode_decision(&resp, &envoy_header_pairs(&resp, mode)))
-            }
-            None => {
-                let resp = result.map_err(|e| status_from(&e))?;
-                let headers = match (&resp.headers, self.state.response_headers()) {
-                    (Some(h), true) => h.pairs(),
-                    _ => Vec::new(),
-                };
-                Ok(encode_decision(&resp, &headers))
-            }
+        if self.answers.dynamic_metadata.is_some() {
+            return encode_response(self.reply(check, result)?);
         }
+        let resp = result.map_err(|e| status_from(&e))?;
+        Ok(encode_decision(&resp, &self.header_pairs(&resp)))
     }
 }
 
@@ -410,7 +466,7 @@ pub fn to_check_request(req: RateLimitRequest) -> Result<CheckRequest, ApiError>
                 None => None,
                 Some(l) => Some(LimitOverride {
                     requests_per_unit: u64::from(l.requests_per_unit),
-                    unit: unit_from_proto(l.unit).ok_or_else(|| {
+                    unit: crate::model::unit_from_number(l.unit).ok_or_else(|| {
                         ApiError::invalid(
                             "invalid_limit",
                             format!(
@@ -435,21 +491,6 @@ pub fn to_check_request(req: RateLimitRequest) -> Result<CheckRequest, ApiError>
     })
 }
 
-/// Envoy's `RateLimitResponse.RateLimit.Unit` number as tollgate's unit; `None` for `UNKNOWN`
-/// (0) and numbers Envoy does not define.
-pub fn unit_from_proto(n: i32) -> Option<Unit> {
-    match PbUnit::try_from(n).ok()? {
-        PbUnit::Unknown => None,
-        PbUnit::Second => Some(Unit::Second),
-        PbUnit::Minute => Some(Unit::Minute),
-        PbUnit::Hour => Some(Unit::Hour),
-        PbUnit::Day => Some(Unit::Day),
-        PbUnit::Week => Some(Unit::Week),
-        PbUnit::Month => Some(Unit::Month),
-        PbUnit::Year => Some(Unit::Year),
-    }
-}
-
 /// Translate a decision; `headers` adds `response_headers_to_add` (`--response-headers`).
 pub fn to_proto_response(resp: &CheckResponse, headers: bool) -> RateLimitResponse {
     let response_headers_to_add = match (&resp.headers, headers) {
@@ -470,189 +511,6 @@ pub fn to_proto_response(resp: &CheckResponse, headers: bool) -> RateLimitRespon
         response_headers_to_add,
         ..RateLimitResponse::default()
     }
-}
-
-/// Translate a decision under `--profile envoy`: `response_headers_to_add` holds envoy's three
-/// headers (`LIMIT_*_HEADER` names) when `LIMIT_RESPONSE_HEADERS_ENABLED`, nothing otherwise.
-pub fn to_envoy_proto_response(resp: &CheckResponse, mode: &EnvoyMode) -> RateLimitResponse {
-    let mut out = to_proto_response(resp, false);
-    out.response_headers_to_add = envoy_header_pairs(resp, mode)
-        .into_iter()
-        .map(|(key, value)| HeaderValue {
-            key: key.to_owned(),
-            value,
-            ..HeaderValue::default()
-        })
-        .collect();
-    out
-}
-
-/// The envoy profile's `response_headers_to_add`: its three headers when
-/// `LIMIT_RESPONSE_HEADERS_ENABLED` and a limit applied, nothing otherwise.
-fn envoy_header_pairs<'m>(resp: &CheckResponse, mode: &'m EnvoyMode) -> Vec<(&'m str, String)> {
-    match (&mode.headers, &resp.headers) {
-        (Some(names), Some(h)) => vec![
-            (names.limit.as_str(), h.limit.to_string()),
-            (names.remaining.as_str(), h.remaining.to_string()),
-            (names.reset.as_str(), h.reset_secs.to_string()),
-        ],
-        _ => Vec::new(),
-    }
-}
-
-/// The envoy profile's `dynamic_metadata` (`RESPONSE_DYNAMIC_METADATA`), as envoyproxy/ratelimit
-/// builds it: the request's `domain`, its `descriptors` (`entries` as `key=value` strings, the
-/// `limit` override, `hitsAddend`), the request's `hitsAddend` when not 0, and `metadata`: the
-/// rule `metadata` of every descriptor that passed (OK, not unlimited), merged in request order
-/// (a key already present is kept; maps present in both are merged). Built from the decoded
-/// request, so gRPC and `/json` (see [`pb_struct_json`]) return the same.
-pub fn envoy_dynamic_metadata(
-    req: &CheckRequest,
-    resp: &CheckResponse,
-    rules: &tollgate_core::rules::RuleSet,
-) -> PbStruct {
-    use std::collections::HashMap;
-    let string = |s: String| PbValue {
-        kind: Some(PbKind::StringValue(s)),
-    };
-    let number = |n: f64| PbValue {
-        kind: Some(PbKind::NumberValue(n)),
-    };
-    let list = |values: Vec<PbValue>| PbValue {
-        kind: Some(PbKind::ListValue(PbListValue { values })),
-    };
-    let descriptors = req
-        .descriptors
-        .iter()
-        .map(|d| {
-            let mut fields = HashMap::new();
-            let entries = d
-                .entries
-                .iter()
-                .map(|(k, v)| string(format!("{k}={v}")))
-                .collect();
-            fields.insert("entries".to_owned(), list(entries));
-            if let Some(l) = &d.limit {
-                fields.insert(
-                    "limit".to_owned(),
-                    string(format!(
-                        "requests_per_unit:{} unit:{}",
-                        l.requests_per_unit,
-                        pb_unit(l.unit).as_str_name()
-                    )),
-                );
-            }
-            if let Some(h) = d.hits {
-                fields.insert("hitsAddend".to_owned(), number(h as f64));
-            }
-            PbValue {
-                kind: Some(PbKind::StructValue(PbStruct { fields })),
-            }
-        })
-        .collect();
-    let mut fields = HashMap::new();
-    fields.insert("domain".to_owned(), string(req.domain.clone()));
-    fields.insert("descriptors".to_owned(), list(descriptors));
-    if let Some(h) = req.hits.filter(|&h| h != 0) {
-        fields.insert("hitsAddend".to_owned(), number(h as f64));
-    }
-    let mut passed = PbStruct::default();
-    for (d, status) in req.descriptors.iter().zip(&resp.statuses) {
-        if status.code != Code::Ok || status.unlimited || d.limit.is_some() {
-            continue;
-        }
-        let entries: Vec<(&str, &str)> = d
-            .entries
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        if let tollgate_core::rules::Resolution::Limited { limit, .. } =
-            rules.resolve(&req.domain, &entries)
-        {
-            if let Some(meta) = &limit.metadata {
-                merge_metadata(&mut passed, meta);
-            }
-        }
-    }
-    if !passed.fields.is_empty() {
-        fields.insert(
-            "metadata".to_owned(),
-            PbValue {
-                kind: Some(PbKind::StructValue(passed)),
-            },
-        );
-    }
-    PbStruct { fields }
-}
-
-/// A `google.protobuf.Struct` as protojson writes it (envoyproxy/ratelimit's `/json` marshals
-/// its response so): a plain JSON object; numbers that are whole (below 2^53) without a
-/// fraction, as Go prints them. protojson refuses NaN and infinities; they become `null`.
-pub fn pb_struct_json(s: &PbStruct) -> serde_json::Value {
-    fn value(v: &PbValue) -> serde_json::Value {
-        use serde_json::Value as J;
-        match &v.kind {
-            None | Some(PbKind::NullValue(_)) => J::Null,
-            Some(PbKind::BoolValue(b)) => J::Bool(*b),
-            Some(PbKind::NumberValue(n))
-                if n.fract() == 0.0 && n.abs() < 9_007_199_254_740_992.0 =>
-            {
-                J::from(*n as i64)
-            }
-            Some(PbKind::NumberValue(n)) => {
-                serde_json::Number::from_f64(*n).map_or(J::Null, J::Number)
-            }
-            Some(PbKind::StringValue(s)) => J::String(s.clone()),
-            Some(PbKind::ListValue(l)) => J::Array(l.values.iter().map(value).collect()),
-            Some(PbKind::StructValue(s)) => pb_struct_json(s),
-        }
-    }
-    serde_json::Value::Object(
-        s.fields
-            .iter()
-            .map(|(k, v)| (k.clone(), value(v)))
-            .collect(),
-    )
-}
-
-/// Merge a rule's `metadata` into `dest` as envoyproxy/ratelimit does: new keys are added, a
-/// key present in both is kept unless both values are maps, which are merged.
-fn merge_metadata(
-    dest: &mut PbStruct,
-    src: &std::collections::BTreeMap<String, tollgate_core::rules::MetaValue>,
-) {
-    for (k, v) in src {
-        match (dest.fields.get_mut(k), v) {
-            (
-                Some(PbValue {
-                    kind: Some(PbKind::StructValue(d)),
-                }),
-                tollgate_core::rules::MetaValue::Map(m),
-            ) => merge_metadata(d, m),
-            (Some(_), _) => {}
-            (None, v) => {
-                dest.fields.insert(k.clone(), meta_value(v));
-            }
-        }
-    }
-}
-
-/// A metadata value as a `google.protobuf.Value`.
-fn meta_value(v: &tollgate_core::rules::MetaValue) -> PbValue {
-    use tollgate_core::rules::MetaValue;
-    let kind = match v {
-        MetaValue::Null => PbKind::NullValue(0),
-        MetaValue::Bool(b) => PbKind::BoolValue(*b),
-        MetaValue::Number(n) => PbKind::NumberValue(*n),
-        MetaValue::String(s) => PbKind::StringValue(s.clone()),
-        MetaValue::List(l) => PbKind::ListValue(PbListValue {
-            values: l.iter().map(meta_value).collect(),
-        }),
-        MetaValue::Map(m) => PbKind::StructValue(PbStruct {
-            fields: m.iter().map(|(k, v)| (k.clone(), meta_value(v))).collect(),
-        }),
-    };
-    PbValue { kind: Some(kind) }
 }
 
 fn to_proto_status(s: &DescriptorStatus) -> PbStatus {
@@ -885,8 +743,8 @@ async fn sleep_or_never(d: Option<Duration>) {
 pub const RLS_DESCRIPTOR_SET: &[u8] = include_bytes!("../proto/rls_descriptor_set.bin");
 
 /// Serve RLS, health and reflection on `listener` until `shutdown` resolves. Health reports
-/// SERVING for `""` and for [`RLS_SERVICE_NAME`], and under the envoy profile for `ratelimit` as
-/// its `/healthcheck` does ([`AppState::envoy_healthy`]).
+/// SERVING for `""` and for [`RLS_SERVICE_NAME`], and for the extra service of
+/// [`GrpcAnswers::health`] as long as it says so.
 ///
 /// Connections are served by hyper's HTTP/2 server with `limits`, at most `max_connections` at
 /// once: at the cap the listener is not accepted from (clients wait in the kernel's backlog).
@@ -897,6 +755,7 @@ pub const RLS_DESCRIPTOR_SET: &[u8] = include_bytes!("../proto/rls_descriptor_se
 /// finishes a call, or only sent the preface and never answers) are dropped, and this returns.
 pub async fn serve(
     state: AppState,
+    answers: GrpcAnswers,
     listener: TcpListener,
     limits: GrpcLimits,
     max_connections: usize,
@@ -905,6 +764,7 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     serve_on(
         state,
+        answers,
         GrpcListener::Tcp(listener),
         limits,
         max_connections,
@@ -948,6 +808,7 @@ enum Accepted {
 /// [`serve`] on any [`GrpcListener`].
 pub async fn serve_on(
     state: AppState,
+    answers: GrpcAnswers,
     listener: GrpcListener,
     limits: GrpcLimits,
     max_connections: usize,
@@ -958,33 +819,29 @@ pub async fn serve_on(
     reporter
         .set_service_status(RLS_SERVICE_NAME, ServingStatus::Serving)
         .await;
-    // envoy profile: the `ratelimit` service, its status set once here and then only when it
-    // changes (a Watch stream gets one message per change, never the same status twice).
-    let envoy_health = match state.envoy() {
-        Some(_) => {
-            let healthy = state.envoy_healthy();
-            reporter
-                .set_service_status(HEALTH_SERVICE, serving(healthy))
-                .await;
-            Some(tokio::spawn(follow_envoy_health(
-                state.clone(),
-                reporter.clone(),
+    // The extra service: its status set once here and then only when it changes (a Watch
+    // stream gets one message per change, never the same status twice).
+    let mut names = vec!["", RLS_SERVICE_NAME];
+    let extra_health = match answers.health.clone() {
+        Some((name, healthy)) => {
+            let now = healthy();
+            reporter.set_service_status(name, serving(now)).await;
+            names.push(name);
+            Some(tokio::spawn(follow_health(
+                name,
                 healthy,
+                reporter.clone(),
+                now,
             )))
         }
         None => None,
-    };
-    let names: &[&str] = if envoy_health.is_some() {
-        &["", RLS_SERVICE_NAME, HEALTH_SERVICE]
-    } else {
-        &["", RLS_SERVICE_NAME]
     };
     let reflection = || {
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(RLS_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
-    let rls = RateLimitGrpc::new(state).into_server();
+    let rls = RateLimitGrpc::new(state, answers).into_server();
     let max_message = rls.max_decoding_message_size;
     let direct = Arc::clone(&rls.inner);
     let routes = Routes::new(health)
@@ -1051,15 +908,15 @@ pub async fn serve_on(
         while connections.try_join_next().is_some() {}
     }
     drop(listener);
-    if let Some(task) = envoy_health {
+    if let Some(task) = extra_health {
         task.abort();
     }
-    for name in names {
+    for &name in &names {
         reporter
             .set_service_status(name, ServingStatus::NotServing)
             .await;
     }
-    for name in names {
+    for &name in &names {
         reporter.clear_service_status(name).await;
     }
     let _ = drain_tx.send(true);
@@ -1078,21 +935,20 @@ pub async fn serve_on(
     Ok(())
 }
 
-/// Keep the `ratelimit` health service in step with [`AppState::envoy_healthy`] (rules loaded,
-/// shutdown begun), checked every 100 ms until aborted.
-async fn follow_envoy_health(
-    state: AppState,
+/// Keep the extra health service `name` in step with `healthy`, checked every 100 ms until
+/// aborted.
+async fn follow_health(
+    name: &'static str,
+    healthy: HealthFn,
     reporter: tonic_health::server::HealthReporter,
     mut last: bool,
 ) {
     loop {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let healthy = state.envoy_healthy();
-        if healthy != last {
-            reporter
-                .set_service_status(HEALTH_SERVICE, serving(healthy))
-                .await;
-            last = healthy;
+        let now = healthy();
+        if now != last {
+            reporter.set_service_status(name, serving(now)).await;
+            last = now;
         }
     }
 }
@@ -2153,6 +2009,23 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Replayed<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unit_numbers_are_the_protocols() {
+        for u in [
+            Unit::Second,
+            Unit::Minute,
+            Unit::Hour,
+            Unit::Day,
+            Unit::Week,
+            Unit::Month,
+            Unit::Year,
+        ] {
+            assert_eq!(crate::model::unit_from_number(pb_unit(u) as i32), Some(u));
+        }
+        assert_eq!(crate::model::unit_from_number(PbUnit::Unknown as i32), None);
+        assert_eq!(crate::model::unit_from_number(8), None);
+    }
 
     #[test]
     fn grpc_timeout_header() {

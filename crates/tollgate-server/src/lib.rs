@@ -1,25 +1,33 @@
 //! # tollgate-server
 //!
-//! The service around `tollgate-core`: the HTTP JSON API ([`http::router`]),
-//! the transport-neutral decision shared with the Envoy RLS gRPC service ([`check::decide`] on
-//! [`model`] types) over a [`backend`] (memory, or Redis with a failure policy), metrics, health, rules hot reload ([`reload`]), the rule registry ([`registry`]) and the `serve` wiring
-//! ([`serve::serve`]).
+//! The service around `tollgate-core`, in layers whose arrows point down:
+//!
+//! - **the service core**, with no transport in it: the request and answer [`model`], the
+//!   decision ([`check::decide`]) under a [`policy::DecisionPolicy`], the shared [`state`] (the
+//!   rules, swapped atomically on reload), the [`backend`] (memory, or Redis with a failure
+//!   policy), [`metrics`], the [`decision_log`] and the [`error`] type;
+//! - **rule sources** over the core: file reload ([`reload`]) and the rule [`registry`];
+//! - **transports** over those: one accept loop for every listener ([`listener`]), the HTTP API
+//!   with forward-auth and the registry's endpoints ([`http`], its JSON codec [`wire`]) and the
+//!   Envoy RLS gRPC service ([`grpc`]);
+//! - **Envoy compatibility** ([`envoy`]) over the transports, filling their hooks;
+//! - the settings ([`config`]) and **the composition root** ([`serve::serve`]), the only module
+//!   that knows them all.
+//!
+//! `scripts/modgraph.py --check` holds the module graph to this shape.
 
 pub mod backend;
 pub mod check;
-pub mod client;
-pub mod debug;
+pub mod config;
 pub mod decision_log;
-pub mod envoy_redis;
-pub mod envoy_stats;
+pub mod envoy;
 pub mod error;
-pub mod forward_auth;
 pub mod grpc;
 pub mod http;
 pub mod listener;
 pub mod metrics;
 pub mod model;
-pub mod profile;
+pub mod policy;
 pub mod registry;
 pub mod reload;
 pub mod serve;
@@ -28,6 +36,12 @@ pub mod wire;
 
 pub use check::decide;
 pub use error::{ApiError, ErrorClass};
-pub use http::router;
 pub use model::{CheckRequest, CheckResponse, Code, DescriptorStatus, HeaderValues, LimitInfo};
 pub use state::{AppState, LoadedRules, RequestLimits};
+
+/// The HTTP API of `state` as `serve` composes it, with no registry, no trusted proxy and no
+/// Envoy profile ([`serve::http_api`]): tests drive it with `oneshot`; an embedding application
+/// can nest or merge it.
+pub fn router(state: AppState) -> axum::Router {
+    serve::http_api(&state, None).router()
+}

@@ -7,6 +7,22 @@ use tollgate_core::quota::{Algorithm, Unit};
 pub use tollgate_core::headers::{secs_ceil, HeaderValues};
 pub use tollgate_core::limiter::Descriptor;
 
+/// Envoy's `RateLimitResponse.RateLimit.Unit` number (in protobuf and in its JSON) as tollgate's
+/// unit; `None` for `UNKNOWN` (0) and numbers Envoy does not define. The numbers are the
+/// protocol's (`grpc`'s tests hold them against the generated enum).
+pub fn unit_from_number(n: i32) -> Option<Unit> {
+    Some(match n {
+        1 => Unit::Second,
+        2 => Unit::Minute,
+        3 => Unit::Hour,
+        4 => Unit::Day,
+        5 => Unit::Month,
+        6 => Unit::Year,
+        7 => Unit::Week,
+        _ => return None,
+    })
+}
+
 /// One rate-limit request.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CheckRequest {
@@ -140,4 +156,16 @@ impl CheckResponse {
 /// Microseconds to whole milliseconds, rounded up.
 pub fn ms_ceil(us: Micros) -> u64 {
     us.div_ceil(1_000)
+}
+
+/// Names of three rate-limit response headers (the limit, the remaining, the reset), for
+/// answers that name them otherwise than tollgate does (Envoy's `LIMIT_*_HEADER`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderNames {
+    /// `LIMIT_LIMIT_HEADER` (default `RateLimit-Limit`).
+    pub limit: String,
+    /// `LIMIT_REMAINING_HEADER` (default `RateLimit-Remaining`).
+    pub remaining: String,
+    /// `LIMIT_RESET_HEADER` (default `RateLimit-Reset`).
+    pub reset: String,
 }

@@ -18,10 +18,12 @@
 //! files on every reload: a reload swaps in files and registered domains together.
 
 use crate::metrics::RuleSlots;
+use crate::registry::Registry;
 use crate::state::{AppState, LoadedRules, ReloadError};
 use siphasher::sip128::{Hasher128, SipHasher13};
 use std::hash::Hasher;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tollgate_core::clock::{Clock, SystemClock};
@@ -107,10 +109,15 @@ pub fn load_combined(
 /// Reload now: swap in the rules at `path`, or keep the running ones and record the error.
 /// Returns whether the new rules are active.
 pub fn reload_now(state: &AppState, path: &Path) -> bool {
+    reload_with(state, path, None)
+}
+
+/// [`reload_now`], the domains of `registry` (when one runs) kept beside the files'.
+pub fn reload_with(state: &AppState, path: &Path, registry: Option<&Registry>) -> bool {
     let _update = state.rules_update_lock();
     let running = state.rules();
     let generation = running.generation + 1;
-    let registered = state.registry().map(|r| r.registered()).unwrap_or_default();
+    let registered = registry.map(|r| r.registered()).unwrap_or_default();
     let loaded = load_combined(
         path,
         state.rule_listing(),
@@ -199,12 +206,14 @@ pub fn reload_now(state: &AppState, path: &Path) -> bool {
 }
 
 /// How the watcher behaves.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct WatchOptions {
     /// How often to compare fingerprints.
     pub interval: Duration,
     /// After a change, wait this long for the files to settle before loading.
     pub debounce: Duration,
+    /// The rule registry, when one runs: its domains are kept beside the files'.
+    pub registry: Option<Arc<Registry>>,
 }
 
 impl Default for WatchOptions {
@@ -212,6 +221,7 @@ impl Default for WatchOptions {
         Self {
             interval: Duration::from_millis(500),
             debounce: Duration::from_millis(100),
+            registry: None,
         }
     }
 }
@@ -287,7 +297,9 @@ async fn watch_loop(
         }
         let st = state.clone();
         let p = path.clone();
-        let _ = tokio::task::spawn_blocking(move || reload_now(&st, &p)).await;
+        let registry = options.registry.clone();
+        let _ =
+            tokio::task::spawn_blocking(move || reload_with(&st, &p, registry.as_deref())).await;
         // A failed load is not retried until the files change again (or SIGHUP).
         last = now;
     }

@@ -14,9 +14,12 @@
 //! [`raise_open_files_limit`]).
 
 use crate::backend::{redis_unsupported, Guarded, RedisSettings};
+pub use crate::config::ServeConfig;
+use crate::envoy::EnvoyConfig;
+use crate::http::HttpApi;
 use crate::listener::{self, ConnLimits};
 use crate::reload::{self, WatchOptions};
-use crate::state::{AppState, LoadedRules, RequestLimits};
+use crate::state::{AppState, LoadedRules};
 use anyhow::{bail, Context};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -27,144 +30,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tollgate_core::clock::Clock;
 use tollgate_core::rules::RuleDefaults;
-use tollgate_core::Algorithm;
 use tollgate_core::MemoryStore;
 use tollgate_redis::store::redact;
-use tollgate_redis::{KeyLayout, RedisOptions, RedisStore};
-
-/// Everything `serve` needs (each field is a `tollgate serve` flag and `TOLLGATE_*` variable).
-#[derive(Debug, Clone)]
-pub struct ServeConfig {
-    /// HTTP listen address (`--http-addr`, default `0.0.0.0:8080`); `None`: no HTTP listener.
-    pub http_addr: Option<SocketAddr>,
-    /// gRPC listen address (`--grpc-addr`, default `0.0.0.0:8081`); `None`: no gRPC listener.
-    /// At least one of the two is on.
-    pub grpc_addr: Option<SocketAddr>,
-    /// Rules file or directory (`--rules`).
-    pub rules: PathBuf,
-    /// `--store`: `memory`, `redis://..`, `rediss://..`, `redis+cluster://h1:p1,h2:p2` or
-    /// `redis+sentinel://s1:p1,s2:p2/master`.
-    pub store: String,
-    /// `--redis-timeout-ms`: bound on each Redis call.
-    pub redis_timeout: Duration,
-    /// `--redis-prefix`: first part of every Redis key.
-    pub redis_prefix: String,
-    /// `--on-store-error`, `--expected-instances`, `--local-deny-cache`.
-    pub redis: RedisSettings,
-    /// `--redis-per-second-url`: a second Redis (any form `--store` takes) for the counters of
-    /// limits whose unit is second, with its own breaker (envoy's `REDIS_PERSECOND_URL`).
-    /// `None`: every counter on `--store`.
-    pub per_second_store: Option<String>,
-    /// `--redis-per-second-timeout-ms`: bound on each call to the per-second Redis; `None`:
-    /// `--redis-timeout-ms`.
-    pub per_second_timeout: Option<Duration>,
-    /// `--max-keys` of the memory store.
-    pub max_keys: usize,
-    /// `--response-headers` (gRPC `response_headers_to_add`).
-    pub response_headers: bool,
-    /// Request limits (`--max-body-bytes`, ...).
-    pub limits: RequestLimits,
-    /// Rules polling interval.
-    pub reload_interval: Duration,
-    /// Memory store sweep interval.
-    pub sweep_interval: Duration,
-    /// `--header-read-timeout`: an HTTP client must send a complete request head within it.
-    pub header_read_timeout: Duration,
-    /// `--body-read-timeout`: an HTTP request body must arrive within it (else 408).
-    pub body_read_timeout: Duration,
-    /// `--idle-timeout`: a connection with no request in flight is closed after it.
-    pub idle_timeout: Duration,
-    /// `--max-connections`: most connections open at once, per listener.
-    pub max_connections: usize,
-    /// `--shutdown-timeout`: how long shutdown waits for open connections before dropping them.
-    pub shutdown_timeout: Duration,
-    /// `--grpc-*`: HTTP/2 and connection limits of the gRPC listener.
-    pub grpc_limits: crate::grpc::GrpcLimits,
-    /// `--trusted-proxies`: peers whose `X-Forwarded-For` / `X-Real-IP` are believed.
-    pub trusted_proxies: Vec<tollgate_core::request::Cidr>,
-    /// `--default-algorithm`: the algorithm of rules that name none (and of per-request limit
-    /// overrides); `None`: sliding_window_counter. Applied at start and on every reload.
-    pub default_algorithm: Option<Algorithm>,
-    /// `--count-denied-hits`: envoy_fixed_window limits count the hits of requests that another
-    /// limit denies (envoyproxy/ratelimit's default counting).
-    pub count_denied_hits: bool,
-    /// `--redis-key-layout`: where envoy_fixed_window counters live on Redis (`envoy`: shared
-    /// with envoyproxy/ratelimit; `--redis-prefix` is then its `CACHE_KEY_PREFIX`, used as is).
-    pub redis_key_layout: KeyLayout,
-    /// `--redis-expiration-jitter`: envoy key layout, up to this much extra on each `EXPIRE`.
-    pub redis_expiration_jitter: Duration,
-    /// `--statsd-*`, `--envoy-metrics-*`: envoyproxy/ratelimit-named stats (statsd stream,
-    /// Prometheus page); off by default.
-    pub envoy_stats: crate::envoy_stats::EnvoyStats,
-    /// `--near-limit-ratio`: admitted hits past `floor(limit * ratio)` count as near the limit.
-    pub near_limit_ratio: f32,
-    /// gRPC on this unix socket instead of `grpc_addr` (envoy profile's `GRPC_UDS`).
-    pub grpc_uds: Option<PathBuf>,
-    /// TLS on the gRPC listener (envoy profile's `GRPC_SERVER_USE_TLS`); `None`: plaintext.
-    pub grpc_tls: Option<crate::grpc::GrpcTls>,
-    /// Which files of a rules directory are read (tollgate's `*.yaml`, or envoy's runtime
-    /// folder under `--profile envoy`).
-    pub rule_listing: tollgate_core::rules::LoadOptions,
-    /// `--profile envoy`: envoyproxy/ratelimit's behaviour ([`crate::profile`]); `None` otherwise.
-    pub envoy: Option<crate::profile::EnvoyMode>,
-    /// `--admin-token-file`, `--registry-*`: the rule registry ([`crate::registry`]); off by
-    /// default.
-    pub registry: crate::registry::RegistryConfig,
-    /// envoy's debug port (`DEBUG_HOST`:`DEBUG_PORT` under the profile, [`crate::debug`]);
-    /// `None`: none. As in envoyproxy/ratelimit, failing to bind it is logged, not fatal.
-    pub debug_addr: Option<SocketAddr>,
-    /// How `rules` was made when no `--rules` gave it (the envoy profile's `RUNTIME_*`
-    /// variables), said when the path is missing; `None`: from `--rules`/`TOLLGATE_RULES`.
-    pub rules_origin: Option<String>,
-    /// Whether `max_connections` was chosen (`--max-connections`): a chosen cap the open-files
-    /// limit cannot hold is warned about; the default one is lowered to fit instead.
-    pub max_connections_chosen: bool,
-    /// `--decision-log`, `--decision-log-max-per-second` ([`crate::decision_log`]).
-    pub decision_log: crate::decision_log::DecisionLogConfig,
-}
-
-impl Default for ServeConfig {
-    fn default() -> Self {
-        Self {
-            http_addr: Some(SocketAddr::from(([0, 0, 0, 0], 8080))),
-            grpc_addr: Some(SocketAddr::from(([0, 0, 0, 0], 8081))),
-            rules: PathBuf::from("examples/rules"),
-            store: "memory".into(),
-            redis_timeout: Duration::from_millis(50),
-            redis_prefix: "tollgate".into(),
-            redis: RedisSettings::default(),
-            per_second_store: None,
-            per_second_timeout: None,
-            max_keys: tollgate_core::memory::DEFAULT_MAX_KEYS,
-            response_headers: false,
-            limits: RequestLimits::default(),
-            reload_interval: Duration::from_millis(500),
-            sweep_interval: Duration::from_secs(10),
-            header_read_timeout: Duration::from_secs(10),
-            body_read_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(60),
-            max_connections: 10_000,
-            shutdown_timeout: Duration::from_secs(10),
-            grpc_limits: crate::grpc::GrpcLimits::default(),
-            trusted_proxies: Vec::new(),
-            default_algorithm: None,
-            count_denied_hits: false,
-            redis_key_layout: KeyLayout::Tollgate,
-            redis_expiration_jitter: Duration::ZERO,
-            envoy_stats: crate::envoy_stats::EnvoyStats::default(),
-            near_limit_ratio: 0.8,
-            grpc_uds: None,
-            grpc_tls: None,
-            rule_listing: tollgate_core::rules::LoadOptions::default(),
-            envoy: None,
-            registry: crate::registry::RegistryConfig::default(),
-            debug_addr: None,
-            rules_origin: None,
-            max_connections_chosen: false,
-            decision_log: crate::decision_log::DecisionLogConfig::default(),
-        }
-    }
-}
+use tollgate_redis::{RedisOptions, RedisStore};
 
 /// Load the rules and build the state for `config`. Fails on invalid rules (at startup there
 /// are no running rules to keep), on rules the store cannot serve (count-min sketch on Redis) and
@@ -172,8 +40,8 @@ impl Default for ServeConfig {
 ///
 /// Decisions are made on the wall clock (stepped monotonically), and on Redis at the Redis
 /// server's `TIME`; [`build_state_with_clock`] takes the time as a parameter.
-pub async fn build_state(config: &ServeConfig) -> anyhow::Result<AppState> {
-    build_state_at(config, None).await
+pub async fn build_state(config: &ServeConfig, envoy: &EnvoyConfig) -> anyhow::Result<AppState> {
+    build_state_at(config, envoy, None).await
 }
 
 /// [`build_state`] with `clock` as the time of every decision, on every store: the memory
@@ -181,19 +49,21 @@ pub async fn build_state(config: &ServeConfig) -> anyhow::Result<AppState> {
 /// ([`RedisSettings::caller_clock`]). Tests pass a `ManualClock` to cross window boundaries.
 pub async fn build_state_with_clock(
     config: &ServeConfig,
+    envoy: &EnvoyConfig,
     clock: Arc<dyn Clock>,
 ) -> anyhow::Result<AppState> {
-    build_state_at(config, Some(clock)).await
+    build_state_at(config, envoy, Some(clock)).await
 }
 
 async fn build_state_at(
     config: &ServeConfig,
+    envoy: &EnvoyConfig,
     clock: Option<Arc<dyn Clock>>,
 ) -> anyhow::Result<AppState> {
     if config.max_keys == 0 {
         bail!("--max-keys must be at least 1");
     }
-    let force_start = config.envoy.as_ref().is_some_and(|m| m.force_start);
+    let force_start = envoy.mode.as_ref().is_some_and(|m| m.force_start);
     if !force_start && !config.rules.exists() {
         let cwd = std::env::current_dir()
             .map(|d| d.display().to_string())
@@ -230,13 +100,13 @@ async fn build_state_at(
         }
         Err(e) => bail!("invalid rules in {}:\n{e}", config.rules.display()),
     };
-    let builder = AppState::builder(rules)
+    let mut builder = AppState::builder(rules)
         .rule_listing(config.rule_listing)
-        .envoy(config.envoy.clone())
         .limits(config.limits)
-        .rules_path(config.rules.clone())
-        .response_headers(config.response_headers)
-        .trusted_proxies(config.trusted_proxies.clone());
+        .rules_path(config.rules.clone());
+    if let Some(policy) = envoy.policy() {
+        builder = builder.policy(policy);
+    }
     let caller_clock = clock.is_some();
     let builder = match clock {
         Some(clock) => builder.clock(clock),
@@ -453,10 +323,19 @@ pub async fn wait_for_shutdown(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|s| *s).await;
 }
 
+/// The HTTP API as [`serve`] composes it for `state`: the API and Envoy's `/json`, and under
+/// the profile (`envoy`) its `/healthcheck`. Chain [`HttpApi::registry`] and
+/// [`HttpApi::trusted_proxies`] for the rest of `serve`'s settings.
+pub fn http_api(state: &AppState, envoy: Option<&crate::envoy::EnvoyMode>) -> HttpApi {
+    let health = envoy.map(|m| crate::envoy::Health::new(state.clone(), m));
+    HttpApi::new(state.clone()).routes(crate::envoy::http_routes(envoy, health))
+}
+
 /// Run the service until `shutdown` resolves, then shut down gracefully.
 /// `on_bound` is called once the listeners are bound (tests and the start-up message use it).
 pub async fn serve(
     config: ServeConfig,
+    envoy: EnvoyConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
     on_bound: impl FnOnce(Bound) + Send,
 ) -> anyhow::Result<()> {
@@ -479,7 +358,7 @@ pub async fn serve(
     if config.http_addr.is_none() && config.grpc_addr.is_none() {
         bail!("--http-addr and --grpc-addr are both off: turn at least one listener on");
     }
-    let state = build_state(&config).await?;
+    let state = build_state(&config, &envoy).await?;
     let http = match config.http_addr {
         Some(addr) => Some(
             TcpListener::bind(addr)
@@ -520,9 +399,22 @@ pub async fn serve(
             config.grpc_limits.engine
         );
     }
+    // Envoy compatibility: its health (shared by `/healthcheck` and the gRPC health service),
+    // its gRPC answers and its HTTP routes.
+    let health = envoy
+        .mode
+        .as_ref()
+        .map(|m| crate::envoy::Health::new(state.clone(), m));
+    let answers = crate::envoy::grpc_answers(
+        &state,
+        envoy.mode.as_ref(),
+        health.clone(),
+        config.response_headers,
+    );
     let mut grpc = match grpc {
         Some((listener, _)) => tokio::spawn(crate::grpc::serve_on(
             state.clone(),
+            answers,
             listener,
             config.grpc_limits,
             config.max_connections,
@@ -555,17 +447,22 @@ pub async fn serve(
     let registry = crate::registry::start(&state, &config.registry, &config.store, rx.clone())
         .await
         .context("cannot start the rule registry")?;
+    let (registry, registry_task) = match registry {
+        Some(r) => (Some(r.registry), r.follower),
+        None => (None, None),
+    };
     let watcher = tokio::spawn(reload::watch(
         state.clone(),
         config.rules.clone(),
         WatchOptions {
             interval: config.reload_interval,
+            registry: registry.clone(),
             ..WatchOptions::default()
         },
         rx.clone(),
     ));
     let sweeper = tokio::spawn(sweep(state.clone(), config.sweep_interval, rx.clone()));
-    let envoy_stats = spawn_envoy_stats(&state, &config.envoy_stats, &rx).await?;
+    let envoy_stats = spawn_envoy_stats(&state, &envoy.stats, &rx).await?;
     let (debug, debug_task) = spawn_debug(&state, &config, &rx).await;
     let stopping = state.clone();
     tokio::spawn(async move {
@@ -587,15 +484,19 @@ pub async fn serve(
     // request twice), unless the trace layer is wanted: that one comes with the `Router`.
     let limits = connection_limits(&config);
     let counters = state.metrics().http_connections.clone();
+    let api = HttpApi::new(state.clone())
+        .registry(registry)
+        .trusted_proxies(config.trusted_proxies.clone())
+        .routes(crate::envoy::http_routes(envoy.mode.as_ref(), health));
     let mut http_task = match http {
         // No HTTP listener: a task that ends at shutdown stands in for it.
         None => tokio::spawn(wait_for_shutdown(rx.clone())),
         Some(http) if crate::http::trace_wanted() => {
-            let service = listener::with_connect_info(crate::http::router(state.clone()));
+            let service = listener::with_connect_info(api.router());
             tokio::spawn(listener::serve(http, service, limits, counters, rx.clone()))
         }
         Some(http) => {
-            let api = crate::http::service(state.clone());
+            let api = api.service();
             let service = move |peer| api.with_peer(peer);
             tokio::spawn(listener::serve(http, service, limits, counters, rx.clone()))
         }
@@ -645,7 +546,7 @@ pub async fn serve(
     }
     let _ = watcher.await;
     let _ = sweeper.await;
-    if let Some(task) = registry {
+    if let Some(task) = registry_task {
         let _ = task.await;
     }
     for task in envoy_stats {
@@ -716,7 +617,7 @@ async fn spawn_debug(
     let bound = listener.local_addr().ok();
     let task = tokio::spawn(listener::serve(
         listener,
-        listener::with_connect_info(crate::debug::router(state.clone())),
+        listener::with_connect_info(crate::envoy::debug::router(state.clone())),
         connection_limits(config),
         Arc::new(crate::metrics::ConnectionMetrics::default()),
         rx.clone(),
@@ -727,14 +628,14 @@ async fn spawn_debug(
 /// Start the envoy-named stats exports of `settings` (statsd sender, Prometheus listener).
 async fn spawn_envoy_stats(
     state: &AppState,
-    settings: &crate::envoy_stats::EnvoyStats,
+    settings: &crate::envoy::stats::EnvoyStats,
     rx: &watch::Receiver<bool>,
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     let mut tasks = Vec::new();
     if let Some(statsd) = settings.statsd.clone() {
         tracing::info!(host = %statsd.host, port = statsd.port, protocol = ?statsd.protocol,
             interval = ?statsd.flush_interval, "sending envoy-named stats to statsd");
-        tasks.push(tokio::spawn(crate::envoy_stats::run_statsd(
+        tasks.push(tokio::spawn(crate::envoy::stats::run_statsd(
             state.clone(),
             statsd,
             rx.clone(),
@@ -747,7 +648,8 @@ async fn spawn_envoy_stats(
         tracing::info!(addr = %listener.local_addr()?, path = %prom.path, "serving envoy-named metrics");
         let (state, rx) = (state.clone(), rx.clone());
         tasks.push(tokio::spawn(async move {
-            if let Err(e) = crate::envoy_stats::run_prometheus(state, listener, prom.path, rx).await
+            if let Err(e) =
+                crate::envoy::stats::run_prometheus(state, listener, prom.path, rx).await
             {
                 tracing::warn!(error = %e, "envoy metrics listener failed");
             }

@@ -3,13 +3,12 @@
 
 use crate::backend::{Backend, Guarded};
 use crate::metrics::{Metrics, RuleSlots};
-use crate::profile::EnvoyMode;
+use crate::policy::{DecisionPolicy, TollgatePolicy};
 use arc_swap::ArcSwap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use tollgate_core::clock::{Clock, Micros, MonotonicWallClock, SystemClock};
-use tollgate_core::request::Cidr;
 use tollgate_core::rules::{LoadOptions, RuleSet};
 use tollgate_core::store::Store;
 use tollgate_core::MemoryStore;
@@ -99,15 +98,9 @@ struct Shared {
     metrics: Metrics,
     limits: RequestLimits,
     rules_path: Option<PathBuf>,
-    response_headers: bool,
-    trusted_proxies: Vec<Cidr>,
     rule_listing: LoadOptions,
-    envoy: Option<EnvoyMode>,
+    policy: Arc<dyn DecisionPolicy>,
     shutting_down: AtomicBool,
-    global_shadow: AtomicU64,
-    redis_answered: AtomicBool,
-    /// The rule registry, when `serve` runs one ([`crate::registry`]).
-    registry: std::sync::OnceLock<Arc<crate::registry::Registry>>,
     /// Held while new rules are computed and swapped in (file reload, registry change), so that
     /// one cannot swap in rules built from what the other is replacing.
     rules_update: Mutex<()>,
@@ -137,10 +130,8 @@ pub struct AppStateBuilder {
     clock: Arc<dyn Clock>,
     limits: RequestLimits,
     rules_path: Option<PathBuf>,
-    response_headers: bool,
-    trusted_proxies: Vec<Cidr>,
     rule_listing: LoadOptions,
-    envoy: Option<EnvoyMode>,
+    policy: Arc<dyn DecisionPolicy>,
 }
 
 impl AppStateBuilder {
@@ -189,24 +180,14 @@ impl AppStateBuilder {
         self.rules_path = Some(path);
         self
     }
-    /// gRPC only: add rate-limit headers to `response_headers_to_add`.
-    pub fn response_headers(mut self, on: bool) -> Self {
-        self.response_headers = on;
-        self
-    }
-    /// Proxies whose `X-Forwarded-For` / `X-Real-IP` are believed (`--trusted-proxies`).
-    pub fn trusted_proxies(mut self, proxies: Vec<Cidr>) -> Self {
-        self.trusted_proxies = proxies;
-        self
-    }
     /// Which files of a rules directory are rule files (for reloads).
     pub fn rule_listing(mut self, listing: LoadOptions) -> Self {
         self.rule_listing = listing;
         self
     }
-    /// `--profile envoy`'s behaviour ([`crate::profile`]), or `None` for tollgate's.
-    pub fn envoy(mut self, mode: Option<EnvoyMode>) -> Self {
-        self.envoy = mode;
+    /// The decision's semantics (default: [`TollgatePolicy`]).
+    pub fn policy(mut self, policy: Arc<dyn DecisionPolicy>) -> Self {
+        self.policy = policy;
         self
     }
     /// The state.
@@ -222,14 +203,9 @@ impl AppStateBuilder {
             metrics,
             limits: self.limits,
             rules_path: self.rules_path,
-            response_headers: self.response_headers,
-            trusted_proxies: self.trusted_proxies,
             rule_listing: self.rule_listing,
-            envoy: self.envoy,
+            policy: self.policy,
             shutting_down: AtomicBool::new(false),
-            global_shadow: AtomicU64::new(0),
-            redis_answered: AtomicBool::new(false),
-            registry: std::sync::OnceLock::new(),
             rules_update: Mutex::new(()),
             admin: tokio::sync::Semaphore::new(1),
         }))
@@ -248,10 +224,8 @@ impl AppState {
             clock: Arc::new(MonotonicWallClock::new()),
             limits: RequestLimits::default(),
             rules_path: None,
-            response_headers: false,
-            trusted_proxies: Vec::new(),
             rule_listing: LoadOptions::default(),
-            envoy: None,
+            policy: Arc::new(TollgatePolicy),
         }
     }
 
@@ -293,16 +267,6 @@ impl AppState {
     ) -> Option<T> {
         let _turn = self.0.admin.acquire().await.ok()?;
         tokio::task::spawn_blocking(work).await.ok()
-    }
-
-    /// Attach the rule registry (once; `serve` does it before serving).
-    pub fn set_registry(&self, registry: Arc<crate::registry::Registry>) {
-        let _ = self.0.registry.set(registry);
-    }
-
-    /// The rule registry, when one runs.
-    pub fn registry(&self) -> Option<&Arc<crate::registry::Registry>> {
-        self.0.registry.get()
     }
 
     /// Swap in new rules atomically, keeping the last reload error (a registry change: the
@@ -382,28 +346,17 @@ impl AppState {
         self.0.rules_path.as_ref()
     }
 
-    /// Whether gRPC responses should carry rate-limit headers (`--response-headers`).
-    pub fn response_headers(&self) -> bool {
-        self.0.response_headers
-    }
-
-    /// Proxies whose forwarded client address is believed (`--trusted-proxies`).
-    pub fn trusted_proxies(&self) -> &[Cidr] {
-        &self.0.trusted_proxies
-    }
-
     /// Which files of a rules directory are rule files.
     pub fn rule_listing(&self) -> LoadOptions {
         self.0.rule_listing
     }
 
-    /// `--profile envoy`'s behaviour, when the profile is on.
-    pub fn envoy(&self) -> Option<&EnvoyMode> {
-        self.0.envoy.as_ref()
+    /// The decision's semantics.
+    pub fn policy(&self) -> &dyn DecisionPolicy {
+        &*self.0.policy
     }
 
-    /// Mark the service as shutting down (health turns unhealthy, as envoyproxy/ratelimit's on
-    /// SIGTERM).
+    /// Mark the service as shutting down (health checks turn unhealthy).
     pub fn begin_shutdown(&self) {
         self.0.shutting_down.store(true, Ordering::Relaxed);
     }
@@ -411,42 +364,5 @@ impl AppState {
     /// Whether shutdown has begun.
     pub fn shutting_down(&self) -> bool {
         self.0.shutting_down.load(Ordering::Relaxed)
-    }
-
-    /// envoy profile: whether `/healthcheck` and the `ratelimit` health service report healthy:
-    /// not shutting down, Redis (when it is the store) has answered at least once since start,
-    /// and (with `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`) some domain is loaded. As in
-    /// envoyproxy/ratelimit, a later Redis outage does not make the service unhealthy.
-    pub fn envoy_healthy(&self) -> bool {
-        let needs_config = self.envoy().is_some_and(|m| m.healthy_needs_config);
-        let waiting_for_config = needs_config && self.rules().set.is_empty();
-        !(self.shutting_down() || waiting_for_config || self.waiting_for_redis())
-    }
-
-    /// Whether Redis is the store and has not answered yet (its start-up probe failed and the
-    /// breaker has stayed open since); with a per-second Redis, until both have answered.
-    fn waiting_for_redis(&self) -> bool {
-        let Some(g) = self.backend().redis() else {
-            return false;
-        };
-        if self.0.redis_answered.load(Ordering::Relaxed) {
-            return false;
-        }
-        let open = |g: &Guarded| g.state() == crate::backend::BreakerState::Open;
-        if open(g) || self.backend().per_second().is_some_and(|p| open(p)) {
-            return true;
-        }
-        self.0.redis_answered.store(true, Ordering::Relaxed);
-        false
-    }
-
-    /// Count one request turned OK by the envoy profile's global `SHADOW_MODE`.
-    pub fn count_global_shadow(&self) {
-        self.0.global_shadow.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Requests turned OK by the global `SHADOW_MODE`.
-    pub fn global_shadow_count(&self) -> u64 {
-        self.0.global_shadow.load(Ordering::Relaxed)
     }
 }

@@ -34,7 +34,7 @@
 //! [`crate::check::validate`].
 
 use crate::error::ApiError;
-use crate::grpc::unit_from_proto;
+use crate::model::unit_from_number;
 use crate::model::{CheckRequest, Descriptor};
 use crate::state::RequestLimits;
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
@@ -928,7 +928,7 @@ fn limit_override(
         Got::Is(Scalar::Str(s)) => s.parse().map_err(|e| bad(format!(".unit: {e}")))?,
         Got::Is(Scalar::U64(n)) if d == Dialect::ProtoJson => i32::try_from(n)
             .ok()
-            .and_then(unit_from_proto)
+            .and_then(unit_from_number)
             .ok_or_else(|| bad(format!(".unit: unknown unit number {n}")))?,
         Got::Other(Value::Number(n)) if d == Dialect::ProtoJson => {
             return Err(bad(format!(".unit: unknown unit number {n}")))

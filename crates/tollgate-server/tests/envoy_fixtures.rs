@@ -82,8 +82,11 @@ fn app_with(set: RuleSet) -> Router {
     let state = AppState::builder(LoadedRules::inline(set))
         .clock(Arc::new(ManualClock::new(T0)))
         .build();
-    state.set_registry(tollgate_server::registry::Registry::in_memory(ADMIN_TOKEN));
-    router(state)
+    tollgate_server::serve::http_api(&state, None)
+        .registry(Some(tollgate_server::registry::Registry::in_memory(
+            ADMIN_TOKEN,
+        )))
+        .router()
 }
 
 struct Resp {

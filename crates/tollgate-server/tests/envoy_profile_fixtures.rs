@@ -55,10 +55,10 @@ use std::time::Duration;
 use tollgate_core::clock::{Clock, Micros, SECOND};
 use tollgate_core::quota::Unit;
 use tollgate_core::ManualClock;
-use tollgate_server::envoy_stats::envoy_counters;
-use tollgate_server::profile::{reset_secs, translate};
+use tollgate_server::envoy::profile::{reset_secs, translate};
+use tollgate_server::envoy::stats::envoy_counters;
 use tollgate_server::serve::{build_state_with_clock, ServeConfig};
-use tollgate_server::{router, AppState};
+use tollgate_server::AppState;
 use tollgate_testsupport::{delete_prefix, unique_prefix, SHARED_URL};
 use tower::ServiceExt;
 
@@ -146,11 +146,11 @@ async fn profile_of(store: Store, files: &[(String, String)], extra: &[(&str, &s
         Store::Redis => assert!(t.config.store.starts_with("redis"), "{}", t.config.store),
     }
     let clock = Arc::new(ManualClock::new(T0));
-    let state = build_state_with_clock(&t.config, clock.clone())
+    let state = build_state_with_clock(&t.config, &t.envoy, clock.clone())
         .await
         .expect("build_state");
     Profile {
-        app: router(state.clone()),
+        app: tollgate_server::serve::http_api(&state, t.envoy.mode.as_ref()).router(),
         state,
         clock,
         root,
@@ -808,7 +808,7 @@ async fn profile_stats_stop_increment_redis() {
 // ---------------------------------------------------------------------------------------------
 // Differences that remain under the profile (docs/migrating-from-envoy-ratelimit.md).
 
-fn translated(vars: &[(&str, &str)]) -> tollgate_server::profile::Translation {
+fn translated(vars: &[(&str, &str)]) -> tollgate_server::envoy::profile::Translation {
     let vars: BTreeMap<String, String> = vars
         .iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -875,7 +875,7 @@ async fn differences_stats_not_produced() {
         );
     }
     // EXTRA_TAGS go on statsd names only; the Prometheus page has the mapping's labels.
-    let page = tollgate_server::envoy_stats::render_prometheus(p.state.metrics());
+    let page = tollgate_server::envoy::stats::render_prometheus(p.state.metrics());
     assert!(
         page.contains(
             "ratelimit_service_rate_limit_over_limit{domain=\"test-domain\",key1=\"key3\"} 1\n"
@@ -892,13 +892,13 @@ fn differences_extra_tags_not_on_prometheus() {
         ("EXTRA_TAGS", "az:eu"),
     ]);
     // Prometheus on, and nothing carries the tags to it (statsd would append `.__az=eu`).
-    assert!(t.config.envoy_stats.prometheus.is_some());
-    assert!(t.config.envoy_stats.statsd.is_none());
+    assert!(t.envoy.stats.prometheus.is_some());
+    assert!(t.envoy.stats.statsd.is_none());
     let m = tollgate_server::metrics::Metrics::new();
     m.rule("d", "d.k", "d.k")
         .total_hits
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let page = tollgate_server::envoy_stats::render_prometheus(&m);
+    let page = tollgate_server::envoy::stats::render_prometheus(&m);
     assert!(
         page.contains("ratelimit_service_rate_limit_total_hits{domain=\"d\",key1=\"k\"} 1\n"),
         "{page}"

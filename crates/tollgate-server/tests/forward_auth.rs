@@ -7,7 +7,7 @@ use axum::http::{Request, StatusCode};
 use std::net::SocketAddr;
 use tollgate_core::request::Cidr;
 use tollgate_core::rules::RuleSet;
-use tollgate_server::{router, AppState, LoadedRules};
+use tollgate_server::{AppState, LoadedRules};
 use tower::ServiceExt;
 
 const RULES: &str = "domain: web
@@ -32,10 +32,10 @@ fn app(trusted: &[&str]) -> axum::Router {
         ("plain.yaml".to_string(), "domain: plain\n".to_string()),
     ])
     .unwrap_or_else(|e| panic!("{e}"));
-    let state = AppState::builder(LoadedRules::inline(set))
+    let state = AppState::builder(LoadedRules::inline(set)).build();
+    tollgate_server::serve::http_api(&state, None)
         .trusted_proxies(trusted.iter().map(|c| c.parse::<Cidr>().unwrap()).collect())
-        .build();
-    router(state)
+        .router()
 }
 
 struct Resp {

@@ -6,6 +6,7 @@
 //! boundary): a fixed window could roll over between two calls and make a test flaky.
 //! Every test runs on both `--grpc-engine`s (`inline` and `plain`), which must answer alike.
 
+use client::{send, Method};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -21,7 +22,11 @@ use tollgate_proto::pb::envoy::service::ratelimit::v3::rate_limit_response::Code
 use tollgate_proto::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use tollgate_proto::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tollgate_proto::pb::google::protobuf::UInt64Value;
-use tollgate_server::client::{send, Method};
+
+/// The CLI's HTTP client, for the HTTP side of these tests.
+#[allow(dead_code)]
+#[path = "../../tollgate/src/client.rs"]
+mod client;
 use tollgate_server::grpc::{GrpcEngine, GrpcLimits};
 use tollgate_server::serve::{serve, ServeConfig};
 use tonic::transport::Channel;
@@ -106,6 +111,7 @@ impl Server {
         let (bound_tx, bound_rx) = oneshot::channel();
         let task = tokio::spawn(serve(
             config,
+            tollgate_server::envoy::EnvoyConfig::default(),
             async move {
                 let _ = stopped.await;
             },

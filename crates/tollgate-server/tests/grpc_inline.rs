@@ -30,6 +30,7 @@ async fn start(state: AppState, engine: GrpcEngine) -> (String, oneshot::Sender<
     let (stop, stopped) = oneshot::channel::<()>();
     tokio::spawn(grpc::serve(
         state,
+        grpc::GrpcAnswers::default(),
         listener,
         GrpcLimits {
             engine,

@@ -91,11 +91,16 @@ async fn refused_reload(app: &App, dir: &std::path::Path, rate_limit: &str) -> (
     )
     .unwrap();
     assert!(!tollgate_server::reload::reload_now(&app.state, dir));
-    // Attached once: later calls keep the first registry.
-    app.state
-        .set_registry(tollgate_server::registry::Registry::in_memory(
-            "redis-admin",
-        ));
+    // The same state served with a registry (whose admin token unlocks the full listing).
+    let app = &App {
+        router: tollgate_server::serve::http_api(&app.state, None)
+            .registry(Some(tollgate_server::registry::Registry::in_memory(
+                "redis-admin",
+            )))
+            .router(),
+        state: app.state.clone(),
+        guarded: app.guarded.clone(),
+    };
     let listing = Request::get("/v1/rules")
         .header("authorization", "Bearer redis-admin")
         .body(Body::empty())

@@ -5,7 +5,8 @@
 use axum::http::HeaderMap;
 use axum::response::Response;
 use tollgate_core::quota::{Algorithm, Unit};
-use tollgate_server::http::{envoy_response, native_response};
+use tollgate_server::envoy::envoy_response;
+use tollgate_server::http::native_response;
 use tollgate_server::{CheckResponse, Code, DescriptorStatus, HeaderValues, LimitInfo};
 
 fn limit(name: Option<&str>, rpu: u64, unit: Unit, mult: u32, alg: Algorithm) -> LimitInfo {

@@ -700,7 +700,7 @@ async fn envoy_json_endpoint_matches_v1_check() {
 
 #[test]
 fn proto_durations() {
-    use tollgate_server::http::proto_duration;
+    use tollgate_server::envoy::proto_duration;
     assert_eq!(proto_duration(54_000_000), "54s");
     assert_eq!(proto_duration(1_500_000), "1.500s");
     assert_eq!(proto_duration(250), "0.000250s");
@@ -738,10 +738,14 @@ async fn rules_health_and_openapi() {
         .as_str()
         .is_some_and(|h| h.contains("--admin-token-file")));
     // With one, its holder gets each limit.
-    app.state
-        .set_registry(tollgate_server::registry::Registry::in_memory(
-            "router-admin",
-        ));
+    let app = App {
+        router: tollgate_server::serve::http_api(&app.state, None)
+            .registry(Some(tollgate_server::registry::Registry::in_memory(
+                "router-admin",
+            )))
+            .router(),
+        ..app
+    };
     let listing = Request::get("/v1/rules")
         .header("authorization", "Bearer router-admin")
         .body(Body::empty())
@@ -1018,7 +1022,11 @@ async fn the_served_service_answers_exactly_as_the_router() {
     }
     let state = || app(THREE).state;
     let via_router = answers(router(state()), requests()).await;
-    let served = answers(tollgate_server::http::service(state()), requests()).await;
+    let served = answers(
+        tollgate_server::serve::http_api(&state(), None).service(),
+        requests(),
+    )
+    .await;
     assert_eq!(served, via_router);
     let starts =
         |i: usize, status: &str| assert!(via_router[i].starts_with(status), "{}", via_router[i]);
@@ -1032,7 +1040,11 @@ async fn the_served_service_answers_exactly_as_the_router() {
     let state = || app_with_store(Arc::new(PanickingStore)).state;
     let one = || requests().into_iter().take(1).collect::<Vec<_>>();
     let via_router = answers(router(state()), one()).await;
-    let served = answers(tollgate_server::http::service(state()), one()).await;
+    let served = answers(
+        tollgate_server::serve::http_api(&state(), None).service(),
+        one(),
+    )
+    .await;
     assert_eq!(served, via_router);
     assert!(
         served[0].starts_with("500 Internal Server Error"),

@@ -6,12 +6,12 @@
 //! two it was, asking `GET /v1/rules` for the known domains only in that case (the hot path's
 //! response stays as it is).
 
+use crate::client::send;
+use crate::client::Method;
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
 use std::process::ExitCode;
 use std::time::Duration;
-use tollgate_server::client::send;
-use tollgate_server::client::Method;
 
 use crate::human::human_duration;
 
@@ -197,7 +197,7 @@ fn unmatched_note(domain: &str, known: Option<&[String]>) -> String {
     )
 }
 
-fn print_decision(v: &Value, resp: &tollgate_server::client::HttpResponse, descriptors: &[String]) {
+fn print_decision(v: &Value, resp: &crate::client::HttpResponse, descriptors: &[String]) {
     let overall = v["overall_code"].as_str().unwrap_or("?");
     let verdict = if resp.status == 200 {
         "allowed"

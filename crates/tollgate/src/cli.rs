@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 use tollgate_server::backend::{Policy, RedisSettings};
+use tollgate_server::envoy::EnvoyConfig;
 use tollgate_server::grpc::GrpcLimits;
 use tollgate_server::serve::ServeConfig;
 use tollgate_server::RequestLimits;
@@ -438,7 +439,7 @@ impl ServeArgs {
     /// The settings given on the command line, which a profile must not silently override.
     /// Their `TOLLGATE_*` variables do not count: the container image sets `TOLLGATE_RULES`
     /// for plain `serve`, and under the profile envoy's variables (and defaults) replace it.
-    fn explicit(&self) -> tollgate_server::profile::Explicit {
+    fn explicit(&self) -> tollgate_server::envoy::profile::Explicit {
         // A value that is not the variable's came from the flag.
         fn flag<T: PartialEq>(
             value: Option<&T>,
@@ -452,7 +453,7 @@ impl ServeArgs {
             }
         }
         let addr = |a: &ListenAddr| a.0;
-        tollgate_server::profile::Explicit {
+        tollgate_server::envoy::profile::Explicit {
             rules: flag(self.rules.as_ref(), "TOLLGATE_RULES", |t| {
                 Some(PathBuf::from(t))
             }),
@@ -538,10 +539,10 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         } => crate::simulate::run(&rules, &store, input.as_deref()),
         Command::Serve(args) => {
             let mut config = args.config();
-            config.envoy_stats = args.stats.settings().map_err(anyhow::Error::msg)?;
+            let stats = args.stats.settings().map_err(anyhow::Error::msg)?;
             config.near_limit_ratio = args.stats.near_limit_ratio;
             match args.profile {
-                None => crate::serve::run(config, args.log_format),
+                None => crate::serve::run(config, EnvoyConfig::with_stats(stats), args.log_format),
                 Some(profile) => crate::serve::run_profile(profile, config, args.explicit()),
             }
         }

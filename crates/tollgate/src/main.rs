@@ -3,6 +3,7 @@
 mod bench;
 mod check;
 mod cli;
+mod client;
 mod human;
 mod manual;
 mod registry;

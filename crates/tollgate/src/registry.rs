@@ -10,13 +10,13 @@
 //! so a directory is registered completely or not at all when a file is broken; then it puts
 //! each domain and prints what changed, limit by limit (`--dry-run`: what would change).
 
+use crate::client::{send_with, HttpResponse, Method};
 use anyhow::{bail, Context};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 use tollgate_core::rules::{LoadOptions, RuleSet};
-use tollgate_server::client::{send_with, HttpResponse, Method};
 
 /// `tollgate rules` subcommands.
 #[derive(Debug, clap::Args)]

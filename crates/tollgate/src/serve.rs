@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
+use tollgate_server::envoy::EnvoyConfig;
 use tollgate_server::serve::{listening_message, serve, shutdown_signal, ServeConfig};
 use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::prelude::*;
@@ -61,11 +62,11 @@ fn init_logging_at(format: LogFormat, level: LevelFilter) {
 pub fn run_profile(
     profile: Profile,
     base: ServeConfig,
-    explicit: tollgate_server::profile::Explicit,
+    explicit: tollgate_server::envoy::profile::Explicit,
 ) -> anyhow::Result<ExitCode> {
     let Profile::Envoy = profile;
     let vars: BTreeMap<String, String> = std::env::vars().collect();
-    let t = tollgate_server::profile::translate_with(&vars, base, explicit)
+    let t = tollgate_server::envoy::profile::translate_with(&vars, base, explicit)
         .map_err(|e| anyhow::anyhow!("--profile envoy: {e}"))?;
     let format = if t.log_json {
         LogFormat::Json
@@ -76,16 +77,20 @@ pub fn run_profile(
     for w in &t.warnings {
         tracing::warn!("--profile envoy: {w}");
     }
-    serve_until_signal(t.config)
+    serve_until_signal(t.config, t.envoy)
 }
 
 /// Run the service until SIGTERM or SIGINT; exit 0 after a graceful shutdown.
-pub fn run(config: ServeConfig, log_format: LogFormat) -> anyhow::Result<ExitCode> {
+pub fn run(
+    config: ServeConfig,
+    envoy: EnvoyConfig,
+    log_format: LogFormat,
+) -> anyhow::Result<ExitCode> {
     init_logging(log_format);
-    serve_until_signal(config)
+    serve_until_signal(config, envoy)
 }
 
-fn serve_until_signal(config: ServeConfig) -> anyhow::Result<ExitCode> {
+fn serve_until_signal(config: ServeConfig, envoy: EnvoyConfig) -> anyhow::Result<ExitCode> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("tollgate")
@@ -93,7 +98,7 @@ fn serve_until_signal(config: ServeConfig) -> anyhow::Result<ExitCode> {
     runtime.block_on(async {
         // Inside the runtime: the signal handlers are installed before anything is bound.
         let shutdown = shutdown_signal();
-        serve(config, shutdown, |bound| {
+        serve(config, envoy, shutdown, |bound| {
             let msg = listening_message(&bound);
             let off = || "off".to_string();
             tracing::info!(

@@ -1,10 +1,10 @@
 //! `tollgate serve` flags of the envoyproxy/ratelimit-named stats exports (a statsd stream and a
 //! Prometheus page with its metric names), kept apart from `cli.rs` so the surface stays small
-//! there. See `tollgate_server::envoy_stats`.
+//! there. See `tollgate_server::envoy::stats`.
 
 use std::net::SocketAddr;
 use std::time::Duration;
-use tollgate_server::envoy_stats::{
+use tollgate_server::envoy::stats::{
     parse_extra_tags, EnvoyStats, PrometheusSettings, StatsdProtocol, StatsdSettings,
 };
 

@@ -10,7 +10,7 @@
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use tollgate_server::client::{HttpResponse, Method};
+use support::client::{HttpResponse, Method};
 
 mod support;
 

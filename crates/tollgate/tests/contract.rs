@@ -14,7 +14,7 @@ use serde_json::Value;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
-use tollgate_server::client::{send, HttpResponse, Method};
+use support::client::{send, HttpResponse, Method};
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::Channel;

@@ -13,11 +13,11 @@ use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use support::client::Method;
 use support::conn::Conn;
 use support::{http, serve_store as serve, temp_dir, tollgate, RefusedPort, Server, HANG};
 use tollgate_core::{Algorithm, Quota, Unit};
 use tollgate_redis::keys::{counter_keys, slot};
-use tollgate_server::client::Method;
 use tollgate_testsupport::{
     assert_every_key_has_a_ttl, delete_prefix, runtime, unique_prefix, Cluster, RedisServer,
     SHARED_URL,

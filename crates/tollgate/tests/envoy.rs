@@ -21,8 +21,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
+use support::client::Method;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tollgate_server::client::Method;
 
 mod support;
 
@@ -223,12 +223,12 @@ impl Drop for Envoy {
 }
 
 /// A `GET` on the admin or tollgate's HTTP listener; `None` while nothing answers.
-fn try_http(base: &str, path: &str) -> Option<tollgate_server::client::HttpResponse> {
+fn try_http(base: &str, path: &str) -> Option<support::client::HttpResponse> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(tollgate_server::client::send(
+    rt.block_on(support::client::send(
         base,
         Method::GET,
         path,

@@ -7,12 +7,12 @@
 
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
+use support::client::Method;
 use tollgate_proto::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use tollgate_proto::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use tollgate_proto::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use tollgate_proto::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use tollgate_proto::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-use tollgate_server::client::Method;
 
 mod support;
 

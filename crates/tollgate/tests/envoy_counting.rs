@@ -6,7 +6,7 @@
 
 use serde_json::{json, Value};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tollgate_server::client::Method;
+use support::client::Method;
 
 mod support;
 

@@ -9,12 +9,12 @@
 use serde_json::{json, Value};
 use std::path::Path;
 use std::time::{Duration, Instant};
+use support::client::Method;
 use tollgate_proto::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use tollgate_proto::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use tollgate_proto::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use tollgate_proto::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use tollgate_proto::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use tollgate_server::client::Method;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
@@ -733,7 +733,7 @@ descriptors:
             .expect("dynamic_metadata")
     });
     assert_eq!(
-        tollgate_server::grpc::pb_struct_json(&grpc_meta),
+        tollgate_server::envoy::pb_struct_json(&grpc_meta),
         expected("grace")
     );
     let r = http(

@@ -1,4 +1,4 @@
-//! envoyproxy/ratelimit's `REDIS_*` variables, translated by `tollgate_server::envoy_redis`, run
+//! envoyproxy/ratelimit's `REDIS_*` variables, translated by `tollgate_server::envoy::redis`, run
 //! against private `redis-server`s: a unix socket with a password, and TCP with an ACL user.
 //! `--on-store-error deny` makes a store that cannot be reached visible (every request denied),
 //! and the counters are looked up in that Redis.
@@ -7,9 +7,9 @@ mod support;
 
 use serde_json::json;
 use std::collections::HashMap;
+use support::client::Method;
 use support::{http, serve_store, temp_dir};
-use tollgate_server::client::Method;
-use tollgate_server::envoy_redis::redis_from_env;
+use tollgate_server::envoy::redis::redis_from_env;
 use tollgate_testsupport::RedisServer;
 
 const RULES: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";

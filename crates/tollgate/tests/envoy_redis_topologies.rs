@@ -14,8 +14,8 @@ mod support;
 use serde_json::{json, Value};
 use std::path::Path;
 use std::time::{Duration, Instant};
+use support::client::Method;
 use support::*;
-use tollgate_server::client::Method;
 use tollgate_testsupport::{wait_for, RedisServer, SentinelGroup};
 
 /// envoy's runtime folder with `rules` as its only file.

@@ -12,8 +12,8 @@ use std::net::{TcpListener, UdpSocket};
 use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+use support::client::Method;
 use support::{http, serve_rules, temp_dir, Server};
-use tollgate_server::client::Method;
 
 // Fixed window (envoy's counting): a denial holds until the window ends, so the deny cache
 // may answer it. An hour: five quick hits never straddle a window boundary.

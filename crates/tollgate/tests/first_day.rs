@@ -13,8 +13,8 @@ use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
+use support::client::Method;
 use support::*;
-use tollgate_server::client::Method;
 
 /// `tollgate ARGS` with `env` (and no `TOLLGATE_*` from the caller), run to its end.
 fn run_env(args: &[&str], env: &[(&str, &str)]) -> Output {
@@ -349,7 +349,7 @@ descriptors:
 ";
 
 /// The numbers of a `RateLimit-Policy` (`limit;w=window`) and the `X-RateLimit-*` headers.
-fn header_numbers(r: &tollgate_server::client::HttpResponse) -> (u64, u64, u64, u64) {
+fn header_numbers(r: &support::client::HttpResponse) -> (u64, u64, u64, u64) {
     let num = |name: &str| -> u64 {
         r.header(name)
             .unwrap_or_else(|| panic!("no {name}: {:?}", r.headers))

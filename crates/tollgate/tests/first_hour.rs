@@ -7,8 +7,8 @@ mod support;
 
 use serde_json::json;
 use std::process::{Command, Output};
+use support::client::Method;
 use support::{http, repo, temp_dir, tollgate, RefusedPort, Server};
-use tollgate_server::client::Method;
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()

@@ -13,10 +13,10 @@ use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use support::client::Method;
 use support::conn::Conn;
 use support::registry::*;
 use support::*;
-use tollgate_server::client::Method;
 
 /// `tollgate serve` with the admin token (memory registry) and a rules file of one domain.
 fn start(dir: &std::path::Path, name: &str) -> Server {

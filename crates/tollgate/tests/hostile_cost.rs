@@ -6,13 +6,13 @@
 //! `/proc/PID/status`), never how fast.
 
 use serde_json::{json, Value};
+use support::client::Method;
 use support::conn::Conn;
 use support::registry::{put, token_file};
 use tollgate_proto::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use tollgate_proto::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use tollgate_proto::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use tollgate_proto::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-use tollgate_server::client::Method;
 
 mod support;
 

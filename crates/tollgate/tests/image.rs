@@ -21,9 +21,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+use support::client::{HttpResponse, Method};
 use support::kube::{write_configmap, Manifest};
 use support::{repo, temp_dir, try_http};
-use tollgate_server::client::{HttpResponse, Method};
 
 /// The binary the Containerfile's `host` stage copies (relative to the repository).
 const BINARY: &str = "target/x86_64-unknown-linux-gnu/image/tollgate";

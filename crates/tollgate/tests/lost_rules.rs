@@ -9,7 +9,7 @@ use serde_json::Value;
 use std::os::unix::fs::symlink;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use tollgate_server::client::Method;
+use support::client::Method;
 
 mod support;
 

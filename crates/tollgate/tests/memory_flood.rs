@@ -87,7 +87,7 @@ fn serve(max_keys: &str, name: &str) -> Server {
 
 /// The value of metric `name` (unlabelled) from `/metrics`.
 fn metric(base: &str, name: &str) -> u64 {
-    let text = http(base, tollgate_server::client::Method::GET, "/metrics", None).body;
+    let text = http(base, support::client::Method::GET, "/metrics", None).body;
     text.lines()
         .find_map(|l| l.strip_prefix(&format!("{name} ")))
         .unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))

@@ -19,9 +19,9 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use support::client::Method;
 use support::conn::Conn;
 use support::{http, serve_store as serve, temp_dir, Server, HANG};
-use tollgate_server::client::Method;
 use tollgate_testsupport::{runtime, unique_prefix, RedisServer};
 
 const LIMIT: u64 = 300;

@@ -10,9 +10,9 @@ mod support;
 use serde_json::Value;
 use std::path::Path;
 use std::time::Duration;
+use support::client::Method;
 use support::registry::*;
 use support::*;
-use tollgate_server::client::Method;
 
 const FILE_RULES: &str = "domain: files\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 50}\n";
 
@@ -147,7 +147,7 @@ fn reads_and_the_full_listing_need_the_admin_token() {
     let server = start(&dir, &[], "registry-reads");
     let base = &server.base;
     assert_eq!(put(base, "shop", &user_limit("shop", 2), None).status, 201);
-    let code = |r: &tollgate_server::client::HttpResponse| body(r)["error"]["code"].clone();
+    let code = |r: &support::client::HttpResponse| body(r)["error"]["code"].clone();
     for path in [
         "/v1/domains",
         "/v1/domains?limit=1",
@@ -228,7 +228,7 @@ fn refusals_change_nothing() {
     let base = &server.base;
     assert_eq!(put(base, "shop", &user_limit("shop", 2), None).status, 201);
     let before = body(&admin_get(base, "/v1/rules"));
-    let code = |r: &tollgate_server::client::HttpResponse| body(r)["error"]["code"].clone();
+    let code = |r: &support::client::HttpResponse| body(r)["error"]["code"].clone();
 
     // A stale If-Match: 412, naming the current version.
     let r = put(base, "shop", &user_limit("shop", 9), Some("\"7\""));

@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::Command;
 use std::time::{Duration, Instant};
-use tollgate_server::client::Method;
+use support::client::Method;
 
 mod support;
 

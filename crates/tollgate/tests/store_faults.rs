@@ -15,9 +15,9 @@ mod support;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
+use support::client::Method;
 use support::registry::metric;
 use support::{http, serve_store, temp_dir, Server};
-use tollgate_server::client::Method;
 use tollgate_testsupport::{unique_prefix, FaultProxy, ProxyMode, RedisServer};
 
 /// Generous: an event (the breaker opening, `/readyz` back to ready) must come well within it

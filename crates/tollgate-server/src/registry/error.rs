@@ -1,12 +1,8 @@
-//! The registry's errors, and their one mapping to HTTP ([`RegistryError::status`],
-//! [`RegistryError::code`], and the `IntoResponse` below): handlers return `RegistryError` and
-//! never build an error response themselves. The body is the service's error shape
-//! (`{"error":{"code","message"}}`, [`crate::error::error_body`]); invalid rules add `problems`,
-//! one `{line, column, message}` per problem inside the request body.
+//! The registry's errors, each with a stable code ([`RegistryError::code`]). The HTTP API maps
+//! them to responses in one place (its registry endpoints): handlers return `RegistryError`
+//! and never build an error response themselves.
 
-use crate::error::{error_body, ApiError};
-use axum::http::{header, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
+use crate::error::ApiError;
 use tollgate_core::rules::RuleErrors;
 use tollgate_core::StoreError;
 
@@ -107,29 +103,6 @@ impl From<StoreError> for RegistryError {
 }
 
 impl RegistryError {
-    /// The HTTP status.
-    pub fn status(&self) -> StatusCode {
-        use RegistryError as E;
-        match self {
-            E::Request(e) => e.status(),
-            E::WritesOff(_) | E::WrongToken => StatusCode::FORBIDDEN,
-            E::Unauthenticated => StatusCode::UNAUTHORIZED,
-            E::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            E::InvalidDomain(_)
-            | E::InvalidRules(_)
-            | E::InvalidBody(_)
-            | E::InvalidQuery(_)
-            | E::DomainMismatch { .. }
-            | E::Unsupported(_)
-            | E::InvalidPrecondition(_) => StatusCode::BAD_REQUEST,
-            E::NotFound(_) => StatusCode::NOT_FOUND,
-            E::FileOwned { .. } | E::TooManyDomains { .. } => StatusCode::CONFLICT,
-            E::Stale { .. } => StatusCode::PRECONDITION_FAILED,
-            E::TooManyDescriptors { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            E::Storage(_) => StatusCode::SERVICE_UNAVAILABLE,
-        }
-    }
-
     /// The stable machine-readable code (`error.code`).
     pub fn code(&self) -> &'static str {
         use RegistryError as E;
@@ -153,34 +126,5 @@ impl RegistryError {
             E::TooManyDescriptors { .. } => "too_many_descriptors",
             E::Storage(_) => "registry_unavailable",
         }
-    }
-}
-
-impl IntoResponse for RegistryError {
-    fn into_response(self) -> Response {
-        if let RegistryError::Request(e) = self {
-            return e.into_response();
-        }
-        let status = self.status();
-        if status.is_server_error() {
-            tracing::error!(code = self.code(), error = %self, "registry request failed");
-        } else {
-            tracing::debug!(code = self.code(), error = %self, "registry request refused");
-        }
-        let mut body = error_body(self.code(), &self.to_string());
-        if let RegistryError::InvalidRules(errors) = &self {
-            body["problems"] = errors
-                .iter()
-                .map(|e| serde_json::json!({"line": e.line, "column": e.column, "message": e.message}))
-                .collect();
-        }
-        let mut response = (status, axum::Json(body)).into_response();
-        if status == StatusCode::UNAUTHORIZED {
-            response.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                HeaderValue::from_static("Bearer realm=\"tollgate registry\""),
-            );
-        }
-        response
     }
 }

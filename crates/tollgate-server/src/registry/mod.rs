@@ -22,7 +22,6 @@
 //!   counted; bodies, domains and descriptors are capped.
 
 pub mod error;
-pub mod http;
 pub mod shape;
 pub mod storage;
 
@@ -188,7 +187,7 @@ struct Counters {
 /// Rule file texts and the rule set parsed from them.
 type ParsedFiles = (Arc<[(String, String)]>, Arc<RuleSet>);
 
-/// A running registry. Shared through [`AppState::registry`].
+/// A running registry, shared by the HTTP API that serves it and the rules watcher.
 #[derive(Debug)]
 pub struct Registry {
     config: RegistryConfig,
@@ -352,7 +351,7 @@ impl Registry {
 
     /// A registry kept in memory, empty, whose admin token is `token`: what [`start`] opens
     /// without `--registry-dir` or Redis, for embedding the API (and tests) without a token
-    /// file. Attach it with [`AppState::set_registry`].
+    /// file.
     pub fn in_memory(token: &str) -> Arc<Self> {
         Arc::new(Self::new(
             RegistryConfig::default(),
@@ -956,7 +955,7 @@ pub async fn start(
     config: &RegistryConfig,
     store_url: &str,
     shutdown: watch::Receiver<bool>,
-) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
+) -> anyhow::Result<Option<Running>> {
     if !config.enabled() {
         return Ok(None);
     }
@@ -1056,10 +1055,12 @@ pub async fn start(
         domains = initial.domains.len(),
         "registry started"
     );
-    state.set_registry(registry.clone());
     registry.install(state, initial).await;
     let Backing::Redis { redis, .. } = &registry.backing else {
-        return Ok(None);
+        return Ok(Some(Running {
+            registry,
+            follower: None,
+        }));
     };
     let notify = Arc::new(tokio::sync::Notify::new());
     let single = !store_url.contains("+cluster://");
@@ -1072,9 +1073,21 @@ pub async fn start(
         ));
     }
     let state = state.clone();
-    Ok(Some(tokio::spawn(follow(
-        registry, state, notify, shutdown,
-    ))))
+    let follower = tokio::spawn(follow(registry.clone(), state, notify, shutdown));
+    Ok(Some(Running {
+        registry,
+        follower: Some(follower),
+    }))
+}
+
+/// A started registry ([`start`]).
+#[derive(Debug)]
+pub struct Running {
+    /// The registry, for the transports that serve it.
+    pub registry: Arc<Registry>,
+    /// With Redis, the task following changes made through other instances (it ends at
+    /// shutdown).
+    pub follower: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Redis: look at the revision key every poll interval and whenever a change is announced, and

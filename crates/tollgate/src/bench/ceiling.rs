@@ -66,7 +66,7 @@ pub fn run(args: &CeilingArgs) -> anyhow::Result<ExitCode> {
         match args.kind {
             Kind::Http => {
                 println!("listening: HTTP http://{addr} (ceiling: bare axum /v1/check)");
-                axum::serve(listener, tollgate_server::http::ceiling_router())
+                axum::serve(listener, http_router())
                     .with_graceful_shutdown(shutdown)
                     .await
                     .context("HTTP ceiling failed")
@@ -169,6 +169,28 @@ impl RateLimitService for ConstantOk {
     }
 }
 
+/// The HTTP ceiling's service: the same `POST /v1/check` parsing as the service
+/// (`parse_request`) and a fixed 200 body the size of
+/// one allowed status, with no rules, store, metrics, response building or layers: the most any
+/// service on this stack could do.
+pub(crate) fn http_router() -> axum::Router {
+    /// What tollgate answers for one allowed descriptor.
+    const OK_BODY: &str = r#"{"overall_code":"OK","statuses":[{"code":"OK","current_limit":{"name":null,"requests_per_unit":1000000000,"unit":"SECOND"},"limit_remaining":999999999,"duration_until_reset_ms":1,"retry_after_ms":null,"message":null}],"delay_ms":null}"#;
+    async fn check(body: axum::body::Bytes) -> axum::response::Response {
+        use axum::http::{header, StatusCode};
+        use axum::response::IntoResponse;
+        use tollgate_server::wire::{parse_request, Dialect};
+        match parse_request(&body, Dialect::Native).ok() {
+            Some(req) => {
+                std::hint::black_box(req);
+                ([(header::CONTENT_TYPE, "application/json")], OK_BODY).into_response()
+            }
+            None => (StatusCode::BAD_REQUEST, "invalid request").into_response(),
+        }
+    }
+    axum::Router::new().route("/v1/check", axum::routing::post(check))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,7 +200,7 @@ mod tests {
     use tower::ServiceExt;
 
     async fn post(body: &str) -> (StatusCode, String) {
-        let resp = tollgate_server::http::ceiling_router()
+        let resp = http_router()
             .oneshot(
                 Request::post("/v1/check")
                     .body(Body::from(body.to_string()))

@@ -9,11 +9,16 @@
 
 #![allow(dead_code)]
 
+/// The CLI's own HTTP client (`tollgate check`, `tollgate rules`), shared with the tests.
+#[allow(dead_code)]
+#[path = "../../src/client.rs"]
+pub mod client;
 pub mod conn;
 pub mod gateway;
 pub mod kube;
 pub mod registry;
 
+use client::{send, HttpResponse, Method};
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
@@ -21,7 +26,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use tollgate_server::client::{send, HttpResponse, Method};
 // Not every test binary uses every helper.
 #[allow(unused_imports)]
 pub use tollgate_testsupport::{

@@ -1,9 +1,9 @@
 //! Shared by the registry tests: the admin token, registry requests with headers, and waits.
 
+use super::client::{send_with, HttpResponse, Method};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use tollgate_server::client::{send_with, HttpResponse, Method};
 
 /// The admin token the tests configure.
 pub const TOKEN: &str = "registry-test-token-7f3a9c";

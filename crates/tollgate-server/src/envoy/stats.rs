@@ -616,7 +616,10 @@ pub async fn run_prometheus(
         }),
     );
     axum::serve(listener, app)
-        .with_graceful_shutdown(crate::serve::wait_for_shutdown(shutdown))
+        .with_graceful_shutdown(async move {
+            let mut rx = shutdown;
+            let _ = rx.wait_for(|s| *s).await;
+        })
         .await
 }
 

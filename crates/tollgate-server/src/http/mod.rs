@@ -8,89 +8,163 @@
 //! Check responses are written straight into one pre-sized buffer (no `Value` tree) that also
 //! holds the rate-limit header values.
 
+pub mod forward_auth;
+mod registry;
+
 use crate::backend::{Backend, BreakerState};
 use crate::check::decide;
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorClass};
 use crate::listener::BodyTimedOut;
 use crate::metrics::DropReason;
-use crate::model::{ms_ceil, CheckResponse, DescriptorStatus, HeaderValues};
+use crate::model::{ms_ceil, CheckResponse, HeaderValues};
+use crate::registry::Registry;
 use crate::state::AppState;
 pub use crate::wire::{parse_request, parse_request_within, Dialect};
 use axum::body::{Body, Bytes, HttpBody};
+use axum::extract::FromRef;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use futures_util::FutureExt;
-use serde::{Serialize, Serializer};
 use serde_json::{json, Value};
 use std::any::Any;
 use std::convert::Infallible;
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 use tollgate_core::headers::HEADER_NAMES;
+use tollgate_core::request::Cidr;
 use tower::{Layer, Service};
 use tower_http::trace::TraceLayer;
 
 /// The OpenAPI document served at `/openapi.json` (also checked in as `docs/openapi.json`).
-pub const OPENAPI_JSON: &str = include_str!("openapi.json");
+pub const OPENAPI_JSON: &str = include_str!("../openapi.json");
 
-/// The HTTP API: `/v1/check`, `/json`, `/v1/rules`, `/healthz`, `/readyz`, `/metrics`,
-/// `/openapi.json`. JSON 404/405 for anything else; panics become a JSON 500.
-///
-/// This is [`service`] as a `Router` (tests drive it with `oneshot`; an embedding application
-/// can nest or merge it), plus tower-http's `TraceLayer` when [`trace_wanted`]. `serve` runs
-/// [`service`] itself when no trace layer is wanted: a `Router` around it routes every request
-/// a second time, for nothing (about 2,000 instructions and three allocations per request).
+/// What the HTTP handlers share: the service core and the HTTP transport's own settings.
+/// Handlers that need only the core extract [`AppState`] from it (`FromRef`); it also derefs to
+/// it.
+#[derive(Clone)]
+pub struct HttpState {
+    app: AppState,
+    /// The rule registry, when one runs (`/v1/domains`, the full `/v1/rules` listing).
+    pub(crate) registry: Option<Arc<Registry>>,
+    /// Proxies whose `X-Forwarded-For` / `X-Real-IP` are believed (`--trusted-proxies`).
+    pub(crate) trusted_proxies: Arc<[Cidr]>,
+}
+
+impl std::ops::Deref for HttpState {
+    type Target = AppState;
+    fn deref(&self) -> &AppState {
+        &self.app
+    }
+}
+
+impl FromRef<HttpState> for AppState {
+    fn from_ref(state: &HttpState) -> AppState {
+        state.app.clone()
+    }
+}
+
+/// Builds the HTTP API: the service core, the transport's settings and any routes another
+/// part of the service adds (the composition root adds the Envoy-compatible ones).
+pub struct HttpApi {
+    state: HttpState,
+    extra: Option<Router<HttpState>>,
+}
+
+impl HttpApi {
+    /// The API of `state`, with no registry, no trusted proxy and no extra route.
+    pub fn new(state: AppState) -> Self {
+        Self {
+            state: HttpState {
+                app: state,
+                registry: None,
+                trusted_proxies: Arc::from(Vec::new()),
+            },
+            extra: None,
+        }
+    }
+
+    /// Serve the rule registry's endpoints with `registry`.
+    pub fn registry(mut self, registry: Option<Arc<Registry>>) -> Self {
+        self.state.registry = registry;
+        self
+    }
+
+    /// Believe the forwarded client address from these proxies (`--trusted-proxies`).
+    pub fn trusted_proxies(mut self, proxies: Vec<Cidr>) -> Self {
+        self.state.trusted_proxies = Arc::from(proxies);
+        self
+    }
+
+    /// Add these routes (they must not clash with the API's own).
+    pub fn routes(mut self, routes: Router<HttpState>) -> Self {
+        self.extra = Some(match self.extra.take() {
+            Some(r) => r.merge(routes),
+            None => routes,
+        });
+        self
+    }
+
+    /// The API as a `Router`: [`Self::service`] in a `Router`, plus tower-http's `TraceLayer`
+    /// when [`trace_wanted`] (tests drive it with `oneshot`; an embedding application can nest
+    /// or merge it). `serve` runs [`Self::service`] itself when no trace layer is wanted: a
+    /// `Router` around it routes every request a second time, for nothing.
+    pub fn router(self) -> Router {
+        let api = self.service();
+        if trace_wanted() {
+            Router::new().fallback_service(TraceLayer::new_for_http().layer(api))
+        } else {
+            Router::new().fallback_service(api)
+        }
+    }
+
+    /// The routes as one service ([`ApiService`]), with panics caught around each request's
+    /// future. What is on the per-request path is kept small:
+    /// - `POST /v1/check`, nearly all the traffic, is answered without axum's `Router` (no path
+    ///   lookup, no URL-parameter and matched-path extensions, no boxed route service, no second
+    ///   `content-length` computation: hyper writes it from the body's exact size): the route is
+    ///   still registered in the `Router`, which answers its other methods (405);
+    /// - no tower-http `CatchPanicLayer`: it re-boxes every response body (an allocation per
+    ///   response); our bodies are built whole, so nothing can panic after the future is done;
+    /// - the panic catching wraps the whole service once: `Router::layer` would wrap every route
+    ///   and the fallbacks in a boxed layered service of their own, cloned per request.
+    pub fn service(self) -> ApiService {
+        let mut routes = Router::new()
+            .route("/v1/check", post(v1_check))
+            .route("/v1/rules", get(v1_rules))
+            .route("/healthz", get(healthz))
+            .route("/readyz", get(readyz))
+            .route("/metrics", get(metrics))
+            .route("/openapi.json", get(openapi))
+            .route(
+                "/v1/forward-auth/{domain}",
+                axum::routing::any(forward_auth::forward_auth),
+            )
+            .merge(registry::routes());
+        if let Some(extra) = self.extra {
+            routes = routes.merge(extra);
+        }
+        let routes = routes
+            .fallback(not_found)
+            .method_not_allowed_fallback(method_not_allowed)
+            .with_state(self.state.clone());
+        ApiService {
+            state: self.state.app,
+            routes,
+            peer: None,
+        }
+    }
+}
+
+/// The HTTP API of `state` alone: [`HttpApi::router`] with no registry, no trusted proxy and
+/// no extra route.
 pub fn router(state: AppState) -> Router {
-    let api = service(state);
-    if trace_wanted() {
-        Router::new().fallback_service(TraceLayer::new_for_http().layer(api))
-    } else {
-        Router::new().fallback_service(api)
-    }
+    HttpApi::new(state).router()
 }
 
-/// The routes of [`router`] as one service ([`ApiService`]), with panics caught around each
-/// request's future. What is on the per-request path is kept small:
-/// - `POST /v1/check`, nearly all the traffic, is answered without axum's `Router` (no path
-///   lookup, no URL-parameter and matched-path extensions, no boxed route service, no second
-///   `content-length` computation: hyper writes it from the body's exact size): the route is
-///   still registered in the `Router`, which answers its other methods (405) as before;
-/// - no tower-http `CatchPanicLayer`: it re-boxes every response body (an allocation per
-///   response); our bodies are built whole, so nothing can panic after the future is done;
-/// - the panic catching wraps the whole service once: `Router::layer` would wrap every route
-///   and the fallbacks in a boxed layered service of their own, cloned per request.
-pub fn service(state: AppState) -> ApiService {
-    let mut routes = Router::new();
-    if state.envoy().is_some() {
-        // envoyproxy/ratelimit's health check, under its profile only.
-        routes = routes.route("/healthcheck", get(envoy_healthcheck));
-    }
-    let routes = routes
-        .route("/v1/check", post(v1_check))
-        .route("/json", post(envoy_json))
-        .route("/v1/rules", get(v1_rules))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .route("/openapi.json", get(openapi))
-        .route(
-            "/v1/forward-auth/{domain}",
-            axum::routing::any(crate::forward_auth::forward_auth),
-        )
-        .merge(crate::registry::http::routes())
-        .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
-        .with_state(state.clone());
-    ApiService {
-        state,
-        routes,
-        peer: None,
-    }
-}
-
-/// The HTTP API as one service: [`service`] builds it. Any request body type is accepted
+/// The HTTP API as one service: [`HttpApi::service`] builds it. Any request body type is accepted
 /// (`serve`'s listener hands over its timed body as it is; tests send axum's `Body`).
 #[derive(Clone)]
 pub struct ApiService {
@@ -185,26 +259,6 @@ pub fn trace_wanted() -> bool {
     tracing::enabled!(target: "tower_http::trace", tracing::Level::DEBUG)
 }
 
-/// The HTTP *ceiling* (for `tollgate bench-ceiling http` and `benches/http.rs`): the same
-/// `POST /v1/check` parsing as [`router`] ([`parse_request`]) and a fixed 200 body the size of
-/// one allowed status, with no rules, store, metrics, response building or layers: the most any
-/// service on this stack could do.
-#[doc(hidden)]
-pub fn ceiling_router() -> Router {
-    /// What tollgate answers for one allowed descriptor.
-    const OK_BODY: &str = r#"{"overall_code":"OK","statuses":[{"code":"OK","current_limit":{"name":null,"requests_per_unit":1000000000,"unit":"SECOND"},"limit_remaining":999999999,"duration_until_reset_ms":1,"retry_after_ms":null,"message":null}],"delay_ms":null}"#;
-    async fn check(body: Bytes) -> Response {
-        match parse_request(&body, Dialect::Native).ok() {
-            Some(req) => {
-                std::hint::black_box(req);
-                ([(header::CONTENT_TYPE, "application/json")], OK_BODY).into_response()
-            }
-            None => (StatusCode::BAD_REQUEST, "invalid request").into_response(),
-        }
-    }
-    Router::new().route("/v1/check", post(check))
-}
-
 fn panic_response(err: Box<dyn Any + Send + 'static>) -> Response {
     let detail = err
         .downcast_ref::<String>()
@@ -226,7 +280,7 @@ async fn method_not_allowed() -> Response {
 /// Read the body, enforcing the size limit and (when `strict_type`) the JSON content type. A
 /// body that times out ([`BodyTimedOut`], also a `Content-Length` that promises more than is
 /// sent) is a 408.
-async fn read_body<B>(
+pub(crate) async fn read_body<B>(
     state: &AppState,
     req: Request<B>,
     strict_type: bool,
@@ -357,7 +411,7 @@ fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
-fn fail(state: &AppState, e: ApiError) -> Response {
+pub(crate) fn fail(state: &AppState, e: ApiError) -> Response {
     if !matches!(e.class(), crate::error::ErrorClass::Unavailable) {
         state.metrics().error(e.code());
     }
@@ -477,7 +531,7 @@ pub fn add_headers(headers: &mut HeaderMap, resp: &CheckResponse) {
     }
 }
 
-fn status_of(resp: &CheckResponse) -> StatusCode {
+pub(crate) fn status_of(resp: &CheckResponse) -> StatusCode {
     if resp.allowed {
         StatusCode::OK
     } else {
@@ -486,7 +540,7 @@ fn status_of(resp: &CheckResponse) -> StatusCode {
 }
 
 /// A JSON response around `body`, with room for the rate-limit headers (no regrowth).
-fn json_body(status: StatusCode, body: Vec<u8>) -> Response {
+pub(crate) fn json_body(status: StatusCode, body: Vec<u8>) -> Response {
     let mut response = Response::new(Body::from(body));
     *response.status_mut() = status;
     let headers = response.headers_mut();
@@ -573,184 +627,6 @@ fn json_str(buf: &mut Vec<u8>, s: &str) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// POST /json (envoyproxy/ratelimit compatible)
-
-async fn envoy_json(State(state): State<AppState>, req: Request) -> Response {
-    let result = async {
-        // Any content type: envoyproxy/ratelimit's clients (`curl --data`) send none or a form type.
-        let body = read_body(&state, req, false).await?;
-        parse_request_within(&body, Dialect::ProtoJson, state.limits())
-    }
-    .await;
-    let check = match result {
-        Ok(c) => c,
-        Err(e) => return fail(&state, e),
-    };
-    let resp = match decide(&state, &check).await {
-        Ok(resp) => resp,
-        Err(e) => return e.into_response(),
-    };
-    let Some(mode) = state.envoy() else {
-        return envoy_response(&resp);
-    };
-    let headers = mode.headers.as_ref().zip(resp.headers.as_ref());
-    if headers.is_none() && !mode.dynamic_metadata {
-        return envoy_response(&resp);
-    }
-    let metadata = mode.dynamic_metadata.then(|| {
-        let rules = state.rules();
-        crate::grpc::pb_struct_json(&crate::grpc::envoy_dynamic_metadata(
-            &check, &resp, &rules.set,
-        ))
-    });
-    envoy_response_with(&resp, headers, metadata)
-}
-
-/// `/json` under the envoy profile with `LIMIT_RESPONSE_HEADERS_ENABLED` or
-/// `RESPONSE_DYNAMIC_METADATA`: the body also holds `responseHeadersToAdd` and
-/// `dynamicMetadata`, as envoyproxy/ratelimit's `/json` does (it marshals the gRPC response).
-fn envoy_response_with(
-    resp: &CheckResponse,
-    headers: Option<(&crate::profile::HeaderNames, &crate::model::HeaderValues)>,
-    metadata: Option<Value>,
-) -> Response {
-    let body = EnvoyBody {
-        overall_code: resp.code().as_str(),
-        statuses: EnvoyStatuses(&resp.statuses),
-    };
-    let mut value = match serde_json::to_value(&body) {
-        Ok(v) => v,
-        Err(e) => {
-            return ApiError::Internal(format!("cannot serialize the response: {e}"))
-                .into_response()
-        }
-    };
-    if let Some(map) = value.as_object_mut() {
-        if let Some((names, values)) = headers {
-            let headers: Vec<Value> = [
-                (&names.limit, values.limit),
-                (&names.remaining, values.remaining),
-                (&names.reset, values.reset_secs),
-            ]
-            .into_iter()
-            .map(|(key, v)| json!({"key": key, "value": v.to_string()}))
-            .collect();
-            map.insert("responseHeadersToAdd".to_owned(), headers.into());
-        }
-        if let Some(m) = metadata {
-            map.insert("dynamicMetadata".to_owned(), m);
-        }
-    }
-    json_body(status_of(resp), value.to_string().into_bytes())
-}
-
-/// The `/json` response: protojson `RateLimitResponse` (default values omitted), 200 / 429.
-pub fn envoy_response(resp: &CheckResponse) -> Response {
-    let body = EnvoyBody {
-        overall_code: resp.code().as_str(),
-        statuses: EnvoyStatuses(&resp.statuses),
-    };
-    let mut buf = Vec::with_capacity(32 + 160 * resp.statuses.len());
-    if let Err(e) = serde_json::to_writer(&mut buf, &body) {
-        // Unreachable for these types (string keys only); answer like any other bug.
-        return ApiError::Internal(format!("cannot serialize the response: {e}")).into_response();
-    }
-    json_body(status_of(resp), buf)
-}
-
-// The `/json` body as typed, borrowed structs (field order = output order, alphabetical like
-// the `serde_json::Value` maps this replaced; tests/response_bytes.rs pins the bytes).
-
-#[derive(Serialize)]
-struct EnvoyBody<'a> {
-    #[serde(rename = "overallCode")]
-    overall_code: &'static str,
-    #[serde(skip_serializing_if = "EnvoyStatuses::is_empty")]
-    statuses: EnvoyStatuses<'a>,
-}
-
-struct EnvoyStatuses<'a>(&'a [DescriptorStatus]);
-
-impl EnvoyStatuses<'_> {
-    fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
-
-impl Serialize for EnvoyStatuses<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.0.iter().map(EnvoyStatus::new))
-    }
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
-}
-
-#[derive(Serialize)]
-struct EnvoyStatus<'a> {
-    code: &'static str,
-    #[serde(rename = "currentLimit", skip_serializing_if = "Option::is_none")]
-    current_limit: Option<EnvoyLimit<'a>>,
-    #[serde(rename = "durationUntilReset", skip_serializing_if = "Option::is_none")]
-    duration_until_reset: Option<ProtoDuration>,
-    #[serde(rename = "limitRemaining", skip_serializing_if = "is_zero")]
-    limit_remaining: u64,
-}
-
-#[derive(Serialize)]
-struct EnvoyLimit<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    name: Option<&'a str>,
-    #[serde(rename = "requestsPerUnit", skip_serializing_if = "is_zero")]
-    requests_per_unit: u64,
-    unit: &'static str,
-}
-
-impl<'a> EnvoyStatus<'a> {
-    /// protojson: default values (0, empty name, no limit) are omitted; 32-bit fields saturate.
-    fn new(s: &'a DescriptorStatus) -> Self {
-        Self {
-            code: s.code.as_str(),
-            current_limit: s.limit.as_ref().map(|l| EnvoyLimit {
-                name: l.name.as_deref().filter(|n| !n.is_empty()),
-                requests_per_unit: l.requests_per_unit.min(u32::MAX as u64),
-                unit: l.unit.as_proto_str(),
-            }),
-            duration_until_reset: s.reset_after.map(ProtoDuration),
-            limit_remaining: s.remaining.min(u32::MAX as u64),
-        }
-    }
-}
-
-/// A protojson `google.protobuf.Duration`: `"54s"`, `"1.500s"`, `"0.000250s"`.
-pub fn proto_duration(us: u64) -> String {
-    ProtoDuration(us).to_string()
-}
-
-/// Microseconds written as a protojson duration (serialized without an intermediate `String`).
-struct ProtoDuration(u64);
-
-impl std::fmt::Display for ProtoDuration {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (s, frac) = (self.0 / 1_000_000, self.0 % 1_000_000);
-        if frac == 0 {
-            write!(f, "{s}s")
-        } else if frac % 1000 == 0 {
-            write!(f, "{s}.{:03}s", frac / 1000)
-        } else {
-            write!(f, "{s}.{frac:06}s")
-        }
-    }
-}
-
-impl Serialize for ProtoDuration {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
 // Introspection and health
 
 /// Most limits (or, in a summary, domains) one page of `GET /v1/rules` lists by default, and
@@ -763,7 +639,7 @@ const RULES_PAGE_MAX: usize = 10_000;
 /// wrong one is 403); everyone else, and everyone when no token is configured, gets the
 /// summary (each domain with its number of limits). Built and serialised on a blocking thread,
 /// one listing at a time ([`AppState::admin_work`]).
-async fn v1_rules(State(state): State<AppState>, req: Request) -> Response {
+async fn v1_rules(State(state): State<HttpState>, req: Request) -> Response {
     let query = match RulesQuery::parse(req.uri().query()) {
         Ok(q) => q,
         Err(message) => {
@@ -777,7 +653,7 @@ async fn v1_rules(State(state): State<AppState>, req: Request) -> Response {
     };
     // The limits name client keys (`remote_address` values, API keys): an admin surface. Only
     // the admin token unlocks them; with none configured, everyone gets the summary.
-    let full = match state.registry().filter(|r| r.writable()) {
+    let full = match state.registry.as_ref().filter(|r| r.writable()) {
         None => false,
         Some(registry) => match req.headers().get(axum::http::header::AUTHORIZATION) {
             None => false,
@@ -986,17 +862,6 @@ fn limit_json(l: &tollgate_core::rules::Limit) -> Value {
     })
 }
 
-/// `GET /healthcheck` (envoy profile): `200 OK` with body `OK` while healthy, an empty 500
-/// otherwise (shutting down, or no domain loaded under `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`),
-/// as envoyproxy/ratelimit answers.
-async fn envoy_healthcheck(State(state): State<AppState>) -> Response {
-    if state.envoy_healthy() {
-        (StatusCode::OK, "OK").into_response()
-    } else {
-        StatusCode::INTERNAL_SERVER_ERROR.into_response()
-    }
-}
-
 async fn healthz() -> Response {
     axum::Json(json!({"status": "ok"})).into_response()
 }
@@ -1045,7 +910,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
     }
 }
 
-async fn metrics(State(state): State<AppState>) -> Response {
+async fn metrics(State(state): State<HttpState>) -> Response {
     let mut extra = Vec::new();
     if let Some(m) = state.memory_store() {
         extra.push((
@@ -1059,17 +924,10 @@ async fn metrics(State(state): State<AppState>) -> Response {
         crate::metrics::render_evictions(&mut text, m.evictions());
     }
     crate::backend::render_backend_metrics(&mut text, state.backend());
-    if let Some(r) = state.registry() {
+    if let Some(r) = &state.registry {
         r.render_metrics(&mut text);
     }
-    if state.envoy().is_some() {
-        use std::fmt::Write as _;
-        let _ = write!(
-            text,
-            "# HELP tollgate_global_shadow_mode_total Requests answered OK instead of OVER_LIMIT by SHADOW_MODE.\n# TYPE tollgate_global_shadow_mode_total counter\ntollgate_global_shadow_mode_total {}\n",
-            state.global_shadow_count()
-        );
-    }
+    state.policy().render_metrics(&mut text);
     (
         [(
             header::CONTENT_TYPE,
@@ -1089,6 +947,50 @@ async fn openapi() -> Response {
         OPENAPI_JSON,
     )
         .into_response()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors as responses: the one place an `ApiError` becomes an HTTP answer.
+
+/// The HTTP status of `e`.
+pub(crate) fn error_status(e: &ApiError) -> StatusCode {
+    if let ApiError::BodyTimeout(_) = e {
+        return StatusCode::REQUEST_TIMEOUT;
+    }
+    match e.class() {
+        ErrorClass::InvalidInput => StatusCode::BAD_REQUEST,
+        ErrorClass::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        ErrorClass::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        ErrorClass::NotFound => StatusCode::NOT_FOUND,
+        ErrorClass::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+        ErrorClass::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorClass::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = error_status(&self);
+        if status.is_server_error() {
+            tracing::error!(code = self.code(), error = %self, "request failed");
+        } else {
+            tracing::debug!(code = self.code(), error = %self, "bad request");
+        }
+        let mut response = (
+            status,
+            axum::Json(crate::error::error_body(self.code(), &self.to_string())),
+        )
+            .into_response();
+        if status == StatusCode::REQUEST_TIMEOUT {
+            // The rest of the body may still come: close rather than read it as the next
+            // request (HTTP/1.1; HTTP/2 drops connection headers, the stream ends anyway).
+            response.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+        }
+        response
+    }
 }
 
 #[cfg(test)]

@@ -1,15 +1,15 @@
 //! The registry's HTTP endpoints (`/v1/domains...`), merged into the API by
-//! [`crate::http::service`]. Handlers return [`RegistryError`]; its `IntoResponse` is the one
+//! [`super::service`]. Handlers return [`RegistryError`]; its `IntoResponse` is the one
 //! place errors become responses (and each is counted in `tollgate_request_errors_total`).
 //!
 //! Reads and writes alike need the admin token: a domain's rules name client keys, so its text
 //! and history are admin surfaces like the full `GET /v1/rules` listing. The
 //! `ETag` of a registered domain is its version (`"7"`); `If-Match` takes it (or `*`).
 
-use super::error::RegistryError;
-use super::storage::Expect;
-use super::Registry;
-use crate::state::AppState;
+use super::HttpState;
+use crate::registry::error::RegistryError;
+use crate::registry::storage::Expect;
+use crate::registry::Registry;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{ConnectInfo, Path, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -21,7 +21,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 /// The registry's routes.
-pub fn routes() -> Router<AppState> {
+pub fn routes() -> Router<HttpState> {
     Router::new()
         .route("/v1/domains", get(list))
         .route(
@@ -32,23 +32,23 @@ pub fn routes() -> Router<AppState> {
 }
 
 /// The response of `result`, counting an error.
-fn respond(state: &AppState, result: Result<Response, RegistryError>) -> Response {
+fn respond(state: &HttpState, result: Result<Response, RegistryError>) -> Response {
     result.unwrap_or_else(|e| {
-        if !e.status().is_server_error() {
+        if !status(&e).is_server_error() {
             state.metrics().error(e.code());
         }
         e.into_response()
     })
 }
 
-fn registry(state: &AppState) -> Result<&Arc<Registry>, RegistryError> {
-    state.registry().ok_or(RegistryError::WritesOff(
+fn registry(state: &HttpState) -> Result<&Arc<Registry>, RegistryError> {
+    state.registry.as_ref().ok_or(RegistryError::WritesOff(
         "the registry is off (start serve with --admin-token-file, and --registry-dir or a Redis --store)",
     ))
 }
 
 /// The registry, for a call whose bearer token is the admin token (401/403 otherwise).
-fn authorized(state: &AppState, req: &Request) -> Result<Arc<Registry>, RegistryError> {
+fn authorized(state: &HttpState, req: &Request) -> Result<Arc<Registry>, RegistryError> {
     let registry = registry(state)?;
     registry.authorize(
         req.headers()
@@ -132,16 +132,12 @@ fn check_type(headers: &HeaderMap) -> Result<(), RegistryError> {
 }
 
 /// The caller's address for the audit log (the forwarded one when the peer is a trusted proxy).
-fn caller(state: &AppState, req: &Request) -> String {
+fn caller(state: &HttpState, req: &Request) -> String {
     req.extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .map(|ConnectInfo(peer)| {
-            tollgate_core::request::client_address(
-                peer.ip(),
-                req.headers(),
-                state.trusted_proxies(),
-            )
-            .to_string()
+            tollgate_core::request::client_address(peer.ip(), req.headers(), &state.trusted_proxies)
+                .to_string()
         })
         .unwrap_or_else(|| "unknown".to_string())
 }
@@ -152,19 +148,19 @@ fn modified_ms(file: &str) -> Option<u64> {
     Some(t.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() as u64)
 }
 
-async fn list(State(state): State<AppState>, req: Request) -> Response {
+async fn list(State(state): State<HttpState>, req: Request) -> Response {
     if let Err(e) = authorized(&state, &req) {
         return respond(&state, Err(e));
     }
-    let query = match crate::http::RulesQuery::parse(req.uri().query()) {
+    let query = match super::RulesQuery::parse(req.uri().query()) {
         Ok(q) => q,
         Err(message) => return respond(&state, Err(RegistryError::InvalidQuery(message))),
     };
     let rules = state.rules();
-    let snapshot = state.registry().map(|r| r.snapshot());
+    let snapshot = state.registry.as_ref().map(|r| r.snapshot());
     let mut domains: Vec<Value> = Vec::new();
     for d in rules.set.domains() {
-        if super::is_registered_source(&d.file) {
+        if crate::registry::is_registered_source(&d.file) {
             let v = snapshot
                 .as_ref()
                 .and_then(|s| s.domains.get(&d.name))
@@ -196,7 +192,7 @@ async fn list(State(state): State<AppState>, req: Request) -> Response {
             let Some(d) = rules.set.domain(name) else {
                 continue;
             };
-            if super::is_registered_source(&d.file) {
+            if crate::registry::is_registered_source(&d.file) {
                 continue;
             }
             let v = e.current();
@@ -227,7 +223,7 @@ async fn list(State(state): State<AppState>, req: Request) -> Response {
     let more = page.len() > query.limit;
     page.truncate(query.limit);
     let next_after = page.last().filter(|_| more).map(|d| d["domain"].clone());
-    let registry = state.registry().map(|r| {
+    let registry = state.registry.as_ref().map(|r| {
         json!({
             "storage": r.storage_kind(),
             "revision": r.snapshot().revision,
@@ -244,7 +240,7 @@ async fn list(State(state): State<AppState>, req: Request) -> Response {
 }
 
 async fn get_domain(
-    State(state): State<AppState>,
+    State(state): State<HttpState>,
     path: Result<Path<String>, PathRejection>,
     req: Request,
 ) -> Response {
@@ -255,7 +251,7 @@ async fn get_domain(
         let file = rules
             .set
             .domain(&domain)
-            .filter(|d| !super::is_registered_source(&d.file));
+            .filter(|d| !crate::registry::is_registered_source(&d.file));
         if let Some(d) = file {
             let text = rules
                 .file_sources
@@ -273,7 +269,7 @@ async fn get_domain(
             }))
             .into_response());
         }
-        let snapshot = state.registry().map(|r| r.snapshot());
+        let snapshot = state.registry.as_ref().map(|r| r.snapshot());
         let entry = snapshot.as_ref().and_then(|s| s.domains.get(&domain));
         let Some(v) = entry.and_then(|e| e.current()) else {
             return Err(RegistryError::NotFound(domain));
@@ -295,14 +291,14 @@ async fn get_domain(
 }
 
 async fn history(
-    State(state): State<AppState>,
+    State(state): State<HttpState>,
     path: Result<Path<String>, PathRejection>,
     req: Request,
 ) -> Response {
     let result = (|| {
         authorized(&state, &req)?;
         let domain = domain_of(path)?;
-        let snapshot = state.registry().map(|r| r.snapshot());
+        let snapshot = state.registry.as_ref().map(|r| r.snapshot());
         let Some(entry) = snapshot.as_ref().and_then(|s| s.domains.get(&domain)) else {
             return Err(RegistryError::NotFound(domain));
         };
@@ -312,7 +308,7 @@ async fn history(
 }
 
 async fn put_domain(
-    State(state): State<AppState>,
+    State(state): State<HttpState>,
     path: Result<Path<String>, PathRejection>,
     req: Request,
 ) -> Response {
@@ -323,8 +319,7 @@ async fn put_domain(
         let expect = expectation(req.headers())?;
         let dry = dry_run(req.uri().query())?;
         let who = caller(&state, &req);
-        let body =
-            crate::http::read_body_limited(&state, req, registry.config().max_body_bytes).await?;
+        let body = super::read_body_limited(&state, req, registry.config().max_body_bytes).await?;
         let text = std::str::from_utf8(&body)
             .map_err(|e| RegistryError::InvalidBody(format!("the body is not UTF-8: {e}")))?;
         let outcome = registry
@@ -346,7 +341,7 @@ async fn put_domain(
 }
 
 async fn delete_domain(
-    State(state): State<AppState>,
+    State(state): State<HttpState>,
     path: Result<Path<String>, PathRejection>,
     req: Request,
 ) -> Response {
@@ -368,6 +363,61 @@ async fn delete_domain(
     respond(&state, result)
 }
 
+// Registry errors as responses: the one place they become HTTP answers (the body is the
+// service's error shape; invalid rules add `problems`, one `{line, column, message}` each).
+
+/// The HTTP status of a registry error.
+pub(crate) fn status(e: &RegistryError) -> StatusCode {
+    use RegistryError as E;
+    match e {
+        E::Request(e) => super::error_status(e),
+        E::WritesOff(_) | E::WrongToken => StatusCode::FORBIDDEN,
+        E::Unauthenticated => StatusCode::UNAUTHORIZED,
+        E::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        E::InvalidDomain(_)
+        | E::InvalidRules(_)
+        | E::InvalidBody(_)
+        | E::InvalidQuery(_)
+        | E::DomainMismatch { .. }
+        | E::Unsupported(_)
+        | E::InvalidPrecondition(_) => StatusCode::BAD_REQUEST,
+        E::NotFound(_) => StatusCode::NOT_FOUND,
+        E::FileOwned { .. } | E::TooManyDomains { .. } => StatusCode::CONFLICT,
+        E::Stale { .. } => StatusCode::PRECONDITION_FAILED,
+        E::TooManyDescriptors { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+        E::Storage(_) => StatusCode::SERVICE_UNAVAILABLE,
+    }
+}
+
+impl IntoResponse for RegistryError {
+    fn into_response(self) -> Response {
+        if let RegistryError::Request(e) = self {
+            return e.into_response();
+        }
+        let status = status(&self);
+        if status.is_server_error() {
+            tracing::error!(code = self.code(), error = %self, "registry request failed");
+        } else {
+            tracing::debug!(code = self.code(), error = %self, "registry request refused");
+        }
+        let mut body = crate::error::error_body(self.code(), &self.to_string());
+        if let RegistryError::InvalidRules(errors) = &self {
+            body["problems"] = errors
+                .iter()
+                .map(|e| serde_json::json!({"line": e.line, "column": e.column, "message": e.message}))
+                .collect();
+        }
+        let mut response = (status, axum::Json(body)).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"tollgate registry\""),
+            );
+        }
+        response
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -386,7 +436,7 @@ mod tests {
             assert_eq!(expectation(&h).unwrap(), want, "{v}");
         }
         h.insert(header::IF_MATCH, HeaderValue::from_static("\"x\""));
-        assert_eq!(expectation(&h).unwrap_err().status(), 400);
+        assert_eq!(status(&expectation(&h).unwrap_err()), 400);
         assert!(dry_run(Some("dry_run=true")).unwrap());
         assert!(dry_run(Some("a=b&dry_run")).unwrap());
         assert!(!dry_run(None).unwrap());

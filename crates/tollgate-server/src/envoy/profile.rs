@@ -18,7 +18,8 @@
 //! Variables marked [`Support::Elsewhere`] belong to the store, statistics and fixed-window
 //! settings, which [`translate`] hands to [`crate::envoy_redis`] and [`crate::envoy_stats`].
 
-use crate::serve::ServeConfig;
+use crate::config::ServeConfig;
+use crate::model::HeaderNames;
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
@@ -51,22 +52,13 @@ pub struct EnvoyMode {
     pub force_start: bool,
 }
 
-/// Names of envoy's rate-limit response headers (`LIMIT_*_HEADER`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HeaderNames {
-    /// `LIMIT_LIMIT_HEADER` (default `RateLimit-Limit`).
-    pub limit: String,
-    /// `LIMIT_REMAINING_HEADER` (default `RateLimit-Remaining`).
-    pub remaining: String,
-    /// `LIMIT_RESET_HEADER` (default `RateLimit-Reset`).
-    pub reset: String,
-}
-
 /// What the environment means for `tollgate serve`.
 #[derive(Debug, Clone)]
 pub struct Translation {
-    /// The service settings (with `envoy` set).
+    /// The service settings.
     pub config: ServeConfig,
+    /// The profile's own settings: its behaviour and envoy-named statistics.
+    pub envoy: super::EnvoyConfig,
     /// `LOG_LEVEL` (default `WARN`).
     pub log_level: LevelFilter,
     /// `LOG_FORMAT=json`.
@@ -656,8 +648,8 @@ pub fn translate_with(
         // REDIS_* -> the store URL and its settings. With none of its variables set the store
         // stays tollgate's --store (TOLLGATE_STORE, default memory), where envoyproxy/ratelimit
         // would try its default socket /var/run/nutcracker/ratelimit.sock.
-        "redis" if crate::envoy_redis::known_variables().any(|k| vars.contains_key(k)) => {
-            let redis = crate::envoy_redis::redis_from_env(&map)
+        "redis" if crate::envoy::redis::known_variables().any(|k| vars.contains_key(k)) => {
+            let redis = crate::envoy::redis::redis_from_env(&map)
                 .map_err(|e| env.error(&e.var, e.reason))?;
             redis.apply_to(&mut config);
             warnings.extend(
@@ -712,9 +704,9 @@ pub fn translate_with(
         })?);
     }
     // Statistics: envoy's stat names on statsd (default) or a Prometheus page.
-    config.envoy_stats =
-        crate::envoy_stats::stats_from_env(&map).map_err(|e| env.error(&e.var, e.reason))?;
-    config.near_limit_ratio = crate::envoy_stats::near_limit_ratio_from_env(&map)
+    let stats =
+        crate::envoy::stats::stats_from_env(&map).map_err(|e| env.error(&e.var, e.reason))?;
+    config.near_limit_ratio = crate::envoy::stats::near_limit_ratio_from_env(&map)
         .map_err(|e| env.error(&e.var, e.reason))?;
 
     // Service behaviour.
@@ -730,7 +722,7 @@ pub fn translate_with(
         remaining: env.str_or("LIMIT_REMAINING_HEADER", "RateLimit-Remaining"),
         reset: env.str_or("LIMIT_RESET_HEADER", "RateLimit-Reset"),
     });
-    config.envoy = Some(EnvoyMode {
+    let mode = Some(EnvoyMode {
         shadow_mode: env.bool_or("SHADOW_MODE", false)?,
         quota_mode: env.bool_or("QUOTA_MODE", false)?,
         headers,
@@ -740,6 +732,7 @@ pub fn translate_with(
     });
     Ok(Translation {
         config,
+        envoy: super::EnvoyConfig { mode, stats },
         log_level,
         log_json,
         warnings,
@@ -808,7 +801,7 @@ mod tests {
         );
         assert_eq!(t.log_level, LevelFilter::WARN);
         assert!(!t.log_json);
-        assert_eq!(c.envoy, Some(EnvoyMode::default()));
+        assert_eq!(t.envoy.mode, Some(EnvoyMode::default()));
         assert!(t.warnings.is_empty(), "{:?}", t.warnings);
     }
 
@@ -857,7 +850,7 @@ mod tests {
         assert!(c.rule_listing.merge_domains);
         assert!(c.rule_listing.any_extension);
         assert_eq!(
-            c.envoy,
+            t.envoy.mode,
             Some(EnvoyMode {
                 shadow_mode: true,
                 quota_mode: true,
@@ -959,7 +952,7 @@ mod tests {
         assert_eq!(c.rules_origin, None);
         assert_eq!(c.http_addr, Some("127.0.0.1:9999".parse().unwrap()));
         assert_eq!(c.redis_prefix, "mine");
-        let headers = c.envoy.as_ref().unwrap().headers.as_ref().unwrap();
+        let headers = t.envoy.mode.as_ref().unwrap().headers.as_ref().unwrap();
         assert_eq!(headers.limit, "RateLimit-Limit");
         // Not given: the profile's defaults, as before.
         let t = translate_with(&vars, explicit_base(), Explicit::default()).unwrap();
@@ -974,7 +967,7 @@ mod tests {
             .unwrap()
             .contains("RUNTIME_ROOT"));
         assert_eq!(t.config.redis_prefix, "");
-        assert_eq!(t.config.envoy.unwrap().headers, None);
+        assert_eq!(t.envoy.mode.unwrap().headers, None);
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! tollgate cannot honour (TLS client certificates) are errors naming the variable, never
 //! silently dropped.
 
-use crate::envoy_stats::{env_bool, env_get, parse_go_duration, EnvError};
+use crate::envoy::stats::{env_bool, env_get, parse_go_duration, EnvError};
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -42,7 +42,7 @@ pub struct EnvoyRedis {
 impl EnvoyRedis {
     /// Set `config`'s store, per-second store, Redis timeouts (when set) and deny cache
     /// (warnings are the caller's to log).
-    pub fn apply_to(&self, config: &mut crate::serve::ServeConfig) {
+    pub fn apply_to(&self, config: &mut crate::config::ServeConfig) {
         config.store = self.store.clone();
         if let Some(t) = self.timeout {
             config.redis_timeout = t;
@@ -384,7 +384,7 @@ pub fn redis_from_env(env: &HashMap<String, String>) -> Result<EnvoyRedis, EnvEr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::envoy_stats::tests::env;
+    use crate::envoy::stats::tests::env;
 
     #[test]
     fn store_urls_from_envoy_variables() {
@@ -626,21 +626,21 @@ mod tests {
             r.per_second.as_deref(),
             Some("redis+sentinel://s:26379/fast?sentinel_pass=sp")
         );
-        let mut config = crate::serve::ServeConfig::default();
+        let mut config = crate::config::ServeConfig::default();
         r.apply_to(&mut config);
         assert_eq!(config.per_second_store, r.per_second);
     }
 
     #[test]
     fn the_profile_keeps_envoys_key_layout_unless_a_redis_is_a_cluster() {
-        use crate::profile::translate;
+        use crate::envoy::profile::translate;
         use std::collections::BTreeMap;
         let tr = |pairs: &[(&str, &str)]| {
             let vars: BTreeMap<String, String> = pairs
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect();
-            translate(&vars, crate::serve::ServeConfig::default()).unwrap()
+            translate(&vars, crate::config::ServeConfig::default()).unwrap()
         };
         let t = tr(&[
             ("REDIS_TYPE", "SENTINEL"),

@@ -13,9 +13,9 @@
 //! ([`tollgate_core::request::client_address`]): the peer of a forward-auth request is always the
 //! gateway, so the gateway must be in `--trusted-proxies` for per-client limits to be per client.
 
+use super::{add_headers, HttpState};
 use crate::check::decide;
 use crate::error::ApiError;
-use crate::http::add_headers;
 use crate::model::{CheckRequest, CheckResponse, Descriptor};
 use crate::state::AppState;
 use axum::body::Body;
@@ -40,7 +40,7 @@ const DEFAULT_MESSAGE: &str = "rate limit exceeded";
 
 /// The forward-auth handler (any method; the body is ignored).
 pub async fn forward_auth(
-    State(state): State<AppState>,
+    State(state): State<HttpState>,
     Path(domain): Path<String>,
     req: Request,
 ) -> Response {
@@ -81,7 +81,7 @@ pub async fn forward_auth(
         path: text(&["x-forwarded-uri", "x-original-uri"]),
         authority: text(&["x-forwarded-host", "host"]),
         headers,
-        remote_address: peer.map(|p| client_address(p, headers, state.trusted_proxies())),
+        remote_address: peer.map(|p| client_address(p, headers, &state.trusted_proxies)),
     };
     let descriptors: Vec<Descriptor> = actions
         .descriptors(&parts)

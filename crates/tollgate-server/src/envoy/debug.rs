@@ -54,7 +54,7 @@ async fn rlconfig(State(state): State<AppState>) -> Response {
 }
 
 async fn stats(State(state): State<AppState>) -> Response {
-    let mut counters = crate::envoy_stats::envoy_counters(state.metrics());
+    let mut counters = crate::envoy::stats::envoy_counters(state.metrics());
     counters.sort();
     let mut out = String::new();
     for (name, value) in counters {
