@@ -1014,10 +1014,7 @@ impl RedisStore {
             async move { self.run(bound, call_ref, &part).await }
         });
         let replies = join_all(calls).await;
-        let mut failed = replies
-            .iter()
-            .find_map(|r| r.as_ref().err())
-            .cloned();
+        let mut failed = replies.iter().find_map(|r| r.as_ref().err()).cloned();
         let blocked = failed.is_some() || replies.iter().flatten().any(|r| r.blocked);
         let mut decisions = vec![Decision::default(); items.len()];
         let mut at = vec![0; items.len()];
