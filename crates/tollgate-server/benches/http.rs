@@ -1,11 +1,11 @@
-//! `/v1/check` through the whole axum router (`oneshot`, no sockets): tollgate (memory store,
-//! 10,000 keys, a limit so high every request passes) against a bare axum handler that reads and
-//! parses the same body and answers a fixed 200 (the HTTP ceiling of `tollgate bench-ceiling`).
-//! No network, so what differs is exactly the rate-limiting work: rules, store, metrics and
-//! response building.
+//! `/v1/check` through the whole HTTP API (`oneshot`, no sockets): tollgate with the memory
+//! store, 10,000 keys and a limit so high every request passes. No network: what is measured is
+//! the request's work in the service (parsing, rules, store, metrics, response building). The
+//! same stack without the rate limiting is `tollgate bench-ceiling http`, measured over sockets
+//! (BENCHMARKS.md).
 //!
 //! - `cargo bench -p tollgate-server --bench http`: criterion, ns per request.
-//! - Instructions per request, repeatable on a noisy machine: `ITERS=N TARGET=tollgate|ceiling`
+//! - Instructions per request, repeatable on a noisy machine: `ITERS=N TARGET=tollgate`
 //!   runs a fixed loop instead of criterion; (Ir at 2N - Ir at N) / N under callgrind:
 //!
 //! ```sh
@@ -37,32 +37,6 @@ fn tollgate() -> Router {
     router(AppState::new(set))
 }
 
-/// The ceiling: read the body, parse it like the service, answer a fixed OK (the one
-/// `tollgate bench-ceiling http` serves).
-fn ceiling() -> Router {
-    ceiling_router()
-}
-
-/// The ceiling's router: the same `POST /v1/check` parsing as the service (`parse_request`) and a fixed 200 body the size of
-/// one allowed status, with no rules, store, metrics, response building or layers: the most any
-/// service on this stack could do.
-fn ceiling_router() -> Router {
-    /// What tollgate answers for one allowed descriptor.
-    const OK_BODY: &str = r#"{"overall_code":"OK","statuses":[{"code":"OK","current_limit":{"name":null,"requests_per_unit":1000000000,"unit":"SECOND"},"limit_remaining":999999999,"duration_until_reset_ms":1,"retry_after_ms":null,"message":null}],"delay_ms":null}"#;
-    async fn check(body: axum::body::Bytes) -> axum::response::Response {
-        use axum::response::IntoResponse;
-        use tollgate_server::wire::{parse_request, Dialect};
-        match parse_request(&body, Dialect::Native).ok() {
-            Some(req) => {
-                std::hint::black_box(req);
-                ([(header::CONTENT_TYPE, "application/json")], OK_BODY).into_response()
-            }
-            None => (StatusCode::BAD_REQUEST, "invalid request").into_response(),
-        }
-    }
-    Router::new().route("/v1/check", axum::routing::post(check))
-}
-
 fn request(i: usize) -> Request<Body> {
     let body = format!(
         r#"{{"domain":"bench","descriptors":[{{"entries":[{{"key":"user","value":"u{}"}}]}}]}}"#,
@@ -87,8 +61,7 @@ fn main() {
         .expect("runtime");
     let app = |name: &str| match name {
         "tollgate" => tollgate(),
-        "ceiling" => ceiling(),
-        other => panic!("TARGET is tollgate or ceiling, not {other}"),
+        other => panic!("TARGET is tollgate, not {other}"),
     };
     if let Ok(iters) = std::env::var("ITERS") {
         let iters: usize = iters.parse().expect("ITERS is a number");
@@ -104,16 +77,14 @@ fn main() {
     }
     let mut c = Criterion::default().configure_from_args();
     let mut g = c.benchmark_group("http_oneshot_v1_check");
-    for name in ["ceiling", "tollgate"] {
-        let app = app(name);
-        let mut i = 0;
-        g.bench_function(name, |b| {
-            b.iter(|| {
-                i += 1;
-                rt.block_on(one(&app, i))
-            })
-        });
-    }
+    let app = app("tollgate");
+    let mut i = 0;
+    g.bench_function("tollgate", |b| {
+        b.iter(|| {
+            i += 1;
+            rt.block_on(one(&app, i))
+        })
+    });
     g.finish();
     c.final_summary();
 }

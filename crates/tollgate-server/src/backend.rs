@@ -83,7 +83,7 @@ impl Backend {
 
 /// Whether `item`'s counter lives on the per-second Redis: its limit's unit is second
 /// (whatever its multiplier), as envoyproxy/ratelimit routes to `REDIS_PERSECOND_URL`.
-pub fn is_per_second(item: &CheckItem<'_>) -> bool {
+pub(crate) fn is_per_second(item: &CheckItem<'_>) -> bool {
     item.quota.period().unit == Unit::Second
 }
 
@@ -165,7 +165,7 @@ pub fn report(g: &Guarded) -> serde_json::Value {
 /// The metrics of a backend's Redis stores (Prometheus text format), one family at a time: the
 /// main store's series without a `store` label, a second store's with a
 /// `store="per_second"` label first.
-pub fn render_backend_metrics(out: &mut String, backend: &Backend) {
+pub(crate) fn render_backend_metrics(out: &mut String, backend: &Backend) {
     match backend {
         Backend::Local(_) => {}
         Backend::Redis(g) => render_stores(out, &[(None, g.as_ref())]),

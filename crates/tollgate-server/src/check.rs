@@ -378,7 +378,7 @@ fn period_text(limit: &Limit) -> String {
 }
 
 /// The limit as reported to clients (`None` for `unlimited`).
-pub fn limit_info(limit: &Limit) -> Option<LimitInfo> {
+pub(crate) fn limit_info(limit: &Limit) -> Option<LimitInfo> {
     limit.quota.map(|q| LimitInfo {
         id: limit.id.clone(),
         name: limit.name.clone(),

@@ -6,6 +6,7 @@ use tollgate_core::store::StoreError;
 
 /// What kind of failure an [`ApiError`] is, independent of the transport.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ErrorClass {
     /// The client sent something invalid (HTTP 400, gRPC INVALID_ARGUMENT).
     InvalidInput,
@@ -25,6 +26,7 @@ pub enum ErrorClass {
 
 /// Everything that can go wrong serving a request.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ApiError {
     /// The request is invalid; `code` is a stable machine-readable identifier.
     #[error("{message}")]
@@ -71,7 +73,7 @@ impl ApiError {
     }
 
     /// The transport-neutral class.
-    pub fn class(&self) -> ErrorClass {
+    pub(crate) fn class(&self) -> ErrorClass {
         match self {
             ApiError::Invalid { .. } => ErrorClass::InvalidInput,
             ApiError::PayloadTooLarge { .. } => ErrorClass::TooLarge,
@@ -101,6 +103,6 @@ impl ApiError {
 }
 
 /// The JSON error body: `{"error":{"code":"...","message":"..."}}`.
-pub fn error_body(code: &str, message: &str) -> serde_json::Value {
+pub(crate) fn error_body(code: &str, message: &str) -> serde_json::Value {
     serde_json::json!({"error": {"code": code, "message": message}})
 }

@@ -156,7 +156,7 @@ pub const RLS_SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService"
 pub const ERROR_CODE_METADATA: &str = "tollgate-error-code";
 
 /// The error code (in [`ERROR_CODE_METADATA`]) of a request that is not valid protobuf.
-pub const INVALID_PROTOBUF: &str = "invalid_protobuf";
+pub(crate) const INVALID_PROTOBUF: &str = "invalid_protobuf";
 
 /// Header names of every call, made once (a name given as a string is parsed and checked each
 /// time it is used).
@@ -168,10 +168,10 @@ const GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeo
 const SHOULD_RATE_LIMIT_PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
 /// Builds a response's `dynamic_metadata` from the request and the decision.
-pub type MetadataFn = Arc<dyn Fn(&CheckRequest, &CheckResponse) -> PbStruct + Send + Sync>;
+pub(crate) type MetadataFn = Arc<dyn Fn(&CheckRequest, &CheckResponse) -> PbStruct + Send + Sync>;
 
 /// A health service name, and whether it is healthy now.
-pub type HealthFn = Arc<dyn Fn() -> bool + Send + Sync>;
+pub(crate) type HealthFn = Arc<dyn Fn() -> bool + Send + Sync>;
 
 /// Which rate-limit headers an answer carries in `response_headers_to_add`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -220,7 +220,7 @@ impl std::fmt::Debug for GrpcAnswers {
 
 /// The `RateLimitService` implementation: one [`AppState`] clone, shared with HTTP.
 #[derive(Debug, Clone)]
-pub struct RateLimitGrpc {
+pub(crate) struct RateLimitGrpc {
     state: AppState,
     answers: GrpcAnswers,
 }
@@ -233,7 +233,7 @@ impl RateLimitGrpc {
     }
 
     /// The tonic service, with the request size capped at `--max-body-bytes` like HTTP.
-    pub fn into_server(self) -> RlsServer {
+    pub(crate) fn into_server(self) -> RlsServer {
         RlsServer {
             max_decoding_message_size: self.state.limits().max_body_bytes,
             inner: Arc::new(self),
@@ -245,7 +245,7 @@ impl RateLimitGrpc {
 /// (same routing, same two boxed futures per call, no compression), with a codec of its own in
 /// place of tonic-prost's (undecodable requests are INVALID_ARGUMENT, see the module docs). Any other path of the service is UNIMPLEMENTED.
 #[derive(Debug, Clone)]
-pub struct RlsServer {
+pub(crate) struct RlsServer {
     inner: Arc<RateLimitGrpc>,
     max_decoding_message_size: usize,
 }
@@ -456,7 +456,7 @@ fn decide_panicked() -> ApiError {
 /// are moved, not copied. Validation (empty domain, too many descriptors, ...) is left to
 /// [`crate::check::validate`]; only what cannot be represented is refused here: a `limit`
 /// override with unit `UNKNOWN`.
-pub fn to_check_request(req: RateLimitRequest) -> Result<CheckRequest, ApiError> {
+pub(crate) fn to_check_request(req: RateLimitRequest) -> Result<CheckRequest, ApiError> {
     let descriptors = req
         .descriptors
         .into_iter()
@@ -492,7 +492,7 @@ pub fn to_check_request(req: RateLimitRequest) -> Result<CheckRequest, ApiError>
 }
 
 /// Translate a decision; `headers` adds `response_headers_to_add` (`--response-headers`).
-pub fn to_proto_response(resp: &CheckResponse, headers: bool) -> RateLimitResponse {
+pub(crate) fn to_proto_response(resp: &CheckResponse, headers: bool) -> RateLimitResponse {
     let response_headers_to_add = match (&resp.headers, headers) {
         (Some(h), true) => h
             .pairs()
@@ -539,7 +539,7 @@ fn pb_code(c: Code) -> PbCode {
 }
 
 /// tollgate's unit as Envoy's `RateLimitResponse.RateLimit.Unit`.
-pub fn pb_unit(u: Unit) -> PbUnit {
+pub(crate) fn pb_unit(u: Unit) -> PbUnit {
     match u {
         Unit::Second => PbUnit::Second,
         Unit::Minute => PbUnit::Minute,
@@ -552,7 +552,7 @@ pub fn pb_unit(u: Unit) -> PbUnit {
 }
 
 /// Microseconds as a `google.protobuf.Duration`.
-pub fn pb_duration(us: u64) -> PbDuration {
+pub(crate) fn pb_duration(us: u64) -> PbDuration {
     PbDuration {
         seconds: i64::try_from(us / 1_000_000).unwrap_or(i64::MAX),
         // < 1e9, fits.
@@ -563,7 +563,7 @@ pub fn pb_duration(us: u64) -> PbDuration {
 /// The one place an [`ApiError`] becomes a gRPC status: client errors are INVALID_ARGUMENT with
 /// the message, a failing store UNAVAILABLE (Envoy then applies its `failure_mode_deny`), bugs
 /// INTERNAL. The stable error code travels in the `tollgate-error-code` metadata.
-pub fn status_from(e: &ApiError) -> Status {
+pub(crate) fn status_from(e: &ApiError) -> Status {
     let code = match e.class() {
         ErrorClass::InvalidInput
         | ErrorClass::TooLarge
@@ -776,7 +776,7 @@ pub async fn serve(
 
 /// Where the gRPC service accepts connections: TCP, or a unix socket (envoyproxy/ratelimit's
 /// `GRPC_UDS`).
-pub enum GrpcListener {
+pub(crate) enum GrpcListener {
     /// A TCP listener.
     Tcp(TcpListener),
     /// A TCP listener, TLS on every connection (envoy profile's `GRPC_SERVER_USE_TLS`).
@@ -806,7 +806,7 @@ enum Accepted {
 }
 
 /// [`serve`] on any [`GrpcListener`].
-pub async fn serve_on(
+pub(crate) async fn serve_on(
     state: AppState,
     answers: GrpcAnswers,
     listener: GrpcListener,
@@ -977,7 +977,7 @@ pub struct GrpcTls {
 
 impl GrpcTls {
     /// The TLS acceptor (ALPN `h2`), or why the files cannot be used.
-    pub fn acceptor(&self) -> Result<tokio_rustls::TlsAcceptor, String> {
+    pub(crate) fn acceptor(&self) -> Result<tokio_rustls::TlsAcceptor, String> {
         use rustls::pki_types::pem::PemObject;
         use rustls::pki_types::{CertificateDer, PrivateKeyDer};
         let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -1571,7 +1571,7 @@ fn encode_response(response: RateLimitResponse) -> Result<bytes::Bytes, Status> 
 /// the protobuf structs.
 fn encode_decision<K: AsRef<str>>(resp: &CheckResponse, headers: &[(K, String)]) -> bytes::Bytes {
     use prost::encoding::encoded_len_varint;
-    // A `Vec` and byte pushes: through `BufMut` each varint cost ~90 instructions.
+    // A `Vec` and byte pushes: `BufMut`'s generic varint writer costs several times more.
     fn put_varint(out: &mut Vec<u8>, mut v: u64) {
         while v >= 0x80 {
             out.push(v as u8 | 0x80);
@@ -2012,15 +2012,7 @@ mod tests {
 
     #[test]
     fn unit_numbers_are_the_protocols() {
-        for u in [
-            Unit::Second,
-            Unit::Minute,
-            Unit::Hour,
-            Unit::Day,
-            Unit::Week,
-            Unit::Month,
-            Unit::Year,
-        ] {
+        for u in Unit::ALL {
             assert_eq!(crate::model::unit_from_number(pb_unit(u) as i32), Some(u));
         }
         assert_eq!(crate::model::unit_from_number(PbUnit::Unknown as i32), None);

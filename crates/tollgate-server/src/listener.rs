@@ -647,7 +647,7 @@ impl Drop for RequestGuard {
 /// yields; find it in an error's `source` chain with [`BodyTimedOut::find`]).
 #[derive(Debug, Clone, Copy, thiserror::Error)]
 #[error("request body not received within {} ms", .0.as_millis())]
-pub struct BodyTimedOut(pub Duration);
+pub(crate) struct BodyTimedOut(pub Duration);
 
 impl BodyTimedOut {
     /// The [`BodyTimedOut`] in `err` or its sources, if any.

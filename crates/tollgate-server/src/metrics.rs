@@ -48,7 +48,7 @@ pub struct RuleCounters {
 /// A request's hits on one counter, split as envoyproxy/ratelimit's statistics split them
 /// ([`Metrics::envoy_split`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct EnvoySplit {
+pub(crate) struct EnvoySplit {
     /// Hits past the limit (`over_limit`, and `shadow_mode` for a shadow-mode rule).
     pub over: u64,
     /// Hits past the near-limit threshold and not past the limit (`near_limit`).
@@ -108,15 +108,15 @@ pub struct Metrics {
 
 /// Bound on the series named by request values of `detailed_metric` / `value_to_metric` rules;
 /// beyond it new ones fold into the rule's configured path.
-pub const MAX_PER_VALUE_SERIES: usize = 4_000;
+pub(crate) const MAX_PER_VALUE_SERIES: usize = 4_000;
 
 /// Bound on the series of per-request limit overrides (named by their descriptor); beyond it new
 /// ones fold into the domain's override id, `<domain>|=override`.
-pub const MAX_OVERRIDE_SERIES: usize = 1_000;
+pub(crate) const MAX_OVERRIDE_SERIES: usize = 1_000;
 
 /// Longest `rule` label kept whole, in bytes. Longer ones keep their first bytes, then `…` and
 /// 16 hex digits of a hash of the whole value.
-pub const MAX_LABEL_BYTES: usize = 128;
+pub(crate) const MAX_LABEL_BYTES: usize = 128;
 
 /// What names a series, for its budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,7 +131,7 @@ pub enum Series {
 
 /// `label`, or when it is longer than [`MAX_LABEL_BYTES`] its first bytes (whole characters)
 /// followed by `…` and the hash of the whole value: bounded, visibly cut, still distinct.
-pub fn bounded_label(label: &str) -> Cow<'_, str> {
+pub(crate) fn bounded_label(label: &str) -> Cow<'_, str> {
     use std::hash::{Hash, Hasher};
     if label.len() <= MAX_LABEL_BYTES {
         return Cow::Borrowed(label);
@@ -148,7 +148,7 @@ pub fn bounded_label(label: &str) -> Cow<'_, str> {
 
 /// Unknown domain names labelled one by one in `tollgate_unmatched_total`; further ones are
 /// counted under the label `other` (the names are client input: the bound keeps /metrics small).
-pub const MAX_UNKNOWN_DOMAINS: usize = 100;
+pub(crate) const MAX_UNKNOWN_DOMAINS: usize = 100;
 
 impl Metrics {
     /// Empty metrics.
@@ -208,7 +208,7 @@ impl Metrics {
 
     /// The counters of `limit` (keyed by its stats key), a rule of `set` whose [`RuleSlots`] are
     /// `slots`: after the rule's first use, an index and an atomic load, no lock, no allocation.
-    pub fn limit_counters<'s>(
+    pub(crate) fn limit_counters<'s>(
         &self,
         slots: &'s RuleSlots,
         set: &RuleSet,
@@ -280,7 +280,7 @@ impl Metrics {
 
     /// Time spent deciding one request. Bumps only the first bucket it fits (`render` adds them
     /// up into Prometheus' cumulative `le` buckets); slower than every bound: only `count`.
-    pub fn observe_latency(&self, d: Duration) {
+    pub(crate) fn observe_latency(&self, d: Duration) {
         let s = d.as_secs_f64();
         if let Some(i) = BUCKETS.iter().position(|b| s <= *b) {
             self.latency.buckets[i].fetch_add(1, Relaxed);
@@ -306,7 +306,7 @@ impl Metrics {
     }
 
     /// New rules are active.
-    pub fn rules_loaded(&self, set: &RuleSet) {
+    pub(crate) fn rules_loaded(&self, set: &RuleSet) {
         self.rules_generation.fetch_add(1, Relaxed);
         self.rules_limits
             .store(set.limits().count() as u64, Relaxed);
@@ -321,14 +321,14 @@ impl Metrics {
     }
 
     /// Set the near-limit ratio (envoyproxy/ratelimit's `NEAR_LIMIT_RATIO`, default 0.8).
-    pub fn set_near_limit_ratio(&self, ratio: f32) {
+    pub(crate) fn set_near_limit_ratio(&self, ratio: f32) {
         self.near_ratio.store(ratio.to_bits(), Relaxed);
     }
 
     /// How many of `cost` admitted hits, which left `remaining` of `limit`, count as near the
     /// limit, as envoyproxy/ratelimit counts them: the hits past `floor(limit * ratio)` (all of
     /// them if the count was already past it before this request).
-    pub fn near_limit_hits(&self, limit: u64, remaining: u64, cost: u64) -> u64 {
+    pub(crate) fn near_limit_hits(&self, limit: u64, remaining: u64, cost: u64) -> u64 {
         let after = limit.saturating_sub(remaining);
         self.envoy_split(limit, after.saturating_sub(cost), after, cost)
             .near
@@ -342,7 +342,7 @@ impl Metrics {
     /// - over: only the hits past the limit are over it (all of them if `before` was at the
     ///   limit already); the hits between `max(floor(limit * ratio), before)` and the limit are
     ///   near it; none are within it (envoy counts `within_limit` only for statuses that are OK).
-    pub fn envoy_split(&self, limit: u64, before: u64, after: u64, cost: u64) -> EnvoySplit {
+    pub(crate) fn envoy_split(&self, limit: u64, before: u64, after: u64, cost: u64) -> EnvoySplit {
         let bits = self.near_ratio.load(Relaxed);
         let ratio = if bits == 0 { 0.8 } else { f32::from_bits(bits) };
         // envoy: floor(float64(float32(limit) * ratio)).
@@ -378,7 +378,7 @@ impl Metrics {
 
     /// Calls `f` with every `(domain, rule)` pair's counters, in no particular order (the
     /// envoy-named exports in [`crate::envoy_stats`] read the same counters at flush time).
-    pub fn for_each_rule(&self, mut f: impl FnMut(&str, &str, &RuleCounters)) {
+    pub(crate) fn for_each_rule(&self, mut f: impl FnMut(&str, &str, &RuleCounters)) {
         let rules = self.rules.read().unwrap_or_else(|e| e.into_inner());
         for ((domain, rule), c) in rules.iter() {
             f(domain, rule, c);
@@ -386,7 +386,7 @@ impl Metrics {
     }
 
     /// Service-level totals so far (for the envoy-named exports).
-    pub fn service_totals(&self) -> ServiceTotals {
+    pub(crate) fn service_totals(&self) -> ServiceTotals {
         ServiceTotals {
             requests: self.requests.iter().map(|r| r.load(Relaxed)).sum(),
             store_errors: self.store_errors.load(Relaxed),
@@ -505,7 +505,7 @@ impl Metrics {
 
 /// Service-level totals, see [`Metrics::service_totals`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ServiceTotals {
+pub(crate) struct ServiceTotals {
     /// Requests answered (any overall code).
     pub requests: u64,
     /// Store failures.
@@ -519,6 +519,7 @@ pub struct ServiceTotals {
 /// Why the server closed a client connection (`reason` label of
 /// `tollgate_connections_dropped_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum DropReason {
     /// No complete request headers within the header-read timeout.
     HeaderTimeout,
@@ -583,7 +584,7 @@ impl ConnectionMetrics {
     }
 
     /// The accept loop found every connection slot taken and waited for one.
-    pub fn cap_reached(&self) {
+    pub(crate) fn cap_reached(&self) {
         self.cap_reached.fetch_add(1, Relaxed);
     }
 
@@ -613,7 +614,7 @@ impl ConnectionMetrics {
 /// A rule's counters: borrowed from its pre-resolved slot, or shared from the map (a rule of a
 /// set without slots).
 #[derive(Debug)]
-pub enum LimitCounters<'s> {
+pub(crate) enum LimitCounters<'s> {
     /// From [`RuleSlots`].
     Slot(&'s RuleCounters),
     /// From the `(domain, rule)` map.
@@ -632,7 +633,7 @@ impl std::ops::Deref for LimitCounters<'_> {
 
 /// Append the memory store's eviction counter (`tollgate_memory_evictions_total`: live keys
 /// evicted to make room for new ones; `tollgate_memory_keys` is the gauge of keys held).
-pub fn render_evictions(out: &mut String, evictions: u64) {
+pub(crate) fn render_evictions(out: &mut String, evictions: u64) {
     let _ = writeln!(
         out,
         "# HELP tollgate_memory_evictions_total Live keys evicted by the memory store to make room for new ones.\n# TYPE tollgate_memory_evictions_total counter\ntollgate_memory_evictions_total {evictions}"

@@ -10,7 +10,7 @@ pub use tollgate_core::limiter::Descriptor;
 /// Envoy's `RateLimitResponse.RateLimit.Unit` number (in protobuf and in its JSON) as tollgate's
 /// unit; `None` for `UNKNOWN` (0) and numbers Envoy does not define. The numbers are the
 /// protocol's (`grpc`'s tests hold them against the generated enum).
-pub fn unit_from_number(n: i32) -> Option<Unit> {
+pub(crate) fn unit_from_number(n: i32) -> Option<Unit> {
     Some(match n {
         1 => Unit::Second,
         2 => Unit::Minute,
@@ -154,7 +154,7 @@ impl CheckResponse {
 }
 
 /// Microseconds to whole milliseconds, rounded up.
-pub fn ms_ceil(us: Micros) -> u64 {
+pub(crate) fn ms_ceil(us: Micros) -> u64 {
     us.div_ceil(1_000)
 }
 

@@ -47,6 +47,6 @@ pub trait DecisionPolicy: Send + Sync + std::fmt::Debug + 'static {
 
 /// tollgate's own semantics: every method's default.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct TollgatePolicy;
+pub(crate) struct TollgatePolicy;
 
 impl DecisionPolicy for TollgatePolicy {}

@@ -43,7 +43,7 @@ pub fn fingerprint(path: &Path) -> String {
 }
 
 /// [`fingerprint`] of the files `options` list.
-pub fn fingerprint_with(path: &Path, options: LoadOptions) -> String {
+pub(crate) fn fingerprint_with(path: &Path, options: LoadOptions) -> String {
     let mut h = SipHasher13::new_with_keys(0x746f_6c6c_6761_7465, 0x7275_6c65_7321);
     if std::fs::metadata(path).is_err() {
         h.write(b"\x00missing");
@@ -74,7 +74,7 @@ pub fn load(path: &Path, generation: u64) -> Result<LoadedRules, RuleErrors> {
 
 /// Load and validate the rules at `path`: a directory listed as `options` say, with the
 /// server's [`RuleDefaults`] applied (a reload applies the running rules' defaults again).
-pub fn load_with(
+pub(crate) fn load_with(
     path: &Path,
     options: LoadOptions,
     generation: u64,
@@ -85,7 +85,7 @@ pub fn load_with(
 
 /// [`load_with`], with the registry's domains (`registered`) added to the files' (a domain
 /// defined by a file keeps the file's rules: see [`crate::registry::combine`]).
-pub fn load_combined(
+pub(crate) fn load_combined(
     path: &Path,
     options: LoadOptions,
     generation: u64,
@@ -113,7 +113,7 @@ pub fn reload_now(state: &AppState, path: &Path) -> bool {
 }
 
 /// [`reload_now`], the domains of `registry` (when one runs) kept beside the files'.
-pub fn reload_with(state: &AppState, path: &Path, registry: Option<&Registry>) -> bool {
+pub(crate) fn reload_with(state: &AppState, path: &Path, registry: Option<&Registry>) -> bool {
     let _update = state.rules_update_lock();
     let running = state.rules();
     let generation = running.generation + 1;

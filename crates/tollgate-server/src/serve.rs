@@ -206,7 +206,7 @@ pub fn store_supported(store: &str) -> bool {
 }
 
 /// Reject connection limits that would make the service unusable (zero timeouts or cap).
-pub fn check_connection_limits(config: &ServeConfig) -> anyhow::Result<()> {
+pub(crate) fn check_connection_limits(config: &ServeConfig) -> anyhow::Result<()> {
     for (flag, value) in [
         ("--header-read-timeout", config.header_read_timeout),
         ("--body-read-timeout", config.body_read_timeout),
@@ -224,7 +224,7 @@ pub fn check_connection_limits(config: &ServeConfig) -> anyhow::Result<()> {
 }
 
 /// The HTTP listener's limits in `config`.
-pub fn connection_limits(config: &ServeConfig) -> ConnLimits {
+pub(crate) fn connection_limits(config: &ServeConfig) -> ConnLimits {
     ConnLimits {
         header_read_timeout: config.header_read_timeout,
         body_read_timeout: config.body_read_timeout,
@@ -242,7 +242,11 @@ const FD_HEADROOM: u64 = 256;
 /// run out long before `--max-connections`) and return the per-listener connection cap to use
 /// on `listeners` listeners: a default cap (not `chosen`) that the limit cannot hold is lowered
 /// to fit, silently; a chosen one is kept and warned about.
-pub fn raise_open_files_limit(max_connections: usize, listeners: usize, chosen: bool) -> usize {
+pub(crate) fn raise_open_files_limit(
+    max_connections: usize,
+    listeners: usize,
+    chosen: bool,
+) -> usize {
     match rlimit::increase_nofile_limit(u64::MAX) {
         Ok(limit) => {
             tracing::debug!(open_files_limit = limit, "open-files limit");
@@ -314,12 +318,12 @@ pub struct Bound {
 }
 
 /// A `watch` channel that turns `true` once, at shutdown. Clone the receiver for each task.
-pub fn shutdown_channel() -> (watch::Sender<bool>, watch::Receiver<bool>) {
+pub(crate) fn shutdown_channel() -> (watch::Sender<bool>, watch::Receiver<bool>) {
     watch::channel(false)
 }
 
 /// Resolves when `rx` turns `true` (or its sender is gone).
-pub async fn wait_for_shutdown(mut rx: watch::Receiver<bool>) {
+pub(crate) async fn wait_for_shutdown(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|s| *s).await;
 }
 

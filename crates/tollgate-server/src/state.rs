@@ -165,7 +165,7 @@ impl AppStateBuilder {
     }
     /// Use two Redis: `per_second` for the counters of limits whose unit is second, `main` for
     /// the others (start both with one `local` fallback store: the main one's is swept).
-    pub fn redis_split(mut self, main: Arc<Guarded>, per_second: Arc<Guarded>) -> Self {
+    pub(crate) fn redis_split(mut self, main: Arc<Guarded>, per_second: Arc<Guarded>) -> Self {
         self.memory = Some(main.local_store().clone());
         self.backend = Backend::RedisSplit(main, per_second);
         self
@@ -181,7 +181,7 @@ impl AppStateBuilder {
         self
     }
     /// Which files of a rules directory are rule files (for reloads).
-    pub fn rule_listing(mut self, listing: LoadOptions) -> Self {
+    pub(crate) fn rule_listing(mut self, listing: LoadOptions) -> Self {
         self.rule_listing = listing;
         self
     }
@@ -241,7 +241,7 @@ impl AppState {
     }
 
     /// Swap in new rules atomically and clear the last reload error.
-    pub fn swap_rules(&self, rules: LoadedRules) {
+    pub(crate) fn swap_rules(&self, rules: LoadedRules) {
         self.0.metrics.rules_loaded(&rules.set);
         self.0.rules.store(Arc::new(rules));
         *self.lock_error() = None;
@@ -249,7 +249,7 @@ impl AppState {
 
     /// Hold this while computing rules from the running ones and swapping them in (file reload,
     /// registry change): the two never interleave.
-    pub fn rules_update_lock(&self) -> std::sync::MutexGuard<'_, ()> {
+    pub(crate) fn rules_update_lock(&self) -> std::sync::MutexGuard<'_, ()> {
         self.0
             .rules_update
             .lock()
@@ -261,7 +261,7 @@ impl AppState {
     /// takes at most one core and never a runtime worker that decisions need. Decisions take no
     /// lock that it holds: they read the rules through one atomic pointer. `None` when `work`
     /// panicked.
-    pub async fn admin_work<T: Send + 'static>(
+    pub(crate) async fn admin_work<T: Send + 'static>(
         &self,
         work: impl FnOnce() -> T + Send + 'static,
     ) -> Option<T> {
@@ -271,13 +271,13 @@ impl AppState {
 
     /// Swap in new rules atomically, keeping the last reload error (a registry change: the
     /// files are as broken as they were).
-    pub fn replace_rules(&self, rules: LoadedRules) {
+    pub(crate) fn replace_rules(&self, rules: LoadedRules) {
         self.0.metrics.rules_loaded(&rules.set);
         self.0.rules.store(Arc::new(rules));
     }
 
     /// Record a failed reload (the running rules stay).
-    pub fn set_reload_error(&self, error: ReloadError) {
+    pub(crate) fn set_reload_error(&self, error: ReloadError) {
         *self.lock_error() = Some(error);
     }
 
@@ -299,7 +299,7 @@ impl AppState {
     }
 
     /// The store for logs and `/v1/rules`: `memory`, or the Redis URL with its password redacted.
-    pub fn store_label(&self) -> String {
+    pub(crate) fn store_label(&self) -> String {
         let per_second = self
             .backend()
             .per_second()
@@ -347,7 +347,7 @@ impl AppState {
     }
 
     /// Which files of a rules directory are rule files.
-    pub fn rule_listing(&self) -> LoadOptions {
+    pub(crate) fn rule_listing(&self) -> LoadOptions {
         self.0.rule_listing
     }
 
@@ -357,12 +357,12 @@ impl AppState {
     }
 
     /// Mark the service as shutting down (health checks turn unhealthy).
-    pub fn begin_shutdown(&self) {
+    pub(crate) fn begin_shutdown(&self) {
         self.0.shutting_down.store(true, Ordering::Relaxed);
     }
 
     /// Whether shutdown has begun.
-    pub fn shutting_down(&self) -> bool {
+    pub(crate) fn shutting_down(&self) -> bool {
         self.0.shutting_down.load(Ordering::Relaxed)
     }
 }

@@ -1,8 +1,8 @@
 //! Check requests from the JSON body of `POST /v1/check` and `POST /json`, read in one pass.
 //!
-//! Why not a `serde_json::Value` tree walked afterwards (as before): the tree costs an
-//! allocation per object, per key and per string, then a copy of every string we keep and a
-//! drop of the whole tree, about a quarter of an HTTP check's instructions. Why not a derived
+//! Why not a `serde_json::Value` tree walked afterwards: the tree costs an allocation per
+//! object, per key and per string, then a copy of every string we keep and a drop of the whole
+//! tree, a large share of an HTTP check's work (BENCHMARKS.md). Why not a derived
 //! struct: every mistake would become one generic serde message, and users are owed a code and
 //! a message per mistake (never a 500).
 //!
@@ -200,9 +200,8 @@ fn collect(body: &[u8], bounds: Bounds<'_>) -> Result<Got<RawBody>, serde_json::
 /// `{"key": ..., "value": ...}` (in that order), every string free of escapes and control
 /// characters, the two top-level fields once each in either order, JSON whitespace anywhere.
 /// Anything else (a `hits_addend`, a `limit`, an unknown or repeated key, an escape, an error)
-/// is `None`, and [`parse_request`] reads the body with serde as before: this is only a faster
-/// way to the same [`CheckRequest`] (a property test holds it to that), about a quarter of the
-/// instructions of the general reader.
+/// is `None`, and [`parse_request`] reads the body with the general reader: this is only a
+/// faster way to the same [`CheckRequest`] (a property test holds it to that).
 mod plain {
     use crate::model::{CheckRequest, Descriptor};
 
@@ -984,8 +983,7 @@ fn assemble(body: Got<RawBody>, d: Dialect) -> Result<CheckRequest, ApiError> {
 }
 
 /// `f(index, item)` over `list`, stopping at the first error. Not `collect::<Result<Vec<_>>>`:
-/// that reuses `list`'s allocation in place and then shrinks it with a `realloc`, about 900
-/// instructions more per request (callgrind).
+/// that reuses `list`'s allocation in place and then shrinks it with a `realloc` per request.
 fn each<T, U>(
     list: Vec<T>,
     mut f: impl FnMut(usize, T) -> Result<U, ApiError>,

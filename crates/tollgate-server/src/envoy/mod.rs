@@ -38,7 +38,7 @@ use tollgate_core::limiter::{Status, Verdict};
 use tollgate_core::rules::Limit;
 
 /// The gRPC health service name envoyproxy/ratelimit reports (besides `""`).
-pub const HEALTH_SERVICE: &str = "ratelimit";
+pub(crate) const HEALTH_SERVICE: &str = "ratelimit";
 
 /// The Envoy-compatibility settings of a service: the profile's behaviour, when it is on, and
 /// the envoy-named statistics (also available without the profile, `--envoy-metrics`).
@@ -68,7 +68,7 @@ impl EnvoyConfig {
 
 /// envoyproxy/ratelimit's semantics (see [`EnvoyMode`]).
 #[derive(Debug, Default)]
-pub struct EnvoyPolicy {
+pub(crate) struct EnvoyPolicy {
     quota_mode: bool,
     shadow_mode: bool,
     /// Over-limit answers turned into OK by `SHADOW_MODE`.
@@ -217,7 +217,7 @@ impl Health {
 /// The HTTP routes of Envoy compatibility: `POST /json` (always: a client of
 /// envoyproxy/ratelimit's JSON endpoint works unchanged) and, under the profile, `GET
 /// /healthcheck` (with `health`).
-pub fn http_routes(
+pub(crate) fn http_routes(
     mode: Option<&EnvoyMode>,
     health: Option<Arc<Health>>,
 ) -> axum::Router<HttpState> {
@@ -227,7 +227,7 @@ pub fn http_routes(
 /// What gRPC answers carry: under the profile, envoy's three named headers (when
 /// `LIMIT_RESPONSE_HEADERS_ENABLED`), `dynamic_metadata` (when `RESPONSE_DYNAMIC_METADATA`) and
 /// the `ratelimit` health service; without it, tollgate's headers when `response_headers`.
-pub fn grpc_answers(
+pub(crate) fn grpc_answers(
     state: &AppState,
     mode: Option<&EnvoyMode>,
     health: Option<Arc<Health>>,

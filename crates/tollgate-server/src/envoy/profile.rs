@@ -27,12 +27,6 @@ use std::time::Duration;
 use tollgate_core::rules::LoadOptions;
 use tracing::level_filters::LevelFilter;
 
-/// The name of the profile (`--profile envoy`).
-pub const ENVOY: &str = "envoy";
-
-/// The gRPC health service name envoyproxy/ratelimit reports (besides `""`).
-pub const HEALTH_SERVICE: &str = "ratelimit";
-
 /// Behaviour switched on by the envoy profile, held in the service state.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct EnvoyMode {
@@ -82,7 +76,7 @@ pub struct ProfileError {
 
 /// What tollgate does with one of envoy's variables.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Support {
+pub(crate) enum Support {
     /// Read by [`translate`].
     Applied,
     /// Read elsewhere (store and statistics settings, applied where those are built).
@@ -101,7 +95,7 @@ const NO_REDIS_TUNING: &str = "tollgate's Redis client has no such setting";
 const FIXED: &str = "fixed in tollgate";
 
 /// Every variable of envoyproxy/ratelimit's settings, and what tollgate does with it.
-pub const VARIABLES: &[(&str, Support)] = &[
+pub(crate) const VARIABLES: &[(&str, Support)] = &[
     ("HOST", Applied),
     ("PORT", Applied),
     ("DEBUG_HOST", Applied),
@@ -378,7 +372,7 @@ impl Env<'_> {
 
 /// A Go `time.Duration` string: `0`, or a sequence of decimal numbers with units `ns`, `us`
 /// (`µs`), `ms`, `s`, `m`, `h` (`1h30m`, `1.5h`, `300ms`). Negative durations are refused.
-pub fn go_duration(text: &str) -> Option<Duration> {
+pub(crate) fn go_duration(text: &str) -> Option<Duration> {
     let mut rest = text.strip_prefix('+').unwrap_or(text);
     if rest == "0" {
         return Some(Duration::ZERO);
@@ -954,7 +948,7 @@ mod tests {
         assert_eq!(c.redis_prefix, "mine");
         let headers = t.envoy.mode.as_ref().unwrap().headers.as_ref().unwrap();
         assert_eq!(headers.limit, "RateLimit-Limit");
-        // Not given: the profile's defaults, as before.
+        // Not given: the profile's defaults.
         let t = translate_with(&vars, explicit_base(), Explicit::default()).unwrap();
         assert_eq!(
             t.config.rules,

@@ -42,7 +42,7 @@ pub struct EnvoyRedis {
 impl EnvoyRedis {
     /// Set `config`'s store, per-second store, Redis timeouts (when set) and deny cache
     /// (warnings are the caller's to log).
-    pub fn apply_to(&self, config: &mut crate::config::ServeConfig) {
+    pub(crate) fn apply_to(&self, config: &mut crate::config::ServeConfig) {
         config.store = self.store.clone();
         if let Some(t) = self.timeout {
             config.redis_timeout = t;
@@ -125,7 +125,7 @@ impl Pool {
 }
 
 /// Every variable [`redis_from_env`] reads (so a profile can tell unknown ones apart).
-pub fn known_variables() -> impl Iterator<Item = &'static str> {
+pub(crate) fn known_variables() -> impl Iterator<Item = &'static str> {
     [
         "REDIS_TLS_CACERT",
         "REDIS_TLS_CLIENT_CERT",

@@ -102,12 +102,16 @@ impl EnvError {
 }
 
 /// `var` from `env`, `None` when unset or empty (envconfig treats empty as unset).
-pub fn env_get<'e>(env: &'e HashMap<String, String>, var: &str) -> Option<&'e str> {
+pub(crate) fn env_get<'e>(env: &'e HashMap<String, String>, var: &str) -> Option<&'e str> {
     env.get(var).map(String::as_str).filter(|v| !v.is_empty())
 }
 
 /// A boolean as Go's `strconv.ParseBool` reads it (`1`, `t`, `true`, `TRUE`, ...; `0`, `f`, ...).
-pub fn env_bool(env: &HashMap<String, String>, var: &str, default: bool) -> Result<bool, EnvError> {
+pub(crate) fn env_bool(
+    env: &HashMap<String, String>,
+    var: &str,
+    default: bool,
+) -> Result<bool, EnvError> {
     match env_get(env, var) {
         None => Ok(default),
         Some(v) => match v {
@@ -120,7 +124,7 @@ pub fn env_bool(env: &HashMap<String, String>, var: &str, default: bool) -> Resu
 
 /// A duration in Go's `time.ParseDuration` syntax (`10s`, `1m30s`, `250ms`, `1.5h`; units ns,
 /// us, µs, ms, s, m, h). Negative durations are rejected.
-pub fn parse_go_duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_go_duration(text: &str) -> Result<Duration, String> {
     let bad = || format!("'{text}' is not a duration (e.g. 10s, 500ms, 1m30s)");
     let mut rest = text.trim();
     if rest == "0" {
@@ -174,7 +178,7 @@ pub fn parse_extra_tags(text: &str) -> Result<Vec<(String, String)>, String> {
 }
 
 /// A listen address as Go writes it: `host:port` or `:port` (every interface).
-pub fn parse_listen_addr(text: &str) -> Result<SocketAddr, String> {
+pub(crate) fn parse_listen_addr(text: &str) -> Result<SocketAddr, String> {
     let full = if text.starts_with(':') {
         format!("0.0.0.0{text}")
     } else {
@@ -190,7 +194,7 @@ pub fn parse_listen_addr(text: &str) -> Result<SocketAddr, String> {
 /// `localhost:8125`, flushed every 10 s) unless `USE_STATSD=false` or `DISABLE_STATS=true`;
 /// Prometheus only with `USE_PROMETHEUS=true` (on `:9090/metrics`). Like envoyproxy/ratelimit,
 /// asking for both statsd and Prometheus is an error (set `USE_STATSD=false`).
-pub fn stats_from_env(env: &HashMap<String, String>) -> Result<EnvoyStats, EnvError> {
+pub(crate) fn stats_from_env(env: &HashMap<String, String>) -> Result<EnvoyStats, EnvError> {
     if env_bool(env, "DISABLE_STATS", false)? {
         return Ok(EnvoyStats::default());
     }
@@ -257,24 +261,8 @@ pub fn stats_from_env(env: &HashMap<String, String>) -> Result<EnvoyStats, EnvEr
     Ok(out)
 }
 
-/// Every variable [`stats_from_env`] and [`near_limit_ratio_from_env`] read (so a profile can
-/// tell unknown ones apart).
-pub const KNOWN_VARIABLES: [&str; 11] = [
-    "USE_STATSD",
-    "STATSD_HOST",
-    "STATSD_PORT",
-    "STATSD_PROTOCOL",
-    "STATS_FLUSH_INTERVAL",
-    "EXTRA_TAGS",
-    "DISABLE_STATS",
-    "USE_PROMETHEUS",
-    "PROMETHEUS_ADDR",
-    "PROMETHEUS_PATH",
-    "NEAR_LIMIT_RATIO",
-];
-
 /// `NEAR_LIMIT_RATIO` (default 0.8), for `ServeConfig::near_limit_ratio`: in (0, 1].
-pub fn near_limit_ratio_from_env(env: &HashMap<String, String>) -> Result<f32, EnvError> {
+pub(crate) fn near_limit_ratio_from_env(env: &HashMap<String, String>) -> Result<f32, EnvError> {
     match env_get(env, "NEAR_LIMIT_RATIO") {
         None => Ok(0.8),
         Some(v) => v
@@ -287,7 +275,7 @@ pub fn near_limit_ratio_from_env(env: &HashMap<String, String>) -> Result<f32, E
 
 /// A stats key as envoyproxy/ratelimit puts it in a stat name: `:` and `|` become `_`, and so do
 /// the dots inside anything shaped like an IPv4 address (`10.0.0.1` -> `10_0_0_1`).
-pub fn sanitize(key: &str) -> String {
+pub(crate) fn sanitize(key: &str) -> String {
     let mut out: Vec<u8> = key.replace([':', '|'], "_").into_bytes();
     let mut i = 0;
     while i < out.len() {
@@ -383,7 +371,7 @@ pub fn envoy_counters(m: &Metrics) -> Vec<(String, u64)> {
 
 /// Turns cumulative counters into statsd lines of increases, as a gostats store flushes.
 #[derive(Debug, Default)]
-pub struct StatsdRenderer {
+pub(crate) struct StatsdRenderer {
     last: HashMap<String, u64>,
     suffix: String,
 }
@@ -441,7 +429,7 @@ fn pack(lines: &[String]) -> Vec<Vec<u8>> {
 /// Send envoy-named counters of `state` to statsd every `settings.flush_interval`, and once more
 /// at shutdown. Send failures are logged at debug level (statsd is best effort, as in gostats):
 /// the increases of a failed flush are lost, never resent twice.
-pub async fn run_statsd(
+pub(crate) async fn run_statsd(
     state: AppState,
     settings: StatsdSettings,
     mut shutdown: watch::Receiver<bool>,
@@ -594,7 +582,7 @@ pub fn render_prometheus(m: &Metrics) -> String {
 }
 
 /// Serve [`render_prometheus`] of `state` on `listener` at `path` until shutdown.
-pub async fn run_prometheus(
+pub(crate) async fn run_prometheus(
     state: AppState,
     listener: tokio::net::TcpListener,
     path: String,

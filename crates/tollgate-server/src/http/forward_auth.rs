@@ -29,17 +29,17 @@ use tollgate_core::request::{client_address, RequestParts};
 /// request (it may go through, and a backend that sees it can degrade instead of refusing), else
 /// `false`. Always present, because Caddy before 2.7 copies an absent header as the literal text
 /// of its placeholder.
-pub static SHADOW_HEADER: HeaderName = HeaderName::from_static("x-ratelimit-shadow-limited");
+pub(crate) static SHADOW_HEADER: HeaderName = HeaderName::from_static("x-ratelimit-shadow-limited");
 
 /// The denying rule's `message`, on a denial, when it is printable ASCII (what nginx can copy
 /// into its own 429 answer, as it cannot pass the auth response's body on).
-pub static MESSAGE_HEADER: HeaderName = HeaderName::from_static("x-ratelimit-message");
+pub(crate) static MESSAGE_HEADER: HeaderName = HeaderName::from_static("x-ratelimit-message");
 
 /// The message of a denial by a rule without one.
 const DEFAULT_MESSAGE: &str = "rate limit exceeded";
 
 /// The forward-auth handler (any method; the body is ignored).
-pub async fn forward_auth(
+pub(crate) async fn forward_auth(
     State(state): State<HttpState>,
     Path(domain): Path<String>,
     req: Request,

@@ -39,7 +39,7 @@ use tower::{Layer, Service};
 use tower_http::trace::TraceLayer;
 
 /// The OpenAPI document served at `/openapi.json` (also checked in as `docs/openapi.json`).
-pub const OPENAPI_JSON: &str = include_str!("../openapi.json");
+pub(crate) const OPENAPI_JSON: &str = include_str!("../openapi.json");
 
 /// What the HTTP handlers share: the service core and the HTTP transport's own settings.
 /// Handlers that need only the core extract [`AppState`] from it (`FromRef`); it also derefs to
@@ -186,7 +186,7 @@ impl std::fmt::Debug for ApiService {
 
 impl ApiService {
     /// This service for one connection from `peer` (see `crate::listener::serve`).
-    pub fn with_peer(&self, peer: Option<std::net::SocketAddr>) -> Self {
+    pub(crate) fn with_peer(&self, peer: Option<std::net::SocketAddr>) -> Self {
         Self {
             peer,
             ..self.clone()
@@ -196,7 +196,7 @@ impl ApiService {
 
 /// The future of [`ApiService`]: the direct `/v1/check` answer or the `Router`'s, with a panic
 /// turned into a JSON 500.
-pub type ApiFuture = futures_util::future::Map<
+pub(crate) type ApiFuture = futures_util::future::Map<
     futures_util::future::CatchUnwind<
         AssertUnwindSafe<
             futures_util::future::Either<
@@ -525,7 +525,7 @@ fn write_header_values(
 }
 
 /// Add the rate-limit headers of `resp` (nothing when no limit applied).
-pub fn add_headers(headers: &mut HeaderMap, resp: &CheckResponse) {
+pub(crate) fn add_headers(headers: &mut HeaderMap, resp: &CheckResponse) {
     if let Some(h) = &resp.headers {
         h.insert_into(headers);
     }
@@ -682,7 +682,7 @@ async fn v1_rules(State(state): State<HttpState>, req: Request) -> Response {
 
 /// The query of `GET /v1/rules`.
 #[derive(Debug, Clone, Default)]
-pub struct RulesQuery {
+pub(crate) struct RulesQuery {
     /// Only this domain.
     pub domain: Option<String>,
     /// Only the domains after this name (the previous page's `next_after`).
@@ -761,7 +761,7 @@ const SUMMARY_HINT: &str = "each limit is listed only to the admin: start serve 
 --admin-token-file and send `Authorization: Bearer <token>`";
 
 /// One page of `GET /v1/rules`: `full` lists each limit, else each domain's number of limits.
-pub fn rules_page(state: &AppState, query: &RulesQuery, full: bool) -> Value {
+pub(crate) fn rules_page(state: &AppState, query: &RulesQuery, full: bool) -> Value {
     let rules = state.rules();
     let set = &rules.set;
     let mut domains: Vec<Value> = Vec::new();

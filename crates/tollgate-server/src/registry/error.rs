@@ -8,6 +8,7 @@ use tollgate_core::StoreError;
 
 /// Everything that can go wrong with a registry request.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RegistryError {
     /// The request could not be read (body too large, timed out, wrong content type).
     #[error(transparent)]

@@ -84,12 +84,12 @@ impl RegistryConfig {
 
 /// The file name registered domains carry in the running rules (`registry:<domain>`), shown
 /// as their source by `/v1/rules`.
-pub fn source_name(domain: &str) -> String {
+pub(crate) fn source_name(domain: &str) -> String {
     format!("registry:{domain}")
 }
 
 /// Whether a domain's file name is a registered domain's ([`source_name`]).
-pub fn is_registered_source(file: &str) -> bool {
+pub(crate) fn is_registered_source(file: &str) -> bool {
     file.starts_with("registry:")
 }
 
@@ -110,7 +110,7 @@ pub struct Registered {
 /// The rule set of the files (`files` as read, `read_errors` the files that could not be) and
 /// the registered domains no file defines (a file's domain hides a registered one). Only the
 /// files can make it fail: registered domains were validated when stored.
-pub fn combine(
+pub(crate) fn combine(
     files: &[(String, String)],
     read_errors: Vec<RuleError>,
     registered: &[Registered],
@@ -155,7 +155,7 @@ fn combine_parsed(file_set: &RuleSet, registered: &[Registered]) -> Result<RuleS
 
 /// Whether `name` can be registered: 1 to 128 of `A-Z a-z 0-9 . _ : -`, not starting with `.`
 /// (a domain name is a file name in the registry directory, and a URL path segment).
-pub fn valid_domain(name: &str) -> bool {
+pub(crate) fn valid_domain(name: &str) -> bool {
     (1..=128).contains(&name.len())
         && !name.starts_with('.')
         && name
@@ -406,7 +406,7 @@ impl Registry {
     }
 
     /// Where the registry lives: `memory`, `directory`, or `redis`.
-    pub fn storage_kind(&self) -> &'static str {
+    pub(crate) fn storage_kind(&self) -> &'static str {
         match self.backing {
             Backing::Memory => "memory",
             Backing::Dir(_) => "directory",
@@ -415,12 +415,12 @@ impl Registry {
     }
 
     /// Whether an admin token is configured (without one, no registry request is answered).
-    pub fn writable(&self) -> bool {
+    pub(crate) fn writable(&self) -> bool {
         self.token.is_some()
     }
 
     /// Check a request's `Authorization` header value: the admin token as a bearer token.
-    pub fn authorize(&self, authorization: Option<&[u8]>) -> Result<(), RegistryError> {
+    pub(crate) fn authorize(&self, authorization: Option<&[u8]>) -> Result<(), RegistryError> {
         let Some(expected) = &self.token else {
             return Err(RegistryError::WritesOff(
                 "no admin token is configured (start serve with --admin-token-file)",
@@ -803,7 +803,7 @@ impl Registry {
     /// limits; instead this instance writes back what it knows ([`RedisRegistry::restore`],
     /// only while Redis is still behind it, so racing instances write once and the newest
     /// knowledge wins) and then applies what Redis holds.
-    pub async fn sync_redis(self: &Arc<Self>, state: &AppState) -> bool {
+    pub(crate) async fn sync_redis(self: &Arc<Self>, state: &AppState) -> bool {
         let Backing::Redis { redis, snapshot } = &self.backing else {
             return true;
         };
@@ -885,7 +885,7 @@ impl Registry {
     }
 
     /// The registry's Prometheus lines.
-    pub fn render_metrics(&self, out: &mut String) {
+    pub(crate) fn render_metrics(&self, out: &mut String) {
         use std::fmt::Write as _;
         let snapshot = self.snapshot();
         let c = &self.counters;

@@ -44,7 +44,7 @@ enum OneOrMany {
 
 /// Whether `body` is in the service-registration shape: a JSON object with a `field` key, or a
 /// JSON list of anything (a rules body is never a list). Anything else is read as rules.
-pub fn is_service_shape(body: &str) -> bool {
+pub(crate) fn is_service_shape(body: &str) -> bool {
     match serde_json::from_str::<Value>(body) {
         Ok(Value::Object(o)) => o.contains_key("field"),
         Ok(Value::Array(_)) => true,
@@ -54,7 +54,7 @@ pub fn is_service_shape(body: &str) -> bool {
 
 /// The rules text (JSON, which the YAML rules reader reads) of `domain` for a body in the
 /// service-registration shape.
-pub fn to_rules(domain: &str, body: &str) -> Result<String, RegistryError> {
+pub(crate) fn to_rules(domain: &str, body: &str) -> Result<String, RegistryError> {
     let rules = match serde_json::from_str::<Value>(body) {
         Ok(Value::Array(items)) => items
             .into_iter()

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 /// A registry directory.
 #[derive(Debug, Clone)]
-pub struct DirStorage {
+pub(crate) struct DirStorage {
     dir: PathBuf,
 }
 
@@ -83,13 +83,13 @@ impl DirStorage {
     }
 
     /// Write one domain's entry.
-    pub fn write_entry(&self, entry: &Entry) -> io::Result<()> {
+    pub(crate) fn write_entry(&self, entry: &Entry) -> io::Result<()> {
         let bytes = serde_json::to_vec_pretty(entry).map_err(io::Error::other)?;
         write_atomic(&self.entry_path(&entry.domain), &bytes)
     }
 
     /// Remove one domain's entry (absent is fine).
-    pub fn remove_entry(&self, domain: &str) -> io::Result<()> {
+    pub(crate) fn remove_entry(&self, domain: &str) -> io::Result<()> {
         match fs::remove_file(self.entry_path(domain)) {
             Ok(()) => sync_dir(&self.dir.join("domains")),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -98,7 +98,7 @@ impl DirStorage {
     }
 
     /// Write the registry's revision.
-    pub fn write_revision(&self, revision: u64) -> io::Result<()> {
+    pub(crate) fn write_revision(&self, revision: u64) -> io::Result<()> {
         write_atomic(
             &self.dir.join("revision"),
             format!("{revision}\n").as_bytes(),
@@ -107,7 +107,7 @@ impl DirStorage {
 
     /// Make the directory hold `new`, knowing it holds `old`: changed entries written, removed
     /// ones deleted, then the revision.
-    pub fn write_snapshot(&self, old: &Snapshot, new: &Snapshot) -> io::Result<()> {
+    pub(crate) fn write_snapshot(&self, old: &Snapshot, new: &Snapshot) -> io::Result<()> {
         for (name, entry) in &new.domains {
             if old.domains.get(name) != Some(entry) {
                 self.write_entry(entry)?;
@@ -127,7 +127,7 @@ impl DirStorage {
 
 /// Write `bytes` to `path` atomically and durably: temporary file, fsync, rename, fsync of the
 /// directory.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path
         .file_name()

@@ -63,7 +63,7 @@ pub enum Expect {
 
 impl Expect {
     /// Whether a domain at `current` (`None`: absent) meets the expectation.
-    pub fn met_by(self, current: Option<u64>) -> bool {
+    pub(crate) fn met_by(self, current: Option<u64>) -> bool {
         match self {
             Expect::Any => true,
             Expect::Exists => current.is_some(),

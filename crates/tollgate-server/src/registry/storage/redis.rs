@@ -347,7 +347,7 @@ fn expect_arg(expect: Expect) -> i64 {
 
 /// Subscribe to `channel` on the Redis at `url` (a single server: `redis://`, `rediss://`,
 /// `redis+unix://`); each message wakes `notify`. Reconnects (every second) until `shutdown`.
-pub async fn subscribe(
+pub(crate) async fn subscribe(
     url: String,
     channel: String,
     notify: std::sync::Arc<tokio::sync::Notify>,
