@@ -15,7 +15,7 @@
 //!   open after [`ConnLimits::shutdown_timeout`] is dropped.
 //!
 //! - a body-read timeout: each request body is wrapped ([`TimedBody`]) so that a body not
-//!   complete within it fails with [`BodyTimedOut`]; the handler reading it answers 408 in JSON
+//!   complete within it fails with `BodyTimedOut`; the handler reading it answers 408 in JSON
 //!   (`http::read_body`) and closes the connection. A body that came with its head costs no
 //!   timer: one is only armed when the body has to be waited for.
 //!

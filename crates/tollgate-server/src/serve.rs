@@ -11,7 +11,7 @@
 //!
 //! The HTTP listener is our own accept loop ([`crate::listener`]): connection cap, header-read
 //! and idle timeouts. At start the open-files limit is raised to its hard limit (see
-//! [`raise_open_files_limit`]).
+//! `raise_open_files_limit`).
 
 use crate::backend::{redis_unsupported, Guarded, RedisSettings};
 pub use crate::config::ServeConfig;
@@ -484,7 +484,7 @@ pub async fn serve(
         debug,
     });
 
-    // The API service itself, not `http::router`'s `Router` around it (which would route every
+    // The API service itself, not `HttpApi::router`'s `Router` around it (which would route every
     // request twice), unless the trace layer is wanted: that one comes with the `Router`.
     let limits = connection_limits(&config);
     let counters = state.metrics().http_connections.clone();
@@ -600,7 +600,7 @@ pub fn listening_message(bound: &Bound) -> String {
     format!("listening: {}, store {}", parts.join(", "), bound.store)
 }
 
-/// Serve envoy's debug port ([`crate::debug`]) when `config` asks for it, on the hardened
+/// Serve envoy's debug port ([`crate::envoy::debug`]) when `config` asks for it, on the hardened
 /// listener with the HTTP listener's limits. As envoyproxy/ratelimit does, a port that cannot be
 /// bound is logged as an error and the service runs without it.
 async fn spawn_debug(
