@@ -162,7 +162,7 @@ core_rules=()
 for m in model error metrics backend decision_log policy state check; do
   core_rules+=(--no-crate "tollgate-server:$m=axum,hyper,hyper_util,h2,tonic,tower,tower_http,tollgate_proto")
 done
-python3 scripts/modgraph.py --check --acyclic tollgate-server --acyclic tollgate-redis \
+python3 scripts/modgraph.py --check --acyclic tollgate-core --acyclic tollgate-server --acyclic tollgate-redis \
   --acyclic tollgate-tower --only-imported-by tollgate-server:envoy=serve "${core_rules[@]}"
 
 phase "build: every crate, test and bench (cold: minutes, see BENCHMARKS.md; warm: seconds)"

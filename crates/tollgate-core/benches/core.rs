@@ -1,5 +1,5 @@
 //! Side-by-side benchmarks: every tollgate algorithm through `MemoryStore::check` (one item)
-//! against `governor`'s keyed limiter, on the same workloads, plus the pure `algorithm::step`.
+//! against `governor`'s keyed limiter, on the same workloads, plus the pure `internals::step`.
 //!
 //! Workloads:
 //! - `single_key`: one key; `keys_100k`: 100,000 pre-generated key strings cycled in order;
@@ -23,7 +23,7 @@ use governor::RateLimiter;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 use support::{check, keys, Governor, BASE};
-use tollgate_core::algorithm::{self, State};
+use tollgate_core::internals::{self, State};
 use tollgate_core::{Algorithm, Clock, MemoryStore, Micros, Quota, SystemClock, Unit};
 
 const KEYS: usize = 100_000;
@@ -197,7 +197,7 @@ fn step_benches(c: &mut Criterion) {
             let mut state: Option<State> = None;
             let mut now = BASE;
             b.iter(|| {
-                let (d, s) = algorithm::step(q, state.take(), now, 1);
+                let (d, s) = internals::step(state.take(), now, 1, q);
                 state = s;
                 now += dt;
                 black_box(d.allowed)

@@ -118,11 +118,6 @@ impl<C: Clock + ?Sized> Clock for &C {
     }
 }
 
-/// Convert microseconds to a [`Duration`].
-pub fn micros(us: Micros) -> Duration {
-    Duration::from_micros(us)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

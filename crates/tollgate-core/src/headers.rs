@@ -35,6 +35,7 @@ pub struct HeaderValues {
 /// Which families of rate-limit headers to send. `Retry-After` goes with every denial that can
 /// pass later, whatever the family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum HeaderFamilies {
     /// `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset` and the IETF draft's
     /// `RateLimit-Policy` and `RateLimit`.
@@ -354,7 +355,7 @@ mod tests {
             .with_burst(10);
         let mut state = None;
         for _ in 0..2 {
-            let (d, next) = crate::algorithm::step(&q, state.take(), 1_000 * SECOND, 1);
+            let (d, next) = crate::algorithm::step(state.take(), 1_000 * SECOND, 1, &q);
             state = next;
             let h = HeaderValues::new(Some(&q), &d, true, 1_000 * SECOND);
             assert_eq!(h.limit, 10, "{h:?}");
@@ -371,7 +372,7 @@ mod tests {
     fn a_sliding_window_counter_resets_within_the_window() {
         let q = Quota::new(100, Unit::Minute);
         let now = 1_000 * 60 * SECOND + 32 * SECOND;
-        let (d, _) = crate::algorithm::step(&q, None, now, 1);
+        let (d, _) = crate::algorithm::step(None, now, 1, &q);
         let h = HeaderValues::new(Some(&q), &d, true, now);
         assert_eq!(
             (h.limit, h.remaining, h.reset_secs, h.window_secs),
@@ -394,7 +395,7 @@ mod tests {
             let mut now = 1_795_305_600 * SECOND;
             for (gap, cost) in steps {
                 now += gap * unit.nominal() / 10_000_000;
-                let (d, next) = crate::algorithm::step(&q, state.take(), now, cost);
+                let (d, next) = crate::algorithm::step(state.take(), now, cost, &q);
                 state = next;
                 for allowed in [true, false] {
                     let h = HeaderValues::new(Some(&q), &d, allowed, now);

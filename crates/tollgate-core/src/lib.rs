@@ -47,7 +47,7 @@
 //! assert_eq!(headers.retry_after_secs, Some(60));
 //! ```
 
-pub mod algorithm;
+mod algorithm;
 pub mod clock;
 pub mod decision;
 mod fingerprint;
@@ -58,7 +58,13 @@ pub mod quota;
 pub mod request;
 pub mod rules;
 pub mod store;
-pub mod window;
+mod window;
+
+// Not part of the API: the algorithm steps and window arithmetic that tollgate-redis's Lua ports
+// are checked against (and this crate's own property tests and benchmarks). Hidden from the
+// docs, with no stability promise.
+#[doc(hidden)]
+pub mod internals;
 
 pub use clock::{Clock, ManualClock, Micros, MonotonicWallClock, SystemClock};
 pub use decision::Decision;

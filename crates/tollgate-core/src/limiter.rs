@@ -71,30 +71,16 @@ impl Overrides {
             descriptors
                 .iter()
                 .map(|desc| {
-                    desc.limit.map(|o| Limit {
-                        id: format!("{}|{OVERRIDE_ID}", d.name),
-                        domain: d.name.clone(),
-                        name: None,
-                        quota: Some(
-                            Quota::new(o.requests_per_unit, o.unit)
-                                .with_algorithm(rules.defaults().algorithm()),
-                        ),
-                        shadow_mode: false,
-                        message: None,
-                        replaces: Vec::new(),
-                        detailed_metric: false,
-                        value_to_metric: false,
-                        share_threshold: false,
-                        quota_mode: false,
-                        algorithm_named: false,
-                        count_denied_hits: rules.defaults().count_denied_hits,
-                        metadata: None,
-                        stats: StatsKey::of_descriptor(
-                            &d.name,
-                            desc.entries.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-                        ),
-                        file: "(request)".into(),
-                        line: 0,
+                    desc.limit.map(|o| {
+                        let quota = Quota::new(o.requests_per_unit, o.unit)
+                            .with_algorithm(rules.defaults().algorithm());
+                        Limit::new(format!("{}|{OVERRIDE_ID}", d.name), &d.name, Some(quota))
+                            .with_count_denied_hits(rules.defaults().count_denied_hits)
+                            .with_stats(StatsKey::of_descriptor(
+                                &d.name,
+                                desc.entries.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+                            ))
+                            .with_source("(request)", 0)
                     })
                 })
                 .collect(),

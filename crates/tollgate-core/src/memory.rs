@@ -222,7 +222,7 @@ impl Slot {
     /// dispatches to, so the same decisions and states); `false` when it is back to full (the
     /// caller drops it). GCRA and leaky-bucket slots step their one word directly.
     #[inline]
-    fn step(&mut self, layout: Layout, quota: &Quota, now: Micros, cost: u64) -> (Decision, bool) {
+    fn step(&mut self, layout: Layout, now: Micros, cost: u64, quota: &Quota) -> (Decision, bool) {
         use crate::algorithm::{envoy_fixed_window, fixed_window, sliding_counter, token_bucket};
         let (d, next) = match layout {
             Layout::Gcra => {
@@ -415,11 +415,11 @@ impl Shard {
     /// One check of one key, its state stepped in place. Inlined into both single checks (text
     /// and binary keys): a call here costs measurably more on the hot path (BENCHMARKS.md).
     #[inline(always)]
-    fn step(&mut self, h: Key, quota: &Quota, now: Micros, cost: u64) -> Decision {
+    fn step(&mut self, h: Key, now: Micros, cost: u64, quota: &Quota) -> Decision {
         match h.layout() {
             Some(layout) => {
                 if let Some(slot) = self.slots.get_mut(&h) {
-                    let (d, keep) = slot.step(layout, quota, now, cost);
+                    let (d, keep) = slot.step(layout, now, cost, quota);
                     if !keep {
                         self.slots.remove(&h);
                     }
@@ -442,7 +442,7 @@ impl Shard {
                 }
             }
         }
-        let (d, next) = algorithm::step(quota, None, now, cost);
+        let (d, next) = algorithm::step(None, now, cost, quota);
         if next.is_some() {
             self.set(h, next, now + d.reset_after, d.remaining == 0, now);
         }
@@ -484,8 +484,8 @@ impl Shard {
     /// [`algorithm::clamp`]): for requests that write nothing else.
     fn keep_clamp(&mut self, h: Key, quota: &Quota, now: Micros) {
         let Some(state) = self.get(h) else { return };
-        if let Some(c) = algorithm::clamp(quota, &state, now) {
-            let (d, next) = algorithm::step(quota, Some(c), now, 0);
+        if let Some(c) = algorithm::clamp(&state, now, quota) {
+            let (d, next) = algorithm::step(Some(c), now, 0, quota);
             self.set(h, next, now + d.reset_after, d.remaining == 0, now);
         }
     }
@@ -687,7 +687,8 @@ impl MemoryStore {
     }
 
     /// Bytes held by count-min sketches.
-    pub fn sketch_memory(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn sketch_memory(&self) -> usize {
         self.sketches
             .read()
             .values()
@@ -705,7 +706,7 @@ impl MemoryStore {
         if quota.algorithm() == Algorithm::CountMinSketch {
             return lock(&self.sketch(rule, quota)).check(h.wide(), now, cost, quota);
         }
-        lock(&self.shards[self.shard_of(h)]).step(h, quota, now, cost)
+        lock(&self.shards[self.shard_of(h)]).step(h, now, cost, quota)
     }
 
     /// Check one counter of `rule` (cost `cost`, like a one-item [`Store::check_one`]) named by
@@ -824,7 +825,7 @@ impl MemoryStore {
                     Some((_, s)) => s.clone(),
                     None => shard.get(h),
                 };
-                let (d, next) = algorithm::step(item.quota, current, now, item.cost);
+                let (d, next) = algorithm::step(current, now, item.cost, item.quota);
                 pending.push((h, next));
                 d
             };
@@ -860,7 +861,7 @@ impl MemoryStore {
                 } else {
                     let shard = locked(&mut guards, self.shard_of(h));
                     let state = shard.get(h);
-                    algorithm::step(item.quota, state, now, 0).0
+                    algorithm::step(state, now, 0, item.quota).0
                 };
             }
         }
@@ -1151,7 +1152,7 @@ mod tests {
                 let now = 1_795_305_600 * SECOND + i * 37_000;
                 let cost = i % 3;
                 let d = s.check_one(now, &item("k", &q, cost)).unwrap();
-                let (want, next) = algorithm::step(&q, state.take(), now, cost);
+                let (want, next) = algorithm::step(state.take(), now, cost, &q);
                 state = next;
                 assert_eq!(d, want, "{alg} step {i}");
                 assert_eq!(s.len(), usize::from(state.is_some()), "{alg} step {i}");

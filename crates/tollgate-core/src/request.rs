@@ -111,21 +111,19 @@ fn percent_decode(s: &str) -> String {
 #[derive(Debug, Clone, Default)]
 pub struct HttpActions {
     /// The entries, in file order.
-    pub entries: Vec<RateLimitEntry>,
+    pub(crate) entries: Vec<RateLimitEntry>,
 }
 
 /// One entry of the `http` list: its actions, each contributing one `(key, value)`.
 #[derive(Debug, Clone)]
-pub struct RateLimitEntry {
+pub(crate) struct RateLimitEntry {
     /// The actions, in order.
-    pub actions: Vec<Action>,
-    /// Where the entry is defined (1-based line).
-    pub line: usize,
+    pub(crate) actions: Vec<Action>,
 }
 
 /// A rate limit action, as Envoy's `RateLimit.Action`.
 #[derive(Debug, Clone)]
-pub enum Action {
+pub(crate) enum Action {
     /// `remote_address`: `("remote_address", client address)`; does not apply when unknown.
     RemoteAddress,
     /// `masked_remote_address`: `("masked_remote_address", "10.1.2.0/24")`.
@@ -187,27 +185,27 @@ pub enum Action {
 
 /// Envoy's `HeaderMatcher` (without `range_match`).
 #[derive(Debug, Clone)]
-pub struct HeaderMatcher {
+pub(crate) struct HeaderMatcher {
     /// The header name, lower case.
-    pub name: String,
+    pub(crate) name: String,
     /// What the value must be.
-    pub rule: MatchRule,
+    pub(crate) rule: MatchRule,
     /// `invert_match` (no effect on `present_match`).
-    pub invert: bool,
+    pub(crate) invert: bool,
 }
 
 /// Envoy's `QueryParameterMatcher`.
 #[derive(Debug, Clone)]
-pub struct QueryMatcher {
+pub(crate) struct QueryMatcher {
     /// The parameter name.
-    pub name: String,
+    pub(crate) name: String,
     /// What the value must be.
-    pub rule: MatchRule,
+    pub(crate) rule: MatchRule,
 }
 
 /// How a header or parameter value is matched.
 #[derive(Debug, Clone)]
-pub enum MatchRule {
+pub(crate) enum MatchRule {
     /// `present_match`: matches when presence equals this.
     Present(bool),
     /// A string matcher.
@@ -216,16 +214,16 @@ pub enum MatchRule {
 
 /// Envoy's `StringMatcher` (also the legacy `exact_match`, `prefix_match`, ... forms).
 #[derive(Debug, Clone)]
-pub struct StringMatch {
+pub(crate) struct StringMatch {
     /// The comparison.
-    pub kind: StringMatchKind,
+    pub(crate) kind: StringMatchKind,
     /// `ignore_case` (not for regexes).
-    pub ignore_case: bool,
+    pub(crate) ignore_case: bool,
 }
 
 /// A string comparison.
 #[derive(Debug, Clone)]
-pub enum StringMatchKind {
+pub(crate) enum StringMatchKind {
     /// `exact`.
     Exact(String),
     /// `prefix`.
@@ -240,7 +238,7 @@ pub enum StringMatchKind {
 
 impl StringMatch {
     /// Whether `value` matches.
-    pub fn matches(&self, value: &str) -> bool {
+    pub(crate) fn matches(&self, value: &str) -> bool {
         let ignore_case = self.ignore_case;
         fn fold_with(ignore_case: bool, s: &str) -> Cow<'_, str> {
             if ignore_case {
@@ -526,6 +524,3 @@ fn parse_hop(s: &str) -> Option<IpAddr> {
         .or_else(|| s.parse::<std::net::SocketAddr>().ok().map(|a| a.ip()))
         .map(canonical)
 }
-
-#[cfg(test)]
-mod tests;

@@ -53,7 +53,8 @@ impl<'a> CheckItem<'a> {
 }
 
 /// A store could not decide (only remote stores fail; the memory store never does).
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// The backend did not answer in time.
     #[error("store timed out after {0} ms")]
@@ -78,6 +79,7 @@ pub enum StoreError {
 /// What kind of failure a store error is: for metrics, logs and for telling an outage (the
 /// store cannot serve anyone) from a fault of one request (one key, one script call).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum FaultKind {
     /// No answer within the per-call timeout.
     Timeout,

@@ -86,7 +86,7 @@ pub fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
 }
 
 /// The proleptic Gregorian date (year, month, day) of a day number since 1970-01-01.
-pub fn civil_from_days(z: i64) -> (i64, u32, u32) {
+pub(crate) fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let z = z + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z - era * 146_097;

@@ -1555,7 +1555,7 @@ fn differences_denied_requests_consume_nothing() {
 
 #[test]
 fn differences_week_month_year_are_calendar_periods() {
-    use tollgate_core::window::{days_from_civil, window};
+    use tollgate_core::internals::{days_from_civil, window};
     use tollgate_core::Period;
     // envoyproxy/ratelimit: windows of 7, 30 and 365 days counted from the Unix epoch.
     // tollgate: weeks start on Monday, months on the 1st, years on January 1st (UTC).

@@ -6,8 +6,8 @@
 
 use proptest::prelude::*;
 use std::collections::HashMap;
-use tollgate_core::algorithm::{self, State};
 use tollgate_core::clock::SECOND;
+use tollgate_core::internals::{self, State};
 use tollgate_core::{
     Algorithm, CheckItem, Decision, MemoryStore, Micros, Period, Quota, Store, Unit,
 };
@@ -28,7 +28,7 @@ fn model(
 ) -> Vec<Decision> {
     if let [(k, q, cost, _)] = *items {
         // One item: stepped in place, the result (clamped even when denied) kept.
-        let (d, next) = algorithm::step(&quotas[q], states.remove(&k), now, cost);
+        let (d, next) = internals::step(states.remove(&k), now, cost, &quotas[q]);
         if let Some(s) = next {
             states.insert(k, s);
         }
@@ -41,14 +41,14 @@ fn model(
             Some((_, s)) => s.clone(),
             None => states.get(&k).cloned(),
         };
-        let (d, next) = algorithm::step(&quotas[q], current, now, cost);
+        let (d, next) = internals::step(current, now, cost, &quotas[q]);
         pending.push((k, next));
         ds.push(d);
     }
     let blocked = items.iter().zip(&ds).any(|(i, d)| !i.3 && !d.allowed);
     for (i, &(k, q, cost, _)) in items.iter().enumerate() {
         if ds[i].allowed && cost > 0 && blocked {
-            ds[i] = algorithm::step(&quotas[q], states.get(&k).cloned(), now, 0).0;
+            ds[i] = internals::step(states.get(&k).cloned(), now, 0, &quotas[q]).0;
         }
     }
     for (i, &(k, q, _, _)) in items.iter().enumerate() {
@@ -58,8 +58,8 @@ fn model(
                 None => states.remove(&k),
             };
         } else if let Some(s) = states.get(&k) {
-            if let Some(c) = algorithm::clamp(&quotas[q], s, now) {
-                match algorithm::step(&quotas[q], Some(c), now, 0).1 {
+            if let Some(c) = internals::clamp(s, now, &quotas[q]) {
+                match internals::step(Some(c), now, 0, &quotas[q]).1 {
                     Some(s) => states.insert(k, s),
                     None => states.remove(&k),
                 };

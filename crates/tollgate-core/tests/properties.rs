@@ -11,9 +11,8 @@ mod support;
 use proptest::prelude::*;
 use std::collections::HashMap;
 use support::max_in_rolling_window;
-use tollgate_core::algorithm::{self, Sketch, State};
 use tollgate_core::clock::SECOND;
-use tollgate_core::window::{previous_start, window};
+use tollgate_core::internals::{self, previous_start, window, Sketch, State};
 use tollgate_core::{
     Algorithm, CheckItem, Decision, MemoryStore, Micros, Period, Quota, SketchSize, Store, Unit,
 };
@@ -117,7 +116,7 @@ fn quota_and_sorted(alg: Algorithm) -> impl Strategy<Value = (Quota, Vec<(Micros
 // Helpers
 // ---------------------------------------------------------------------------------------------
 
-/// Run `trace` through `algorithm::step` from an untracked key; returns every decision and the
+/// Run `trace` through `internals::step` from an untracked key; returns every decision and the
 /// state before each step.
 fn run(q: &Quota, trace: &[(Micros, u64)]) -> Vec<(Decision, Option<State>)> {
     let mut state = None;
@@ -125,7 +124,7 @@ fn run(q: &Quota, trace: &[(Micros, u64)]) -> Vec<(Decision, Option<State>)> {
         .iter()
         .map(|&(now, cost)| {
             let before = state.clone();
-            let (d, s) = algorithm::step(q, state.take(), now, cost);
+            let (d, s) = internals::step(state.take(), now, cost, q);
             state = s;
             (d, before)
         })
@@ -324,13 +323,13 @@ proptest! {
             now += match next(4) { 0 => 0, 1 => next(len / 20 + 1), 2 => next(len), _ => next(len / 1000 + 2) };
             let cap = if alg.uses_burst() { q.capacity() } else { limit };
             let cost = if next(10) == 0 { next(cap + 1) } else { 1 };
-            let (d, s) = algorithm::step(&q, state.clone(), now, cost);
+            let (d, s) = internals::step(state.clone(), now, cost, &q);
             sane(&q, cost, &d)?;
             if let Some(r) = d.retry_after {
                 prop_assert!(r >= 1);
-                let later = algorithm::step(&q, state.clone(), now + r, cost).0;
+                let later = internals::step(state.clone(), now + r, cost, &q).0;
                 prop_assert!(later.allowed, "{alg}: denied at now + retry_after ({r}): {d:?} -> {later:?}");
-                let early = algorithm::step(&q, state.clone(), now + r - 1, cost).0;
+                let early = internals::step(state.clone(), now + r - 1, cost, &q).0;
                 prop_assert!(!early.allowed, "{alg}: admitted 1 µs before retry_after ({r})");
             }
             state = s;
@@ -406,7 +405,7 @@ proptest! {
             let d = sketch.check(mix(key), now, cost, &q);
             sane(&q, cost, &d)?;
             let st = exact.entry(key).or_default();
-            let (e, next) = algorithm::step(&exact_q, st.clone(), now, cost);
+            let (e, next) = internals::step(st.clone(), now, cost, &exact_q);
             if d.allowed {
                 prop_assert!(e.allowed, "sketch admitted key {key} at {now} (cost {cost}) where the exact counter denies");
                 prop_assert!(d.remaining <= e.remaining);
@@ -415,7 +414,7 @@ proptest! {
         }
     }
 
-    /// The memory store = applying `algorithm::step` per key, all-or-nothing per request.
+    /// The memory store = applying `internals::step` per key, all-or-nothing per request.
     #[test]
     fn memory_store_matches_model(
         quotas in prop::collection::vec(
@@ -441,7 +440,7 @@ proptest! {
             let mut nexts = Vec::new();
             for &(k, cost, _) in &items {
                 let st = tentative.get(&k).cloned().flatten();
-                let (d, next) = algorithm::step(&qs[k], st, now, cost);
+                let (d, next) = internals::step(st, now, cost, &qs[k]);
                 tentative.insert(k, next.clone());
                 want.push(d);
                 nexts.push(next);
@@ -460,7 +459,7 @@ proptest! {
             for (i, &(k, cost, _)) in items.iter().enumerate() {
                 if want[i].allowed && cost > 0 && !commit[i] {
                     let st = model.get(&k).cloned().flatten();
-                    want[i] = algorithm::step(&qs[k], st, now, 0).0;
+                    want[i] = internals::step(st, now, 0, &qs[k]).0;
                 }
             }
             for (i, &(k, _, _)) in items.iter().enumerate() {
@@ -493,14 +492,14 @@ fn backwards_time_after_a_key_was_dropped_forgets_it() {
     for alg in EXACT {
         let q = Quota::new(1, Unit::Minute).with_algorithm(alg);
         let t0 = BASE + 10 * SECOND;
-        let (d, s) = algorithm::step(&q, None, t0, 1);
+        let (d, s) = internals::step(None, t0, 1, &q);
         assert!(d.allowed);
         // A query two minutes later sees the key full again: its state is dropped.
-        let (d, s) = algorithm::step(&q, s, t0 + 120 * SECOND, 0);
+        let (d, s) = internals::step(s, t0 + 120 * SECOND, 0, &q);
         assert!(d.allowed);
         assert_eq!(s, None, "{alg}");
         // Back to 10 s after the first admission: admitted again.
-        let (d, _) = algorithm::step(&q, s, t0 + 10 * SECOND, 1);
+        let (d, _) = internals::step(s, t0 + 10 * SECOND, 1, &q);
         assert!(d.allowed, "{alg}");
     }
 }
@@ -514,15 +513,15 @@ fn gcra_and_token_bucket_differ_only_when_time_goes_backwards() {
     let q = Quota::new(3, Unit::Minute).with_algorithm(Algorithm::Gcra);
     let tq = q.with_algorithm(Algorithm::TokenBucket);
     let t0 = BASE + 100 * SECOND;
-    let (g, gs) = algorithm::step(&q, None, t0, 1);
-    let (b, bs) = algorithm::step(&tq, None, t0, 1);
+    let (g, gs) = internals::step(None, t0, 1, &q);
+    let (b, bs) = internals::step(None, t0, 1, &tq);
     assert!(g.allowed && b.allowed);
     // 50 s earlier: GCRA's backlog is 70 s + 20 s > 60 s; the bucket still holds 2 tokens.
-    let (g, _) = algorithm::step(&q, gs.clone(), t0 - 50 * SECOND, 1);
-    let (b, _) = algorithm::step(&tq, bs.clone(), t0 - 50 * SECOND, 1);
+    let (g, _) = internals::step(gs.clone(), t0 - 50 * SECOND, 1, &q);
+    let (b, _) = internals::step(bs.clone(), t0 - 50 * SECOND, 1, &tq);
     assert!(!g.allowed);
     assert!(b.allowed);
     // Seen at the latest clock (t0), both would admit it.
-    assert!(algorithm::step(&q, gs, t0, 1).0.allowed);
-    assert!(algorithm::step(&tq, bs, t0, 1).0.allowed);
+    assert!(internals::step(gs, t0, 1, &q).0.allowed);
+    assert!(internals::step(bs, t0, 1, &tq).0.allowed);
 }

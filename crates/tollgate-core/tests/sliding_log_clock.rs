@@ -12,8 +12,8 @@ mod support;
 
 use proptest::prelude::*;
 use support::max_in_rolling_window;
-use tollgate_core::algorithm::sliding_log::{step, Log};
 use tollgate_core::clock::SECOND;
+use tollgate_core::internals::sliding_log::{step, Log};
 use tollgate_core::{Algorithm, Decision, Micros, Period, Quota, Unit};
 
 /// 2026-11-22T00:00:00Z.

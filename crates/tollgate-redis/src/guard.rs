@@ -68,7 +68,7 @@ pub const PROBE_INTERVAL: Duration = Duration::from_millis(250);
 /// With the `local` policy over several instances, an open breaker half-opens at this many
 /// successful probes in a row (two probe intervals after the first): every instance that saw
 /// Redis come back has folded its local admissions by then.
-pub const SETTLE_PROBES: u8 = 3;
+pub(crate) const SETTLE_PROBES: u8 = 3;
 /// A failing store is reported as answering again only after this long without a failure (so
 /// isolated failures between successes log once, not once per request).
 const QUIET: Micros = 1_000_000;

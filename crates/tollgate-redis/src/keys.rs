@@ -12,7 +12,7 @@
 //!   stay literal: they are already escaped upstream by the rules module, and percent-escaping
 //!   alone is enough for injectivity. The empty key becomes a lone `%` (an empty hash tag would
 //!   make Redis hash the whole key name, splitting a counter's keys across slots).
-//! - **Long keys are hashed.** An escaped key longer than [`MAX_READABLE`] bytes is replaced by
+//! - **Long keys are hashed.** An escaped key longer than `MAX_READABLE` bytes is replaced by
 //!   its first 64 bytes, `%%`, and the hex of the first 128 bits of its SHA-256. `%%` never occurs
 //!   in a plain escaped key, so hashed and plain keys cannot collide, and finding two counter keys
 //!   with the same hashed form means a SHA-256 collision on 128 bits.
@@ -27,17 +27,17 @@ use std::fmt::Write as _;
 use tollgate_core::{Algorithm, Micros, Quota, StoreError, Unit};
 
 /// Escaped keys longer than this are hashed.
-pub const MAX_READABLE: usize = 200;
+pub(crate) const MAX_READABLE: usize = 200;
 
 /// Largest supported period length: 2^50 µs (about 35 years).
-pub const MAX_PERIOD: Micros = 1 << 50;
+pub(crate) const MAX_PERIOD: Micros = 1 << 50;
 /// Largest supported bucket span `burst × period / limit`: 2^51 µs (about 71 years).
-pub const MAX_SPAN: Micros = 1 << 51;
+pub(crate) const MAX_SPAN: Micros = 1 << 51;
 /// Largest supported limit and burst.
-pub const MAX_COUNT: u64 = 1 << 52;
+pub(crate) const MAX_COUNT: u64 = 1 << 52;
 /// Latest supported instant: 2^52 µs after the epoch (the year 2112). With the bounds above,
 /// every timestamp the scripts compute stays below 2^53.
-pub const MAX_NOW: Micros = 1 << 52;
+pub(crate) const MAX_NOW: Micros = 1 << 52;
 /// Costs are clamped to this before they reach Lua: a cost above any supported limit is denied
 /// the same way whatever its exact value.
 pub const MAX_COST: u64 = 1 << 53;
@@ -75,7 +75,7 @@ pub fn escape(key: &str) -> String {
 }
 
 /// Short name of an algorithm in key suffixes.
-pub fn algorithm_tag(a: Algorithm) -> &'static str {
+pub(crate) fn algorithm_tag(a: Algorithm) -> &'static str {
     match a {
         Algorithm::Gcra => "gcra",
         Algorithm::LeakyBucket => "leaky",
@@ -148,7 +148,7 @@ impl std::str::FromStr for KeyLayout {
 /// envoyproxy/ratelimit's cache key for the counter key `key` (`domain|k=v|...`, escaped as
 /// the rules module escapes it), without the window start the script appends:
 /// `<prefix><domain>_<k1>_<v1>_<k2>_<v2>_`.
-pub fn envoy_base_key(prefix: &str, key: &str) -> String {
+pub(crate) fn envoy_base_key(prefix: &str, key: &str) -> String {
     let mut out = String::with_capacity(prefix.len() + key.len() + 8);
     out.push_str(prefix);
     let mut chars = key.chars();
@@ -177,7 +177,7 @@ pub fn counter_keys_in(layout: KeyLayout, prefix: &str, key: &str, quota: &Quota
 }
 
 /// Whether a key prefix is usable (no hash-tag braces, not empty).
-pub fn valid_prefix(prefix: &str) -> bool {
+pub(crate) fn valid_prefix(prefix: &str) -> bool {
     !prefix.is_empty() && !prefix.contains(['{', '}'])
 }
 

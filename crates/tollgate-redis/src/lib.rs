@@ -12,14 +12,14 @@
 //! `docs/operations.md`, "Redis Cluster").
 //!
 //! Modules: [`keys`] (key layout, escaping, exactness bounds), [`script`] (the Lua script and its
-//! wire format), [`store`] ([`RedisStore`], connections, timeouts, health), [`sentinel`] (a
+//! wire format), [`store`] ([`RedisStore`], connections, timeouts, health), `sentinel` (a
 //! master found through Redis Sentinel, followed through failovers), [`guard`] (the failure
 //! policy and circuit breaker around it: [`Guarded`]).
 
 pub mod guard;
 pub mod keys;
 pub mod script;
-pub mod sentinel;
+mod sentinel;
 mod single;
 pub mod store;
 

@@ -3,7 +3,7 @@
 //! The script is `common.lua` + one file per algorithm + the `check.lua` driver, concatenated at
 //! compile time so the algorithms stay in separate, reviewable files while Redis sees one script
 //! (one SHA, one `EVALSHA` per request). On `NOSCRIPT` (a restarted or flushed server) the store
-//! falls back to `EVAL` with [`SOURCE`], which also caches the script again (see
+//! falls back to `EVAL` with `SOURCE`, which also caches the script again (see
 //! `RedisStore::run`); [`redis::Script`] is kept for its SHA.
 
 use crate::keys::{self, CounterKeys, KeyLayout, MAX_COST};
@@ -11,7 +11,7 @@ use redis::{Script, ScriptInvocation};
 use tollgate_core::{Algorithm, CheckItem, Decision, Micros, StoreError, Unit};
 
 /// The full Lua source sent to Redis.
-pub const SOURCE: &str = concat!(
+pub(crate) const SOURCE: &str = concat!(
     include_str!("../scripts/common.lua"),
     include_str!("../scripts/gcra.lua"),
     include_str!("../scripts/leaky_bucket.lua"),
@@ -92,10 +92,10 @@ fn splitmix(x: u64) -> u64 {
 }
 
 /// One item of a call: its index in the request, the item, its keys.
-pub type Entry<'a> = (usize, &'a CheckItem<'a>, &'a CounterKeys);
+pub(crate) type Entry<'a> = (usize, &'a CheckItem<'a>, &'a CounterKeys);
 
 /// The keys and arguments of one call for `items` (with their index in the request and keys).
-pub fn arguments(call: &Call<'_>, items: &[Entry<'_>]) -> (Vec<String>, Vec<String>) {
+pub(crate) fn arguments(call: &Call<'_>, items: &[Entry<'_>]) -> (Vec<String>, Vec<String>) {
     let mut keys = Vec::with_capacity(items.len() + 1);
     let mut args = Vec::with_capacity(6 + 13 * items.len());
     args.extend([
@@ -122,7 +122,7 @@ pub fn arguments(call: &Call<'_>, items: &[Entry<'_>]) -> (Vec<String>, Vec<Stri
         } else {
             0
         };
-        let expire = tollgate_core::algorithm::envoy_fixed_window::window_secs(q.period())
+        let expire = tollgate_core::internals::envoy_window_secs(q.period())
             + jitter
             + call.grace_ms.div_ceil(1000);
         let fields: [u64; 13] = [
@@ -195,7 +195,7 @@ pub fn command_line(prefix: &str, item: &CheckItem<'_>, reqid: &str) -> String {
 
 /// A decoded reply: the script's `now`, whether its items blocked, and one decision per item.
 #[derive(Debug)]
-pub struct Reply {
+pub(crate) struct Reply {
     /// The instant the script used.
     pub now: Micros,
     /// Whether a non-shadow item was denied.
@@ -205,7 +205,7 @@ pub struct Reply {
 }
 
 /// Decode the flat integer array the script returns.
-pub fn decode(v: &[i64], n: usize) -> Result<Reply, StoreError> {
+pub(crate) fn decode(v: &[i64], n: usize) -> Result<Reply, StoreError> {
     if v.len() != 2 + 7 * n {
         return Err(StoreError::Unavailable(format!(
             "unexpected script reply: {} integers for {n} items",
@@ -233,7 +233,7 @@ pub fn decode(v: &[i64], n: usize) -> Result<Reply, StoreError> {
 }
 
 /// Validate every item for this store.
-pub fn validate(items: &[CheckItem<'_>], now: Option<Micros>) -> Result<(), StoreError> {
+pub(crate) fn validate(items: &[CheckItem<'_>], now: Option<Micros>) -> Result<(), StoreError> {
     if now.is_some_and(|n| n > keys::MAX_NOW) {
         return Err(StoreError::Unsupported(
             "time after 2^52 µs since the epoch".into(),

@@ -26,11 +26,11 @@ use std::time::{Duration, Instant};
 
 /// Least time between two discoveries started by failures (a failover in progress keeps
 /// naming the old master for a while; no need to ask on every failed request).
-pub const REDISCOVER_GAP: Duration = Duration::from_millis(100);
+pub(crate) const REDISCOVER_GAP: Duration = Duration::from_millis(100);
 
 /// The parts of a `redis+sentinel://` URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SentinelUrl {
+pub(crate) struct SentinelUrl {
     /// The master's name, as the sentinels know it.
     pub master: String,
     /// The sentinels' node URLs (`redis://` or `rediss://`, with the sentinels' credentials).
@@ -43,7 +43,7 @@ pub struct SentinelUrl {
 
 /// Parse `redis+sentinel://` / `rediss+sentinel://` (the `+sentinel` already told apart by
 /// the caller). Percent-encoded credentials stay encoded: the `redis` crate decodes them.
-pub fn parse(url: &str) -> Result<SentinelUrl, String> {
+pub(crate) fn parse(url: &str) -> Result<SentinelUrl, String> {
     let (tls, rest) = if let Some(r) = url.strip_prefix("rediss+sentinel://") {
         (true, r)
     } else if let Some(r) = url.strip_prefix("redis+sentinel://") {
@@ -141,7 +141,7 @@ struct Master {
 }
 
 /// A connection to whichever server the sentinels name master (see the module docs).
-pub struct SentinelConn {
+pub(crate) struct SentinelConn {
     name: String,
     node: SentinelNodeConnectionInfo,
     sentinel: tokio::sync::Mutex<Sentinel>,
@@ -157,7 +157,7 @@ pub struct SentinelConn {
 
 impl SentinelConn {
     /// Set up from a parsed URL; nothing is dialled yet.
-    pub fn new(
+    pub(crate) fn new(
         url: &SentinelUrl,
         config: ConnectionManagerConfig,
         connect_timeout: Duration,
@@ -199,13 +199,8 @@ impl SentinelConn {
             .clone()
     }
 
-    /// The master's address as last discovered (`host:port`), if any.
-    pub fn master_addr(&self) -> Option<String> {
-        self.current().map(|m| m.addr.clone())
-    }
-
     /// A connection to the master: the current one, or (none yet) one discovered now.
-    pub async fn master(&self) -> RedisResult<ConnectionManager> {
+    pub(crate) async fn master(&self) -> RedisResult<ConnectionManager> {
         if let Some(m) = self.current() {
             return Ok(m.conn.clone());
         }
@@ -259,7 +254,7 @@ impl SentinelConn {
     /// A call to the master failed in a way a failover explains (refused, lost, timed out,
     /// read-only): ask the sentinels again in the background, unless a discovery is running or
     /// one started less than [`REDISCOVER_GAP`] ago. Needs a Tokio runtime.
-    pub fn suspect(self: &Arc<Self>) {
+    pub(crate) fn suspect(self: &Arc<Self>) {
         let now_ms = self.epoch.elapsed().as_millis() as u64;
         let last = self.last_start_ms.load(Ordering::Relaxed);
         if last != 0 && now_ms.saturating_sub(last) < REDISCOVER_GAP.as_millis() as u64 {

@@ -21,13 +21,13 @@ use std::time::{Duration, Instant};
 
 /// Least time between two replacements of a connection that stopped answering (doubled after
 /// each replacement that did not help, up to [`MAX_GAP`]; reset by an answer).
-pub const MIN_GAP: Duration = Duration::from_millis(250);
+pub(crate) const MIN_GAP: Duration = Duration::from_millis(250);
 /// Most time between two replacements.
-pub const MAX_GAP: Duration = Duration::from_secs(4);
+pub(crate) const MAX_GAP: Duration = Duration::from_secs(4);
 
 /// Socket settings of every store connection: no Nagle delay, keepalive probes after 5 s idle
 /// (every 2 s, 3 of them), and unacknowledged data for 10 s fails the connection.
-pub fn tcp_settings() -> TcpSettings {
+pub(crate) fn tcp_settings() -> TcpSettings {
     let keepalive = TcpKeepalive::new()
         .with_time(Duration::from_secs(5))
         .with_interval(Duration::from_secs(2))
@@ -39,7 +39,7 @@ pub fn tcp_settings() -> TcpSettings {
 }
 
 /// `url`'s client, with [`tcp_settings`] on its sockets.
-pub fn client(url: &str) -> RedisResult<Client> {
+pub(crate) fn client(url: &str) -> RedisResult<Client> {
     let info = url.into_connection_info()?.set_tcp_settings(tcp_settings());
     Client::open(info)
 }
@@ -51,7 +51,7 @@ struct Backoff {
 }
 
 /// A self-replacing connection to one server (see the module docs).
-pub struct SingleConn {
+pub(crate) struct SingleConn {
     client: Client,
     config: ConnectionManagerConfig,
     current: RwLock<ConnectionManager>,
@@ -62,7 +62,11 @@ pub struct SingleConn {
 
 impl SingleConn {
     /// Wrap a manager made from `client` with `config`.
-    pub fn new(client: Client, config: ConnectionManagerConfig, conn: ConnectionManager) -> Self {
+    pub(crate) fn new(
+        client: Client,
+        config: ConnectionManagerConfig,
+        conn: ConnectionManager,
+    ) -> Self {
         SingleConn {
             client,
             config,
@@ -76,7 +80,7 @@ impl SingleConn {
     }
 
     /// The current connection (a cheap clone of the shared, multiplexed one).
-    pub fn conn(&self) -> ConnectionManager {
+    pub(crate) fn conn(&self) -> ConnectionManager {
         self.current
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -84,7 +88,7 @@ impl SingleConn {
     }
 
     /// A request was answered: the next replacement may happen at once again.
-    pub fn answered(&self) {
+    pub(crate) fn answered(&self) {
         use std::sync::atomic::Ordering::Relaxed;
         if self.replaced.load(Relaxed) {
             self.replaced.store(false, Relaxed);
@@ -100,7 +104,7 @@ impl SingleConn {
     /// than the back-off gap ago (`force`: whatever the gap, when a new connection was just seen
     /// to work). Returns whether it replaced. Requests already on the old connection end with
     /// their own timeout; new ones use the new connection.
-    pub fn replace(&self, why: &str, url: &str, force: bool) -> bool {
+    pub(crate) fn replace(&self, why: &str, url: &str, force: bool) -> bool {
         let now = Instant::now();
         {
             let mut b = self.backoff.lock().unwrap_or_else(|e| e.into_inner());
@@ -123,7 +127,7 @@ impl SingleConn {
 
     /// A new connection of its own (not the shared one), for a probe: dialled within
     /// `connect`, its replies bounded by `response`.
-    pub async fn fresh(
+    pub(crate) async fn fresh(
         &self,
         connect: Duration,
         response: Duration,

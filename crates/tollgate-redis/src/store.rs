@@ -3,7 +3,7 @@
 //! - **Connections.** One multiplexed connection per store (to a single server, replaced when a
 //!   request goes unanswered past its bound, see `single.rs`; a cluster connection, which
 //!   follows `MOVED`/`ASK` and topology changes; or a connection to the master Redis Sentinel
-//!   names, which follows failovers, see [`crate::sentinel`]), shared by every concurrent caller:
+//!   names, which follows failovers, see `sentinel.rs`), shared by every concurrent caller:
 //!   no connection per request, no pool to size. Every socket has TCP keepalive and a user
 //!   timeout. A script call that finds its connection closed (a server restarted while idle)
 //!   is sent once more on the reconnected one before it counts as a failure.
@@ -200,7 +200,7 @@ pub fn redact(url: &str) -> String {
 }
 
 /// `e` as a typed [`StoreError`] with a message for humans. `url` is the redacted store URL.
-pub fn classify(e: &RedisError, url: &str) -> StoreError {
+pub(crate) fn classify(e: &RedisError, url: &str) -> StoreError {
     use redis::{ErrorKind as K, ServerErrorKind as S};
     let detail = e.detail().unwrap_or("").trim();
     let code = e.code().unwrap_or("");
@@ -344,8 +344,9 @@ fn cluster_nodes(scheme: &str, rest: &str) -> Result<Vec<String>, StoreError> {
 impl RedisStore {
     /// Connect to `redis://[user:pass@]host:port[/db]`, `rediss://...` (TLS),
     /// `redis+cluster://[user:pass@]h1:p1,h2:p2` (`rediss+cluster://` for TLS) or
-    /// `redis+sentinel://[user:pass@]s1:p1,s2:p2/master[/db]` (`rediss+sentinel://`; see
-    /// [`crate::sentinel`]). Fails when the server cannot be reached within
+    /// `redis+sentinel://[user:pass@]s1:p1,s2:p2/master[/db]` (`rediss+sentinel://`; the user
+    /// info is the master's, the `sentinel_user` and `sentinel_pass` query parameters the
+    /// sentinels'). Fails when the server cannot be reached within
     /// [`RedisOptions::connect_timeout`]; after that, lost connections are re-established
     /// automatically (and a Sentinel master followed through failovers).
     pub async fn connect(url: &str, opts: RedisOptions) -> Result<RedisStore, StoreError> {
@@ -640,7 +641,7 @@ impl RedisStore {
 
     /// [`RedisStore::probe`] of the cluster node that serves `ranges` (inclusive slot ranges):
     /// the same write, on a key whose slot is in them.
-    pub async fn probe_slots(&self, ranges: &[(u16, u16)]) -> Result<(), StoreError> {
+    pub(crate) async fn probe_slots(&self, ranges: &[(u16, u16)]) -> Result<(), StoreError> {
         let prefix = &self.inner.opts.prefix;
         // About one in (16384 / slots served) tags lands in the ranges: a few tries.
         let key = (0u32..1 << 20)
@@ -1013,18 +1014,7 @@ impl RedisStore {
             async move { self.run(bound, call_ref, &part).await }
         });
         let replies = join_all(calls).await;
-        let mut failed = replies
-            .iter()
-            .find_map(|r| r.as_ref().err())
-            .map(|e| match e {
-                StoreError::Timeout(ms) => StoreError::Timeout(*ms),
-                StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
-                StoreError::Unsupported(m) => StoreError::Unsupported(m.clone()),
-                StoreError::Failed { kind, message } => StoreError::Failed {
-                    kind: *kind,
-                    message: message.clone(),
-                },
-            });
+        let mut failed = replies.iter().find_map(|r| r.as_ref().err()).cloned();
         let blocked = failed.is_some() || replies.iter().flatten().any(|r| r.blocked);
         let mut decisions = vec![Decision::default(); items.len()];
         let mut at = vec![0; items.len()];

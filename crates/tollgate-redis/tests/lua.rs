@@ -4,7 +4,7 @@
 mod support;
 
 use proptest::prelude::*;
-use tollgate_core::window::{previous_start, window};
+use tollgate_core::internals::{previous_start, window};
 use tollgate_core::{Micros, Period, Unit};
 
 const COMMON: &str = include_str!("../scripts/common.lua");

@@ -1,5 +1,5 @@
 //! The one error type of the service. Transports map it once, at their boundary, by
-//! [`ApiError::class`]: HTTP to a status and `{"error":{"code","message"}}`, gRPC to a
+//! `ApiError::class`: HTTP to a status and `{"error":{"code","message"}}`, gRPC to a
 //! `tonic::Status`.
 
 use tollgate_core::store::StoreError;

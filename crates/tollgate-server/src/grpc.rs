@@ -20,12 +20,12 @@
 //! - `response_headers_to_add`: the same headers as HTTP ([`crate::model::HeaderValues::pairs`])
 //!   when `--response-headers` is on.
 //!
-//! Errors are mapped once, by [`status_from`]. A request that is not valid protobuf (garbage
+//! Errors are mapped once, by `status_from`. A request that is not valid protobuf (garbage
 //! bytes, a `domain` that is not UTF-8, groups nested past prost's recursion limit) is the
 //! client's fault: INVALID_ARGUMENT with prost's message and the `invalid_protobuf` error code
 //! (counted in `tollgate_request_errors_total`), not the INTERNAL that tonic's prost codec
 //! answers. That is done once, in the codec (`RlsCodec`), which is why the service is served by
-//! [`RlsServer`] (the generated `RateLimitServiceServer` hard-wires tonic-prost's codec). A message larger than
+//! `RlsServer` (the generated `RateLimitServiceServer` hard-wires tonic-prost's codec). A message larger than
 //! `--max-body-bytes` is refused by tonic before decoding: OUT_OF_RANGE with a message.
 //!
 //! [`serve`] runs the services on hyper's HTTP/2 connections itself rather than with tonic's

@@ -16,7 +16,7 @@
 //! configured path (the override's `<domain>|=override` id), so overrides cannot starve
 //! per-value series and neither can starve a configured rule; and a label longer than
 //! `MAX_LABEL_BYTES` is cut, with a visible marker and a hash of the whole value
-//! ([`bounded_label`]) so that distinct values stay distinct series.
+//! (`bounded_label`) so that distinct values stay distinct series.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
@@ -32,10 +32,10 @@ pub struct RuleCounters {
     /// Every hit checked against the rule.
     pub total_hits: AtomicU64,
     /// Hits denied: on an envoy_fixed_window counter only the hits past the limit (envoy's
-    /// split, [`Metrics::envoy_split`]), with the other algorithms every hit of a denied request.
+    /// split, `Metrics::envoy_split`), with the other algorithms every hit of a denied request.
     pub over_limit: AtomicU64,
     /// Hits past the near-limit threshold (`floor(limit * ratio)`, ratio 0.8 by default) and
-    /// not past the limit (see [`Metrics::envoy_split`]).
+    /// not past the limit (see `Metrics::envoy_split`).
     pub near_limit: AtomicU64,
     /// Hits of requests that stayed within the limit.
     pub within_limit: AtomicU64,
@@ -169,7 +169,7 @@ impl Metrics {
         self.series(domain, rule, fallback, kind)
     }
 
-    /// The counters for `(domain, rule)` (the label bounded by [`bounded_label`]), created on
+    /// The counters for `(domain, rule)` (the label bounded by `bounded_label`), created on
     /// first use. A series of `kind` named by request values is folded into `fallback` (a
     /// configured path, always kept) once its kind's budget is spent.
     pub fn series(
@@ -241,7 +241,7 @@ impl Metrics {
     }
 
     /// A descriptor named a domain the rules do not have: counted under its name for the first
-    /// [`MAX_UNKNOWN_DOMAINS`] names, then under `other`. True the first time a label is used
+    /// `MAX_UNKNOWN_DOMAINS` names, then under `other`. True the first time a label is used
     /// (the caller logs that once; later occurrences only count).
     pub fn unknown_domain(&self, domain: &str) -> bool {
         const REASON: &str = "unknown_domain";
@@ -379,7 +379,7 @@ impl Metrics {
     }
 
     /// Calls `f` with every `(domain, rule)` pair's counters, in no particular order (the
-    /// envoy-named exports in [`crate::envoy_stats`] read the same counters at flush time).
+    /// envoy-named exports of the Envoy compatibility module read the same counters at flush time).
     pub(crate) fn for_each_rule(&self, mut f: impl FnMut(&str, &str, &RuleCounters)) {
         let rules = self.rules.read().unwrap_or_else(|e| e.into_inner());
         for ((domain, rule), c) in rules.iter() {

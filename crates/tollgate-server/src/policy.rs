@@ -4,7 +4,7 @@
 //! ask the store, count. A few things around it are a matter of semantics, not of transport:
 //! whether a descriptor with no entries is an error, whether every descriptor is in quota mode,
 //! which limit the rate-limit headers describe, and whether an over-limit answer is turned into
-//! OK (a global shadow mode). [`DecisionPolicy`] carries those choices; [`TollgatePolicy`] is
+//! OK (a global shadow mode). [`DecisionPolicy`] carries those choices; `TollgatePolicy` is
 //! tollgate's own, the default. The Envoy compatibility profile supplies its own implementation
 //! from outside this module, so the core never names it.
 

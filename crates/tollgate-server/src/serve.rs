@@ -11,7 +11,7 @@
 //!
 //! The HTTP listener is our own accept loop ([`crate::listener`]): connection cap, header-read
 //! and idle timeouts. At start the open-files limit is raised to its hard limit (see
-//! [`raise_open_files_limit`]).
+//! `raise_open_files_limit`).
 
 use crate::backend::{redis_unsupported, Guarded, RedisSettings};
 pub use crate::config::ServeConfig;
@@ -482,7 +482,7 @@ pub async fn serve(
         debug,
     });
 
-    // The API service itself, not `http::router`'s `Router` around it (which would route every
+    // The API service itself, not `HttpApi::router`'s `Router` around it (which would route every
     // request twice), unless the trace layer is wanted: that one comes with the `Router`.
     let counters = state.metrics().http_connections.clone();
     let api = HttpApi::new(state.clone())

@@ -185,7 +185,7 @@ impl AppStateBuilder {
         self.rule_listing = listing;
         self
     }
-    /// The decision's semantics (default: [`TollgatePolicy`]).
+    /// The decision's semantics (default: `TollgatePolicy`).
     pub fn policy(mut self, policy: Arc<dyn DecisionPolicy>) -> Self {
         self.policy = policy;
         self

@@ -67,7 +67,7 @@ async fn call(app: &App, req: Request<Body>) -> Resp {
     send(app.router.clone(), req).await
 }
 
-/// One request through any service shaped like the API (`router`, or `http::service`).
+/// One request through any service shaped like the API (`router`, or `HttpApi::service`).
 async fn send<S>(svc: S, req: Request<Body>) -> Resp
 where
     S: tower::Service<
@@ -1004,7 +1004,7 @@ async fn the_served_service_answers_exactly_as_the_router() {
             let r = send(svc.clone(), r).await;
             // `content-length` as it goes on the wire: axum's router puts it in the map, and
             // hyper writes it from the body's exact size when a service did not (the direct
-            // `POST /v1/check` answer of `http::service`).
+            // `POST /v1/check` answer of `HttpApi::service`).
             if let Some(len) = r.header("content-length") {
                 assert_eq!(len, r.text.len().to_string());
             }

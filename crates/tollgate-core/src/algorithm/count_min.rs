@@ -39,7 +39,8 @@ impl Sketch {
     }
 
     /// Bytes of counters held.
-    pub fn memory(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn memory(&self) -> usize {
         (self.prev.len() + self.cur.len()) * std::mem::size_of::<u32>()
     }
 
@@ -82,7 +83,13 @@ impl Sketch {
 
     /// Decide for the key with hash `hash`, without recording anything (rotating windows is not
     /// consumption).
-    pub fn evaluate(&mut self, hash: u128, now: Micros, cost: u64, quota: &Quota) -> Decision {
+    pub(crate) fn evaluate(
+        &mut self,
+        hash: u128,
+        now: Micros,
+        cost: u64,
+        quota: &Quota,
+    ) -> Decision {
         let (now, ws, we) = self.rotate(now, quota);
         let prev = self.estimate(&self.prev, hash);
         let cur = self.estimate(&self.cur, hash);
@@ -92,7 +99,7 @@ impl Sketch {
     /// Record `cost` for the key (conservative update). Call after an admitting [`evaluate`].
     ///
     /// [`evaluate`]: Sketch::evaluate
-    pub fn record(&mut self, hash: u128, cost: u64) {
+    pub(crate) fn record(&mut self, hash: u128, cost: u64) {
         if cost == 0 {
             return;
         }

@@ -25,10 +25,10 @@ use crate::clock::{Micros, SECOND};
 use crate::decision::Decision;
 use crate::quota::{Period, Quota, Unit};
 
-pub use super::fixed_window::Window;
+use super::fixed_window::Window;
 
 /// envoyproxy/ratelimit's window length of a unit in seconds (its `UnitToDivider`).
-pub const fn divider(unit: Unit) -> u64 {
+pub(crate) const fn divider(unit: Unit) -> u64 {
     match unit {
         Unit::Second => 1,
         Unit::Minute => 60,
@@ -47,14 +47,19 @@ pub fn window_secs(period: Period) -> u64 {
 
 /// The window `[start, end)` containing `now`: envoy's `now / divider * divider` on whole
 /// seconds (a window boundary is always a whole second, so this is the same on microseconds).
-pub fn window(period: Period, now: Micros) -> (Micros, Micros) {
+pub(crate) fn window(period: Period, now: Micros) -> (Micros, Micros) {
     let len = window_secs(period) * SECOND;
     let start = now - now % len;
     (start, start + len)
 }
 
 /// One step. `state` is `None` when nothing is counted.
-pub fn step(state: Option<Window>, now: Micros, cost: u64, quota: &Quota) -> Outcome<Window> {
+pub(crate) fn step(
+    state: Option<Window>,
+    now: Micros,
+    cost: u64,
+    quota: &Quota,
+) -> Outcome<Window> {
     let (start, end) = window(quota.period(), now);
     let before = match state {
         Some(w) if w.start == start => w.count,

@@ -28,7 +28,7 @@ pub struct Window {
 
 /// `w` with a start beyond the window after `now`'s clamped to that next window (see the
 /// module docs); `None` when it is not that far ahead.
-pub fn clamp(w: Window, now: Micros, quota: &Quota) -> Option<Window> {
+pub(crate) fn clamp(w: Window, now: Micros, quota: &Quota) -> Option<Window> {
     if w.start <= now {
         return None;
     }
@@ -37,7 +37,7 @@ pub fn clamp(w: Window, now: Micros, quota: &Quota) -> Option<Window> {
 }
 
 /// One step. `state` is `None` when nothing is counted.
-pub fn step(
+pub(crate) fn step(
     mut state: Option<Window>,
     mut now: Micros,
     cost: u64,

@@ -17,7 +17,7 @@ use crate::decision::Decision;
 use crate::quota::Quota;
 
 /// `tat` clamped to the furthest a monotonic clock can leave it: `now + burst·T`.
-pub fn clamp(tat: Micros, now: Micros, quota: &Quota) -> Micros {
+pub(crate) fn clamp(tat: Micros, now: Micros, quota: &Quota) -> Micros {
     match quota.emission_interval() {
         Some(t) => tat.min(now.saturating_add(t.saturating_mul(quota.capacity().max(1)))),
         None => tat,
@@ -26,7 +26,7 @@ pub fn clamp(tat: Micros, now: Micros, quota: &Quota) -> Micros {
 
 /// One step. `tat` is `None` when the key is untracked (full).
 #[inline]
-pub fn step(tat: Option<Micros>, now: Micros, cost: u64, quota: &Quota) -> Outcome<Micros> {
+pub(crate) fn step(tat: Option<Micros>, now: Micros, cost: u64, quota: &Quota) -> Outcome<Micros> {
     let Some(t) = quota.emission_interval() else {
         return deny_forever(0, tat);
     };

@@ -15,7 +15,12 @@ use crate::quota::Quota;
 
 /// One step. `free_at` is `None` when the queue is empty.
 #[inline]
-pub fn step(free_at: Option<Micros>, now: Micros, cost: u64, quota: &Quota) -> Outcome<Micros> {
+pub(crate) fn step(
+    free_at: Option<Micros>,
+    now: Micros,
+    cost: u64,
+    quota: &Quota,
+) -> Outcome<Micros> {
     let (mut decision, next) = gcra::step(free_at, now, cost, quota);
     if decision.allowed && cost > 0 {
         // A pure query (cost 0) waits for nothing.

@@ -17,27 +17,27 @@
 //! its exact per-key counterpart (used by [`step`] and as its reference) is the sliding window
 //! counter it approximates.
 
-pub mod count_min;
-pub mod envoy_fixed_window;
-pub mod fixed_window;
-pub mod gcra;
-pub mod leaky_bucket;
-pub mod sliding_counter;
-pub mod sliding_log;
-pub mod token_bucket;
+pub(crate) mod count_min;
+pub(crate) mod envoy_fixed_window;
+pub(crate) mod fixed_window;
+pub(crate) mod gcra;
+pub(crate) mod leaky_bucket;
+pub(crate) mod sliding_counter;
+pub(crate) mod sliding_log;
+pub(crate) mod token_bucket;
 
-pub use count_min::Sketch;
-pub use fixed_window::Window;
-pub use sliding_counter::Counter;
-pub use sliding_log::Log;
-pub use token_bucket::Bucket;
+pub(crate) use count_min::Sketch;
+pub(crate) use fixed_window::Window;
+pub(crate) use sliding_counter::Counter;
+pub(crate) use sliding_log::Log;
+pub(crate) use token_bucket::Bucket;
 
 use crate::clock::Micros;
 use crate::decision::Decision;
 use crate::quota::{Algorithm, Quota};
 
 /// What a step returns: the decision and the state to keep (`None` = untracked/full).
-pub type Outcome<S> = (Decision, Option<S>);
+pub(crate) type Outcome<S> = (Decision, Option<S>);
 
 /// A denial that retrying cannot fix, keeping `state` as it is.
 pub(crate) fn deny_forever<S>(limit: u64, state: S) -> (Decision, S) {
@@ -73,12 +73,12 @@ pub enum State {
 /// `state` clamped as the step at `now` would clamp it (see the module docs), or `None` when the
 /// clamp leaves it as it is. Stores write the clamped state even when a request is blocked and
 /// writes nothing else: otherwise every retry would find the state as far ahead as before.
-pub fn clamp(quota: &Quota, state: &State, now: Micros) -> Option<State> {
+pub fn clamp(state: &State, now: Micros, quota: &Quota) -> Option<State> {
     let changed = |a: Micros, b: Micros| (a != b).then_some(b);
     match state {
         State::Gcra(t) => changed(*t, gcra::clamp(*t, now, quota)).map(State::Gcra),
         State::Leaky(t) => changed(*t, gcra::clamp(*t, now, quota)).map(State::Leaky),
-        State::Bucket(b) => changed(b.last, token_bucket::clamp(*b, now).last)
+        State::Bucket(b) => changed(b.last, token_bucket::clamp(*b, now, quota).last)
             .map(|last| State::Bucket(Bucket { last, ..*b })),
         State::Window(_) if quota.algorithm() == Algorithm::EnvoyFixedWindow => None,
         State::Window(w) => fixed_window::clamp(*w, now, quota).map(State::Window),
@@ -89,7 +89,7 @@ pub fn clamp(quota: &Quota, state: &State, now: Micros) -> Option<State> {
 
 /// One step of `quota.algorithm` for one key. A state of another algorithm's shape (the rule
 /// changed algorithm) is treated as untracked.
-pub fn step(quota: &Quota, state: Option<State>, now: Micros, cost: u64) -> Outcome<State> {
+pub fn step(state: Option<State>, now: Micros, cost: u64, quota: &Quota) -> Outcome<State> {
     use Algorithm as A;
     match quota.algorithm() {
         A::Gcra => {

@@ -34,7 +34,7 @@ pub struct Counter {
 
 /// `c` with a start beyond the window after `now`'s clamped to that next window; `None` when it
 /// is not that far ahead.
-pub fn clamp(c: Counter, now: Micros, quota: &Quota) -> Option<Counter> {
+pub(crate) fn clamp(c: Counter, now: Micros, quota: &Quota) -> Option<Counter> {
     if c.start <= now {
         return None;
     }
@@ -140,7 +140,12 @@ pub(crate) fn decide(
 }
 
 /// One step. `state` is `None` when nothing is counted.
-pub fn step(state: Option<Counter>, now: Micros, cost: u64, quota: &Quota) -> Outcome<Counter> {
+pub(crate) fn step(
+    state: Option<Counter>,
+    now: Micros,
+    cost: u64,
+    quota: &Quota,
+) -> Outcome<Counter> {
     let (s, p, c) = state.map_or((None, 0, 0), |st| (Some(st.start), st.prev, st.cur));
     let (now, start, end, prev, cur) = roll(quota.period(), s, p, c, now);
     let decision = decide(

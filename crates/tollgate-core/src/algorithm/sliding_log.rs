@@ -47,17 +47,18 @@ impl Eq for Log {}
 
 impl Log {
     /// An empty log.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// Whether nothing is logged.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
     /// Number of entries (distinct admission times) held.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 
@@ -72,7 +73,7 @@ impl Log {
     }
 
     /// The sum of the logged costs.
-    pub fn total(&self) -> u64 {
+    pub(crate) fn total(&self) -> u64 {
         self.entries.back().map_or(0, |&(_, cum)| cum - self.base)
     }
 
@@ -104,7 +105,13 @@ impl Log {
 /// running totals. A store checking a counter named several times in one request asks this per
 /// item and writes once ([`Log::commit`]) only if the request consumes, so the stored log is
 /// neither copied nor touched by a request that does not.
-pub fn peek(log: Option<&Log>, added: u64, now: Micros, cost: u64, quota: &Quota) -> Decision {
+pub(crate) fn peek(
+    log: Option<&Log>,
+    added: u64,
+    now: Micros,
+    cost: u64,
+    quota: &Quota,
+) -> Decision {
     let len = quota.period().nominal();
     let empty = Log::new();
     let log = log.unwrap_or(&empty);
@@ -171,7 +178,7 @@ pub fn peek(log: Option<&Log>, added: u64, now: Micros, cost: u64, quota: &Quota
 impl Log {
     /// What the steps that [`peek`] stood for leave: the log pruned and clamped at `now` for a
     /// window of `quota`, with `added` (> 0 or not) logged at `now`; `None` when empty.
-    pub fn commit(self, now: Micros, added: u64, quota: &Quota) -> Option<Log> {
+    pub(crate) fn commit(self, now: Micros, added: u64, quota: &Quota) -> Option<Log> {
         // A step of cost 0 prunes and clamps (on the limit-0 path too); the push follows it.
         let mut log = step(Some(self), now, 0, quota).1.unwrap_or_default();
         if added > 0 {

@@ -37,13 +37,13 @@ impl Key {
         Self::new(Quota::new(limit, period).with_algorithm(alg))
     }
     fn hit(&mut self, now: Micros, cost: u64) -> Decision {
-        let (d, s) = step(&self.quota, self.state.take(), now, cost);
+        let (d, s) = step(self.state.take(), now, cost, &self.quota);
         self.state = s;
         d
     }
     /// A step whose result is thrown away (what `now + r` would say without committing).
     fn peek(&self, now: Micros, cost: u64) -> Decision {
-        step(&self.quota, self.state.clone(), now, cost).0
+        step(self.state.clone(), now, cost, &self.quota).0
     }
 }
 
@@ -465,8 +465,8 @@ fn huge_gaps_reset_cleanly() {
                 assert!(k.hit(BASE, 1).allowed);
             }
             let later = BASE + gap;
-            let fresh = step(&k.quota, None, later, 1);
-            let (d, s) = step(&k.quota, k.state.clone(), later, 1);
+            let fresh = step(None, later, 1, &k.quota);
+            let (d, s) = step(k.state.clone(), later, 1, &k.quota);
             assert_eq!((d, s), fresh, "{alg} after {gap} µs");
         }
     }
@@ -580,7 +580,7 @@ fn sliding_log_cost_and_retry_after_frees_enough() {
 fn other_algorithms_state_is_untracked() {
     let q = Quota::new(3, Unit::Minute).with_algorithm(Algorithm::Gcra);
     let foreign = counter(BASE, 3, 3);
-    assert_eq!(step(&q, foreign, BASE, 1), step(&q, None, BASE, 1));
+    assert_eq!(step(foreign, BASE, 1, &q), step(None, BASE, 1, &q));
 }
 
 /// The algorithms that clamp state ahead of the clock (the sliding log has its own rules).
@@ -644,7 +644,7 @@ proptest::proptest! {
         for (gap, cost) in steps {
             now += gap % (2 * duration_bound(&q, now) + 2);
             if let Some(s) = &k.state {
-                proptest::prop_assert_eq!(clamp(&q, s, now), None, "{:?} at {}", s, now);
+                proptest::prop_assert_eq!(clamp(s, now, &q), None, "{:?} at {}", s, now);
             }
             k.hit(now, cost);
         }
@@ -666,7 +666,7 @@ proptest::proptest! {
             proptest::prop_assert!(d.delay <= bound, "{d:?} > {bound}");
             // And a kept state is clamped: the next check at the same instant clamps nothing.
             if let Some(s) = &k.state {
-                proptest::prop_assert_eq!(clamp(&q, s, now), None);
+                proptest::prop_assert_eq!(clamp(s, now, &q), None);
             }
         }
     }

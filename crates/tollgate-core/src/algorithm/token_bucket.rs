@@ -25,8 +25,9 @@ pub struct Bucket {
     pub last: Micros,
 }
 
-/// `bucket` with `last` clamped to `now` (see the module docs).
-pub fn clamp(bucket: Bucket, now: Micros) -> Bucket {
+/// `bucket` with `last` clamped to `now` (see the module docs). The quota plays no part; it is
+/// taken so that every algorithm's `clamp` has the same signature.
+pub(crate) fn clamp(bucket: Bucket, now: Micros, _quota: &Quota) -> Bucket {
     Bucket {
         last: bucket.last.min(now),
         ..bucket
@@ -34,7 +35,12 @@ pub fn clamp(bucket: Bucket, now: Micros) -> Bucket {
 }
 
 /// One step. `bucket` is `None` when the bucket is full.
-pub fn step(bucket: Option<Bucket>, now: Micros, cost: u64, quota: &Quota) -> Outcome<Bucket> {
+pub(crate) fn step(
+    bucket: Option<Bucket>,
+    now: Micros,
+    cost: u64,
+    quota: &Quota,
+) -> Outcome<Bucket> {
     let Some(t) = quota.emission_interval() else {
         return deny_forever(0, bucket);
     };

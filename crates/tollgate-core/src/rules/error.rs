@@ -25,7 +25,7 @@ pub struct RuleError {
 
 impl RuleError {
     /// A new error.
-    pub fn new(
+    pub(crate) fn new(
         file: impl Into<String>,
         line: usize,
         column: usize,

@@ -66,7 +66,12 @@ pub fn push_escaped(key: &mut String, value: &str) {
 }
 
 /// One rule: a descriptor's `rate_limit` and the descriptor-level options that go with it.
+///
+/// Rule sets build their limits; anyone else starts from [`Limit::new`] and sets the options
+/// with the `with_*` methods (fields may be added, so there is no struct literal outside this
+/// crate).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Limit {
     /// The rule's path, unique in a rule set: the domain, then `key` or `key=value` per level,
     /// joined by `|` and escaped like counter keys (e.g. `api|user`, `api|path=/login|ip`).
@@ -112,6 +117,87 @@ pub struct Limit {
 }
 
 impl Limit {
+    /// The limit `id` of `domain` with `quota` (`None`: `unlimited: true`), every option off:
+    /// no name, message, `replaces` or metadata, not in shadow or quota mode, stats key the
+    /// domain alone, defined nowhere (file `""`, line 0). The `with_*` methods set the rest.
+    pub fn new(id: impl Into<String>, domain: impl Into<String>, quota: Option<Quota>) -> Self {
+        let domain = domain.into();
+        Limit {
+            id: id.into(),
+            stats: StatsKey::of_descriptor(&domain, []),
+            domain,
+            name: None,
+            quota,
+            shadow_mode: false,
+            message: None,
+            replaces: Vec::new(),
+            detailed_metric: false,
+            value_to_metric: false,
+            share_threshold: false,
+            quota_mode: false,
+            metadata: None,
+            algorithm_named: false,
+            count_denied_hits: false,
+            file: String::new(),
+            line: 0,
+        }
+    }
+
+    /// With `rate_limit.name` set ([`Limit::name`]).
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// With `message` set ([`Limit::message`]).
+    pub fn with_message(mut self, message: impl Into<String>) -> Self {
+        self.message = Some(message.into());
+        self
+    }
+
+    /// With `shadow_mode` set ([`Limit::shadow_mode`]).
+    pub fn with_shadow_mode(mut self, on: bool) -> Self {
+        self.shadow_mode = on;
+        self
+    }
+
+    /// With `quota_mode` set ([`Limit::quota_mode`]).
+    pub fn with_quota_mode(mut self, on: bool) -> Self {
+        self.quota_mode = on;
+        self
+    }
+
+    /// With the names it replaces ([`Limit::replaces`]).
+    pub fn with_replaces(mut self, names: Vec<String>) -> Self {
+        self.replaces = names;
+        self
+    }
+
+    /// With `metadata` set ([`Limit::metadata`]).
+    pub fn with_metadata(mut self, metadata: BTreeMap<String, MetaValue>) -> Self {
+        self.metadata = Some(metadata);
+        self
+    }
+
+    /// With [`Limit::count_denied_hits`] set.
+    pub fn with_count_denied_hits(mut self, on: bool) -> Self {
+        self.count_denied_hits = on;
+        self
+    }
+
+    /// With its stats key ([`Limit::stats`]).
+    pub fn with_stats(mut self, stats: StatsKey) -> Self {
+        self.stats = stats;
+        self
+    }
+
+    /// Defined at `line` (1-based; 0 when not in a file) of `file` ([`Limit::file`]).
+    pub fn with_source(mut self, file: impl Into<String>, line: usize) -> Self {
+        self.file = file.into();
+        self.line = line;
+        self
+    }
+
     /// Whether the rule is `unlimited: true`.
     pub fn is_unlimited(&self) -> bool {
         self.quota.is_none()
@@ -146,6 +232,7 @@ impl Domain {
 
 /// What applies to one request descriptor.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Resolution<'a> {
     /// No rule matches (or unknown domain, or matched node has no rate_limit): OK with no limit.
     NoMatch,
@@ -246,7 +333,7 @@ impl RuleSet {
     /// [`RuleSet::from_sources`]; with `merge_domains` (envoyproxy/ratelimit's
     /// `MERGE_DOMAIN_CONFIG`) a domain defined by several files has the top-level descriptors of
     /// all of them, in file order; a top-level descriptor defined twice is still an error.
-    pub fn from_sources_with(
+    pub(crate) fn from_sources_with(
         files: &[(String, String)],
         merge_domains: bool,
     ) -> Result<RuleSet, RuleErrors> {
@@ -501,7 +588,7 @@ pub struct LoadOptions {
     /// Entries whose name starts with `.` are read too (else skipped).
     pub dotfiles: bool,
     /// Several files may define one domain: their top-level descriptors are merged
-    /// ([`RuleSet::from_sources_with`]); else that is an error.
+    /// (envoyproxy/ratelimit's `MERGE_DOMAIN_CONFIG`); else that is an error.
     pub merge_domains: bool,
     /// Files in subdirectories (real ones, not symlinks) are rule files too.
     pub recursive: bool,

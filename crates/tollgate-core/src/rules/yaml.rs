@@ -74,13 +74,13 @@ pub(crate) struct Entry {
 
 impl Node {
     /// Whether this is the YAML null (`~`, `null`, or nothing at all).
-    pub fn is_null(&self) -> bool {
+    pub(crate) fn is_null(&self) -> bool {
         matches!(&self.kind, Kind::Scalar { text, quoted: false }
             if matches!(text.as_str(), "" | "~" | "null" | "Null" | "NULL"))
     }
 
     /// An empty mapping at `pos` (what a null action body such as `remote_address:` stands for).
-    pub fn empty_map(pos: Pos) -> Node {
+    pub(crate) fn empty_map(pos: Pos) -> Node {
         Node {
             pos,
             kind: Kind::Map(Vec::new()),
@@ -89,7 +89,7 @@ impl Node {
     }
 
     /// A short description of the node's type for "expected X, found Y" messages.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match &self.kind {
             Kind::Seq(_) => "a list".to_string(),
             Kind::Map(_) => "a mapping".to_string(),

@@ -9,7 +9,7 @@
 
 use proptest::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
-use tollgate_core::window::days_from_civil;
+use tollgate_core::internals::days_from_civil;
 use tollgate_core::{
     Algorithm, CheckItem, Decision, MemoryStore, Micros, Period, Quota, Store, Unit,
 };

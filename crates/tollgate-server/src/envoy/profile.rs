@@ -8,15 +8,15 @@
 //! and quota mode, envoy's rate-limit headers, `/healthcheck`, the `ratelimit` health service).
 //! Without the profile none of that is on, so tollgate's defaults do not move.
 //!
-//! Every variable envoyproxy/ratelimit defines is in [`VARIABLES`] with what tollgate does with
+//! Every variable envoyproxy/ratelimit defines is in `VARIABLES` with what tollgate does with
 //! it. A variable that is set but unsupported, or that looks like one of envoy's (same prefix) but
 //! is not one, gives one warning ([`Translation::warnings`], logged once at start-up): a setting
 //! is never silently ignored. A setting that cannot be honoured without changing what clients
 //! see (the memcache backend, rules from xDS, TLS without its files) or a value that cannot be
 //! read stops the start with a [`ProfileError`] naming the variable.
 //!
-//! Variables marked [`Support::Elsewhere`] belong to the store, statistics and fixed-window
-//! settings, which [`translate`] hands to [`crate::envoy_redis`] and [`crate::envoy_stats`].
+//! Variables marked `Support::Elsewhere` belong to the store, statistics and fixed-window
+//! settings, which [`translate`] hands to [`super::redis`] and [`super::stats`].
 
 use crate::config::ServeConfig;
 use crate::model::HeaderNames;
@@ -595,7 +595,7 @@ pub fn translate_with(
         }
     }
 
-    // envoy's debug port: /rlconfig and /stats (crate::debug).
+    // envoy's debug port: /rlconfig and /stats (`super::debug`).
     config.debug_addr = Some(env.addr("DEBUG_HOST", "DEBUG_PORT", 6070)?);
 
     // Logs.

@@ -7,7 +7,7 @@
 //! request path pays nothing for these exports. As gostats does, a flush sends each counter's
 //! increase since the previous flush (`name:delta|c`), and only counters that moved.
 //!
-//! [`stats_from_env`] reads envoyproxy/ratelimit's environment (`USE_STATSD`, `STATSD_HOST`,
+//! `stats_from_env` reads envoyproxy/ratelimit's environment (`USE_STATSD`, `STATSD_HOST`,
 //! `STATSD_PORT`, `STATSD_PROTOCOL`, `STATS_FLUSH_INTERVAL`, `EXTRA_TAGS`, `DISABLE_STATS`,
 //! `USE_PROMETHEUS`, `PROMETHEUS_ADDR`, `PROMETHEUS_PATH`) from a map, so a profile can translate
 //! it into [`EnvoyStats`] without touching the process environment.

@@ -1,4 +1,4 @@
-//! The HTTP API: [`router`] builds the axum `Router`, [`service`] the same
+//! The HTTP API: [`router`] builds the axum `Router`, `service` the same
 //! routes as the one service `serve` runs; no sockets here, so tests drive both with
 //! `tower::ServiceExt::oneshot`.
 //!

@@ -4,18 +4,18 @@
 //! - **One owner per domain.** A domain is defined by a rules file or by the registry, never
 //!   both: a write to a file's domain is refused (409 naming the file), and should a file later
 //!   define a registered domain, the file wins on the instances that have it (a WARN says which
-//!   registered domain it hides). [`combine`] builds the running rules that way.
+//!   registered domain it hides). `combine` builds the running rules that way.
 //! - **Same rules, same checks.** A body is a rules file for one domain (YAML or JSON, or the
 //!   service-registration shape of [`shape`]), validated by the same parser with the same
 //!   messages, positions inside the body.
 //! - **Same swap.** A change is applied like a file reload: the files already loaded and the
 //!   registered domains make one rule set, swapped in atomically, so counters of unchanged
 //!   limits keep their state. Each domain is parsed once per version and the files once per
-//!   reload (a change parses only its domain), on a blocking thread ([`AppState::admin_work`]).
+//!   reload (a change parses only its domain), on a blocking thread (`AppState::admin_work`).
 //! - **Storage** ([`storage`]): memory only, a directory, or Redis (shared by every instance,
 //!   followed through a channel and a polled revision key, with the directory as a local
 //!   snapshot for a start while Redis is down). When Redis loses the registry (flushed,
-//!   restarted empty), the instances write back what they know ([`Registry::sync_redis`]).
+//!   restarted empty), the instances write back what they know (`Registry::sync_redis`).
 //! - **Security.** Writes need the admin token (bearer, compared in constant time on SHA-256
 //!   digests, so neither content nor length leak through timing); it is never logged. Each
 //!   change is logged (target `tollgate::audit`: domain, old and new version, caller) and

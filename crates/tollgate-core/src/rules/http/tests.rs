@@ -1,7 +1,11 @@
-use super::*;
+//! The `http` section end to end: decoded from a rules file here, evaluated by
+//! [`crate::request`] (which knows nothing of rule files).
+
+use crate::request::*;
 use crate::rules::RuleSet;
-use http::HeaderValue;
+use http::{HeaderMap, HeaderValue};
 use proptest::prelude::*;
+use std::net::{IpAddr, Ipv4Addr};
 
 fn actions(http: &str) -> HttpActions {
     let text = format!("domain: web\nhttp:\n{http}");

@@ -126,10 +126,7 @@ fn entry(node: &Node, errors: &mut Errors) -> Option<RateLimitEntry> {
     }
     let before = errors.len();
     let actions: Vec<Action> = items.iter().filter_map(|a| action(a, errors)).collect();
-    (errors.len() == before).then_some(RateLimitEntry {
-        actions,
-        line: node.pos.line,
-    })
+    (errors.len() == before).then_some(RateLimitEntry { actions })
 }
 
 fn action(node: &Node, errors: &mut Errors) -> Option<Action> {
@@ -502,3 +499,6 @@ fn safe_regex(node: &Node, errors: &mut Errors) -> Option<regex::Regex> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
