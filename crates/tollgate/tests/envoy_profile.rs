@@ -659,8 +659,8 @@ fn grpc_server_tls_and_client_certificates() {
 
 /// What the envoy variables `GRPC_SERVER_USE_TLS` / `GRPC_SERVER_TLS_*` / `GRPC_CLIENT_TLS_CACERT`,
 /// `GRPC_UDS` and `DEBUG_HOST` / `DEBUG_PORT` set, plain `tollgate serve` sets with its own flags
-/// (and their `TOLLGATE_*` variables): gRPC over TLS with client certificates, gRPC on a unix
-/// socket, the debug port.
+/// (and their `TOLLGATE_*` variables): gRPC over TLS with client certificates (and the
+/// handshake bounded by `--grpc-handshake-timeout`), gRPC on a unix socket, the debug port.
 #[test]
 fn native_flags_for_grpc_tls_unix_socket_and_debug_port() {
     let root = runtime("native-listeners");
@@ -701,6 +701,32 @@ fn native_flags_for_grpc_tls_unix_socket_and_debug_port() {
         config.body.contains("profile.user: unit=MINUTE"),
         "{}",
         config.body
+    );
+    drop(s);
+
+    // A client that never starts its TLS handshake is closed at --grpc-handshake-timeout.
+    let s = serve_rules(
+        &rules,
+        &[
+            "--grpc-tls-cert",
+            &cert,
+            "--grpc-tls-key",
+            &key,
+            "--grpc-handshake-timeout",
+            "300ms",
+        ],
+        "native-tls-silent",
+    );
+    let mut silent = std::net::TcpStream::connect(s.addr("gRPC ")).unwrap();
+    silent.set_read_timeout(Some(HANG)).unwrap();
+    let mut buf = [0u8; 64];
+    let read = std::io::Read::read(&mut silent, &mut buf);
+    assert!(
+        matches!(read, Ok(0))
+            || read
+                .as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+        "a silent TLS client was not closed: {read:?}"
     );
     drop(s);
 
