@@ -60,34 +60,35 @@ async fn build_state_at(
     envoy: &EnvoyConfig,
     clock: Option<Arc<dyn Clock>>,
 ) -> anyhow::Result<AppState> {
-    if config.max_keys == 0 {
+    if config.store.max_keys == 0 {
         bail!("--max-keys must be at least 1");
     }
     let force_start = envoy.mode.as_ref().is_some_and(|m| m.force_start);
-    if !force_start && !config.rules.exists() {
+    if !force_start && !config.rules.path.exists() {
         let cwd = std::env::current_dir()
             .map(|d| d.display().to_string())
             .unwrap_or_else(|_| "?".into());
         let origin = config
-            .rules_origin
+            .rules
+            .origin
             .as_deref()
             .unwrap_or("set it with --rules PATH or TOLLGATE_RULES");
         bail!(
             "rules path {} not found (relative to the working directory {cwd}): {origin}",
-            config.rules.display()
+            config.rules.path.display()
         );
     }
     let defaults = RuleDefaults {
-        algorithm: config.default_algorithm,
-        count_denied_hits: config.count_denied_hits,
+        algorithm: config.rules.default_algorithm,
+        count_denied_hits: config.rules.count_denied_hits,
     };
-    let rules = match reload::load_with(&config.rules, config.rule_listing, 1, defaults) {
+    let rules = match reload::load_with(&config.rules.path, config.rules.listing, 1, defaults) {
         Ok(rules) => rules,
         Err(e) if force_start => {
             // FORCE_START_WITHOUT_INITIAL_CONFIG: start with no rules; the watcher loads them
             // once they are valid (the fingerprint below never matches real files).
             tracing::warn!(
-                rules = %config.rules.display(),
+                rules = %config.rules.path.display(),
                 error = %e,
                 "no valid rules at start-up; starting without (FORCE_START_WITHOUT_INITIAL_CONFIG)"
             );
@@ -98,12 +99,12 @@ async fn build_state_at(
                 )
             }
         }
-        Err(e) => bail!("invalid rules in {}:\n{e}", config.rules.display()),
+        Err(e) => bail!("invalid rules in {}:\n{e}", config.rules.path.display()),
     };
     let mut builder = AppState::builder(rules)
-        .rule_listing(config.rule_listing)
+        .rule_listing(config.rules.listing)
         .limits(config.limits)
-        .rules_path(config.rules.clone());
+        .rules_path(config.rules.path.clone());
     if let Some(policy) = envoy.policy() {
         builder = builder.policy(policy);
     }
@@ -112,39 +113,39 @@ async fn build_state_at(
         Some(clock) => builder.clock(clock),
         None => builder,
     };
-    let builder = if config.store == "memory" {
-        if config.per_second_store.is_some() {
+    let builder = if config.store.url == "memory" {
+        if config.store.per_second_url.is_some() {
             bail!("--redis-per-second-url needs a Redis --store (per-second limits move from one Redis to another)");
         }
-        builder.memory_store(Arc::new(MemoryStore::new(config.max_keys)))
-    } else if config.store.starts_with("redis") {
-        let problems = store_rule_problems(&config.store, &builder.rules().set);
+        builder.memory_store(Arc::new(MemoryStore::new(config.store.max_keys)))
+    } else if config.store.url.starts_with("redis") {
+        let problems = store_rule_problems(&config.store.url, &builder.rules().set);
         if !problems.is_empty() {
             bail!(
                 "rules in {} cannot run on a Redis store:\n{}",
-                config.rules.display(),
+                config.rules.path.display(),
                 problems.join("\n")
             );
         }
-        if config.redis_timeout.is_zero() {
+        if config.store.timeout.is_zero() {
             bail!("--redis-timeout-ms must be at least 1");
         }
         let opts = RedisOptions {
-            timeout: config.redis_timeout,
-            prefix: config.redis_prefix.clone(),
-            key_layout: config.redis_key_layout,
-            expiration_jitter: config.redis_expiration_jitter,
+            timeout: config.store.timeout,
+            prefix: config.store.prefix.clone(),
+            key_layout: config.store.key_layout,
+            expiration_jitter: config.store.expiration_jitter,
             ..RedisOptions::default()
         };
-        let store = RedisStore::connect_lazy(&config.store, opts.clone())
+        let store = RedisStore::connect_lazy(&config.store.url, opts.clone())
             .await
-            .with_context(|| format!("cannot use --store {}", redact(&config.store)))?;
+            .with_context(|| format!("cannot use --store {}", redact(&config.store.url)))?;
         let settings = RedisSettings {
-            max_keys: config.max_keys,
-            caller_clock: caller_clock || config.redis.caller_clock,
-            ..config.redis.clone()
+            max_keys: config.store.max_keys,
+            caller_clock: caller_clock || config.store.redis.caller_clock,
+            ..config.store.redis.clone()
         };
-        match &config.per_second_store {
+        match &config.store.per_second_url {
             None => builder.redis(Guarded::start(store, settings).await),
             Some(url) => {
                 if !url.starts_with("redis") {
@@ -153,7 +154,10 @@ async fn build_state_at(
                         redact(url)
                     );
                 }
-                let timeout = config.per_second_timeout.unwrap_or(config.redis_timeout);
+                let timeout = config
+                    .store
+                    .per_second_timeout
+                    .unwrap_or(config.store.timeout);
                 if timeout.is_zero() {
                     bail!("--redis-per-second-timeout-ms must be at least 1");
                 }
@@ -173,7 +177,7 @@ async fn build_state_at(
     } else {
         bail!(
             "unsupported --store '{}': expected 'memory', redis://, rediss://, redis+cluster://, rediss+cluster://, redis+sentinel://, rediss+sentinel:// or redis+unix://",
-            redact(&config.store)
+            redact(&config.store.url)
         );
     };
     if !(config.near_limit_ratio > 0.0 && config.near_limit_ratio <= 1.0) {
@@ -208,16 +212,19 @@ pub fn store_supported(store: &str) -> bool {
 /// Reject connection limits that would make the service unusable (zero timeouts or cap).
 pub(crate) fn check_connection_limits(config: &ServeConfig) -> anyhow::Result<()> {
     for (flag, value) in [
-        ("--header-read-timeout", config.header_read_timeout),
-        ("--body-read-timeout", config.body_read_timeout),
-        ("--idle-timeout", config.idle_timeout),
-        ("--shutdown-timeout", config.shutdown_timeout),
+        (
+            "--header-read-timeout",
+            config.connections.header_read_timeout,
+        ),
+        ("--body-read-timeout", config.connections.body_read_timeout),
+        ("--idle-timeout", config.connections.idle_timeout),
+        ("--shutdown-timeout", config.connections.shutdown_timeout),
     ] {
         if value.is_zero() {
             bail!("{flag} must be greater than zero (e.g. 10s)");
         }
     }
-    if config.max_connections == 0 {
+    if config.connections.max_connections == 0 {
         bail!("--max-connections must be at least 1");
     }
     Ok(())
@@ -226,11 +233,11 @@ pub(crate) fn check_connection_limits(config: &ServeConfig) -> anyhow::Result<()
 /// The HTTP listener's limits in `config`.
 pub(crate) fn connection_limits(config: &ServeConfig) -> ConnLimits {
     ConnLimits {
-        header_read_timeout: config.header_read_timeout,
-        body_read_timeout: config.body_read_timeout,
-        idle_timeout: config.idle_timeout,
-        max_connections: config.max_connections,
-        shutdown_timeout: config.shutdown_timeout,
+        header_read_timeout: config.connections.header_read_timeout,
+        body_read_timeout: config.connections.body_read_timeout,
+        idle_timeout: config.connections.idle_timeout,
+        max_connections: config.connections.max_connections,
+        shutdown_timeout: config.connections.shutdown_timeout,
     }
 }
 
@@ -347,20 +354,23 @@ pub async fn serve(
     check_connection_limits(&config)?;
     crate::decision_log::install(config.decision_log);
     let listeners = [
-        config.http_addr.is_some(),
-        config.grpc_addr.is_some() || config.grpc_uds.is_some(),
-        config.debug_addr.is_some(),
+        config.listeners.http_addr.is_some(),
+        config.listeners.grpc_addr.is_some() || config.listeners.grpc_uds.is_some(),
+        config.listeners.debug_addr.is_some(),
         envoy.stats.prometheus.is_some(),
     ]
     .into_iter()
     .filter(|on| *on)
     .count();
-    config.max_connections = raise_open_files_limit(
-        config.max_connections,
+    config.connections.max_connections = raise_open_files_limit(
+        config.connections.max_connections,
         listeners,
-        config.max_connections_chosen,
+        config.connections.max_connections_chosen,
     );
-    if config.http_addr.is_none() && config.grpc_addr.is_none() && config.grpc_uds.is_none() {
+    if config.listeners.http_addr.is_none()
+        && config.listeners.grpc_addr.is_none()
+        && config.listeners.grpc_uds.is_none()
+    {
         bail!("--http-addr and --grpc-addr are both off: turn at least one listener on");
     }
     let state = build_state(&config, &envoy).await?;
@@ -368,7 +378,7 @@ pub async fn serve(
     // started: a start that fails (a port taken, unreadable TLS files, a registry that cannot
     // be read) returns its error with no listener served and no task left running, and the
     // sockets bound so far close as they are dropped here.
-    let http = match config.http_addr {
+    let http = match config.listeners.http_addr {
         Some(addr) => Some(
             TcpListener::bind(addr)
                 .await
@@ -382,7 +392,7 @@ pub async fn serve(
     let debug_listener = bind_debug(&config).await;
     let (tx, rx) = shutdown_channel();
     // Last of the fallible steps: it starts the registry's tasks only once nothing can fail.
-    let registry = crate::registry::start(&state, &config.registry, &config.store, rx.clone())
+    let registry = crate::registry::start(&state, &config.registry, &config.store.url, rx.clone())
         .await
         .context("cannot start the rule registry")?;
     let (registry, registry_task) = match registry {
@@ -415,8 +425,8 @@ pub async fn serve(
             answers,
             listener,
             config.grpc_limits,
-            config.max_connections,
-            config.shutdown_timeout,
+            config.connections.max_connections,
+            config.connections.shutdown_timeout,
             wait_for_shutdown(rx.clone()),
         )),
         // No gRPC listener: nothing to wait for at shutdown.
@@ -425,7 +435,7 @@ pub async fn serve(
 
     let rules = state.rules();
     tracing::info!(
-        rules = %config.rules.display(),
+        rules = %config.rules.path.display(),
         version = %rules.hash,
         domains = rules.set.domains().count(),
         limits = rules.set.limits().count(),
@@ -435,24 +445,28 @@ pub async fn serve(
     if rules.set.is_empty() {
         // A typo in --rules (an empty or wrong directory) must not pass for "no limits" unseen.
         tracing::warn!(
-            rules = %config.rules.display(),
+            rules = %config.rules.path.display(),
             "no rate-limit domains in {}: no request will be limited",
-            config.rules.display()
+            config.rules.path.display()
         );
     }
     drop(rules);
 
     let watcher = tokio::spawn(reload::watch(
         state.clone(),
-        config.rules.clone(),
+        config.rules.path.clone(),
         WatchOptions {
-            interval: config.reload_interval,
+            interval: config.rules.reload_interval,
             registry: registry.clone(),
             ..WatchOptions::default()
         },
         rx.clone(),
     ));
-    let sweeper = tokio::spawn(sweep(state.clone(), config.sweep_interval, rx.clone()));
+    let sweeper = tokio::spawn(sweep(
+        state.clone(),
+        config.store.sweep_interval,
+        rx.clone(),
+    ));
     let limits = connection_limits(&config);
     let envoy_stats = spawn_envoy_stats(&state, &envoy.stats, prometheus, limits, &rx);
     let debug = debug_listener.as_ref().and_then(|l| l.local_addr().ok());
@@ -477,7 +491,7 @@ pub async fn serve(
     on_bound(Bound {
         http: http_addr,
         grpc: grpc_addr,
-        grpc_uds: config.grpc_uds.clone(),
+        grpc_uds: config.listeners.grpc_uds.clone(),
         store: state.store_label(),
         debug,
     });
@@ -510,7 +524,7 @@ pub async fn serve(
     };
     // One deadline for the whole shutdown. Each listener drops its connections at its own
     // (same) deadline; the second of slack lets it do so (and say so) before being aborted.
-    let deadline = tokio::time::Instant::now() + config.shutdown_timeout;
+    let deadline = tokio::time::Instant::now() + config.connections.shutdown_timeout;
     match early {
         Some(ended) => {
             ended.context("HTTP server task failed")?;
@@ -602,40 +616,42 @@ pub fn listening_message(bound: &Bound) -> String {
 async fn bind_grpc(
     config: &ServeConfig,
 ) -> anyhow::Result<Option<(crate::grpc::GrpcListener, Option<SocketAddr>)>> {
-    Ok(match (&config.grpc_uds, config.grpc_addr) {
-        #[cfg(unix)]
-        (Some(path), _) => Some((crate::grpc::GrpcListener::Unix(bind_unix(path)?), None)),
-        #[cfg(not(unix))]
-        (Some(path), _) => bail!("unix sockets are not supported here: {}", path.display()),
-        (None, None) => None,
-        (None, Some(addr)) => {
-            // The TLS files first: a bad one is reported before the port is taken.
-            let acceptor = match &config.grpc_tls {
-                None => None,
-                Some(tls) => Some(
-                    tls.acceptor()
-                        .map_err(|e| anyhow::anyhow!("cannot use the gRPC TLS files: {e}"))?,
-                ),
-            };
-            let grpc = TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("cannot listen for gRPC on {addr}"))?;
-            let local = grpc.local_addr()?;
-            match acceptor {
-                None => Some((crate::grpc::GrpcListener::Tcp(grpc), Some(local))),
-                Some(acceptor) => {
-                    Some((crate::grpc::GrpcListener::Tls(grpc, acceptor), Some(local)))
+    Ok(
+        match (&config.listeners.grpc_uds, config.listeners.grpc_addr) {
+            #[cfg(unix)]
+            (Some(path), _) => Some((crate::grpc::GrpcListener::Unix(bind_unix(path)?), None)),
+            #[cfg(not(unix))]
+            (Some(path), _) => bail!("unix sockets are not supported here: {}", path.display()),
+            (None, None) => None,
+            (None, Some(addr)) => {
+                // The TLS files first: a bad one is reported before the port is taken.
+                let acceptor = match &config.listeners.grpc_tls {
+                    None => None,
+                    Some(tls) => Some(
+                        tls.acceptor()
+                            .map_err(|e| anyhow::anyhow!("cannot use the gRPC TLS files: {e}"))?,
+                    ),
+                };
+                let grpc = TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("cannot listen for gRPC on {addr}"))?;
+                let local = grpc.local_addr()?;
+                match acceptor {
+                    None => Some((crate::grpc::GrpcListener::Tcp(grpc), Some(local))),
+                    Some(acceptor) => {
+                        Some((crate::grpc::GrpcListener::Tls(grpc, acceptor), Some(local)))
+                    }
                 }
             }
-        }
-    })
+        },
+    )
 }
 
 /// envoy's debug port ([`crate::envoy::debug`]) when `config` asks for it, served on the
 /// hardened listener with the HTTP listener's limits. As envoyproxy/ratelimit does, a port that
 /// cannot be bound is logged as an error and the service runs without it.
 async fn bind_debug(config: &ServeConfig) -> Option<TcpListener> {
-    let addr = config.debug_addr?;
+    let addr = config.listeners.debug_addr?;
     match TcpListener::bind(addr).await {
         Ok(l) => Some(l),
         Err(e) => {

@@ -142,8 +142,12 @@ async fn profile_of(store: Store, files: &[(String, String)], extra: &[(&str, &s
     let t = translate(&vars, ServeConfig::default()).expect("translate");
     assert!(t.warnings.is_empty(), "{:?}", t.warnings);
     match store {
-        Store::Memory => assert_eq!(t.config.store, "memory"),
-        Store::Redis => assert!(t.config.store.starts_with("redis"), "{}", t.config.store),
+        Store::Memory => assert_eq!(t.config.store.url, "memory"),
+        Store::Redis => assert!(
+            t.config.store.url.starts_with("redis"),
+            "{}",
+            t.config.store.url
+        ),
     }
     let clock = Arc::new(ManualClock::new(T0));
     let state = build_state_with_clock(&t.config, &t.envoy, clock.clone())
@@ -819,14 +823,14 @@ fn translated(vars: &[(&str, &str)]) -> tollgate_server::envoy::profile::Transla
 #[test]
 fn differences_store_settings() {
     // No REDIS_* variable: the memory store, not envoy's nutcracker socket.
-    assert_eq!(translated(&[]).config.store, "memory");
+    assert_eq!(translated(&[]).config.store.url, "memory");
     // REDIS_TIMEOUT unset: tollgate's 50 ms, not envoy's 10 s.
     let t = translated(&[
         ("REDIS_SOCKET_TYPE", "tcp"),
         ("REDIS_URL", "127.0.0.1:6379"),
     ]);
-    assert_eq!(t.config.redis_timeout, Duration::from_millis(50));
-    assert_eq!(t.config.redis_key_layout, tollgate_redis::KeyLayout::Envoy);
+    assert_eq!(t.config.store.timeout, Duration::from_millis(50));
+    assert_eq!(t.config.store.key_layout, tollgate_redis::KeyLayout::Envoy);
     // A Redis Cluster keeps tollgate's key layout (not shared with envoy's pods), said once.
     let t = translated(&[
         ("REDIS_SOCKET_TYPE", "tcp"),
@@ -834,9 +838,13 @@ fn differences_store_settings() {
         ("REDIS_URL", "127.0.0.1:7000,127.0.0.1:7001"),
         ("CACHE_KEY_PREFIX", "rl:"),
     ]);
-    assert!(t.config.store.contains("+cluster"), "{}", t.config.store);
+    assert!(
+        t.config.store.url.contains("+cluster"),
+        "{}",
+        t.config.store.url
+    );
     assert_eq!(
-        t.config.redis_key_layout,
+        t.config.store.key_layout,
         tollgate_redis::KeyLayout::Tollgate
     );
     assert!(

@@ -37,12 +37,15 @@ fn a_failed_start_leaves_no_listener() {
     // The port the envoy metrics page is told to take, held by the test.
     let held = TcpListener::bind("127.0.0.1:0").unwrap();
     let held_addr = held.local_addr().unwrap();
-    let base = ServeConfig {
-        http_addr: Some("127.0.0.1:0".parse().unwrap()),
-        grpc_addr: Some("127.0.0.1:0".parse().unwrap()),
-        debug_addr: Some("127.0.0.1:0".parse().unwrap()),
-        rules,
-        ..ServeConfig::default()
+    let mut base = ServeConfig::default();
+    base.listeners.http_addr = Some("127.0.0.1:0".parse().unwrap());
+    base.listeners.grpc_addr = Some("127.0.0.1:0".parse().unwrap());
+    base.listeners.debug_addr = Some("127.0.0.1:0".parse().unwrap());
+    base.rules.path = rules;
+    let mut no_token = base.clone();
+    no_token.registry = tollgate_server::registry::RegistryConfig {
+        token_file: Some(dir.join("no-such-token")),
+        ..Default::default()
     };
     let failing = [
         (
@@ -58,13 +61,7 @@ fn a_failed_start_leaves_no_listener() {
         ),
         (
             "cannot start the rule registry",
-            ServeConfig {
-                registry: tollgate_server::registry::RegistryConfig {
-                    token_file: Some(dir.join("no-such-token")),
-                    ..Default::default()
-                },
-                ..base.clone()
-            },
+            no_token,
             EnvoyConfig::default(),
         ),
     ];

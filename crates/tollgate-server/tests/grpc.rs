@@ -96,16 +96,14 @@ impl Server {
         std::fs::create_dir_all(&dir).unwrap();
         let rules = dir.join("rules.yaml");
         std::fs::write(&rules, RULES).unwrap();
-        let config = ServeConfig {
-            http_addr: Some("127.0.0.1:0".parse().unwrap()),
-            grpc_addr: Some("127.0.0.1:0".parse().unwrap()),
-            rules,
-            response_headers,
-            grpc_limits: GrpcLimits {
-                engine,
-                ..GrpcLimits::default()
-            },
-            ..ServeConfig::default()
+        let mut config = ServeConfig::default();
+        config.listeners.http_addr = Some("127.0.0.1:0".parse().unwrap());
+        config.listeners.grpc_addr = Some("127.0.0.1:0".parse().unwrap());
+        config.rules.path = rules;
+        config.response_headers = response_headers;
+        config.grpc_limits = GrpcLimits {
+            engine,
+            ..GrpcLimits::default()
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let (bound_tx, bound_rx) = oneshot::channel();

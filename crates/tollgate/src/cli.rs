@@ -522,60 +522,54 @@ impl ServeArgs {
     }
 
     fn config(&self) -> ServeConfig {
-        ServeConfig {
-            http_addr: self
-                .http_addr
-                .map_or(ServeConfig::default().http_addr, |a| a.0),
-            grpc_addr: self.grpc_addr.0,
-            rules: self
-                .rules
-                .clone()
-                .unwrap_or_else(|| crate::simulate::DEFAULT_RULES.into()),
-            store: self.store.clone(),
-            redis_timeout: Duration::from_millis(self.redis_timeout_ms),
-            redis_prefix: self
-                .redis_prefix
-                .clone()
-                .unwrap_or_else(|| ServeConfig::default().redis_prefix),
-            redis: RedisSettings {
-                policy: self.on_store_error,
-                expected_instances: self.expected_instances,
-                deny_cache: self.local_deny_cache,
-                // `serve` fills in the key bound from `max_keys` below.
-                ..RedisSettings::default()
-            },
-            per_second_store: self.redis_per_second_url.clone(),
-            per_second_timeout: self.redis_per_second_timeout_ms.map(Duration::from_millis),
-            max_keys: self.max_keys,
-            response_headers: self.response_headers,
-            limits: RequestLimits {
-                max_body_bytes: self.max_body_bytes,
-                ..RequestLimits::default()
-            },
-            reload_interval: Duration::from_millis(self.reload_interval_ms.max(10)),
-            header_read_timeout: self.header_read_timeout,
-            body_read_timeout: self.body_read_timeout,
-            idle_timeout: self.idle_timeout,
-            max_connections: self
-                .max_connections
-                .map_or(ServeConfig::default().max_connections, |n| {
-                    usize::try_from(n).unwrap_or(usize::MAX)
-                }),
-            max_connections_chosen: self.max_connections.is_some(),
-            shutdown_timeout: self.shutdown_timeout,
-            grpc_limits: self.grpc.limits(),
-            trusted_proxies: self.trusted_proxies.iter().filter_map(|t| t.0).collect(),
-            default_algorithm: self.counting.default_algorithm,
-            count_denied_hits: self.counting.count_denied_hits,
-            redis_key_layout: self.counting.redis_key_layout,
-            redis_expiration_jitter: self.counting.redis_expiration_jitter,
-            registry: self.registry.config(),
-            decision_log: tollgate_server::decision_log::DecisionLogConfig {
-                mode: self.decision_log,
-                max_per_second: self.decision_log_max_per_second,
-            },
-            ..ServeConfig::default()
+        let mut c = ServeConfig::default();
+        c.listeners.http_addr = self.http_addr.map_or(c.listeners.http_addr, |a| a.0);
+        c.listeners.grpc_addr = self.grpc_addr.0;
+        c.rules.path = self
+            .rules
+            .clone()
+            .unwrap_or_else(|| crate::simulate::DEFAULT_RULES.into());
+        c.rules.reload_interval = Duration::from_millis(self.reload_interval_ms.max(10));
+        c.rules.default_algorithm = self.counting.default_algorithm;
+        c.rules.count_denied_hits = self.counting.count_denied_hits;
+        c.store.url = self.store.clone();
+        c.store.timeout = Duration::from_millis(self.redis_timeout_ms);
+        if let Some(prefix) = &self.redis_prefix {
+            c.store.prefix = prefix.clone();
         }
+        c.store.redis = RedisSettings {
+            policy: self.on_store_error,
+            expected_instances: self.expected_instances,
+            deny_cache: self.local_deny_cache,
+            // `serve` fills in the key bound from `max_keys` below.
+            ..RedisSettings::default()
+        };
+        c.store.per_second_url = self.redis_per_second_url.clone();
+        c.store.per_second_timeout = self.redis_per_second_timeout_ms.map(Duration::from_millis);
+        c.store.max_keys = self.max_keys;
+        c.store.key_layout = self.counting.redis_key_layout;
+        c.store.expiration_jitter = self.counting.redis_expiration_jitter;
+        c.connections.header_read_timeout = self.header_read_timeout;
+        c.connections.body_read_timeout = self.body_read_timeout;
+        c.connections.idle_timeout = self.idle_timeout;
+        if let Some(n) = self.max_connections {
+            c.connections.max_connections = usize::try_from(n).unwrap_or(usize::MAX);
+            c.connections.max_connections_chosen = true;
+        }
+        c.connections.shutdown_timeout = self.shutdown_timeout;
+        c.response_headers = self.response_headers;
+        c.limits = RequestLimits {
+            max_body_bytes: self.max_body_bytes,
+            ..RequestLimits::default()
+        };
+        c.grpc_limits = self.grpc.limits();
+        c.trusted_proxies = self.trusted_proxies.iter().filter_map(|t| t.0).collect();
+        c.registry = self.registry.config();
+        c.decision_log = tollgate_server::decision_log::DecisionLogConfig {
+            mode: self.decision_log,
+            max_per_second: self.decision_log_max_per_second,
+        };
+        c
     }
 }
 

@@ -100,13 +100,13 @@ impl NativeListeners {
     /// Set in `config` what the flags give.
     pub fn apply_to(&self, config: &mut ServeConfig) {
         if let Some(tls) = &self.grpc_tls {
-            config.grpc_tls = Some(tls.clone());
+            config.listeners.grpc_tls = Some(tls.clone());
         }
         if let Some(path) = &self.grpc_uds {
-            config.grpc_uds = Some(path.clone());
+            config.listeners.grpc_uds = Some(path.clone());
         }
         if let Some(addr) = self.debug_addr {
-            config.debug_addr = addr;
+            config.listeners.debug_addr = addr;
         }
     }
 
@@ -126,13 +126,13 @@ impl NativeListeners {
             )
         };
         if let Some(path) = &self.grpc_uds {
-            if set("GRPC_UDS") && config.grpc_uds.as_ref() != Some(path) {
+            if set("GRPC_UDS") && config.listeners.grpc_uds.as_ref() != Some(path) {
                 return Err(clash("--grpc-unix-socket", "GRPC_UDS"));
             }
         }
         if let Some(tls) = &self.grpc_tls {
             // Without GRPC_SERVER_USE_TLS the translation keeps the flags' TLS.
-            if config.grpc_tls.as_ref().is_some_and(|t| t != tls) {
+            if config.listeners.grpc_tls.as_ref().is_some_and(|t| t != tls) {
                 return Err(clash(
                     "--grpc-tls-cert / --grpc-tls-key / --grpc-tls-client-ca",
                     "GRPC_SERVER_USE_TLS and GRPC_SERVER_TLS_*",
@@ -140,7 +140,7 @@ impl NativeListeners {
             }
         }
         if let Some(addr) = self.debug_addr {
-            if (set("DEBUG_HOST") || set("DEBUG_PORT")) && config.debug_addr != addr {
+            if (set("DEBUG_HOST") || set("DEBUG_PORT")) && config.listeners.debug_addr != addr {
                 return Err(clash("--debug-addr", "DEBUG_HOST / DEBUG_PORT"));
             }
         }

@@ -544,16 +544,16 @@ pub fn translate_with(
     let http_addr = Some(env.addr("HOST", "PORT", 8080)?);
     clash(
         explicit.http_addr,
-        http_addr != base.http_addr,
+        http_addr != base.listeners.http_addr,
         &["HOST", "PORT"],
         "--http-addr (TOLLGATE_HTTP_ADDR)",
     )?;
     if !explicit.http_addr {
-        config.http_addr = http_addr;
+        config.listeners.http_addr = http_addr;
     }
-    config.grpc_addr = Some(env.addr("GRPC_HOST", "GRPC_PORT", 8081)?);
+    config.listeners.grpc_addr = Some(env.addr("GRPC_HOST", "GRPC_PORT", 8081)?);
     // As envoy: a socket path replaces the gRPC host and port.
-    config.grpc_uds = env.get("GRPC_UDS").map(PathBuf::from);
+    config.listeners.grpc_uds = env.get("GRPC_UDS").map(PathBuf::from);
     config.grpc_limits.max_connection_age =
         env.duration_or("GRPC_MAX_CONNECTION_AGE", Duration::from_secs(24 * 3600))?;
     config.grpc_limits.max_connection_age_grace =
@@ -568,7 +568,7 @@ pub fn translate_with(
                 "needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY",
             ));
         };
-        config.grpc_tls = Some(crate::grpc::GrpcTls {
+        config.listeners.grpc_tls = Some(crate::grpc::GrpcTls {
             cert: cert.into(),
             key: key.into(),
             client_ca: env.get("GRPC_CLIENT_TLS_CACERT").map(PathBuf::from),
@@ -596,7 +596,7 @@ pub fn translate_with(
     }
 
     // envoy's debug port: /rlconfig and /stats (`super::debug`).
-    config.debug_addr = Some(env.addr("DEBUG_HOST", "DEBUG_PORT", 6070)?);
+    config.listeners.debug_addr = Some(env.addr("DEBUG_HOST", "DEBUG_PORT", 6070)?);
 
     // Logs.
     let log_level = log_level(&env)?;
@@ -619,7 +619,7 @@ pub fn translate_with(
     listing.merge_domains = env.bool_or("MERGE_DOMAIN_CONFIG", false)?;
     clash(
         explicit.rules,
-        rules != base.rules,
+        rules != base.rules.path,
         &[
             "RUNTIME_ROOT",
             "RUNTIME_SUBDIRECTORY",
@@ -628,10 +628,10 @@ pub fn translate_with(
         "--rules (TOLLGATE_RULES)",
     )?;
     if !explicit.rules {
-        config.rules = rules;
-        config.rules_origin = Some(runtime_origin(&env));
+        config.rules.path = rules;
+        config.rules.origin = Some(runtime_origin(&env));
     }
-    config.rule_listing = listing;
+    config.rules.listing = listing;
 
     // Store.
     match env
@@ -665,10 +665,17 @@ pub fn translate_with(
     // Counting as envoyproxy/ratelimit counts: its fixed windows for rules that name no
     // algorithm, denied hits counted unless STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT, and on a
     // standalone Redis its key layout, so that its pods and tollgate's share counters.
-    config.default_algorithm = Some(tollgate_core::Algorithm::EnvoyFixedWindow);
-    config.count_denied_hits = !env.bool_or("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", false)?;
+    config.rules.default_algorithm = Some(tollgate_core::Algorithm::EnvoyFixedWindow);
+    config.rules.count_denied_hits =
+        !env.bool_or("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", false)?;
     let on_cluster = |url: &str| url.contains("+cluster");
-    if on_cluster(&config.store) || config.per_second_store.as_deref().is_some_and(on_cluster) {
+    if on_cluster(&config.store.url)
+        || config
+            .store
+            .per_second_url
+            .as_deref()
+            .is_some_and(on_cluster)
+    {
         // envoy's keys carry no hash tag: a multi-key script cannot run on a cluster.
         if vars.contains_key("CACHE_KEY_PREFIX") {
             warnings.push(
@@ -678,19 +685,19 @@ pub fn translate_with(
             );
         }
     } else {
-        config.redis_key_layout = tollgate_redis::KeyLayout::Envoy;
+        config.store.key_layout = tollgate_redis::KeyLayout::Envoy;
         let prefix = env.str_or("CACHE_KEY_PREFIX", "");
         clash(
             explicit.redis_prefix,
-            prefix != base.redis_prefix,
+            prefix != base.store.prefix,
             &["CACHE_KEY_PREFIX"],
             "--redis-prefix (TOLLGATE_REDIS_PREFIX)",
         )?;
         if !explicit.redis_prefix {
-            config.redis_prefix = prefix;
+            config.store.prefix = prefix;
         }
         let jitter = env.str_or("EXPIRATION_JITTER_MAX_SECONDS", "300");
-        config.redis_expiration_jitter = Duration::from_secs(jitter.parse().map_err(|_| {
+        config.store.expiration_jitter = Duration::from_secs(jitter.parse().map_err(|_| {
             env.error(
                 "EXPIRATION_JITTER_MAX_SECONDS",
                 "expected a whole number of seconds",
@@ -772,12 +779,18 @@ mod tests {
     fn defaults_are_envoys() {
         let t = tr(&[]);
         let c = &t.config;
-        assert_eq!(c.http_addr, Some("0.0.0.0:8080".parse().unwrap()));
-        assert_eq!(c.grpc_addr, Some("0.0.0.0:8081".parse().unwrap()));
-        assert_eq!(c.debug_addr, Some("0.0.0.0:6070".parse().unwrap()));
-        assert_eq!(c.rules, PathBuf::from("/srv/runtime_data/current/config"));
+        assert_eq!(c.listeners.http_addr, Some("0.0.0.0:8080".parse().unwrap()));
+        assert_eq!(c.listeners.grpc_addr, Some("0.0.0.0:8081".parse().unwrap()));
         assert_eq!(
-            c.rule_listing,
+            c.listeners.debug_addr,
+            Some("0.0.0.0:6070".parse().unwrap())
+        );
+        assert_eq!(
+            c.rules.path,
+            PathBuf::from("/srv/runtime_data/current/config")
+        );
+        assert_eq!(
+            c.rules.listing,
             LoadOptions {
                 any_extension: true,
                 dotfiles: true,
@@ -828,10 +841,19 @@ mod tests {
             ("DEBUG_PORT", "9070"),
         ]);
         let c = &t.config;
-        assert_eq!(c.debug_addr, Some("127.0.0.3:9070".parse().unwrap()));
-        assert_eq!(c.http_addr, Some("127.0.0.1:9080".parse().unwrap()));
-        assert_eq!(c.grpc_addr, Some("127.0.0.2:9081".parse().unwrap()));
-        assert_eq!(c.grpc_uds, Some(PathBuf::from("/run/rl.sock")));
+        assert_eq!(
+            c.listeners.debug_addr,
+            Some("127.0.0.3:9070".parse().unwrap())
+        );
+        assert_eq!(
+            c.listeners.http_addr,
+            Some("127.0.0.1:9080".parse().unwrap())
+        );
+        assert_eq!(
+            c.listeners.grpc_addr,
+            Some("127.0.0.2:9081".parse().unwrap())
+        );
+        assert_eq!(c.listeners.grpc_uds, Some(PathBuf::from("/run/rl.sock")));
         assert_eq!(c.grpc_limits.max_connection_age, Duration::from_secs(5400));
         assert_eq!(
             c.grpc_limits.max_connection_age_grace,
@@ -839,10 +861,10 @@ mod tests {
         );
         assert_eq!(t.log_level, LevelFilter::DEBUG);
         assert!(t.log_json);
-        assert_eq!(c.rules, PathBuf::from("/data/ratelimit/rules"));
-        assert!(!c.rule_listing.dotfiles);
-        assert!(c.rule_listing.merge_domains);
-        assert!(c.rule_listing.any_extension);
+        assert_eq!(c.rules.path, PathBuf::from("/data/ratelimit/rules"));
+        assert!(!c.rules.listing.dotfiles);
+        assert!(c.rules.listing.merge_domains);
+        assert!(c.rules.listing.any_extension);
         assert_eq!(
             t.envoy.mode,
             Some(EnvoyMode {
@@ -863,12 +885,10 @@ mod tests {
 
     #[test]
     fn base_settings_envoy_has_no_variable_for_are_kept() {
-        let base = ServeConfig {
-            max_connections: 7,
-            ..ServeConfig::default()
-        };
+        let mut base = ServeConfig::default();
+        base.connections.max_connections = 7;
         let t = translate(&env(&[]), base).unwrap();
-        assert_eq!(t.config.max_connections, 7);
+        assert_eq!(t.config.connections.max_connections, 7);
     }
 
     #[test]
@@ -916,13 +936,12 @@ mod tests {
     }
 
     fn explicit_base() -> ServeConfig {
-        ServeConfig {
-            rules: PathBuf::from("my/rules"),
-            http_addr: Some("127.0.0.1:9999".parse().unwrap()),
-            redis_prefix: "mine".into(),
-            response_headers: true,
-            ..ServeConfig::default()
-        }
+        let mut c = ServeConfig::default();
+        c.rules.path = PathBuf::from("my/rules");
+        c.listeners.http_addr = Some("127.0.0.1:9999".parse().unwrap());
+        c.store.prefix = "mine".into();
+        c.response_headers = true;
+        c
     }
 
     const ALL_EXPLICIT: Explicit = Explicit {
@@ -942,25 +961,29 @@ mod tests {
         ]);
         let t = translate_with(&vars, explicit_base(), ALL_EXPLICIT).unwrap();
         let c = &t.config;
-        assert_eq!(c.rules, PathBuf::from("my/rules"));
-        assert_eq!(c.rules_origin, None);
-        assert_eq!(c.http_addr, Some("127.0.0.1:9999".parse().unwrap()));
-        assert_eq!(c.redis_prefix, "mine");
+        assert_eq!(c.rules.path, PathBuf::from("my/rules"));
+        assert_eq!(c.rules.origin, None);
+        assert_eq!(
+            c.listeners.http_addr,
+            Some("127.0.0.1:9999".parse().unwrap())
+        );
+        assert_eq!(c.store.prefix, "mine");
         let headers = t.envoy.mode.as_ref().unwrap().headers.as_ref().unwrap();
         assert_eq!(headers.limit, "RateLimit-Limit");
         // Not given: the profile's defaults.
         let t = translate_with(&vars, explicit_base(), Explicit::default()).unwrap();
         assert_eq!(
-            t.config.rules,
+            t.config.rules.path,
             PathBuf::from("/srv/runtime_data/current/config")
         );
         assert!(t
             .config
-            .rules_origin
+            .rules
+            .origin
             .as_deref()
             .unwrap()
             .contains("RUNTIME_ROOT"));
-        assert_eq!(t.config.redis_prefix, "");
+        assert_eq!(t.config.store.prefix, "");
         assert_eq!(t.envoy.mode.unwrap().headers, None);
     }
 

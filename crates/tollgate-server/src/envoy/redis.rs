@@ -43,13 +43,13 @@ impl EnvoyRedis {
     /// Set `config`'s store, per-second store, Redis timeouts (when set) and deny cache
     /// (warnings are the caller's to log).
     pub(crate) fn apply_to(&self, config: &mut crate::config::ServeConfig) {
-        config.store = self.store.clone();
+        config.store.url = self.store.clone();
         if let Some(t) = self.timeout {
-            config.redis_timeout = t;
+            config.store.timeout = t;
         }
-        config.per_second_store = self.per_second.clone();
-        config.per_second_timeout = self.per_second_timeout;
-        config.redis.deny_cache = self.deny_cache;
+        config.store.per_second_url = self.per_second.clone();
+        config.store.per_second_timeout = self.per_second_timeout;
+        config.store.redis.deny_cache = self.deny_cache;
     }
 }
 
@@ -628,7 +628,7 @@ mod tests {
         );
         let mut config = crate::config::ServeConfig::default();
         r.apply_to(&mut config);
-        assert_eq!(config.per_second_store, r.per_second);
+        assert_eq!(config.store.per_second_url, r.per_second);
     }
 
     #[test]
@@ -649,12 +649,12 @@ mod tests {
             ("REDIS_PERSECOND_SOCKET_TYPE", "tcp"),
             ("REDIS_PERSECOND_URL", "fast:6379"),
         ]);
-        assert_eq!(t.config.store, "redis+sentinel://s:26379/m");
+        assert_eq!(t.config.store.url, "redis+sentinel://s:26379/m");
         assert_eq!(
-            t.config.per_second_store.as_deref(),
+            t.config.store.per_second_url.as_deref(),
             Some("redis://fast:6379")
         );
-        assert_eq!(t.config.redis_key_layout, tollgate_redis::KeyLayout::Envoy);
+        assert_eq!(t.config.store.key_layout, tollgate_redis::KeyLayout::Envoy);
         assert!(t.warnings.is_empty(), "{:?}", t.warnings);
         let t = tr(&[
             ("REDIS_SOCKET_TYPE", "tcp"),
@@ -664,7 +664,7 @@ mod tests {
             ("REDIS_PERSECOND_URL", "a:7000,b:7001"),
         ]);
         assert_eq!(
-            t.config.redis_key_layout,
+            t.config.store.key_layout,
             tollgate_redis::KeyLayout::Tollgate
         );
     }
