@@ -607,39 +607,31 @@ pub(super) fn integer(
     max: u64,
     errors: &mut Errors,
 ) -> Option<u64> {
-    let text = match &node.kind {
+    // Not a plain scalar and not an integer are one error: a type error, naming what was found.
+    let scalar = match &node.kind {
         Kind::Scalar {
             text,
             quoted: false,
-        } => text.as_str(),
-        _ => {
-            errors.push((
-                node.pos,
-                format!(
-                    "`{field}` must be an unsigned integer, found {}",
-                    node.describe()
-                ),
-            ));
-            return None;
-        }
+        } => Some(text.as_str()),
+        _ => None,
     };
-    let value = match parse_uint(text) {
-        Ok(v) => v,
-        Err(IntError::Negative) => {
+    let value = match scalar.map(|text| (text, parse_uint(text))) {
+        Some((_, Ok(v))) => v,
+        Some((text, Err(IntError::Negative))) => {
             errors.push((
                 node.pos,
                 format!("`{field}` must not be negative, found {text}"),
             ));
             return None;
         }
-        Err(IntError::TooLarge) => {
+        Some((text, Err(IntError::TooLarge))) => {
             errors.push((
                 node.pos,
                 format!("`{field}` is too large: {text} (at most {max})"),
             ));
             return None;
         }
-        Err(IntError::NotAnInteger) => {
+        None | Some((_, Err(IntError::NotAnInteger))) => {
             errors.push((
                 node.pos,
                 format!(
