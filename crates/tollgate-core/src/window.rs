@@ -140,28 +140,23 @@ mod tests {
     #[test]
     fn calendar_units() {
         let now = at(2026, 11, 22, 12 * 3_600);
-        assert_eq!(
-            window(Unit::Day.into(), now),
-            (at(2026, 11, 22, 0), at(2026, 11, 23, 0))
-        );
-        // 2026-11-22 is a Sunday: its week started Monday 2026-11-16.
-        assert_eq!(
-            window(Unit::Week.into(), now),
-            (at(2026, 11, 16, 0), at(2026, 11, 23, 0))
-        );
-        assert_eq!(
-            window(Unit::Month.into(), now),
-            (at(2026, 11, 1, 0), at(2026, 12, 1, 0))
-        );
-        assert_eq!(
-            window(Unit::Year.into(), now),
-            (at(2026, 1, 1, 0), at(2027, 1, 1, 0))
-        );
         let feb = at(2024, 2, 10, 0);
-        assert_eq!(
-            window(Unit::Month.into(), feb),
-            (at(2024, 2, 1, 0), at(2024, 3, 1, 0))
-        );
+        // (unit, instant, its window's start and end as (year, month, day))
+        let cases = [
+            (Unit::Day, now, (2026, 11, 22), (2026, 11, 23)),
+            // 2026-11-22 is a Sunday: its week started Monday 2026-11-16.
+            (Unit::Week, now, (2026, 11, 16), (2026, 11, 23)),
+            (Unit::Month, now, (2026, 11, 1), (2026, 12, 1)),
+            (Unit::Year, now, (2026, 1, 1), (2027, 1, 1)),
+            (Unit::Month, feb, (2024, 2, 1), (2024, 3, 1)),
+        ];
+        for (unit, instant, (sy, sm, sd), (ey, em, ed)) in cases {
+            assert_eq!(
+                window(unit.into(), instant),
+                (at(sy, sm, sd, 0), at(ey, em, ed, 0)),
+                "{unit} at {instant}"
+            );
+        }
         // A Monday starts its own week.
         let monday = at(2026, 11, 16, 0);
         assert_eq!(window(Unit::Week.into(), monday).0, monday);
