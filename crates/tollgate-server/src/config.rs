@@ -5,6 +5,7 @@
 //! module.
 
 use crate::backend::RedisSettings;
+use crate::listener::ConnLimits;
 use crate::state::RequestLimits;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -109,14 +110,22 @@ pub struct Connections {
 }
 
 impl Default for Connections {
+    /// The listener's own defaults ([`ConnLimits::default`]), with the cap not chosen.
     fn default() -> Self {
+        let ConnLimits {
+            header_read_timeout,
+            body_read_timeout,
+            idle_timeout,
+            max_connections,
+            shutdown_timeout,
+        } = ConnLimits::default();
         Self {
-            header_read_timeout: Duration::from_secs(10),
-            body_read_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(60),
-            max_connections: 10_000,
+            header_read_timeout,
+            body_read_timeout,
+            idle_timeout,
+            max_connections,
             max_connections_chosen: false,
-            shutdown_timeout: Duration::from_secs(10),
+            shutdown_timeout,
         }
     }
 }
