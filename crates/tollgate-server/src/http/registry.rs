@@ -11,7 +11,8 @@ use crate::registry::error::RegistryError;
 use crate::registry::storage::Expect;
 use crate::registry::Registry;
 use axum::extract::rejection::PathRejection;
-use axum::extract::{ConnectInfo, Path, Request, State};
+use axum::extract::{ConnectInfo, FromRequestParts, Path, Request, State};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -48,10 +49,10 @@ fn registry(state: &HttpState) -> Result<&Arc<Registry>, RegistryError> {
 }
 
 /// The registry, for a call whose bearer token is the admin token (401/403 otherwise).
-fn authorized(state: &HttpState, req: &Request) -> Result<Arc<Registry>, RegistryError> {
+fn authorized(state: &HttpState, headers: &HeaderMap) -> Result<Arc<Registry>, RegistryError> {
     let registry = registry(state)?;
     registry.authorize(
-        req.headers()
+        headers
             .get(header::AUTHORIZATION)
             .map(HeaderValue::as_bytes),
     )?;
@@ -62,6 +63,27 @@ fn domain_of(path: Result<Path<String>, PathRejection>) -> Result<String, Regist
     match path {
         Ok(Path(d)) => Ok(d),
         Err(e) => Err(RegistryError::InvalidDomain(e.body_text())),
+    }
+}
+
+/// What every `/v1/domains/{domain}` handler starts with: the admin token checked first (a
+/// call without it is refused before its path is looked at), then the path's domain. A refusal
+/// is answered, and counted, as [`respond`] does.
+struct DomainCall {
+    registry: Arc<Registry>,
+    domain: String,
+}
+
+impl FromRequestParts<HttpState> for DomainCall {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &HttpState) -> Result<Self, Response> {
+        let call = async {
+            let registry = authorized(state, &parts.headers)?;
+            let domain = domain_of(Path::from_request_parts(parts, state).await)?;
+            Ok(DomainCall { registry, domain })
+        };
+        call.await.map_err(|e| respond(state, Err(e)))
     }
 }
 
@@ -149,7 +171,7 @@ fn modified_ms(file: &str) -> Option<u64> {
 }
 
 async fn list(State(state): State<HttpState>, req: Request) -> Response {
-    if let Err(e) = authorized(&state, &req) {
+    if let Err(e) = authorized(&state, req.headers()) {
         return respond(&state, Err(e));
     }
     let query = match super::RulesQuery::parse(req.uri().query()) {
@@ -239,14 +261,9 @@ async fn list(State(state): State<HttpState>, req: Request) -> Response {
     .into_response()
 }
 
-async fn get_domain(
-    State(state): State<HttpState>,
-    path: Result<Path<String>, PathRejection>,
-    req: Request,
-) -> Response {
+async fn get_domain(State(state): State<HttpState>, call: DomainCall) -> Response {
+    let domain = call.domain;
     let result = (|| {
-        authorized(&state, &req)?;
-        let domain = domain_of(path)?;
         let rules = state.rules();
         let file = rules
             .set
@@ -290,14 +307,9 @@ async fn get_domain(
     respond(&state, result)
 }
 
-async fn history(
-    State(state): State<HttpState>,
-    path: Result<Path<String>, PathRejection>,
-    req: Request,
-) -> Response {
+async fn history(State(state): State<HttpState>, call: DomainCall) -> Response {
+    let domain = call.domain;
     let result = (|| {
-        authorized(&state, &req)?;
-        let domain = domain_of(path)?;
         let snapshot = state.registry.as_ref().map(|r| r.snapshot());
         let Some(entry) = snapshot.as_ref().and_then(|s| s.domains.get(&domain)) else {
             return Err(RegistryError::NotFound(domain));
@@ -307,14 +319,9 @@ async fn history(
     respond(&state, result)
 }
 
-async fn put_domain(
-    State(state): State<HttpState>,
-    path: Result<Path<String>, PathRejection>,
-    req: Request,
-) -> Response {
+async fn put_domain(State(state): State<HttpState>, call: DomainCall, req: Request) -> Response {
+    let DomainCall { registry, domain } = call;
     let result = async {
-        let registry = authorized(&state, &req)?;
-        let domain = domain_of(path)?;
         check_type(req.headers())?;
         let expect = expectation(req.headers())?;
         let dry = dry_run(req.uri().query())?;
@@ -340,14 +347,9 @@ async fn put_domain(
     respond(&state, result)
 }
 
-async fn delete_domain(
-    State(state): State<HttpState>,
-    path: Result<Path<String>, PathRejection>,
-    req: Request,
-) -> Response {
+async fn delete_domain(State(state): State<HttpState>, call: DomainCall, req: Request) -> Response {
+    let DomainCall { registry, domain } = call;
     let result = async {
-        let registry = authorized(&state, &req)?;
-        let domain = domain_of(path)?;
         let expect = expectation(req.headers())?;
         let who = caller(&state, &req);
         drop(req);
