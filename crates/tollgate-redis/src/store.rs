@@ -784,15 +784,7 @@ impl RedisStore {
                 loop {
                     let r = match self.inner.conn.clone() {
                         Conn::Single(s) => eval_or_load(&mut s.conn(), &evalsha, &eval).await,
-                        Conn::Cluster(mut c) => match eval_or_load(&mut c, &evalsha, &eval).await {
-                            Err(e)
-                                if e.kind()
-                                    == redis::ErrorKind::Server(redis::ServerErrorKind::Ask) =>
-                            {
-                                follow_ask(&mut c, &e, &evalsha, &eval).await
-                            }
-                            r => r,
-                        },
+                        Conn::Cluster(mut c) => cluster_call(&mut c, &evalsha, &eval).await,
                         Conn::Sentinel(s) => {
                             eval_or_load(&mut s.master().await?, &evalsha, &eval).await
                         }
@@ -1100,6 +1092,29 @@ fn closed_under_us(e: &RedisError) -> bool {
     !e.is_timeout()
         && !e.is_connection_refusal()
         && (e.is_connection_dropped() || e.kind() == redis::ErrorKind::Io)
+}
+
+/// One script call on a cluster. `ASK` is followed by [`follow_ask`]. A `MOVED` that the
+/// cluster client could not follow is what its own `ASK` handling ends in when it loses the race
+/// described there (the target, still importing, gets the call without `ASKING` and answers
+/// `MOVED` back to the source): the call is made once more, from the start, with the slot map
+/// the client has refreshed meanwhile; its `ASK` then comes here.
+async fn cluster_call(
+    c: &mut ClusterConnection,
+    evalsha: &redis::Cmd,
+    eval: &impl Fn() -> redis::Cmd,
+) -> Result<Vec<i64>, RedisError> {
+    let redirected = |e: &RedisError, kind| e.kind() == redis::ErrorKind::Server(kind);
+    let mut retried = false;
+    loop {
+        match eval_or_load(c, evalsha, eval).await {
+            Err(e) if redirected(&e, redis::ServerErrorKind::Ask) => {
+                return follow_ask(c, &e, evalsha, eval).await
+            }
+            Err(e) if !retried && redirected(&e, redis::ServerErrorKind::Moved) => retried = true,
+            r => return r,
+        }
+    }
 }
 
 /// A slot is migrating and the key is already on the node `ASK` names: send `ASKING` and the
