@@ -1101,15 +1101,34 @@ impl HeadScan {
                     };
                 }
                 ScanAt::Head => {
-                    let b = bytes[0];
-                    bytes = &bytes[1..];
-                    if !self.head_byte(b) {
-                        return false;
+                    // Most of a head is runs of bytes other than CR and LF, which leave the
+                    // same state however they are cut: such a run is taken whole.
+                    let run = line_break(bytes);
+                    if run > 0 {
+                        self.text(&bytes[..run]);
+                        bytes = &bytes[run..];
+                    } else {
+                        let b = bytes[0];
+                        bytes = &bytes[1..];
+                        if !self.head_byte(b) {
+                            return false;
+                        }
                     }
                 }
             }
         }
         true
+    }
+
+    /// Head bytes other than CR and LF, as [`HeadScan::head_byte`] takes them one at a time.
+    fn text(&mut self, run: &[u8]) {
+        self.end = 0;
+        self.started = true;
+        self.after_cr = false;
+        let at = self.line_len.min(self.line.len());
+        let n = run.len().min(self.line.len() - at);
+        self.line[at..at + n].copy_from_slice(&run[..n]);
+        self.line_len = self.line_len.saturating_add(run.len());
     }
 
     fn head_byte(&mut self, b: u8) -> bool {
@@ -1148,6 +1167,11 @@ impl HeadScan {
     /// A line of the head ended: note how its body is framed.
     fn header_line(&mut self) {
         let len = std::mem::take(&mut self.line_len);
+        // Only `Content-Length` and `Transfer-Encoding` are looked for: a line starting with
+        // another byte is done with (an empty line's stale first byte only costs the checks).
+        if !matches!(self.line[0].to_ascii_lowercase(), b'c' | b't') {
+            return;
+        }
         let Some(line) = self.line.get(..len) else {
             // Longer than the array: a framing header this long is not followed.
             if starts_with_name(&self.line, b"content-length:")
@@ -1167,6 +1191,31 @@ impl HeadScan {
             }
         }
     }
+}
+
+/// Where the first CR or LF of `bytes` is (its length when there is none), eight bytes at a
+/// time: a byte equal to CR or LF is a zero byte of the word XORed with that byte repeated, and
+/// `(x - 0x01..) & !x & 0x80..` marks the lowest zero byte of `x` exactly (a false mark can
+/// only follow a true one, from the borrow).
+fn line_break(bytes: &[u8]) -> usize {
+    const ONES: u64 = u64::from_ne_bytes([1; 8]);
+    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+    let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH;
+    let mut words = bytes.chunks_exact(8);
+    let mut at = 0;
+    for word in words.by_ref() {
+        let w = u64::from_le_bytes(word.try_into().unwrap_or_default());
+        let found = zero(w ^ (ONES * u64::from(b'\r'))) | zero(w ^ (ONES * u64::from(b'\n')));
+        if found != 0 {
+            return at + found.trailing_zeros() as usize / 8;
+        }
+        at += 8;
+    }
+    let rest = words.remainder();
+    at + rest
+        .iter()
+        .position(|&b| b == b'\r' || b == b'\n')
+        .unwrap_or(rest.len())
 }
 
 /// Whether `line` starts with the header name `name` (lowercase, with its colon), in any case.
@@ -1314,6 +1363,51 @@ mod tests {
         let (head, body) = response.split_once("\r\n\r\n").unwrap();
         assert!(head.contains(&format!("content-length: {}", body.len())));
         serde_json::from_str::<serde_json::Value>(body).unwrap();
+    }
+
+    /// The scan as first written, every head byte through `head_byte`: what taking runs of
+    /// plain bytes whole must agree with.
+    fn bytewise(h: &mut HeadScan, bytes: &[u8]) -> bool {
+        bytes.iter().all(|&b| match h.at {
+            ScanAt::Head => h.head_byte(b),
+            _ => h.accepts(&[b]),
+        })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+        #[test]
+        fn head_scan_in_runs_is_head_scan_byte_by_byte(
+            parts in proptest::collection::vec(proptest::sample::select(vec![
+                "\r", "\n", "\r\n", "a", ":", "GET / HTTP/1.1", "Host: x", "content-length: 3",
+                "Content-Length:12", "content-length: x", "transfer-encoding: chunked",
+                "x-a-header-name-longer-than-forty-bytes-in-all: 1", "abc\ndef",
+            ]), 0..24),
+            cuts in proptest::collection::vec(0usize..200, 0..4),
+        ) {
+            let input = parts.concat().into_bytes();
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(input.len())).collect();
+            cuts.sort_unstable();
+            cuts.push(input.len());
+            let (mut runs, mut bytes) = (HeadScan::default(), HeadScan::default());
+            let (mut from, mut ok) = (0, true);
+            for to in cuts {
+                ok = ok && runs.accepts(&input[from..to]);
+                from = to;
+            }
+            proptest::prop_assert_eq!(ok, bytewise(&mut bytes, &input));
+            proptest::prop_assert_eq!(format!("{runs:?}"), format!("{bytes:?}"));
+        }
+
+        #[test]
+        fn line_break_is_the_first_cr_or_lf(
+            bytes in proptest::collection::vec(proptest::sample::select(vec![
+                b'\r', b'\n', b'a', 0, 0x09, 0x0b, 0x0c, 0x0e, 0x8a, 0x8d, 0xff,
+            ]), 0..40),
+        ) {
+            let first = bytes.iter().position(|&b| b == b'\r' || b == b'\n');
+            proptest::prop_assert_eq!(line_break(&bytes), first.unwrap_or(bytes.len()));
+        }
     }
 
     #[test]
