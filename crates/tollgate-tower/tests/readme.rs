@@ -1,4 +1,4 @@
-//! README.md's "Embed in a Rust service" works as written: its `Cargo.toml` block and its Rust
+//! docs/embedding.md's "A first service" works as written: its `Cargo.toml` block and its Rust
 //! block are pasted into a new crate (the only edit: `path/to/tollgate` becomes this checkout),
 //! which `cargo build --offline` must compile. The workspace's `Cargo.lock` is copied in so the
 //! same versions resolve offline; the crate builds in its own target directory under `target/`
@@ -16,11 +16,11 @@ fn repo() -> PathBuf {
 }
 
 /// The fenced blocks of the section marked `<!-- embed: ... -->`: (language, text).
-fn embed_blocks(readme: &str) -> Vec<(String, String)> {
-    let start = readme
+fn embed_blocks(page: &str) -> Vec<(String, String)> {
+    let start = page
         .find("<!-- embed:")
-        .expect("README.md has the `<!-- embed: ... -->` marker");
-    let section = &readme[start..];
+        .expect("docs/embedding.md has the `<!-- embed: ... -->` marker");
+    let section = &page[start..];
     let section = &section[..section.find("\n## ").unwrap_or(section.len())];
     let mut blocks = Vec::new();
     let mut lines = section.lines();
@@ -36,8 +36,8 @@ fn embed_blocks(readme: &str) -> Vec<(String, String)> {
 #[test]
 fn the_embed_section_compiles_in_a_new_crate() {
     let repo = repo();
-    let readme = std::fs::read_to_string(repo.join("README.md")).unwrap();
-    let blocks = embed_blocks(&readme);
+    let page = std::fs::read_to_string(repo.join("docs/embedding.md")).unwrap();
+    let blocks = embed_blocks(&page);
     let find = |lang: &str| {
         blocks
             .iter()
@@ -72,7 +72,7 @@ fn the_embed_section_compiles_in_a_new_crate() {
         .unwrap();
     assert!(
         out.status.success(),
-        "the README's embed section does not build:\n{}",
+        "docs/embedding.md's first service does not build:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     std::fs::remove_dir_all(dir).unwrap();

@@ -4,8 +4,8 @@
 //! test's marker, or `<!-- not run: REASON -->`), optionally followed by `| stdout has: TEXT`
 //! for what its output must show; an unmarked block fails the run.
 //!
-//! README.md's distributed setup, run as written (extracted from the README, so the two cannot
-//! drift): on a machine that already runs the quick start's `serve` and a Redis on 6379, the
+//! docs/operations.md's two-instance Redis setup, run as written (extracted from the page, so
+//! the two cannot drift): on a machine that already runs the quick start's `serve` and a Redis on 6379, the
 //! block starts no second Redis, collides with no port, and both instances share one limit
 //! (`limit_remaining` goes down by one per request across them). `tollgate` is the built binary,
 //! first on `PATH` as after `cargo install`. Its fixed ports are replaced by free ones only when
@@ -24,9 +24,9 @@ const MARKER: &str = "<!-- distributed-setup:";
 
 /// The ```sh block after the marker comment.
 fn distributed_block() -> String {
-    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
-    let at = readme.find(MARKER).expect("marker in README.md");
-    let rest = &readme[at..];
+    let page = std::fs::read_to_string(repo().join("docs/operations.md")).unwrap();
+    let at = page.find(MARKER).expect("marker in docs/operations.md");
+    let rest = &page[at..];
     let start = rest.find("```sh\n").expect("sh block") + "```sh\n".len();
     let end = rest[start..].find("```").expect("end of block");
     rest[start..start + end].to_string()
@@ -86,7 +86,7 @@ fn readme_distributed_setup_runs_as_written() {
     // script's services cannot bind port 0 and say where they are).
     let mut documented = true;
     let (status, stdout, stderr) =
-        on_free_ports("the README's distributed setup", |moved: [u16; 4]| {
+        on_free_ports("the docs' distributed setup", |moved: [u16; 4]| {
             let mut script = script.clone();
             for (port, to) in ["9080", "9081", "9180", "9181"].into_iter().zip(moved) {
                 if !documented || !port_is_free(port.parse().unwrap()) {
