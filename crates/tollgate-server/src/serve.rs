@@ -339,6 +339,15 @@ pub(crate) async fn wait_for_shutdown(mut rx: watch::Receiver<bool>) {
 /// [`HttpApi::trusted_proxies`] for the rest of `serve`'s settings.
 pub fn http_api(state: &AppState, envoy: Option<&crate::envoy::EnvoyMode>) -> HttpApi {
     let health = envoy.map(|m| crate::envoy::Health::new(state.clone(), m));
+    http_api_with(state, envoy, health)
+}
+
+/// [`http_api`] with the Envoy health `serve` shares with the gRPC health service.
+fn http_api_with(
+    state: &AppState,
+    envoy: Option<&crate::envoy::EnvoyMode>,
+    health: Option<Arc<crate::envoy::Health>>,
+) -> HttpApi {
     HttpApi::new(state.clone()).routes(crate::envoy::http_routes(envoy, health))
 }
 
@@ -499,10 +508,9 @@ pub async fn serve(
     // The API service itself, not `HttpApi::router`'s `Router` around it (which would route every
     // request twice), unless the trace layer is wanted: that one comes with the `Router`.
     let counters = state.metrics().http_connections.clone();
-    let api = HttpApi::new(state.clone())
+    let api = http_api_with(&state, envoy.mode.as_ref(), health)
         .registry(registry)
-        .trusted_proxies(config.trusted_proxies.clone())
-        .routes(crate::envoy::http_routes(envoy.mode.as_ref(), health));
+        .trusted_proxies(config.trusted_proxies.clone());
     let mut http_task = match http {
         // No HTTP listener: a task that ends at shutdown stands in for it.
         None => tokio::spawn(wait_for_shutdown(rx.clone())),

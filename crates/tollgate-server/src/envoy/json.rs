@@ -17,7 +17,10 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 
 /// `POST /json`, and `GET /healthcheck` when `health` is given.
-pub(super) fn routes(mode: Option<EnvoyMode>, health: Option<Arc<Health>>) -> Router<HttpState> {
+pub(super) fn routes(
+    mode: Option<Arc<EnvoyMode>>,
+    health: Option<Arc<Health>>,
+) -> Router<HttpState> {
     let mut routes = Router::new().route(
         "/json",
         post(move |State(state): State<HttpState>, req: Request| {
@@ -42,7 +45,7 @@ async fn healthcheck(health: Arc<Health>) -> Response {
     }
 }
 
-async fn envoy_json(state: HttpState, mode: Option<EnvoyMode>, req: Request) -> Response {
+async fn envoy_json(state: HttpState, mode: Option<Arc<EnvoyMode>>, req: Request) -> Response {
     let result = async {
         // Any content type: envoyproxy/ratelimit's clients (`curl --data`) send none or a form type.
         let body = read_body(&state, req, false).await?;

@@ -221,7 +221,7 @@ pub(crate) fn http_routes(
     mode: Option<&EnvoyMode>,
     health: Option<Arc<Health>>,
 ) -> axum::Router<HttpState> {
-    json::routes(mode.cloned(), health)
+    json::routes(mode.cloned().map(Arc::new), health)
 }
 
 /// What gRPC answers carry: under the profile, envoy's three named headers (when
