@@ -73,10 +73,8 @@ start() {
   SERVER_PID=$!
   PIDS+=("$SERVER_PID")
   for _ in $(seq 200); do
-    if grep -q '^listening' "$OUT/$label-$store.out" 2>/dev/null; then
-      GRPC=$(sed -n 's/.*gRPC \([^ ,)]*\).*/\1/p' "$OUT/$label-$store.out" | head -n 1)
-      return 0
-    fi
+    GRPC=$(sed -n 's/^listening.*gRPC \([^ ,)]*\), store.*/\1/p' "$OUT/$label-$store.out" 2>/dev/null | head -n 1)
+    [ -n "$GRPC" ] && return 0
     kill -0 "$SERVER_PID" 2>/dev/null || break
     sleep 0.1
   done
