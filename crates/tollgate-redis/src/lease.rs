@@ -141,9 +141,7 @@ impl Leases {
         }
         let mut out = Vec::with_capacity(items.len());
         for (item, k) in items.iter().zip(&keys) {
-            let Some(l) = map.get_mut(k) else {
-                return None;
-            };
+            let l = map.get_mut(k)?;
             if l.denied_until > now {
                 let mut d = l.denial;
                 d.retry_after = Some(l.denied_until - now);

@@ -6,7 +6,7 @@
 //!
 //! - a **Redis Function** ([`library`], `FUNCTION LOAD` once, then `FCALL`; Redis 7+, Valkey):
 //!   the helpers are defined when the library loads, so a call runs only the decision;
-//! - an **`EVAL` script** ([`SOURCE`], `EVALSHA`; older servers, or where the ACL forbids
+//! - an **`EVAL` script** (`SOURCE`, `EVALSHA`; older servers, or where the ACL forbids
 //!   `FUNCTION`): the body redefines every helper on each call, which costs Redis more.
 //!
 //! The store tries the function first and falls back by itself (see `RedisStore::run`). Both
