@@ -1460,25 +1460,13 @@ fn count_check(message: &[u8], limits: &crate::state::RequestLimits) -> Result<(
             continue;
         };
         if descriptors == limits.max_descriptors {
-            return Err(ApiError::invalid(
-                "too_many_descriptors",
-                format!(
-                    "more than the maximum {} descriptors",
-                    limits.max_descriptors
-                ),
-            ));
+            return Err(ApiError::too_many_descriptors(limits.max_descriptors));
         }
         let entries = fields(descriptor)
             .filter(|(f, v)| *f == 1 && v.is_some())
             .nth(limits.max_entries);
         if entries.is_some() {
-            return Err(ApiError::invalid(
-                "too_many_entries",
-                format!(
-                    "descriptors[{descriptors}] has more than the maximum {} entries",
-                    limits.max_entries
-                ),
-            ));
+            return Err(ApiError::too_many_entries(descriptors, limits.max_entries));
         }
         descriptors += 1;
     }

@@ -115,20 +115,8 @@ enum Over {
 impl Over {
     fn error(self, limits: &RequestLimits) -> ApiError {
         match self {
-            Over::Descriptors => ApiError::invalid(
-                "too_many_descriptors",
-                format!(
-                    "more than the maximum {} descriptors",
-                    limits.max_descriptors
-                ),
-            ),
-            Over::Entries(i) => ApiError::invalid(
-                "too_many_entries",
-                format!(
-                    "descriptors[{i}] has more than the maximum {} entries",
-                    limits.max_entries
-                ),
-            ),
+            Over::Descriptors => ApiError::too_many_descriptors(limits.max_descriptors),
+            Over::Entries(i) => ApiError::too_many_entries(i, limits.max_entries),
             Over::Unread => ApiError::invalid(
                 "invalid_request",
                 format!(
