@@ -23,9 +23,10 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Check rule files; print each error as file:line:column and exit 1 if any.
-    ///
-    /// --store names the store the rules are meant for: with a Redis URL the limits a Redis store
-    /// cannot serve (e.g. `count_min_sketch`) are errors. Nothing is connected.
+    #[command(mut_arg("store", |a| a.help(
+        "The store the rules are meant for (as `serve --store`): with a Redis URL the limits a \
+         Redis store cannot serve (e.g. `count_min_sketch`) are errors. Nothing is connected"
+    )))]
     Validate {
         /// A rules file or a directory of them.
         path: PathBuf,
@@ -37,9 +38,11 @@ enum Command {
     /// Input lines: `t_ms,domain,descriptor,hits` where descriptor is `k=v` or `k=v;k2=v2`;
     /// `#` starts a comment. Output header:
     /// `t_ms,domain,descriptor,hits,allowed,remaining,retry_after_ms,reset_after_ms,delay_ms`.
-    ///
-    /// With a Redis --store the trace is replayed on Redis with the trace's clock, under a
-    /// throwaway key prefix deleted afterwards.
+    #[command(mut_arg("store", |a| a.help(
+        "Where counters live: `memory`, or `redis://...` (also `rediss://`, `redis+cluster://`): \
+         the trace is replayed on Redis with the trace's clock, under a throwaway key prefix \
+         deleted afterwards"
+    )))]
     Simulate {
         /// Rules file or directory.
         #[arg(long, env = "TOLLGATE_RULES", default_value = crate::simulate::DEFAULT_RULES)]
@@ -225,7 +228,7 @@ pub struct ServeArgs {
     profile: Option<crate::serve::Profile>,
 }
 
-/// `--store` of `serve`, `simulate` and `validate`.
+/// `--store` of `serve`, `simulate` and `validate` (the last two with help of their own).
 #[derive(Debug, clap::Args)]
 struct StoreArg {
     /// Where counters live: `memory`, `redis://[user:pass@]host:port[/db]`, `rediss://...` (TLS),
