@@ -722,8 +722,10 @@ macro_rules! raw_object {
                 $(
                     if key == Field::$field as usize {
                         self.$field = next(map, $shape)?;
-                    }
-                )+
+                    } else
+                )+ {
+                    // `KeyIndex` gives indices into `KEYS` only.
+                }
                 Ok(())
             }
         }
