@@ -19,40 +19,45 @@
 -- Mode 'r' (refund) undoes the given admitted items of an earlier call with the same request id
 -- and time, then answers a cost-0 query for each: used when another cluster slot blocked.
 --
--- ARGV: now ('' = Redis TIME), request id, mode ('c' | 'r'), single ('1' | '0'), grace ms,
---       item count, then 13 fields per item: algorithm, cost, shadow, limit, burst, T,
---       unit, multiplier, nominal period, index in the request, count denied, envoy key
---       layout, EXPIRE seconds (envoy layout).
+-- ARGV[1]: the call and its items packed little-endian (struct.pack, see script.rs `arguments`):
+--   header '<ddBBH': now (-1 = Redis TIME), grace ms, mode (0 check, 1 refund), single, count;
+--   per item '<BBBBBdddddddd': algorithm, shadow, unit, count denied, envoy key layout, then
+--   cost, limit, burst, T, multiplier, nominal period, index in the request, EXPIRE seconds.
+--   Packed numbers cost Redis a copy each, where one string argument per field cost it an
+--   argument object and a `tonum` (a strtod) each.
+-- ARGV[2]: the request id.
 -- KEYS: one per item, two for a sliding log (the set and its sum).
--- Returns: { now, blocked, then per item: allowed, limit, remaining, reset_after,
---            retry_after (-1 = none), delay, count (envoy_fixed_window's count, -1 = none) }.
+-- Returns one string, '<d' x (2 + 7 per item): now, blocked, then per item: allowed, limit,
+-- remaining, reset_after, retry_after (-1 = none), delay, count (envoy_fixed_window's count,
+-- -1 = none).
+--
+-- The whole driver is the function `check` (a Redis Function, loaded once, or the body of an
+-- EVAL script; see script.rs).
 
-local now
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[1])
+local function check(KEYS, ARGV)
+bind()
+local packed, reqid = ARGV[1], ARGV[2]
+local now, grace, modecode, singlecode, n, pos = sunpack('<ddBBH', packed)
+if now < 0 then
+  local t = rcall('TIME')
+  now = tonum(t[1]) * 1000000 + tonum(t[2])
 end
-local reqid, mode, single = ARGV[2], ARGV[3], ARGV[4] == '1'
-local grace = tonumber(ARGV[5])
-local n = tonumber(ARGV[6])
+local mode, single = 'c', singlecode == 1
+if modecode == 1 then mode = 'r' end
 
 local items = {}
 local k = 1
 for i = 1, n do
-  local b = 6 + (i - 1) * 13
+  local alg, shadow, unit, cd, envoy, cost, limit, burst, t, mult, len, idx, expire
+  alg, shadow, unit, cd, envoy, cost, limit, burst, t, mult, len, idx, expire, pos =
+    sunpack('<BBBBBdddddddd', packed, pos)
   local p = {
-    alg = tonumber(ARGV[b + 1]), cost = tonumber(ARGV[b + 2]), shadow = ARGV[b + 3] == '1',
-    limit = tonumber(ARGV[b + 4]), burst = tonumber(ARGV[b + 5]), T = tonumber(ARGV[b + 6]),
-    unit = tonumber(ARGV[b + 7]), mult = tonumber(ARGV[b + 8]), len = tonumber(ARGV[b + 9]),
-    idx = tonumber(ARGV[b + 10]), reqid = reqid,
-    cd = ARGV[b + 11] == '1', envoy = ARGV[b + 12] == '1', expire = tonumber(ARGV[b + 13]),
-    now = now,
+    alg = alg, cost = cost, shadow = shadow == 1, limit = limit, burst = burst, T = t,
+    unit = unit, mult = mult, len = len, idx = idx, reqid = reqid, cd = cd == 1,
+    envoy = envoy == 1, expire = expire, now = now, keys = { KEYS[k] },
   }
-  p.keys = { KEYS[k] }
   k = k + 1
-  if p.alg == 5 then
+  if alg == 5 then
     p.keys[2] = KEYS[k]
     k = k + 1
   end
@@ -66,6 +71,9 @@ local function ttl_ms(reset)
 end
 
 local out = { now, 0 }
+local function reply()
+  return spack('<' .. string.rep('d', #out), unpack(out))
+end
 local function emit(i, d)
   local b = 2 + (i - 1) * 7
   local allowed = 0
@@ -83,7 +91,20 @@ if mode == 'r' then
     local a = ALG[p.alg]
     emit(i, (a.step(a.load(p), now, 0, p)))
   end
-  return out
+  return reply()
+end
+
+-- One item (the common request): its state is loaded, stepped and written whatever the
+-- outcome (see `single` above), so none of the bookkeeping below is needed.
+if single and n == 1 then
+  local p = items[1]
+  local a = ALG[p.alg]
+  local old = a.load(p)
+  local d, nx = a.step(old, now, p.cost, p)
+  if not d.allowed and not p.shadow then out[2] = 1 end
+  a.save(p, old, nx, ttl_ms(d.reset))
+  emit(1, d)
+  return reply()
 end
 
 -- States by key name: `stored` = what Redis holds now, `pending` = tentative in this request.
@@ -151,4 +172,5 @@ for i, p in ipairs(items) do
 end
 
 for i = 1, n do emit(i, decisions[i]) end
-return out
+return reply()
+end
