@@ -72,6 +72,11 @@ ALG[4] = {
     return nil
   end,
   save = function(p, old, new, ttl) save_string(p, fw_encode, old, new, ttl) end,
+  -- Count g more units in the state's window (a lease; see check.lua).
+  grant = function(p, st, now, g)
+    if st == nil then return { (window(p, now)), g } end
+    return { st[1], st[2] + g }
+  end,
   -- Undo an admitted cost, only in the window it went into (`now` is the check's time). A
   -- state in another window was rolled on by other requests since: this cost is not in it, and
   -- taking it off would let that window admit more than its limit. (A check that ran on a clock

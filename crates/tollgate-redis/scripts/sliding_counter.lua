@@ -91,6 +91,11 @@ ALG[6] = {
     return nil
   end,
   save = function(p, old, new, ttl) save_string(p, sc_encode, old, new, ttl) end,
+  -- Count g more units in the state's current window (a lease; see check.lua).
+  grant = function(p, st, now, g)
+    if st == nil then return { (window(p, now)), 0, g } end
+    return { st[1], st[2], st[3] + g }
+  end,
   -- Undo an admitted cost in the count of the window the check counted in.
   refund = function(p, now, cost)
     local v = rcall('GET', p.keys[1])

@@ -110,6 +110,9 @@ pub struct Call<'a> {
     pub jitter_max_s: u64,
     /// Seed of this call's jitters.
     pub jitter_seed: u64,
+    /// Lease units wanted beyond the cost, by index in the request (empty: none; see
+    /// check.lua). Only for fixed_window and sliding_window_counter items.
+    pub leases: &'a [u64],
 }
 
 /// SplitMix64: a cheap, well-mixed draw for expiry jitter (not for anything secret).
@@ -123,9 +126,9 @@ fn splitmix(x: u64) -> u64 {
 /// One item of a call: its index in the request, the item, its keys.
 pub type Entry<'a> = (usize, &'a CheckItem<'a>, &'a CounterKeys);
 
-/// Bytes of the packed header and of each packed item (check.lua's `'<ddBBH'`, `'<BBBBBdddddddd'`).
+/// Bytes of the packed header and of each packed item (check.lua's `'<ddBBH'`, `'<BBBBBddddddddd'`).
 const HEADER_LEN: usize = 8 + 8 + 1 + 1 + 2;
-const ITEM_LEN: usize = 5 + 8 * 8;
+const ITEM_LEN: usize = 5 + 8 * 9;
 
 /// A number as check.lua reads it: a little-endian double. Every number sent is an integer
 /// below 2^53 (keys.rs bounds the quotas, times and costs), which a double holds exactly.
@@ -181,6 +184,7 @@ pub(crate) fn arguments(call: &Call<'_>, items: &[Entry<'_>]) -> (Vec<String>, V
             q.period().nominal(),
             *idx as u64,
             expire,
+            call.leases.get(*idx).copied().unwrap_or(0),
         ] {
             put(&mut packed, x);
         }
@@ -215,6 +219,7 @@ pub fn fcall(name: &str, prefix: &str, item: &CheckItem<'_>, reqid: &str) -> red
         layout: KeyLayout::Tollgate,
         jitter_max_s: 0,
         jitter_seed: 0,
+        leases: &[],
     };
     let (k, packed) = arguments(&call, &[(0, item, &keys)]);
     let mut cmd = redis::cmd("FCALL");

@@ -102,6 +102,22 @@ pub struct Receipt {
     now: Vec<Micros>,
 }
 
+impl Receipt {
+    /// A receipt for units counted at Redis time `at` with no request id (a lease's: its
+    /// windows' counters keep no request ids).
+    pub(crate) fn at(at: Micros) -> Self {
+        Receipt {
+            reqid: String::new(),
+            now: vec![at],
+        }
+    }
+
+    /// Redis' time of each item's check.
+    pub(crate) fn times(&self) -> &[Micros] {
+        &self.now
+    }
+}
+
 struct Inner {
     conn: Conn,
     opts: RedisOptions,
@@ -923,7 +939,22 @@ impl RedisStore {
             return Ok((Vec::new(), receipt));
         }
         script::validate(items, now)?;
-        let r = self.check_valid(bound, now, items).await;
+        let r = self.check_valid(bound, now, items, &[]).await;
+        self.record(r)
+    }
+
+    /// [`RedisStore::check_refundable`] that also asks for lease units beyond each item's
+    /// cost (`leases`, by index; see `lease.rs`): the units granted come back in each item's
+    /// [`Decision::count`].
+    pub(crate) async fn check_leasing(
+        &self,
+        bound: Duration,
+        now: Option<Micros>,
+        items: &[CheckItem<'_>],
+        leases: &[u64],
+    ) -> Result<(Vec<Decision>, Receipt), StoreError> {
+        script::validate(items, now)?;
+        let r = self.check_valid(bound, now, items, leases).await;
         self.record(r)
     }
 
@@ -982,6 +1013,7 @@ impl RedisStore {
                 layout: opts.key_layout,
                 jitter_max_s: opts.expiration_jitter.as_secs(),
                 jitter_seed: self.inner.seed,
+                leases: &[],
             };
             let part: Vec<script::Entry<'_>> = js
                 .iter()
@@ -1008,6 +1040,7 @@ impl RedisStore {
         bound: Duration,
         now: Option<Micros>,
         items: &[CheckItem<'_>],
+        leases: &[u64],
     ) -> Result<(Vec<Decision>, Receipt), StoreError> {
         let prefix = &self.inner.opts.prefix;
         let keys: Vec<keys::CounterKeys> = items
@@ -1024,6 +1057,7 @@ impl RedisStore {
             layout: self.inner.opts.key_layout,
             jitter_max_s: self.inner.opts.expiration_jitter.as_secs(),
             jitter_seed: self.inner.seed ^ self.inner.counter.load(Ordering::Relaxed),
+            leases,
         };
         let all: Vec<script::Entry<'_>> = items
             .iter()
@@ -1052,6 +1086,12 @@ impl RedisStore {
             return Ok((reply.decisions, receipt));
         }
 
+        // Split over slots: no leases (a group's grant would stand even when another group
+        // blocks the request and its cost is refunded).
+        let call = Call {
+            leases: &[],
+            ..call
+        };
         let call_ref = &call;
         let calls = groups.iter().map(|(_, g)| {
             let part: Vec<_> = g.iter().map(|&i| all[i]).collect();

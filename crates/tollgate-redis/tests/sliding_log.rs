@@ -159,6 +159,7 @@ async fn refund_in_the_middle_keeps_later_costs() {
             layout: tollgate_redis::KeyLayout::Tollgate,
             jitter_max_s: 0,
             jitter_seed: 0,
+            leases: &[],
         };
         let cmd = eval(&call, &[(0, &it, &keys)]);
         let mut con = con.clone();

@@ -550,6 +550,7 @@ async fn refund_never_comes_off_a_later_window() {
             layout: tollgate_redis::KeyLayout::Tollgate,
             jitter_max_s: 0,
             jitter_seed: 0,
+            leases: &[],
         };
         let _: redis::Value = eval(&call, &[(0, &first, &keys)])
             .query_async(&mut con)
