@@ -106,9 +106,14 @@ impl Receipt {
     /// A receipt for units counted at Redis time `at` with no request id (a lease's: its
     /// windows' counters keep no request ids).
     pub(crate) fn at(at: Micros) -> Self {
+        Self::at_each(vec![at])
+    }
+
+    /// A receipt with no request id for items counted at these Redis times.
+    fn at_each(now: Vec<Micros>) -> Self {
         Receipt {
             reqid: String::new(),
-            now: vec![at],
+            now,
         }
     }
 
@@ -931,16 +936,7 @@ impl RedisStore {
         now: Option<Micros>,
         items: &[CheckItem<'_>],
     ) -> Result<(Vec<Decision>, Receipt), StoreError> {
-        if items.is_empty() {
-            let receipt = Receipt {
-                reqid: String::new(),
-                now: Vec::new(),
-            };
-            return Ok((Vec::new(), receipt));
-        }
-        script::validate(items, now)?;
-        let r = self.check_valid(bound, now, items, &[]).await;
-        self.record(r)
+        self.check_leasing(bound, now, items, &[]).await
     }
 
     /// [`RedisStore::check_refundable`] that also asks for lease units beyond each item's
@@ -953,6 +949,9 @@ impl RedisStore {
         items: &[CheckItem<'_>],
         leases: &[u64],
     ) -> Result<(Vec<Decision>, Receipt), StoreError> {
+        if items.is_empty() {
+            return Ok((Vec::new(), Receipt::at_each(Vec::new())));
+        }
         script::validate(items, now)?;
         let r = self.check_valid(bound, now, items, leases).await;
         self.record(r)
