@@ -953,7 +953,7 @@ impl RedisStore {
             return Ok((Vec::new(), Receipt::at_each(Vec::new())));
         }
         script::validate(items, now)?;
-        let r = self.check_valid(bound, now, items, leases).await;
+        let r = self.check_valid(items, (bound, now, leases)).await;
         self.record(r)
     }
 
@@ -1034,12 +1034,12 @@ impl RedisStore {
         self.record(result.map(|()| decisions))
     }
 
+    /// The check of `items`, validated: within `bound`, at `now` (`None`: Redis' time), asking
+    /// for `leases`.
     async fn check_valid(
         &self,
-        bound: Duration,
-        now: Option<Micros>,
         items: &[CheckItem<'_>],
-        leases: &[u64],
+        (bound, now, leases): (Duration, Option<Micros>, &[u64]),
     ) -> Result<(Vec<Decision>, Receipt), StoreError> {
         let prefix = &self.inner.opts.prefix;
         let keys: Vec<keys::CounterKeys> = items
