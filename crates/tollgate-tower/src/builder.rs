@@ -160,6 +160,11 @@ impl Builder {
 
     /// Counters in Redis, shared by every instance of the application, behind the same
     /// failure policy and circuit breaker as `tollgate serve` (`tollgate_redis::Guarded`).
+    /// Limits whose quota says `sync: lease` (a rules file's `rate_limit.sync`, or
+    /// `Quota::with_sync(SyncMode::Lease)`) are leased as in the service: most decisions are made
+    /// in this process from shares of the window's count, never more than the limit across
+    /// instances (docs/distributed.md). Call `Guarded::return_leases` at shutdown to give the
+    /// unspent shares back at once (otherwise they go back after half a second unused).
     #[cfg(feature = "redis")]
     pub fn redis(mut self, guarded: Arc<tollgate_redis::Guarded>) -> Self {
         self.backend = Chosen::Redis(guarded);
