@@ -244,3 +244,71 @@ async fn a_far_redis_is_waited_for_only_to_refill() {
     );
     assert!(local > 1_000, "{local} of 2000 decisions were local");
 }
+
+/// Redis stalls (a stopped server, a stuck link): the units in hand are spent without it, then
+/// the failure policy decides; when Redis answers again, it decides again, by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn units_in_hand_outlast_a_stalled_redis_then_redis_decides_again() {
+    use support::{FaultProxy, ProxyMode};
+    let server = RedisServer::start(&[]);
+    let proxy = FaultProxy::start(server.port);
+    let opts = RedisOptions {
+        prefix: "lease-stall".into(),
+        timeout: Duration::from_millis(100),
+        patience: Duration::from_millis(200),
+        ..RedisOptions::default()
+    };
+    let url = format!("redis://127.0.0.1:{}", proxy.port);
+    let store = RedisStore::connect(&url, opts).await.unwrap();
+    let g = Guarded::start(store, RedisSettings::default()).await;
+    let quota = Quota::new(1_000_000, Unit::Hour)
+        .with_algorithm(Algorithm::FixedWindow)
+        .with_sync(SyncMode::Lease);
+    let check = || async {
+        let item = CheckItem::hit("hot", "hot|user=stall", &quota);
+        g.check(wall_now(), &[item]).await.unwrap()
+    };
+    // Leases grow while they run out quickly: take one of a few units.
+    for _ in 0..10_000 {
+        check().await;
+        if g.lease_stats().1 >= 4 {
+            break;
+        }
+    }
+    let held = g.lease_stats().1;
+    assert!(held >= 4, "a lease of several units ({held})");
+    proxy.set(ProxyMode::Stall);
+    // (A call already being read by the proxy when it stalls still goes through: it may bring
+    // more units.) Every unit in hand is spent without Redis, then the policy decides.
+    let local = || g.lease_stats().0.local_decisions.load(Ordering::Relaxed);
+    let before = local();
+    let mut degraded = None;
+    for i in 0..1_000 {
+        let out = check().await;
+        assert!(out.decisions[0].allowed);
+        if out.degraded.is_some() {
+            degraded = Some(i);
+            break;
+        }
+    }
+    assert!(
+        degraded.is_some(),
+        "the failure policy decides once the units are spent"
+    );
+    assert!(
+        local() - before >= held,
+        "the {held} units in hand were spent locally ({} local decisions)",
+        local() - before
+    );
+    assert_eq!(g.lease_stats().1, 0, "nothing left in hand");
+    proxy.set(ProxyMode::Pass);
+    let mut back = false;
+    for _ in 0..200 {
+        if check().await.degraded.is_none() {
+            back = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(back, "Redis decides again once it answers");
+}
