@@ -70,6 +70,6 @@ pub use clock::{Clock, ManualClock, Micros, MonotonicWallClock, SystemClock};
 pub use decision::Decision;
 pub use headers::{HeaderFamilies, HeaderValues};
 pub use memory::MemoryStore;
-pub use quota::{Algorithm, Period, Quota, SketchSize, Unit, MAX_PERIOD};
+pub use quota::{Algorithm, Period, Quota, SketchSize, SyncMode, Unit, MAX_PERIOD};
 pub use rules::{Domain, Limit, Resolution, RuleDefaults, RuleError, RuleErrors, RuleSet};
 pub use store::{CheckItem, FaultKind, Store, StoreError};

@@ -230,6 +230,71 @@ impl FromStr for Algorithm {
     }
 }
 
+/// How the instances sharing a store keep one limit's counter in step (`sync:` in a rule).
+/// Only a shared store (Redis) reads it: on the memory store there is one instance and every
+/// mode decides alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum SyncMode {
+    /// Every decision is made by the store (one round trip per request).
+    #[default]
+    Exact,
+    /// An instance takes a share of the window's remaining count from the store and decides
+    /// locally from it: never more than the limit across instances, most decisions without a
+    /// round trip. Windowed algorithms only ([`SyncMode::supports`]).
+    Lease,
+}
+
+impl SyncMode {
+    /// All modes.
+    pub const ALL: [SyncMode; 2] = [SyncMode::Exact, SyncMode::Lease];
+
+    /// The name as written in rule files.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            SyncMode::Exact => "exact",
+            SyncMode::Lease => "lease",
+        }
+    }
+
+    /// Whether `algorithm` can be kept this way. A lease is a share of the count of the current
+    /// window, given back or lost when the window ends, so it needs an algorithm whose state is
+    /// a count per aligned window: `fixed_window` and `sliding_window_counter`. A bucket or GCRA
+    /// leased ahead of use would let the units spent late meet the refill that others see
+    /// (admitting more than the limit over a short interval), and a sliding log keeps each
+    /// admission's time, which a share cannot carry.
+    pub const fn supports(self, algorithm: Algorithm) -> bool {
+        match self {
+            SyncMode::Exact => true,
+            SyncMode::Lease => matches!(
+                algorithm,
+                Algorithm::FixedWindow | Algorithm::SlidingWindowCounter
+            ),
+        }
+    }
+}
+
+impl fmt::Display for SyncMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for SyncMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "exact" => Ok(SyncMode::Exact),
+            "lease" => Ok(SyncMode::Lease),
+            "batched" => Err(
+                "sync mode 'batched' is not available in this version (expected exact or lease)"
+                    .into(),
+            ),
+            _ => Err(format!("unknown sync mode '{s}' (expected exact or lease)")),
+        }
+    }
+}
+
 /// Size of the count-min sketch used by [`Algorithm::CountMinSketch`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SketchSize {
@@ -261,6 +326,7 @@ pub struct Quota {
     burst: Option<u64>,
     algorithm: Algorithm,
     sketch: SketchSize,
+    sync: SyncMode,
     /// `emission_interval_of(period, limit)`: derived, so equality and hashing are unaffected.
     emission: Micros,
 }
@@ -285,6 +351,7 @@ impl Quota {
             burst: None,
             algorithm: Algorithm::default(),
             sketch: SketchSize::default(),
+            sync: SyncMode::Exact,
             emission: emission_interval_of(period, limit),
         }
     }
@@ -306,6 +373,18 @@ impl Quota {
         self.limit = limit;
         self.emission = emission_interval_of(self.period, limit);
         self
+    }
+
+    /// The same quota kept in step across instances another way (a shared store only).
+    pub fn with_sync(mut self, sync: SyncMode) -> Self {
+        self.sync = sync;
+        self
+    }
+
+    /// How instances sharing a store keep this quota's counter in step.
+    #[inline]
+    pub fn sync(&self) -> SyncMode {
+        self.sync
     }
 
     /// The same quota with another sketch size ([`Algorithm::CountMinSketch`] only).

@@ -519,6 +519,16 @@ const BAD: &[(&str, usize, &str)] = &[
     ),
     ("burst_zero.yaml", 4, "`burst` must be at least 1, found 0"),
     (
+        "lease_with_gcra.yaml",
+        8,
+        "`sync: lease` needs algorithm fixed_window or sliding_window_counter, not gcra",
+    ),
+    (
+        "sync_unknown.yaml",
+        7,
+        "invalid `sync`: sync mode 'batched' is not available in this version",
+    ),
+    (
         "requests_per_unit_too_large.yaml",
         6,
         "`requests_per_unit` is too large: 4294967296 (at most 4294967295)",
@@ -848,4 +858,47 @@ fn dangling_symlinks_are_errors_not_skipped_files() {
     std::fs::remove_file(root.join("lost.yaml")).expect("rm");
     assert_eq!(load(&root).domains().count(), 1);
     let _ = std::fs::remove_dir_all(&root);
+}
+
+/// `sync` is kept per limit; `--sync-default` applies it to the rules that name none, where
+/// their algorithm can be leased, and a default algorithm that cannot is reported.
+#[test]
+fn sync_modes_and_their_default() {
+    use tollgate_core::{RuleDefaults, SyncMode};
+    let dir = std::env::temp_dir().join(format!("tollgate-sync-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("api.yaml");
+    std::fs::write(
+        &file,
+        "domain: api\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 5}\n  - key: b\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: gcra}\n  - key: c\n    rate_limit: {unit: second, requests_per_unit: 5, sync: exact}\n  - key: d\n    rate_limit: {unit: second, requests_per_unit: 5, sync: lease}\n",
+    )
+    .unwrap();
+    let sync = |set: &RuleSet, id: &str| limit(set, id).quota.unwrap().sync();
+    let plain = load(&file);
+    assert_eq!(sync(&plain, "api|a"), SyncMode::Exact);
+    assert_eq!(sync(&plain, "api|d"), SyncMode::Lease);
+    let leased = load(&file).with_defaults(RuleDefaults {
+        sync: SyncMode::Lease,
+        ..RuleDefaults::default()
+    });
+    assert_eq!(sync(&leased, "api|a"), SyncMode::Lease);
+    assert_eq!(
+        sync(&leased, "api|b"),
+        SyncMode::Exact,
+        "gcra cannot be leased"
+    );
+    assert_eq!(sync(&leased, "api|c"), SyncMode::Exact, "named exact stays");
+    assert!(leased.unleasable().is_empty());
+    // A rule naming lease whose algorithm comes from a default that cannot be leased.
+    let gcra = load(&file).with_defaults(RuleDefaults {
+        algorithm: Some(Algorithm::Gcra),
+        ..RuleDefaults::default()
+    });
+    let problems = gcra.unleasable();
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0].contains("api.yaml:9:") && problems[0].contains("not gcra"),
+        "{problems:?}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }

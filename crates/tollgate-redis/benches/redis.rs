@@ -1,12 +1,11 @@
 //! Throughput of the Redis store: decisions per second with 1, 16 and 64 concurrent callers
-//! sharing one store (one multiplexed connection), against the ceiling of the same `EVALSHA`
-//! driven by `redis-benchmark` (no client-side work at all).
+//! sharing one store (one multiplexed connection), against the ceiling of the same `FCALL`
+//! prepared once and sent by 64 tasks on one connection (no store work around it).
 //!
 //! `cargo bench -p tollgate-redis --bench redis` runs it (5 s per level; `BENCH_SECS` to change,
 //! `TOLLGATE_BENCH_REDIS` for another server than redis://127.0.0.1:6379). Under `cargo test`
 //! (no `--bench` argument) it makes a few calls per level so it cannot rot.
 
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -52,38 +51,17 @@ fn main() {
             at64 = rate;
         }
     }
+    // The ceiling: the same FCALL, prepared once, sent by 64 tasks on one multiplexed
+    // connection with nothing else around it (no key building, no argument packing, no reply
+    // decoding): what the server and the client library give at best.
     let item = CheckItem::hit("bench", "bench|caller=shared", &quota);
-    let cmd = script::command_line(&prefix, &item, "bench");
-    let host_port = url
-        .trim_start_matches("redis://")
-        .split('/')
-        .next()
-        .unwrap_or("127.0.0.1:6379")
-        .to_owned();
-    let (host, port) = host_port.rsplit_once(':').unwrap_or((&host_port, "6379"));
-    let n = if bench { 200_000 } else { 2_000 };
-    let line = format!("redis-benchmark -h {host} -p {port} -n {n} -c 64 -P 1 -q {cmd}");
-    println!("\nceiling (same EVALSHA, no client work):\n  {line}");
-    match Command::new("sh").arg("-c").arg(&line).output() {
-        Ok(out) if out.status.success() => {
-            let text = String::from_utf8_lossy(&out.stdout);
-            let rps = text
-                .split_whitespace()
-                .collect::<Vec<_>>()
-                .windows(2)
-                .find(|w| w[1] == "requests")
-                .and_then(|w| w[0].parse::<f64>().ok());
-            let last = text.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("");
-            println!("  -> {}", last.trim().rsplit('\r').next().unwrap_or(""));
-            if let Some(rps) = rps {
-                println!(
-                    "store at 64 callers: {at64:.0}/s = {:.0}% of the EVALSHA ceiling ({rps:.0}/s)",
-                    100.0 * at64 / rps
-                );
-            }
-        }
-        _ => println!("  (redis-benchmark not available: run the command above by hand)"),
-    }
+    let fcall = script::fcall(store.function_name(), &prefix, &item, "bench");
+    let rate = rt.block_on(ceiling(&url, fcall, secs, bench));
+    println!(
+        "\nceiling (the same FCALL from 64 tasks, no store around it): {rate:.0}/s\n\
+         store at 64 callers: {at64:.0}/s = {:.0}% of the ceiling",
+        100.0 * at64 / rate
+    );
     let mut con = redis::Client::open(url.as_str())
         .unwrap()
         .get_connection()
@@ -134,4 +112,39 @@ async fn run(
     let elapsed = start.elapsed().as_secs_f64();
     let n = done.load(Ordering::Relaxed) as f64;
     (n / elapsed, elapsed * callers as f64 / n.max(1.0))
+}
+
+/// Calls per second of `fcall` sent as it is by 64 tasks on one multiplexed connection.
+async fn ceiling(url: &str, fcall: redis::Cmd, secs: f64, bench: bool) -> f64 {
+    let con = redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let per_task_cap = if bench { u64::MAX } else { 20 };
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..64)
+        .map(|_| {
+            let (mut con, stop, done, fcall) =
+                (con.clone(), stop.clone(), done.clone(), fcall.clone());
+            tokio::spawn(async move {
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) && n < per_task_cap {
+                    let _: Vec<u8> = fcall.query_async(&mut con).await.expect("ceiling FCALL");
+                    n += 1;
+                }
+                done.fetch_add(n, Ordering::Relaxed);
+            })
+        })
+        .collect();
+    if bench {
+        tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+        stop.store(true, Ordering::Relaxed);
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
 }

@@ -8,18 +8,28 @@
 --     arithmetic, a - r is an exact multiple of b, and dividing an exact multiple is exact.
 --     (math.floor(a / b) can round a quotient just below an integer up to it.)
 --   * muldiv(a, b, c) = floor(a * b / c) and the remainder, exactly, even when a * b >= 2^53.
---   * numbers are written with string.format('%d') (tostring keeps only 14 digits).
+--   * numbers are written with sformat('%d') (tostring keeps only 14 digits).
 -- This file is concatenated in front of the algorithm files and check.lua (see script.rs).
+
+-- The library functions in locals, looked up once instead of on every use. A Redis Function's
+-- code cannot see them while it is being loaded, only when it runs: `bind` sets them at the start
+-- of each call (a no-op once set, as they stay set while the function stays loaded).
+local tonum, fmod, sformat, smatch, rcall, spack, sunpack
+local function bind()
+  if rcall ~= nil then return end
+  tonum, fmod, sformat, smatch = tonumber, math.fmod, string.format, string.match
+  rcall, spack, sunpack = redis.call, struct.pack, struct.unpack
+end
 
 local TWO53 = 9007199254740992
 local DAY = 86400000000
 
 local function idiv(a, b)
-  return (a - math.fmod(a, b)) / b
+  return (a - fmod(a, b)) / b
 end
 
 local function fmt(x)
-  return string.format('%d', x)
+  return sformat('%d', x)
 end
 
 -- floor(a * b / c) and (a * b) mod c for integers 0 <= a, b < 2^53, 0 < c < 2^53, assuming the
@@ -33,7 +43,7 @@ end
 local function muldiv(a, b, c)
   local p = a * b
   if p < TWO53 then
-    local r = math.fmod(p, c)
+    local r = fmod(p, c)
     return (p - r) / c, r
   end
   local bq = idiv(b, c)
@@ -41,7 +51,7 @@ local function muldiv(a, b, c)
   local bits = {}
   local x = a
   while x > 0 do
-    local bit = math.fmod(x, 2)
+    local bit = fmod(x, 2)
     bits[#bits + 1] = bit
     x = (x - bit) / 2
   end
@@ -111,24 +121,24 @@ end
 local function window(p, now)
   local unit, m = p.unit, p.mult
   if unit <= 3 then
-    local start = now - math.fmod(now, p.len)
+    local start = now - fmod(now, p.len)
     return start, start + p.len
   elseif unit == 4 then
     -- 1970-01-01 was a Thursday; Monday 1969-12-29 is day -3.
     local day = idiv(now, DAY) + 3
     local week = idiv(day, 7)
-    local first = week - math.fmod(week, m)
+    local first = week - fmod(week, m)
     local start_day = first * 7 - 3
     return day_start(start_day), day_start(start_day + 7 * m)
   else
     local y, mo = civil_from_days(idiv(now, DAY))
     if unit == 5 then
       local index = (y - 1970) * 12 + (mo - 1)
-      local first = index - math.fmod(index, m)
+      local first = index - fmod(index, m)
       return month_start(first), month_start(first + m)
     end
     local index = y - 1970
-    local first = index - math.fmod(index, m)
+    local first = index - fmod(index, m)
     return month_start(first * 12), month_start((first + m) * 12)
   end
 end
@@ -155,22 +165,26 @@ local function deny_forever(limit)
   return decision(false, limit, 0, 0, nil, 0)
 end
 
--- Plain string-valued state: GET, decode; SET with a TTL, or DEL when back to full.
+-- Plain string-valued state: GET, decode; SET with a TTL, or DEL when back to full. The string
+-- read is kept in p.raw, so that saving compares the new encoding with it instead of encoding
+-- the old state again (an item that did not load its key, a repeat, has none).
 local function load_string(p, decode)
-  local v = redis.call('GET', p.keys[1])
+  local v = rcall('GET', p.keys[1])
   if not v then return nil end
+  p.raw = v
   return decode(v)
 end
 
 local function save_string(p, encode, old, new, ttl_ms)
-  local o, n = nil, nil
-  if old ~= nil then o = encode(old) end
+  local o, n = p.raw, nil
+  p.raw = nil
+  if o == nil and old ~= nil then o = encode(old) end
   if new ~= nil then n = encode(new) end
   if o == n then return end
   if n == nil then
-    redis.call('DEL', p.keys[1])
+    rcall('DEL', p.keys[1])
   else
-    redis.call('SET', p.keys[1], n, 'PX', ttl_ms)
+    rcall('SET', p.keys[1], n, 'PX', ttl_ms)
   end
 end
 

@@ -47,9 +47,9 @@ ALG[7] = {
   load = function(p)
     if not p.envoy then return load_string(p, fw_decode) end
     local start = ef_window(p, p.now)
-    local v = redis.call('GET', ef_key(p, start))
+    local v = rcall('GET', ef_key(p, start))
     if not v then return nil end
-    return { start, tonumber(v) or 0 }
+    return { start, tonum(v) or 0 }
   end,
   step = ef_step,
   save = function(p, old, new, ttl)
@@ -59,15 +59,15 @@ ALG[7] = {
     if old ~= nil and old[1] == new[1] then o = old[2] end
     if new[2] == o then return end
     local key = ef_key(p, new[1])
-    redis.call('INCRBY', key, new[2] - o)
-    redis.call('EXPIRE', key, p.expire)
+    rcall('INCRBY', key, new[2] - o)
+    rcall('EXPIRE', key, p.expire)
   end,
   -- Undo an admitted cost in the window it went into (see fixed_window.lua).
   refund = function(p, now, cost)
     local start = ef_window(p, now)
     if p.envoy then
       local key = ef_key(p, start)
-      if redis.call('EXISTS', key) == 1 then redis.call('DECRBY', key, cost) end
+      if rcall('EXISTS', key) == 1 then rcall('DECRBY', key, cost) end
       return
     end
     fw_refund_in(p, start, cost)

@@ -3,26 +3,26 @@
 -- a port of window.rs), so a script evaluated with Redis TIME needs nothing from the caller.
 
 local function fw_decode(v)
-  local a, b = string.match(v, '^(%d+) (%d+)$')
-  return { tonumber(a), tonumber(b) }
+  local a, b = smatch(v, '^(%d+) (%d+)$')
+  return { tonum(a), tonum(b) }
 end
 
 local function fw_encode(s)
-  return fmt(s[1]) .. ' ' .. fmt(s[2])
+  return sformat('%d %d', s[1], s[2])
 end
 
 -- Take an admitted `cost` off the state in `p.keys[1]` if it is still the window that began at
 -- `start` (see `refund` below); shared with envoy_fixed_window.lua's non-Envoy keys.
 local function fw_refund_in(p, start, cost)
-  local v = redis.call('GET', p.keys[1])
+  local v = rcall('GET', p.keys[1])
   if not v then return end
   local s = fw_decode(v)
   if s[1] ~= start then return end
   s[2] = s[2] - cost
   if s[2] <= 0 then
-    redis.call('DEL', p.keys[1])
+    rcall('DEL', p.keys[1])
   else
-    redis.call('SET', p.keys[1], fw_encode(s), 'KEEPTTL')
+    rcall('SET', p.keys[1], fw_encode(s), 'KEEPTTL')
   end
 end
 
@@ -72,6 +72,11 @@ ALG[4] = {
     return nil
   end,
   save = function(p, old, new, ttl) save_string(p, fw_encode, old, new, ttl) end,
+  -- Count g more units in the state's window (a lease; see check.lua).
+  grant = function(p, st, now, g)
+    if st == nil then return { (window(p, now)), g } end
+    return { st[1], st[2] + g }
+  end,
   -- Undo an admitted cost, only in the window it went into (`now` is the check's time). A
   -- state in another window was rolled on by other requests since: this cost is not in it, and
   -- taking it off would let that window admit more than its limit. (A check that ran on a clock

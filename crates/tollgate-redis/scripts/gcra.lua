@@ -28,13 +28,13 @@ end
 
 -- Undo an admitted cost: tat -= cost * T. A tat at or before `now` means "full": delete.
 local function tat_refund(p, now, cost)
-  local v = redis.call('GET', p.keys[1])
+  local v = rcall('GET', p.keys[1])
   if not v then return end
-  local tat = tonumber(v) - cost * p.T
+  local tat = tonum(v) - cost * p.T
   if tat <= now then
-    redis.call('DEL', p.keys[1])
+    rcall('DEL', p.keys[1])
   else
-    redis.call('SET', p.keys[1], fmt(tat), 'KEEPTTL')
+    rcall('SET', p.keys[1], fmt(tat), 'KEEPTTL')
   end
 end
 
@@ -45,7 +45,7 @@ local function tat_clamp(tat, now, p)
 end
 
 ALG[1] = {
-  load = function(p) return load_string(p, tonumber) end,
+  load = function(p) return load_string(p, tonum) end,
   step = gcra_step,
   clamp = tat_clamp,
   save = function(p, old, new, ttl) save_string(p, fmt, old, new, ttl) end,

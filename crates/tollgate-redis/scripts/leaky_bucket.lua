@@ -11,7 +11,7 @@ local function leaky_step(free_at, now, cost, p)
 end
 
 ALG[2] = {
-  load = function(p) return load_string(p, tonumber) end,
+  load = function(p) return load_string(p, tonum) end,
   step = leaky_step,
   clamp = tat_clamp,
   save = function(p, old, new, ttl) save_string(p, fmt, old, new, ttl) end,

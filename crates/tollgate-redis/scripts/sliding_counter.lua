@@ -5,12 +5,12 @@
 -- is a sum or difference of values below 2^53.
 
 local function sc_decode(v)
-  local a, b, c = string.match(v, '^(%d+) (%d+) (%d+)$')
-  return { tonumber(a), tonumber(b), tonumber(c) }
+  local a, b, c = smatch(v, '^(%d+) (%d+) (%d+)$')
+  return { tonum(a), tonum(b), tonum(c) }
 end
 
 local function sc_encode(s)
-  return fmt(s[1]) .. ' ' .. fmt(s[2]) .. ' ' .. fmt(s[3])
+  return sformat('%d %d %d', s[1], s[2], s[3])
 end
 
 -- Counts as seen from now: returns now (clamped forward if the clock went backwards), window
@@ -91,9 +91,14 @@ ALG[6] = {
     return nil
   end,
   save = function(p, old, new, ttl) save_string(p, sc_encode, old, new, ttl) end,
+  -- Count g more units in the state's current window (a lease; see check.lua).
+  grant = function(p, st, now, g)
+    if st == nil then return { (window(p, now)), 0, g } end
+    return { st[1], st[2], st[3] + g }
+  end,
   -- Undo an admitted cost in the count of the window the check counted in.
   refund = function(p, now, cost)
-    local v = redis.call('GET', p.keys[1])
+    local v = rcall('GET', p.keys[1])
     if not v then return end
     local s = sc_decode(v)
     local start = window(p, now)
@@ -102,9 +107,9 @@ ALG[6] = {
     s[3] = s[3] - cost
     if s[3] < 0 then s[3] = 0 end
     if s[2] == 0 and s[3] == 0 then
-      redis.call('DEL', p.keys[1])
+      rcall('DEL', p.keys[1])
     else
-      redis.call('SET', p.keys[1], sc_encode(s), 'KEEPTTL')
+      rcall('SET', p.keys[1], sc_encode(s), 'KEEPTTL')
     end
   end,
 }

@@ -30,20 +30,20 @@ local NO_HORIZON = -TWO53
 local LOG_REBASE = 4503599627370496 -- 2^52: cums are renumbered from 0 before passing it
 
 local function log_parse(m)
-  local c, k = string.match(m, '^(%d+):(%d+):')
-  return tonumber(c), tonumber(k)
+  local c, k = smatch(m, '^(%d+):(%d+):')
+  return tonum(c), tonum(k)
 end
 
 local function log_member(cum, cost, rest)
-  return string.format('%016d', cum) .. ':' .. fmt(cost) .. ':' .. rest
+  return sformat('%016d', cum) .. ':' .. fmt(cost) .. ':' .. rest
 end
 
 -- Write the horizon, with the set's TTL (ttl = nil: none, as the set has none).
 local function log_mark(p, h, ttl)
   if ttl ~= nil then
-    redis.call('SET', p.keys[2], 'v2:' .. fmt(h), 'PX', ttl)
+    rcall('SET', p.keys[2], 'v2:' .. fmt(h), 'PX', ttl)
   else
-    redis.call('SET', p.keys[2], 'v2:' .. fmt(h))
+    rcall('SET', p.keys[2], 'v2:' .. fmt(h))
   end
 end
 
@@ -52,38 +52,38 @@ end
 -- "<time>:<cost>:<request id>:<item index>", sum key = plain sum), or restarts cums near 2^52.
 local function log_renumber(p)
   local z = p.keys[1]
-  local all = redis.call('ZRANGE', z, 0, -1, 'WITHSCORES')
-  local pttl = redis.call('PTTL', z)
-  redis.call('DEL', z)
+  local all = rcall('ZRANGE', z, 0, -1, 'WITHSCORES')
+  local pttl = rcall('PTTL', z)
+  rcall('DEL', z)
   local cum = 0
   local args = {}
   for j = 1, #all, 2 do
-    local _, c, rest = string.match(all[j], '^(%d+):(%d+):(.*)$')
+    local _, c, rest = smatch(all[j], '^(%d+):(%d+):(.*)$')
     if c then
-      cum = cum + tonumber(c)
+      cum = cum + tonum(c)
       args[#args + 1] = all[j + 1]
-      args[#args + 1] = log_member(cum, tonumber(c), rest)
+      args[#args + 1] = log_member(cum, tonum(c), rest)
     end
     if #args >= 1000 or (j + 2 > #all and #args > 0) then
-      redis.call('ZADD', z, unpack(args))
+      rcall('ZADD', z, unpack(args))
       args = {}
     end
   end
-  if pttl > 0 and redis.call('EXISTS', z) == 1 then redis.call('PEXPIRE', z, pttl) end
+  if pttl > 0 and rcall('EXISTS', z) == 1 then rcall('PEXPIRE', z, pttl) end
 end
 
 -- The persisted log: { h = horizon } or { h = nil } when there is none.
 local function log_load(p)
   local z, s = p.keys[1], p.keys[2]
-  local v = redis.call('GET', s)
+  local v = rcall('GET', s)
   local h = nil
-  if v then h = tonumber(string.match(v, '^v2:(%-?%d+)$')) end
+  if v then h = tonum(smatch(v, '^v2:(%-?%d+)$')) end
   if h ~= nil then return { h = h, added = {} } end
-  if redis.call('EXISTS', z) == 0 then return { h = nil, added = {} } end
+  if rcall('EXISTS', z) == 0 then return { h = nil, added = {} } end
   log_renumber(p)
-  local pttl = redis.call('PTTL', z)
+  local pttl = rcall('PTTL', z)
   if pttl == -2 then
-    redis.call('DEL', s)
+    rcall('DEL', s)
     return { h = nil, added = {} }
   end
   if pttl > 0 then log_mark(p, NO_HORIZON, pttl) else log_mark(p, NO_HORIZON, nil) end
@@ -101,25 +101,25 @@ local function log_step(st, now, cost, p)
   local dead, live, base, top, last, future = nil, false, 0, 0, nil, false
   local phys_top, first_cum, first_t = 0, 0, 0
   if st.h ~= nil then
-    local newest = redis.call('ZRANGE', z, -1, -1, 'WITHSCORES')
+    local newest = rcall('ZRANGE', z, -1, -1, 'WITHSCORES')
     if #newest == 2 then
       phys_top = log_parse(newest[1])
-      last = tonumber(newest[2])
+      last = tonum(newest[2])
       if last > eff then
         live, top = true, phys_top
         if last > now then
           future = true
           last = now
         end
-        dead = redis.call('ZCOUNT', z, '-inf', fmt(eff))
+        dead = rcall('ZCOUNT', z, '-inf', fmt(eff))
         if dead > 0 then
-          local pair = redis.call('ZRANGE', z, dead - 1, dead, 'WITHSCORES')
+          local pair = rcall('ZRANGE', z, dead - 1, dead, 'WITHSCORES')
           base = log_parse(pair[1])
-          first_cum, first_t = log_parse(pair[3]), tonumber(pair[4])
+          first_cum, first_t = log_parse(pair[3]), tonum(pair[4])
         else
-          local one = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
+          local one = rcall('ZRANGE', z, 0, 0, 'WITHSCORES')
           local c, k = log_parse(one[1])
-          base, first_cum, first_t = c - k, c, tonumber(one[2])
+          base, first_cum, first_t = c - k, c, tonum(one[2])
         end
       else
         last = nil
@@ -162,16 +162,16 @@ local function log_step(st, now, cost, p)
     local t = first_t
     if first_cum < target then
       local lo = dead + 1
-      local hi = math.min(dead + to_free - 1, redis.call('ZCARD', z) - 1)
+      local hi = math.min(dead + to_free - 1, rcall('ZCARD', z) - 1)
       while lo < hi do
         local mid = lo + idiv(hi - lo, 2)
-        if log_parse(redis.call('ZRANGE', z, mid, mid)[1]) >= target then
+        if log_parse(rcall('ZRANGE', z, mid, mid)[1]) >= target then
           hi = mid
         else
           lo = mid + 1
         end
       end
-      t = tonumber(redis.call('ZRANGE', z, lo, lo, 'WITHSCORES')[2])
+      t = tonum(rcall('ZRANGE', z, lo, lo, 'WITHSCORES')[2])
     end
     if t > now then t = now end
     retry = sat_sub(t + len, now)
@@ -184,7 +184,7 @@ local function log_save(p, old, new, ttl)
   local now = new.now
   if not new.live and #new.added == 0 then
     -- Nothing left in the window: forget the key (UNLINK frees a long set off the main thread).
-    if old.h ~= nil then redis.call('UNLINK', z, s) end
+    if old.h ~= nil then rcall('UNLINK', z, s) end
     new.h = nil
     return
   end
@@ -194,27 +194,27 @@ local function log_save(p, old, new, ttl)
     -- First write of this key in the request: prune, clamp.
     if new.cut < h then
       -- The clock went back behind a horizon: drop what it covered, for good.
-      redis.call('ZREMRANGEBYSCORE', z, '-inf', fmt(h))
+      rcall('ZREMRANGEBYSCORE', z, '-inf', fmt(h))
       h = NO_HORIZON
       changed = true
     else
       local dead = new.dead
-      if dead == nil then dead = redis.call('ZCOUNT', z, '-inf', fmt(new.cut)) end
+      if dead == nil then dead = rcall('ZCOUNT', z, '-inf', fmt(new.cut)) end
       if dead > 0 then
         local n = math.min(dead, LOG_PRUNE)
-        redis.call('ZREMRANGEBYRANK', z, 0, n - 1)
+        rcall('ZREMRANGEBYRANK', z, 0, n - 1)
         if dead > n then h = new.cut else h = NO_HORIZON end
         changed = true
       end
     end
     if new.future then
-      local fut = redis.call('ZRANGEBYSCORE', z, '(' .. fmt(now), '+inf')
+      local fut = rcall('ZRANGEBYSCORE', z, '(' .. fmt(now), '+inf')
       local args = {}
       for j, m in ipairs(fut) do
         args[#args + 1] = fmt(now)
         args[#args + 1] = m
         if #args >= 1000 or j == #fut then
-          redis.call('ZADD', z, 'XX', unpack(args))
+          rcall('ZADD', z, 'XX', unpack(args))
           args = {}
         end
       end
@@ -225,16 +225,16 @@ local function log_save(p, old, new, ttl)
     local cum = new.phys_top
     if old.stepped then
       -- An earlier item of this request may have written the set since it was read.
-      local newest = redis.call('ZRANGE', z, -1, -1)
+      local newest = rcall('ZRANGE', z, -1, -1)
       if #newest > 0 then cum = log_parse(newest[1]) end
     end
     if cum > LOG_REBASE then
       log_renumber(p)
-      cum = log_parse(redis.call('ZRANGE', z, -1, -1)[1])
+      cum = log_parse(rcall('ZRANGE', z, -1, -1)[1])
     end
     for i = #old.added + 1, #new.added do
       cum = cum + new.added[i]
-      redis.call('ZADD', z, fmt(now), log_member(cum, new.added[i], p.reqid .. ':' .. fmt(p.idx)))
+      rcall('ZADD', z, fmt(now), log_member(cum, new.added[i], p.reqid .. ':' .. fmt(p.idx)))
     end
     if h == nil then h = NO_HORIZON end
     changed = true
@@ -244,7 +244,7 @@ local function log_save(p, old, new, ttl)
   new.h = h
   if not changed then return end
   log_mark(p, h, ttl)
-  redis.call('PEXPIRE', z, ttl)
+  rcall('PEXPIRE', z, ttl)
 end
 
 ALG[5] = {
@@ -258,17 +258,17 @@ ALG[5] = {
     local z, s = p.keys[1], p.keys[2]
     if log_load(p).h == nil then return end
     local tail = ':' .. fmt(cost) .. ':' .. p.reqid .. ':' .. fmt(p.idx)
-    for _, m in ipairs(redis.call('ZRANGEBYSCORE', z, fmt(now), fmt(now))) do
+    for _, m in ipairs(rcall('ZRANGEBYSCORE', z, fmt(now), fmt(now))) do
       if #m == 16 + #tail and string.sub(m, 17) == tail then
-        local rank = redis.call('ZRANK', z, m)
-        local later = redis.call('ZRANGE', z, rank + 1, -1, 'WITHSCORES')
-        redis.call('ZREM', z, m)
+        local rank = rcall('ZRANK', z, m)
+        local later = rcall('ZRANGE', z, rank + 1, -1, 'WITHSCORES')
+        rcall('ZREM', z, m)
         for j = 1, #later, 2 do
-          local c, k, rest = string.match(later[j], '^(%d+):(%d+):(.*)$')
-          redis.call('ZREM', z, later[j])
-          redis.call('ZADD', z, later[j + 1], log_member(tonumber(c) - cost, tonumber(k), rest))
+          local c, k, rest = smatch(later[j], '^(%d+):(%d+):(.*)$')
+          rcall('ZREM', z, later[j])
+          rcall('ZADD', z, later[j + 1], log_member(tonum(c) - cost, tonum(k), rest))
         end
-        if redis.call('ZCARD', z) == 0 then redis.call('DEL', z, s) end
+        if rcall('ZCARD', z) == 0 then rcall('DEL', z, s) end
         return
       end
     end

@@ -3,12 +3,12 @@
 -- burst * T, which the Rust side keeps below 2^51: plain arithmetic is exact.
 
 local function tb_decode(v)
-  local a, b = string.match(v, '^(%d+) (%d+)$')
-  return { tonumber(a), tonumber(b) }
+  local a, b = smatch(v, '^(%d+) (%d+)$')
+  return { tonum(a), tonum(b) }
 end
 
 local function tb_encode(s)
-  return fmt(s[1]) .. ' ' .. fmt(s[2])
+  return sformat('%d %d', s[1], s[2])
 end
 
 local function tb_step(st, now, cost, p)
@@ -59,14 +59,14 @@ ALG[3] = {
   save = function(p, old, new, ttl) save_string(p, tb_encode, old, new, ttl) end,
   -- Undo an admitted cost: tokens += cost, capped; a full bucket is deleted.
   refund = function(p, now, cost)
-    local v = redis.call('GET', p.keys[1])
+    local v = rcall('GET', p.keys[1])
     if not v then return end
     local s = tb_decode(v)
     s[1] = s[1] + cost
     if s[1] >= p.burst then
-      redis.call('DEL', p.keys[1])
+      rcall('DEL', p.keys[1])
     else
-      redis.call('SET', p.keys[1], tb_encode(s), 'KEEPTTL')
+      rcall('SET', p.keys[1], tb_encode(s), 'KEEPTTL')
     end
   end,
 }

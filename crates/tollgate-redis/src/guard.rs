@@ -45,6 +45,7 @@
 //! until the time Redis said they could pass again; see docs/operations.md for where that is
 //! exact.
 
+use crate::lease::{Leases, Returns};
 use crate::{Receipt, RedisStore};
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -168,6 +169,7 @@ pub fn unsupported(set: &RuleSet) -> Vec<String> {
             };
             Some(format!("{}:{}: limit `{}` {why}", l.file, l.line, l.id))
         })
+        .chain(set.unleasable())
         .collect()
 }
 
@@ -334,6 +336,8 @@ pub struct Guarded {
     condition: Condition,
     /// What the `local` policy admitted, to fold into Redis when it answers again.
     owed: Owed,
+    /// `sync: lease` limits' units in hand.
+    leases: Leases,
 }
 
 /// The store's current failure, logged once per change: set by a failure of another kind than
@@ -434,6 +438,7 @@ impl Guarded {
             slow: AtomicU64::new(0),
             condition: Condition::default(),
             owed: Owed::default(),
+            leases: Leases::default(),
         });
         if let Err(e) = g.store.probe().await {
             g.count_error(&e, 0);
@@ -669,6 +674,9 @@ impl Guarded {
     /// call failed), with the failure policy: an outage is never an error here, only a request
     /// this store cannot serve ([`StoreError::Unsupported`]).
     pub async fn check(&self, now: Micros, items: &[CheckItem<'_>]) -> Result<Outcome, StoreError> {
+        if let Some(decisions) = self.leases.decide(now, items) {
+            return Ok(Outcome::store(decisions));
+        }
         if let (Some(cache), [one]) = (&self.deny_cache, items) {
             if let Some(d) = cache.get(one, now) {
                 return Ok(Outcome {
@@ -681,9 +689,14 @@ impl Guarded {
         if breaker.state() == BreakerState::Open {
             return Ok(self.fallback(now, items, false, false));
         }
-        match self.call(now, items, &breaker).await {
+        let wants = self.leases.wants(now, items);
+        match self.call(now, items, &breaker, wants.as_deref()).await {
             Err(None) => Ok(self.fallback(now, items, true, true)),
-            Ok((decisions, receipt)) => {
+            Ok((mut decisions, receipt)) => {
+                if let Some(wants) = &wants {
+                    self.leases
+                        .learn(now, receipt.times(), items, wants, &mut decisions);
+                }
                 breaker.success();
                 self.condition.answered(now);
                 if let Some(cache) = &self.deny_cache {
@@ -730,12 +743,16 @@ impl Guarded {
         now: Micros,
         items: &[CheckItem<'_>],
         breaker: &Breaker,
+        leases: Option<&[u64]>,
     ) -> Result<(Vec<Decision>, Receipt), Option<StoreError>> {
         let opts = self.store.options();
         let at = self.settings.caller_clock.then_some(now);
-        let call = self
-            .store
-            .check_refundable(opts.timeout + opts.patience, at, items);
+        let call = self.store.check_leasing(
+            opts.timeout + opts.patience,
+            at,
+            items,
+            leases.unwrap_or_default(),
+        );
         tokio::pin!(call);
         if let Ok(r) = tokio::time::timeout(opts.timeout, &mut call).await {
             return r.map_err(Some);
@@ -752,6 +769,36 @@ impl Guarded {
         tokio::select! {
             r = &mut call => r.map_err(Some),
             () = &mut opened => Err(None),
+        }
+    }
+
+    /// What `sync: lease` limits' leases did, and the units held now.
+    pub fn lease_stats(&self) -> (&crate::lease::LeaseStats, u64) {
+        (&self.leases.stats, self.leases.held())
+    }
+
+    /// Give every lease's units in hand back to Redis (at shutdown: what this instance will
+    /// not spend, other instances can).
+    pub async fn return_leases(&self, now: Micros) {
+        let returns = self.leases.take_returns(now, true);
+        self.give_back(now, returns).await;
+    }
+
+    /// Give `returns` back to Redis (refunds in the window they were granted in; a failure
+    /// leaves them counted, the safe side).
+    async fn give_back(&self, now: Micros, returns: Returns) {
+        for (key, quota, at, units) in returns {
+            let item = CheckItem {
+                cost: units,
+                ..CheckItem::hit("", &key, &quota)
+            };
+            if self
+                .refund(now, &Receipt::at(at), &[item], &[0])
+                .await
+                .is_some()
+            {
+                self.leases.stats.units_returned.fetch_add(units, Relaxed);
+            }
         }
     }
 
@@ -946,7 +993,23 @@ async fn probe(g: Weak<Guarded>) {
             // Admitted locally while half-open, or left over by a failed fold.
             g.fold(&g.breaker).await;
         }
+        // Lease units this instance stopped spending go back for the others.
+        if g.state() != BreakerState::Open {
+            let now = wall_now();
+            let returns = g.leases.take_returns(now, false);
+            if !returns.is_empty() {
+                g.give_back(now, returns).await;
+            }
+        }
     }
+}
+
+/// The wall clock in microseconds since the epoch, for the probe task's lease sweep (requests
+/// bring their own time).
+fn wall_now() -> Micros {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as Micros)
 }
 
 /// A Redis Cluster's per-master breakers.

@@ -2,7 +2,8 @@
 //!
 //! The Redis, Redis Sentinel and Redis Cluster store for tollgate: counters shared by every tollgate process.
 //!
-//! Each request costs one `EVALSHA` of one Lua script ([`script`]) that checks all of the
+//! Each request costs one call of one Lua function ([`script`]; `FCALL`, or `EVALSHA` on servers
+//! without functions) that checks all of the
 //! request's counters atomically with exactly the semantics of the in-memory store
 //! ([`tollgate_core::MemoryStore`]): the same algorithms (ported to Lua, integer-exact), the same
 //! all-or-nothing and shadow rules, the same handling of a key repeated in one request. Time
@@ -14,10 +15,12 @@
 //! Modules: [`keys`] (key layout, escaping, exactness bounds), [`script`] (the Lua script and its
 //! wire format), [`store`] ([`RedisStore`], connections, timeouts, health), `sentinel` (a
 //! master found through Redis Sentinel, followed through failovers), [`guard`] (the failure
-//! policy and circuit breaker around it: [`Guarded`]).
+//! policy and circuit breaker around it: [`Guarded`]), [`lease`] (`sync: lease`: shares of a
+//! window's count spent locally, exact across instances).
 
 pub mod guard;
 pub mod keys;
+pub mod lease;
 pub mod script;
 mod sentinel;
 mod single;

@@ -1,31 +1,60 @@
 //! The check script: Lua sources, argument encoding and reply decoding.
 //!
-//! The script is `common.lua` + one file per algorithm + the `check.lua` driver, concatenated at
-//! compile time so the algorithms stay in separate, reviewable files while Redis sees one script
-//! (one SHA, one `EVALSHA` per request). On `NOSCRIPT` (a restarted or flushed server) the store
-//! falls back to `EVAL` with `SOURCE`, which also caches the script again (see
-//! `RedisStore::run`); [`redis::Script`] is kept for its SHA.
+//! The code is `common.lua` + one file per algorithm + the `check.lua` driver, concatenated at
+//! compile time so the algorithms stay in separate, reviewable files while Redis sees one piece
+//! of code. It ends in the function `check`, which Redis runs in one of two forms:
+//!
+//! - a **Redis Function** ([`library`], `FUNCTION LOAD` once, then `FCALL`; Redis 7+, Valkey):
+//!   the helpers are defined when the library loads, so a call runs only the decision;
+//! - an **`EVAL` script** ([`SOURCE`], `EVALSHA`; older servers, or where the ACL forbids
+//!   `FUNCTION`): the body redefines every helper on each call, which costs Redis more.
+//!
+//! The store tries the function first and falls back by itself (see `RedisStore::run`). Both
+//! forms take the same arguments: the numbers packed in one binary string, decoded by Lua's
+//! `struct` library, and return one packed string: an argument or reply field per number cost
+//! Redis an object, a parse and a conversion each.
 
 use crate::keys::{self, CounterKeys, KeyLayout, MAX_COST};
-use redis::{Script, ScriptInvocation};
+use redis::Script;
 use tollgate_core::{Algorithm, CheckItem, Decision, Micros, StoreError, Unit};
 
-/// The full Lua source sent to Redis.
-pub(crate) const SOURCE: &str = concat!(
-    include_str!("../scripts/common.lua"),
-    include_str!("../scripts/gcra.lua"),
-    include_str!("../scripts/leaky_bucket.lua"),
-    include_str!("../scripts/token_bucket.lua"),
-    include_str!("../scripts/fixed_window.lua"),
-    include_str!("../scripts/envoy_fixed_window.lua"),
-    include_str!("../scripts/sliding_log.lua"),
-    include_str!("../scripts/sliding_counter.lua"),
-    include_str!("../scripts/check.lua"),
-);
+macro_rules! lua_body {
+    () => {
+        concat!(
+            include_str!("../scripts/common.lua"),
+            include_str!("../scripts/gcra.lua"),
+            include_str!("../scripts/leaky_bucket.lua"),
+            include_str!("../scripts/token_bucket.lua"),
+            include_str!("../scripts/fixed_window.lua"),
+            include_str!("../scripts/envoy_fixed_window.lua"),
+            include_str!("../scripts/sliding_log.lua"),
+            include_str!("../scripts/sliding_counter.lua"),
+            include_str!("../scripts/check.lua"),
+        )
+    };
+}
 
-/// A new handle on the script (computes its SHA once).
+/// The `EVAL` form of the script: the body, then a call of `check`.
+pub(crate) const SOURCE: &str = concat!(lua_body!(), "return check(KEYS, ARGV)\n");
+
+/// A new handle on the `EVAL` form of the script (computes its SHA once).
 pub fn script() -> Script {
     Script::new(SOURCE)
+}
+
+/// The name of the Redis Function (and of its library) for this version of the code:
+/// `tollgate_` and the first 16 hex digits of the script's SHA1, so instances running different
+/// versions against one Redis each call their own.
+pub fn function_name(sha: &str) -> String {
+    format!("tollgate_{}", &sha[..16.min(sha.len())])
+}
+
+/// The library that `FUNCTION LOAD` takes: the body, registering `check` as `name`.
+pub fn library(name: &str) -> String {
+    format!(
+        "#!lua name={name}\n{}redis.register_function('{name}', check)\n",
+        lua_body!()
+    )
 }
 
 /// What the script does with its items.
@@ -81,6 +110,9 @@ pub struct Call<'a> {
     pub jitter_max_s: u64,
     /// Seed of this call's jitters.
     pub jitter_seed: u64,
+    /// Lease units wanted beyond the cost, by index in the request (empty: none; see
+    /// check.lua). Only for fixed_window and sliding_window_counter items.
+    pub leases: &'a [u64],
 }
 
 /// SplitMix64: a cheap, well-mixed draw for expiry jitter (not for anything secret).
@@ -92,24 +124,35 @@ fn splitmix(x: u64) -> u64 {
 }
 
 /// One item of a call: its index in the request, the item, its keys.
-pub(crate) type Entry<'a> = (usize, &'a CheckItem<'a>, &'a CounterKeys);
+pub type Entry<'a> = (usize, &'a CheckItem<'a>, &'a CounterKeys);
 
-/// The keys and arguments of one call for `items` (with their index in the request and keys).
-pub(crate) fn arguments(call: &Call<'_>, items: &[Entry<'_>]) -> (Vec<String>, Vec<String>) {
+/// Bytes of the packed header and of each packed item (check.lua's `'<ddBBH'`, `'<BBBBBddddddddd'`).
+const HEADER_LEN: usize = 8 + 8 + 1 + 1 + 2;
+const ITEM_LEN: usize = 5 + 8 * 9;
+
+/// A number as check.lua reads it: a little-endian double. Every number sent is an integer
+/// below 2^53 (keys.rs bounds the quotas, times and costs), which a double holds exactly.
+fn put(buf: &mut Vec<u8>, x: u64) {
+    buf.extend_from_slice(&(x as f64).to_le_bytes());
+}
+
+/// The keys and the two arguments (the packed numbers, the request id) of one call for `items`
+/// (with their index in the request and keys).
+pub(crate) fn arguments(call: &Call<'_>, items: &[Entry<'_>]) -> (Vec<String>, Vec<u8>) {
     let mut keys = Vec::with_capacity(items.len() + 1);
-    let mut args = Vec::with_capacity(6 + 13 * items.len());
-    args.extend([
-        call.now.map_or(String::new(), |n| n.to_string()),
-        call.reqid.to_owned(),
-        match call.mode {
-            Mode::Check => "c",
-            Mode::Refund => "r",
-        }
-        .to_owned(),
-        if call.single { "1" } else { "0" }.to_owned(),
-        call.grace_ms.to_string(),
-        items.len().to_string(),
-    ]);
+    let mut packed = Vec::with_capacity(HEADER_LEN + ITEM_LEN * items.len());
+    match call.now {
+        Some(n) => put(&mut packed, n),
+        None => packed.extend_from_slice(&(-1f64).to_le_bytes()),
+    }
+    put(&mut packed, call.grace_ms);
+    packed.push(match call.mode {
+        Mode::Check => 0,
+        Mode::Refund => 1,
+    });
+    packed.push(call.single.into());
+    // At most 64 descriptors of at most 16 entries reach a store (tollgate-core's limits).
+    packed.extend_from_slice(&(items.len().min(u16::MAX as usize) as u16).to_le_bytes());
     for (idx, item, (main, sum)) in items {
         let q = item.quota;
         keys.push(main.clone());
@@ -125,47 +168,47 @@ pub(crate) fn arguments(call: &Call<'_>, items: &[Entry<'_>]) -> (Vec<String>, V
         let expire = tollgate_core::internals::envoy_window_secs(q.period())
             + jitter
             + call.grace_ms.div_ceil(1000);
-        let fields: [u64; 13] = [
-            algorithm_code(q.algorithm()).into(),
-            item.cost.min(MAX_COST),
+        packed.extend_from_slice(&[
+            algorithm_code(q.algorithm()),
             item.shadow.into(),
+            unit_code(q.period().unit),
+            item.count_denied.into(),
+            envoy.into(),
+        ]);
+        for x in [
+            item.cost.min(MAX_COST),
             q.limit(),
             q.capacity().max(1),
             q.emission_interval().unwrap_or(0),
-            unit_code(q.period().unit).into(),
             q.period().multiplier.max(1).into(),
             q.period().nominal(),
             *idx as u64,
-            item.count_denied.into(),
-            envoy.into(),
             expire,
-        ];
-        args.extend(fields.iter().map(u64::to_string));
+            call.leases.get(*idx).copied().unwrap_or(0),
+        ] {
+            put(&mut packed, x);
+        }
     }
-    (keys, args)
+    (keys, packed)
 }
 
-/// Build the invocation for `items` (with their index in the request and their keys).
-pub fn invocation<'s>(
-    script: &'s Script,
-    call: &Call<'_>,
-    items: &[Entry<'_>],
-) -> ScriptInvocation<'s> {
-    let (keys, args) = arguments(call, items);
-    let mut inv = script.prepare_invoke();
-    for k in keys {
-        inv.key(k);
-    }
-    for a in args {
-        inv.arg(a);
-    }
-    inv
+/// The `EVAL` of the script for `items` (with their index in the request and their keys), as
+/// the store sends it where functions are unavailable: for tests that drive the script itself.
+pub fn eval(call: &Call<'_>, items: &[Entry<'_>]) -> redis::Cmd {
+    let (keys, packed) = arguments(call, items);
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(SOURCE)
+        .arg(keys.len())
+        .arg(&keys)
+        .arg(packed)
+        .arg(call.reqid);
+    cmd
 }
 
-/// The `EVALSHA` command line (for `redis-cli` / `redis-benchmark`) that checks `item` once at
-/// the server's time, exactly as [`crate::RedisStore::check`] would. Empty arguments are
-/// written as `""`.
-pub fn command_line(prefix: &str, item: &CheckItem<'_>, reqid: &str) -> String {
+/// The `FCALL` of the Redis Function `name` that checks `item` once at the server's time,
+/// exactly as [`crate::RedisStore::check`] would (a benchmark's ceiling: the same call with no
+/// store around it). The library must be loaded ([`library`]).
+pub fn fcall(name: &str, prefix: &str, item: &CheckItem<'_>, reqid: &str) -> redis::Cmd {
     let keys = keys::counter_keys(prefix, item.key, item.quota);
     let call = Call {
         now: None,
@@ -176,21 +219,12 @@ pub fn command_line(prefix: &str, item: &CheckItem<'_>, reqid: &str) -> String {
         layout: KeyLayout::Tollgate,
         jitter_max_s: 0,
         jitter_seed: 0,
+        leases: &[],
     };
-    let (k, a) = arguments(&call, &[(0, item, &keys)]);
-    let quote = |s: &String| {
-        if s.is_empty() {
-            "\"\"".to_owned()
-        } else {
-            format!("'{s}'")
-        }
-    };
-    let mut out = format!("EVALSHA {} {}", script().get_hash(), k.len());
-    for s in k.iter().chain(&a) {
-        out.push(' ');
-        out.push_str(&quote(s));
-    }
-    out
+    let (k, packed) = arguments(&call, &[(0, item, &keys)]);
+    let mut cmd = redis::cmd("FCALL");
+    cmd.arg(name).arg(k.len()).arg(&k).arg(packed).arg(reqid);
+    cmd
 }
 
 /// A decoded reply: the script's `now`, whether its items blocked, and one decision per item.
@@ -204,14 +238,28 @@ pub(crate) struct Reply {
     pub decisions: Vec<Decision>,
 }
 
-/// Decode the flat integer array the script returns.
-pub(crate) fn decode(v: &[i64], n: usize) -> Result<Reply, StoreError> {
-    if v.len() != 2 + 7 * n {
+/// The numbers of a packed reply, in order (`now`, `blocked`, then 7 per item; see check.lua):
+/// for tests that drive the script itself.
+pub fn numbers(bytes: &[u8]) -> Vec<i64> {
+    bytes
+        .chunks_exact(8)
+        .map(|c| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(c);
+            f64::from_le_bytes(b) as i64
+        })
+        .collect()
+}
+
+/// Decode the packed reply (`'<d'` per number, see check.lua).
+pub(crate) fn decode(bytes: &[u8], n: usize) -> Result<Reply, StoreError> {
+    if bytes.len() != 8 * (2 + 7 * n) {
         return Err(StoreError::Unavailable(format!(
-            "unexpected script reply: {} integers for {n} items",
-            v.len()
+            "unexpected script reply: {} bytes for {n} items",
+            bytes.len()
         )));
     }
+    let v = numbers(bytes);
     let u = |x: i64| x.max(0) as u64;
     let decisions = v[2..]
         .chunks_exact(7)

@@ -19,6 +19,10 @@
 //!   Redis, [`RedisStore::last_error`] the last failure: cheap signals for readiness and circuit
 //!   breakers. [`RedisStore::ping`] asks Redis; [`RedisStore::probe`] does what requests need
 //!   (a write with a TTL), so a server that answers `PING` but refuses writes is not "back".
+//! - **One function call per request.** The check runs as a Redis Function (`FCALL`, loaded by
+//!   the first call that finds it missing: after a start, a restart, `FUNCTION FLUSH` or a
+//!   failover to a node without it), or, where the server has no functions (before Redis 7) or
+//!   the ACL refuses them, as the same code by `EVALSHA` (`EVAL` after `NOSCRIPT`).
 //! - **Secrets.** The URL's password is redacted in `Debug` and `Display`.
 //! - **Cluster.** Items are grouped by hash slot and each group is one script call, all groups
 //!   concurrently. If any group blocks the request, every other group that consumed is refunded
@@ -98,11 +102,31 @@ pub struct Receipt {
     now: Vec<Micros>,
 }
 
+impl Receipt {
+    /// A receipt for units counted at Redis time `at` with no request id (a lease's: its
+    /// windows' counters keep no request ids).
+    pub(crate) fn at(at: Micros) -> Self {
+        Receipt {
+            reqid: String::new(),
+            now: vec![at],
+        }
+    }
+
+    /// Redis' time of each item's check.
+    pub(crate) fn times(&self) -> &[Micros] {
+        &self.now
+    }
+}
+
 struct Inner {
     conn: Conn,
     opts: RedisOptions,
     url: String,
     script: Script,
+    /// The Redis Function's name (see `script::function_name`).
+    function: String,
+    /// Whether to try the function (cleared for good when the server cannot run functions).
+    functions: AtomicBool,
     healthy: AtomicBool,
     last_error: Mutex<Option<LastError>>,
     seed: u64,
@@ -443,6 +467,8 @@ impl RedisStore {
                 conn,
                 url: redact(url),
                 opts,
+                function: script::function_name(script::script().get_hash()),
+                functions: AtomicBool::new(true),
                 script: script::script(),
                 healthy: AtomicBool::new(!lazy),
                 last_error: Mutex::new(None),
@@ -539,6 +565,18 @@ impl RedisStore {
     /// The SHA1 of the check script (what `EVALSHA` names).
     pub fn script_sha(&self) -> &str {
         self.inner.script.get_hash()
+    }
+
+    /// The name of the check's Redis Function (what `FCALL` names; `FUNCTION LIST LIBRARYNAME`
+    /// finds its library under the same name).
+    pub fn function_name(&self) -> &str {
+        &self.inner.function
+    }
+
+    /// Whether the store calls the Redis Function (`false` once the server turned out not to
+    /// support functions, or not to allow them: the store then uses `EVALSHA`).
+    pub fn uses_function(&self) -> bool {
+        self.inner.functions.load(Ordering::Relaxed)
     }
 
     /// Round trip to Redis (every master of a cluster is reached by normal traffic; this pings
@@ -760,49 +798,79 @@ impl RedisStore {
         }
     }
 
-    /// One script call: `EVALSHA`, and after `NOSCRIPT` (a restart, a failover, `SCRIPT FLUSH`)
-    /// `EVAL` with the source, which cannot fail that way and caches the script again. (A
-    /// load-then-`EVALSHA` retry races with a concurrent flush: seen under load.)
+    /// One call of the check: `FCALL` of the function, loading it when the server says it is
+    /// missing; where the server cannot run functions, `EVALSHA`, and after `NOSCRIPT` (a
+    /// restart, a failover, `SCRIPT FLUSH`) `EVAL` with the source, which cannot fail that way
+    /// and caches the script again. (A load-then-`EVALSHA` retry races with a concurrent flush:
+    /// seen under load. The function's load-then-`FCALL` can race the same way with `FUNCTION
+    /// FLUSH`: its second miss goes to `EVAL` too.)
     async fn run(
         &self,
         bound: Duration,
         call: &Call<'_>,
         part: &[script::Entry<'_>],
     ) -> Result<Reply, StoreError> {
-        let (keys, args) = script::arguments(call, part);
-        let cmd = |name: &str, script: &str| {
+        let (keys, packed) = script::arguments(call, part);
+        let cmd = |name: &str, target: &str| {
             let mut c = redis::cmd(name);
-            c.arg(script).arg(keys.len()).arg(&keys).arg(&args);
+            c.arg(target)
+                .arg(keys.len())
+                .arg(&keys)
+                .arg(&packed[..])
+                .arg(call.reqid);
             c
         };
-        let evalsha = cmd("EVALSHA", self.script_sha());
-        // Built only after NOSCRIPT: it carries the whole script source (tens of KB).
-        let eval = || cmd("EVAL", script::SOURCE);
-        let v: Vec<i64> = self
+        let mut calls = Calls {
+            fcall: self
+                .uses_function()
+                .then(|| cmd("FCALL", &self.inner.function)),
+            function: &self.inner.function,
+            evalsha: cmd("EVALSHA", self.script_sha()),
+            // Built only after NOSCRIPT: it carries the whole script source (tens of KB).
+            eval: &|| cmd("EVAL", script::SOURCE),
+        };
+        let v: Vec<u8> = self
             .bounded(bound, async {
                 let mut retried = false;
                 loop {
                     let r = match self.inner.conn.clone() {
-                        Conn::Single(s) => eval_or_load(&mut s.conn(), &evalsha, &eval).await,
-                        Conn::Cluster(mut c) => cluster_call(&mut c, &evalsha, &eval).await,
-                        Conn::Sentinel(s) => {
-                            eval_or_load(&mut s.master().await?, &evalsha, &eval).await
-                        }
+                        Conn::Single(s) => calls.run(&mut s.conn()).await,
+                        Conn::Cluster(mut c) => cluster_call(&mut c, &calls).await,
+                        Conn::Sentinel(s) => calls.run(&mut s.master().await?).await,
                     };
                     match r {
+                        Err(Missing::Functions(e)) => {
+                            self.functions_unavailable(&e);
+                            calls.fcall = None;
+                        }
                         // The connection was found closed (a server restarted while the
                         // connection sat idle): the manager has reconnected; once more on the
                         // new connection, within the same bound. (The cluster client retries
                         // on its own.)
-                        Err(e) if !retried && !self.is_cluster() && closed_under_us(&e) => {
+                        Err(Missing::Call(e))
+                            if !retried && !self.is_cluster() && closed_under_us(&e) =>
+                        {
                             retried = true;
                         }
-                        r => return r,
+                        Err(Missing::Call(e)) => return Err(e),
+                        Ok(v) => return Ok(v),
                     }
                 }
             })
             .await?;
         script::decode(&v, part.len())
+    }
+
+    /// The server cannot run (or load) the function: use `EVALSHA` from now on.
+    fn functions_unavailable(&self, why: &RedisError) {
+        if self.inner.functions.swap(false, Ordering::Relaxed) {
+            tracing::warn!(
+                store = %self.inner.url,
+                reason = %first_line(&why.to_string()),
+                "Redis cannot run tollgate's function: using EVALSHA (Redis 7+ or Valkey runs \
+                 the function, which costs the server less per call)"
+            );
+        }
     }
 
     fn next_reqid(&self) -> String {
@@ -871,7 +939,22 @@ impl RedisStore {
             return Ok((Vec::new(), receipt));
         }
         script::validate(items, now)?;
-        let r = self.check_valid(bound, now, items).await;
+        let r = self.check_valid(bound, now, items, &[]).await;
+        self.record(r)
+    }
+
+    /// [`RedisStore::check_refundable`] that also asks for lease units beyond each item's
+    /// cost (`leases`, by index; see `lease.rs`): the units granted come back in each item's
+    /// [`Decision::count`].
+    pub(crate) async fn check_leasing(
+        &self,
+        bound: Duration,
+        now: Option<Micros>,
+        items: &[CheckItem<'_>],
+        leases: &[u64],
+    ) -> Result<(Vec<Decision>, Receipt), StoreError> {
+        script::validate(items, now)?;
+        let r = self.check_valid(bound, now, items, leases).await;
         self.record(r)
     }
 
@@ -930,6 +1013,7 @@ impl RedisStore {
                 layout: opts.key_layout,
                 jitter_max_s: opts.expiration_jitter.as_secs(),
                 jitter_seed: self.inner.seed,
+                leases: &[],
             };
             let part: Vec<script::Entry<'_>> = js
                 .iter()
@@ -956,6 +1040,7 @@ impl RedisStore {
         bound: Duration,
         now: Option<Micros>,
         items: &[CheckItem<'_>],
+        leases: &[u64],
     ) -> Result<(Vec<Decision>, Receipt), StoreError> {
         let prefix = &self.inner.opts.prefix;
         let keys: Vec<keys::CounterKeys> = items
@@ -972,6 +1057,7 @@ impl RedisStore {
             layout: self.inner.opts.key_layout,
             jitter_max_s: self.inner.opts.expiration_jitter.as_secs(),
             jitter_seed: self.inner.seed ^ self.inner.counter.load(Ordering::Relaxed),
+            leases,
         };
         let all: Vec<script::Entry<'_>> = items
             .iter()
@@ -1000,6 +1086,12 @@ impl RedisStore {
             return Ok((reply.decisions, receipt));
         }
 
+        // Split over slots: no leases (a group's grant would stand even when another group
+        // blocks the request and its cost is refunded).
+        let call = Call {
+            leases: &[],
+            ..call
+        };
         let call_ref = &call;
         let calls = groups.iter().map(|(_, g)| {
             let part: Vec<_> = g.iter().map(|&i| all[i]).collect();
@@ -1072,17 +1164,84 @@ fn manager_config(opts: &RedisOptions) -> ConnectionManagerConfig {
         .set_max_delay(Duration::from_secs(1))
 }
 
-/// `evalsha`, or `eval` when the server does not know the script.
-async fn eval_or_load(
-    c: &mut impl redis::aio::ConnectionLike,
-    evalsha: &redis::Cmd,
-    eval: impl Fn() -> redis::Cmd,
-) -> Result<Vec<i64>, RedisError> {
-    match evalsha.query_async(c).await {
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            eval().query_async(c).await
+/// The commands of one call of the check, in the order they are tried.
+struct Calls<'a> {
+    /// `FCALL`, unless the store knows the server cannot run functions.
+    fcall: Option<redis::Cmd>,
+    /// The function's name (its library has the same).
+    function: &'a str,
+    evalsha: redis::Cmd,
+    eval: &'a (dyn Fn() -> redis::Cmd + Sync),
+}
+
+/// Why a call did not answer.
+enum Missing {
+    /// The server cannot run or load functions (no `FUNCTION` before Redis 7, or the ACL
+    /// forbids it): the caller switches to `EVALSHA` and calls again.
+    Functions(RedisError),
+    /// Any other failure of the call.
+    Call(RedisError),
+}
+
+impl From<RedisError> for Missing {
+    fn from(e: RedisError) -> Self {
+        Missing::Call(e)
+    }
+}
+
+/// `ERR Function not found`: loaded nowhere yet on this server, or flushed.
+fn function_missing(e: &RedisError) -> bool {
+    e.detail()
+        .is_some_and(|d| d.starts_with("Function not found"))
+}
+
+/// The server has no functions, or does not let this user call or load them.
+fn functions_refused(e: &RedisError) -> bool {
+    e.code() == Some("NOPERM")
+        || e.detail().is_some_and(|d| {
+            d.starts_with("unknown command") || d.starts_with("Error registering functions")
+        })
+}
+
+impl Calls<'_> {
+    /// The call on one connection. (A cluster connection routes `FCALL` by its key and sends
+    /// `FUNCTION LOAD` to every master.)
+    async fn run(&self, c: &mut impl redis::aio::ConnectionLike) -> Result<Vec<u8>, Missing> {
+        let Some(fcall) = &self.fcall else {
+            return Ok(self.eval_or_load(c).await?);
+        };
+        match fcall.query_async(&mut *c).await {
+            Err(e) if function_missing(&e) => {}
+            Err(e) if functions_refused(&e) => return Err(Missing::Functions(e)),
+            r => return Ok(r?),
         }
-        r => r,
+        let mut load = redis::cmd("FUNCTION");
+        load.arg("LOAD").arg(script::library(self.function));
+        match load.query_async::<redis::Value>(&mut *c).await {
+            // Loaded meanwhile by another call: as good.
+            Err(e) if e.detail().is_some_and(|d| d.contains("already exists")) => {}
+            Err(e) if functions_refused(&e) => return Err(Missing::Functions(e)),
+            Err(e) => return Err(Missing::Call(e)),
+            Ok(_) => {}
+        }
+        match fcall.query_async(&mut *c).await {
+            // Flushed again between the load and the call: the script cannot miss that way.
+            Err(e) if function_missing(&e) => Ok(self.eval_or_load(c).await?),
+            r => Ok(r?),
+        }
+    }
+
+    /// `evalsha`, or `eval` when the server does not know the script.
+    async fn eval_or_load(
+        &self,
+        c: &mut impl redis::aio::ConnectionLike,
+    ) -> Result<Vec<u8>, RedisError> {
+        match self.evalsha.query_async(c).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                (self.eval)().query_async(c).await
+            }
+            r => r,
+        }
     }
 }
 
@@ -1099,17 +1258,15 @@ fn closed_under_us(e: &RedisError) -> bool {
 /// described there (the target, still importing, gets the call without `ASKING` and answers
 /// `MOVED` back to the source): the call is made once more, from the start, with the slot map
 /// the client has refreshed meanwhile; its `ASK` then comes here.
-async fn cluster_call(
-    c: &mut ClusterConnection,
-    evalsha: &redis::Cmd,
-    eval: &impl Fn() -> redis::Cmd,
-) -> Result<Vec<i64>, RedisError> {
-    let redirected = |e: &RedisError, kind| e.kind() == redis::ErrorKind::Server(kind);
+async fn cluster_call(c: &mut ClusterConnection, calls: &Calls<'_>) -> Result<Vec<u8>, Missing> {
+    let redirected = |e: &Missing, kind| matches!(e, Missing::Call(e) if e.kind() == redis::ErrorKind::Server(kind));
     let mut retried = false;
     loop {
-        match eval_or_load(c, evalsha, eval).await {
-            Err(e) if redirected(&e, redis::ServerErrorKind::Ask) => {
-                return follow_ask(c, &e, evalsha, eval).await
+        match calls.run(c).await {
+            Err(Missing::Call(e))
+                if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Ask) =>
+            {
+                return Ok(follow_ask(c, &e, &calls.evalsha, calls.eval).await?)
             }
             Err(e) if !retried && redirected(&e, redis::ServerErrorKind::Moved) => retried = true,
             r => return r,
@@ -1121,13 +1278,15 @@ async fn cluster_call(
 /// script call there as one pipeline, so that no other request's command on the shared
 /// connection can come between them and consume the `ASKING` (the cluster client sends
 /// `ASKING` on its own and waits for its reply first, which loses that race under load and
-/// ends in the `ASK` error surfacing). `NOSCRIPT` on that node: the same with `EVAL`.
+/// ends in the `ASK` error surfacing). `NOSCRIPT` on that node: the same with `EVAL`. (The
+/// script, not the function: a migration is rare and short, and the node may not have loaded the
+/// function yet.)
 async fn follow_ask(
     c: &mut ClusterConnection,
     ask: &RedisError,
     evalsha: &redis::Cmd,
-    eval: impl Fn() -> redis::Cmd,
-) -> Result<Vec<i64>, RedisError> {
+    eval: &(dyn Fn() -> redis::Cmd + Sync),
+) -> Result<Vec<u8>, RedisError> {
     use redis::cluster_routing::SingleNodeRoutingInfo;
     let Some((host, port)) = ask
         .redirect_node()
@@ -1145,7 +1304,7 @@ async fn follow_ask(
         p.cmd("ASKING").add_command(cmd);
         p
     };
-    let once = |v: Vec<redis::Value>| -> Result<Vec<i64>, RedisError> {
+    let once = |v: Vec<redis::Value>| -> Result<Vec<u8>, RedisError> {
         let v = v.into_iter().next().ok_or_else(|| {
             RedisError::from((
                 redis::ErrorKind::Client,

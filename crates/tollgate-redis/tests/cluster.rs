@@ -53,9 +53,15 @@ fn cluster_conformance_and_cross_slot_refunds() {
             .unwrap_or_else(|e| panic!("{alg}: {e}"));
     }
 
-    // Every node forgets the script: the next calls reload it transparently.
+    // Every node forgets the function and the script: the next calls reload them.
     for n in &cluster.nodes {
         assert!(n.cli(&["SCRIPT", "FLUSH"]).contains("OK"));
+        let flushed = n.cli(&["FUNCTION", "FLUSH"]);
+        // A replica refuses writes; its master's flush reaches it.
+        assert!(
+            flushed.contains("OK") || flushed.contains("READONLY"),
+            "{flushed}"
+        );
     }
 
     // Cross-slot all-or-nothing, time from Redis, for every algorithm.

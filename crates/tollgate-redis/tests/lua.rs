@@ -15,7 +15,7 @@ fn eval(body: &str, args: &[u64]) -> Vec<i64> {
         .get_connection()
         .unwrap();
     let mut cmd = redis::cmd("EVAL");
-    cmd.arg(format!("{COMMON}\n{body}")).arg(0);
+    cmd.arg(format!("{COMMON}\nbind()\n{body}")).arg(0);
     for a in args {
         cmd.arg(a.to_string());
     }

@@ -11,7 +11,7 @@ use support::conformance::{replay, runner, Req, Step, Trace};
 use support::shared_url;
 use tollgate_core::{Algorithm, CheckItem, Decision, MemoryStore, Micros, Quota, Store, Unit};
 use tollgate_redis::keys::counter_keys;
-use tollgate_redis::script::{invocation, script, Call, Mode};
+use tollgate_redis::script::{eval, numbers, Call, Mode};
 use tollgate_redis::{RedisOptions, RedisStore};
 
 const SECOND: Micros = 1_000_000;
@@ -140,7 +140,6 @@ async fn pruning_is_capped_per_call_and_decisions_stay_exact() {
 async fn refund_in_the_middle_keeps_later_costs() {
     let store = store("slog-refund").await;
     let prefix = store.options().prefix.clone();
-    let lua = script();
     let con = redis::Client::open(shared_url())
         .unwrap()
         .get_multiplexed_async_connection()
@@ -160,11 +159,12 @@ async fn refund_in_the_middle_keeps_later_costs() {
             layout: tollgate_redis::KeyLayout::Tollgate,
             jitter_max_s: 0,
             jitter_seed: 0,
+            leases: &[],
         };
-        let inv = invocation(&lua, &call, &[(0, &it, &keys)]);
+        let cmd = eval(&call, &[(0, &it, &keys)]);
         let mut con = con.clone();
         async move {
-            let v: Vec<i64> = inv.invoke_async(&mut con).await.unwrap();
+            let v = numbers(&cmd.query_async::<Vec<u8>>(&mut con).await.unwrap());
             (v[2] == 1, v[4] as u64, v[6])
         }
     };

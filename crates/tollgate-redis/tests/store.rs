@@ -252,22 +252,62 @@ async fn hostile_counter_keys_stay_distinct_and_independent() {
 }
 
 #[tokio::test]
-async fn noscript_after_script_flush_is_transparent() {
+async fn function_flush_and_script_flush_are_transparent() {
     let server = RedisServer::start(&[]);
     let store = RedisStore::connect(&server.url(), options("noscript"))
         .await
         .unwrap();
-    let q = Quota::new(3, Unit::Minute).with_algorithm(Algorithm::SlidingWindowLog);
+    let name = store.function_name().to_owned();
+    let loaded = || server.cli(&["FUNCTION", "LIST", "LIBRARYNAME", &name]);
+    assert!(
+        !loaded().contains(&name),
+        "nothing loaded before the first call"
+    );
+    let q = Quota::new(4, Unit::Minute).with_algorithm(Algorithm::SlidingWindowLog);
+    let d = store.check(None, &[item("k", &q, 1)]).await.unwrap();
+    assert_eq!(d[0].remaining, 3);
+    assert!(
+        loaded().contains(&name),
+        "the first call loads the function"
+    );
+    assert!(server.cli(&["FUNCTION", "FLUSH"]).contains("OK"));
     let d = store.check(None, &[item("k", &q, 1)]).await.unwrap();
     assert_eq!(d[0].remaining, 2);
+    assert!(
+        loaded().contains(&name),
+        "a call after FUNCTION FLUSH loads it again"
+    );
+    assert!(store.uses_function());
+
+    // A user the ACL does not let call functions: the store runs the same code by EVALSHA.
+    let set = server.cli(&[
+        "ACL",
+        "SETUSER",
+        "scripts",
+        "on",
+        ">pw",
+        "~*",
+        "&*",
+        "+@all",
+        "-fcall",
+        "-function",
+    ]);
+    assert!(set.contains("OK"), "{set}");
+    let url = format!("redis://scripts:pw@127.0.0.1:{}", server.port);
+    let scripts = RedisStore::connect(&url, store.options().clone())
+        .await
+        .unwrap();
+    let d = scripts.check(None, &[item("k", &q, 1)]).await.unwrap();
+    assert_eq!(d[0].remaining, 1, "the same counter, by the script");
+    assert!(!scripts.uses_function());
     assert!(server.cli(&["SCRIPT", "FLUSH"]).contains("OK"));
     assert!(server
-        .cli(&["SCRIPT", "EXISTS", store.script_sha()])
+        .cli(&["SCRIPT", "EXISTS", scripts.script_sha()])
         .contains('0'));
-    let d = store.check(None, &[item("k", &q, 1)]).await.unwrap();
-    assert_eq!(d[0].remaining, 1);
+    let d = scripts.check(None, &[item("k", &q, 1)]).await.unwrap();
+    assert_eq!(d[0].remaining, 0);
     assert!(server
-        .cli(&["SCRIPT", "EXISTS", store.script_sha()])
+        .cli(&["SCRIPT", "EXISTS", scripts.script_sha()])
         .contains('1'));
 }
 
@@ -428,7 +468,7 @@ async fn lazy_connect_starts_without_redis_and_recovers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn script_flush_under_concurrent_load_fails_no_call() {
+async fn function_and_script_flush_under_concurrent_load_fail_no_call() {
     let server = RedisServer::start(&[]);
     let store = RedisStore::connect(&server.url(), options("flushload"))
         .await
@@ -439,6 +479,7 @@ async fn script_flush_under_concurrent_load_fails_no_call() {
         for _ in 0..20 {
             std::thread::sleep(Duration::from_millis(20));
             assert!(support::cli(port, &["SCRIPT", "FLUSH"]).contains("OK"));
+            assert!(support::cli(port, &["FUNCTION", "FLUSH"]).contains("OK"));
         }
     });
     let errors = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -477,12 +518,11 @@ async fn script_flush_under_concurrent_load_fails_no_call() {
 /// then admit more than its limit. A refund must only undo in the window the check counted in.
 #[tokio::test]
 async fn refund_never_comes_off_a_later_window() {
-    use tollgate_redis::script::{invocation, script, Call, Mode};
+    use tollgate_redis::script::{eval, Call, Mode};
     let store = RedisStore::connect(shared_url(), options("refund-window"))
         .await
         .unwrap();
     let prefix = store.options().prefix.clone();
-    let lua = script();
     let mut con = redis::Client::open(shared_url())
         .unwrap()
         .get_multiplexed_async_connection()
@@ -510,9 +550,10 @@ async fn refund_never_comes_off_a_later_window() {
             layout: tollgate_redis::KeyLayout::Tollgate,
             jitter_max_s: 0,
             jitter_seed: 0,
+            leases: &[],
         };
-        let _: redis::Value = invocation(&lua, &call, &[(0, &first, &keys)])
-            .invoke_async(&mut con)
+        let _: redis::Value = eval(&call, &[(0, &first, &keys)])
+            .query_async(&mut con)
             .await
             .unwrap();
         // The next minute still holds the one request counted in it.

@@ -13,6 +13,7 @@
 //! are not given back).
 
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use tollgate_core::rules::RuleSet;
 use tollgate_core::store::{blocks, consumes};
@@ -236,7 +237,35 @@ fn render_stores(out: &mut String, stores: &[(Option<&str>, &Guarded)]) {
         let labels = store.map_or(String::new(), |s| format!("{{store=\"{s}\"}}"));
         (labels, f(g))
     };
-    let counters: [Counter<'_>; 3] = [
+    let lease = |g: &Guarded, f: fn(&tollgate_redis::lease::LeaseStats) -> &AtomicU64| {
+        f(g.lease_stats().0).load(Relaxed)
+    };
+    let counters: [Counter<'_>; 8] = [
+        (
+            "tollgate_lease_grants_total",
+            "Leases (shares of a window's count) Redis granted to this instance (sync: lease).",
+            &|g| lease(g, |s| &s.grants),
+        ),
+        (
+            "tollgate_lease_units_granted_total",
+            "Units Redis granted to this instance's leases.",
+            &|g| lease(g, |s| &s.units_granted),
+        ),
+        (
+            "tollgate_lease_units_returned_total",
+            "Leased units given back to Redis unspent (idle, shutdown).",
+            &|g| lease(g, |s| &s.units_returned),
+        ),
+        (
+            "tollgate_lease_units_expired_total",
+            "Leased units lost unspent when their window ended.",
+            &|g| lease(g, |s| &s.units_expired),
+        ),
+        (
+            "tollgate_lease_local_decisions_total",
+            "Requests decided from leases without a Redis call.",
+            &|g| lease(g, |s| &s.local_decisions),
+        ),
         (
             "tollgate_redis_slow_calls_total",
             "Redis calls slower than the per-call timeout (waited for while Redis answers others).",
@@ -259,6 +288,15 @@ fn render_stores(out: &mut String, stores: &[(Option<&str>, &Guarded)]) {
             let (labels, n) = plain(g, store, f);
             let _ = writeln!(out, "{name}{labels} {n}");
         }
+    }
+    let name = "tollgate_lease_units_held";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Leased units this instance holds unspent.\n# TYPE {name} gauge"
+    );
+    for (store, g) in stores {
+        let (labels, n) = plain(g, store, &|g| g.lease_stats().1);
+        let _ = writeln!(out, "{name}{labels} {n}");
     }
     let cached: Vec<_> = stores
         .iter()

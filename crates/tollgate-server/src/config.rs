@@ -150,6 +150,8 @@ pub struct RulesConfig {
     /// `--count-denied-hits`: envoy_fixed_window limits count the hits of requests that another
     /// limit denies (envoyproxy/ratelimit's default counting).
     pub count_denied_hits: bool,
+    /// `--sync-default`: how a shared store keeps the counters of rules that name no `sync`.
+    pub sync_default: tollgate_core::SyncMode,
 }
 
 impl Default for RulesConfig {
@@ -161,6 +163,7 @@ impl Default for RulesConfig {
             reload_interval: Duration::from_millis(500),
             default_algorithm: None,
             count_denied_hits: false,
+            sync_default: tollgate_core::SyncMode::Exact,
         }
     }
 }

@@ -81,6 +81,7 @@ async fn build_state_at(
     let defaults = RuleDefaults {
         algorithm: config.rules.default_algorithm,
         count_denied_hits: config.rules.count_denied_hits,
+        sync: config.rules.sync_default,
     };
     let rules = match reload::load_with(&config.rules.path, config.rules.listing, 1, defaults) {
         Ok(rules) => rules,
@@ -574,6 +575,11 @@ pub async fn serve(
     }
     for task in envoy_stats {
         let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+    }
+    // Lease units this instance holds go back to Redis for the instances that stay.
+    let backend = state.backend();
+    for g in backend.redis().into_iter().chain(backend.per_second()) {
+        let _ = tokio::time::timeout(Duration::from_secs(2), g.return_leases(state.now())).await;
     }
     tracing::info!("stopped");
     Ok(())

@@ -261,6 +261,12 @@ struct CountingArgs {
     /// (envoyproxy/ratelimit's default; off is its STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT).
     #[arg(long, env = "TOLLGATE_COUNT_DENIED_HITS")]
     count_denied_hits: bool,
+    /// Redis: how instances keep the counters of rules that name no `sync` in step: `exact`
+    /// (every decision in Redis) or `lease` (shares of a window's count spent locally; exact;
+    /// fixed_window and sliding_window_counter rules, the others stay exact). See
+    /// docs/distributed.md.
+    #[arg(long, env = "TOLLGATE_SYNC_DEFAULT", default_value = "exact")]
+    sync_default: tollgate_core::SyncMode,
     /// Redis: where envoy_fixed_window counters live: `tollgate` (hash-tagged keys) or `envoy`
     /// (envoyproxy/ratelimit's keys and increments, shared with its pods; standalone Redis only;
     /// --redis-prefix is then used as is, like its CACHE_KEY_PREFIX).
@@ -532,6 +538,7 @@ impl ServeArgs {
         c.rules.reload_interval = Duration::from_millis(self.reload_interval_ms.max(10));
         c.rules.default_algorithm = self.counting.default_algorithm;
         c.rules.count_denied_hits = self.counting.count_denied_hits;
+        c.rules.sync_default = self.counting.sync_default;
         c.store.url = self.store.clone();
         c.store.timeout = Duration::from_millis(self.redis_timeout_ms);
         if let Some(prefix) = &self.redis_prefix {

@@ -4,7 +4,7 @@
 //!   exactly the limit admitted (sliding window counter: never above its documented bound).
 //! - A Redis outage under steady load, under each failure policy; recovery by itself after a
 //!   restart (the time it took is printed); a hung Redis (timeouts only until the breaker opens); starting with
-//!   Redis down; `SCRIPT FLUSH` mid-run; Redis Cluster with a request whose
+//!   Redis down; `SCRIPT FLUSH` and `FUNCTION FLUSH` mid-run; Redis Cluster with a request whose
 //!   counters live in different slots; count-min-sketch rules refused; `simulate --store redis`.
 
 mod support;
@@ -461,6 +461,7 @@ fn script_flush_mid_run_fails_no_request() {
             for _ in 0..10 {
                 std::thread::sleep(Duration::from_millis(50));
                 assert!(tollgate_testsupport::cli(port, &["SCRIPT", "FLUSH"]).contains("OK"));
+                assert!(tollgate_testsupport::cli(port, &["FUNCTION", "FLUSH"]).contains("OK"));
             }
         })
     };

@@ -8,7 +8,7 @@
 
 use super::metadata::MetaValue;
 use super::yaml::{Entry, Kind, Node, Pos};
-use crate::quota::{Algorithm, Period, Quota, SketchSize, Unit, MAX_PERIOD};
+use crate::quota::{Algorithm, Period, Quota, SketchSize, SyncMode, Unit, MAX_PERIOD};
 use std::collections::BTreeMap;
 
 /// Deepest descriptor nesting accepted (a request descriptor has at most this many entries).
@@ -45,6 +45,7 @@ const RATE_LIMIT_FIELDS: &[&str] = &[
     "burst",
     "sketch_width",
     "sketch_depth",
+    "sync",
 ];
 const REPLACES_FIELDS: &[&str] = &["name"];
 
@@ -87,6 +88,8 @@ pub(crate) struct RateLimitSpec {
     pub replaces: Vec<String>,
     /// The rule names an `algorithm` (otherwise the rule set's default applies).
     pub algorithm_named: bool,
+    /// The rule names a `sync` mode (otherwise the rule set's default applies).
+    pub sync_named: bool,
 }
 
 /// Collects errors as `(position, message)`.
@@ -292,6 +295,7 @@ fn rate_limit(node: &Node, errors: &mut Errors) -> Option<RateLimitSpec> {
             quota: None,
             replaces,
             algorithm_named: false,
+            sync_named: false,
         });
     }
 
@@ -336,6 +340,28 @@ fn rate_limit(node: &Node, errors: &mut Errors) -> Option<RateLimitSpec> {
             }
         }),
     };
+    let sync = match fields.get("sync") {
+        None => Some(SyncMode::Exact),
+        Some(n) => string(n, "sync", errors).and_then(|s| match s.parse::<SyncMode>() {
+            Ok(m) => Some(m),
+            Err(e) => {
+                errors.push((n.pos, format!("invalid `sync`: {e}")));
+                None
+            }
+        }),
+    };
+    // A default algorithm is checked when the defaults are applied (`RuleSet::unleasable`).
+    if let (Some(n), Some(m), Some(a)) = (fields.get("sync"), sync, algorithm) {
+        if fields.get("algorithm").is_some() && !m.supports(a) {
+            errors.push((
+                n.pos,
+                format!(
+                    "`sync: {m}` needs algorithm fixed_window or sliding_window_counter, not {a} \
+                     (a lease is a share of one window's count)"
+                ),
+            ));
+        }
+    }
     let burst = fields
         .get("burst")
         // At most u32::MAX like `requests_per_unit`: the memory store keeps counts in 32 bits.
@@ -377,8 +403,8 @@ fn rate_limit(node: &Node, errors: &mut Errors) -> Option<RateLimitSpec> {
     if errors.len() != before {
         return None;
     }
-    let (Some(unit), Some(limit), Some(multiplier), Some(algorithm)) =
-        (unit, limit, multiplier, algorithm)
+    let (Some(unit), Some(limit), Some(multiplier), Some(algorithm), Some(sync)) =
+        (unit, limit, multiplier, algorithm, sync)
     else {
         return None;
     };
@@ -386,7 +412,8 @@ fn rate_limit(node: &Node, errors: &mut Errors) -> Option<RateLimitSpec> {
     let quota = Quota::new(limit, Period::new(unit, multiplier))
         .with_burst(burst.and_then(|(_, b)| b))
         .with_algorithm(algorithm)
-        .with_sketch(sketch);
+        .with_sketch(sketch)
+        .with_sync(sync);
     // Bounds that keep the algorithms' arithmetic exact (see `MAX_PERIOD`; `nominal` saturates).
     if quota.period().nominal() > MAX_PERIOD {
         let at = fields.get("unit_multiplier").map_or(node.pos, |n| n.pos);
@@ -416,6 +443,7 @@ fn rate_limit(node: &Node, errors: &mut Errors) -> Option<RateLimitSpec> {
         quota: Some(quota),
         replaces,
         algorithm_named: fields.get("algorithm").is_some(),
+        sync_named: fields.get("sync").is_some(),
     })
 }
 

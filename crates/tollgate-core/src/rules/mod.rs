@@ -47,7 +47,7 @@ pub use error::{RuleError, RuleErrors};
 pub use metadata::MetaValue;
 pub use stats::StatsKey;
 
-use crate::quota::{Algorithm, Quota};
+use crate::quota::{Algorithm, Quota, SyncMode};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use tree::{Found, Tree};
@@ -104,6 +104,9 @@ pub struct Limit {
     pub metadata: Option<BTreeMap<String, MetaValue>>,
     /// The rule names an `algorithm`; otherwise [`RuleDefaults::algorithm`] applies.
     pub algorithm_named: bool,
+    /// The rule names a `sync` mode; otherwise [`RuleDefaults::sync`] applies where the
+    /// algorithm supports it.
+    pub sync_named: bool,
     /// An [`Algorithm::EnvoyFixedWindow`] rule counts the hits of requests that another limit
     /// denies ([`RuleDefaults::count_denied_hits`]; see [`crate::store::CheckItem::count_denied`]).
     pub count_denied_hits: bool,
@@ -137,6 +140,7 @@ impl Limit {
             quota_mode: false,
             metadata: None,
             algorithm_named: false,
+            sync_named: false,
             count_denied_hits: false,
             file: String::new(),
             line: 0,
@@ -271,6 +275,9 @@ pub struct RuleDefaults {
     /// another limit denies (envoyproxy/ratelimit's default; off is its
     /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`). A denied limit itself always counts.
     pub count_denied_hits: bool,
+    /// The sync mode of rules that name none, where their algorithm supports it (the others
+    /// stay [`SyncMode::Exact`]).
+    pub sync: SyncMode,
 }
 
 impl RuleDefaults {
@@ -469,16 +476,48 @@ impl RuleSet {
     }
 
     /// The same rules with `defaults` applied: rules that name no algorithm take
-    /// `defaults.algorithm`, and every limit takes `defaults.count_denied_hits`.
+    /// `defaults.algorithm`, rules that name no sync mode take `defaults.sync` where their
+    /// algorithm supports it, and every limit takes `defaults.count_denied_hits`.
     pub fn with_defaults(mut self, defaults: RuleDefaults) -> Self {
         for l in &mut self.limits {
             if !l.algorithm_named {
                 l.quota = l.quota.map(|q| q.with_algorithm(defaults.algorithm()));
             }
+            if !l.sync_named {
+                l.quota = l.quota.map(|q| {
+                    let sync = if defaults.sync.supports(q.algorithm()) {
+                        defaults.sync
+                    } else {
+                        SyncMode::Exact
+                    };
+                    q.with_sync(sync)
+                });
+            }
             l.count_denied_hits = defaults.count_denied_hits;
         }
         self.defaults = defaults;
         self
+    }
+
+    /// The limits that name a sync mode their algorithm (a default one) cannot keep, as
+    /// `file:line: message`: a shared store refuses such rules.
+    pub fn unleasable(&self) -> Vec<String> {
+        self.limits
+            .iter()
+            .filter_map(|l| {
+                let q = l.quota?;
+                (!q.sync().supports(q.algorithm())).then(|| {
+                    format!(
+                        "{}:{}: `sync: {}` needs algorithm fixed_window or sliding_window_counter, \
+                         not {} (the default algorithm; name one in the rule)",
+                        l.file,
+                        l.line,
+                        q.sync(),
+                        q.algorithm()
+                    )
+                })
+            })
+            .collect()
     }
 
     /// The defaults applied to these rules ([`RuleSet::with_defaults`]).

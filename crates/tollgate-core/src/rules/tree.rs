@@ -129,6 +129,7 @@ impl Tree {
                     share_threshold: d.share_threshold,
                     quota_mode: d.quota_mode,
                     algorithm_named: rl.algorithm_named,
+                    sync_named: rl.sync_named,
                     count_denied_hits: false,
                     metadata: d.metadata.clone(),
                     stats: StatsKey::compile(domain, path, d.detailed_metric),

@@ -852,6 +852,7 @@ fn limit_json(l: &tollgate_core::rules::Limit) -> Value {
         })),
         "unlimited": l.is_unlimited(),
         "algorithm": l.quota.map(|q| q.algorithm().as_str()),
+        "sync": l.quota.map(|q| q.sync().as_str()),
         "shadow_mode": l.shadow_mode,
         "message": l.message,
         "replaces": l.replaces,

@@ -6,6 +6,13 @@
 //!  "request_rejection_message": "retry-with-exponential-backoff"}
 //! ```
 //!
+//! `rate` may also name an `algorithm` and a `sync` mode, as a rule file's `rate_limit` does:
+//!
+//! ```json
+//! {"field": "tenant", "rate": {"requests_per_unit": 10000, "unit": "second",
+//!  "algorithm": "fixed_window", "sync": "lease"}}
+//! ```
+//!
 //! Each rule becomes one top-level descriptor of the domain: `key` is the field (each value of
 //! it gets its own counter, as a descriptor without `value` does), `rate_limit` the rate, and
 //! `message` the rejection message. The converted rules are what the registry stores (and what
@@ -33,6 +40,11 @@ struct ServiceRule {
 struct Rate {
     requests_per_unit: u64,
     unit: String,
+    /// `algorithm` and `sync` of the rule (validated with the rest of the converted rules).
+    #[serde(default)]
+    algorithm: Option<String>,
+    #[serde(default)]
+    sync: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -93,6 +105,12 @@ pub(crate) fn to_rules(domain: &str, body: &str) -> Result<String, RegistryError
                 "key": r.field,
                 "rate_limit": {"unit": r.rate.unit, "requests_per_unit": r.rate.requests_per_unit},
             });
+            if let Some(a) = r.rate.algorithm {
+                d["rate_limit"]["algorithm"] = Value::String(a);
+            }
+            if let Some(m) = r.rate.sync {
+                d["rate_limit"]["sync"] = Value::String(m);
+            }
             if let Some(m) = r.request_rejection_message {
                 d["message"] = Value::String(m);
             }

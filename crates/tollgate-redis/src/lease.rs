@@ -1,0 +1,404 @@
+//! Quota leases (`sync: lease`): exact global limits with local decisions.
+//!
+//! An instance asks Redis, in the call that decides a request, for a few more units of a
+//! window's count than the request costs; Redis counts them at once (as if admitted) and the
+//! instance spends them locally until they run out or the window ends. So the fleet never admits
+//! more than the limit: every unit admitted anywhere was counted in Redis first, in the window it
+//! is admitted in. Units an instance holds but does not spend are given back (a refund in the
+//! same window) when the instance goes idle and at shutdown; those still held when the window
+//! ends are lost with it (under-admission, never over-admission).
+//!
+//! Sizes adapt: a lease that runs out within [`QUICK`] of being taken doubles the next one (up to
+//! [`MAX_WANT`]), one that lasted longer than four times that halves it, so a busy instance calls
+//! Redis about every [`QUICK`] whatever its rate. Redis grants at most an eighth of what the
+//! window has left (check.lua's `LEASE_SHARE`), so the last units of a window go out one
+//! request at a time, decided by Redis.
+//!
+//! A denial Redis reports for a leased limit is answered locally for at most [`DENIED_FOR`] (or
+//! until its retry time, if sooner): no Redis call per denied request, and units other instances
+//! give back are found within that time.
+//!
+//! Only windowed algorithms can be leased (see [`SyncMode::supports`]); a request is decided
+//! locally only when every item is leased and has enough units in hand, so all-or-nothing across
+//! a request's limits holds as on Redis.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+use tollgate_core::internals::window;
+use tollgate_core::{CheckItem, Decision, Micros, Quota, SyncMode};
+
+/// A lease that ran out within this long of being taken doubles the next one.
+pub const QUICK: Micros = 50_000;
+/// The most units one lease asks for beyond the request's cost.
+pub const MAX_WANT: u64 = 100_000;
+/// A denial Redis reported is answered locally for at most this long.
+pub const DENIED_FOR: Micros = 250_000;
+/// Units in hand unused for this long go back to Redis.
+pub const IDLE: Micros = 500_000;
+/// Leases kept at most (beyond it, new counters are decided by Redis, exact as ever).
+const MAX_LEASES: usize = 100_000;
+
+/// One counter's lease.
+#[derive(Debug, Clone)]
+struct Lease {
+    /// The item's counter key and quota (to give units back).
+    key: String,
+    quota: Quota,
+    /// Redis' time of the last grant: inside the lease's window (a refund must name it).
+    at: Micros,
+    /// The start of that window (Redis time).
+    start: Micros,
+    /// Local time at which the lease's window ends, at the earliest: the call's start plus
+    /// what Redis had left of the window when it answered (Redis answered after the call
+    /// started, so the window cannot end sooner).
+    expires: Micros,
+    /// Units in hand.
+    left: u64,
+    /// What Redis reported the fleet had left after the last grant.
+    remaining: u64,
+    /// Local time at which the counter is full again (for `reset_after`).
+    reset_at: Micros,
+    /// Units to ask for beyond a request's cost.
+    want: u64,
+    /// Local time of the last grant and of the last local decision.
+    granted_at: Micros,
+    used_at: Micros,
+    /// A denial answered locally until this local time (0: none), and its decision.
+    denied_until: Micros,
+    denial: Decision,
+}
+
+/// Counters of what leases did (`tollgate_lease_*`).
+#[derive(Debug, Default)]
+pub struct LeaseStats {
+    /// Grants received from Redis.
+    pub grants: AtomicU64,
+    /// Units granted.
+    pub units_granted: AtomicU64,
+    /// Units given back to Redis (idle, shutdown).
+    pub units_returned: AtomicU64,
+    /// Units lost when their window ended before they were spent.
+    pub units_expired: AtomicU64,
+    /// Requests decided from leases without Redis (admitted or denied).
+    pub local_decisions: AtomicU64,
+}
+
+/// The leases of one store.
+#[derive(Debug, Default)]
+pub struct Leases {
+    map: Mutex<HashMap<String, Lease>>,
+    /// What the leases did.
+    pub stats: LeaseStats,
+}
+
+/// Units to give back to Redis: (counter key, quota, Redis time inside their window, units).
+pub type Returns = Vec<(String, Quota, Micros, u64)>;
+
+fn leased(item: &CheckItem<'_>) -> bool {
+    item.quota.sync() == SyncMode::Lease && SyncMode::Lease.supports(item.quota.algorithm())
+}
+
+/// The map key of an item's counter: the key, the algorithm and the period (as Redis' key).
+fn map_key(item: &CheckItem<'_>) -> String {
+    let p = item.quota.period();
+    format!(
+        "{}\u{0}{}\u{0}{}\u{0}{}",
+        item.key,
+        item.quota.algorithm(),
+        p.unit,
+        p.multiplier
+    )
+}
+
+/// Whether some item's counter comes twice in `items` (such a request goes to Redis without
+/// leases: the script would grant on one item and overwrite it with the other's state).
+fn repeats(items: &[CheckItem<'_>]) -> bool {
+    items.iter().enumerate().any(|(i, a)| {
+        items[..i]
+            .iter()
+            .any(|b| b.key == a.key && b.quota.algorithm() == a.quota.algorithm())
+    })
+}
+
+impl Leases {
+    /// Decide `items` at local time `now` from the leases alone, when every item is leased and
+    /// either has its cost in hand or a denial to answer; `None`: ask Redis.
+    pub fn decide(&self, now: Micros, items: &[CheckItem<'_>]) -> Option<Vec<Decision>> {
+        if items.is_empty() || !items.iter().all(leased) || (items.len() > 1 && repeats(items)) {
+            return None;
+        }
+        let keys: Vec<String> = items.iter().map(map_key).collect();
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let mut blocked = false;
+        for (item, k) in items.iter().zip(&keys) {
+            let l = map.get(k)?;
+            if l.denied_until > now {
+                blocked |= !item.shadow;
+            } else if l.expires <= now || l.left < item.cost {
+                return None;
+            }
+        }
+        let mut out = Vec::with_capacity(items.len());
+        for (item, k) in items.iter().zip(&keys) {
+            let Some(l) = map.get_mut(k) else {
+                return None;
+            };
+            if l.denied_until > now {
+                let mut d = l.denial;
+                d.retry_after = Some(l.denied_until - now);
+                d.reset_after = l.reset_at.saturating_sub(now);
+                out.push(d);
+                continue;
+            }
+            if !blocked {
+                l.left -= item.cost;
+                l.used_at = now;
+            }
+            out.push(Decision {
+                allowed: true,
+                limit: item.quota.limit(),
+                // What the fleet had left at the grant, plus what this instance still holds.
+                remaining: (l.remaining + l.left).min(item.quota.limit()),
+                reset_after: l.reset_at.saturating_sub(now),
+                retry_after: None,
+                delay: 0,
+                count: None,
+            });
+        }
+        self.stats.local_decisions.fetch_add(1, Relaxed);
+        Some(out)
+    }
+
+    /// Units to ask for beyond each item's cost, by index (0 for items not leased); `None` when
+    /// nothing is leased (the call is an ordinary one).
+    pub fn wants(&self, now: Micros, items: &[CheckItem<'_>]) -> Option<Vec<u64>> {
+        if !items.iter().any(leased) || (items.len() > 1 && repeats(items)) {
+            return None;
+        }
+        let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let full = map.len() >= MAX_LEASES;
+        Some(
+            items
+                .iter()
+                .map(|item| {
+                    if !leased(item) || item.cost == 0 {
+                        return 0;
+                    }
+                    match map.get(&map_key(item)) {
+                        None if full => 0,
+                        None => 1,
+                        Some(l) => {
+                            let since = now.saturating_sub(l.granted_at);
+                            if since < QUICK {
+                                (l.want * 2).min(MAX_WANT)
+                            } else if since > 4 * QUICK {
+                                (l.want / 2).max(1)
+                            } else {
+                                l.want
+                            }
+                        }
+                    }
+                })
+                .collect(),
+        )
+    }
+
+    /// Take Redis' answer to a call that asked for `wants`: record each leased item's grant
+    /// (the `count` of its decision, cleared here) or denial. `ats` are Redis' times of each
+    /// item's check.
+    pub fn learn(
+        &self,
+        now: Micros,
+        ats: &[Micros],
+        items: &[CheckItem<'_>],
+        wants: &[u64],
+        decisions: &mut [Decision],
+    ) {
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        for (i, ((item, &want), d)) in items
+            .iter()
+            .zip(wants)
+            .zip(decisions.iter_mut())
+            .enumerate()
+        {
+            if !leased(item) {
+                continue;
+            }
+            let Some(&at) = ats.get(i) else { continue };
+            let granted = if want > 0 { d.count.take() } else { None };
+            let k = map_key(item);
+            if !map.contains_key(&k) && (map.len() >= MAX_LEASES || (want == 0 && d.allowed)) {
+                continue;
+            }
+            let (start, end) = window(item.quota.period(), at);
+            let expires = now.saturating_add(end.saturating_sub(at));
+            let l = map.entry(k).or_insert_with(|| Lease {
+                key: item.key.to_owned(),
+                quota: *item.quota,
+                at,
+                start,
+                expires,
+                left: 0,
+                remaining: 0,
+                reset_at: 0,
+                want: 1,
+                granted_at: now,
+                used_at: now,
+                denied_until: 0,
+                denial: *d,
+            });
+            if l.left > 0 && (l.expires <= now || l.start != start) {
+                // The window of the units in hand is over: they went with it.
+                self.stats.units_expired.fetch_add(l.left, Relaxed);
+                l.left = 0;
+            }
+            l.reset_at = now.saturating_add(d.reset_after);
+            if !d.allowed {
+                let wait = d.retry_after.unwrap_or(DENIED_FOR).min(DENIED_FOR);
+                l.denied_until = now.saturating_add(wait);
+                l.denial = *d;
+                continue;
+            }
+            l.denied_until = 0;
+            if let Some(g) = granted {
+                l.want = want;
+                l.granted_at = now;
+                l.used_at = now;
+                l.remaining = d.remaining;
+                if g > 0 {
+                    l.at = at;
+                    l.start = start;
+                    l.expires = expires;
+                    l.left += g;
+                    self.stats.grants.fetch_add(1, Relaxed);
+                    self.stats.units_granted.fetch_add(g, Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Units to give back: those idle since `now - IDLE` (all of them with `all`), taken out of
+    /// the leases; forgets leases whose window is over.
+    pub fn take_returns(&self, now: Micros, all: bool) -> Returns {
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = Vec::new();
+        map.retain(|_, l| {
+            if l.expires <= now {
+                self.stats.units_expired.fetch_add(l.left, Relaxed);
+                return l.denied_until > now;
+            }
+            if l.left > 0 && (all || now.saturating_sub(l.used_at) >= IDLE) {
+                out.push((l.key.clone(), l.quota, l.at, l.left));
+                l.left = 0;
+            }
+            true
+        });
+        out
+    }
+
+    /// Units held now, over every lease.
+    pub fn held(&self) -> u64 {
+        let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        map.values().map(|l| l.left).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tollgate_core::{Algorithm, Unit};
+
+    const T0: Micros = 1_700_000_000_000_000;
+
+    fn granted(remaining: u64, g: u64) -> Decision {
+        Decision {
+            allowed: true,
+            limit: 1000,
+            remaining,
+            reset_after: 60_000_000,
+            retry_after: None,
+            delay: 0,
+            count: Some(g),
+        }
+    }
+
+    #[test]
+    fn units_in_hand_decide_locally_then_run_out() {
+        let q = Quota::new(1000, Unit::Hour)
+            .with_algorithm(Algorithm::FixedWindow)
+            .with_sync(SyncMode::Lease);
+        let l = Leases::default();
+        let items = [CheckItem::hit("r", "k", &q)];
+        assert!(l.decide(T0, &items).is_none(), "nothing in hand");
+        assert_eq!(l.wants(T0, &items), Some(vec![1]));
+        let mut d = [granted(900, 3)];
+        l.learn(T0, &[T0], &items, &[3], &mut d);
+        assert_eq!(d[0].count, None, "the grant is not reported to the caller");
+        for _ in 0..3 {
+            let d = l.decide(T0 + 1, &items).expect("decided from the lease");
+            assert!(d[0].allowed && d[0].remaining <= 1000);
+        }
+        assert!(l.decide(T0 + 1, &items).is_none(), "spent: ask Redis");
+        // Refilled quickly: the next lease is twice as large; slowly: half as large.
+        assert_eq!(l.wants(T0 + 10, &items), Some(vec![6]));
+        assert_eq!(l.wants(T0 + 5 * QUICK, &items), Some(vec![1]));
+    }
+
+    #[test]
+    fn idle_units_go_back_and_a_new_window_drops_the_old_units() {
+        let q = Quota::new(1000, Unit::Minute)
+            .with_algorithm(Algorithm::SlidingWindowCounter)
+            .with_sync(SyncMode::Lease);
+        let l = Leases::default();
+        let items = [CheckItem::hit("r", "k", &q)];
+        let mut d = [granted(900, 8)];
+        l.learn(T0, &[T0], &items, &[8], &mut d);
+        assert!(l.take_returns(T0 + 1, false).is_empty(), "not idle yet");
+        let back = l.take_returns(T0 + IDLE, false);
+        assert_eq!(back.len(), 1);
+        assert_eq!((back[0].2, back[0].3), (T0, 8));
+        assert_eq!(l.held(), 0);
+        // Units of a window that ended are not given back (the counter reset with it).
+        let mut d = [granted(900, 5)];
+        l.learn(T0 + IDLE, &[T0], &items, &[5], &mut d);
+        assert!(l.take_returns(T0 + 61_000_000, true).is_empty());
+        assert_eq!(l.stats.units_expired.load(Relaxed), 5);
+    }
+
+    #[test]
+    fn a_denial_is_answered_locally_for_a_short_while() {
+        let q = Quota::new(10, Unit::Hour)
+            .with_algorithm(Algorithm::FixedWindow)
+            .with_sync(SyncMode::Lease);
+        let l = Leases::default();
+        let items = [CheckItem::hit("r", "k", &q)];
+        let mut d = [Decision {
+            allowed: false,
+            retry_after: Some(3_000_000_000),
+            count: Some(0),
+            ..granted(0, 0)
+        }];
+        l.learn(T0, &[T0], &items, &[1], &mut d);
+        let local = l.decide(T0 + 1, &items).expect("the denial is remembered");
+        assert!(!local[0].allowed);
+        assert!(
+            l.decide(T0 + DENIED_FOR, &items).is_none(),
+            "then Redis is asked again"
+        );
+    }
+
+    #[test]
+    fn exact_limits_and_repeated_counters_are_not_leased() {
+        let exact = Quota::new(10, Unit::Hour).with_algorithm(Algorithm::FixedWindow);
+        let leased = exact.with_sync(SyncMode::Lease);
+        let l = Leases::default();
+        assert_eq!(l.wants(T0, &[CheckItem::hit("r", "k", &exact)]), None);
+        let twice = [
+            CheckItem::hit("r", "k", &leased),
+            CheckItem::hit("r", "k", &leased),
+        ];
+        assert_eq!(l.wants(T0, &twice), None);
+        assert!(l.decide(T0, &twice).is_none());
+    }
+}

@@ -1,0 +1,165 @@
+//! `sync: lease` across instances: several guarded stores (each its own connection, leases and
+//! probe task, as separate processes have) on one real redis-server, many callers each, on one
+//! hot key. Exactness: never more than the limit admitted in a window; the whole limit reachable
+//! once the leases are given back; most decisions made without Redis.
+
+mod support;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use support::RedisServer;
+use tollgate_core::{Algorithm, CheckItem, Micros, Quota, SyncMode, Unit};
+use tollgate_redis::{Guarded, RedisOptions, RedisSettings, RedisStore};
+
+fn wall_now() -> Micros {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as Micros
+}
+
+async fn instance(url: &str, prefix: &str) -> Arc<Guarded> {
+    let opts = RedisOptions {
+        prefix: prefix.to_owned(),
+        timeout: Duration::from_secs(2),
+        ..RedisOptions::default()
+    };
+    let store = RedisStore::connect(url, opts).await.unwrap();
+    Guarded::start(store, RedisSettings::default()).await
+}
+
+/// `callers` tasks on each instance, each sending `per_caller` one-unit requests on `key`;
+/// returns the number admitted.
+async fn hammer(
+    instances: &[Arc<Guarded>],
+    callers: usize,
+    per_caller: usize,
+    key: &'static str,
+    quota: Quota,
+) -> u64 {
+    let admitted = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for g in instances {
+        for _ in 0..callers {
+            let (g, admitted) = (g.clone(), admitted.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..per_caller {
+                    let item = CheckItem::hit("hot", key, &quota);
+                    let out = g.check(wall_now(), &[item]).await.unwrap();
+                    assert!(out.degraded.is_none(), "Redis answered every call");
+                    if out.decisions[0].allowed {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    admitted.load(Ordering::Relaxed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_never_admit_more_than_the_limit_and_all_of_it_once_returned() {
+    let server = RedisServer::start(&[]);
+    for alg in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter] {
+        let quota = Quota::new(600, Unit::Hour)
+            .with_algorithm(alg)
+            .with_sync(SyncMode::Lease);
+        for run in 0..5 {
+            let prefix = format!("lease-{alg}-{run}");
+            let fleet = [
+                instance(&server.url(), &prefix).await,
+                instance(&server.url(), &prefix).await,
+                instance(&server.url(), &prefix).await,
+            ];
+            // 3 x 32 callers x 10 = 960 requests on a limit of 600.
+            let first = hammer(&fleet, 32, 10, "hot|user=a", quota).await;
+            assert!(first <= 600, "{alg} run {run}: {first} admitted, limit 600");
+            let held: u64 = fleet.iter().map(|g| g.lease_stats().1).sum();
+            for g in &fleet {
+                g.return_leases(wall_now()).await;
+            }
+            assert_eq!(fleet.iter().map(|g| g.lease_stats().1).sum::<u64>(), 0);
+            // A fresh instance (no denial remembered) takes what is left, to the last unit.
+            let late = [instance(&server.url(), &prefix).await];
+            let second = hammer(&late, 4, 250, "hot|user=a", quota).await;
+            assert_eq!(
+                first + second,
+                600,
+                "{alg} run {run}: {first} then {second} admitted ({held} units were held)"
+            );
+            let returned: u64 = fleet
+                .iter()
+                .map(|g| g.lease_stats().0.units_returned.load(Ordering::Relaxed))
+                .sum();
+            assert_eq!(returned, held, "{alg} run {run}: every held unit went back");
+        }
+    }
+}
+
+/// A busy instance decides requests from its lease (no Redis call), exactly as many as asked.
+/// (How many are local depends on the machine's speed; scripts/bench-redis-cost.sh measures it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_key_is_decided_locally() {
+    let server = RedisServer::start(&[]);
+    let quota = Quota::new(1_000_000, Unit::Minute).with_sync(SyncMode::Lease);
+    let g = instance(&server.url(), "lease-busy").await;
+    let admitted = hammer(std::slice::from_ref(&g), 16, 500, "hot|user=busy", quota).await;
+    assert_eq!(admitted, 8_000);
+    let local = g.lease_stats().0.local_decisions.load(Ordering::Relaxed);
+    assert!(local > 0, "no decision was made from a lease");
+    let (stats, held) = g.lease_stats();
+    let granted = stats.units_granted.load(Ordering::Relaxed);
+    assert!(held <= granted, "{held} held of {granted} granted");
+}
+
+/// A request whose limits are all leased is decided locally only when every one has its cost
+/// in hand; a limit over its count blocks the whole request without consuming the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_or_nothing_across_leased_limits() {
+    let server = RedisServer::start(&[]);
+    let wide = Quota::new(1_000, Unit::Hour)
+        .with_algorithm(Algorithm::FixedWindow)
+        .with_sync(SyncMode::Lease);
+    let narrow = Quota::new(3, Unit::Hour)
+        .with_algorithm(Algorithm::FixedWindow)
+        .with_sync(SyncMode::Lease);
+    let g = instance(&server.url(), "lease-both").await;
+    let mut admitted = 0;
+    for _ in 0..10 {
+        let items = [
+            CheckItem::hit("a", "a|user=x", &wide),
+            CheckItem::hit("b", "b|ip=y", &narrow),
+        ];
+        let out = g.check(wall_now(), &items).await.unwrap();
+        if out.decisions.iter().all(|d| d.allowed) {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 3, "the narrow limit admits 3 requests");
+    g.return_leases(wall_now()).await;
+    // The wide limit counted only the 3 admitted requests (and nothing is held).
+    let store = RedisStore::connect(
+        &server.url(),
+        RedisOptions {
+            prefix: "lease-both".into(),
+            ..RedisOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let d = store
+        .check(
+            None,
+            &[CheckItem {
+                cost: 0,
+                ..CheckItem::hit("a", "a|user=x", &wide)
+            }],
+        )
+        .await
+        .unwrap();
+    assert_eq!(d[0].remaining, 997);
+}

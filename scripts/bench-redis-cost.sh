@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# What a decision costs on the Redis store, side by side in one run: for each tollgate binary
+# given (default target/release/tollgate), `tollgate serve` on the memory store and on a private
+# redis-server, loaded by `tollgate bench` over gRPC (64 callers, 10,000 keys, the rules of
+# benches/rules/high-limit.yaml), and per decision:
+#   - the tollgate process's CPU (user + system, from /proc),
+#   - redis-server's CPU, and its calls per decision by command (INFO commandstats),
+#   - decisions per second.
+# Rounds interleave the binaries and stores; the median of --runs is reported. Each redis-server
+# is started by this script on a free port and stopped at the end; nothing is kept.
+#
+# Usage: scripts/bench-redis-cost.sh [--bin LABEL=PATH]... [--runs N] [--duration 10s]
+#                                    [--rules FILE] [--profile envoy] [--stores memory,redis]
+#                                    [--redis-server PATH] [-- EXTRA SERVE ARGS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BINS=()
+RUNS=3
+DURATION=10s
+RULES=benches/rules/high-limit.yaml
+PROFILE=""
+STORES="memory,redis"
+REDIS_SERVER=redis-server
+EXTRA=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --bin) BINS+=("$2"); shift ;;
+    --runs) RUNS=$2; shift ;;
+    --duration) DURATION=$2; shift ;;
+    --rules) RULES=$2; shift ;;
+    --profile) PROFILE=$2; shift ;;
+    --stores) STORES=$2; shift ;;
+    --redis-server) REDIS_SERVER=$2; shift ;;
+    --) shift; EXTRA=("$@"); break ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    *) echo "scripts/bench-redis-cost.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+[ ${#BINS[@]} -gt 0 ] || BINS=("tollgate=target/release/tollgate")
+command -v "$REDIS_SERVER" >/dev/null || { echo "needs $REDIS_SERVER" >&2; exit 1; }
+OUT=$(mktemp -d /tmp/tollgate-redis-cost.XXXXXX)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$OUT"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+TICK=$(getconf CLK_TCK)
+
+REDIS_PORT=$(free_port)
+"$REDIS_SERVER" --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
+  --daemonize no >"$OUT/redis.log" 2>&1 &
+REDIS_PID=$!
+PIDS+=("$REDIS_PID")
+until redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; do
+  kill -0 "$REDIS_PID" 2>/dev/null || { cat "$OUT/redis.log" >&2; exit 1; }
+  sleep 0.1
+done
+
+# start LABEL BIN STORE: a server; sets SERVER_PID and GRPC.
+start() {
+  local label=$1 bin=$2 store=$3 args=()
+  [ -n "$PROFILE" ] && args+=(--profile "$PROFILE")
+  [ "$store" = redis ] && args+=(--store "redis://127.0.0.1:$REDIS_PORT")
+  "$bin" serve --http-addr 127.0.0.1:0 --grpc-addr 127.0.0.1:0 --rules "$RULES" "${args[@]}" \
+    "${EXTRA[@]}" >"$OUT/$label-$store.out" 2>"$OUT/$label-$store.err" &
+  SERVER_PID=$!
+  PIDS+=("$SERVER_PID")
+  for _ in $(seq 200); do
+    GRPC=$(sed -n 's/^listening.*gRPC \([^ ,)]*\), store.*/\1/p' "$OUT/$label-$store.out" 2>/dev/null | head -n 1)
+    [ -n "$GRPC" ] && return 0
+    kill -0 "$SERVER_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "$label ($store) did not start: $(tail -n 3 "$OUT/$label-$store.err")" >&2
+  exit 1
+}
+
+GEN=${BINS[0]#*=}
+bench() {
+  "$GEN" bench "grpc://$1" --domain bench --descriptor 'user=user_{key}' --keys 10000 \
+    --concurrency 64 --json "${@:2}"
+}
+
+echo "# $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg), $($REDIS_SERVER --version | cut -d' ' -f1-3)"
+echo "# rules $RULES${PROFILE:+, --profile $PROFILE}, $RUNS rounds of $DURATION, 64 callers, 10,000 keys"
+for round in $(seq "$RUNS"); do
+  for spec in "${BINS[@]}"; do
+    label=${spec%%=*}; bin=${spec#*=}
+    for store in ${STORES//,/ }; do
+      start "$label" "$bin" "$store"
+      bench "$GRPC" --duration 2s --warmup 0s >/dev/null
+      redis-cli -p "$REDIS_PORT" CONFIG RESETSTAT >/dev/null
+      s0=$(cpu_ticks "$SERVER_PID"); r0=$(cpu_ticks "$REDIS_PID")
+      bench "$GRPC" --duration "$DURATION" --warmup 0s >"$OUT/run.json"
+      s1=$(cpu_ticks "$SERVER_PID"); r1=$(cpu_ticks "$REDIS_PID")
+      redis-cli -p "$REDIS_PORT" INFO commandstats | tr -d '\r' >"$OUT/stats.txt"
+      kill "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null || true
+      python3 - "$OUT/run.json" "$OUT/stats.txt" "$s0" "$s1" "$r0" "$r1" "$TICK" \
+        "$label" "$store" "$round" >>"$OUT/rows.txt" <<'EOF'
+import json, sys
+run = json.load(open(sys.argv[1]))
+s0, s1, r0, r1, tick = map(float, sys.argv[3:8])
+n = run["allowed"] + run["denied"]
+calls = {}
+for line in open(sys.argv[2]):
+    if line.startswith("cmdstat_"):
+        name, rest = line[8:].split(":", 1)
+        f = dict(kv.split("=") for kv in rest.strip().split(","))
+        if name not in ("config|resetstat", "info"):
+            calls[name] = int(f["calls"])
+per = ",".join(f"{k}={v / n:.3f}" for k, v in sorted(calls.items(), key=lambda kv: -kv[1]))
+print(sys.argv[8], sys.argv[9], sys.argv[10], n / run["duration_s"],
+      (s1 - s0) / tick * 1e6 / n, (r1 - r0) / tick * 1e6 / n, per or "-")
+EOF
+    done
+  done
+done
+python3 - "$OUT/rows.txt" <<'EOF'
+import sys, statistics as st
+rows = {}
+for line in open(sys.argv[1]):
+    label, store, _round, rate, cpu, rcpu, per = line.split()
+    rows.setdefault((label, store), []).append((float(rate), float(cpu), float(rcpu), per))
+print("| binary | store | decisions/s | tollgate CPU µs/decision | redis-server CPU µs/decision | Redis calls per decision | rounds (tollgate µs / redis µs) |")
+print("|---|---|---:|---:|---:|---|---|")
+for (label, store), rs in rows.items():
+    med = lambda i: st.median(r[i] for r in rs)
+    rounds = ", ".join(f"{r[1]:.1f}/{r[2]:.1f}" for r in rs)
+    redis = f"{med(2):.1f}" if store == "redis" else "-"
+    print(f"| {label} | {store} | {med(0):,.0f} | {med(1):.1f} | {redis} | {rs[-1][3] if store == 'redis' else '-'} | {rounds} |")
+EOF
