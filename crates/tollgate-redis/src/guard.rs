@@ -690,12 +690,15 @@ impl Guarded {
             return Ok(self.fallback(now, items, false, false));
         }
         let wants = self.leases.wants(now, items);
+        let started = std::time::Instant::now();
         match self.call(now, items, &breaker, wants.as_deref()).await {
             Err(None) => Ok(self.fallback(now, items, true, true)),
             Ok((mut decisions, receipt)) => {
                 if let Some(wants) = &wants {
+                    let answered = now.saturating_add(started.elapsed().as_micros() as Micros);
+                    let times = (now, answered);
                     self.leases
-                        .learn(now, receipt.times(), items, wants, &mut decisions);
+                        .learn(times, receipt.times(), items, wants, &mut decisions);
                 }
                 breaker.success();
                 self.condition.answered(now);

@@ -141,9 +141,7 @@ impl Leases {
         }
         let mut out = Vec::with_capacity(items.len());
         for (item, k) in items.iter().zip(&keys) {
-            let Some(l) = map.get_mut(k) else {
-                return None;
-            };
+            let l = map.get_mut(k)?;
             if l.denied_until > now {
                 let mut d = l.denial;
                 d.retry_after = Some(l.denied_until - now);
@@ -205,11 +203,13 @@ impl Leases {
     }
 
     /// Take Redis' answer to a call that asked for `wants`: record each leased item's grant
-    /// (the `count` of its decision, cleared here) or denial. `ats` are Redis' times of each
-    /// item's check.
+    /// (the `count` of its decision, cleared here) or denial. `now` is the local time the call
+    /// started (what windows are mapped from: Redis answered after it) and `answered` when its
+    /// answer came (what a lease's age counts from, so a far Redis's round trip does not make
+    /// every lease look slow to run out); `ats` are Redis' times of each item's check.
     pub fn learn(
         &self,
-        now: Micros,
+        (now, answered): (Micros, Micros),
         ats: &[Micros],
         items: &[CheckItem<'_>],
         wants: &[u64],
@@ -263,8 +263,8 @@ impl Leases {
             l.denied_until = 0;
             if let Some(g) = granted {
                 l.want = want;
-                l.granted_at = now;
-                l.used_at = now;
+                l.granted_at = answered;
+                l.used_at = answered;
                 l.remaining = d.remaining;
                 if g > 0 {
                     l.at = at;
@@ -333,7 +333,7 @@ mod tests {
         assert!(l.decide(T0, &items).is_none(), "nothing in hand");
         assert_eq!(l.wants(T0, &items), Some(vec![1]));
         let mut d = [granted(900, 3)];
-        l.learn(T0, &[T0], &items, &[3], &mut d);
+        l.learn((T0, T0), &[T0], &items, &[3], &mut d);
         assert_eq!(d[0].count, None, "the grant is not reported to the caller");
         for _ in 0..3 {
             let d = l.decide(T0 + 1, &items).expect("decided from the lease");
@@ -353,7 +353,7 @@ mod tests {
         let l = Leases::default();
         let items = [CheckItem::hit("r", "k", &q)];
         let mut d = [granted(900, 8)];
-        l.learn(T0, &[T0], &items, &[8], &mut d);
+        l.learn((T0, T0), &[T0], &items, &[8], &mut d);
         assert!(l.take_returns(T0 + 1, false).is_empty(), "not idle yet");
         let back = l.take_returns(T0 + IDLE, false);
         assert_eq!(back.len(), 1);
@@ -361,7 +361,7 @@ mod tests {
         assert_eq!(l.held(), 0);
         // Units of a window that ended are not given back (the counter reset with it).
         let mut d = [granted(900, 5)];
-        l.learn(T0 + IDLE, &[T0], &items, &[5], &mut d);
+        l.learn((T0 + IDLE, T0 + IDLE), &[T0], &items, &[5], &mut d);
         assert!(l.take_returns(T0 + 61_000_000, true).is_empty());
         assert_eq!(l.stats.units_expired.load(Relaxed), 5);
     }
@@ -379,7 +379,7 @@ mod tests {
             count: Some(0),
             ..granted(0, 0)
         }];
-        l.learn(T0, &[T0], &items, &[1], &mut d);
+        l.learn((T0, T0), &[T0], &items, &[1], &mut d);
         let local = l.decide(T0 + 1, &items).expect("the denial is remembered");
         assert!(!local[0].allowed);
         assert!(

@@ -6,7 +6,7 @@
 //!
 //! - a **Redis Function** ([`library`], `FUNCTION LOAD` once, then `FCALL`; Redis 7+, Valkey):
 //!   the helpers are defined when the library loads, so a call runs only the decision;
-//! - an **`EVAL` script** ([`SOURCE`], `EVALSHA`; older servers, or where the ACL forbids
+//! - an **`EVAL` script** (`SOURCE`, `EVALSHA`; older servers, or where the ACL forbids
 //!   `FUNCTION`): the body redefines every helper on each call, which costs Redis more.
 //!
 //! The store tries the function first and falls back by itself (see `RedisStore::run`). Both
@@ -123,6 +123,17 @@ fn splitmix(x: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// `EXPIRE` seconds of an envoy-layout counter (item `idx` of the request): envoy's window, its
+/// jitter in `[0, jitter_max_s)` drawn from the call's seed, and the grace.
+pub(crate) fn envoy_expire(call: &Call<'_>, idx: usize, q: &tollgate_core::Quota) -> u64 {
+    let jitter = if call.jitter_max_s > 0 {
+        splitmix(call.jitter_seed ^ (idx as u64)) % call.jitter_max_s
+    } else {
+        0
+    };
+    tollgate_core::internals::envoy_window_secs(q.period()) + jitter + call.grace_ms.div_ceil(1000)
+}
+
 /// One item of a call: its index in the request, the item, its keys.
 pub type Entry<'a> = (usize, &'a CheckItem<'a>, &'a CounterKeys);
 
@@ -160,14 +171,7 @@ pub(crate) fn arguments(call: &Call<'_>, items: &[Entry<'_>]) -> (Vec<String>, V
             keys.push(s.clone());
         }
         let envoy = call.layout == KeyLayout::Envoy && q.algorithm() == Algorithm::EnvoyFixedWindow;
-        let jitter = if call.jitter_max_s > 0 {
-            splitmix(call.jitter_seed ^ (*idx as u64)) % call.jitter_max_s
-        } else {
-            0
-        };
-        let expire = tollgate_core::internals::envoy_window_secs(q.period())
-            + jitter
-            + call.grace_ms.div_ceil(1000);
+        let expire = envoy_expire(call, *idx, q);
         packed.extend_from_slice(&[
             algorithm_code(q.algorithm()),
             item.shadow.into(),

@@ -106,9 +106,14 @@ impl Receipt {
     /// A receipt for units counted at Redis time `at` with no request id (a lease's: its
     /// windows' counters keep no request ids).
     pub(crate) fn at(at: Micros) -> Self {
+        Self::at_each(vec![at])
+    }
+
+    /// A receipt with no request id for items counted at these Redis times.
+    fn at_each(now: Vec<Micros>) -> Self {
         Receipt {
             reqid: String::new(),
-            now: vec![at],
+            now,
         }
     }
 
@@ -931,16 +936,7 @@ impl RedisStore {
         now: Option<Micros>,
         items: &[CheckItem<'_>],
     ) -> Result<(Vec<Decision>, Receipt), StoreError> {
-        if items.is_empty() {
-            let receipt = Receipt {
-                reqid: String::new(),
-                now: Vec::new(),
-            };
-            return Ok((Vec::new(), receipt));
-        }
-        script::validate(items, now)?;
-        let r = self.check_valid(bound, now, items, &[]).await;
-        self.record(r)
+        self.check_leasing(bound, now, items, &[]).await
     }
 
     /// [`RedisStore::check_refundable`] that also asks for lease units beyond each item's
@@ -953,8 +949,11 @@ impl RedisStore {
         items: &[CheckItem<'_>],
         leases: &[u64],
     ) -> Result<(Vec<Decision>, Receipt), StoreError> {
+        if items.is_empty() {
+            return Ok((Vec::new(), Receipt::at_each(Vec::new())));
+        }
         script::validate(items, now)?;
-        let r = self.check_valid(bound, now, items, leases).await;
+        let r = self.check_valid(items, (bound, now, leases)).await;
         self.record(r)
     }
 
@@ -1035,12 +1034,12 @@ impl RedisStore {
         self.record(result.map(|()| decisions))
     }
 
+    /// The check of `items`, validated: within `bound`, at `now` (`None`: Redis' time), asking
+    /// for `leases`.
     async fn check_valid(
         &self,
-        bound: Duration,
-        now: Option<Micros>,
         items: &[CheckItem<'_>],
-        leases: &[u64],
+        (bound, now, leases): (Duration, Option<Micros>, &[u64]),
     ) -> Result<(Vec<Decision>, Receipt), StoreError> {
         let prefix = &self.inner.opts.prefix;
         let keys: Vec<keys::CounterKeys> = items
@@ -1059,6 +1058,24 @@ impl RedisStore {
             jitter_seed: self.inner.seed ^ self.inner.counter.load(Ordering::Relaxed),
             leases,
         };
+        // envoyproxy/ratelimit's counters, every one written whatever the outcome: its own
+        // command pattern, no script.
+        let envoy = self.inner.opts.key_layout == KeyLayout::Envoy
+            && leases.is_empty()
+            && !self.is_cluster()
+            && items.iter().all(|i| {
+                i.quota.algorithm() == tollgate_core::Algorithm::EnvoyFixedWindow
+                    && (i.count_denied || items.len() == 1)
+            });
+        if envoy {
+            let now = now.unwrap_or_else(wall_micros);
+            let decisions = self.envoy_counts(bound, now, &call, items, &keys).await?;
+            let receipt = Receipt {
+                now: vec![now; items.len()],
+                reqid,
+            };
+            return Ok((decisions, receipt));
+        }
         let all: Vec<script::Entry<'_>> = items
             .iter()
             .zip(&keys)
@@ -1153,6 +1170,84 @@ impl RedisStore {
             None => Ok((decisions, Receipt { reqid, now: at })),
         }
     }
+}
+
+/// The wall clock in microseconds since the epoch (envoy-layout counters are windowed on the
+/// instance's clock, as envoyproxy/ratelimit's are).
+fn wall_micros() -> Micros {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as Micros)
+}
+
+impl RedisStore {
+    /// envoy_fixed_window counters in envoy's key layout, each written whatever the outcome
+    /// (one item, or every item counting denied hits): envoyproxy/ratelimit's own pattern, one
+    /// pipeline of `INCRBY` + `EXPIRE` per counter (`GET` for a cost of 0), decided here from
+    /// the counts Redis returns, exactly as the script decides them. Costs Redis a fraction of
+    /// a script call, and shares counters with envoyproxy/ratelimit's pods.
+    async fn envoy_counts(
+        &self,
+        bound: Duration,
+        now: Micros,
+        call: &Call<'_>,
+        items: &[CheckItem<'_>],
+        keys: &[keys::CounterKeys],
+    ) -> Result<Vec<Decision>, StoreError> {
+        use tollgate_core::internals::{step, State, Window};
+        let mut pipe = redis::pipe();
+        for (idx, (item, (base, _))) in items.iter().zip(keys).enumerate() {
+            let (start, _) = envoy_window(item.quota, now);
+            let key = format!("{base}{}", start / 1_000_000);
+            let cost = item.cost.min(keys::MAX_COST);
+            if cost == 0 {
+                pipe.cmd("GET").arg(&key);
+            } else {
+                pipe.cmd("INCRBY").arg(&key).arg(cost);
+                pipe.cmd("EXPIRE")
+                    .arg(&key)
+                    .arg(script::envoy_expire(call, idx, item.quota))
+                    .ignore();
+            }
+        }
+        let counts: Vec<Option<u64>> = self
+            .bounded(bound, async {
+                match self.inner.conn.clone() {
+                    Conn::Single(s) => pipe.query_async(&mut s.conn()).await,
+                    Conn::Sentinel(s) => pipe.query_async(&mut s.master().await?).await,
+                    Conn::Cluster(mut c) => pipe.query_async(&mut c).await,
+                }
+            })
+            .await?;
+        if counts.len() != items.len() {
+            return Err(StoreError::Unavailable(format!(
+                "unexpected pipeline reply: {} counts for {} items",
+                counts.len(),
+                items.len()
+            )));
+        }
+        Ok(items
+            .iter()
+            .zip(counts)
+            .map(|(item, after)| {
+                let (start, _) = envoy_window(item.quota, now);
+                let cost = item.cost.min(keys::MAX_COST);
+                let before = after.unwrap_or(0).saturating_sub(cost);
+                let state = State::Window(Window {
+                    start,
+                    count: before,
+                });
+                step(Some(state), now, cost, item.quota).0
+            })
+            .collect())
+    }
+}
+
+/// envoyproxy/ratelimit's window `[start, end)` of `quota` around `now`.
+fn envoy_window(quota: &tollgate_core::Quota, now: Micros) -> (Micros, Micros) {
+    let len = tollgate_core::internals::envoy_window_secs(quota.period()) * 1_000_000;
+    let start = now - now % len;
+    (start, start + len)
 }
 
 /// The single-server and Sentinel master connection's settings.

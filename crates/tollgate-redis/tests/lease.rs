@@ -163,3 +163,84 @@ async fn all_or_nothing_across_leased_limits() {
         .unwrap();
     assert_eq!(d[0].remaining, 997);
 }
+
+/// A TCP proxy that delays every byte by `delay` each way (order and throughput kept): a Redis
+/// in another region. Threads; stops with the test process.
+fn delaying_proxy(upstream: u16, delay: Duration) -> u16 {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::time::Instant;
+    fn pump(mut from: TcpStream, mut to: TcpStream, delay: Duration) {
+        let (tx, rx) = std::sync::mpsc::channel::<(Instant, Vec<u8>)>();
+        std::thread::spawn(move || {
+            for (due, bytes) in rx {
+                // Emulated latency: this thread holds the bytes until they are due.
+                std::thread::sleep(due.saturating_duration_since(Instant::now()));
+                if to.write_all(&bytes).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut buf = vec![0u8; 64 * 1024];
+        while let Ok(n) = from.read(&mut buf) {
+            if n == 0
+                || tx
+                    .send((Instant::now() + delay, buf[..n].to_vec()))
+                    .is_err()
+            {
+                return;
+            }
+        }
+    }
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for client in listener.incoming().flatten() {
+            let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                continue;
+            };
+            let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            std::thread::spawn(move || pump(client, server, delay));
+            std::thread::spawn(move || pump(s2, c2, delay));
+        }
+    });
+    port
+}
+
+/// A Redis 50 ms away (25 ms each way): with leases most decisions never wait for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_far_redis_is_waited_for_only_to_refill() {
+    let server = RedisServer::start(&[]);
+    let port = delaying_proxy(server.port, Duration::from_millis(25));
+    let far = format!("redis://127.0.0.1:{port}");
+    let quota = Quota::new(1_000_000_000, Unit::Minute)
+        .with_algorithm(Algorithm::FixedWindow)
+        .with_sync(SyncMode::Lease);
+    let g = instance(&far, "lease-far").await;
+    let latencies = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let (g, latencies) = (g.clone(), latencies.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..250 {
+                let item = CheckItem::hit("hot", "hot|region=far", &quota);
+                let t = std::time::Instant::now();
+                let out = g.check(wall_now(), &[item]).await.unwrap();
+                latencies.lock().unwrap().push(t.elapsed());
+                assert!(out.decisions[0].allowed && out.degraded.is_none());
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let local = g.lease_stats().0.local_decisions.load(Ordering::Relaxed);
+    let mut l = latencies.lock().unwrap().clone();
+    l.sort();
+    eprintln!(
+        "far Redis (50 ms round trip): {local} of 2000 decisions local, p50 {:?}, p90 {:?}",
+        l[l.len() / 2],
+        l[l.len() * 9 / 10]
+    );
+    assert!(local > 1_000, "{local} of 2000 decisions were local");
+}

@@ -40,15 +40,12 @@ fn validate_shape(
             "`domain` must not be empty",
         ));
     }
-    if let Some(n) = too_long(&req.domain, limits.max_domain_bytes) {
-        return Err(ApiError::invalid(
-            "invalid_domain",
-            format!(
-                "`domain` is {n} characters, more than the maximum {}",
-                limits.max_domain_bytes
-            ),
-        ));
-    }
+    check_length(
+        &req.domain,
+        limits.max_domain_bytes,
+        "invalid_domain",
+        format_args!("`domain`"),
+    )?;
     if req.descriptors.is_empty() {
         return Err(ApiError::invalid(
             "no_descriptors",
@@ -56,17 +53,10 @@ fn validate_shape(
         ));
     }
     if req.descriptors.len() > limits.max_descriptors {
-        return Err(ApiError::invalid(
-            "too_many_descriptors",
-            // The limit, not the total: the readers stop at the first one past it.
-            format!(
-                "more than the maximum {} descriptors",
-                limits.max_descriptors
-            ),
-        ));
+        return Err(ApiError::too_many_descriptors(limits.max_descriptors));
     }
     if let Some(h) = req.hits {
-        check_hits(limits, h, "hits_addend")?;
+        check_hits(limits, h, format_args!("hits_addend"))?;
     }
     for (i, d) in req.descriptors.iter().enumerate() {
         if d.entries.is_empty() && !empty_descriptors_ok {
@@ -80,13 +70,7 @@ fn validate_shape(
             ));
         }
         if d.entries.len() > limits.max_entries {
-            return Err(ApiError::invalid(
-                "too_many_entries",
-                format!(
-                    "descriptors[{i}] has more than the maximum {} entries",
-                    limits.max_entries
-                ),
-            ));
+            return Err(ApiError::too_many_entries(i, limits.max_entries));
         }
         for (j, (k, v)) in d.entries.iter().enumerate() {
             if k.is_empty() {
@@ -95,27 +79,21 @@ fn validate_shape(
                     format!("descriptors[{i}].entries[{j}].key must not be empty"),
                 ));
             }
-            if let Some(n) = too_long(k, limits.max_key_bytes) {
-                return Err(ApiError::invalid(
-                    "key_too_long",
-                    format!(
-                        "descriptors[{i}].entries[{j}].key is {n} characters, more than the maximum {}",
-                        limits.max_key_bytes
-                    ),
-                ));
-            }
-            if let Some(n) = too_long(v, limits.max_value_bytes) {
-                return Err(ApiError::invalid(
-                    "value_too_long",
-                    format!(
-                        "descriptors[{i}].entries[{j}].value is {n} characters, more than the maximum {}",
-                        limits.max_value_bytes
-                    ),
-                ));
-            }
+            check_length(
+                k,
+                limits.max_key_bytes,
+                "key_too_long",
+                format_args!("descriptors[{i}].entries[{j}].key"),
+            )?;
+            check_length(
+                v,
+                limits.max_value_bytes,
+                "value_too_long",
+                format_args!("descriptors[{i}].entries[{j}].value"),
+            )?;
         }
         if let Some(h) = d.hits {
-            check_hits(limits, h, &format!("descriptors[{i}].hits_addend"))?;
+            check_hits(limits, h, format_args!("descriptors[{i}].hits_addend"))?;
         }
         // As in rule files (and Envoy's uint32): larger quotas are refused, not clamped.
         if let Some(l) = d
@@ -161,6 +139,23 @@ fn bounded_overrides(rules: &LoadedRules, req: &CheckRequest) -> Result<(), ApiE
     }
 }
 
+/// `s` within `max` characters (see [`too_long`]); else `code`, the message naming `field`.
+/// The name is formatted on the error path only.
+fn check_length(
+    s: &str,
+    max: usize,
+    code: &'static str,
+    field: std::fmt::Arguments<'_>,
+) -> Result<(), ApiError> {
+    match too_long(s, max) {
+        None => Ok(()),
+        Some(n) => Err(ApiError::invalid(
+            code,
+            format!("{field} is {n} characters, more than the maximum {max}"),
+        )),
+    }
+}
+
 /// `s`'s length in characters (Unicode scalar values) when it is more than `max`. Characters,
 /// as JSON Schema's `maxLength` counts them, so the OpenAPI document states the limit exactly;
 /// the bytes are at most 4x (and the body is capped anyway). Counted only when the byte length
@@ -172,7 +167,11 @@ fn too_long(s: &str, max: usize) -> Option<usize> {
     Some(s.chars().count()).filter(|&n| n > max)
 }
 
-fn check_hits(limits: &RequestLimits, hits: u64, field: &str) -> Result<(), ApiError> {
+fn check_hits(
+    limits: &RequestLimits,
+    hits: u64,
+    field: std::fmt::Arguments<'_>,
+) -> Result<(), ApiError> {
     if hits > limits.max_hits {
         return Err(ApiError::invalid(
             "invalid_hits",
@@ -185,6 +184,30 @@ fn check_hits(limits: &RequestLimits, hits: u64, field: &str) -> Result<(), ApiE
     Ok(())
 }
 
+/// The decision of `$req` by `$state`: admitted, planned, the store asked (when there is anything
+/// to ask it) with `$ask`, an expression of the time `$now` and the items to check `$items`,
+/// then concluded. A macro rather than a function for the two ways the store is asked: awaited
+/// by [`decide`], answered at once by [`decide_now`].
+macro_rules! decide_with {
+    ($state:ident, $req:ident, |$now:ident, $items:ident| $ask:expr) => {{
+        let started = Instant::now();
+        match admitted($state, $req) {
+            Err(e) => Err(e),
+            Ok(rules) => {
+                let (domain, descriptors) = (&$req.domain, &$req.descriptors);
+                let overrides = Overrides::new(&rules.set, domain, descriptors);
+                let hits = $req.hits.unwrap_or(1);
+                let plan = Plan::with_overrides(&rules.set, &overrides, domain, descriptors, hits);
+                let $now = $state.now();
+                let $items = plan.items();
+                let outcome = if $items.is_empty() { None } else { Some($ask) };
+                drop($items);
+                conclude($state, $req, &rules, plan, $now, outcome, started)
+            }
+        }
+    }};
+}
+
 /// Decide a request with the state's current rules, store and clock.
 ///
 /// Errors: [`ApiError::Invalid`] for requests breaking [`RequestLimits`] (see [`validate`]),
@@ -195,20 +218,9 @@ pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckRespons
     if let Some(decided) = decide_now(state, req) {
         return decided;
     }
-    let started = Instant::now();
-    let rules = admitted(state, req)?;
-    let hits = req.hits.unwrap_or(1);
-    let overrides = Overrides::new(&rules.set, &req.domain, &req.descriptors);
-    let plan = Plan::with_overrides(&rules.set, &overrides, &req.domain, &req.descriptors, hits);
-    let now = state.now();
-    let items = plan.items();
-    let outcome = if items.is_empty() {
-        None
-    } else {
-        Some(state.backend().check(now, &items).await)
-    };
-    drop(items);
-    conclude(state, req, &rules, plan, now, outcome, started)
+    decide_with!(state, req, |now, items| {
+        state.backend().check(now, &items).await
+    })
 }
 
 /// [`decide`] without awaiting, when the backend is a store in this process (the memory store
@@ -218,23 +230,9 @@ pub fn decide_now(state: &AppState, req: &CheckRequest) -> Option<Result<CheckRe
     let crate::backend::Backend::Local(store) = state.backend() else {
         return None;
     };
-    let started = Instant::now();
-    let rules = match admitted(state, req) {
-        Ok(rules) => rules,
-        Err(e) => return Some(Err(e)),
-    };
-    let hits = req.hits.unwrap_or(1);
-    let overrides = Overrides::new(&rules.set, &req.domain, &req.descriptors);
-    let plan = Plan::with_overrides(&rules.set, &overrides, &req.domain, &req.descriptors, hits);
-    let now = state.now();
-    let items = plan.items();
-    let outcome = if items.is_empty() {
-        None
-    } else {
-        Some(store.check(now, &items).map(Outcome::store))
-    };
-    drop(items);
-    Some(conclude(state, req, &rules, plan, now, outcome, started))
+    Some(decide_with!(state, req, |now, items| {
+        store.check(now, &items).map(Outcome::store)
+    }))
 }
 
 /// The rest of a decision once the store answered (`None`: nothing to ask it): metrics, the

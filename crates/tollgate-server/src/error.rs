@@ -72,6 +72,24 @@ impl ApiError {
         }
     }
 
+    /// `too_many_descriptors`: a request with more than `max` descriptors. The message names the
+    /// limit, not the total: the readers stop at the first descriptor past it.
+    pub(crate) fn too_many_descriptors(max: usize) -> Self {
+        Self::invalid(
+            "too_many_descriptors",
+            format!("more than the maximum {max} descriptors"),
+        )
+    }
+
+    /// `too_many_entries`: descriptor `i` has more than `max` entries (named as
+    /// [`ApiError::too_many_descriptors`] names its limit).
+    pub(crate) fn too_many_entries(i: usize, max: usize) -> Self {
+        Self::invalid(
+            "too_many_entries",
+            format!("descriptors[{i}] has more than the maximum {max} entries"),
+        )
+    }
+
     /// The transport-neutral class.
     pub(crate) fn class(&self) -> ErrorClass {
         match self {

@@ -24,8 +24,8 @@
 //! bytes, a `domain` that is not UTF-8, groups nested past prost's recursion limit) is the
 //! client's fault: INVALID_ARGUMENT with prost's message and the `invalid_protobuf` error code
 //! (counted in `tollgate_request_errors_total`), not the INTERNAL that tonic's prost codec
-//! answers. That is done once, in the codec (`RlsCodec`), which is why the service is served by
-//! `RlsServer` (the generated `RateLimitServiceServer` hard-wires tonic-prost's codec). A message larger than
+//! answers. That is done once, in the codec (`RlsCodec`), which `RlsServer` (`tollgate-proto`'s
+//! `RateLimitServiceServer` with that codec) makes for each call. A message larger than
 //! `--max-body-bytes` is refused by tonic before decoding: OUT_OF_RANGE with a message.
 //!
 //! [`serve`] runs the services on hyper's HTTP/2 connections itself rather than with tonic's
@@ -135,15 +135,14 @@ use tollgate_proto::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code as PbCode, DescriptorStatus as PbStatus, RateLimit as PbRateLimit,
 };
 use tollgate_proto::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
-    route, RateLimitService,
+    CallCodec, RateLimitService, RateLimitServiceServer,
 };
 use tollgate_proto::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tollgate_proto::pb::google::protobuf::Duration as PbDuration;
 use tollgate_proto::pb::google::protobuf::Struct as PbStruct;
 use tonic::codec::{Codec, DecodeBuf, Decoder};
 use tonic::codegen::http::Request as HttpRequest;
-use tonic::codegen::{http, Body, BoxFuture, StdError};
-use tonic::server::NamedService;
+use tonic::codegen::{http, Body, StdError};
 use tonic::service::Routes;
 use tonic::{Request, Response, Status};
 use tonic_health::ServingStatus;
@@ -232,58 +231,24 @@ impl RateLimitGrpc {
     pub fn new(state: AppState, answers: GrpcAnswers) -> Self {
         Self { state, answers }
     }
-
-    /// The tonic service, with the request size capped at `--max-body-bytes` like HTTP.
-    pub(crate) fn into_server(self) -> RlsServer {
-        RlsServer {
-            max_decoding_message_size: self.state.limits().max_body_bytes,
-            inner: Arc::new(self),
-        }
-    }
 }
 
-/// The RLS service as tonic serves it: what `tollgate-proto` has as `RateLimitServiceServer`
-/// (same routing, same two boxed futures per call, no compression), with a codec of its own in
-/// place of tonic-prost's (undecodable requests are INVALID_ARGUMENT, see the module docs). Any other path of the service is UNIMPLEMENTED.
-#[derive(Debug, Clone)]
-pub(crate) struct RlsServer {
-    inner: Arc<RateLimitGrpc>,
-    max_decoding_message_size: usize,
-}
-
-impl NamedService for RlsServer {
-    const NAME: &'static str = RLS_SERVICE_NAME;
-}
-
-impl<B> tower::Service<http::Request<B>> for RlsServer
-where
-    B: Body + Send + 'static,
-    B::Error: Into<StdError> + Send + 'static,
-{
-    type Response = http::Response<tonic::body::Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<Self::Response, Self::Error>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let codec = RlsCodec(Some(Arc::clone(&self.inner)));
-        route(
-            &self.inner,
-            codec,
-            Some(self.max_decoding_message_size),
-            req,
-        )
-    }
-}
+/// The RLS service as tonic serves it: `tollgate-proto`'s server (no compression) with a codec of
+/// its own in place of tonic-prost's (undecodable requests are INVALID_ARGUMENT, see the module
+/// docs). Any other path of the service is UNIMPLEMENTED.
+type RlsServer = RateLimitServiceServer<RateLimitGrpc, RlsCodec>;
 
 /// tonic-prost's codec for the RLS messages, except that a request that does not decode is
 /// INVALID_ARGUMENT (the client sent it) rather than INTERNAL, and counted. It holds the
 /// service (for its metrics) until its one decoder takes it: nothing is allocated per call
 /// except on that error path.
 struct RlsCodec(Option<Arc<RateLimitGrpc>>);
+
+impl CallCodec<RateLimitGrpc> for RlsCodec {
+    fn for_call(service: &Arc<RateLimitGrpc>) -> Self {
+        RlsCodec(Some(Arc::clone(service)))
+    }
+}
 
 impl Codec for RlsCodec {
     type Encode = RateLimitResponse;
@@ -837,9 +802,10 @@ pub(crate) async fn serve_on(
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
     let metrics = Arc::clone(&state.metrics().grpc_connections);
-    let rls = RateLimitGrpc::new(state, answers).into_server();
-    let max_message = rls.max_decoding_message_size;
-    let direct = Arc::clone(&rls.inner);
+    // The request size capped at `--max-body-bytes` like HTTP.
+    let max_message = state.limits().max_body_bytes;
+    let direct = Arc::new(RateLimitGrpc::new(state, answers));
+    let rls = RlsServer::with_codec(Arc::clone(&direct)).max_decoding_message_size(max_message);
     let routes = Routes::new(health)
         .add_service(rls)
         .add_service(reflection().build_v1().map_err(std::io::Error::other)?)
@@ -1460,25 +1426,13 @@ fn count_check(message: &[u8], limits: &crate::state::RequestLimits) -> Result<(
             continue;
         };
         if descriptors == limits.max_descriptors {
-            return Err(ApiError::invalid(
-                "too_many_descriptors",
-                format!(
-                    "more than the maximum {} descriptors",
-                    limits.max_descriptors
-                ),
-            ));
+            return Err(ApiError::too_many_descriptors(limits.max_descriptors));
         }
         let entries = fields(descriptor)
             .filter(|(f, v)| *f == 1 && v.is_some())
             .nth(limits.max_entries);
         if entries.is_some() {
-            return Err(ApiError::invalid(
-                "too_many_entries",
-                format!(
-                    "descriptors[{descriptors}] has more than the maximum {} entries",
-                    limits.max_entries
-                ),
-            ));
+            return Err(ApiError::too_many_entries(descriptors, limits.max_entries));
         }
         descriptors += 1;
     }

@@ -148,23 +148,9 @@ impl<S> ConnService for S where
 /// `limits.shutdown_timeout`. Each connection is served by `make(peer)` (the client's address,
 /// when known: [`with_connect_info`] gives it to handlers as axum's `ConnectInfo`), each request
 /// with its body as a [`TimedBody`]. Counts connections in `metrics`. The connections come from
-/// `accept_loop` (the cap, accept errors, the drain at shutdown).
+/// `accept_loop` (the cap, accept errors, the drain at shutdown), whose log lines name the
+/// listener `kind` (`HTTP` for the API's; `debug`, `envoy metrics`).
 pub async fn serve<M, S>(
-    listener: TcpListener,
-    make: M,
-    limits: ConnLimits,
-    metrics: Arc<ConnectionMetrics>,
-    shutdown: watch::Receiver<bool>,
-) where
-    M: Fn(Option<SocketAddr>) -> S + Send + Sync + 'static,
-    S: ConnService,
-{
-    serve_as("HTTP", listener, make, limits, metrics, shutdown).await;
-}
-
-/// [`serve`] for a listener named `kind` in the accept loop's log lines (`debug`, `envoy
-/// metrics`: other HTTP listeners than the API's).
-pub(crate) async fn serve_as<M, S>(
     kind: &'static str,
     listener: TcpListener,
     make: M,

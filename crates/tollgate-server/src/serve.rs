@@ -481,7 +481,7 @@ pub async fn serve(
     let envoy_stats = spawn_envoy_stats(&state, &envoy.stats, prometheus, limits, &rx);
     let debug = debug_listener.as_ref().and_then(|l| l.local_addr().ok());
     let debug_task = debug_listener.map(|listener| {
-        tokio::spawn(listener::serve_as(
+        tokio::spawn(listener::serve(
             "debug",
             listener,
             listener::with_connect_info(crate::envoy::debug::router(state.clone())),
@@ -515,14 +515,25 @@ pub async fn serve(
     let mut http_task = match http {
         // No HTTP listener: a task that ends at shutdown stands in for it.
         None => tokio::spawn(wait_for_shutdown(rx.clone())),
-        Some(http) if crate::http::trace_wanted() => {
-            let service = listener::with_connect_info(api.router());
-            tokio::spawn(listener::serve(http, service, limits, counters, rx.clone()))
-        }
+        // The two services are of two types: a call each.
+        Some(http) if crate::http::trace_wanted() => tokio::spawn(listener::serve(
+            "HTTP",
+            http,
+            listener::with_connect_info(api.router()),
+            limits,
+            counters,
+            rx.clone(),
+        )),
         Some(http) => {
             let api = api.service();
-            let service = move |peer| api.with_peer(peer);
-            tokio::spawn(listener::serve(http, service, limits, counters, rx.clone()))
+            tokio::spawn(listener::serve(
+                "HTTP",
+                http,
+                move |peer| api.with_peer(peer),
+                limits,
+                counters,
+                rx.clone(),
+            ))
         }
     };
     // The listener only ends once shutdown is requested (it may see that first).

@@ -115,20 +115,8 @@ enum Over {
 impl Over {
     fn error(self, limits: &RequestLimits) -> ApiError {
         match self {
-            Over::Descriptors => ApiError::invalid(
-                "too_many_descriptors",
-                format!(
-                    "more than the maximum {} descriptors",
-                    limits.max_descriptors
-                ),
-            ),
-            Over::Entries(i) => ApiError::invalid(
-                "too_many_entries",
-                format!(
-                    "descriptors[{i}] has more than the maximum {} entries",
-                    limits.max_entries
-                ),
-            ),
+            Over::Descriptors => ApiError::too_many_descriptors(limits.max_descriptors),
+            Over::Entries(i) => ApiError::too_many_entries(i, limits.max_entries),
             Over::Unread => ApiError::invalid(
                 "invalid_request",
                 format!(
@@ -704,109 +692,81 @@ fn next<'de, A: MapAccess<'de>, S: Shape<'de>>(
     map.next_value_seed(Slot(shape))
 }
 
-/// The request object.
-#[derive(Debug, Default, PartialEq)]
-struct RawBody {
-    domain: Got<Scalar>,
-    hits: Got<Scalar>,
-    hits_camel: Got<Scalar>,
-    descriptors: Got<Vec<Got<RawDescriptor>>>,
+/// Declares one kind of request object: a struct of [`Got`] fields and its [`Object`] impl, which
+/// reads each field from its key with the shape given (`|b|` names the read's [`Bounds`]).
+/// `KEYS` lists the keys in the order of the fields.
+macro_rules! raw_object {
+    ($(#[$doc:meta])* $name:ident |$b:ident| {
+        $($field:ident: $ty:ty = $key:literal => $shape:expr,)+
+    }) => {
+        $(#[$doc])*
+        #[derive(Debug, Default, PartialEq)]
+        struct $name {
+            $($field: Got<$ty>,)+
+        }
+
+        impl Object for $name {
+            const KEYS: &'static [&'static str] = &[$($key),+];
+
+            fn read<'de, A: MapAccess<'de>>(
+                &mut self,
+                key: usize,
+                map: &mut A,
+                $b: Bounds<'_>,
+            ) -> Result<(), A::Error> {
+                // The fields by their index in `KEYS`: the comparisons are of constants.
+                #[allow(non_camel_case_types)]
+                enum Field {
+                    $($field),+
+                }
+                $(
+                    if key == Field::$field as usize {
+                        self.$field = next(map, $shape)?;
+                    } else
+                )+ {
+                    // `KeyIndex` gives indices into `KEYS` only.
+                }
+                Ok(())
+            }
+        }
+    };
 }
 
-impl Object for RawBody {
-    const KEYS: &'static [&'static str] = &["domain", "hits_addend", "hitsAddend", "descriptors"];
-
-    fn read<'de, A: MapAccess<'de>>(
-        &mut self,
-        key: usize,
-        map: &mut A,
-        b: Bounds<'_>,
-    ) -> Result<(), A::Error> {
-        match key {
-            0 => self.domain = next(map, Leaf(b))?,
-            1 => self.hits = next(map, Leaf(b))?,
-            2 => self.hits_camel = next(map, Leaf(b))?,
-            _ => self.descriptors = next(map, b.list(b.descriptors, Over::Descriptors))?,
-        }
-        Ok(())
+raw_object! {
+    /// The request object.
+    RawBody |b| {
+        domain: Scalar = "domain" => Leaf(b),
+        hits: Scalar = "hits_addend" => Leaf(b),
+        hits_camel: Scalar = "hitsAddend" => Leaf(b),
+        descriptors: Vec<Got<RawDescriptor>> = "descriptors"
+            => b.list(b.descriptors, Over::Descriptors),
     }
 }
 
-/// One element of `descriptors`.
-#[derive(Debug, Default, PartialEq)]
-struct RawDescriptor {
-    entries: Got<Vec<Got<RawEntry>>>,
-    hits: Got<Scalar>,
-    hits_camel: Got<Scalar>,
-    limit: Got<RawLimit>,
-}
-
-impl Object for RawDescriptor {
-    const KEYS: &'static [&'static str] = &["entries", "hits_addend", "hitsAddend", "limit"];
-
-    fn read<'de, A: MapAccess<'de>>(
-        &mut self,
-        key: usize,
-        map: &mut A,
-        b: Bounds<'_>,
-    ) -> Result<(), A::Error> {
-        match key {
-            0 => self.entries = next(map, b.list(b.entries, Over::Entries(usize::MAX)))?,
-            1 => self.hits = next(map, Leaf(b))?,
-            2 => self.hits_camel = next(map, Leaf(b))?,
-            _ => self.limit = next(map, Fields(PhantomData, b))?,
-        }
-        Ok(())
+raw_object! {
+    /// One element of `descriptors`.
+    RawDescriptor |b| {
+        entries: Vec<Got<RawEntry>> = "entries" => b.list(b.entries, Over::Entries(usize::MAX)),
+        hits: Scalar = "hits_addend" => Leaf(b),
+        hits_camel: Scalar = "hitsAddend" => Leaf(b),
+        limit: RawLimit = "limit" => Fields(PhantomData, b),
     }
 }
 
-/// One element of a descriptor's `entries`.
-#[derive(Debug, Default, PartialEq)]
-struct RawEntry {
-    key: Got<Scalar>,
-    value: Got<Scalar>,
-}
-
-impl Object for RawEntry {
-    const KEYS: &'static [&'static str] = &["key", "value"];
-
-    fn read<'de, A: MapAccess<'de>>(
-        &mut self,
-        key: usize,
-        map: &mut A,
-        b: Bounds<'_>,
-    ) -> Result<(), A::Error> {
-        match key {
-            0 => self.key = next(map, Leaf(b))?,
-            _ => self.value = next(map, Leaf(b))?,
-        }
-        Ok(())
+raw_object! {
+    /// One element of a descriptor's `entries`.
+    RawEntry |b| {
+        key: Scalar = "key" => Leaf(b),
+        value: Scalar = "value" => Leaf(b),
     }
 }
 
-/// A descriptor's `limit`.
-#[derive(Debug, Default, PartialEq)]
-struct RawLimit {
-    requests_per_unit: Got<Scalar>,
-    requests_per_unit_camel: Got<Scalar>,
-    unit: Got<Scalar>,
-}
-
-impl Object for RawLimit {
-    const KEYS: &'static [&'static str] = &["requests_per_unit", "requestsPerUnit", "unit"];
-
-    fn read<'de, A: MapAccess<'de>>(
-        &mut self,
-        key: usize,
-        map: &mut A,
-        b: Bounds<'_>,
-    ) -> Result<(), A::Error> {
-        match key {
-            0 => self.requests_per_unit = next(map, Leaf(b))?,
-            1 => self.requests_per_unit_camel = next(map, Leaf(b))?,
-            _ => self.unit = next(map, Leaf(b))?,
-        }
-        Ok(())
+raw_object! {
+    /// A descriptor's `limit`.
+    RawLimit |b| {
+        requests_per_unit: Scalar = "requests_per_unit" => Leaf(b),
+        requests_per_unit_camel: Scalar = "requestsPerUnit" => Leaf(b),
+        unit: Scalar = "unit" => Leaf(b),
     }
 }
 

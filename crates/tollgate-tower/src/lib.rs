@@ -170,5 +170,5 @@ pub use clock::TokioClock;
 pub use key::Key;
 #[cfg(feature = "remote")]
 pub use remote::Remote;
-pub use service::{RateLimit, RateLimitLayer, ResponseBody, ResponseFuture};
+pub use service::{LimitableService, RateLimit, RateLimitLayer, ResponseBody, ResponseFuture};
 pub use tollgate_core::{Algorithm, HeaderFamilies, Quota, RuleSet, Unit};

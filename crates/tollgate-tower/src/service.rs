@@ -156,11 +156,25 @@ impl<F, B, E> fmt::Debug for ResponseFuture<F, B, E> {
     }
 }
 
-impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S>
+/// A service [`RateLimit`] can wrap: one of HTTP requests, cloneable, whose future and error
+/// may move to another task (a request that waits first is served from a future of its own,
+/// which owns a clone of the service). Implemented for every such service.
+pub trait LimitableService<ReqBody>:
+    Service<Request<ReqBody>, Future: Send + 'static, Error: Send + 'static> + Clone + Send + 'static
+{
+}
+
+impl<S, ReqBody> LimitableService<ReqBody> for S
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S: Service<Request<ReqBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
+{
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S>
+where
+    S: LimitableService<ReqBody, Response = Response<ResBody>>,
     ReqBody: Send + 'static,
     ResBody: ResponseBody + Send + 'static,
 {
@@ -206,9 +220,7 @@ impl<S> RateLimit<S> {
         prepared: Later,
     ) -> ResponseFuture<S::Future, ResBody, S::Error>
     where
-        S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
-        S::Future: Send + 'static,
-        S::Error: Send + 'static,
+        S: LimitableService<ReqBody, Response = Response<ResBody>>,
         ReqBody: Send + 'static,
         ResBody: ResponseBody + Send + 'static,
     {

@@ -23,39 +23,32 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Check rule files; print each error as file:line:column and exit 1 if any.
+    #[command(mut_arg("store", |a| a.help(
+        "The store the rules are meant for (as `serve --store`): with a Redis URL the limits a \
+         Redis store cannot serve (e.g. `count_min_sketch`) are errors. Nothing is connected"
+    )))]
     Validate {
         /// A rules file or a directory of them.
         path: PathBuf,
-        /// The store the rules are meant for (as `serve --store`): with a Redis URL the limits
-        /// a Redis store cannot serve (e.g. `count_min_sketch`) are errors. Nothing is
-        /// connected.
-        #[arg(
-            long,
-            env = "TOLLGATE_STORE",
-            hide_env_values = true,
-            default_value = "memory"
-        )]
-        store: String,
+        #[command(flatten)]
+        store: StoreArg,
     },
     /// Replay a trace on a manual clock and print one decision per line (CSV).
     ///
     /// Input lines: `t_ms,domain,descriptor,hits` where descriptor is `k=v` or `k=v;k2=v2`;
     /// `#` starts a comment. Output header:
     /// `t_ms,domain,descriptor,hits,allowed,remaining,retry_after_ms,reset_after_ms,delay_ms`.
+    #[command(mut_arg("store", |a| a.help(
+        "Where counters live: `memory`, or `redis://...` (also `rediss://`, `redis+cluster://`): \
+         the trace is replayed on Redis with the trace's clock, under a throwaway key prefix \
+         deleted afterwards"
+    )))]
     Simulate {
         /// Rules file or directory.
         #[arg(long, env = "TOLLGATE_RULES", default_value = crate::simulate::DEFAULT_RULES)]
         rules: PathBuf,
-        /// Where counters live: `memory`, or `redis://...` (also `rediss://`,
-        /// `redis+cluster://`): the trace is replayed on Redis with the trace's clock, under a
-        /// throwaway key prefix deleted afterwards.
-        #[arg(
-            long,
-            env = "TOLLGATE_STORE",
-            hide_env_values = true,
-            default_value = "memory"
-        )]
-        store: String,
+        #[command(flatten)]
+        store: StoreArg,
         /// Trace file; standard input when absent or `-`.
         #[arg(long)]
         input: Option<PathBuf>,
@@ -136,17 +129,8 @@ pub struct ServeArgs {
     /// --profile envoy: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY).
     #[arg(long, env = "TOLLGATE_RULES")]
     rules: Option<PathBuf>,
-    /// Where counters live: `memory`, `redis://[user:pass@]host:port[/db]`, `rediss://...` (TLS),
-    /// `redis+cluster://h1:p1,h2:p2` (`rediss+cluster://` for TLS),
-    /// `redis+sentinel://[user:pass@]s1:p1,s2:p2/MASTER[/db][?sentinel_user=u&sentinel_pass=p]`
-    /// (`rediss+sentinel://` for TLS) or `redis+unix:///path/to.sock[?user=u&pass=p]`.
-    #[arg(
-        long,
-        env = "TOLLGATE_STORE",
-        hide_env_values = true,
-        default_value = "memory"
-    )]
-    store: String,
+    #[command(flatten)]
+    store: StoreArg,
     /// Redis: a call slower than this (milliseconds) counts toward opening the breaker; the
     /// request waits for the answer up to 1 s more unless the breaker opens.
     #[arg(long, env = "TOLLGATE_REDIS_TIMEOUT_MS", default_value_t = 50)]
@@ -201,18 +185,15 @@ pub struct ServeArgs {
     reload_interval_ms: u64,
     /// HTTP: a client must send a complete request head within this (from connecting, or from
     /// the first byte of the next request on a kept-alive connection), else it is dropped.
-    #[arg(long, env = "TOLLGATE_HEADER_READ_TIMEOUT", default_value = "10s",
-          value_parser = positive_duration)]
-    header_read_timeout: Duration,
+    #[arg(long, env = "TOLLGATE_HEADER_READ_TIMEOUT", default_value = "10s")]
+    header_read_timeout: PositiveDuration,
     /// HTTP: a request body must arrive within this once the head is in, else 408 and the
     /// connection is closed.
-    #[arg(long, env = "TOLLGATE_BODY_READ_TIMEOUT", default_value = "10s",
-          value_parser = positive_duration)]
-    body_read_timeout: Duration,
+    #[arg(long, env = "TOLLGATE_BODY_READ_TIMEOUT", default_value = "10s")]
+    body_read_timeout: PositiveDuration,
     /// HTTP: a connection with no request in flight for this long is closed.
-    #[arg(long, env = "TOLLGATE_IDLE_TIMEOUT", default_value = "60s",
-          value_parser = positive_duration)]
-    idle_timeout: Duration,
+    #[arg(long, env = "TOLLGATE_IDLE_TIMEOUT", default_value = "60s")]
+    idle_timeout: PositiveDuration,
     /// envoy's debug port (`/rlconfig`, `/stats`): as --http-addr. Default: off (under
     /// --profile envoy: DEBUG_HOST:DEBUG_PORT, 0.0.0.0:6070 unless set).
     #[arg(long, env = "TOLLGATE_DEBUG_ADDR", value_parser = listen_addr)]
@@ -225,9 +206,8 @@ pub struct ServeArgs {
     max_connections: Option<u64>,
     /// On SIGTERM/SIGINT: how long in-flight requests may take to finish before the remaining
     /// connections are dropped and the process exits.
-    #[arg(long, env = "TOLLGATE_SHUTDOWN_TIMEOUT", default_value = "10s",
-          value_parser = positive_duration)]
-    shutdown_timeout: Duration,
+    #[arg(long, env = "TOLLGATE_SHUTDOWN_TIMEOUT", default_value = "10s")]
+    shutdown_timeout: PositiveDuration,
     /// Proxies (comma-separated addresses or CIDR blocks, e.g. `127.0.0.1/32,10.0.0.0/8`) whose
     /// `X-Forwarded-For` / `X-Real-IP` give the client address; empty trusts none. A forward-auth
     /// gateway must be listed.
@@ -246,6 +226,22 @@ pub struct ServeArgs {
     /// the flags above fill in what it has no variable for.
     #[arg(long, env = "TOLLGATE_PROFILE", value_enum)]
     profile: Option<crate::serve::Profile>,
+}
+
+/// `--store` of `serve`, `simulate` and `validate` (the last two with help of their own).
+#[derive(Debug, clap::Args)]
+struct StoreArg {
+    /// Where counters live: `memory`, `redis://[user:pass@]host:port[/db]`, `rediss://...` (TLS),
+    /// `redis+cluster://h1:p1,h2:p2` (`rediss+cluster://` for TLS),
+    /// `redis+sentinel://[user:pass@]s1:p1,s2:p2/MASTER[/db][?sentinel_user=u&sentinel_pass=p]`
+    /// (`rediss+sentinel://` for TLS) or `redis+unix:///path/to.sock[?user=u&pass=p]`.
+    #[arg(
+        long,
+        env = "TOLLGATE_STORE",
+        hide_env_values = true,
+        default_value = "memory"
+    )]
+    store: String,
 }
 
 /// `tollgate serve` flags of what rules mean and how counters are kept (envoyproxy/ratelimit
@@ -274,9 +270,8 @@ struct CountingArgs {
     redis_key_layout: tollgate_redis::KeyLayout,
     /// Redis, envoy key layout: a random extra of up to this on each counter's expiry (like
     /// EXPIRATION_JITTER_MAX_SECONDS), e.g. `300s`.
-    #[arg(long, env = "TOLLGATE_REDIS_EXPIRATION_JITTER", default_value = "0s",
-          value_parser = crate::bench::parse_duration)]
-    redis_expiration_jitter: Duration,
+    #[arg(long, env = "TOLLGATE_REDIS_EXPIRATION_JITTER", default_value = "0s")]
+    redis_expiration_jitter: AnyDuration,
 }
 
 /// `tollgate serve` flags of the rule registry (`/v1/domains`; see docs/registry.md).
@@ -336,34 +331,31 @@ struct GrpcArgs {
           value_parser = clap::value_parser!(u32).range(1..))]
     grpc_max_header_list_bytes: u32,
     /// gRPC: interval of HTTP/2 keepalive PINGs (`0s`: none).
-    #[arg(long, env = "TOLLGATE_GRPC_KEEPALIVE_INTERVAL", default_value = "60s",
-          value_parser = crate::bench::parse_duration)]
-    grpc_keepalive_interval: Duration,
+    #[arg(long, env = "TOLLGATE_GRPC_KEEPALIVE_INTERVAL", default_value = "60s")]
+    grpc_keepalive_interval: AnyDuration,
     /// gRPC: a keepalive PING not answered within this closes the connection.
-    #[arg(long, env = "TOLLGATE_GRPC_KEEPALIVE_TIMEOUT", default_value = "20s",
-          value_parser = positive_duration)]
-    grpc_keepalive_timeout: Duration,
+    #[arg(long, env = "TOLLGATE_GRPC_KEEPALIVE_TIMEOUT", default_value = "20s")]
+    grpc_keepalive_timeout: PositiveDuration,
     /// gRPC: a connection older than this gets GOAWAY, so clients reconnect and rebalance
     /// (`0s`: never).
-    #[arg(long, env = "TOLLGATE_GRPC_MAX_CONNECTION_AGE", default_value = "24h",
-          value_parser = crate::bench::parse_duration)]
-    grpc_max_connection_age: Duration,
+    #[arg(long, env = "TOLLGATE_GRPC_MAX_CONNECTION_AGE", default_value = "24h")]
+    grpc_max_connection_age: AnyDuration,
     /// gRPC: how long calls may still run past the connection's age before it is closed.
-    #[arg(long, env = "TOLLGATE_GRPC_MAX_CONNECTION_AGE_GRACE", default_value = "1h",
-          value_parser = crate::bench::parse_duration)]
-    grpc_max_connection_age_grace: Duration,
+    #[arg(
+        long,
+        env = "TOLLGATE_GRPC_MAX_CONNECTION_AGE_GRACE",
+        default_value = "1h"
+    )]
+    grpc_max_connection_age_grace: AnyDuration,
     /// gRPC: a call not answered within this (request body included) gets DEADLINE_EXCEEDED.
-    #[arg(long, env = "TOLLGATE_GRPC_REQUEST_TIMEOUT", default_value = "10s",
-          value_parser = positive_duration)]
-    grpc_request_timeout: Duration,
+    #[arg(long, env = "TOLLGATE_GRPC_REQUEST_TIMEOUT", default_value = "10s")]
+    grpc_request_timeout: PositiveDuration,
     /// gRPC: a connection that has not sent the HTTP/2 preface within this is closed.
-    #[arg(long, env = "TOLLGATE_GRPC_HANDSHAKE_TIMEOUT", default_value = "10s",
-          value_parser = positive_duration)]
-    grpc_handshake_timeout: Duration,
+    #[arg(long, env = "TOLLGATE_GRPC_HANDSHAKE_TIMEOUT", default_value = "10s")]
+    grpc_handshake_timeout: PositiveDuration,
     /// gRPC: how `ShouldRateLimit` is served: `inline` (answered inside the connection's poll,
     /// writes coalesced; the fast path) or `plain` (tonic's ordinary path, a task per call).
-    #[arg(long, env = "TOLLGATE_GRPC_ENGINE", default_value = "inline",
-          value_parser = str::parse::<tollgate_server::grpc::GrpcEngine>)]
+    #[arg(long, env = "TOLLGATE_GRPC_ENGINE", default_value = "inline")]
     grpc_engine: tollgate_server::grpc::GrpcEngine,
     /// gRPC: serve TLS (ALPN h2) with this certificate chain (PEM file); needs --grpc-tls-key.
     /// Read at start. (envoy: GRPC_SERVER_USE_TLS, GRPC_SERVER_TLS_CERT.)
@@ -419,12 +411,12 @@ impl GrpcArgs {
         GrpcLimits {
             max_concurrent_streams: self.grpc_max_concurrent_streams,
             max_header_list_bytes: self.grpc_max_header_list_bytes,
-            keepalive_interval: self.grpc_keepalive_interval,
-            keepalive_timeout: self.grpc_keepalive_timeout,
-            max_connection_age: self.grpc_max_connection_age,
-            max_connection_age_grace: self.grpc_max_connection_age_grace,
-            request_timeout: self.grpc_request_timeout,
-            handshake_timeout: self.grpc_handshake_timeout,
+            keepalive_interval: self.grpc_keepalive_interval.0,
+            keepalive_timeout: self.grpc_keepalive_timeout.0,
+            max_connection_age: self.grpc_max_connection_age.0,
+            max_connection_age_grace: self.grpc_max_connection_age_grace.0,
+            request_timeout: self.grpc_request_timeout.0,
+            handshake_timeout: self.grpc_handshake_timeout.0,
             engine: self.grpc_engine,
             ..GrpcLimits::default()
         }
@@ -465,15 +457,34 @@ fn listen_addr(text: &str) -> Result<ListenAddr, String> {
         .ok_or_else(|| format!("'{text}' resolves to no address"))
 }
 
-/// A duration such as `10s`, `500ms` or `2m`, not zero.
-pub(crate) fn positive_duration(text: &str) -> Result<Duration, String> {
-    let d = crate::bench::parse_duration(text)?;
-    if d.is_zero() {
-        return Err(format!(
-            "'{text}' is zero: use a positive duration such as 10s"
-        ));
+/// A duration flag such as `10s`, `500ms`, `2m` or `0s` ([`crate::bench::parse_duration`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AnyDuration(pub(crate) Duration);
+
+impl std::str::FromStr for AnyDuration {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        crate::bench::parse_duration(text).map(AnyDuration)
     }
-    Ok(d)
+}
+
+/// A duration flag as [`AnyDuration`], not zero.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PositiveDuration(pub(crate) Duration);
+
+impl std::str::FromStr for PositiveDuration {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let AnyDuration(d) = text.parse()?;
+        if d.is_zero() {
+            return Err(format!(
+                "'{text}' is zero: use a positive duration such as 10s"
+            ));
+        }
+        Ok(PositiveDuration(d))
+    }
 }
 
 /// One `--trusted-proxies` item: an address block, or nothing for an empty item (so that
@@ -539,7 +550,7 @@ impl ServeArgs {
         c.rules.default_algorithm = self.counting.default_algorithm;
         c.rules.count_denied_hits = self.counting.count_denied_hits;
         c.rules.sync_default = self.counting.sync_default;
-        c.store.url = self.store.clone();
+        c.store.url = self.store.store.clone();
         c.store.timeout = Duration::from_millis(self.redis_timeout_ms);
         if let Some(prefix) = &self.redis_prefix {
             c.store.prefix = prefix.clone();
@@ -555,15 +566,15 @@ impl ServeArgs {
         c.store.per_second_timeout = self.redis_per_second_timeout_ms.map(Duration::from_millis);
         c.store.max_keys = self.max_keys;
         c.store.key_layout = self.counting.redis_key_layout;
-        c.store.expiration_jitter = self.counting.redis_expiration_jitter;
-        c.connections.header_read_timeout = self.header_read_timeout;
-        c.connections.body_read_timeout = self.body_read_timeout;
-        c.connections.idle_timeout = self.idle_timeout;
+        c.store.expiration_jitter = self.counting.redis_expiration_jitter.0;
+        c.connections.header_read_timeout = self.header_read_timeout.0;
+        c.connections.body_read_timeout = self.body_read_timeout.0;
+        c.connections.idle_timeout = self.idle_timeout.0;
         if let Some(n) = self.max_connections {
             c.connections.max_connections = usize::try_from(n).unwrap_or(usize::MAX);
             c.connections.max_connections_chosen = true;
         }
-        c.connections.shutdown_timeout = self.shutdown_timeout;
+        c.connections.shutdown_timeout = self.shutdown_timeout.0;
         c.response_headers = self.response_headers;
         c.limits = RequestLimits {
             max_body_bytes: self.max_body_bytes,
@@ -583,12 +594,12 @@ impl ServeArgs {
 /// Run the parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Validate { path, store } => Ok(crate::validate::run(&path, &store)),
+        Command::Validate { path, store } => Ok(crate::validate::run(&path, &store.store)),
         Command::Simulate {
             rules,
             store,
             input,
-        } => crate::simulate::run(&rules, &store, input.as_deref()),
+        } => crate::simulate::run(&rules, &store.store, input.as_deref()),
         Command::Serve(args) => {
             let native = crate::serve::NativeListeners {
                 grpc_tls: args.grpc.tls()?,

@@ -2,8 +2,8 @@
 //! Prometheus page with its metric names), kept apart from `cli.rs` so the surface stays small
 //! there. See `tollgate_server::envoy::stats`.
 
+use crate::cli::PositiveDuration;
 use std::net::SocketAddr;
-use std::time::Duration;
 use tollgate_server::envoy::stats::{
     parse_extra_tags, EnvoyStats, PrometheusSettings, StatsdProtocol, StatsdSettings,
 };
@@ -12,8 +12,12 @@ use tollgate_server::envoy::stats::{
 #[derive(Debug, Clone)]
 struct Tags(Vec<(String, String)>);
 
-fn tags(text: &str) -> Result<Tags, String> {
-    parse_extra_tags(text).map(Tags)
+impl std::str::FromStr for Tags {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        parse_extra_tags(text).map(Tags)
+    }
 }
 
 /// Envoy-named stats flags.
@@ -27,12 +31,10 @@ pub struct StatsArgs {
     #[arg(long, env = "TOLLGATE_STATSD_PROTOCOL", default_value = "udp")]
     statsd_protocol: StatsdProtocol,
     /// How often counters are sent to statsd (their increase since the previous flush).
-    #[arg(long, env = "TOLLGATE_STATSD_FLUSH_INTERVAL", default_value = "10s",
-          value_parser = crate::cli::positive_duration)]
-    statsd_flush_interval: Duration,
+    #[arg(long, env = "TOLLGATE_STATSD_FLUSH_INTERVAL", default_value = "10s")]
+    statsd_flush_interval: PositiveDuration,
     /// Tags appended to every statsd name as envoyproxy/ratelimit's `EXTRA_TAGS` (`k1:v1,k2:v2`).
-    #[arg(long, env = "TOLLGATE_STATSD_TAGS", default_value = "",
-          value_parser = tags)]
+    #[arg(long, env = "TOLLGATE_STATSD_TAGS", default_value = "")]
     statsd_tags: Tags,
     /// Serve envoyproxy/ratelimit's Prometheus metric names (`ratelimit_service_rate_limit_*`)
     /// on this address (a listener of its own, besides tollgate's `/metrics`).
@@ -65,7 +67,7 @@ impl StatsArgs {
                         .to_string(),
                     port,
                     protocol: self.statsd_protocol,
-                    flush_interval: self.statsd_flush_interval,
+                    flush_interval: self.statsd_flush_interval.0,
                     tags: self.statsd_tags.0.clone(),
                 })
             }

@@ -119,6 +119,20 @@ pub struct Limit {
     pub line: usize,
 }
 
+/// `with_*` builder methods that each set the field their argument is named after:
+/// `with_x(x: T) => value;` is `fn with_x(mut self, x: T) -> Self`, setting `self.x = value`.
+macro_rules! with {
+    ($($(#[$doc:meta])* $method:ident($field:ident: $ty:ty) => $value:expr;)+) => {
+        $(
+            $(#[$doc])*
+            pub fn $method(mut self, $field: $ty) -> Self {
+                self.$field = $value;
+                self
+            }
+        )+
+    };
+}
+
 impl Limit {
     /// The limit `id` of `domain` with `quota` (`None`: `unlimited: true`), every option off:
     /// no name, message, `replaces` or metadata, not in shadow or quota mode, stats key the
@@ -147,52 +161,23 @@ impl Limit {
         }
     }
 
-    /// With `rate_limit.name` set ([`Limit::name`]).
-    pub fn with_name(mut self, name: impl Into<String>) -> Self {
-        self.name = Some(name.into());
-        self
-    }
-
-    /// With `message` set ([`Limit::message`]).
-    pub fn with_message(mut self, message: impl Into<String>) -> Self {
-        self.message = Some(message.into());
-        self
-    }
-
-    /// With `shadow_mode` set ([`Limit::shadow_mode`]).
-    pub fn with_shadow_mode(mut self, on: bool) -> Self {
-        self.shadow_mode = on;
-        self
-    }
-
-    /// With `quota_mode` set ([`Limit::quota_mode`]).
-    pub fn with_quota_mode(mut self, on: bool) -> Self {
-        self.quota_mode = on;
-        self
-    }
-
-    /// With the names it replaces ([`Limit::replaces`]).
-    pub fn with_replaces(mut self, names: Vec<String>) -> Self {
-        self.replaces = names;
-        self
-    }
-
-    /// With `metadata` set ([`Limit::metadata`]).
-    pub fn with_metadata(mut self, metadata: BTreeMap<String, MetaValue>) -> Self {
-        self.metadata = Some(metadata);
-        self
-    }
-
-    /// With [`Limit::count_denied_hits`] set.
-    pub fn with_count_denied_hits(mut self, on: bool) -> Self {
-        self.count_denied_hits = on;
-        self
-    }
-
-    /// With its stats key ([`Limit::stats`]).
-    pub fn with_stats(mut self, stats: StatsKey) -> Self {
-        self.stats = stats;
-        self
+    with! {
+        /// With `rate_limit.name` set ([`Limit::name`]).
+        with_name(name: impl Into<String>) => Some(name.into());
+        /// With `message` set ([`Limit::message`]).
+        with_message(message: impl Into<String>) => Some(message.into());
+        /// With `shadow_mode` set ([`Limit::shadow_mode`]).
+        with_shadow_mode(shadow_mode: bool) => shadow_mode;
+        /// With `quota_mode` set ([`Limit::quota_mode`]).
+        with_quota_mode(quota_mode: bool) => quota_mode;
+        /// With the names it replaces ([`Limit::replaces`]).
+        with_replaces(replaces: Vec<String>) => replaces;
+        /// With `metadata` set ([`Limit::metadata`]).
+        with_metadata(metadata: BTreeMap<String, MetaValue>) => Some(metadata);
+        /// With [`Limit::count_denied_hits`] set.
+        with_count_denied_hits(count_denied_hits: bool) => count_denied_hits;
+        /// With its stats key ([`Limit::stats`]).
+        with_stats(stats: StatsKey) => stats;
     }
 
     /// Defined at `line` (1-based; 0 when not in a file) of `file` ([`Limit::file`]).

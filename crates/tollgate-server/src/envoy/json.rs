@@ -48,7 +48,7 @@ async fn healthcheck(health: Arc<Health>) -> Response {
 async fn envoy_json(state: HttpState, mode: Option<Arc<EnvoyMode>>, req: Request) -> Response {
     let result = async {
         // Any content type: envoyproxy/ratelimit's clients (`curl --data`) send none or a form type.
-        let body = read_body(&state, req, false).await?;
+        let body = read_body(&state, req, state.limits().max_body_bytes).await?;
         parse_request_within(&body, Dialect::ProtoJson, state.limits())
     }
     .await;

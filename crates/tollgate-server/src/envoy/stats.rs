@@ -630,7 +630,7 @@ pub(crate) async fn run_prometheus(
     // Counted apart from the API's listener (its numbers are not on any page, as the debug
     // port's).
     let metrics = std::sync::Arc::new(crate::metrics::ConnectionMetrics::default());
-    crate::listener::serve_as(
+    crate::listener::serve(
         "envoy metrics",
         listener,
         crate::listener::with_connect_info(app),

@@ -277,27 +277,10 @@ async fn method_not_allowed() -> Response {
     ApiError::MethodNotAllowed.into_response()
 }
 
-/// Read the body, enforcing the size limit and (when `strict_type`) the JSON content type. A
-/// body that times out ([`BodyTimedOut`], also a `Content-Length` that promises more than is
-/// sent) is a 408.
+/// Read the body, refused past `limit` bytes (a `Content-Length` over it before any is read),
+/// whatever its content type (see [`check_content_type`]). A body that times out
+/// ([`BodyTimedOut`], also a `Content-Length` that promises more than is sent) is a 408.
 pub(crate) async fn read_body<B>(
-    state: &AppState,
-    req: Request<B>,
-    strict_type: bool,
-) -> Result<Bytes, ApiError>
-where
-    B: HttpBody<Data = Bytes>,
-    B::Error: Into<axum::BoxError>,
-{
-    if strict_type {
-        check_content_type(req.headers())?;
-    }
-    read_body_limited(state, req, state.limits().max_body_bytes).await
-}
-
-/// [`read_body`] up to `limit` bytes, whatever the content type (the registry has its own
-/// limit and types).
-pub(crate) async fn read_body_limited<B>(
     state: &AppState,
     req: Request<B>,
     limit: usize,
@@ -434,7 +417,8 @@ where
     B::Error: Into<axum::BoxError>,
 {
     let result = async {
-        let body = read_body(&state, req, true).await?;
+        check_content_type(req.headers())?;
+        let body = read_body(&state, req, state.limits().max_body_bytes).await?;
         parse_request_within(&body, Dialect::Native, state.limits())
     }
     .await;

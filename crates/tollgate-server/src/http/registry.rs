@@ -326,7 +326,7 @@ async fn put_domain(State(state): State<HttpState>, call: DomainCall, req: Reque
         let expect = expectation(req.headers())?;
         let dry = dry_run(req.uri().query())?;
         let who = caller(&state, &req);
-        let body = super::read_body_limited(&state, req, registry.config().max_body_bytes).await?;
+        let body = super::read_body(&state, req, registry.config().max_body_bytes).await?;
         let text = std::str::from_utf8(&body)
             .map_err(|e| RegistryError::InvalidBody(format!("the body is not UTF-8: {e}")))?;
         let outcome = registry

@@ -889,37 +889,46 @@ impl Registry {
         use std::fmt::Write as _;
         let snapshot = self.snapshot();
         let c = &self.counters;
-        let _ = write!(
-            out,
-            "# HELP tollgate_registry_changes_total Registry changes made through this instance, by action.\n\
-             # TYPE tollgate_registry_changes_total counter\n\
-             tollgate_registry_changes_total{{action=\"put\"}} {}\n\
-             tollgate_registry_changes_total{{action=\"delete\"}} {}\n\
-             # HELP tollgate_registry_domains Domains in the registry as last applied.\n\
-             # TYPE tollgate_registry_domains gauge\n\
-             tollgate_registry_domains {}\n\
-             # HELP tollgate_registry_revision The registry's revision as last applied.\n\
-             # TYPE tollgate_registry_revision gauge\n\
-             tollgate_registry_revision {}\n",
-            c.puts.load(Relaxed),
-            c.deletes.load(Relaxed),
-            snapshot.domains.len(),
-            snapshot.revision,
-        );
+        let mut families = vec![
+            (
+                ("tollgate_registry_changes_total", "counter"),
+                "Registry changes made through this instance, by action.",
+                vec![
+                    ("{action=\"put\"}", c.puts.load(Relaxed)),
+                    ("{action=\"delete\"}", c.deletes.load(Relaxed)),
+                ],
+            ),
+            (
+                ("tollgate_registry_domains", "gauge"),
+                "Domains in the registry as last applied.",
+                vec![("", snapshot.domains.len() as u64)],
+            ),
+            (
+                ("tollgate_registry_revision", "gauge"),
+                "The registry's revision as last applied.",
+                vec![("", snapshot.revision)],
+            ),
+        ];
         if let Backing::Redis { .. } = self.backing {
-            let _ = write!(
-                out,
-                "# HELP tollgate_registry_syncs_total Reads of the registry from Redis, by result.\n\
-                 # TYPE tollgate_registry_syncs_total counter\n\
-                 tollgate_registry_syncs_total{{result=\"ok\"}} {}\n\
-                 tollgate_registry_syncs_total{{result=\"failure\"}} {}\n\
-                 # HELP tollgate_registry_restores_total Times this instance wrote the registry back into a Redis that had lost changes.\n\
-                 # TYPE tollgate_registry_restores_total counter\n\
-                 tollgate_registry_restores_total {}\n",
-                c.syncs_ok.load(Relaxed),
-                c.syncs_failed.load(Relaxed),
-                c.restores.load(Relaxed),
-            );
+            families.push((
+                ("tollgate_registry_syncs_total", "counter"),
+                "Reads of the registry from Redis, by result.",
+                vec![
+                    ("{result=\"ok\"}", c.syncs_ok.load(Relaxed)),
+                    ("{result=\"failure\"}", c.syncs_failed.load(Relaxed)),
+                ],
+            ));
+            families.push((
+                ("tollgate_registry_restores_total", "counter"),
+                "Times this instance wrote the registry back into a Redis that had lost changes.",
+                vec![("", c.restores.load(Relaxed))],
+            ));
+        }
+        for ((name, kind), help, rows) in families {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (labels, n) in rows {
+                let _ = writeln!(out, "{name}{labels} {n}");
+            }
         }
     }
 }
