@@ -149,6 +149,20 @@ impl NativeListeners {
     }
 }
 
+/// Whether the service runs on tokio's current-thread runtime rather than the multi-thread one:
+/// when the process may use one CPU only (`cpus`, what `available_parallelism` says: the affinity
+/// mask, a container's CPU quota), unless `TOKIO_WORKER_THREADS` (tokio's own setting) asks for
+/// workers. On one CPU the multi-thread runtime would have one worker anyway, beside the main
+/// thread blocked in `block_on`; every task it runs and every time it parks goes through its
+/// work-stealing bookkeeping (atomics, the idle and searching states, the LIFO slot). The
+/// current-thread runtime runs the same tasks, timers and sockets on the main thread without
+/// it, as single-threaded gRPC servers do. Blocking work (the rules watcher's file reads and
+/// reloads) still goes to tokio's blocking pool, and nothing in the service blocks a task on
+/// another one, so the tasks need no second thread to make progress.
+fn one_thread(cpus: usize, workers_set: bool) -> bool {
+    cpus <= 1 && !workers_set
+}
+
 /// Run the service until SIGTERM or SIGINT; exit 0 after a graceful shutdown.
 pub fn run(
     config: ServeConfig,
@@ -160,10 +174,27 @@ pub fn run(
 }
 
 fn serve_until_signal(config: ServeConfig, envoy: EnvoyConfig) -> anyhow::Result<ExitCode> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("tollgate")
-        .build()?;
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let workers_set = std::env::var_os("TOKIO_WORKER_THREADS").is_some();
+    let single = one_thread(cpus, workers_set);
+    let runtime = if single {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    }
+    .enable_all()
+    .thread_name("tollgate")
+    .build()?;
+    let workers = runtime.metrics().num_workers();
+    tracing::info!(
+        runtime = if single {
+            "current-thread"
+        } else {
+            "multi-thread"
+        },
+        workers,
+        "runtime"
+    );
     runtime.block_on(async {
         // Inside the runtime: the signal handlers are installed before anything is bound.
         let shutdown = shutdown_signal();
@@ -180,4 +211,20 @@ fn serve_until_signal(config: ServeConfig, envoy: EnvoyConfig) -> anyhow::Result
         .await
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_thread;
+
+    #[test]
+    fn one_cpu_runs_on_the_current_thread_unless_workers_are_asked_for() {
+        assert!(one_thread(1, false));
+        assert!(
+            !one_thread(1, true),
+            "TOKIO_WORKER_THREADS keeps the multi-thread runtime"
+        );
+        assert!(!one_thread(2, false));
+        assert!(!one_thread(64, true));
+    }
 }

@@ -6,6 +6,8 @@ mod support;
 
 use serde_json::Value;
 use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
 use support::{temp_dir, tollgate, RefusedPort, Server};
 
 /// `tollgate bench TARGET --duration 2s --json ARGS`, parsed and checked for consistency.
@@ -136,4 +138,68 @@ fn bench_reports_an_unreachable_target_as_an_error() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Confined to one CPU (as a container with a CPU limit of 1 is), the service runs on tokio's
+/// current-thread runtime: it answers HTTP and gRPC side by side, reloads its rules on SIGHUP (a
+/// task on the blocking pool) and stops gracefully on SIGTERM, as on the multi-thread runtime.
+#[test]
+fn serve_confined_to_one_cpu_answers_reloads_and_stops() {
+    if Command::new("taskset").arg("-V").output().is_err() {
+        eprintln!("skipped: no taskset");
+        return;
+    }
+    let rules = rules_file();
+    let mut server = Server::launch_under(
+        &["taskset", "-c", "0"],
+        &[
+            "serve",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--rules",
+            rules.to_str().unwrap(),
+        ],
+        &[],
+        &support::repo(),
+        "bench-smoke-one-cpu",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    server.wait_for_log("runtime=\"current-thread\"");
+    let http = format!("http://{}", server.addr("HTTP http://"));
+    let grpc = format!("grpc://{}", server.addr("gRPC "));
+    let workload = [
+        "--domain",
+        "bench",
+        "--descriptor",
+        "user=u{key}",
+        "--keys",
+        "5",
+    ];
+    // Both listeners at once, on the one thread.
+    let (h, g) = std::thread::scope(|s| {
+        let h = s.spawn(|| bench(&http, &workload));
+        let g = s.spawn(|| bench(&grpc, &workload));
+        (h.join().unwrap(), g.join().unwrap())
+    });
+    assert_eq!(
+        h["allowed"].as_u64().unwrap() + g["allowed"].as_u64().unwrap(),
+        50,
+        "{h}\n{g}"
+    );
+    let status = Command::new("kill")
+        .args(["-HUP", &server.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    server.wait_for_log("SIGHUP: reloading rules");
+    server.wait_for_log("rules reloaded");
+    server.terminate();
+    assert!(
+        server.wait(Duration::from_secs(20)).success(),
+        "{}",
+        server.stderr()
+    );
+    std::fs::remove_dir_all(rules.parent().unwrap()).unwrap();
 }
