@@ -6,7 +6,9 @@
 //! Every step and clamp takes `(state, now, cost, quota)`, in that order (a clamp has no cost).
 
 pub use crate::algorithm::count_min::Sketch;
-pub use crate::algorithm::envoy_fixed_window::window_secs as envoy_window_secs;
+pub use crate::algorithm::envoy_fixed_window::{
+    window as envoy_window, window_secs as envoy_window_secs,
+};
 pub use crate::algorithm::fixed_window::Window;
 pub use crate::algorithm::sliding_counter::Counter;
 pub use crate::algorithm::sliding_log::Log;

@@ -83,19 +83,55 @@ async fn run(
     secs: f64,
     bench: bool,
 ) -> (f64, f64) {
+    let keys: Arc<Vec<String>> =
+        Arc::new((0..callers).map(|i| format!("bench|caller={i}")).collect());
+    let (store, quota) = (store.clone(), *quota);
+    drive(callers, secs, bench, move |i| {
+        let (store, keys) = (store.clone(), keys.clone());
+        async move {
+            let item = CheckItem::hit("bench", &keys[i], &quota);
+            store.check(None, &[item]).await.expect("bench check");
+        }
+    })
+    .await
+}
+
+/// Calls per second of `fcall` sent as it is by 64 tasks on one multiplexed connection.
+async fn ceiling(url: &str, fcall: redis::Cmd, secs: f64, bench: bool) -> f64 {
+    let con = redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let fcall = Arc::new(fcall);
+    drive(64, secs, bench, move |_| {
+        let (mut con, fcall) = (con.clone(), fcall.clone());
+        async move {
+            let _: Vec<u8> = fcall.query_async(&mut con).await.expect("ceiling FCALL");
+        }
+    })
+    .await
+    .0
+}
+
+/// Calls per second and mean latency of `callers` tasks, task `i` awaiting `call(i)` in a loop
+/// for `secs` (a few calls each when not `bench`: under `cargo test`).
+async fn drive<F, Fut>(callers: usize, secs: f64, bench: bool, call: F) -> (f64, f64)
+where
+    F: Fn(usize) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let per_task_cap = if bench { u64::MAX } else { 20 };
     let start = Instant::now();
     let tasks: Vec<_> = (0..callers)
         .map(|i| {
-            let (store, stop, done, quota) = (store.clone(), stop.clone(), done.clone(), *quota);
+            let (stop, done, call) = (stop.clone(), done.clone(), call.clone());
             tokio::spawn(async move {
-                let key = format!("bench|caller={i}");
                 let mut n = 0;
                 while !stop.load(Ordering::Relaxed) && n < per_task_cap {
-                    let item = CheckItem::hit("bench", &key, &quota);
-                    store.check(None, &[item]).await.expect("bench check");
+                    call(i).await;
                     n += 1;
                 }
                 done.fetch_add(n, Ordering::Relaxed);
@@ -112,39 +148,4 @@ async fn run(
     let elapsed = start.elapsed().as_secs_f64();
     let n = done.load(Ordering::Relaxed) as f64;
     (n / elapsed, elapsed * callers as f64 / n.max(1.0))
-}
-
-/// Calls per second of `fcall` sent as it is by 64 tasks on one multiplexed connection.
-async fn ceiling(url: &str, fcall: redis::Cmd, secs: f64, bench: bool) -> f64 {
-    let con = redis::Client::open(url)
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicU64::new(0));
-    let per_task_cap = if bench { u64::MAX } else { 20 };
-    let start = Instant::now();
-    let tasks: Vec<_> = (0..64)
-        .map(|_| {
-            let (mut con, stop, done, fcall) =
-                (con.clone(), stop.clone(), done.clone(), fcall.clone());
-            tokio::spawn(async move {
-                let mut n = 0;
-                while !stop.load(Ordering::Relaxed) && n < per_task_cap {
-                    let _: Vec<u8> = fcall.query_async(&mut con).await.expect("ceiling FCALL");
-                    n += 1;
-                }
-                done.fetch_add(n, Ordering::Relaxed);
-            })
-        })
-        .collect();
-    if bench {
-        tokio::time::sleep(Duration::from_secs_f64(secs)).await;
-        stop.store(true, Ordering::Relaxed);
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
 }

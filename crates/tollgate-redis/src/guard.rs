@@ -998,21 +998,13 @@ async fn probe(g: Weak<Guarded>) {
         }
         // Lease units this instance stopped spending go back for the others.
         if g.state() != BreakerState::Open {
-            let now = wall_now();
+            let now = crate::store::wall_micros();
             let returns = g.leases.take_returns(now, false);
             if !returns.is_empty() {
                 g.give_back(now, returns).await;
             }
         }
     }
-}
-
-/// The wall clock in microseconds since the epoch, for the probe task's lease sweep (requests
-/// bring their own time).
-fn wall_now() -> Micros {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as Micros)
 }
 
 /// A Redis Cluster's per-master breakers.

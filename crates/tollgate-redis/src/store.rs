@@ -830,9 +830,8 @@ impl RedisStore {
                 .uses_function()
                 .then(|| cmd("FCALL", &self.inner.function)),
             function: &self.inner.function,
-            evalsha: cmd("EVALSHA", self.script_sha()),
-            // Built only after NOSCRIPT: it carries the whole script source (tens of KB).
-            eval: &|| cmd("EVAL", script::SOURCE),
+            sha: self.script_sha(),
+            build: &cmd,
         };
         let v: Vec<u8> = self
             .bounded(bound, async {
@@ -1172,9 +1171,10 @@ impl RedisStore {
     }
 }
 
-/// The wall clock in microseconds since the epoch (envoy-layout counters are windowed on the
-/// instance's clock, as envoyproxy/ratelimit's are).
-fn wall_micros() -> Micros {
+/// The wall clock in microseconds since the epoch: the time of envoy-layout counters (windowed
+/// on the instance's clock, as envoyproxy/ratelimit's are) and of the guard's lease sweep
+/// (requests bring their own time).
+pub(crate) fn wall_micros() -> Micros {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as Micros)
@@ -1194,10 +1194,10 @@ impl RedisStore {
         items: &[CheckItem<'_>],
         keys: &[keys::CounterKeys],
     ) -> Result<Vec<Decision>, StoreError> {
-        use tollgate_core::internals::{step, State, Window};
+        use tollgate_core::internals::{envoy_window, step, State, Window};
         let mut pipe = redis::pipe();
         for (idx, (item, (base, _))) in items.iter().zip(keys).enumerate() {
-            let (start, _) = envoy_window(item.quota, now);
+            let (start, _) = envoy_window(item.quota.period(), now);
             let key = format!("{base}{}", start / 1_000_000);
             let cost = item.cost.min(keys::MAX_COST);
             if cost == 0 {
@@ -1230,7 +1230,7 @@ impl RedisStore {
             .iter()
             .zip(counts)
             .map(|(item, after)| {
-                let (start, _) = envoy_window(item.quota, now);
+                let (start, _) = envoy_window(item.quota.period(), now);
                 let cost = item.cost.min(keys::MAX_COST);
                 let before = after.unwrap_or(0).saturating_sub(cost);
                 let state = State::Window(Window {
@@ -1241,13 +1241,6 @@ impl RedisStore {
             })
             .collect())
     }
-}
-
-/// envoyproxy/ratelimit's window `[start, end)` of `quota` around `now`.
-fn envoy_window(quota: &tollgate_core::Quota, now: Micros) -> (Micros, Micros) {
-    let len = tollgate_core::internals::envoy_window_secs(quota.period()) * 1_000_000;
-    let start = now - now % len;
-    (start, start + len)
 }
 
 /// The single-server and Sentinel master connection's settings.
@@ -1265,8 +1258,11 @@ struct Calls<'a> {
     fcall: Option<redis::Cmd>,
     /// The function's name (its library has the same).
     function: &'a str,
-    evalsha: redis::Cmd,
-    eval: &'a (dyn Fn() -> redis::Cmd + Sync),
+    /// The script's SHA1 (what `EVALSHA` names).
+    sha: &'a str,
+    /// The command `name target` with the call's keys and arguments: the script's commands are
+    /// built only when the function cannot answer (`EVAL` carries the whole source, tens of KB).
+    build: &'a (dyn Fn(&str, &str) -> redis::Cmd + Sync),
 }
 
 /// Why a call did not answer.
@@ -1326,14 +1322,22 @@ impl Calls<'_> {
         }
     }
 
+    fn evalsha(&self) -> redis::Cmd {
+        (self.build)("EVALSHA", self.sha)
+    }
+
+    fn eval(&self) -> redis::Cmd {
+        (self.build)("EVAL", script::SOURCE)
+    }
+
     /// `evalsha`, or `eval` when the server does not know the script.
     async fn eval_or_load(
         &self,
         c: &mut impl redis::aio::ConnectionLike,
     ) -> Result<Vec<u8>, RedisError> {
-        match self.evalsha.query_async(c).await {
+        match self.evalsha().query_async(c).await {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                (self.eval)().query_async(c).await
+                self.eval().query_async(c).await
             }
             r => r,
         }
@@ -1361,7 +1365,7 @@ async fn cluster_call(c: &mut ClusterConnection, calls: &Calls<'_>) -> Result<Ve
             Err(Missing::Call(e))
                 if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Ask) =>
             {
-                return Ok(follow_ask(c, &e, &calls.evalsha, calls.eval).await?)
+                return Ok(follow_ask(c, &e, calls).await?)
             }
             Err(e) if !retried && redirected(&e, redis::ServerErrorKind::Moved) => retried = true,
             r => return r,
@@ -1379,8 +1383,7 @@ async fn cluster_call(c: &mut ClusterConnection, calls: &Calls<'_>) -> Result<Ve
 async fn follow_ask(
     c: &mut ClusterConnection,
     ask: &RedisError,
-    evalsha: &redis::Cmd,
-    eval: &(dyn Fn() -> redis::Cmd + Sync),
+    calls: &Calls<'_>,
 ) -> Result<Vec<u8>, RedisError> {
     use redis::cluster_routing::SingleNodeRoutingInfo;
     let Some((host, port)) = ask
@@ -1409,12 +1412,12 @@ async fn follow_ask(
         Ok(redis::from_redis_value(v.extract_error()?)?)
     };
     match c
-        .route_pipeline(asking(evalsha.clone()), 1, 1, route())
+        .route_pipeline(asking(calls.evalsha()), 1, 1, route())
         .await
         .and_then(once)
     {
         Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => c
-            .route_pipeline(asking(eval()), 1, 1, route())
+            .route_pipeline(asking(calls.eval()), 1, 1, route())
             .await
             .and_then(once),
         r => r,

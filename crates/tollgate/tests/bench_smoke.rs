@@ -59,6 +59,16 @@ fn rules_file() -> PathBuf {
     path
 }
 
+/// 5 keys of the rules file's 10 per hour (exact): at most 50 requests are allowed in all.
+const WORKLOAD: [&str; 6] = [
+    "--domain",
+    "bench",
+    "--descriptor",
+    "user=u{key}",
+    "--keys",
+    "5",
+];
+
 #[test]
 fn bench_against_serve_http_and_grpc_closed_and_open_loop() {
     let rules = rules_file();
@@ -79,18 +89,10 @@ fn bench_against_serve_http_and_grpc_closed_and_open_loop() {
     // 5 keys of 10 per hour (exact): at most 50 requests are allowed in all four runs together,
     // so any run beyond that must report denials (the generator reads the verdicts, it does not
     // only count answers).
-    let workload = [
-        "--domain",
-        "bench",
-        "--descriptor",
-        "user=u{key}",
-        "--keys",
-        "5",
-    ];
     let mut allowed_total = 0;
     for target in [&http, &grpc] {
         for open in [false, true] {
-            let mut args = workload.to_vec();
+            let mut args = WORKLOAD.to_vec();
             if open {
                 args.extend(["--rate", "200"]);
             }
@@ -169,18 +171,10 @@ fn serve_confined_to_one_cpu_answers_reloads_and_stops() {
     server.wait_for_log("runtime=\"current-thread\"");
     let http = format!("http://{}", server.addr("HTTP http://"));
     let grpc = format!("grpc://{}", server.addr("gRPC "));
-    let workload = [
-        "--domain",
-        "bench",
-        "--descriptor",
-        "user=u{key}",
-        "--keys",
-        "5",
-    ];
     // Both listeners at once, on the one thread.
     let (h, g) = std::thread::scope(|s| {
-        let h = s.spawn(|| bench(&http, &workload));
-        let g = s.spawn(|| bench(&grpc, &workload));
+        let h = s.spawn(|| bench(&http, &WORKLOAD));
+        let g = s.spawn(|| bench(&grpc, &WORKLOAD));
         (h.join().unwrap(), g.join().unwrap())
     });
     assert_eq!(

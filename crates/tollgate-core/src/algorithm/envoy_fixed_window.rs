@@ -47,7 +47,7 @@ pub fn window_secs(period: Period) -> u64 {
 
 /// The window `[start, end)` containing `now`: envoy's `now / divider * divider` on whole
 /// seconds (a window boundary is always a whole second, so this is the same on microseconds).
-pub(crate) fn window(period: Period, now: Micros) -> (Micros, Micros) {
+pub fn window(period: Period, now: Micros) -> (Micros, Micros) {
     let len = window_secs(period) * SECOND;
     let start = now - now % len;
     (start, start + len)
