@@ -310,7 +310,10 @@ impl Metrics {
 
     /// A reload finished.
     pub fn reload(&self, ok: bool) {
-        self.reload_failing.store(!ok, Relaxed);
+        // Release: a reader that sees this (Acquire, in `render`) sees the rules' limit rows
+        // stored before it by the swap.
+        self.reload_failing
+            .store(!ok, std::sync::atomic::Ordering::Release);
         if ok {
             self.reloads_ok.fetch_add(1, Relaxed);
         } else {
@@ -513,7 +516,7 @@ impl Metrics {
         let _ = writeln!(
             out,
             "# HELP tollgate_rules_last_reload_successful Whether the last reload of the rule files succeeded (0: the running rules are older than the files).\n# TYPE tollgate_rules_last_reload_successful gauge\ntollgate_rules_last_reload_successful {}",
-            u8::from(!self.reload_failing.load(Relaxed))
+            u8::from(!self.reload_failing.load(std::sync::atomic::Ordering::Acquire))
         );
         out.push_str(&self.limit_rows.read().unwrap_or_else(|e| e.into_inner()));
         ConnectionMetrics::render(
