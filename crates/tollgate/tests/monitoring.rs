@@ -282,6 +282,40 @@ fn every_alert_says_what_and_where_to_look() {
     assert!(alerts >= 6, "{alerts} alerts");
 }
 
+/// The dashboard imports into any Grafana: its one input is the Prometheus data source, which
+/// every panel, query and variable uses; panel ids are unique and panels fit the 24-column grid.
+#[test]
+fn the_dashboard_is_import_ready() {
+    let text = std::fs::read_to_string(kit_file("deploy/grafana/tollgate.json")).unwrap();
+    let dash: Value = serde_json::from_str(&text).unwrap();
+    let inputs = dash["__inputs"].as_array().unwrap();
+    assert_eq!(inputs.len(), 1);
+    assert_eq!(inputs[0]["name"], "DS_PROMETHEUS");
+    assert_eq!(inputs[0]["pluginId"], "prometheus");
+    let ds = serde_json::json!({"type": "prometheus", "uid": "${DS_PROMETHEUS}"});
+    let mut ids = BTreeSet::new();
+    for panel in dash["panels"].as_array().unwrap() {
+        assert!(ids.insert(panel["id"].as_u64().unwrap()), "{panel}");
+        let grid = &panel["gridPos"];
+        assert!(
+            grid["x"].as_u64().unwrap() + grid["w"].as_u64().unwrap() <= 24,
+            "{panel}"
+        );
+        if panel["type"] == "row" {
+            continue;
+        }
+        assert_eq!(panel["datasource"], ds, "{}", panel["title"]);
+        assert!(!panel["description"].as_str().unwrap().is_empty());
+        for target in panel["targets"].as_array().unwrap() {
+            assert_eq!(target["datasource"], ds, "{}", panel["title"]);
+        }
+    }
+    for var in dash["templating"]["list"].as_array().unwrap() {
+        assert_eq!(var["datasource"], ds, "{var}");
+    }
+    assert!(ids.len() >= 20, "{} panels", ids.len());
+}
+
 #[test]
 fn metric_names_are_read_out_of_expressions() {
     let names = metric_names(
