@@ -459,11 +459,16 @@ impl Prometheus {
                 .spawn()
                 .expect("spawn prometheus");
             if wait_listening(&mut child, port, "prometheus", &log, PROMETHEUS_HANG) {
-                Some(Prometheus {
+                let prometheus = Prometheus {
                     child,
                     base: format!("http://127.0.0.1:{port}"),
                     log: log.clone(),
-                })
+                };
+                // It listens before its storage is open (503 until then).
+                prometheus.wait_until("ready", |p| {
+                    try_http(&p.base, Method::GET, "/-/ready", None).is_ok_and(|r| r.status == 200)
+                });
+                Some(prometheus)
             } else {
                 let _ = child.wait();
                 None
@@ -521,7 +526,11 @@ fn a_real_prometheus_scrapes_the_limits_and_evaluates_the_kit() {
             .is_some_and(|t| t.iter().any(|t| t["health"] == "up"))
     });
     // Each rule's limit as configured, under the labels of its hit counters.
-    let limit = prometheus.query("tollgate_rule_limit{domain=\"kit\"}");
+    let query = "tollgate_rule_limit{domain=\"kit\"}";
+    prometheus.wait_until("limit series", |p| {
+        p.query(query).as_array().is_some_and(|r| !r.is_empty())
+    });
+    let limit = prometheus.query(query);
     let mut rows: Vec<(String, String)> = limit
         .as_array()
         .unwrap()
