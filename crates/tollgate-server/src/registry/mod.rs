@@ -570,6 +570,7 @@ impl Registry {
         );
         state.replace_rules(LoadedRules {
             counters: RuleSlots::new(&set),
+            stats: crate::stats::StatSlots::new(&set),
             set,
             hash: running.hash.clone(),
             generation,
@@ -677,6 +678,9 @@ impl Registry {
             }
         };
         self.counters.puts.fetch_add(1, Relaxed);
+        if let Some(v) = outcome.version {
+            state.stats().registry_changed(state.now(), "put", domain, v);
+        }
         tracing::info!(
             target: "tollgate::audit",
             action = "put",
@@ -730,6 +734,9 @@ impl Registry {
         };
         let old = current.unwrap_or(0);
         self.counters.deletes.fetch_add(1, Relaxed);
+        state
+            .stats()
+            .registry_changed(state.now(), "delete", domain, revision);
         tracing::info!(
             target: "tollgate::audit",
             action = "delete",
