@@ -419,6 +419,14 @@ impl Registry {
         self.token.is_some()
     }
 
+    /// Whether `token` is the admin token, compared in constant time (on SHA-256 digests);
+    /// `None` when no token is configured.
+    pub(crate) fn token_matches(&self, token: &[u8]) -> Option<bool> {
+        use subtle::ConstantTimeEq;
+        let expected = self.token.as_ref()?;
+        Some(bool::from(digest(token.trim_ascii()).ct_eq(expected)))
+    }
+
     /// Check a request's `Authorization` header value: the admin token as a bearer token.
     pub(crate) fn authorize(&self, authorization: Option<&[u8]>) -> Result<(), RegistryError> {
         let Some(expected) = &self.token else {
