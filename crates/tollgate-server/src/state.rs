@@ -208,6 +208,8 @@ impl AppStateBuilder {
         metrics.rules_loaded(&self.rules.set);
         let stats = Stats::default();
         stats.set_enabled(self.live_stats);
+        // The first load is the first entry of the reload ring.
+        stats.reloaded(self.clock.now(), self.rules.generation, &[]);
         AppState(Arc::new(Shared {
             rules: ArcSwap::from_pointee(self.rules),
             last_reload_error: Mutex::new(None),
