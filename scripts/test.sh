@@ -172,7 +172,7 @@ phase() { echo "== $* ($(date +%H:%M:%S), $((SECONDS - started)) s so far)"; }
 # compatibility imported by the composition root only, no transport in the service core.
 phase "architecture: the module graph (scripts/modgraph.py)"
 core_rules=()
-for m in model error metrics backend decision_log policy state check; do
+for m in model error metrics backend decision_log policy state check stats; do
   core_rules+=(--no-crate "tollgate-server:$m=axum,hyper,hyper_util,h2,tonic,tower,tower_http,tollgate_proto")
 done
 python3 scripts/modgraph.py --check --acyclic tollgate-core --acyclic tollgate-server --acyclic tollgate-redis \

@@ -22,7 +22,6 @@
 //! others are counted, not attributed); the event rings keep [`MAX_EVENTS`] entries.
 
 use crate::backend::Backend;
-use crate::state::AppState;
 use serde_json::{json, Value};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -163,7 +162,7 @@ struct RegistryEvent {
     version: u64,
 }
 
-/// The live statistics of one service instance ([`AppState::stats`]).
+/// The live statistics of one service instance (`AppState::stats`).
 #[derive(Debug)]
 pub struct Stats {
     enabled: AtomicBool,
@@ -342,14 +341,14 @@ impl Stats {
         );
     }
 
-    /// The report of `GET /v1/stats` at `now`.
-    pub fn report(&self, state: &AppState, now: Micros) -> Value {
-        let rules = state.rules();
+    /// The report of `GET /v1/stats` at `now`, for the rules `set` (of `generation`) and the
+    /// store `backend`.
+    pub fn report(&self, set: &RuleSet, generation: u64, backend: &Backend, now: Micros) -> Value {
         let sec = now / 1_000_000;
         let known = lock(&self.rules).clone();
         let mut listed: Vec<(u64, Value)> = Vec::new();
-        let total = rules.set.limits().count();
-        for limit in rules.set.limits() {
+        let total = set.limits().count();
+        for limit in set.limits() {
             let stats = known.get(&(limit.domain.clone(), limit.id.clone()));
             let (activity, value) = rule_report(limit, stats.map(|s| &**s), sec);
             listed.push((activity, value));
@@ -378,11 +377,11 @@ impl Stats {
             "window_secs": WINDOW_SECS,
             "epoch_secs": EPOCH_SECS,
             "sketch_capacity": SKETCH_CAPACITY,
-            "rules_generation": rules.generation,
+            "rules_generation": generation,
             "rules_total": total,
             "rules_listed": listed.len(),
             "rules": listed.into_iter().map(|(_, v)| v).collect::<Vec<_>>(),
-            "store": store_report(state.backend()),
+            "store": store_report(backend),
             "reloads": reloads,
             "registry_changes": changes,
         })

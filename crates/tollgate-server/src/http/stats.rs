@@ -166,7 +166,10 @@ async fn v1_stats(State(state): State<HttpState>, headers: HeaderMap) -> Respons
         return private(refusal.into_response());
     }
     let now = state.now();
-    let report = state.stats().report(&state, now);
+    let rules = state.rules();
+    let report = state
+        .stats()
+        .report(&rules.set, rules.generation, state.backend(), now);
     private(axum::Json(report).into_response())
 }
 
