@@ -116,8 +116,7 @@ impl RuleStats {
         let stamp = sec + 1;
         let seen = b.stamp.load(Relaxed);
         if seen < stamp
-            && b
-                .stamp
+            && b.stamp
                 .compare_exchange(seen, stamp, Relaxed, Relaxed)
                 .is_ok()
         {
@@ -322,14 +321,24 @@ impl Stats {
                 at,
                 ok: errors.is_empty(),
                 generation,
-                errors: errors.iter().take(5).map(|e| bounded_key(e.clone())).collect(),
+                errors: errors
+                    .iter()
+                    .take(5)
+                    .map(|e| bounded_key(e.clone()))
+                    .collect(),
             },
         );
     }
 
     /// A registry change was made (`version`: the domain's new version, or the registry
     /// revision of a deletion).
-    pub(crate) fn registry_changed(&self, at: Micros, action: &'static str, domain: &str, version: u64) {
+    pub(crate) fn registry_changed(
+        &self,
+        at: Micros,
+        action: &'static str,
+        domain: &str,
+        version: u64,
+    ) {
         push_bounded(
             &self.changes,
             RegistryEvent {
@@ -354,7 +363,7 @@ impl Stats {
             listed.push((activity, value));
         }
         // The busiest first (denials weigh most), then in file order.
-        listed.sort_by(|a, b| b.0.cmp(&a.0));
+        listed.sort_by_key(|b| std::cmp::Reverse(b.0));
         listed.truncate(MAX_LISTED_RULES);
         let ms = |at: Micros| at / 1000;
         let reloads: Vec<Value> = lock(&self.reloads)
@@ -782,7 +791,10 @@ mod tests {
         let long = "é".repeat(200);
         let k = key_of(&[("user".into(), long)]);
         assert!(k.len() <= MAX_KEY_BYTES && k.ends_with('…'));
-        assert_eq!(key_of(&[("a".into(), "1".into()), ("b".into(), "2".into())]), "a=1, b=2");
+        assert_eq!(
+            key_of(&[("a".into(), "1".into()), ("b".into(), "2".into())]),
+            "a=1, b=2"
+        );
     }
 
     #[test]

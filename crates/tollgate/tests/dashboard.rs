@@ -68,7 +68,11 @@ fn basic(password: &str) -> String {
     let plain = format!("admin:{password}").into_bytes();
     let mut out = String::new();
     for chunk in plain.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
         let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
         for i in 0..4 {
             if i <= chunk.len() {
@@ -103,7 +107,10 @@ fn wait_stats(base: &str, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
         if cond(&s) {
             return s;
         }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}: {s:#}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: {s:#}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -124,7 +131,8 @@ fn stats_and_dashboard_need_the_admin_token() {
         let none = get(base, path, None);
         assert_eq!(none.status, 401, "{path}: {}", none.body);
         assert!(
-            none.header("www-authenticate").is_some_and(|h| h.starts_with("Basic ")),
+            none.header("www-authenticate")
+                .is_some_and(|h| h.starts_with("Basic ")),
             "{path}: a browser must be asked for credentials: {:?}",
             none.headers
         );
@@ -142,7 +150,9 @@ fn stats_and_dashboard_need_the_admin_token() {
         }
     }
     let page = get(base, "/dashboard", Some(&basic(TOKEN)));
-    assert!(page.header("content-type").is_some_and(|t| t.starts_with("text/html")));
+    assert!(page
+        .header("content-type")
+        .is_some_and(|t| t.starts_with("text/html")));
     assert!(page.header("content-security-policy").is_some());
     assert!(page.body.contains("/v1/stats"));
 
@@ -155,7 +165,10 @@ fn stats_and_dashboard_need_the_admin_token() {
             let body: Value = serde_json::from_str(&r.body).expect("JSON error");
             assert_eq!(body["error"]["code"], "admin_token_not_configured");
             assert!(
-                body["error"]["message"].as_str().unwrap_or("").contains("--admin-token-file"),
+                body["error"]["message"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("--admin-token-file"),
                 "{body}"
             );
         }
@@ -192,7 +205,11 @@ fn stats_name_the_denied_client_and_counts_move() {
     assert_eq!(user["last_60s"]["allowed"], 4, "{user:#}");
     assert_eq!(user["last_60s"]["denied"], 4, "{user:#}");
     assert_eq!(user["busiest"]["recent"], 1.0);
-    assert_eq!(user["most_limited"].as_array().unwrap().len(), 1, "{user:#}");
+    assert_eq!(
+        user["most_limited"].as_array().unwrap().len(),
+        1,
+        "{user:#}"
+    );
     assert_eq!(user["most_limited"][0]["error"], 0);
     assert_eq!(user["limit"]["requests_per_unit"], 3);
     let per_second: u64 = user["per_second"]["denied"]
@@ -292,5 +309,8 @@ fn the_page_shows_the_most_limited_client_in_a_browser() {
         server.stderr()
     );
     assert!(stdout.contains("dashboard ok"), "{stdout}");
-    assert!(std::fs::metadata(&shot).is_ok_and(|m| m.len() > 0), "no screenshot");
+    assert!(
+        std::fs::metadata(&shot).is_ok_and(|m| m.len() > 0),
+        "no screenshot"
+    );
 }

@@ -70,9 +70,12 @@ impl IntoResponse for Refusal {
                 "wrong admin token",
                 true,
             ),
-            Refusal::Wrong { basic: false } => {
-                (StatusCode::FORBIDDEN, "forbidden", "wrong admin token", false)
-            }
+            Refusal::Wrong { basic: false } => (
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "wrong admin token",
+                false,
+            ),
         };
         let mut response = (status, axum::Json(error_body(code, message))).into_response();
         if challenge {
@@ -106,7 +109,10 @@ fn presented(headers: &HeaderMap) -> Option<(Vec<u8>, bool)> {
 
 /// Standard base64 (padding optional); `None` for anything else. Bounded by the header's size.
 fn decode_base64(text: &[u8]) -> Option<Vec<u8>> {
-    let text = text.strip_suffix(b"==").or_else(|| text.strip_suffix(b"=")).unwrap_or(text);
+    let text = text
+        .strip_suffix(b"==")
+        .or_else(|| text.strip_suffix(b"="))
+        .unwrap_or(text);
     let mut out = Vec::with_capacity(text.len() * 3 / 4);
     let (mut acc, mut bits) = (0u32, 0u32);
     for &c in text {
@@ -191,10 +197,9 @@ async fn dashboard(State(state): State<HttpState>, headers: HeaderMap) -> Respon
         header::CONTENT_SECURITY_POLICY,
         HeaderValue::from_static(DASHBOARD_CSP),
     );
-    response.headers_mut().insert(
-        header::X_FRAME_OPTIONS,
-        HeaderValue::from_static("DENY"),
-    );
+    response
+        .headers_mut()
+        .insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     private(response)
 }
 
@@ -210,15 +215,24 @@ mod tests {
 
     #[test]
     fn bearer_and_basic_credentials_are_read() {
-        assert_eq!(presented(&auth("Bearer s3cret")), Some((b"s3cret".to_vec(), false)));
-        assert_eq!(presented(&auth("bearer  s3cret ")), Some((b"s3cret".to_vec(), false)));
+        assert_eq!(
+            presented(&auth("Bearer s3cret")),
+            Some((b"s3cret".to_vec(), false))
+        );
+        assert_eq!(
+            presented(&auth("bearer  s3cret ")),
+            Some((b"s3cret".to_vec(), false))
+        );
         // `admin:s3cret`
         assert_eq!(
             presented(&auth("Basic YWRtaW46czNjcmV0")),
             Some((b"s3cret".to_vec(), true))
         );
         // `:a:b` (the password holds a colon), unpadded
-        assert_eq!(presented(&auth("basic OmE6Yg")), Some((b"a:b".to_vec(), true)));
+        assert_eq!(
+            presented(&auth("basic OmE6Yg")),
+            Some((b"a:b".to_vec(), true))
+        );
         assert_eq!(presented(&auth("Basic !!!")), None);
         assert_eq!(presented(&auth("Basic bm9jb2xvbg==")), None);
         assert_eq!(presented(&auth("Digest x")), None);
@@ -228,8 +242,18 @@ mod tests {
 
     #[test]
     fn base64_decodes_every_length() {
-        for (text, plain) in [("", ""), ("YQ==", "a"), ("YWI=", "ab"), ("YWJj", "abc"), ("YWJjZA", "abcd")] {
-            assert_eq!(decode_base64(text.as_bytes()).unwrap(), plain.as_bytes(), "{text}");
+        for (text, plain) in [
+            ("", ""),
+            ("YQ==", "a"),
+            ("YWI=", "ab"),
+            ("YWJj", "abc"),
+            ("YWJjZA", "abcd"),
+        ] {
+            assert_eq!(
+                decode_base64(text.as_bytes()).unwrap(),
+                plain.as_bytes(),
+                "{text}"
+            );
         }
     }
 }

@@ -687,7 +687,9 @@ impl Registry {
         };
         self.counters.puts.fetch_add(1, Relaxed);
         if let Some(v) = outcome.version {
-            state.stats().registry_changed(state.now(), "put", domain, v);
+            state
+                .stats()
+                .registry_changed(state.now(), "put", domain, v);
         }
         tracing::info!(
             target: "tollgate::audit",
