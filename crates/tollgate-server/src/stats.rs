@@ -45,6 +45,8 @@ pub const MAX_KEY_BYTES: usize = 128;
 pub const MAX_SKETCHED_RULES: usize = 256;
 /// Entries of each event ring (reloads, registry changes).
 pub const MAX_EVENTS: usize = 20;
+/// Longest reload error kept (five per reload).
+const MAX_ERROR_BYTES: usize = 512;
 /// Most rules listed by [`Stats::report`] (the busiest first).
 pub const MAX_LISTED_RULES: usize = 200;
 /// Clients listed per rule.
@@ -165,7 +167,8 @@ struct RegistryEvent {
 #[derive(Debug)]
 pub struct Stats {
     enabled: AtomicBool,
-    rules: Mutex<HashMap<(String, String), Arc<RuleStats>>>,
+    /// By rule id (unique in a rule set: it starts with the domain).
+    rules: Mutex<HashMap<String, Arc<RuleStats>>>,
     /// Sketches allocated (each gives its unit back when dropped).
     sketches: Arc<AtomicUsize>,
     reloads: Mutex<VecDeque<ReloadEvent>>,
@@ -197,9 +200,14 @@ fn push_bounded<T>(ring: &Mutex<VecDeque<T>>, item: T) {
 }
 
 /// `key` cut to [`MAX_KEY_BYTES`] at a character boundary.
-fn bounded_key(mut key: String) -> String {
-    if key.len() > MAX_KEY_BYTES {
-        let mut end = MAX_KEY_BYTES - '…'.len_utf8();
+fn bounded_key(key: String) -> String {
+    cut(key, MAX_KEY_BYTES)
+}
+
+/// `text` cut to `max` bytes at a character boundary, ending with `…` when cut.
+fn cut(mut key: String, max: usize) -> String {
+    if key.len() > max {
+        let mut end = max - '…'.len_utf8();
         while !key.is_char_boundary(end) {
             end -= 1;
         }
@@ -239,7 +247,7 @@ impl Stats {
 
     fn rule(&self, limit: &Limit) -> Arc<RuleStats> {
         lock(&self.rules)
-            .entry((limit.domain.clone(), limit.id.clone()))
+            .entry(limit.id.clone())
             .or_default()
             .clone()
     }
@@ -306,11 +314,8 @@ impl Stats {
         if rules.is_empty() {
             return;
         }
-        let live: std::collections::HashSet<(&str, &str)> = set
-            .limits()
-            .map(|l| (l.domain.as_str(), l.id.as_str()))
-            .collect();
-        rules.retain(|(d, id), _| live.contains(&(d.as_str(), id.as_str())));
+        let live: std::collections::HashSet<&str> = set.limits().map(|l| l.id.as_str()).collect();
+        rules.retain(|id, _| live.contains(id.as_str()));
     }
 
     /// A reload of the rule files ended (`errors` empty: it succeeded).
@@ -324,7 +329,7 @@ impl Stats {
                 errors: errors
                     .iter()
                     .take(5)
-                    .map(|e| bounded_key(e.clone()))
+                    .map(|e| cut(e.clone(), MAX_ERROR_BYTES))
                     .collect(),
             },
         );
@@ -354,17 +359,23 @@ impl Stats {
     /// store `backend`.
     pub fn report(&self, set: &RuleSet, generation: u64, backend: &Backend, now: Micros) -> Value {
         let sec = now / 1_000_000;
-        let known = lock(&self.rules).clone();
-        let mut listed: Vec<(u64, Value)> = Vec::new();
-        let total = set.limits().count();
-        for limit in set.limits() {
-            let stats = known.get(&(limit.domain.clone(), limit.id.clone()));
-            let (activity, value) = rule_report(limit, stats.map(|s| &**s), sec);
-            listed.push((activity, value));
-        }
-        // The busiest first (denials weigh most), then in file order.
-        listed.sort_by_key(|b| std::cmp::Reverse(b.0));
-        listed.truncate(MAX_LISTED_RULES);
+        let known = lock(&self.rules);
+        let mut order: Vec<(u64, &Limit, Option<Arc<RuleStats>>)> = set
+            .limits()
+            .map(|l| {
+                let stats = known.get(l.id.as_str()).cloned();
+                (activity(stats.as_deref(), sec), l, stats)
+            })
+            .collect();
+        drop(known);
+        let total = order.len();
+        // The busiest first (denials weigh most), then in file order (the sort is stable).
+        order.sort_by_key(|(a, _, _)| std::cmp::Reverse(*a));
+        order.truncate(MAX_LISTED_RULES);
+        let listed: Vec<Value> = order
+            .iter()
+            .map(|(_, limit, stats)| rule_report(limit, stats.as_deref(), sec))
+            .collect();
         let ms = |at: Micros| at / 1000;
         let reloads: Vec<Value> = lock(&self.reloads)
             .iter()
@@ -389,7 +400,7 @@ impl Stats {
             "rules_generation": generation,
             "rules_total": total,
             "rules_listed": listed.len(),
-            "rules": listed.into_iter().map(|(_, v)| v).collect::<Vec<_>>(),
+            "rules": listed,
             "store": store_report(backend),
             "reloads": reloads,
             "registry_changes": changes,
@@ -419,8 +430,26 @@ fn store_report(backend: &Backend) -> Value {
     v
 }
 
-/// One rule's report and how busy it was (for the order).
-fn rule_report(limit: &Limit, stats: Option<&RuleStats>, sec: u64) -> (u64, Value) {
+/// How busy a rule was over the window ending at `sec`, for the order of the report: denials
+/// weigh most.
+fn activity(stats: Option<&RuleStats>, sec: u64) -> u64 {
+    let Some(r) = stats else {
+        return 0;
+    };
+    let (mut denied, mut allowed) = (0u64, 0u64);
+    for s in (sec + 1 - WINDOW_SECS.min(sec + 1))..=sec {
+        if let Some(g) = r.ring[(s as usize) & (RING_SECS - 1)].get(s) {
+            denied = denied.saturating_add(g[1]).saturating_add(g[2]);
+            allowed = allowed.saturating_add(g[0]);
+        }
+    }
+    denied
+        .saturating_mul(1 << 20)
+        .saturating_add(allowed.min((1 << 20) - 1))
+}
+
+/// One rule's report.
+fn rule_report(limit: &Limit, stats: Option<&RuleStats>, sec: u64) -> Value {
     let mut series = [const { Vec::new() }; 3];
     let mut totals = [0u64; 4];
     let (mut peak_recent, mut peak_window) = (0u64, 0u64);
@@ -449,7 +478,7 @@ fn rule_report(limit: &Limit, stats: Option<&RuleStats>, sec: u64) -> (u64, Valu
                 .collect(),
         )
     };
-    let value = json!({
+    json!({
         "domain": limit.domain,
         "rule": limit.id,
         "name": limit.name,
@@ -478,12 +507,7 @@ fn rule_report(limit: &Limit, stats: Option<&RuleStats>, sec: u64) -> (u64, Valu
         "most_limited": top(stats.map(|s| &s.denied)),
         "would_be_denied": top(stats.map(|s| &s.shadow)),
         "untracked_denials": stats.map_or(0, |s| s.untracked.load(Relaxed)),
-    });
-    let activity = totals[1]
-        .saturating_add(totals[2])
-        .saturating_mul(1 << 20)
-        .saturating_add(totals[0]);
-    (activity, value)
+    })
 }
 
 /// The heavy hitters of the current and the previous epoch (of [`EPOCH_SECS`]).

@@ -314,3 +314,61 @@ fn the_page_shows_the_most_limited_client_in_a_browser() {
         "no screenshot"
     );
 }
+
+#[test]
+fn reloads_and_registry_changes_are_listed() {
+    let dir = temp_dir("dash-events");
+    let rules = dir.join("rules.yaml");
+    std::fs::write(&rules, RULES).unwrap();
+    let token = token_file(&dir);
+    let server = Server::start(
+        &[
+            "--http-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "off",
+            "--rules",
+            rules.to_str().unwrap(),
+            "--admin-token-file",
+            token.to_str().unwrap(),
+            "--reload-interval-ms",
+            "100",
+        ],
+        &dir,
+        "dash-events",
+    );
+    let base = &server.base;
+    let s = stats(base);
+    assert_eq!(s["reloads"][0]["ok"], true, "the start-up load: {s:#}");
+
+    std::fs::write(&rules, "domain: shop\ndescriptors: [{key: user, rate_limit: {unit: fortnight, requests_per_unit: 1}}]\n").unwrap();
+    let s = wait_stats(base, "the failed reload", |s| {
+        s["reloads"][0]["ok"] == false
+    });
+    let errors = s["reloads"][0]["errors"].as_array().unwrap();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.as_str().unwrap_or("").contains("fortnight")),
+        "{errors:?}"
+    );
+    std::fs::write(
+        &rules,
+        RULES.replace("requests_per_unit: 3", "requests_per_unit: 4"),
+    )
+    .unwrap();
+    wait_stats(base, "the good reload", |s| s["reloads"][0]["ok"] == true);
+
+    let r = support::registry::put(base, "reg", &support::registry::user_limit("reg", 5), None);
+    assert_eq!(r.status, 201, "{}", r.body);
+    let s = stats(base);
+    let change = &s["registry_changes"][0];
+    assert_eq!(change["action"], "put", "{s:#}");
+    assert_eq!(change["domain"], "reg");
+    assert_eq!(change["version"], 1);
+    assert!(s["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| r["domain"] == "reg"));
+}
