@@ -8,7 +8,7 @@ use crate::error::ApiError;
 use crate::metrics::LimitCounters;
 use crate::model::{CheckRequest, CheckResponse, Code, DescriptorStatus, HeaderValues, LimitInfo};
 use crate::state::{AppState, LoadedRules, RequestLimits};
-use crate::stats::{key_of, Seen};
+use crate::stats::{write_key, Seen};
 use std::sync::Arc;
 use std::time::Instant;
 use tollgate_core::limiter::{Overrides, Plan, Status};
@@ -449,7 +449,7 @@ fn record(
             seen,
             used_permille(decision),
             near,
-            || key_of(&desc.entries),
+            |buf| write_key(buf, &desc.entries),
         );
     }
     let c = if !limit.stats.is_static() {

@@ -132,7 +132,7 @@ impl RuleStats {
     }
 }
 
-/// One [`RuleStats`] per limit of a loaded rule set, by the limit's position, each filled on
+/// One rule statistics record per limit of a loaded rule set, by the limit's position, each filled on
 /// the rule's first decision from [`Stats`]' map (so the figures survive reloads). The
 /// `Default` (no slots) is valid: nothing is then recorded.
 #[derive(Debug, Default)]
@@ -199,27 +199,27 @@ fn push_bounded<T>(ring: &Mutex<VecDeque<T>>, item: T) {
     r.push_back(item);
 }
 
-/// `key` cut to [`MAX_KEY_BYTES`] at a character boundary.
-fn bounded_key(key: String) -> String {
-    cut(key, MAX_KEY_BYTES)
+/// `text` cut to `max` bytes at a character boundary, ending with `…` when cut.
+fn cut(mut text: String, max: usize) -> String {
+    cut_in_place(&mut text, max);
+    text
 }
 
-/// `text` cut to `max` bytes at a character boundary, ending with `…` when cut.
-fn cut(mut key: String, max: usize) -> String {
-    if key.len() > max {
+fn cut_in_place(text: &mut String, max: usize) {
+    if text.len() > max {
         let mut end = max - '…'.len_utf8();
-        while !key.is_char_boundary(end) {
+        while !text.is_char_boundary(end) {
             end -= 1;
         }
-        key.truncate(end);
-        key.push('…');
+        text.truncate(end);
+        text.push('…');
     }
-    key
 }
 
-/// A descriptor's entries as a client key: `key=value` pairs joined by `, `.
-pub(crate) fn key_of(entries: &[(String, String)]) -> String {
-    let mut key = String::new();
+/// Write a descriptor's entries as a client key into `key` (emptied first): `key=value` pairs
+/// joined by `, `, cut at [`MAX_KEY_BYTES`].
+pub(crate) fn write_key(key: &mut String, entries: &[(String, String)]) {
+    key.clear();
     for (i, (k, v)) in entries.iter().enumerate() {
         if i > 0 {
             key.push_str(", ");
@@ -231,7 +231,13 @@ pub(crate) fn key_of(entries: &[(String, String)]) -> String {
             break;
         }
     }
-    bounded_key(key)
+    cut_in_place(key, MAX_KEY_BYTES);
+}
+
+thread_local! {
+    /// The key of a denial is written here: a key the sketch already holds (a client that keeps
+    /// being denied) costs no allocation.
+    static KEY: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
 }
 
 impl Stats {
@@ -254,7 +260,8 @@ impl Stats {
 
     /// Record one decision of `limit` (a rule of `set`, whose slots are `slots`) at `now`: how
     /// it went, the counter's used/limit fraction in thousandths, whether it was near the limit.
-    /// `key` is called on denials only. A limit given with the request (no slot) is not
+    /// `key` (which writes the client key into the buffer it is given) is called on denials
+    /// only. A limit given with the request (no slot) is not
     /// recorded.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn record(
@@ -266,7 +273,7 @@ impl Stats {
         seen: Seen,
         permille: u32,
         near: bool,
-        key: impl FnOnce() -> String,
+        key: impl FnOnce(&mut String),
     ) {
         let Some(slot) = set.index_of(limit).and_then(|i| slots.0.get(i)) else {
             return;
@@ -304,7 +311,10 @@ impl Stats {
             *hitters = Some(Hitters::new(self.sketches.clone()));
         }
         if let Some(h) = hitters.as_mut() {
-            h.offer(sec, key(), 1);
+            KEY.with_borrow_mut(|buf| {
+                key(buf);
+                h.offer(sec, buf, 1);
+            });
         }
     }
 
@@ -536,7 +546,7 @@ impl Hitters {
         }
     }
 
-    fn offer(&mut self, sec: u64, key: String, n: u64) {
+    fn offer(&mut self, sec: u64, key: &str, n: u64) {
         let epoch = sec / EPOCH_SECS;
         if epoch != self.epoch {
             let old = std::mem::replace(&mut self.current, SpaceSaving::new(SKETCH_CAPACITY));
@@ -796,9 +806,9 @@ mod tests {
         let budget = Arc::new(AtomicUsize::new(1));
         let mut h = Hitters::new(budget.clone());
         let t0 = 10 * EPOCH_SECS;
-        h.offer(t0, "old".into(), 3);
-        h.offer(t0 + EPOCH_SECS, "new".into(), 1);
-        h.offer(t0 + EPOCH_SECS, "old".into(), 1);
+        h.offer(t0, "old", 3);
+        h.offer(t0 + EPOCH_SECS, "new", 1);
+        h.offer(t0 + EPOCH_SECS, "old", 1);
         assert_eq!(
             h.top(t0 + EPOCH_SECS, 5),
             vec![("old".to_string(), 4, 0), ("new".to_string(), 1, 0)]
@@ -808,6 +818,12 @@ mod tests {
         assert!(h.top(t0 + 3 * EPOCH_SECS, 5).is_empty());
         drop(h);
         assert_eq!(budget.load(Relaxed), 0);
+    }
+
+    fn key_of(entries: &[(String, String)]) -> String {
+        let mut key = String::from("left over");
+        write_key(&mut key, entries);
+        key
     }
 
     #[test]
