@@ -47,35 +47,31 @@ enum Refusal {
     Wrong { basic: bool },
 }
 
+impl Refusal {
+    /// The error code (also the label counted in `tollgate_request_errors_total`).
+    fn code(&self) -> &'static str {
+        match self {
+            Refusal::NotConfigured => "admin_token_not_configured",
+            Refusal::Missing => "unauthenticated",
+            Refusal::Wrong { .. } => "forbidden",
+        }
+    }
+}
+
 impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
-        let (status, code, message, challenge) = match self {
-            Refusal::NotConfigured => (
-                StatusCode::FORBIDDEN,
-                "admin_token_not_configured",
-                NOT_CONFIGURED,
-                false,
-            ),
+        let code = self.code();
+        let (status, message, challenge) = match self {
+            Refusal::NotConfigured => (StatusCode::FORBIDDEN, NOT_CONFIGURED, false),
             Refusal::Missing => (
                 StatusCode::UNAUTHORIZED,
-                "unauthenticated",
                 "missing admin token: send `Authorization: Bearer <token>` (or the token as the \
                  HTTP Basic password)",
                 true,
             ),
             // A browser asks again for a wrong Basic password; a bearer caller is told no.
-            Refusal::Wrong { basic: true } => (
-                StatusCode::UNAUTHORIZED,
-                "forbidden",
-                "wrong admin token",
-                true,
-            ),
-            Refusal::Wrong { basic: false } => (
-                StatusCode::FORBIDDEN,
-                "forbidden",
-                "wrong admin token",
-                false,
-            ),
+            Refusal::Wrong { basic: true } => (StatusCode::UNAUTHORIZED, "wrong admin token", true),
+            Refusal::Wrong { basic: false } => (StatusCode::FORBIDDEN, "wrong admin token", false),
         };
         let mut response = (status, axum::Json(error_body(code, message))).into_response();
         if challenge {
@@ -168,7 +164,7 @@ fn private(mut response: Response) -> Response {
 /// `GET /v1/stats`.
 async fn v1_stats(State(state): State<HttpState>, headers: HeaderMap) -> Response {
     if let Err(refusal) = admin(&state, &headers) {
-        state.metrics().error("unauthenticated");
+        state.metrics().error(refusal.code());
         return private(refusal.into_response());
     }
     // Off the request path, one at a time with the other admin work: a report walks every rule.
@@ -192,7 +188,7 @@ async fn v1_stats(State(state): State<HttpState>, headers: HeaderMap) -> Respons
 /// `GET /dashboard`.
 async fn dashboard(State(state): State<HttpState>, headers: HeaderMap) -> Response {
     if let Err(refusal) = admin(&state, &headers) {
-        state.metrics().error("unauthenticated");
+        state.metrics().error(refusal.code());
         return private(refusal.into_response());
     }
     let mut response = (
