@@ -67,6 +67,9 @@ need_cmd fish fish
 need_cmd groff groff-base
 need_cmd man man-db
 need_cmd git git
+# The dashboard's browser test (crates/tollgate/tests/dashboard.rs) drives headless Chromium.
+need_cmd chromium chromium
+need_cmd chromedriver chromium-driver
 if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
   echo "scripts/test.sh: no Redis on 127.0.0.1:6379, starting one for the tests"
   redis_dir=$(mktemp -d)
@@ -89,6 +92,22 @@ venv_tool() {
   "$dir/bin/pip" install -q "$spec" || die "pip install $name failed ($why needs it)"
   "$dir/bin/$name" --version >/dev/null 2>&1 || die "$name still missing in $dir after installing it"
 }
+
+# venv_lib DIR SPEC MODULE WHY: venv_tool for a library (no command): the PyPI package SPEC in a
+# venv in DIR, made here when its python cannot import MODULE; WHY names the test that needs it.
+venv_lib() {
+  local dir=$1 spec=$2 module=$3 why=$4
+  "$dir/bin/python" -c "import $module" >/dev/null 2>&1 && return 0
+  echo "scripts/test.sh: installing $spec into $dir"
+  new_venv "$dir"
+  "$dir/bin/pip" install -q "$spec" || die "pip install $spec failed ($why needs it)"
+  "$dir/bin/python" -c "import $module" >/dev/null 2>&1 || die "$module still missing in $dir after installing it"
+}
+
+# Selenium: the dashboard's browser test (crates/tollgate/tests/dashboard.rs) runs a script
+# with this python.
+venv_lib target/selenium 'selenium>=4.20,<5' selenium "the dashboard browser test"
+export TOLLGATE_TEST_SELENIUM_PYTHON="$PWD/target/selenium/bin/python"
 
 # schemathesis: the OpenAPI fuzz test (crates/tollgate/tests/contract.rs) runs it.
 venv_tool target/schemathesis 'schemathesis>=4.32,<5' "the OpenAPI fuzz test"
@@ -157,7 +176,7 @@ phase() { echo "== $* ($(date +%H:%M:%S), $((SECONDS - started)) s so far)"; }
 # compatibility imported by the composition root only, no transport in the service core.
 phase "architecture: the module graph (scripts/modgraph.py)"
 core_rules=()
-for m in model error metrics backend decision_log policy state check; do
+for m in model error metrics backend decision_log policy state check stats; do
   core_rules+=(--no-crate "tollgate-server:$m=axum,hyper,hyper_util,h2,tonic,tower,tower_http,tollgate_proto")
 done
 python3 scripts/modgraph.py --check --acyclic tollgate-core --acyclic tollgate-server --acyclic tollgate-redis \

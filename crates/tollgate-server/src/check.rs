@@ -8,6 +8,7 @@ use crate::error::ApiError;
 use crate::metrics::LimitCounters;
 use crate::model::{CheckRequest, CheckResponse, Code, DescriptorStatus, HeaderValues, LimitInfo};
 use crate::state::{AppState, LoadedRules, RequestLimits};
+use crate::stats::{write_key, Seen};
 use std::sync::Arc;
 use std::time::Instant;
 use tollgate_core::limiter::{Overrides, Plan, Status};
@@ -297,7 +298,7 @@ fn conclude(
                     let blocks = status.blocks();
                     let shadowed = status.shadowed();
                     let never = blocks && decision.never_passes();
-                    record(state, rules, &req.domain, limit, desc, cost, status, allowed, from_cache);
+                    record(state, rules, &req.domain, limit, desc, cost, status, allowed, from_cache, now);
                     let message = if blocks && policy_denied {
                         Some(DENIED_BY_POLICY.to_owned())
                     } else if blocks {
@@ -387,6 +388,19 @@ pub(crate) fn limit_info(limit: &Limit) -> Option<LimitInfo> {
     })
 }
 
+/// How much of its limit a counter has used after a decision, in thousandths (a denial: all of
+/// it).
+fn used_permille(decision: &tollgate_core::Decision) -> u32 {
+    if !decision.allowed {
+        return 1000;
+    }
+    if decision.limit == 0 {
+        return 0;
+    }
+    let used = decision.limit.saturating_sub(decision.remaining);
+    (used.saturating_mul(1000) / decision.limit).min(1000) as u32
+}
+
 /// Count one limited descriptor.
 ///
 /// An envoy_fixed_window counter (its decision carries the window's count) is counted as
@@ -406,6 +420,7 @@ fn record(
     status: &Status<'_>,
     allowed: bool,
     from_cache: bool,
+    now: tollgate_core::Micros,
 ) {
     let Status::Limited { decision, .. } = status else {
         return;
@@ -415,6 +430,28 @@ fn record(
         return;
     }
     let metrics = state.metrics();
+    let stats = state.stats();
+    if stats.enabled() {
+        let seen = if decision.allowed {
+            Seen::Allowed
+        } else if status.shadowed() {
+            Seen::ShadowDenied
+        } else {
+            Seen::Denied
+        };
+        let near = decision.allowed
+            && metrics.near_limit_hits(decision.limit, decision.remaining, cost) > 0;
+        stats.record(
+            &rules.stats,
+            &rules.set,
+            limit,
+            now,
+            seen,
+            used_permille(decision),
+            near,
+            |buf| write_key(buf, &desc.entries),
+        );
+    }
     let c = if !limit.stats.is_static() {
         // `detailed_metric` / `value_to_metric`: the request's values are in the stats key.
         let key = limit.stats.for_request(&desc.entries);

@@ -40,6 +40,9 @@ pub struct ServeConfig {
     pub registry: crate::registry::RegistryConfig,
     /// `--decision-log`, `--decision-log-max-per-second` ([`crate::decision_log`]).
     pub decision_log: crate::decision_log::DecisionLogConfig,
+    /// `--live-stats`: record the per-rule live statistics of `/v1/stats` and `/dashboard`
+    /// ([`crate::stats`]); on by default.
+    pub live_stats: bool,
 }
 
 impl Default for ServeConfig {
@@ -56,6 +59,7 @@ impl Default for ServeConfig {
             near_limit_ratio: 0.8,
             registry: crate::registry::RegistryConfig::default(),
             decision_log: crate::decision_log::DecisionLogConfig::default(),
+            live_stats: true,
         }
     }
 }

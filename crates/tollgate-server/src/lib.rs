@@ -5,7 +5,7 @@
 //! - **the service core**, with no transport in it: the request and answer [`model`], the
 //!   decision ([`check::decide`]) under a [`policy::DecisionPolicy`], the shared [`state`] (the
 //!   rules, swapped atomically on reload), the [`backend`] (memory, or Redis with a failure
-//!   policy), [`metrics`], the [`decision_log`] and the [`error`] type;
+//!   policy), [`metrics`], the live [`stats`], the [`decision_log`] and the [`error`] type;
 //! - **rule sources** over the core: file reload ([`reload`]) and the rule [`registry`];
 //! - **transports** over those: one accept loop for every listener ([`listener`]), the HTTP API
 //!   with forward-auth and the registry's endpoints ([`http`], its JSON codec [`wire`]) and the
@@ -32,6 +32,7 @@ pub mod registry;
 pub mod reload;
 pub mod serve;
 pub mod state;
+pub mod stats;
 pub mod wire;
 
 pub use check::decide;

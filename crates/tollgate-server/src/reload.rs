@@ -98,6 +98,7 @@ pub(crate) fn load_combined(
         crate::registry::combine(&files, read_errors, registered, options)?.with_defaults(defaults);
     Ok(LoadedRules {
         counters: RuleSlots::new(&set),
+        stats: crate::stats::StatSlots::new(&set),
         set,
         hash,
         generation,
@@ -183,8 +184,10 @@ pub(crate) fn reload_with(state: &AppState, path: &Path, registry: Option<&Regis
                 );
             }
             drop(running);
+            let generation = rules.generation;
             state.swap_rules(rules);
             state.metrics().reload(true);
+            state.stats().reloaded(state.now(), generation, &[]);
             true
         }
         Err(errors) => {
@@ -195,6 +198,9 @@ pub(crate) fn reload_with(state: &AppState, path: &Path, registry: Option<&Regis
                     "rules reload failed; keeping the running rules"
                 );
             }
+            state
+                .stats()
+                .reloaded(state.now(), state.rules().generation, &errors);
             state.set_reload_error(ReloadError {
                 at: SystemClock.now(),
                 errors,

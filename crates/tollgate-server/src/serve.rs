@@ -105,6 +105,7 @@ async fn build_state_at(
     let mut builder = AppState::builder(rules)
         .rule_listing(config.rules.listing)
         .limits(config.limits)
+        .live_stats(config.live_stats)
         .rules_path(config.rules.path.clone());
     if let Some(policy) = envoy.policy() {
         builder = builder.policy(policy);

@@ -4,6 +4,7 @@
 use crate::backend::{Backend, Guarded};
 use crate::metrics::{Metrics, RuleSlots};
 use crate::policy::{DecisionPolicy, TollgatePolicy};
+use crate::stats::{StatSlots, Stats};
 use arc_swap::ArcSwap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,6 +28,9 @@ pub struct LoadedRules {
     /// Pre-resolved metric counters of `set`'s rules ([`RuleSlots::new`]; the `Default`, no
     /// slots, also works, on the slower map path).
     pub counters: RuleSlots,
+    /// Pre-resolved live statistics of `set`'s rules ([`StatSlots::new`]; the `Default`
+    /// records nothing).
+    pub stats: StatSlots,
     /// The rule files `set` was built from (`(file name, text)`), so that a registry change
     /// rebuilds the rules with the same files without reading them again. Empty for inline
     /// rules.
@@ -38,6 +42,7 @@ impl LoadedRules {
     pub fn inline(set: RuleSet) -> Self {
         Self {
             counters: RuleSlots::new(&set),
+            stats: StatSlots::new(&set),
             set,
             hash: "inline".into(),
             generation: 1,
@@ -96,6 +101,7 @@ struct Shared {
     memory: Option<Arc<MemoryStore>>,
     clock: Arc<dyn Clock>,
     metrics: Metrics,
+    stats: Stats,
     limits: RequestLimits,
     rules_path: Option<PathBuf>,
     rule_listing: LoadOptions,
@@ -132,6 +138,7 @@ pub struct AppStateBuilder {
     rules_path: Option<PathBuf>,
     rule_listing: LoadOptions,
     policy: Arc<dyn DecisionPolicy>,
+    live_stats: bool,
 }
 
 impl AppStateBuilder {
@@ -190,10 +197,19 @@ impl AppStateBuilder {
         self.policy = policy;
         self
     }
+    /// Record the live statistics of `/v1/stats` and `/dashboard` (default: on).
+    pub fn live_stats(mut self, on: bool) -> Self {
+        self.live_stats = on;
+        self
+    }
     /// The state.
     pub fn build(self) -> AppState {
         let metrics = Metrics::new();
         metrics.rules_loaded(&self.rules.set);
+        let stats = Stats::default();
+        stats.set_enabled(self.live_stats);
+        // The first load is the first entry of the reload ring.
+        stats.reloaded(self.clock.now(), self.rules.generation, &[]);
         AppState(Arc::new(Shared {
             rules: ArcSwap::from_pointee(self.rules),
             last_reload_error: Mutex::new(None),
@@ -201,6 +217,7 @@ impl AppStateBuilder {
             memory: self.memory,
             clock: self.clock,
             metrics,
+            stats,
             limits: self.limits,
             rules_path: self.rules_path,
             rule_listing: self.rule_listing,
@@ -226,6 +243,7 @@ impl AppState {
             rules_path: None,
             rule_listing: LoadOptions::default(),
             policy: Arc::new(TollgatePolicy),
+            live_stats: true,
         }
     }
 
@@ -243,6 +261,7 @@ impl AppState {
     /// Swap in new rules atomically and clear the last reload error.
     pub(crate) fn swap_rules(&self, rules: LoadedRules) {
         self.0.metrics.rules_loaded(&rules.set);
+        self.0.stats.rules_loaded(&rules.set);
         self.0.rules.store(Arc::new(rules));
         *self.lock_error() = None;
     }
@@ -273,6 +292,7 @@ impl AppState {
     /// files are as broken as they were).
     pub(crate) fn replace_rules(&self, rules: LoadedRules) {
         self.0.metrics.rules_loaded(&rules.set);
+        self.0.stats.rules_loaded(&rules.set);
         self.0.rules.store(Arc::new(rules));
     }
 
@@ -334,6 +354,11 @@ impl AppState {
     /// Metrics.
     pub fn metrics(&self) -> &Metrics {
         &self.0.metrics
+    }
+
+    /// The live statistics (`/v1/stats`, `/dashboard`).
+    pub fn stats(&self) -> &Stats {
+        &self.0.stats
     }
 
     /// Request limits.

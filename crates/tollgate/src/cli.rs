@@ -174,6 +174,10 @@ pub struct ServeArgs {
     #[arg(long, env = "TOLLGATE_DECISION_LOG_MAX_PER_SECOND", default_value_t = 100,
           value_parser = clap::value_parser!(u32).range(1..))]
     decision_log_max_per_second: u32,
+    /// Record per-rule live statistics (rates, busiest counters, most-limited clients) for
+    /// `GET /v1/stats` and `/dashboard`, both served to the admin token only: `on` or `off`.
+    #[arg(long, env = "TOLLGATE_LIVE_STATS", default_value = "on")]
+    live_stats: OnOff,
     /// gRPC: add rate-limit headers to `response_headers_to_add`.
     #[arg(long, env = "TOLLGATE_RESPONSE_HEADERS")]
     response_headers: bool,
@@ -423,6 +427,15 @@ impl GrpcArgs {
     }
 }
 
+/// A switch flag's value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnOff {
+    /// On.
+    On,
+    /// Off.
+    Off,
+}
+
 /// A listen address, or none (`off`).
 #[derive(Debug, Clone, Copy)]
 struct ListenAddr(Option<SocketAddr>);
@@ -587,6 +600,7 @@ impl ServeArgs {
             mode: self.decision_log,
             max_per_second: self.decision_log_max_per_second,
         };
+        c.live_stats = self.live_stats == OnOff::On;
         c
     }
 }

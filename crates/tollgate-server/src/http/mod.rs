@@ -10,6 +10,7 @@
 
 pub mod forward_auth;
 mod registry;
+mod stats;
 
 use crate::backend::{Backend, BreakerState};
 use crate::check::decide;
@@ -142,7 +143,8 @@ impl HttpApi {
                 "/v1/forward-auth/{domain}",
                 axum::routing::any(forward_auth::forward_auth),
             )
-            .merge(registry::routes());
+            .merge(registry::routes())
+            .merge(stats::routes());
         if let Some(extra) = self.extra {
             routes = routes.merge(extra);
         }

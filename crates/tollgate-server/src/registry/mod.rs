@@ -419,6 +419,14 @@ impl Registry {
         self.token.is_some()
     }
 
+    /// Whether `token` is the admin token, compared in constant time (on SHA-256 digests);
+    /// `None` when no token is configured.
+    pub(crate) fn token_matches(&self, token: &[u8]) -> Option<bool> {
+        use subtle::ConstantTimeEq;
+        let expected = self.token.as_ref()?;
+        Some(bool::from(digest(token.trim_ascii()).ct_eq(expected)))
+    }
+
     /// Check a request's `Authorization` header value: the admin token as a bearer token.
     pub(crate) fn authorize(&self, authorization: Option<&[u8]>) -> Result<(), RegistryError> {
         let Some(expected) = &self.token else {
@@ -570,6 +578,7 @@ impl Registry {
         );
         state.replace_rules(LoadedRules {
             counters: RuleSlots::new(&set),
+            stats: crate::stats::StatSlots::new(&set),
             set,
             hash: running.hash.clone(),
             generation,
@@ -677,6 +686,11 @@ impl Registry {
             }
         };
         self.counters.puts.fetch_add(1, Relaxed);
+        if let Some(v) = outcome.version {
+            state
+                .stats()
+                .registry_changed(state.now(), "put", domain, v);
+        }
         tracing::info!(
             target: "tollgate::audit",
             action = "put",
@@ -730,6 +744,9 @@ impl Registry {
         };
         let old = current.unwrap_or(0);
         self.counters.deletes.fetch_add(1, Relaxed);
+        state
+            .stats()
+            .registry_changed(state.now(), "delete", domain, revision);
         tracing::info!(
             target: "tollgate::audit",
             action = "delete",
