@@ -357,7 +357,8 @@ fn rate_limit(node: &Node, errors: &mut Errors) -> Option<RateLimitSpec> {
                 n.pos,
                 format!(
                     "`sync: {m}` needs algorithm fixed_window or sliding_window_counter, not {a} \
-                     (a lease is a share of one window's count)"
+                     ({})",
+                    why_windowed(m)
                 ),
             ));
         }
@@ -759,5 +760,13 @@ mod tests {
         assert_eq!(parse_bool("true"), Some(true));
         assert_eq!(parse_bool("Off"), Some(false));
         assert_eq!(parse_bool("1"), None);
+    }
+}
+
+/// Why a sync mode needs a windowed algorithm, for the error naming a rule that asks otherwise.
+fn why_windowed(m: SyncMode) -> &'static str {
+    match m {
+        SyncMode::Batched => "a batch is a count added to one window's count",
+        _ => "a lease is a share of one window's count",
     }
 }
