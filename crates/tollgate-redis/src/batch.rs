@@ -92,7 +92,12 @@ impl Tracked {
             }
         }
         if self.quota.algorithm() == Algorithm::FixedWindow {
-            State::Window(Window { start, count: cur })
+            // The fleet may be over the limit (the overshoot): the step expects a count within
+            // it, and decides alike for any count at or above it.
+            State::Window(Window {
+                start,
+                count: cur.min(self.quota.limit()),
+            })
         } else {
             State::Counter(Sliding { start, prev, cur })
         }
