@@ -889,8 +889,16 @@ fn sync_modes_and_their_default() {
         ..RuleDefaults::default()
     });
     assert_eq!(sync(&batched, "api|a"), SyncMode::Batched);
-    assert_eq!(sync(&batched, "api|b"), SyncMode::Exact, "gcra is not batched");
-    assert_eq!(sync(&batched, "api|d"), SyncMode::Lease, "named lease stays");
+    assert_eq!(
+        sync(&batched, "api|b"),
+        SyncMode::Exact,
+        "gcra is not batched"
+    );
+    assert_eq!(
+        sync(&batched, "api|d"),
+        SyncMode::Lease,
+        "named lease stays"
+    );
     let leased = load(&file).with_defaults(RuleDefaults {
         sync: SyncMode::Lease,
         ..RuleDefaults::default()

@@ -347,7 +347,14 @@ mod tests {
         assert!(l.decide(T0, &items).is_none(), "nothing in hand");
         assert_eq!(l.wants(T0, &items), Some(vec![1]));
         let mut d = [granted(900, 3)];
-        l.learn((T0, T0), &[T0], &items, &[3], &mut d, &LimitStats::default());
+        l.learn(
+            (T0, T0),
+            &[T0],
+            &items,
+            &[3],
+            &mut d,
+            &LimitStats::default(),
+        );
         assert_eq!(d[0].count, None, "the grant is not reported to the caller");
         for _ in 0..3 {
             let d = l.decide(T0 + 1, &items).expect("decided from the lease");
@@ -367,16 +374,36 @@ mod tests {
         let l = Leases::default();
         let items = [CheckItem::hit("r", "k", &q)];
         let mut d = [granted(900, 8)];
-        l.learn((T0, T0), &[T0], &items, &[8], &mut d, &LimitStats::default());
-        assert!(l.take_returns(T0 + 1, false, &LimitStats::default()).is_empty(), "not idle yet");
+        l.learn(
+            (T0, T0),
+            &[T0],
+            &items,
+            &[8],
+            &mut d,
+            &LimitStats::default(),
+        );
+        assert!(
+            l.take_returns(T0 + 1, false, &LimitStats::default())
+                .is_empty(),
+            "not idle yet"
+        );
         let back = l.take_returns(T0 + IDLE, false, &LimitStats::default());
         assert_eq!(back.len(), 1);
         assert_eq!((back[0].3, back[0].4), (T0, 8));
         assert_eq!(l.held(), 0);
         // Units of a window that ended are not given back (the counter reset with it).
         let mut d = [granted(900, 5)];
-        l.learn((T0 + IDLE, T0 + IDLE), &[T0], &items, &[5], &mut d, &LimitStats::default());
-        assert!(l.take_returns(T0 + 61_000_000, true, &LimitStats::default()).is_empty());
+        l.learn(
+            (T0 + IDLE, T0 + IDLE),
+            &[T0],
+            &items,
+            &[5],
+            &mut d,
+            &LimitStats::default(),
+        );
+        assert!(l
+            .take_returns(T0 + 61_000_000, true, &LimitStats::default())
+            .is_empty());
         assert_eq!(l.stats.units_expired.load(Relaxed), 5);
     }
 
@@ -393,7 +420,14 @@ mod tests {
             count: Some(0),
             ..granted(0, 0)
         }];
-        l.learn((T0, T0), &[T0], &items, &[1], &mut d, &LimitStats::default());
+        l.learn(
+            (T0, T0),
+            &[T0],
+            &items,
+            &[1],
+            &mut d,
+            &LimitStats::default(),
+        );
         let local = l.decide(T0 + 1, &items).expect("the denial is remembered");
         assert!(!local[0].allowed);
         assert!(

@@ -1056,7 +1056,11 @@ impl RedisStore {
             .collect();
         let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
         for (i, name) in names.iter().enumerate() {
-            let slot = if self.is_cluster() { keys::slot(name) } else { 0 };
+            let slot = if self.is_cluster() {
+                keys::slot(name)
+            } else {
+                0
+            };
             match groups.iter_mut().find(|(s, _)| *s == slot) {
                 Some((_, g)) => g.push(i),
                 None => groups.push((slot, vec![i])),

@@ -154,9 +154,16 @@ async fn three_instances_stay_within_the_stated_bound() {
                 assert_eq!(g.batch_stats().2, 0, "nothing left unconfirmed");
             }
             assert_eq!(decisions, N * CALLERS * rounds);
-            assert!(flushes > 0 && calls < decisions, "{calls} calls for {decisions} decisions");
+            assert!(
+                flushes > 0 && calls < decisions,
+                "{calls} calls for {decisions} decisions"
+            );
             if alg == Algorithm::FixedWindow {
-                assert_eq!(over, admitted - LIMIT, "the last flush saw the whole overshoot");
+                assert_eq!(
+                    over,
+                    admitted - LIMIT,
+                    "the last flush saw the whole overshoot"
+                );
             }
         }
     }
@@ -184,7 +191,10 @@ async fn a_retried_flush_counts_once() {
     let g = instance(&server.url(), prefix, Policy::Deny).await;
     let now = wall_now();
     let check = || async {
-        let out = g.check(now, &[CheckItem::hit("hot", key, &quota)]).await.unwrap();
+        let out = g
+            .check(now, &[CheckItem::hit("hot", key, &quota)])
+            .await
+            .unwrap();
         assert!(out.decisions[0].allowed && out.degraded.is_none());
     };
     // The first request is decided by Redis (the count is learned), the next 9 locally.
