@@ -280,7 +280,7 @@ impl Leases {
                     l.left += g;
                     self.stats.grants.fetch_add(1, Relaxed);
                     self.stats.units_granted.fetch_add(g, Relaxed);
-                    let per = limits.get(&item.rule);
+                    let per = limits.get(item.rule);
                     per.lease_grants.fetch_add(1, Relaxed);
                     per.lease_units_granted.fetch_add(g, Relaxed);
                 }

@@ -328,7 +328,9 @@ fn render_batches(out: &mut String, stores: &[(Option<&str>, &Guarded)]) {
     let load = |g: &Guarded, f: fn(&tollgate_redis::batch::BatchStats) -> &AtomicU64| {
         f(g.batch_stats().0).load(Relaxed)
     };
-    let series: [(&str, &str, &str, &dyn Fn(&Guarded) -> u64); 5] = [
+    // (name, type, help, reading)
+    type Series<'a> = (&'a str, &'a str, &'a str, &'a dyn Fn(&Guarded) -> u64);
+    let series: [Series<'_>; 5] = [
         (
             "tollgate_batch_flushes_total",
             "counter",

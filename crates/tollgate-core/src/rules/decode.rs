@@ -721,6 +721,14 @@ fn parse_uint(text: &str) -> Result<u64, IntError> {
     u64::from_str_radix(&cleaned, radix).map_err(|_| IntError::TooLarge)
 }
 
+/// Why a sync mode needs a windowed algorithm, for the error naming a rule that asks otherwise.
+fn why_windowed(m: SyncMode) -> &'static str {
+    match m {
+        SyncMode::Batched => "a batch is a count added to one window's count",
+        _ => "a lease is a share of one window's count",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -760,13 +768,5 @@ mod tests {
         assert_eq!(parse_bool("true"), Some(true));
         assert_eq!(parse_bool("Off"), Some(false));
         assert_eq!(parse_bool("1"), None);
-    }
-}
-
-/// Why a sync mode needs a windowed algorithm, for the error naming a rule that asks otherwise.
-fn why_windowed(m: SyncMode) -> &'static str {
-    match m {
-        SyncMode::Batched => "a batch is a count added to one window's count",
-        _ => "a lease is a share of one window's count",
     }
 }
