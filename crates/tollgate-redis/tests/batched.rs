@@ -296,3 +296,51 @@ async fn a_stopped_redis_hands_over_to_the_policy_and_nothing_counts_twice() {
         "10 + 5 (flushed once, though sent twice) + 1"
     );
 }
+
+/// Units belong to the window they were admitted in: flushed after the window rolled over, a
+/// sliding counter's go to its previous window (where they still weigh), a fixed window's are
+/// dropped (their window is over); the new window's go to the new window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn units_count_in_the_window_they_were_admitted_in() {
+    let server = RedisServer::start(&[]);
+    let minute: Micros = 60_000_000;
+    let w = {
+        let t = wall_now();
+        t - t % minute
+    };
+    for (alg, want) in [
+        (
+            Algorithm::SlidingWindowCounter,
+            format!("{} 10 5", w + minute),
+        ),
+        (Algorithm::FixedWindow, format!("{} 5", w + minute)),
+    ] {
+        let prefix = format!("batched-windows-{alg}");
+        let quota = Quota::new(100, Unit::Minute)
+            .with_algorithm(alg)
+            .with_sync(SyncMode::Batched);
+        let g = instance(&server.url(), &prefix, Policy::Deny).await;
+        let key = "hot|tenant=windows";
+        let hit = |t: Micros| {
+            let g = g.clone();
+            async move {
+                let out = g
+                    .check(t, &[CheckItem::hit("hot", key, &quota)])
+                    .await
+                    .unwrap();
+                assert!(out.decisions[0].allowed && out.degraded.is_none());
+            }
+        };
+        // One decided by Redis, nine locally, in window w; five more in the next window.
+        for _ in 0..10 {
+            hit(w + minute / 2).await;
+        }
+        for _ in 0..5 {
+            hit(w + minute + 1_000_000).await;
+        }
+        g.flush(w + minute + 2_000_000).await.unwrap();
+        let name = counter_keys(&prefix, key, &quota).0;
+        assert_eq!(server.cli(&["GET", &name]).trim(), want, "{alg}");
+        assert_eq!(g.batch_stats().2, 0, "{alg}: nothing left to send");
+    }
+}
