@@ -5,10 +5,10 @@
 //! units it admitted since (by window). It admits a request while learned + its own unsent
 //! units + the cost fit the limit (the algorithm's own step over that state, so headers and
 //! retry times are computed as on Redis), and every flush interval sends the units of every
-//! counter that admitted some, in one script call per Redis node (`flush.lua`), learning the
-//! fleet's count back. Other instances' admissions are seen one flush late: that is the
-//! over-admission, bounded per window by `(N − 1) × rate × (3 × interval + round trip)` (see
-//! `docs/distributed.md`).
+//! counter that admitted some in one script call (`flush.lua`; on a Cluster, one per hash
+//! slot), learning the fleet's count back. Other instances' admissions are seen a flush late:
+//! that is the over-admission, bounded per window by `(N − 1) × rate × (4 × interval + flush
+//! round trip)` (see `docs/distributed.md`).
 //!
 //! What keeps it bounded:
 //! - a counter is decided locally only from a count learned recently ([`Batches::stale_after`]:
