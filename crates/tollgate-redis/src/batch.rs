@@ -67,8 +67,9 @@ struct Tracked {
 
 impl Tracked {
     /// The state the algorithm steps from at `now`: the learned fleet state rolled to `now`'s
-    /// window, plus the units in flight and pending.
-    fn state(&self, now: Micros) -> State {
+    /// window, plus the units in flight and pending; `limit` is the quota's limit now (a reload
+    /// may have changed it).
+    fn state(&self, now: Micros, limit: u64) -> State {
         let period = self.quota.period();
         let (start, _) = window(period, now);
         let prev_start = previous_start(period, start);
@@ -86,9 +87,9 @@ impl Tracked {
             .chain(self.inflight.iter().flat_map(|f| f.windows.iter()));
         for &(w, units) in local {
             if w == start {
-                cur += units;
+                cur = cur.saturating_add(units);
             } else if w == prev_start {
-                prev += units;
+                prev = prev.saturating_add(units);
             }
         }
         if self.quota.algorithm() == Algorithm::FixedWindow {
@@ -96,7 +97,7 @@ impl Tracked {
             // it, and decides alike for any count at or above it.
             State::Window(Window {
                 start,
-                count: cur.min(self.quota.limit()),
+                count: cur.min(limit),
             })
         } else {
             State::Counter(Sliding { start, prev, cur })
@@ -224,19 +225,22 @@ impl Batches {
         let mut out = Vec::with_capacity(items.len());
         for (item, k) in items.iter().zip(&keys) {
             let t = map.get(k)?;
-            let (d, _) = step(Some(t.state(now)), now, item.cost, item.quota);
+            let limit = item.quota.limit();
+            let (d, _) = step(Some(t.state(now, limit)), now, item.cost, item.quota);
             out.push(d);
         }
         let blocked = items.iter().zip(&out).any(|(i, d)| !d.allowed && !i.shadow);
         for ((item, k), d) in items.iter().zip(&keys).zip(out.iter_mut()) {
             let Some(t) = map.get_mut(k) else { continue };
             t.used_at = now;
+            t.quota = *item.quota;
             if !d.allowed || item.cost == 0 {
                 continue;
             }
             if blocked {
                 // Nothing is counted: report what a query sees.
-                *d = step(Some(t.state(now)), now, 0, item.quota).0;
+                let limit = item.quota.limit();
+                *d = step(Some(t.state(now, limit)), now, 0, item.quota).0;
                 continue;
             }
             t.add(window(item.quota.period(), now).0, item.cost);
@@ -435,5 +439,78 @@ impl crate::Guarded {
         b.stats.flushes.fetch_add(1, Relaxed);
         b.merge(now, &sent, &states, self.limit_stats());
         Ok(sent.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tollgate_core::Unit;
+
+    const T0: Micros = 1_700_000_000_000_000;
+
+    fn answer(remaining: u64) -> Decision {
+        Decision {
+            allowed: true,
+            limit: 10,
+            remaining,
+            ..Decision::default()
+        }
+    }
+
+    #[test]
+    fn decides_locally_from_the_learned_count_and_resends_a_failed_batch_as_it_was() {
+        let q = Quota::new(10, Unit::Hour)
+            .with_algorithm(Algorithm::FixedWindow)
+            .with_sync(SyncMode::Batched);
+        let b = Batches::new(Duration::from_millis(100));
+        let items = [CheckItem::hit("r", "k", &q)];
+        assert!(b.decide(T0, &items).is_none(), "unknown: Redis decides");
+        b.learn(T0, &items, &[answer(6)]);
+        for _ in 0..6 {
+            assert!(b.decide(T0 + 1, &items).unwrap()[0].allowed);
+        }
+        assert!(!b.decide(T0 + 1, &items).unwrap()[0].allowed, "4 + 6 = 10");
+        assert_eq!(b.unconfirmed(), 6);
+        let first = b.take(T0 + 2, 0);
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].1.windows[0].3, 6);
+        // No answer came: the same batch, same sequence, nothing newer mixed in.
+        let again = b.take(T0 + 3, 0);
+        assert_eq!(again[0].1.seq, first[0].1.seq);
+        assert_eq!(again[0].1.windows[0].3, 6);
+        // Stale after two intervals: Redis decides again.
+        assert!(b.decide(T0 + 1 + b.stale_after() + 1, &items).is_none());
+    }
+
+    #[test]
+    fn a_lower_limit_after_a_reload_denies_without_panicking() {
+        let q = Quota::new(10, Unit::Hour)
+            .with_algorithm(Algorithm::FixedWindow)
+            .with_sync(SyncMode::Batched);
+        let b = Batches::new(Duration::from_millis(100));
+        b.learn(T0, &[CheckItem::hit("r", "k", &q)], &[answer(1)]);
+        let lower = q.with_limit(3);
+        let d = b
+            .decide(T0 + 1, &[CheckItem::hit("r", "k", &lower)])
+            .unwrap();
+        assert!(!d[0].allowed && d[0].remaining == 0);
+    }
+
+    #[test]
+    fn a_blocked_request_counts_nothing() {
+        let q = Quota::new(10, Unit::Hour)
+            .with_algorithm(Algorithm::SlidingWindowCounter)
+            .with_sync(SyncMode::Batched);
+        let tight = q.with_limit(1);
+        let b = Batches::new(Duration::from_millis(100));
+        let items = [
+            CheckItem::hit("r", "a", &q),
+            CheckItem::hit("r", "b", &tight),
+        ];
+        b.learn(T0, &items, &[answer(10), answer(0)]);
+        let d = b.decide(T0 + 1, &items).unwrap();
+        assert!(d[0].allowed && !d[1].allowed);
+        assert_eq!(b.unconfirmed(), 0, "the admitted item is not counted");
     }
 }
