@@ -141,10 +141,10 @@ pub(crate) struct FlushEntry {
 pub struct Batches {
     map: Mutex<HashMap<String, Tracked>>,
     /// This instance's id in Redis' sequence hashes (random per process and store).
-    instance: String,
+    pub(crate) instance: String,
     seq: AtomicU64,
     /// One flush at a time.
-    flushing: tokio::sync::Mutex<()>,
+    pub(crate) flushing: tokio::sync::Mutex<()>,
     interval: Duration,
     /// What the batches did.
     pub stats: BatchStats,
@@ -291,7 +291,7 @@ impl Batches {
     /// The next flush's entries at `now`: every counter's failed batch again, or its pending
     /// units under a new sequence number. Forgets counters idle since their window ended and
     /// units whose window is over.
-    fn take(&self, now: Micros, grace_ms: u64) -> Vec<(String, FlushEntry)> {
+    pub(crate) fn take(&self, now: Micros, grace_ms: u64) -> Vec<(String, FlushEntry)> {
         let mut map = self.lock();
         let mut out = Vec::new();
         map.retain(|k, t| {
@@ -360,7 +360,7 @@ impl Batches {
 
     /// Merge a flush's answer: confirmed batches are dropped, each counter's learned state
     /// becomes what Redis holds (at local time `now`). Reports to `limits` per limit.
-    fn merge(
+    pub(crate) fn merge(
         &self,
         now: Micros,
         sent: &[(String, FlushEntry)],
@@ -410,35 +410,6 @@ impl Batches {
                         .map_or(0, |f| f.windows.iter().map(|w| w.1).sum())
             })
             .sum()
-    }
-}
-
-impl crate::Guarded {
-    /// Flush the batched counters at local time `now` (the server calls it every flush
-    /// interval; tests call it to drive the protocol step by step): one script call per Redis
-    /// node, the counts learned back. Returns the number of counters flushed, or the store's
-    /// error (the units are sent again, under the same sequence, by the next flush).
-    pub async fn flush(&self, now: Micros) -> Result<usize, tollgate_core::StoreError> {
-        let b = self.batches();
-        let _one = b.flushing.lock().await;
-        let opts = self.store().options();
-        let sent = b.take(now, opts.ttl_grace.as_millis() as u64);
-        if sent.is_empty() {
-            return Ok(0);
-        }
-        let entries: Vec<FlushEntry> = sent.iter().map(|(_, e)| e.clone()).collect();
-        let bound = opts.timeout + opts.patience;
-        let states = match self.store().flush_batch(bound, &b.instance, &entries).await {
-            Ok(s) => s,
-            Err(e) => {
-                b.stats.flush_failures.fetch_add(1, Relaxed);
-                self.flush_failed(&e, now);
-                return Err(e);
-            }
-        };
-        b.stats.flushes.fetch_add(1, Relaxed);
-        b.merge(now, &sent, &states, self.limit_stats());
-        Ok(sent.len())
     }
 }
 

@@ -806,6 +806,34 @@ impl Guarded {
         (&self.leases.stats, self.leases.held())
     }
 
+    /// Flush the batched counters at local time `now` (the server calls it every flush
+    /// interval; tests call it to drive the protocol step by step): one script call (one per
+    /// hash slot on a Cluster), the counts learned back. Returns the number of counters
+    /// flushed, or the store's error (the units are sent again, under the same sequence, by the
+    /// next flush).
+    pub async fn flush(&self, now: Micros) -> Result<usize, StoreError> {
+        let b = &self.batches;
+        let _one = b.flushing.lock().await;
+        let opts = self.store().options();
+        let sent = b.take(now, opts.ttl_grace.as_millis() as u64);
+        if sent.is_empty() {
+            return Ok(0);
+        }
+        let entries: Vec<crate::batch::FlushEntry> = sent.iter().map(|(_, e)| e.clone()).collect();
+        let bound = opts.timeout + opts.patience;
+        let states = match self.store().flush_batch(bound, &b.instance, &entries).await {
+            Ok(s) => s,
+            Err(e) => {
+                b.stats.flush_failures.fetch_add(1, Relaxed);
+                self.flush_failed(&e, now);
+                return Err(e);
+            }
+        };
+        b.stats.flushes.fetch_add(1, Relaxed);
+        b.merge(now, &sent, &states, &self.limits);
+        Ok(sent.len())
+    }
+
     /// What `sync: batched` limits' batches did: the counters, the counters tracked and the
     /// units not confirmed by Redis yet.
     pub fn batch_stats(&self) -> (&crate::batch::BatchStats, usize, u64) {
@@ -814,11 +842,6 @@ impl Guarded {
             self.batches.tracked(),
             self.batches.unconfirmed(),
         )
-    }
-
-    /// The batches (for [`Guarded::flush`]).
-    pub(crate) fn batches(&self) -> &Batches {
-        &self.batches
     }
 
     /// What each `lease` or `batched` limit did (per configured limit).
