@@ -50,6 +50,10 @@ need_cmd faketime faketime
 # Gateways: the forward-auth tests (crates/tollgate/tests/gateways.rs) run real nginx and Caddy.
 need_cmd nginx nginx
 need_cmd caddy caddy
+# Monitoring (crates/tollgate/tests/monitoring.rs, docs/operations.md): promtool checks and
+# unit-tests deploy/prometheus/alerts.yml; a real Prometheus scrapes `tollgate serve`.
+need_cmd promtool prometheus
+need_cmd prometheus prometheus
 # Deployment (crates/tollgate/tests/image.rs, deploy.rs): the container image is built and run
 # with podman and runc; the systemd unit is checked by systemd-analyze.
 need_cmd podman podman

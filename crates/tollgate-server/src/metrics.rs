@@ -2,6 +2,11 @@
 //! `(domain, rule)`, a decision latency histogram, and a few service counters. Rendered in the
 //! Prometheus text exposition format by [`Metrics::render`].
 //!
+//! Beside the counts, each configured rule's limit (`tollgate_rule_limit`, and as a rate
+//! `tollgate_rule_limit_per_second`) under the same `domain` and `rule` labels, so that an alert
+//! or a dashboard divides a rule's hit rate by its limit in one expression. Those rows are
+//! rendered once per loaded rule set: a reload replaces them, and a removed rule's rows go.
+//!
 //! The request path is lock-free and allocation-free: a rule's counters are resolved once per
 //! loaded rule set ([`RuleSlots`], indexed by the rule's position) and then only bumped with
 //! relaxed atomic adds; the latency histogram bumps one bucket (cumulated when rendered).
@@ -100,6 +105,11 @@ pub struct Metrics {
     reloads_failed: AtomicU64,
     rules_generation: AtomicU64,
     rules_limits: AtomicU64,
+    /// The last reload failed (the running rules are older than the files).
+    reload_failing: std::sync::atomic::AtomicBool,
+    /// The active rule set's limits as `tollgate_rule_limit` and `tollgate_rule_limit_per_second`
+    /// rows, rendered when the set is loaded ([`render_limits`]): a reload replaces them whole.
+    limit_rows: RwLock<Arc<str>>,
     /// `f32` bits of the near-limit ratio; 0 means the default 0.8.
     near_ratio: std::sync::atomic::AtomicU32,
     /// Connections of the HTTP listener (open, dropped, cap reached).
@@ -300,6 +310,10 @@ impl Metrics {
 
     /// A reload finished.
     pub fn reload(&self, ok: bool) {
+        // Release: a reader that sees this (Acquire, in `render`) sees the rules' limit rows
+        // stored before it by the swap.
+        self.reload_failing
+            .store(!ok, std::sync::atomic::Ordering::Release);
         if ok {
             self.reloads_ok.fetch_add(1, Relaxed);
         } else {
@@ -312,6 +326,8 @@ impl Metrics {
         self.rules_generation.fetch_add(1, Relaxed);
         self.rules_limits
             .store(set.limits().count() as u64, Relaxed);
+        let rows = render_limits(set);
+        *self.limit_rows.write().unwrap_or_else(|e| e.into_inner()) = rows.into();
     }
 
     /// Successful and failed reloads so far.
@@ -497,6 +513,12 @@ impl Metrics {
             self.rules_generation.load(Relaxed),
             self.rules_limits.load(Relaxed)
         );
+        let _ = writeln!(
+            out,
+            "# HELP tollgate_rules_last_reload_successful Whether the last reload of the rule files succeeded (0: the running rules are older than the files).\n# TYPE tollgate_rules_last_reload_successful gauge\ntollgate_rules_last_reload_successful {}",
+            u8::from(!self.reload_failing.load(std::sync::atomic::Ordering::Acquire))
+        );
+        out.push_str(&self.limit_rows.read().unwrap_or_else(|e| e.into_inner()));
         ConnectionMetrics::render(
             &mut out,
             &[
@@ -658,6 +680,49 @@ pub(crate) fn render_evictions(out: &mut String, evictions: u64) {
     );
 }
 
+/// The `tollgate_rule_limit` and `tollgate_rule_limit_per_second` families of `set`: one row
+/// per configured rule with a quota (an `unlimited` rule has no limit to show), labelled with
+/// the `domain` and `rule` of the rule's own hit counters so that the two join on
+/// `(domain, rule)`. Two rules whose stats keys coincide share one hit series; they share one
+/// row here too (the first in file order), so that a join never meets duplicate rows.
+fn render_limits(set: &RuleSet) -> String {
+    let mut seen = std::collections::HashSet::new();
+    let mut rows: Vec<(String, String, &Limit, tollgate_core::Quota)> = Vec::new();
+    for limit in set.limits() {
+        let Some(quota) = limit.quota else { continue };
+        let rule = bounded_label(limit.stats.base()).into_owned();
+        if seen.insert((limit.domain.as_str(), rule.clone())) {
+            rows.push((escape(&limit.domain), escape(&rule), limit, quota));
+        }
+    }
+    rows.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+    let mut out = String::with_capacity(64 + rows.len() * 160);
+    out.push_str("# HELP tollgate_rule_limit A configured rule's limit: requests_per_unit per unit_multiplier units, with its algorithm, shadow mode and sync mode.\n# TYPE tollgate_rule_limit gauge\n");
+    for (domain, rule, limit, quota) in &rows {
+        let period = quota.period();
+        let _ = writeln!(
+            out,
+            "tollgate_rule_limit{{domain=\"{domain}\",rule=\"{rule}\",unit=\"{}\",unit_multiplier=\"{}\",algorithm=\"{}\",shadow=\"{}\",sync=\"{}\"}} {}",
+            period.unit.as_str(),
+            period.multiplier,
+            quota.algorithm().as_str(),
+            limit.shadow_mode,
+            quota.sync().as_str(),
+            quota.limit()
+        );
+    }
+    out.push_str("# HELP tollgate_rule_limit_per_second A configured rule's limit as a rate: the limit over its period (months and years at their mean length), to compare with rate(tollgate_total_hits).\n# TYPE tollgate_rule_limit_per_second gauge\n");
+    for (domain, rule, _, quota) in &rows {
+        let per_second = quota.limit() as f64 * tollgate_core::clock::SECOND as f64
+            / quota.period().nominal() as f64;
+        let _ = writeln!(
+            out,
+            "tollgate_rule_limit_per_second{{domain=\"{domain}\",rule=\"{rule}\"}} {per_second}"
+        );
+    }
+    out
+}
+
 /// Escape a label value (`\`, `"`, newline).
 fn escape(s: &str) -> String {
     s.replace('\\', "\\\\")
@@ -788,6 +853,105 @@ mod tests {
             m.envoy_split(10, 9u64.wrapping_sub(10), 9, 10),
             split(0, 10, 10)
         );
+    }
+
+    #[test]
+    fn each_rule_limit_is_a_series_and_a_reload_replaces_them() {
+        let load = |yaml: &str| {
+            RuleSet::from_sources(&[("d.yaml".into(), yaml.into())])
+                .unwrap()
+                .with_defaults(tollgate_core::RuleDefaults::default())
+        };
+        let m = Metrics::new();
+        m.rules_loaded(&load(concat!(
+            "domain: d\ndescriptors:\n",
+            "  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 90}\n",
+            "  - key: ip\n    shadow_mode: true\n",
+            "    rate_limit: {unit: second, unit_multiplier: 4, requests_per_unit: 10, algorithm: fixed_window, sync: lease}\n",
+            "  - key: free\n    rate_limit: {unlimited: true}\n",
+        )));
+        let text = m.render(&[]);
+        assert!(text.contains(
+            "tollgate_rule_limit{domain=\"d\",rule=\"d.user\",unit=\"minute\",unit_multiplier=\"1\",algorithm=\"sliding_window_counter\",shadow=\"false\",sync=\"exact\"} 90\n"
+        ), "{text}");
+        assert!(text.contains(
+            "tollgate_rule_limit{domain=\"d\",rule=\"d.ip\",unit=\"second\",unit_multiplier=\"4\",algorithm=\"fixed_window\",shadow=\"true\",sync=\"lease\"} 10\n"
+        ), "{text}");
+        assert!(text.contains("tollgate_rule_limit_per_second{domain=\"d\",rule=\"d.user\"} 1.5\n"));
+        assert!(text.contains("tollgate_rule_limit_per_second{domain=\"d\",rule=\"d.ip\"} 2.5\n"));
+        // An unlimited rule has no limit to show.
+        assert!(!text.contains("d.free"), "{text}");
+        // The labels are the hit counters' own: the series join on (domain, rule).
+        m.rule("d", "d.user", "d.user");
+        assert!(m
+            .render(&[])
+            .contains("tollgate_total_hits{domain=\"d\",rule=\"d.user\"} 0"));
+
+        // A reload replaces the rows: a changed limit shows its new value, a removed rule goes.
+        m.rules_loaded(&load(
+            "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 7200}\n",
+        ));
+        let text = m.render(&[]);
+        let rows: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("tollgate_rule_limit"))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                "tollgate_rule_limit{domain=\"d\",rule=\"d.user\",unit=\"hour\",unit_multiplier=\"1\",algorithm=\"sliding_window_counter\",shadow=\"false\",sync=\"exact\"} 7200",
+                "tollgate_rule_limit_per_second{domain=\"d\",rule=\"d.user\"} 2",
+            ]
+        );
+    }
+
+    #[test]
+    fn rule_limit_labels_are_bounded_escaped_and_unique() {
+        let long = "v".repeat(200);
+        // `a` = `b_c` and `a_b` = `c` have one stats key, `d.a_b_c`, so one hit series.
+        let yaml = format!(
+            "domain: d\ndescriptors:\n  - key: k\n    value: \"{long}\"\n    rate_limit: {{unit: second, requests_per_unit: 1}}\n  - key: q\n    value: 'a\"b'\n    rate_limit: {{unit: second, requests_per_unit: 2}}\n  - key: a\n    value: b_c\n    rate_limit: {{unit: second, requests_per_unit: 3}}\n  - key: a_b\n    value: c\n    rate_limit: {{unit: second, requests_per_unit: 4}}\n"
+        );
+        let set = RuleSet::from_sources(&[("d.yaml".into(), yaml)]).unwrap();
+        let m = Metrics::new();
+        m.rules_loaded(&set);
+        let text = m.render(&[]);
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("tollgate_rule_limit{") && l.contains("d.k_"))
+            .unwrap();
+        let label = row
+            .split("rule=\"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap();
+        assert!(
+            label.len() <= MAX_LABEL_BYTES && label.contains('…'),
+            "{row}"
+        );
+        assert!(text.contains("rule=\"d.q_a\\\"b\""), "{text}");
+        let shared: Vec<&str> = text.lines().filter(|l| l.contains("d.a_b_c")).collect();
+        assert_eq!(shared.len(), 2, "{text}");
+        assert!(shared[0].ends_with("} 3"), "{text}");
+    }
+
+    #[test]
+    fn the_last_reload_shows_as_a_gauge() {
+        let m = Metrics::new();
+        let gauge = |m: &Metrics| {
+            m.render(&[])
+                .lines()
+                .find_map(|l| l.strip_prefix("tollgate_rules_last_reload_successful "))
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(gauge(&m), "1");
+        m.reload(false);
+        assert_eq!(gauge(&m), "0");
+        m.reload(true);
+        assert_eq!(gauge(&m), "1");
     }
 
     #[test]

@@ -28,6 +28,18 @@ fn start(dir: &Path, extra: &[&str], name: &str) -> Server {
     serve_registry(dir, &rules, &args, name)
 }
 
+/// The `tollgate_rule_limit` value of `domain`'s `user` rule in `/metrics`, `None` without one.
+fn limit_metric(base: &str, domain: &str) -> Option<String> {
+    let page = call(base, Method::GET, "/metrics", None, &[]).body;
+    let row = format!("tollgate_rule_limit{{domain=\"{domain}\",rule=\"{domain}.user\",");
+    let mut rows = page.lines().filter(|l| l.starts_with(&row));
+    let value = rows
+        .next()
+        .map(|l| l.rsplit(' ').next().unwrap().to_string());
+    assert!(rows.next().is_none(), "{page}");
+    value
+}
+
 /// One hit for `user=value`: the status and `limit_remaining`.
 fn hit(base: &str, domain: &str, value: &str) -> (u16, Value) {
     let (status, v) = check(base, domain, "user", value);
@@ -48,6 +60,9 @@ fn register_change_delete_and_roll_back() {
     assert_eq!(hit(base, "shop", "ann"), (200, 1.into()));
     assert_eq!(hit(base, "shop", "ann"), (200, 0.into()));
     assert_eq!(hit(base, "shop", "ann").0, 429);
+    // Its limit is a metric beside the file's.
+    assert_eq!(limit_metric(base, "shop").as_deref(), Some("2"));
+    assert_eq!(limit_metric(base, "files").as_deref(), Some("50"));
 
     // Listed with its source and version; readable with its ETag.
     let list = body(&admin_get(base, "/v1/domains"));
@@ -86,6 +101,7 @@ fn register_change_delete_and_roll_back() {
     assert_eq!(body(&r)["previous_version"], 1);
     assert_eq!(r.header("etag"), Some("\"2\""));
     assert_eq!(hit(base, "shop", "ann"), (200, 1.into()));
+    assert_eq!(limit_metric(base, "shop").as_deref(), Some("4"));
 
     // History: both versions, newest first; a PUT of the old one rolls back.
     let h = body(&admin_get(base, "/v1/domains/shop/history"));
@@ -104,8 +120,10 @@ fn register_change_delete_and_roll_back() {
     assert_eq!(body(&r)["deleted_version"], 3);
     assert_eq!(current_limit(base, "shop", "ann"), None);
     assert_eq!(admin_get(base, "/v1/domains/shop").status, 404);
+    assert_eq!(limit_metric(base, "shop"), None);
     // The file's domain was never touched.
     assert_eq!(current_limit(base, "files", "ann"), Some(50));
+    assert_eq!(limit_metric(base, "files").as_deref(), Some("50"));
 
     // Every change is in the audit log (caller and versions) and counted; the token is in
     // neither the log, the metrics nor /v1/rules.

@@ -27,6 +27,31 @@ const ADDRS: [&str; 4] = ["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.
 /// machine it shows within one reload interval, 500 ms).
 const RELOAD_HANG: Duration = Duration::from_secs(60);
 
+/// The `tollgate_rule_limit` rows of `/metrics` (`domain rule value`, sorted) and the
+/// `tollgate_rules_last_reload_successful` gauge.
+fn limit_metrics(base: &str) -> (Vec<String>, String) {
+    let page = http(base, Method::GET, "/metrics", None).body;
+    let label = |l: &str, name: &str| {
+        let from = l.find(&format!("{name}=\"")).unwrap() + name.len() + 2;
+        l[from..from + l[from..].find('"').unwrap()].to_string()
+    };
+    let mut rows: Vec<String> = page
+        .lines()
+        .filter(|l| l.starts_with("tollgate_rule_limit{"))
+        .map(|l| {
+            let value = l.rsplit(' ').next().unwrap();
+            format!("{} {} {value}", label(l, "domain"), label(l, "rule"))
+        })
+        .collect();
+    rows.sort();
+    let ok = page
+        .lines()
+        .find_map(|l| l.strip_prefix("tollgate_rules_last_reload_successful "))
+        .unwrap_or_else(|| panic!("{page}"))
+        .to_string();
+    (rows, ok)
+}
+
 #[test]
 fn reload_new_rules_and_keep_old_on_broken_file() {
     let dir = temp_dir("reload");
@@ -40,6 +65,13 @@ fn reload_new_rules_and_keep_old_on_broken_file() {
     assert_eq!(b["statuses"][0]["current_limit"]["requests_per_unit"], 2);
     let (_, b) = check(&server.base, "keep", "user", "k");
     assert_eq!(b["statuses"][0]["limit_remaining"], 2);
+    assert_eq!(
+        limit_metrics(&server.base),
+        (
+            vec!["keep keep.user 3".into(), "r r.user 2".into()],
+            "1".into()
+        )
+    );
 
     // The watcher picks the new limit up by itself (no signal, no restart).
     std::fs::write(dir.join("a.yaml"), rule("r", "user", 7)).unwrap();
@@ -60,6 +92,11 @@ fn reload_new_rules_and_keep_old_on_broken_file() {
     println!("new rules active {:?} after the change", changed.elapsed());
     let (_, b) = check(&server.base, "other", "k", "x");
     assert_eq!(b["statuses"][0]["current_limit"]["requests_per_unit"], 1);
+    // The limits as metrics follow: the new value, the new rule.
+    assert_eq!(
+        limit_metrics(&server.base).0,
+        ["keep keep.user 3", "other other.k 1", "r r.user 7"]
+    );
     // The unchanged limit kept its counter through the watcher's reload (3 - 1 - 1 = 1).
     let (_, b) = check(&server.base, "keep", "user", "k");
     assert_eq!(b["statuses"][0]["limit_remaining"], 1, "{b}");
@@ -92,6 +129,31 @@ fn reload_new_rules_and_keep_old_on_broken_file() {
         "{metrics}"
     );
     assert!(server.stderr().contains("c.yaml:4:"), "{}", server.stderr());
+    // The running rules' limits stay, and the gauge says the files do not load.
+    let limits = vec![
+        "keep keep.user 3".to_string(),
+        "other other.k 1".into(),
+        "r r.user 7".into(),
+    ];
+    assert_eq!(limit_metrics(&server.base), (limits, "0".into()));
+
+    // The broken file and a domain's file removed: a removed rule's limit goes.
+    std::fs::remove_file(dir.join("c.yaml")).unwrap();
+    std::fs::remove_file(dir.join("b.yaml")).unwrap();
+    let until = Instant::now() + RELOAD_HANG;
+    loop {
+        let now = limit_metrics(&server.base);
+        if now.1 == "1" {
+            assert_eq!(
+                now.0,
+                ["keep keep.user 3", "r r.user 7"],
+                "a reload that succeeds swaps the rules and their limits at once"
+            );
+            break;
+        }
+        assert!(Instant::now() < until, "no reload after {RELOAD_HANG:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
