@@ -243,17 +243,23 @@ pub enum SyncMode {
     /// locally from it: never more than the limit across instances, most decisions without a
     /// round trip. Windowed algorithms only ([`SyncMode::supports`]).
     Lease,
+    /// An instance counts locally and sends its counts to the store in batches (every flush
+    /// interval), learning the fleet's count back: approximate (the fleet may admit a bounded
+    /// amount over the limit per window, see `docs/distributed.md`), no round trip on the
+    /// request path. Windowed algorithms only ([`SyncMode::supports`]).
+    Batched,
 }
 
 impl SyncMode {
     /// All modes.
-    pub const ALL: [SyncMode; 2] = [SyncMode::Exact, SyncMode::Lease];
+    pub const ALL: [SyncMode; 3] = [SyncMode::Exact, SyncMode::Lease, SyncMode::Batched];
 
     /// The name as written in rule files.
     pub const fn as_str(self) -> &'static str {
         match self {
             SyncMode::Exact => "exact",
             SyncMode::Lease => "lease",
+            SyncMode::Batched => "batched",
         }
     }
 
@@ -262,11 +268,12 @@ impl SyncMode {
     /// a count per aligned window: `fixed_window` and `sliding_window_counter`. A bucket or GCRA
     /// leased ahead of use would let the units spent late meet the refill that others see
     /// (admitting more than the limit over a short interval), and a sliding log keeps each
-    /// admission's time, which a share cannot carry.
+    /// admission's time, which a share cannot carry. Batches are deltas added to a window's
+    /// count, so they need the same: counts that add up per window.
     pub const fn supports(self, algorithm: Algorithm) -> bool {
         match self {
             SyncMode::Exact => true,
-            SyncMode::Lease => matches!(
+            SyncMode::Lease | SyncMode::Batched => matches!(
                 algorithm,
                 Algorithm::FixedWindow | Algorithm::SlidingWindowCounter
             ),
@@ -286,11 +293,10 @@ impl FromStr for SyncMode {
         match s {
             "exact" => Ok(SyncMode::Exact),
             "lease" => Ok(SyncMode::Lease),
-            "batched" => Err(
-                "sync mode 'batched' is not available in this version (expected exact or lease)"
-                    .into(),
-            ),
-            _ => Err(format!("unknown sync mode '{s}' (expected exact or lease)")),
+            "batched" => Ok(SyncMode::Batched),
+            _ => Err(format!(
+                "unknown sync mode '{s}' (expected exact, lease or batched)"
+            )),
         }
     }
 }

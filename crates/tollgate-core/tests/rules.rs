@@ -524,9 +524,15 @@ const BAD: &[(&str, usize, &str)] = &[
         "`sync: lease` needs algorithm fixed_window or sliding_window_counter, not gcra",
     ),
     (
+        "batched_with_token_bucket.yaml",
+        8,
+        "`sync: batched` needs algorithm fixed_window or sliding_window_counter, not token_bucket \
+         (a batch is a count added to one window's count)",
+    ),
+    (
         "sync_unknown.yaml",
         7,
-        "invalid `sync`: sync mode 'batched' is not available in this version",
+        "invalid `sync`: unknown sync mode 'eventual' (expected exact, lease or batched)",
     ),
     (
         "requests_per_unit_too_large.yaml",
@@ -870,13 +876,29 @@ fn sync_modes_and_their_default() {
     let file = dir.join("api.yaml");
     std::fs::write(
         &file,
-        "domain: api\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 5}\n  - key: b\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: gcra}\n  - key: c\n    rate_limit: {unit: second, requests_per_unit: 5, sync: exact}\n  - key: d\n    rate_limit: {unit: second, requests_per_unit: 5, sync: lease}\n",
+        "domain: api\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 5}\n  - key: b\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: gcra}\n  - key: c\n    rate_limit: {unit: second, requests_per_unit: 5, sync: exact}\n  - key: d\n    rate_limit: {unit: second, requests_per_unit: 5, sync: lease}\n  - key: e\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: fixed_window, sync: batched}\n",
     )
     .unwrap();
     let sync = |set: &RuleSet, id: &str| limit(set, id).quota.unwrap().sync();
     let plain = load(&file);
     assert_eq!(sync(&plain, "api|a"), SyncMode::Exact);
     assert_eq!(sync(&plain, "api|d"), SyncMode::Lease);
+    assert_eq!(sync(&plain, "api|e"), SyncMode::Batched);
+    let batched = load(&file).with_defaults(RuleDefaults {
+        sync: SyncMode::Batched,
+        ..RuleDefaults::default()
+    });
+    assert_eq!(sync(&batched, "api|a"), SyncMode::Batched);
+    assert_eq!(
+        sync(&batched, "api|b"),
+        SyncMode::Exact,
+        "gcra is not batched"
+    );
+    assert_eq!(
+        sync(&batched, "api|d"),
+        SyncMode::Lease,
+        "named lease stays"
+    );
     let leased = load(&file).with_defaults(RuleDefaults {
         sync: SyncMode::Lease,
         ..RuleDefaults::default()

@@ -45,7 +45,9 @@
 //! until the time Redis said they could pass again; see docs/operations.md for where that is
 //! exact.
 
+use crate::batch::Batches;
 use crate::lease::{Leases, Returns};
+use crate::limits::LimitStats;
 use crate::{Receipt, RedisStore};
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -188,6 +190,8 @@ pub struct RedisSettings {
     /// `TIME`. Off in the service, so that app servers with skewed clocks share one time; on
     /// when a test clock must decide on Redis as it does on the memory store.
     pub caller_clock: bool,
+    /// `--sync-flush-interval`: how often `sync: batched` counts are sent to Redis.
+    pub flush_interval: Duration,
 }
 
 impl Default for RedisSettings {
@@ -198,6 +202,7 @@ impl Default for RedisSettings {
             deny_cache: false,
             max_keys: tollgate_core::memory::DEFAULT_MAX_KEYS,
             caller_clock: false,
+            flush_interval: crate::batch::DEFAULT_FLUSH_INTERVAL,
         }
     }
 }
@@ -338,6 +343,10 @@ pub struct Guarded {
     owed: Owed,
     /// `sync: lease` limits' units in hand.
     leases: Leases,
+    /// `sync: batched` limits' local counts.
+    batches: Batches,
+    /// What each non-exact limit's mode did.
+    limits: LimitStats,
 }
 
 /// The store's current failure, logged once per change: set by a failure of another kind than
@@ -431,7 +440,7 @@ impl Guarded {
             deny_cache: settings.deny_cache.then(DenyCache::default),
             nodes: store.is_cluster().then(Nodes::default),
             store,
-            settings,
+            settings: settings.clone(),
             breaker: Arc::default(),
             degraded: Default::default(),
             errors: Default::default(),
@@ -439,6 +448,8 @@ impl Guarded {
             condition: Condition::default(),
             owed: Owed::default(),
             leases: Leases::default(),
+            batches: Batches::new(settings.flush_interval),
+            limits: LimitStats::default(),
         });
         if let Err(e) = g.store.probe().await {
             g.count_error(&e, 0);
@@ -454,6 +465,7 @@ impl Guarded {
         }
         g.refresh_slots().await;
         tokio::spawn(probe(Arc::downgrade(&g)));
+        tokio::spawn(flusher(Arc::downgrade(&g)));
         g
     }
 
@@ -675,6 +687,7 @@ impl Guarded {
     /// this store cannot serve ([`StoreError::Unsupported`]).
     pub async fn check(&self, now: Micros, items: &[CheckItem<'_>]) -> Result<Outcome, StoreError> {
         if let Some(decisions) = self.leases.decide(now, items) {
+            self.limits.decided(items, false);
             return Ok(Outcome::store(decisions));
         }
         if let (Some(cache), [one]) = (&self.deny_cache, items) {
@@ -687,9 +700,15 @@ impl Guarded {
         }
         let breaker = self.breaker_for(items);
         if breaker.state() == BreakerState::Open {
+            self.limits.decided(items, false);
             return Ok(self.fallback(now, items, false, false));
         }
+        if let Some(decisions) = self.batches.decide(now, items) {
+            self.limits.decided(items, false);
+            return Ok(Outcome::store(decisions));
+        }
         let wants = self.leases.wants(now, items);
+        self.limits.decided(items, true);
         let started = std::time::Instant::now();
         match self.call(now, items, &breaker, wants.as_deref()).await {
             Err(None) => Ok(self.fallback(now, items, true, true)),
@@ -697,9 +716,16 @@ impl Guarded {
                 if let Some(wants) = &wants {
                     let answered = now.saturating_add(started.elapsed().as_micros() as Micros);
                     let times = (now, answered);
-                    self.leases
-                        .learn(times, receipt.times(), items, wants, &mut decisions);
+                    self.leases.learn(
+                        times,
+                        receipt.times(),
+                        items,
+                        wants,
+                        &mut decisions,
+                        &self.limits,
+                    );
                 }
+                self.batches.learn(now, items, &decisions);
                 breaker.success();
                 self.condition.answered(now);
                 if let Some(cache) = &self.deny_cache {
@@ -780,17 +806,69 @@ impl Guarded {
         (&self.leases.stats, self.leases.held())
     }
 
+    /// Flush the batched counters at local time `now` (the server calls it every flush
+    /// interval; tests call it to drive the protocol step by step): one script call (one per
+    /// hash slot on a Cluster), the counts learned back. Returns the number of counters
+    /// flushed, or the store's error (the units are sent again, under the same sequence, by the
+    /// next flush).
+    pub async fn flush(&self, now: Micros) -> Result<usize, StoreError> {
+        let b = &self.batches;
+        let _one = b.flushing.lock().await;
+        let opts = self.store().options();
+        let sent = b.take(now, opts.ttl_grace.as_millis() as u64);
+        if sent.is_empty() {
+            return Ok(0);
+        }
+        let entries: Vec<crate::batch::FlushEntry> = sent.iter().map(|(_, e)| e.clone()).collect();
+        let bound = opts.timeout + opts.patience;
+        let states = match self.store().flush_batch(bound, &b.instance, &entries).await {
+            Ok(s) => s,
+            Err(e) => {
+                b.stats.flush_failures.fetch_add(1, Relaxed);
+                self.flush_failed(&e, now);
+                return Err(e);
+            }
+        };
+        b.stats.flushes.fetch_add(1, Relaxed);
+        b.merge(now, &sent, &states, &self.limits);
+        Ok(sent.len())
+    }
+
+    /// What `sync: batched` limits' batches did: the counters, the counters tracked and the
+    /// units not confirmed by Redis yet.
+    pub fn batch_stats(&self) -> (&crate::batch::BatchStats, usize, u64) {
+        (
+            &self.batches.stats,
+            self.batches.tracked(),
+            self.batches.unconfirmed(),
+        )
+    }
+
+    /// What each `lease` or `batched` limit did (per configured limit).
+    pub fn limit_stats(&self) -> &LimitStats {
+        &self.limits
+    }
+
+    /// A flush failed at `now`: a store error like a check's (an outage counts toward opening
+    /// the breaker, which then sends batched limits to the failure policy).
+    pub(crate) fn flush_failed(&self, e: &StoreError, now: Micros) {
+        self.count_error(e, now);
+        if e.kind().is_outage() {
+            self.breaker.failure(e.kind(), now);
+        }
+    }
+
     /// Give every lease's units in hand back to Redis (at shutdown: what this instance will
     /// not spend, other instances can).
     pub async fn return_leases(&self, now: Micros) {
-        let returns = self.leases.take_returns(now, true);
+        let returns = self.leases.take_returns(now, true, &self.limits);
         self.give_back(now, returns).await;
     }
 
     /// Give `returns` back to Redis (refunds in the window they were granted in; a failure
     /// leaves them counted, the safe side).
     async fn give_back(&self, now: Micros, returns: Returns) {
-        for (key, quota, at, units) in returns {
+        for (rule, key, quota, at, units) in returns {
             let item = CheckItem {
                 cost: units,
                 ..CheckItem::hit("", &key, &quota)
@@ -801,6 +879,9 @@ impl Guarded {
                 .is_some()
             {
                 self.leases.stats.units_returned.fetch_add(units, Relaxed);
+                let per = self.limits.get(&rule);
+                per.lease_units_returned.fetch_add(units, Relaxed);
+                per.redis_calls.fetch_add(1, Relaxed);
             }
         }
     }
@@ -999,11 +1080,32 @@ async fn probe(g: Weak<Guarded>) {
         // Lease units this instance stopped spending go back for the others.
         if g.state() != BreakerState::Open {
             let now = crate::store::wall_micros();
-            let returns = g.leases.take_returns(now, false);
+            let returns = g.leases.take_returns(now, false, &g.limits);
             if !returns.is_empty() {
                 g.give_back(now, returns).await;
             }
         }
+    }
+}
+
+/// Flush the `sync: batched` counts every flush interval while the breaker is not open (an
+/// open breaker's probe finds Redis back first); stop when the backend is dropped. A final flush
+/// is [`Guarded::flush`] at shutdown.
+async fn flusher(g: Weak<Guarded>) {
+    let interval = match g.upgrade() {
+        Some(g) => g.batches.interval(),
+        None => return,
+    };
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(g) = g.upgrade() else { return };
+        if g.breaker.state() == BreakerState::Open || g.batches.tracked() == 0 {
+            continue;
+        }
+        // Failures are counted and logged by the flush; its units go again next time.
+        let _ = g.flush(crate::store::wall_micros()).await;
     }
 }
 

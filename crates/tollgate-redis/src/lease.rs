@@ -22,6 +22,7 @@
 //! locally only when every item is leased and has enough units in hand, so all-or-nothing across
 //! a request's limits holds as on Redis.
 
+use crate::limits::LimitStats;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
@@ -42,7 +43,8 @@ const MAX_LEASES: usize = 100_000;
 /// One counter's lease.
 #[derive(Debug, Clone)]
 struct Lease {
-    /// The item's counter key and quota (to give units back).
+    /// The item's limit, counter key and quota (to give units back).
+    rule: String,
     key: String,
     quota: Quota,
     /// Redis' time of the last grant: inside the lease's window (a refund must name it).
@@ -92,8 +94,9 @@ pub struct Leases {
     pub stats: LeaseStats,
 }
 
-/// Units to give back to Redis: (counter key, quota, Redis time inside their window, units).
-pub type Returns = Vec<(String, Quota, Micros, u64)>;
+/// Units to give back to Redis: (limit, counter key, quota, Redis time inside their window,
+/// units).
+pub type Returns = Vec<(String, String, Quota, Micros, u64)>;
 
 fn leased(item: &CheckItem<'_>) -> bool {
     item.quota.sync() == SyncMode::Lease && SyncMode::Lease.supports(item.quota.algorithm())
@@ -214,6 +217,7 @@ impl Leases {
         items: &[CheckItem<'_>],
         wants: &[u64],
         decisions: &mut [Decision],
+        limits: &LimitStats,
     ) {
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         for (i, ((item, &want), d)) in items
@@ -234,6 +238,7 @@ impl Leases {
             let (start, end) = window(item.quota.period(), at);
             let expires = now.saturating_add(end.saturating_sub(at));
             let l = map.entry(k).or_insert_with(|| Lease {
+                rule: item.rule.to_owned(),
                 key: item.key.to_owned(),
                 quota: *item.quota,
                 at,
@@ -251,6 +256,8 @@ impl Leases {
             if l.left > 0 && (l.expires <= now || l.start != start) {
                 // The window of the units in hand is over: they went with it.
                 self.stats.units_expired.fetch_add(l.left, Relaxed);
+                let per = limits.get(&l.rule);
+                per.lease_units_expired.fetch_add(l.left, Relaxed);
                 l.left = 0;
             }
             l.reset_at = now.saturating_add(d.reset_after);
@@ -273,6 +280,9 @@ impl Leases {
                     l.left += g;
                     self.stats.grants.fetch_add(1, Relaxed);
                     self.stats.units_granted.fetch_add(g, Relaxed);
+                    let per = limits.get(item.rule);
+                    per.lease_grants.fetch_add(1, Relaxed);
+                    per.lease_units_granted.fetch_add(g, Relaxed);
                 }
             }
         }
@@ -280,16 +290,20 @@ impl Leases {
 
     /// Units to give back: those idle since `now - IDLE` (all of them with `all`), taken out of
     /// the leases; forgets leases whose window is over.
-    pub fn take_returns(&self, now: Micros, all: bool) -> Returns {
+    pub fn take_returns(&self, now: Micros, all: bool, limits: &LimitStats) -> Returns {
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         let mut out = Vec::new();
         map.retain(|_, l| {
             if l.expires <= now {
                 self.stats.units_expired.fetch_add(l.left, Relaxed);
+                if l.left > 0 {
+                    let per = limits.get(&l.rule);
+                    per.lease_units_expired.fetch_add(l.left, Relaxed);
+                }
                 return l.denied_until > now;
             }
             if l.left > 0 && (all || now.saturating_sub(l.used_at) >= IDLE) {
-                out.push((l.key.clone(), l.quota, l.at, l.left));
+                out.push((l.rule.clone(), l.key.clone(), l.quota, l.at, l.left));
                 l.left = 0;
             }
             true
@@ -333,7 +347,14 @@ mod tests {
         assert!(l.decide(T0, &items).is_none(), "nothing in hand");
         assert_eq!(l.wants(T0, &items), Some(vec![1]));
         let mut d = [granted(900, 3)];
-        l.learn((T0, T0), &[T0], &items, &[3], &mut d);
+        l.learn(
+            (T0, T0),
+            &[T0],
+            &items,
+            &[3],
+            &mut d,
+            &LimitStats::default(),
+        );
         assert_eq!(d[0].count, None, "the grant is not reported to the caller");
         for _ in 0..3 {
             let d = l.decide(T0 + 1, &items).expect("decided from the lease");
@@ -353,16 +374,36 @@ mod tests {
         let l = Leases::default();
         let items = [CheckItem::hit("r", "k", &q)];
         let mut d = [granted(900, 8)];
-        l.learn((T0, T0), &[T0], &items, &[8], &mut d);
-        assert!(l.take_returns(T0 + 1, false).is_empty(), "not idle yet");
-        let back = l.take_returns(T0 + IDLE, false);
+        l.learn(
+            (T0, T0),
+            &[T0],
+            &items,
+            &[8],
+            &mut d,
+            &LimitStats::default(),
+        );
+        assert!(
+            l.take_returns(T0 + 1, false, &LimitStats::default())
+                .is_empty(),
+            "not idle yet"
+        );
+        let back = l.take_returns(T0 + IDLE, false, &LimitStats::default());
         assert_eq!(back.len(), 1);
-        assert_eq!((back[0].2, back[0].3), (T0, 8));
+        assert_eq!((back[0].3, back[0].4), (T0, 8));
         assert_eq!(l.held(), 0);
         // Units of a window that ended are not given back (the counter reset with it).
         let mut d = [granted(900, 5)];
-        l.learn((T0 + IDLE, T0 + IDLE), &[T0], &items, &[5], &mut d);
-        assert!(l.take_returns(T0 + 61_000_000, true).is_empty());
+        l.learn(
+            (T0 + IDLE, T0 + IDLE),
+            &[T0],
+            &items,
+            &[5],
+            &mut d,
+            &LimitStats::default(),
+        );
+        assert!(l
+            .take_returns(T0 + 61_000_000, true, &LimitStats::default())
+            .is_empty());
         assert_eq!(l.stats.units_expired.load(Relaxed), 5);
     }
 
@@ -379,7 +420,14 @@ mod tests {
             count: Some(0),
             ..granted(0, 0)
         }];
-        l.learn((T0, T0), &[T0], &items, &[1], &mut d);
+        l.learn(
+            (T0, T0),
+            &[T0],
+            &items,
+            &[1],
+            &mut d,
+            &LimitStats::default(),
+        );
         let local = l.decide(T0 + 1, &items).expect("the denial is remembered");
         assert!(!local[0].allowed);
         assert!(

@@ -16,11 +16,15 @@
 //! wire format), [`store`] ([`RedisStore`], connections, timeouts, health), `sentinel` (a
 //! master found through Redis Sentinel, followed through failovers), [`guard`] (the failure
 //! policy and circuit breaker around it: [`Guarded`]), [`lease`] (`sync: lease`: shares of a
-//! window's count spent locally, exact across instances).
+//! window's count spent locally, exact across instances), [`batch`] (`sync: batched`: counts kept
+//! locally and flushed in batches, approximate with a bounded overshoot), [`limits`] (what each
+//! limit's sync mode did).
 
+pub mod batch;
 pub mod guard;
 pub mod keys;
 pub mod lease;
+pub mod limits;
 pub mod script;
 mod sentinel;
 mod single;

@@ -66,7 +66,7 @@ pub enum Mode {
     Refund,
 }
 
-fn algorithm_code(a: Algorithm) -> u8 {
+pub(crate) fn algorithm_code(a: Algorithm) -> u8 {
     match a {
         Algorithm::Gcra => 1,
         Algorithm::LeakyBucket => 2,

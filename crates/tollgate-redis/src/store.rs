@@ -1033,6 +1033,88 @@ impl RedisStore {
         self.record(result.map(|()| decisions))
     }
 
+    /// Apply one instance's batch of `sync: batched` counts (`flush.lua`, see `batch.rs`):
+    /// `entries` are (counter key, quota, TTL in ms, windows as (start, next start, previous
+    /// start, units), sequence), sent by instance `inst`. One script call per slot (a
+    /// standalone server: one call). Returns each entry's stored (start, prev, count) after the
+    /// flush.
+    pub(crate) async fn flush_batch(
+        &self,
+        bound: Duration,
+        inst: &str,
+        entries: &[crate::batch::FlushEntry],
+    ) -> Result<Vec<[u64; 3]>, StoreError> {
+        static FLUSH: std::sync::LazyLock<Script> =
+            std::sync::LazyLock::new(|| Script::new(include_str!("../scripts/flush.lua")));
+        if entries.is_empty() {
+            return Ok(Vec::new());
+        }
+        let opts = &self.inner.opts;
+        let names: Vec<String> = entries
+            .iter()
+            .map(|e| keys::counter_keys(&opts.prefix, &e.key, &e.quota).0)
+            .collect();
+        let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            let slot = if self.is_cluster() {
+                keys::slot(name)
+            } else {
+                0
+            };
+            match groups.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, g)) => g.push(i),
+                None => groups.push((slot, vec![i])),
+            }
+        }
+        let calls = groups.iter().map(|(_, g)| {
+            let mut inv = FLUSH.prepare_invoke();
+            inv.arg(inst);
+            for &i in g {
+                let e = &entries[i];
+                inv.key(&names[i]);
+                inv.arg(script::algorithm_code(e.quota.algorithm()))
+                    .arg(e.ttl_ms)
+                    .arg(e.seq)
+                    .arg(e.windows.len());
+                for w in &e.windows {
+                    inv.arg(w.0).arg(w.1).arg(w.2).arg(w.3);
+                }
+            }
+            async move {
+                let r: Result<Vec<u64>, StoreError> = self
+                    .bounded(bound, async {
+                        match self.inner.conn.clone() {
+                            Conn::Single(s) => inv.invoke_async(&mut s.conn()).await,
+                            Conn::Cluster(mut c) => inv.invoke_async(&mut c).await,
+                            Conn::Sentinel(s) => inv.invoke_async(&mut s.master().await?).await,
+                        }
+                    })
+                    .await;
+                r
+            }
+        });
+        let replies = join_all(calls).await;
+        let mut out = vec![[0u64; 3]; entries.len()];
+        let mut result = Ok(());
+        for ((_, g), r) in groups.iter().zip(replies) {
+            match r {
+                Ok(v) if v.len() == 3 * g.len() => {
+                    for (k, &i) in g.iter().enumerate() {
+                        out[i] = [v[3 * k], v[3 * k + 1], v[3 * k + 2]];
+                    }
+                }
+                Ok(_) => {
+                    result = Err(StoreError::Failed {
+                        kind: FaultKind::Script,
+                        message: "flush: unexpected reply length".into(),
+                    })
+                }
+                Err(e) => result = Err(e),
+            }
+        }
+        self.record(result.map(|()| out))
+    }
+
     /// The check of `items`, validated: within `bound`, at `now` (`None`: Redis' time), asking
     /// for `leases`.
     async fn check_valid(

@@ -298,6 +298,8 @@ fn render_stores(out: &mut String, stores: &[(Option<&str>, &Guarded)]) {
         let (labels, n) = plain(g, store, &|g| g.lease_stats().1);
         let _ = writeln!(out, "{name}{labels} {n}");
     }
+    render_batches(out, stores);
+    render_limits(out, stores);
     let cached: Vec<_> = stores
         .iter()
         .filter_map(|(s, g)| g.deny_cache_stats().map(|c| (s, c)))
@@ -317,6 +319,169 @@ fn render_stores(out: &mut String, stores: &[(Option<&str>, &Guarded)]) {
         );
         for (s, c) in &cached {
             let _ = writeln!(out, "tollgate_deny_cache_entries{} {}", tag(s), c.1);
+        }
+    }
+}
+
+/// The per-store counters of `sync: batched` limits.
+fn render_batches(out: &mut String, stores: &[(Option<&str>, &Guarded)]) {
+    let load = |g: &Guarded, f: fn(&tollgate_redis::batch::BatchStats) -> &AtomicU64| {
+        f(g.batch_stats().0).load(Relaxed)
+    };
+    // (name, type, help, reading)
+    type Series<'a> = (&'a str, &'a str, &'a str, &'a dyn Fn(&Guarded) -> u64);
+    let series: [Series<'_>; 5] = [
+        (
+            "tollgate_batch_flushes_total",
+            "counter",
+            "Flushes of batched counts that Redis applied (sync: batched).",
+            &|g| load(g, |s| &s.flushes),
+        ),
+        (
+            "tollgate_batch_flush_failures_total",
+            "counter",
+            "Flushes that failed (their counts are sent again, counted once).",
+            &|g| load(g, |s| &s.flush_failures),
+        ),
+        (
+            "tollgate_batch_local_decisions_total",
+            "counter",
+            "Requests decided from batched counts without a Redis call.",
+            &|g| load(g, |s| &s.local_decisions),
+        ),
+        (
+            "tollgate_batch_counters",
+            "gauge",
+            "Counters of batched limits this instance tracks.",
+            &|g| g.batch_stats().1 as u64,
+        ),
+        (
+            "tollgate_batch_units_unconfirmed",
+            "gauge",
+            "Units admitted locally that Redis has not confirmed yet.",
+            &|g| g.batch_stats().2,
+        ),
+    ];
+    for (name, kind, help, f) in series {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (store, g) in stores {
+            let labels = store.map_or(String::new(), |s| format!("{{store=\"{s}\"}}"));
+            let _ = writeln!(out, "{name}{labels} {}", f(g));
+        }
+    }
+}
+
+/// Escape a label value (`\`, `"`, newline).
+fn escape_label(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// What each `lease` or `batched` limit did, labelled by domain and rule (the limit's id), so
+/// the series follow the configured limits, not the traffic.
+fn render_limits(out: &mut String, stores: &[(Option<&str>, &Guarded)]) {
+    use tollgate_redis::limits::LimitSync;
+    let snapshots: Vec<_> = stores
+        .iter()
+        .map(|(s, g)| (*s, g.limit_stats().snapshot()))
+        .collect();
+    let labels = |store: Option<&str>, rule: &str, l: &LimitSync, mode: bool| {
+        let domain = rule.split('|').next().unwrap_or(rule);
+        let mut t = store.map_or(String::new(), |s| format!("store=\"{s}\","));
+        let _ = write!(
+            t,
+            "domain=\"{}\",rule=\"{}\"",
+            escape_label(domain),
+            escape_label(rule)
+        );
+        if mode {
+            let _ = write!(t, ",mode=\"{}\"", l.mode());
+        }
+        t
+    };
+    type Field = fn(&LimitSync) -> &AtomicU64;
+    let families: [(&str, &str, &str, bool, Field); 9] = [
+        (
+            "tollgate_sync_decisions_total",
+            "counter",
+            "Requests decided on a lease or batched limit.",
+            true,
+            |l| &l.decisions,
+        ),
+        (
+            "tollgate_sync_redis_calls_total",
+            "counter",
+            "Redis calls made for a lease or batched limit (checks, refills, give-backs, flushes); over tollgate_sync_decisions_total: calls per decision.",
+            true,
+            |l| &l.redis_calls,
+        ),
+        (
+            "tollgate_sync_lease_grants_total",
+            "counter",
+            "Leases Redis granted for the limit.",
+            false,
+            |l| &l.lease_grants,
+        ),
+        (
+            "tollgate_sync_lease_units_granted_total",
+            "counter",
+            "Units leased for the limit.",
+            false,
+            |l| &l.lease_units_granted,
+        ),
+        (
+            "tollgate_sync_lease_units_returned_total",
+            "counter",
+            "Leased units given back unspent.",
+            false,
+            |l| &l.lease_units_returned,
+        ),
+        (
+            "tollgate_sync_lease_units_expired_total",
+            "counter",
+            "Leased units lost unspent when their window ended.",
+            false,
+            |l| &l.lease_units_expired,
+        ),
+        (
+            "tollgate_sync_flushes_total",
+            "counter",
+            "Batched counters of the limit flushed to Redis (one per counter and flush).",
+            false,
+            |l| &l.flushes,
+        ),
+        (
+            "tollgate_sync_overshoot_units_total",
+            "counter",
+            "Units the fleet's count was over the limit by, as this instance's flushes found it (batched; each unit once per counter and window).",
+            false,
+            |l| &l.overshoot,
+        ),
+        (
+            "tollgate_sync_last_flush_timestamp_seconds",
+            "gauge",
+            "When a batched counter of the limit was last flushed (seconds since the epoch; 0: never). time() minus it is the flush lag.",
+            false,
+            |l| &l.last_flush,
+        ),
+    ];
+    for (name, kind, help, mode, field) in families {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (store, limits) in &snapshots {
+            for (rule, l) in limits {
+                let v = field(l).load(Relaxed);
+                let labels = labels(*store, rule, l, mode);
+                if name.ends_with("_seconds") {
+                    let _ = writeln!(
+                        out,
+                        "{name}{{{labels}}} {}",
+                        tollgate_redis::limits::seconds(v)
+                    );
+                } else {
+                    let _ = writeln!(out, "{name}{{{labels}}} {v}");
+                }
+            }
         }
     }
 }

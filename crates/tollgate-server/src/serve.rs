@@ -588,10 +588,12 @@ pub async fn serve(
     for task in envoy_stats {
         let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
     }
-    // Lease units this instance holds go back to Redis for the instances that stay.
+    // Lease units this instance holds go back to Redis for the instances that stay, and the
+    // counts of batched limits admitted since the last flush are sent.
     let backend = state.backend();
     for g in backend.redis().into_iter().chain(backend.per_second()) {
         let _ = tokio::time::timeout(Duration::from_secs(2), g.return_leases(state.now())).await;
+        let _ = tokio::time::timeout(Duration::from_secs(2), g.flush(state.now())).await;
     }
     tracing::info!("stopped");
     Ok(())

@@ -322,3 +322,56 @@ async fn password_is_redacted_and_cms_reload_is_refused() {
     assert!(errors.contains("about 35 years"), "{errors}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A `sync: batched` limit through the service: decided locally after its first request, its counts flushed into Redis (the second instance sees them), and
+/// the per-limit metrics name it by domain and rule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batched_limit_is_flushed_and_reported_per_limit() {
+    let prefix = unique_prefix("backend-batched");
+    let rules = "domain: d\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 10, algorithm: fixed_window, sync: batched}\n";
+    let make = || async {
+        let set = RuleSet::from_sources(&[("d.yaml".into(), rules.into())]).unwrap();
+        let opts = RedisOptions {
+            prefix: prefix.clone(),
+            timeout: Duration::from_secs(2),
+            ..RedisOptions::default()
+        };
+        let store = RedisStore::connect_lazy(SHARED_URL, opts).await.unwrap();
+        // Flushed by the test, not by the hourly background task.
+        let s = RedisSettings {
+            flush_interval: Duration::from_secs(3600),
+            ..settings(Policy::Deny)
+        };
+        let guarded = Guarded::start(store, s).await;
+        let state = AppState::builder(LoadedRules::inline(set))
+            .redis(guarded.clone())
+            .build();
+        App {
+            router: router(state.clone()),
+            state,
+            guarded,
+        }
+    };
+    let (a, b) = (make().await, make().await);
+    for _ in 0..6 {
+        assert_eq!(check(&a, "tenant", "acme").await.0, StatusCode::OK);
+    }
+    a.guarded.flush(a.state.now()).await.unwrap();
+    // The second instance learns the 6 from Redis with its first request: 4 more, then 429.
+    let mut codes = Vec::new();
+    for _ in 0..5 {
+        codes.push(check(&b, "tenant", "acme").await.0.as_u16());
+    }
+    assert_eq!(codes, [200, 200, 200, 200, 429]);
+    let (_, _, text) = get(&a, "/metrics").await;
+    for line in [
+        "tollgate_sync_decisions_total{domain=\"d\",rule=\"d|tenant\",mode=\"batched\"} 6",
+        "tollgate_sync_redis_calls_total{domain=\"d\",rule=\"d|tenant\",mode=\"batched\"} 2",
+        "tollgate_sync_flushes_total{domain=\"d\",rule=\"d|tenant\"} 1",
+        "tollgate_batch_local_decisions_total 5",
+        "tollgate_batch_units_unconfirmed 0",
+    ] {
+        assert!(text.contains(line), "{line} in:\n{text}");
+    }
+    delete_prefix(SHARED_URL, &prefix);
+}

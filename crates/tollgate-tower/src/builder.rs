@@ -165,6 +165,9 @@ impl Builder {
     /// in this process from shares of the window's count, never more than the limit across
     /// instances (docs/distributed.md). Call `Guarded::return_leases` at shutdown to give the
     /// unspent shares back at once (otherwise they go back after half a second unused).
+    /// Limits that say `sync: batched` are counted in this process and sent to Redis every
+    /// `RedisSettings::flush_interval` (approximate, with a bounded overshoot); call
+    /// `Guarded::flush` at shutdown to send the last counts.
     #[cfg(feature = "redis")]
     pub fn redis(mut self, guarded: Arc<tollgate_redis::Guarded>) -> Self {
         self.backend = Chosen::Redis(guarded);

@@ -262,11 +262,18 @@ struct CountingArgs {
     #[arg(long, env = "TOLLGATE_COUNT_DENIED_HITS")]
     count_denied_hits: bool,
     /// Redis: how instances keep the counters of rules that name no `sync` in step: `exact`
-    /// (every decision in Redis) or `lease` (shares of a window's count spent locally; exact;
-    /// fixed_window and sliding_window_counter rules, the others stay exact). See
+    /// (every decision in Redis), `lease` (shares of a window's count spent locally; exact) or
+    /// `batched` (counts kept locally and flushed every --sync-flush-interval; approximate,
+    /// bounded); fixed_window and sliding_window_counter rules, the others stay exact. See
     /// docs/distributed.md.
     #[arg(long, env = "TOLLGATE_SYNC_DEFAULT", default_value = "exact")]
     sync_default: tollgate_core::SyncMode,
+    /// Redis: how often `sync: batched` limits send the counts admitted locally to Redis (and
+    /// learn the fleet's back): the over-admission bound grows with it. From 1ms to 60s. See
+    /// docs/distributed.md.
+    #[arg(long, env = "TOLLGATE_SYNC_FLUSH_INTERVAL", default_value = "100ms",
+          value_parser = flush_interval)]
+    sync_flush_interval: Duration,
     /// Redis: where envoy_fixed_window counters live: `tollgate` (hash-tagged keys) or `envoy`
     /// (envoyproxy/ratelimit's keys and increments, shared with its pods; standalone Redis only;
     /// --redis-prefix is then used as is, like its CACHE_KEY_PREFIX).
@@ -482,6 +489,17 @@ impl std::str::FromStr for AnyDuration {
     }
 }
 
+/// `--sync-flush-interval`: a duration from 1 ms to 60 s.
+fn flush_interval(text: &str) -> Result<Duration, String> {
+    let AnyDuration(d) = text.parse()?;
+    if d < Duration::from_millis(1) || d > Duration::from_secs(60) {
+        return Err(format!(
+            "'{text}' is out of range: the flush interval is from 1ms to 60s"
+        ));
+    }
+    Ok(d)
+}
+
 /// A duration flag as [`AnyDuration`], not zero.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct PositiveDuration(pub(crate) Duration);
@@ -572,6 +590,7 @@ impl ServeArgs {
             policy: self.on_store_error,
             expected_instances: self.expected_instances,
             deny_cache: self.local_deny_cache,
+            flush_interval: self.counting.sync_flush_interval,
             // `serve` fills in the key bound from `max_keys` below.
             ..RedisSettings::default()
         };

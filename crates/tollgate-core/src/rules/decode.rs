@@ -357,7 +357,8 @@ fn rate_limit(node: &Node, errors: &mut Errors) -> Option<RateLimitSpec> {
                 n.pos,
                 format!(
                     "`sync: {m}` needs algorithm fixed_window or sliding_window_counter, not {a} \
-                     (a lease is a share of one window's count)"
+                     ({})",
+                    why_windowed(m)
                 ),
             ));
         }
@@ -718,6 +719,14 @@ fn parse_uint(text: &str) -> Result<u64, IntError> {
         return Err(IntError::NotAnInteger);
     }
     u64::from_str_radix(&cleaned, radix).map_err(|_| IntError::TooLarge)
+}
+
+/// Why a sync mode needs a windowed algorithm, for the error naming a rule that asks otherwise.
+fn why_windowed(m: SyncMode) -> &'static str {
+    match m {
+        SyncMode::Batched => "a batch is a count added to one window's count",
+        _ => "a lease is a share of one window's count",
+    }
 }
 
 #[cfg(test)]

@@ -6,7 +6,8 @@
 //!  "request_rejection_message": "retry-with-exponential-backoff"}
 //! ```
 //!
-//! `rate` may also name an `algorithm` and a `sync` mode, as a rule file's `rate_limit` does:
+//! `rate` may also name an `algorithm` and a `sync` mode (`exact`, `lease`, `batched`), as a rule
+//! file's `rate_limit` does:
 //!
 //! ```json
 //! {"field": "tenant", "rate": {"requests_per_unit": 10000, "unit": "second",
