@@ -53,6 +53,16 @@ enum Command {
         #[arg(long)]
         input: Option<PathBuf>,
     },
+    /// Suggest limits from real traffic: per-client rates in access logs (combined, JSON lines,
+    /// Envoy, or a simulate trace), and with --rules what those rules would deny.
+    ///
+    /// Reads each file (or standard input) once; a malformed line is counted and shown with
+    /// its file and line number, never fatal. See docs/advise.md.
+    Advise(Box<crate::advise::AdviseArgs>),
+    /// Write a synthetic combined access log (an abuser and a bursty client planted) to
+    /// standard output, for trying `advise`.
+    #[command(hide = true)]
+    GenerateLog(crate::advise::GenerateArgs),
     /// Run the service: HTTP JSON API and Envoy RLS gRPC, rules hot-reloaded.
     ///
     /// Stops gracefully on SIGTERM or SIGINT (in-flight requests finish, exit 0); SIGHUP forces a
@@ -600,6 +610,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             store,
             input,
         } => crate::simulate::run(&rules, &store.store, input.as_deref()),
+        Command::Advise(args) => crate::advise::run(&args),
+        Command::GenerateLog(args) => crate::advise::generate::run(&args),
         Command::Serve(args) => {
             let native = crate::serve::NativeListeners {
                 grpc_tls: args.grpc.tls()?,

@@ -12,11 +12,11 @@ use std::io::{BufRead, BufWriter, Write};
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
-use tollgate_core::limiter::{Plan, Status};
+use tollgate_core::limiter::{Descriptor, Plan, Status, Verdict};
 use tollgate_core::memory::DEFAULT_MAX_KEYS;
 use tollgate_core::rules::RuleSet;
 use tollgate_core::MemoryStore;
-use tollgate_core::{CheckItem, Decision, Quota, Store};
+use tollgate_core::{Algorithm, CheckItem, Decision, Quota, Store};
 use tollgate_redis::store::redact;
 use tollgate_redis::{RedisOptions, RedisStore};
 use tollgate_server::backend::redis_unsupported;
@@ -54,11 +54,8 @@ pub fn run(rules_path: &Path, store: &str, input: Option<&Path>) -> anyhow::Resu
             continue;
         };
         let now = ev.t_ms.saturating_mul(1000);
-        let plan = Plan::new(&rules, &ev.domain, &[ev.descriptor], ev.hits);
-        let items = plan.items();
-        let decisions = store.check(now, &items)?;
-        drop(items);
-        let verdict = plan.finish(decisions);
+        let descriptors = [ev.descriptor];
+        let verdict = store.decide(&rules, now, &ev.domain, &descriptors, ev.hits, None)?;
         let (remaining, retry, reset, delay) = match verdict.statuses.first() {
             Some(Status::Limited { decision: d, .. }) => (
                 d.remaining.to_string(),
@@ -93,8 +90,9 @@ pub fn run(rules_path: &Path, store: &str, input: Option<&Path>) -> anyhow::Resu
     Ok(ExitCode::SUCCESS)
 }
 
-/// The store a trace is replayed on.
-enum Replay {
+/// The replay engine (shared by `simulate` and `advise`): the rules' planner over a store, on
+/// the trace's clock. The store a trace is replayed on.
+pub(crate) enum Replay {
     Memory(MemoryStore),
     Redis {
         runtime: tokio::runtime::Runtime,
@@ -105,13 +103,18 @@ enum Replay {
 }
 
 impl Replay {
-    fn open(store: &str, rules: &RuleSet) -> anyhow::Result<Replay> {
+    /// A fresh memory store with the fixed hash key (runs repeat exactly).
+    pub(crate) fn memory() -> Replay {
+        Replay::Memory(MemoryStore::with_seed(
+            DEFAULT_MAX_KEYS,
+            0x746f_6c6c,
+            0x6761_7465,
+        ))
+    }
+
+    pub(crate) fn open(store: &str, rules: &RuleSet) -> anyhow::Result<Replay> {
         if store == "memory" {
-            return Ok(Replay::Memory(MemoryStore::with_seed(
-                DEFAULT_MAX_KEYS,
-                0x746f_6c6c,
-                0x6761_7465,
-            )));
+            return Ok(Replay::memory());
         }
         if !store.starts_with("redis") {
             bail!(
@@ -150,6 +153,37 @@ impl Replay {
         })
     }
 
+    /// Decide one request of `domain` at `now` (microseconds on the trace's clock). With
+    /// `algorithm`, every limit it meets runs under that algorithm instead of its own (same
+    /// limit, period and, where the algorithm reads one, burst): how `advise` and `simulate
+    /// --plot` show one rule under each algorithm. Each algorithm needs a store of its own.
+    pub(crate) fn decide<'r>(
+        &mut self,
+        rules: &'r RuleSet,
+        now: u64,
+        domain: &str,
+        descriptors: &[Descriptor],
+        hits: u64,
+        algorithm: Option<Algorithm>,
+    ) -> anyhow::Result<Verdict<'r>> {
+        let plan = Plan::new(rules, domain, descriptors, hits);
+        let items = plan.items();
+        let decisions = match algorithm {
+            None => self.check(now, &items)?,
+            Some(a) => {
+                let quotas: Vec<Quota> = items.iter().map(|i| as_algorithm(i.quota, a)).collect();
+                let swapped: Vec<CheckItem<'_>> = items
+                    .iter()
+                    .zip(&quotas)
+                    .map(|(i, quota)| CheckItem { quota, ..*i })
+                    .collect();
+                self.check(now, &swapped)?
+            }
+        };
+        drop(items);
+        Ok(plan.finish(decisions))
+    }
+
     fn check(&mut self, now: u64, items: &[CheckItem<'_>]) -> anyhow::Result<Vec<Decision>> {
         Ok(match self {
             Replay::Memory(m) => m.check(now, items)?,
@@ -164,7 +198,7 @@ impl Replay {
         })
     }
 
-    fn clean_up(&self) -> anyhow::Result<()> {
+    pub(crate) fn clean_up(&self) -> anyhow::Result<()> {
         if let Replay::Redis {
             runtime,
             store,
@@ -176,5 +210,16 @@ impl Replay {
                 .context("cannot delete the replay's keys")?;
         }
         Ok(())
+    }
+}
+
+/// `quota` under `algorithm`: the same limit and period; the burst kept where the algorithm
+/// reads one (a window algorithm has none, and a bucket without one holds `limit`).
+pub(crate) fn as_algorithm(quota: &Quota, algorithm: Algorithm) -> Quota {
+    let q = Quota::new(quota.limit(), quota.period()).with_algorithm(algorithm);
+    if algorithm.uses_burst() && quota.algorithm().uses_burst() {
+        q.with_burst(quota.burst())
+    } else {
+        q
     }
 }
