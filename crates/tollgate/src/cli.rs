@@ -52,6 +52,15 @@ enum Command {
         /// Trace file; standard input when absent or `-`.
         #[arg(long)]
         input: Option<PathBuf>,
+        /// Instead of the decisions, replay the trace once per algorithm (--algorithms) on the
+        /// memory store, print what each admitted, and draw admitted requests over time into
+        /// this SVG file.
+        #[arg(long, value_name = "FILE.svg")]
+        plot: Option<PathBuf>,
+        /// With --plot: the algorithms to compare, comma-separated.
+        #[arg(long, value_delimiter = ',', requires = "plot",
+              default_value = "fixed_window,sliding_window_log,sliding_window_counter,token_bucket,gcra,leaky_bucket")]
+        algorithms: Vec<tollgate_core::Algorithm>,
     },
     /// Suggest limits from real traffic: per-client rates in access logs (combined, JSON lines,
     /// Envoy, or a simulate trace), and with --rules what those rules would deny.
@@ -609,7 +618,15 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             rules,
             store,
             input,
-        } => crate::simulate::run(&rules, &store.store, input.as_deref()),
+            plot,
+            algorithms,
+        } => {
+            let plot = plot.as_deref().map(|path| crate::simulate::PlotOptions {
+                path,
+                algorithms: &algorithms,
+            });
+            crate::simulate::run(&rules, &store.store, input.as_deref(), plot)
+        }
         Command::Advise(args) => crate::advise::run(&args),
         Command::GenerateLog(args) => crate::advise::generate::run(&args),
         Command::Serve(args) => {

@@ -24,7 +24,21 @@ use tollgate_server::backend::redis_unsupported;
 /// The example rules shipped in the repository (relative to the working directory).
 pub const DEFAULT_RULES: &str = "examples/rules";
 
-pub fn run(rules_path: &Path, store: &str, input: Option<&Path>) -> anyhow::Result<ExitCode> {
+/// `simulate --plot`: where to write the picture and which algorithms to draw.
+pub struct PlotOptions<'a> {
+    pub path: &'a Path,
+    pub algorithms: &'a [Algorithm],
+}
+
+/// Most trace lines `--plot` holds in memory (it replays the trace once per algorithm).
+const MAX_PLOT_EVENTS: usize = 1_000_000;
+
+pub fn run(
+    rules_path: &Path,
+    store: &str,
+    input: Option<&Path>,
+    plot: Option<PlotOptions<'_>>,
+) -> anyhow::Result<ExitCode> {
     if !rules_path.exists() {
         bail!(
             "rules path {} not found (relative to the working directory): set it with --rules \
@@ -34,6 +48,9 @@ pub fn run(rules_path: &Path, store: &str, input: Option<&Path>) -> anyhow::Resu
     }
     let rules = RuleSet::load(rules_path)
         .map_err(|e| anyhow::anyhow!("invalid rules in {}:\n{e}", rules_path.display()))?;
+    if plot.is_some() && store != "memory" {
+        bail!("--plot replays on the memory store only (one per algorithm)");
+    }
     let mut store = Replay::open(store, &rules)?;
     let reader: Box<dyn BufRead> = match input {
         None => Box::new(std::io::stdin().lock()),
@@ -43,6 +60,21 @@ pub fn run(rules_path: &Path, store: &str, input: Option<&Path>) -> anyhow::Resu
         )),
     };
     let name = input.map_or("<stdin>".to_string(), |p| p.display().to_string());
+    if let Some(plot) = plot {
+        let mut events = Vec::new();
+        for (n, line) in reader.lines().enumerate() {
+            let line = line.with_context(|| format!("{name}:{}: cannot read", n + 1))?;
+            if let Some(ev) =
+                parse_line(&line).map_err(|e| anyhow::anyhow!("{name}:{}: {e}", n + 1))?
+            {
+                if events.len() == MAX_PLOT_EVENTS {
+                    bail!("{name}: --plot takes at most {MAX_PLOT_EVENTS} trace lines");
+                }
+                events.push(ev);
+            }
+        }
+        return plot_algorithms(&rules, &events, &plot);
+    }
     let mut out = BufWriter::new(std::io::stdout().lock());
     // The header goes out with the first decision (or at the end): an input that cannot be read
     // or parsed from its first line fails with nothing on standard output.
@@ -87,6 +119,111 @@ pub fn run(rules_path: &Path, store: &str, input: Option<&Path>) -> anyhow::Resu
     }
     out.flush()?;
     store.clean_up()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What one algorithm admitted of a trace.
+struct Admitted {
+    algorithm: Algorithm,
+    /// `(t_ms, hits)` of each admitted line, in trace order.
+    admitted: Vec<(u64, u64)>,
+    denied: u64,
+    /// The period of the first limit met (the span the "most admitted" figure is over).
+    period_ms: Option<u64>,
+}
+
+/// The most hits admitted within any span of `period_ms` (a rolling window over the trace).
+fn most_in_period(admitted: &[(u64, u64)], period_ms: u64) -> u64 {
+    let (mut best, mut sum, mut start) = (0, 0, 0);
+    for &(t, hits) in admitted {
+        sum += hits;
+        while admitted[start].0 + period_ms <= t {
+            sum -= admitted[start].1;
+            start += 1;
+        }
+        best = best.max(sum);
+    }
+    best
+}
+
+/// Replay `events` under each algorithm on a fresh memory store; print a summary and write the
+/// admitted-over-time picture.
+fn plot_algorithms(
+    rules: &RuleSet,
+    events: &[crate::trace::Event],
+    plot: &PlotOptions<'_>,
+) -> anyhow::Result<ExitCode> {
+    use crate::advise::svg::{step_chart, Series};
+    let mut runs = Vec::new();
+    for &algorithm in plot.algorithms {
+        let mut store = Replay::memory();
+        let mut run = Admitted {
+            algorithm,
+            admitted: Vec::new(),
+            denied: 0,
+            period_ms: None,
+        };
+        for ev in events {
+            let descriptors = std::slice::from_ref(&ev.descriptor);
+            let now = ev.t_ms.saturating_mul(1000);
+            let verdict =
+                store.decide(rules, now, &ev.domain, descriptors, ev.hits, Some(algorithm))?;
+            if run.period_ms.is_none() {
+                run.period_ms = verdict.statuses.iter().find_map(|s| match s {
+                    Status::Limited { limit, .. } => {
+                        limit.quota.map(|q| ms(q.period().nominal()))
+                    }
+                    _ => None,
+                });
+            }
+            if verdict.allowed() {
+                run.admitted.push((ev.t_ms, ev.hits));
+            } else {
+                run.denied += ev.hits;
+            }
+        }
+        runs.push(run);
+    }
+    let mut out = BufWriter::new(std::io::stdout().lock());
+    writeln!(
+        out,
+        "{:<24} {:>9} {:>9} {:>26}",
+        "algorithm", "admitted", "denied", "most admitted in a period"
+    )?;
+    let first = events.first().map_or(0, |e| e.t_ms);
+    let last = events.last().map_or(0, |e| e.t_ms);
+    let mut series = Vec::new();
+    for r in &runs {
+        let admitted: u64 = r.admitted.iter().map(|a| a.1).sum();
+        let most = r.period_ms.map(|p| most_in_period(&r.admitted, p));
+        writeln!(
+            out,
+            "{:<24} {admitted:>9} {:>9} {:>26}",
+            r.algorithm.as_str(),
+            r.denied,
+            most.map_or("-".to_string(), |m| m.to_string())
+        )?;
+        let mut total = 0;
+        let mut points = vec![(first as f64 / 1000.0, 0.0)];
+        for &(t, hits) in &r.admitted {
+            total += hits;
+            points.push((t as f64 / 1000.0, total as f64));
+        }
+        points.push((last as f64 / 1000.0, total as f64));
+        series.push(Series {
+            name: r.algorithm.as_str().to_owned(),
+            points,
+        });
+    }
+    out.flush()?;
+    let svg = step_chart(
+        "Admitted requests (cumulative), by algorithm",
+        "seconds",
+        "admitted",
+        &series,
+    );
+    std::fs::write(plot.path, svg)
+        .with_context(|| format!("cannot write {}", plot.path.display()))?;
     Ok(ExitCode::SUCCESS)
 }
 
