@@ -58,8 +58,12 @@ enum Command {
         #[arg(long, value_name = "FILE.svg")]
         plot: Option<PathBuf>,
         /// With --plot: the algorithms to compare, comma-separated.
-        #[arg(long, value_delimiter = ',', requires = "plot",
-              default_value = "fixed_window,sliding_window_log,sliding_window_counter,token_bucket,gcra,leaky_bucket")]
+        #[arg(
+            long,
+            value_delimiter = ',',
+            requires = "plot",
+            default_value = "fixed_window,sliding_window_log,sliding_window_counter,token_bucket,gcra,leaky_bucket"
+        )]
         algorithms: Vec<tollgate_core::Algorithm>,
     },
     /// Suggest limits from real traffic: per-client rates in access logs (combined, JSON lines,

@@ -166,13 +166,17 @@ fn plot_algorithms(
         for ev in events {
             let descriptors = std::slice::from_ref(&ev.descriptor);
             let now = ev.t_ms.saturating_mul(1000);
-            let verdict =
-                store.decide(rules, now, &ev.domain, descriptors, ev.hits, Some(algorithm))?;
+            let verdict = store.decide(
+                rules,
+                now,
+                &ev.domain,
+                descriptors,
+                ev.hits,
+                Some(algorithm),
+            )?;
             if run.period_ms.is_none() {
                 run.period_ms = verdict.statuses.iter().find_map(|s| match s {
-                    Status::Limited { limit, .. } => {
-                        limit.quota.map(|q| ms(q.period().nominal()))
-                    }
+                    Status::Limited { limit, .. } => limit.quota.map(|q| ms(q.period().nominal())),
                     _ => None,
                 });
             }

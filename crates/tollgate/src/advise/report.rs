@@ -435,6 +435,7 @@ impl Report {
                         "denied": o.denied,
                         "denied_clients": o.denied_clients.len(),
                         "denied_clients_capped": o.denied_clients_capped,
+                        "denied_clients_first": first_sorted(&o.denied_clients),
                     })).collect::<Vec<_>>(),
                 })).collect::<Vec<_>>(),
             })
@@ -452,6 +453,14 @@ impl Report {
             "compared_algorithms": COMPARED.iter().map(|a| a.as_str()).collect::<Vec<_>>(),
         })
     }
+}
+
+/// The first few of a set, sorted (a stable sample to show).
+fn first_sorted(set: &std::collections::HashSet<String>) -> Vec<&str> {
+    let mut v: Vec<&str> = set.iter().map(String::as_str).collect();
+    v.sort_unstable();
+    v.truncate(NAMED);
+    v
 }
 
 /// The input's time span, as a duration.
