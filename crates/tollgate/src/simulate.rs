@@ -309,8 +309,21 @@ impl Replay {
     ) -> anyhow::Result<Verdict<'r>> {
         let plan = Plan::new(rules, domain, descriptors, hits);
         let items = plan.items();
-        let decisions = match algorithm {
-            None => self.check(now, &items)?,
+        let decisions = self.check_as(now, &items, algorithm)?;
+        drop(items);
+        Ok(plan.finish(decisions))
+    }
+
+    /// The store's decisions on a planned request's `items` at `now`, each limit under
+    /// `algorithm` when one is given (see [`Replay::decide`]).
+    pub(crate) fn check_as(
+        &mut self,
+        now: u64,
+        items: &[CheckItem<'_>],
+        algorithm: Option<Algorithm>,
+    ) -> anyhow::Result<Vec<Decision>> {
+        match algorithm {
+            None => self.check(now, items),
             Some(a) => {
                 let quotas: Vec<Quota> = items.iter().map(|i| as_algorithm(i.quota, a)).collect();
                 let swapped: Vec<CheckItem<'_>> = items
@@ -318,11 +331,9 @@ impl Replay {
                     .zip(&quotas)
                     .map(|(i, quota)| CheckItem { quota, ..*i })
                     .collect();
-                self.check(now, &swapped)?
+                self.check(now, &swapped)
             }
-        };
-        drop(items);
-        Ok(plan.finish(decisions))
+        }
     }
 
     fn check(&mut self, now: u64, items: &[CheckItem<'_>]) -> anyhow::Result<Vec<Decision>> {

@@ -117,7 +117,7 @@ fn advice_on_a_generated_log_denies_the_abuser_only_and_flags_the_burst() {
         assert_eq!(o["denied_clients"], 1, "{o:#}");
         assert_eq!(
             o["denied_clients_first"][0],
-            format!("remote_address={ABUSER}")
+            format!("advised|remote_address={ABUSER}")
         );
         assert!(o["denied"].as_u64().unwrap() > 1000, "{o:#}");
     }

@@ -148,7 +148,7 @@ pub(crate) fn page(report: &Report, m: &Measured) -> String {
             "<h2>Replay through {}</h2>\n",
             esc(report.rules_path.as_deref().unwrap_or("the rules"))
         );
-        for rule in &r.reports {
+        for rule in r.reports() {
             let own = &rule.outcomes[0];
             let (unit_name, unit) = time_unit(&own.timeline);
             let _ = write!(
@@ -168,9 +168,9 @@ pub(crate) fn page(report: &Report, m: &Measured) -> String {
                 )
             );
         }
-        if r.reports.first().is_some_and(|x| x.outcomes.len() > 1) {
-            let cats: Vec<String> = r.reports.iter().map(|x| x.id.clone()).collect();
-            let series: Vec<(String, Vec<f64>)> = r.reports[0]
+        if r.reports().first().is_some_and(|x| x.outcomes.len() > 1) {
+            let cats: Vec<String> = r.reports().iter().map(|x| x.id.clone()).collect();
+            let series: Vec<(String, Vec<f64>)> = r.reports()[0]
                 .outcomes
                 .iter()
                 .enumerate()
@@ -178,7 +178,7 @@ pub(crate) fn page(report: &Report, m: &Measured) -> String {
                 .map(|(i, o)| {
                     (
                         o.algorithm.as_str().to_owned(),
-                        r.reports
+                        r.reports()
                             .iter()
                             .map(|x| x.outcomes[i].denied as f64)
                             .collect(),
@@ -198,7 +198,7 @@ pub(crate) fn page(report: &Report, m: &Measured) -> String {
             );
         }
         p.push_str("<table><tr><th>rule</th><th>algorithm</th><th>requests</th><th>denied</th><th>clients denied</th></tr>\n");
-        for rule in &r.reports {
+        for rule in r.reports() {
             for (i, o) in rule.outcomes.iter().enumerate() {
                 let _ = writeln!(
                     p,

@@ -10,7 +10,7 @@ use crate::simulate::Replay;
 use anyhow::bail;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use std::collections::{HashMap, HashSet};
-use tollgate_core::limiter::{Descriptor, Status};
+use tollgate_core::limiter::{Descriptor, Plan};
 use tollgate_core::request::RequestParts;
 use tollgate_core::{Algorithm, RuleSet};
 
@@ -71,8 +71,8 @@ pub(crate) struct Outcome {
     pub algorithm: Algorithm,
     pub requests: u64,
     pub denied: u64,
-    /// Distinct descriptors (clients as the rule sees them) denied at least once, up to the
-    /// cap; `denied_clients_capped` says whether the cap was reached.
+    /// Distinct counters (clients as the rule sees them: `domain|key=value`) denied at least
+    /// once, up to the cap; `denied_clients_capped` says whether the cap was reached.
     pub denied_clients: HashSet<String>,
     pub denied_clients_capped: bool,
     /// Admitted (column 0) and denied (column 1) over time.
@@ -103,11 +103,16 @@ pub(crate) struct Replayer {
     rules: RuleSet,
     /// The store of the rules as written, then one per compared algorithm.
     stores: Vec<(Option<Algorithm>, Replay)>,
-    pub reports: Vec<RuleReport>,
+    tally: Tally,
+    headers: HeaderMap,
+}
+
+/// The counts per rule.
+struct Tally {
+    reports: Vec<RuleReport>,
     by_id: HashMap<String, usize>,
     max_clients: usize,
-    headers: HeaderMap,
-    pub unmatched: u64,
+    unmatched: u64,
 }
 
 impl Replayer {
@@ -130,19 +135,39 @@ impl Replayer {
         Ok(Replayer {
             rules,
             stores,
-            reports: Vec::new(),
-            by_id: HashMap::new(),
-            max_clients,
+            tally: Tally {
+                reports: Vec::new(),
+                by_id: HashMap::new(),
+                max_clients,
+                unmatched: 0,
+            },
             headers: HeaderMap::new(),
-            unmatched: 0,
         })
+    }
+
+    /// Per rule, in the order first met.
+    pub(crate) fn reports(&self) -> &[RuleReport] {
+        &self.tally.reports
+    }
+
+    /// Descriptors no rule limits (under the rules as written).
+    pub(crate) fn unmatched(&self) -> u64 {
+        self.tally.unmatched
     }
 
     /// Decide `r` under every store.
     pub(crate) fn add(&mut self, r: &Record<'_>) -> anyhow::Result<()> {
         if let Some(ev) = r.event {
             let descriptors = std::slice::from_ref(&ev.descriptor);
-            return self.decide(r.t_us, &ev.domain, descriptors, ev.hits);
+            return decide(
+                &self.rules,
+                &mut self.stores,
+                &mut self.tally,
+                r.t_us,
+                &ev.domain,
+                descriptors,
+                ev.hits,
+            );
         }
         self.headers.clear();
         for (n, v) in r.headers() {
@@ -160,7 +185,6 @@ impl Replayer {
             headers: &self.headers,
             remote_address: r.ip.parse().ok(),
         };
-        let mut batches: Vec<(String, Vec<Descriptor>)> = Vec::new();
         for d in self.rules.domains() {
             let Some(http) = d.http() else { continue };
             let descriptors: Vec<Descriptor> = http
@@ -173,73 +197,64 @@ impl Replayer {
                 })
                 .collect();
             if !descriptors.is_empty() {
-                batches.push((d.name.clone(), descriptors));
+                let (rules, stores, tally) = (&self.rules, &mut self.stores, &mut self.tally);
+                decide(rules, stores, tally, r.t_us, &d.name, &descriptors, 1)?;
             }
-        }
-        for (domain, descriptors) in batches {
-            self.decide(r.t_us, &domain, &descriptors, 1)?;
         }
         Ok(())
     }
+}
 
-    fn decide(
-        &mut self,
-        t_us: u64,
-        domain: &str,
-        descriptors: &[Descriptor],
-        hits: u64,
-    ) -> anyhow::Result<()> {
-        let n_stores = self.stores.len();
-        for (s, (alg, store)) in self.stores.iter_mut().enumerate() {
-            let verdict = store.decide(&self.rules, t_us, domain, descriptors, hits, *alg)?;
-            for (status, d) in verdict.statuses.iter().zip(descriptors) {
-                let Status::Limited { limit, decision } = status else {
-                    if s == 0 && matches!(status, Status::NoLimit) {
-                        self.unmatched += 1;
+/// Decide one request under every store and count the outcome per rule.
+fn decide(
+    rules: &RuleSet,
+    stores: &mut [(Option<Algorithm>, Replay)],
+    t: &mut Tally,
+    t_us: u64,
+    domain: &str,
+    descriptors: &[Descriptor],
+    hits: u64,
+) -> anyhow::Result<()> {
+    // Planned once; each store decides the same counters (under its algorithm).
+    let plan = Plan::new(rules, domain, descriptors, hits);
+    let items = plan.items();
+    t.unmatched += (descriptors.len() - items.len()) as u64;
+    let n_stores = stores.len();
+    for (s, (alg, store)) in stores.iter_mut().enumerate() {
+        let decisions = store.check_as(t_us, &items, *alg)?;
+        for (item, decision) in items.iter().zip(&decisions) {
+            let idx = match t.by_id.get(item.rule) {
+                Some(&i) => i,
+                None => {
+                    let mut outcomes = vec![Outcome::new(item.quota.algorithm())];
+                    if n_stores > 1 {
+                        outcomes.extend(COMPARED.iter().map(|&a| Outcome::new(a)));
                     }
-                    continue;
-                };
-                let idx = match self.by_id.get(&limit.id) {
-                    Some(&i) => i,
-                    None => {
-                        let own = limit.quota.map_or(Algorithm::default(), |q| q.algorithm());
-                        let mut outcomes = vec![Outcome::new(own)];
-                        if n_stores > 1 {
-                            outcomes.extend(COMPARED.iter().map(|&a| Outcome::new(a)));
-                        }
-                        self.reports.push(RuleReport {
-                            id: limit.id.clone(),
-                            outcomes,
-                        });
-                        self.by_id.insert(limit.id.clone(), self.reports.len() - 1);
-                        self.reports.len() - 1
-                    }
-                };
-                let o = &mut self.reports[idx].outcomes[s];
-                o.requests += hits;
-                let denied = !decision.allowed && !limit.shadow_mode;
-                o.timeline.add(t_us, usize::from(denied), hits);
-                if denied {
-                    o.denied += hits;
-                    if o.denied_clients.len() < self.max_clients {
-                        let mut who = String::new();
-                        for (i, (k, v)) in d.entries.iter().enumerate() {
-                            if i > 0 {
-                                who.push(';');
-                            }
-                            who.push_str(k);
-                            who.push('=');
-                            who.push_str(v);
-                        }
-                        o.denied_clients.insert(who);
+                    t.reports.push(RuleReport {
+                        id: item.rule.to_owned(),
+                        outcomes,
+                    });
+                    t.by_id.insert(item.rule.to_owned(), t.reports.len() - 1);
+                    t.reports.len() - 1
+                }
+            };
+            let o = &mut t.reports[idx].outcomes[s];
+            o.requests += item.cost;
+            let denied = !decision.allowed && !item.shadow;
+            o.timeline.add(t_us, usize::from(denied), item.cost);
+            if denied {
+                o.denied += item.cost;
+                if !o.denied_clients.contains(item.key) {
+                    if o.denied_clients.len() < t.max_clients {
+                        o.denied_clients.insert(item.key.to_owned());
                     } else {
                         o.denied_clients_capped = true;
                     }
                 }
             }
         }
-        Ok(())
     }
+    Ok(())
 }
 
 #[cfg(test)]

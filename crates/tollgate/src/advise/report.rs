@@ -347,10 +347,10 @@ impl Report {
                 "\nreplay through {}: denied requests / distinct clients denied, per algorithm",
                 self.rules_path.as_deref().unwrap_or("the rules")
             );
-            if r.unmatched > 0 {
-                let _ = writeln!(out, "  descriptors no rule limits: {}", r.unmatched);
+            if r.unmatched() > 0 {
+                let _ = writeln!(out, "  descriptors no rule limits: {}", r.unmatched());
             }
-            for rule in &r.reports {
+            for rule in r.reports() {
                 let own = &rule.outcomes[0];
                 let _ = writeln!(
                     out,
@@ -425,8 +425,8 @@ impl Report {
         let rules = m.replay.as_ref().map(|r| {
             json!({
                 "path": self.rules_path,
-                "unmatched_descriptors": r.unmatched,
-                "rules": r.reports.iter().map(|rule| json!({
+                "unmatched_descriptors": r.unmatched(),
+                "rules": r.reports().iter().map(|rule| json!({
                     "rule": rule.id,
                     "outcomes": rule.outcomes.iter().enumerate().map(|(i, o)| json!({
                         "algorithm": o.algorithm.as_str(),
