@@ -68,6 +68,10 @@ pub struct AdviseArgs {
     /// Print the report as JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Also write the suggested rules of the first --key to this file (ready for --rules,
+    /// `validate` and `serve`).
+    #[arg(long, value_name = "FILE")]
+    write_rules: Option<PathBuf>,
     /// Also write the report as one self-contained HTML page with plots.
     #[arg(long, value_name = "FILE")]
     html: Option<PathBuf>,
@@ -118,6 +122,10 @@ pub fn run(args: &AdviseArgs) -> anyhow::Result<ExitCode> {
     let report = report::Report::build(args, &m);
     if let Some(path) = &args.html {
         std::fs::write(path, html::page(&report, &m))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if let (Some(path), Some(g)) = (&args.write_rules, report.groups.first()) {
+        std::fs::write(path, &g.suggestion.yaml)
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     let mut out = std::io::stdout().lock();
