@@ -143,17 +143,17 @@ pub(crate) fn page(report: &Report, m: &Measured) -> String {
         let _ = write!(p, "</table>\n<pre>{}</pre>\n", esc(&s.yaml));
     }
     if let Some(r) = &m.replay {
-        let _ = write!(
+        let _ = writeln!(
             p,
-            "<h2>Replay through {}</h2>\n",
+            "<h2>Replay through {}</h2>",
             esc(report.rules_path.as_deref().unwrap_or("the rules"))
         );
         for rule in r.reports() {
             let own = &rule.outcomes[0];
             let (unit_name, unit) = time_unit(&own.timeline);
-            let _ = write!(
+            let _ = writeln!(
                 p,
-                "<figure class=\"rule\">{}</figure>\n",
+                "<figure class=\"rule\">{}</figure>",
                 step_chart(
                     &format!(
                         "{} ({}): admitted and denied per second",
@@ -185,9 +185,9 @@ pub(crate) fn page(report: &Report, m: &Measured) -> String {
                     )
                 })
                 .collect();
-            let _ = write!(
+            let _ = writeln!(
                 p,
-                "<figure id=\"algorithms\">{}</figure>\n",
+                "<figure id=\"algorithms\">{}</figure>",
                 bar_chart(
                     "Denied requests per rule, by algorithm",
                     "rule",

@@ -155,8 +155,8 @@ impl Progress {
         }
         self.drawn_at = self.done;
         let mut err = std::io::stderr().lock();
-        if self.total > 0 {
-            let pct = (self.done * 100 / self.total).min(100);
+        if let Some(pct) = (self.done * 100).checked_div(self.total) {
+            let pct = pct.min(100);
             let bar = "#".repeat(pct as usize / 4);
             let _ = write!(err, "\r[{bar:<25}] {pct:>3}%  {lines} lines");
         } else {

@@ -260,12 +260,8 @@ fn month(m: &[u8]) -> Option<u32> {
 
 /// Microseconds since the epoch of a civil date and time in UTC, offset by `offset_s`.
 fn epoch_us(
-    y: i64,
-    mo: u32,
-    d: u32,
-    h: u64,
-    mi: u64,
-    s: u64,
+    (y, mo, d): (i64, u32, u32),
+    (h, mi, s): (u64, u64, u64),
     frac_us: u64,
     offset_s: i64,
 ) -> Option<u64> {
@@ -290,12 +286,16 @@ fn clf_time(t: &str) -> Option<u64> {
     };
     let off = digits(&b[22..24])? * 3600 + digits(&b[24..26])? * 60;
     epoch_us(
-        digits(&b[7..11])? as i64,
-        month(&b[3..6])?,
-        digits(&b[0..2])? as u32,
-        digits(&b[12..14])?,
-        digits(&b[15..17])?,
-        digits(&b[18..20])?,
+        (
+            digits(&b[7..11])? as i64,
+            month(&b[3..6])?,
+            digits(&b[0..2])? as u32,
+        ),
+        (
+            digits(&b[12..14])?,
+            digits(&b[15..17])?,
+            digits(&b[18..20])?,
+        ),
         0,
         sign * off as i64,
     )
@@ -337,12 +337,16 @@ pub(crate) fn rfc3339(t: &str) -> Option<u64> {
         _ => return None,
     };
     epoch_us(
-        digits(&b[0..4])? as i64,
-        digits(&b[5..7])? as u32,
-        digits(&b[8..10])? as u32,
-        digits(&b[11..13])?,
-        digits(&b[14..16])?,
-        digits(&b[17..19])?,
+        (
+            digits(&b[0..4])? as i64,
+            digits(&b[5..7])? as u32,
+            digits(&b[8..10])? as u32,
+        ),
+        (
+            digits(&b[11..13])?,
+            digits(&b[14..16])?,
+            digits(&b[17..19])?,
+        ),
         frac_us,
         offset,
     )

@@ -176,19 +176,14 @@ pub(crate) fn step_chart(title: &str, x_label: &str, y_label: &str, series: &[Se
     let map = axes(&mut out, (x0, x1), y1 * 1.05, x_label, y_label, true);
     for (i, s) in series.iter().enumerate() {
         let mut d = String::new();
-        let mut last: Option<(f64, f64)> = None;
-        for &(x, y) in &s.points {
+        for (j, &(x, y)) in s.points.iter().enumerate() {
             let (px, py) = map(x, y);
-            match last {
-                None => {
-                    let _ = write!(d, "M{px:.1},{py:.1}");
-                }
-                Some((_, ly)) => {
-                    let _ = write!(d, " H{px:.1} V{py:.1}");
-                    let _ = ly;
-                }
-            }
-            last = Some((px, py));
+            // A step: along at the previous value, then up or down to this one.
+            let _ = if j == 0 {
+                write!(d, "M{px:.1},{py:.1}")
+            } else {
+                write!(d, " H{px:.1} V{py:.1}")
+            };
         }
         let _ = writeln!(
             out,
