@@ -8,6 +8,7 @@
 
 pub(crate) mod generate;
 mod html;
+mod json;
 mod parse;
 mod replay;
 mod report;

@@ -5,8 +5,8 @@
 //! allocation and no regular expression per line, since `advise` is meant to read logs of
 //! millions of lines. JSON lines go through `serde_json` into buffers reused from line to line.
 
+use super::json::{scan, Found, Target};
 use crate::trace::{parse_line, Event};
-use serde_json::Value;
 use tollgate_core::internals::days_from_civil;
 
 /// Most headers one record carries (the rest are ignored).
@@ -70,6 +70,8 @@ pub(crate) struct JsonFields {
     pub host: Vec<String>,
     /// An object of header name to value (or to a list of values, as Caddy writes them).
     pub headers: Vec<String>,
+    /// Every path with what it fills, for the reader.
+    wanted: Vec<(Vec<String>, Target)>,
 }
 
 fn dotted(s: &str) -> Vec<String> {
@@ -85,14 +87,30 @@ impl JsonFields {
         host: &str,
         headers: &str,
     ) -> Self {
-        JsonFields {
+        let mut f = JsonFields {
             time: dotted(time),
             client: client.split(',').map(dotted).collect(),
             path: dotted(path),
             method: dotted(method),
             host: dotted(host),
             headers: dotted(headers),
-        }
+            wanted: Vec::new(),
+        };
+        let mut wanted = vec![(f.time.clone(), Target::Time)];
+        wanted.extend(
+            f.client
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (c.clone(), Target::Client(i))),
+        );
+        wanted.push((f.path.clone(), Target::Path));
+        wanted.push((f.method.clone(), Target::Method));
+        wanted.push((f.host.clone(), Target::Host));
+        wanted.push((f.headers.clone(), Target::Headers));
+        // The reader tracks paths in a 64-bit set.
+        wanted.truncate(64);
+        f.wanted = wanted;
+        f
     }
 }
 
@@ -151,17 +169,8 @@ impl<'a> Record<'a> {
 pub(crate) struct Parser {
     pub format: Format,
     fields: JsonFields,
-    json: JsonScratch,
+    json: Found,
     event: Option<Event>,
-}
-
-#[derive(Default)]
-struct JsonScratch {
-    ip: String,
-    method: String,
-    path: String,
-    host: String,
-    headers: Vec<(String, String)>,
 }
 
 impl Parser {
@@ -169,7 +178,7 @@ impl Parser {
         Parser {
             format,
             fields,
-            json: JsonScratch::default(),
+            json: Found::default(),
             event: None,
         }
     }
@@ -410,73 +419,45 @@ fn envoy(line: &str) -> Result<Record<'_>, String> {
     Ok(r)
 }
 
-fn at<'v>(v: &'v Value, path: &[String]) -> Option<&'v Value> {
-    path.iter().try_fold(v, |v, k| v.get(k))
-}
-
-fn text_into(out: &mut String, v: Option<&Value>) {
-    out.clear();
-    match v {
-        Some(Value::String(s)) => out.push_str(s),
-        Some(Value::Array(a)) => text_into(out, a.first()),
-        Some(v @ (Value::Number(_) | Value::Bool(_))) => out.push_str(&v.to_string()),
-        _ => {}
-    }
-}
-
 /// A JSON time: seconds since the epoch (a number, fractions allowed; a number too large to be
-/// seconds is read as milliseconds, then microseconds), or an RFC 3339 string.
-fn json_time(v: &Value) -> Option<u64> {
-    match v {
-        Value::Number(n) => {
-            let f = n.as_f64()?;
-            if !f.is_finite() || f < 0.0 {
-                return None;
-            }
-            Some(if f < 1e11 {
-                (f * 1e6) as u64
-            } else if f < 1e14 {
-                (f * 1e3) as u64
-            } else {
-                f as u64
-            })
+/// seconds is read as milliseconds, then microseconds), or an RFC 3339 string (or a number in
+/// a string).
+fn json_time(text: &str, is_string: bool) -> Option<u64> {
+    if is_string {
+        if let Some(t) = rfc3339(text) {
+            return Some(t);
         }
-        Value::String(s) => rfc3339(s).or_else(|| {
-            s.parse::<f64>()
-                .ok()
-                .and_then(|f| json_time(&Value::from(f)))
-        }),
-        _ => None,
     }
+    let f: f64 = text.parse().ok()?;
+    if !f.is_finite() || f < 0.0 {
+        return None;
+    }
+    Some(if f < 1e11 {
+        (f * 1e6).round() as u64
+    } else if f < 1e14 {
+        (f * 1e3).round() as u64
+    } else {
+        f as u64
+    })
 }
 
-fn json<'a>(line: &str, f: &JsonFields, s: &'a mut JsonScratch) -> Result<Record<'a>, String> {
-    let v: Value = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
-    let time = at(&v, &f.time).ok_or_else(|| format!("no time field '{}'", f.time.join(".")))?;
-    let t_us = json_time(time)
-        .ok_or_else(|| format!("time {time} is neither epoch seconds nor RFC 3339"))?;
-    let client = f
-        .client
-        .iter()
-        .find_map(|p| at(&v, p).filter(|c| !c.is_null() && c.as_str() != Some("")));
-    text_into(&mut s.ip, client);
-    text_into(&mut s.method, at(&v, &f.method));
-    text_into(&mut s.path, at(&v, &f.path));
-    text_into(&mut s.host, at(&v, &f.host));
-    s.headers.clear();
-    if let Some(Value::Object(h)) = at(&v, &f.headers) {
-        for (name, value) in h.iter().take(MAX_HEADERS) {
-            let mut text = String::new();
-            text_into(&mut text, Some(value));
-            s.headers.push((name.clone(), text));
-        }
+fn json<'a>(line: &str, f: &JsonFields, s: &'a mut Found) -> Result<Record<'a>, String> {
+    scan(line, &f.wanted, f.client.len(), s)?;
+    if !s.has_time {
+        return Err(format!("no time field '{}'", f.time.join(".")));
     }
+    let t_us = json_time(&s.time, s.time_is_string)
+        .ok_or_else(|| format!("time '{}' is neither epoch seconds nor RFC 3339", s.time))?;
     let mut r = Record::new(t_us);
-    r.ip = &s.ip;
+    r.ip = s
+        .clients
+        .iter()
+        .find(|c| !c.is_empty())
+        .map_or("", String::as_str);
     r.method = &s.method;
     r.path = &s.path;
     r.host = &s.host;
-    for (n, v) in &s.headers {
+    for (n, v) in &s.headers[..s.headers_len] {
         r.push_header(n, v);
     }
     Ok(r)
@@ -533,6 +514,26 @@ mod tests {
         assert_eq!(r.t_us, 1_646_861_401_500_000);
         assert_eq!(r.header("x-api-key"), Some("k1"));
         assert!(p.parse(r#"{"request":{}}"#).unwrap_err().contains("ts"));
+        // Escapes, values of every kind skipped, client_ip present wins, a header as a string.
+        let line = r#"{"skip":[1,{"a":"}"},null,true],"ts":"2026-01-01T00:00:01.5Z","request":{"client_ip":"10.0.0.\u0031","remote_ip":"x","uri":"/a\"b","headers":{"K":"v","L":[]}},"n":-1.5e3}"#;
+        let r = p.parse(line).unwrap().unwrap();
+        assert_eq!(r.ip, "10.0.0.1");
+        assert_eq!(r.path, "/a\"b");
+        assert_eq!(r.t_us, 1_767_225_601_500_000);
+        assert_eq!(r.header("k"), Some("v"));
+        for bad in [
+            r#"{"ts":1"#,
+            r#"{"ts":1}x"#,
+            r#"{"ts" 1}"#,
+            r#"["ts"]"#,
+            r#"{"ts":"\q"}"#,
+        ] {
+            assert!(p.parse(bad).unwrap_err().starts_with("not JSON"), "{bad}");
+        }
+        assert!(p
+            .parse(r#"{"ts":"yesterday"}"#)
+            .unwrap_err()
+            .contains("time"));
     }
 
     #[test]
