@@ -26,6 +26,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use tollgate_core::RuleSet;
 
+/// Longest line read (a longer one is malformed): no log line is near it, and memory stays
+/// bounded on any input.
+const MAX_LINE: usize = 64 * 1024;
+
 /// How many malformed lines are shown with their file and line number (all are counted).
 const SHOWN_MALFORMED: usize = 5;
 
@@ -62,7 +66,7 @@ pub struct AdviseArgs {
     /// The domain name of the suggested rules.
     #[arg(long, default_value = "advised")]
     domain: String,
-    /// Most distinct clients tracked exactly per key (about 100 bytes each); requests of
+    /// Most distinct clients tracked exactly per key (about 150 bytes each with three windows); requests of
     /// further clients count in the totals only, and the report says how many.
     #[arg(long, default_value_t = 500_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     max_clients: u64,
@@ -247,8 +251,7 @@ fn measure(args: &AdviseArgs) -> anyhow::Result<Measured> {
         let mut parser: Option<Parser> = None;
         loop {
             buf.clear();
-            let n = reader
-                .read_until(b'\n', &mut buf)
+            let (n, whole) = read_line(&mut reader, &mut buf)
                 .with_context(|| format!("{}:{}: cannot read", file.name, file.lines + 1))?;
             if n == 0 {
                 break;
@@ -256,6 +259,10 @@ fn measure(args: &AdviseArgs) -> anyhow::Result<Measured> {
             file.lines += 1;
             m.lines += 1;
             progress.update(n as u64, m.lines);
+            if !whole {
+                malformed(&mut m, &file, format!("longer than {MAX_LINE} bytes"));
+                continue;
+            }
             let line = match std::str::from_utf8(&buf) {
                 Ok(l) => l,
                 Err(_) => {
@@ -312,6 +319,33 @@ fn measure(args: &AdviseArgs) -> anyhow::Result<Measured> {
         m.groups = groups(args, Format::Auto)?;
     }
     Ok(m)
+}
+
+/// Read one line into `buf` (cleared first), keeping at most [`MAX_LINE`] bytes of it: the
+/// bytes the line took in the input (0 at the end) and whether it was kept whole. The rest of
+/// a longer line is read and dropped.
+fn read_line(reader: &mut dyn BufRead, buf: &mut Vec<u8>) -> std::io::Result<(usize, bool)> {
+    buf.clear();
+    let n = std::io::Read::take(&mut *reader, MAX_LINE as u64 + 1).read_until(b'\n', buf)?;
+    if buf.len() <= MAX_LINE || buf.ends_with(b"\n") {
+        return Ok((n, true));
+    }
+    let mut total = n;
+    loop {
+        let chunk = reader.fill_buf()?;
+        if chunk.is_empty() {
+            return Ok((total, false));
+        }
+        let (used, done) = match chunk.iter().position(|&b| b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (chunk.len(), false),
+        };
+        reader.consume(used);
+        total += used;
+        if done {
+            return Ok((total, false));
+        }
+    }
 }
 
 fn malformed(m: &mut Measured, file: &FileSummary, why: String) {
