@@ -203,6 +203,12 @@ fn every_format_parses() {
         summary(&["advise", &combined, "--json", "--key", "header:User-Agent"]).2,
         4
     );
+    // Beyond --max-clients, clients are counted in the totals only, and the report says so.
+    let capped = json(&["advise", &combined, "--json", "--max-clients", "2"]);
+    assert_eq!(capped["keys"][0]["clients"], 2);
+    assert_eq!(capped["keys"][0]["requests"], 4);
+    assert_eq!(capped["keys"][0]["untracked_requests"], 1);
+    assert!(ok(&["advise", &combined, "--max-clients", "2"]).contains("more than 2 clients"));
     let caddy = f("caddy.jsonl");
     assert_eq!(
         summary(&["advise", &caddy, "--json"]),
