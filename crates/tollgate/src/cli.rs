@@ -52,7 +52,30 @@ enum Command {
         /// Trace file; standard input when absent or `-`.
         #[arg(long)]
         input: Option<PathBuf>,
+        /// Instead of the decisions, replay the trace once per algorithm (--algorithms) on the
+        /// memory store, print what each admitted, and draw admitted requests over time into
+        /// this SVG file.
+        #[arg(long, value_name = "FILE.svg")]
+        plot: Option<PathBuf>,
+        /// With --plot: the algorithms to compare, comma-separated.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            requires = "plot",
+            default_value = "fixed_window,sliding_window_log,sliding_window_counter,token_bucket,gcra,leaky_bucket"
+        )]
+        algorithms: Vec<tollgate_core::Algorithm>,
     },
+    /// Suggest limits from real traffic: per-client rates in access logs (combined, JSON lines,
+    /// Envoy, or a simulate trace), and with --rules what those rules would deny.
+    ///
+    /// Reads each file (or standard input) once; a malformed line is counted and shown with
+    /// its file and line number, never fatal. See docs/advise.md.
+    Advise(Box<crate::advise::AdviseArgs>),
+    /// Write a synthetic combined access log (an abuser and a bursty client planted) to
+    /// standard output, for trying `advise`.
+    #[command(hide = true)]
+    GenerateLog(crate::advise::GenerateArgs),
     /// Run the service: HTTP JSON API and Envoy RLS gRPC, rules hot-reloaded.
     ///
     /// Stops gracefully on SIGTERM or SIGINT (in-flight requests finish, exit 0); SIGHUP forces a
@@ -632,7 +655,17 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             rules,
             store,
             input,
-        } => crate::simulate::run(&rules, &store.store, input.as_deref()),
+            plot,
+            algorithms,
+        } => {
+            let plot = plot.as_deref().map(|path| crate::simulate::PlotOptions {
+                path,
+                algorithms: &algorithms,
+            });
+            crate::simulate::run(&rules, &store.store, input.as_deref(), plot)
+        }
+        Command::Advise(args) => crate::advise::run(&args),
+        Command::GenerateLog(args) => crate::advise::generate::run(&args),
         Command::Serve(args) => {
             let native = crate::serve::NativeListeners {
                 grpc_tls: args.grpc.tls()?,

@@ -1,5 +1,6 @@
 //! The `tollgate` binary: parse arguments, run one subcommand, turn its result into an exit code.
 
+mod advise;
 mod bench;
 mod check;
 mod cli;

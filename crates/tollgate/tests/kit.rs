@@ -93,7 +93,15 @@ fn bash_completions_parse_and_offer_subcommands_and_flags() {
     let flags = bash_complete(&script, &["tollgate", "serve", "--redis-pre"]);
     assert_eq!(flags, ["--redis-prefix"]);
     let subcommands = bash_complete(&script, &["tollgate", ""]);
-    for expected in ["serve", "check", "validate", "rules", "completions", "man"] {
+    for expected in [
+        "serve",
+        "check",
+        "validate",
+        "rules",
+        "advise",
+        "completions",
+        "man",
+    ] {
         assert!(
             subcommands.iter().any(|s| s == expected),
             "{expected} not offered: {subcommands:?}"
@@ -163,7 +171,12 @@ fn man_pages_render() {
     let pages = dir.join("man1");
     std::fs::create_dir_all(&pages).unwrap();
     stdout_of(&["man", "--dir", pages.to_str().unwrap()]);
-    for name in ["tollgate.1", "tollgate-serve.1", "tollgate-rules-apply.1"] {
+    for name in [
+        "tollgate.1",
+        "tollgate-serve.1",
+        "tollgate-rules-apply.1",
+        "tollgate-advise.1",
+    ] {
         assert!(pages.join(name).exists(), "{name} not written");
     }
     // Every flag of serve is on its page, with the variable that also sets it.
