@@ -338,6 +338,9 @@ pub struct Guarded {
     owed: Owed,
     /// `sync: lease` limits' units in hand.
     leases: Leases,
+    /// With [`RedisSettings::caller_clock`]: the time of the last check, the probe's clock for
+    /// giving idle lease units back (the wall clock may be days away from the caller's).
+    caller_now: AtomicU64,
 }
 
 /// The store's current failure, logged once per change: set by a failure of another kind than
@@ -439,6 +442,7 @@ impl Guarded {
             condition: Condition::default(),
             owed: Owed::default(),
             leases: Leases::default(),
+            caller_now: AtomicU64::new(0),
         });
         if let Err(e) = g.store.probe().await {
             g.count_error(&e, 0);
@@ -674,6 +678,9 @@ impl Guarded {
     /// call failed), with the failure policy: an outage is never an error here, only a request
     /// this store cannot serve ([`StoreError::Unsupported`]).
     pub async fn check(&self, now: Micros, items: &[CheckItem<'_>]) -> Result<Outcome, StoreError> {
+        if self.settings.caller_clock {
+            self.caller_now.store(now, Relaxed);
+        }
         if let Some(decisions) = self.leases.decide(now, items) {
             return Ok(Outcome::store(decisions));
         }
@@ -690,8 +697,24 @@ impl Guarded {
             return Ok(self.fallback(now, items, false, false));
         }
         let wants = self.leases.wants(now, items);
-        let started = std::time::Instant::now();
-        match self.call(now, items, &breaker, wants.as_deref()).await {
+        let mut started = std::time::Instant::now();
+        let mut r = self.call(now, items, &breaker, wants.as_deref()).await;
+        if let Ok((decisions, _)) = &r {
+            // Redis counts the units in hand as used: a request it denied might pass without
+            // them (one costing more than is in hand). Give them back and ask once more, as the
+            // count without leases would decide, when the first answer consumed nothing.
+            let consumed = !blocks(items, decisions)
+                && items.iter().zip(decisions).any(|(i, d)| d.allowed && i.cost > 0);
+            if !consumed && decisions.iter().any(|d| !d.allowed) {
+                let held = self.leases.take_held(now, items);
+                if !held.is_empty() {
+                    self.give_back(now, held).await;
+                    started = std::time::Instant::now();
+                    r = self.call(now, items, &breaker, wants.as_deref()).await;
+                }
+            }
+        }
+        match r {
             Err(None) => Ok(self.fallback(now, items, true, true)),
             Ok((mut decisions, receipt)) => {
                 if let Some(wants) = &wants {
@@ -998,7 +1021,10 @@ async fn probe(g: Weak<Guarded>) {
         }
         // Lease units this instance stopped spending go back for the others.
         if g.state() != BreakerState::Open {
-            let now = crate::store::wall_micros();
+            let now = match g.settings.caller_clock {
+                true => g.caller_now.load(Relaxed),
+                false => crate::store::wall_micros(),
+            };
             let returns = g.leases.take_returns(now, false);
             if !returns.is_empty() {
                 g.give_back(now, returns).await;
