@@ -704,7 +704,10 @@ impl Guarded {
             // them (one costing more than is in hand). Give them back and ask once more, as the
             // count without leases would decide, when the first answer consumed nothing.
             let consumed = !blocks(items, decisions)
-                && items.iter().zip(decisions).any(|(i, d)| d.allowed && i.cost > 0);
+                && items
+                    .iter()
+                    .zip(decisions)
+                    .any(|(i, d)| d.allowed && i.cost > 0);
             if !consumed && decisions.iter().any(|d| !d.allowed) {
                 let held = self.leases.take_held(now, items);
                 if !held.is_empty() {

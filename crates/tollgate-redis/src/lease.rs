@@ -465,12 +465,27 @@ mod tests {
             ..granted(2, 0)
         }];
         l.learn((T0, T0), &[T0], &hit(3), &[1], &mut d);
-        let local = l.decide(T0 + 10, &hit(4)).expect("a larger cost is denied too");
+        let local = l
+            .decide(T0 + 10, &hit(4))
+            .expect("a larger cost is denied too");
         assert!(!local[0].allowed);
-        assert_eq!(local[0].retry_after, Some(3_000_000_000 - 10), "Redis' retry time");
-        assert!(l.decide(T0 + 10, &hit(2)).is_none(), "a smaller cost may pass");
-        assert!(l.decide(T0 + 10, &hit(0)).is_none(), "a query goes to Redis");
-        assert!(l.decide(T0 + 10, &hit(11)).is_none(), "so does a cost above the limit");
+        assert_eq!(
+            local[0].retry_after,
+            Some(3_000_000_000 - 10),
+            "Redis' retry time"
+        );
+        assert!(
+            l.decide(T0 + 10, &hit(2)).is_none(),
+            "a smaller cost may pass"
+        );
+        assert!(
+            l.decide(T0 + 10, &hit(0)).is_none(),
+            "a query goes to Redis"
+        );
+        assert!(
+            l.decide(T0 + 10, &hit(11)).is_none(),
+            "so does a cost above the limit"
+        );
         assert!(l.decide(T0 - 1, &hit(4)).is_none(), "and a clock gone back");
     }
 

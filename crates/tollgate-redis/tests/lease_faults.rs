@@ -251,7 +251,10 @@ async fn stall_run(policy: Policy, alg: Algorithm, run: usize) {
     let mut left = u64::MAX;
     let start = Instant::now();
     while left > 0 || held(&fleet) > 0 {
-        assert!(start.elapsed() < DEADLINE, "{alg}: the limit was never used up");
+        assert!(
+            start.elapsed() < DEADLINE,
+            "{alg}: the limit was never used up"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
         left = remaining(server.port, &prefix, q).await;
     }
@@ -348,7 +351,10 @@ async fn restart_run(alg: Algorithm, run: usize) {
     let mut left = u64::MAX;
     let start = Instant::now();
     while left > 0 || held(&fleet) > 0 {
-        assert!(start.elapsed() < DEADLINE, "{alg}: the limit was never used up");
+        assert!(
+            start.elapsed() < DEADLINE,
+            "{alg}: the limit was never used up"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
         left = remaining(port, &prefix, q).await;
     }
@@ -369,11 +375,17 @@ async fn restart_run(alg: Algorithm, run: usize) {
     );
     assert_eq!(by_policy, 0, "deny admits nothing by itself");
     // The old Redis counted everything admitted before the kill.
-    assert!(before <= windows * LIMIT, "{alg}: {before} admitted before the kill");
+    assert!(
+        before <= windows * LIMIT,
+        "{alg}: {before} admitted before the kill"
+    );
     // From the restart: the limit plus the units held from before (each spent, or given back to
     // the new count, once), never more.
     let bound = windows * LIMIT + held_before_restart;
-    assert!(after <= bound, "{alg}: {after} admitted after the restart, bound {bound}");
+    assert!(
+        after <= bound,
+        "{alg}: {after} admitted after the restart, bound {bound}"
+    );
     // Nothing counted twice: the new count is never above what was admitted since the kill
     // (a request sent while Redis was down may reach the new one), and it misses at most the
     // old units spent or given back after the restart.

@@ -134,7 +134,10 @@ fn run(rules: &str, run: usize) -> Option<u64> {
         LIMIT,
         "run {run}: {first} then {second} admitted ({held} units were held)"
     );
-    assert!(returned >= held, "run {run}: {returned} returned of {held} held");
+    assert!(
+        returned >= held,
+        "run {run}: {returned} returned of {held} held"
+    );
     Some(first)
 }
 

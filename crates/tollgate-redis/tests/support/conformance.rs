@@ -831,15 +831,27 @@ pub fn leasable(trace: &Trace) -> bool {
 /// instance"): units lost with their window, a shadow limit denied in a request that consumed.
 pub async fn replay_leased(guarded: &tollgate_redis::Guarded, trace: &Trace) {
     static RUN: AtomicU64 = AtomicU64::new(0);
-    let ns = format!("{}#lease{}", trace.name, RUN.fetch_add(1, Ordering::Relaxed));
+    let ns = format!(
+        "{}#lease{}",
+        trace.name,
+        RUN.fetch_add(1, Ordering::Relaxed)
+    );
     let mem = MemoryStore::with_seed(10_000, 7, 11);
-    let expired = || guarded.lease_stats().0.units_expired.load(Ordering::Relaxed);
+    let expired = || {
+        guarded
+            .lease_stats()
+            .0
+            .units_expired
+            .load(Ordering::Relaxed)
+    };
     let expired_before = expired();
     let mut latest = 0;
     let mut previous: Option<Micros> = None;
     for (i, step) in trace.steps.iter().enumerate() {
         // Units unused for `IDLE` go back (the probe's work, done here at the trace's time).
-        if let Some(p) = previous.filter(|&p| step.t >= p + IDLE + PROBE_INTERVAL.as_micros() as Micros) {
+        if let Some(p) =
+            previous.filter(|&p| step.t >= p + IDLE + PROBE_INTERVAL.as_micros() as Micros)
+        {
             guarded.return_leases(p + IDLE).await;
         }
         previous = Some(step.t);
@@ -886,7 +898,10 @@ pub async fn replay_leased(guarded: &tollgate_redis::Guarded, trace: &Trace) {
         assert!(got.degraded.is_none(), "{}: step {i}: degraded", trace.name);
         let got = got.decisions;
         let same = got.len() == expected.len()
-            && got.iter().zip(&expected).all(|(g, e)| lease_agrees(g, e, behind));
+            && got
+                .iter()
+                .zip(&expected)
+                .all(|(g, e)| lease_agrees(g, e, behind));
         // A shadow limit of a request the other limits admit (so it consumed): the units in
         // hand count as used, and it may report a denial the count without them would not.
         // (The other decisions on the same counter in that request follow from it.)
