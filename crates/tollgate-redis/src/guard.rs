@@ -725,6 +725,8 @@ impl Guarded {
                     let times = (now, answered);
                     self.leases
                         .learn(times, receipt.times(), items, wants, &mut decisions);
+                } else {
+                    self.leases.forget_denials(items);
                 }
                 breaker.success();
                 self.condition.answered(now);

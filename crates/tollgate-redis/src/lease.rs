@@ -330,6 +330,20 @@ impl Leases {
         out
     }
 
+    /// Forget what Redis denied on `items`' counters: a call that changed them (one that asked
+    /// for no lease, such as a request naming a counter twice) makes a remembered denial stale.
+    pub fn forget_denials(&self, items: &[CheckItem<'_>]) {
+        if !items.iter().any(leased) {
+            return;
+        }
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        for item in items.iter().filter(|i| leased(i)) {
+            if let Some(l) = map.get_mut(&map_key(item)) {
+                l.denied_until = 0;
+            }
+        }
+    }
+
     /// Take out the units in hand of `items`' leases (those of their current window), to give
     /// back before asking Redis again: Redis counts them as used, so a request costing more than
     /// is in hand could be denied where the count without them admits it.
@@ -487,6 +501,27 @@ mod tests {
             "so does a cost above the limit"
         );
         assert!(l.decide(T0 - 1, &hit(4)).is_none(), "and a clock gone back");
+    }
+
+    /// Regression: a request naming a counter twice goes to Redis without leases and may
+    /// consume on it; a denial remembered before it was still answered, with the old count.
+    #[test]
+    fn a_call_without_lease_makes_a_remembered_denial_stale() {
+        let q = Quota::new(10, Unit::Hour)
+            .with_algorithm(Algorithm::SlidingWindowCounter)
+            .with_sync(SyncMode::Lease);
+        let l = Leases::default();
+        let items = [CheckItem::hit("r", "k", &q)];
+        let mut d = [Decision {
+            allowed: false,
+            retry_after: Some(1_000_000),
+            count: Some(0),
+            ..granted(0, 0)
+        }];
+        l.learn((T0, T0), &[T0], &items, &[1], &mut d);
+        assert!(l.decide(T0 + 1, &items).is_some(), "remembered");
+        l.forget_denials(&[items[0], items[0]]);
+        assert!(l.decide(T0 + 1, &items).is_none(), "Redis is asked again");
     }
 
     #[test]
