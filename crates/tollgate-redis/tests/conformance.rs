@@ -105,7 +105,9 @@ fn envoy_key_layout_matches_memory_store() {
 }
 
 /// `sync: lease` on one instance decides what `exact` decides, on the hand-written suite and on
-/// random traces of the leasable algorithms (what is compared: `lease_agrees`).
+/// random traces of the leasable algorithms whose time only moves forward (what is compared:
+/// `lease_agrees`; the clock set back by more than a window strands units in hand, see
+/// docs/distributed.md).
 #[test]
 fn leased_limits_on_one_instance_decide_as_exact() {
     use support::conformance::{leasable, replay_leased, LEASABLE};
