@@ -700,16 +700,25 @@ impl Guarded {
         let mut started = std::time::Instant::now();
         let mut r = self.call(now, items, &breaker, wants.as_deref()).await;
         if let Ok((decisions, _)) = &r {
-            // Redis counts the units in hand as used: a request it denied might pass without
-            // them (one costing more than is in hand). Give them back and ask once more, as the
-            // count without leases would decide, when the first answer consumed nothing.
+            // Redis counts the units in hand as used: a request it denied on a leased counter
+            // might pass without them (one costing more than is in hand). Give them back and ask
+            // once more, as the count without leases would decide, when the first answer
+            // consumed nothing.
             let consumed = !blocks(items, decisions)
                 && items
                     .iter()
                     .zip(decisions)
                     .any(|(i, d)| d.allowed && i.cost > 0);
             if !consumed && decisions.iter().any(|d| !d.allowed) {
-                let held = self.leases.take_held(now, items);
+                // Only the denied counters' units: a request blocked by another limit (a
+                // per-client one beside a leased global one) keeps the lease.
+                let denied: Vec<CheckItem<'_>> = items
+                    .iter()
+                    .zip(decisions)
+                    .filter(|(_, d)| !d.allowed)
+                    .map(|(i, _)| *i)
+                    .collect();
+                let held = self.leases.take_held(now, &denied);
                 if !held.is_empty() {
                     self.give_back(now, held).await;
                     started = std::time::Instant::now();
