@@ -347,6 +347,9 @@ pub struct Guarded {
     batches: Batches,
     /// What each non-exact limit's mode did.
     limits: LimitStats,
+    /// With [`RedisSettings::caller_clock`]: the time of the last check, the probe's clock for
+    /// giving idle lease units back (the wall clock may be days away from the caller's).
+    caller_now: AtomicU64,
 }
 
 /// The store's current failure, logged once per change: set by a failure of another kind than
@@ -450,6 +453,7 @@ impl Guarded {
             leases: Leases::default(),
             batches: Batches::new(settings.flush_interval),
             limits: LimitStats::default(),
+            caller_now: AtomicU64::new(0),
         });
         if let Err(e) = g.store.probe().await {
             g.count_error(&e, 0);
@@ -686,6 +690,9 @@ impl Guarded {
     /// call failed), with the failure policy: an outage is never an error here, only a request
     /// this store cannot serve ([`StoreError::Unsupported`]).
     pub async fn check(&self, now: Micros, items: &[CheckItem<'_>]) -> Result<Outcome, StoreError> {
+        if self.settings.caller_clock {
+            self.caller_now.store(now, Relaxed);
+        }
         if let Some(decisions) = self.leases.decide(now, items) {
             self.limits.decided(items, false);
             return Ok(Outcome::store(decisions));
@@ -709,8 +716,36 @@ impl Guarded {
         }
         let wants = self.leases.wants(now, items);
         self.limits.decided(items, true);
-        let started = std::time::Instant::now();
-        match self.call(now, items, &breaker, wants.as_deref()).await {
+        let mut started = std::time::Instant::now();
+        let mut r = self.call(now, items, &breaker, wants.as_deref()).await;
+        if let Ok((decisions, _)) = &r {
+            // Redis counts the units in hand as used: a request it denied on a leased counter
+            // might pass without them (one costing more than is in hand). Give them back and ask
+            // once more, as the count without leases would decide, when the first answer
+            // consumed nothing.
+            let consumed = !blocks(items, decisions)
+                && items
+                    .iter()
+                    .zip(decisions)
+                    .any(|(i, d)| d.allowed && i.cost > 0);
+            if !consumed && decisions.iter().any(|d| !d.allowed) {
+                // Only the denied counters' units: a request blocked by another limit (a
+                // per-client one beside a leased global one) keeps the lease.
+                let denied: Vec<CheckItem<'_>> = items
+                    .iter()
+                    .zip(decisions)
+                    .filter(|(_, d)| !d.allowed)
+                    .map(|(i, _)| *i)
+                    .collect();
+                let held = self.leases.take_held(now, &denied);
+                if !held.is_empty() {
+                    self.give_back(now, held).await;
+                    started = std::time::Instant::now();
+                    r = self.call(now, items, &breaker, wants.as_deref()).await;
+                }
+            }
+        }
+        match r {
             Err(None) => Ok(self.fallback(now, items, true, true)),
             Ok((mut decisions, receipt)) => {
                 if let Some(wants) = &wants {
@@ -724,6 +759,8 @@ impl Guarded {
                         &mut decisions,
                         &self.limits,
                     );
+                } else {
+                    self.leases.forget_denials(items);
                 }
                 self.batches.learn(now, items, &decisions);
                 breaker.success();
@@ -1079,7 +1116,10 @@ async fn probe(g: Weak<Guarded>) {
         }
         // Lease units this instance stopped spending go back for the others.
         if g.state() != BreakerState::Open {
-            let now = crate::store::wall_micros();
+            let now = match g.settings.caller_clock {
+                true => g.caller_now.load(Relaxed),
+                false => crate::store::wall_micros(),
+            };
             let returns = g.leases.take_returns(now, false, &g.limits);
             if !returns.is_empty() {
                 g.give_back(now, returns).await;

@@ -27,7 +27,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 use tollgate_core::internals::window;
-use tollgate_core::{CheckItem, Decision, Micros, Quota, SyncMode};
+use tollgate_core::{Algorithm, CheckItem, Decision, Micros, Quota, SyncMode};
 
 /// A lease that ran out within this long of being taken doubles the next one.
 pub const QUICK: Micros = 50_000;
@@ -69,6 +69,12 @@ struct Lease {
     /// A denial answered locally until this local time (0: none), and its decision.
     denied_until: Micros,
     denial: Decision,
+    /// The cost Redis denied (a smaller one may pass: it goes to Redis) and the local time at
+    /// which Redis said it could pass (`None`: never), for the `retry_after` of local answers.
+    denied_cost: u64,
+    retry_at: Option<Micros>,
+    /// Local time the denial was learned.
+    denied_at: Micros,
 }
 
 /// Counters of what leases did (`tollgate_lease_*`).
@@ -127,8 +133,18 @@ fn repeats(items: &[CheckItem<'_>]) -> bool {
 impl Leases {
     /// Decide `items` at local time `now` from the leases alone, when every item is leased and
     /// either has its cost in hand or a denial to answer; `None`: ask Redis.
+    ///
+    /// A query (cost 0) always goes to Redis: it reports the counter as it is (a limit of 0
+    /// denies even a query), which units in hand do not tell; so does a cost above the limit
+    /// (a denial that never passes). A remembered denial answers only a cost at least the one
+    /// Redis denied (a smaller cost may pass), with Redis' retry time.
     pub fn decide(&self, now: Micros, items: &[CheckItem<'_>]) -> Option<Vec<Decision>> {
-        if items.is_empty() || !items.iter().all(leased) || (items.len() > 1 && repeats(items)) {
+        if items.is_empty()
+            || !items
+                .iter()
+                .all(|i| leased(i) && i.cost > 0 && i.cost <= i.quota.limit())
+            || (items.len() > 1 && repeats(items))
+        {
             return None;
         }
         let keys: Vec<String> = items.iter().map(map_key).collect();
@@ -137,6 +153,17 @@ impl Leases {
         for (item, k) in items.iter().zip(&keys) {
             let l = map.get(k)?;
             if l.denied_until > now {
+                // The sliding window counter's retry time depends on the cost: only the cost
+                // Redis denied is answered with it.
+                let sliding = item.quota.algorithm() == Algorithm::SlidingWindowCounter;
+                // A clock gone back behind the denial: Redis decides (the memory would last
+                // as long as the step back).
+                if now < l.denied_at
+                    || item.cost < l.denied_cost
+                    || (sliding && item.cost != l.denied_cost)
+                {
+                    return None;
+                }
                 blocked |= !item.shadow;
             } else if l.expires <= now || l.left < item.cost {
                 return None;
@@ -147,7 +174,7 @@ impl Leases {
             let l = map.get_mut(k)?;
             if l.denied_until > now {
                 let mut d = l.denial;
-                d.retry_after = Some(l.denied_until - now);
+                d.retry_after = l.retry_at.map(|r| r.saturating_sub(now).max(1));
                 d.reset_after = l.reset_at.saturating_sub(now);
                 out.push(d);
                 continue;
@@ -252,6 +279,9 @@ impl Leases {
                 used_at: now,
                 denied_until: 0,
                 denial: *d,
+                denied_cost: 0,
+                retry_at: None,
+                denied_at: now,
             });
             if l.left > 0 && (l.expires <= now || l.start != start) {
                 // The window of the units in hand is over: they went with it.
@@ -265,6 +295,9 @@ impl Leases {
                 let wait = d.retry_after.unwrap_or(DENIED_FOR).min(DENIED_FOR);
                 l.denied_until = now.saturating_add(wait);
                 l.denial = *d;
+                l.denied_cost = item.cost;
+                l.denied_at = now;
+                l.retry_at = d.retry_after.map(|r| now.saturating_add(r));
                 continue;
             }
             l.denied_until = 0;
@@ -311,6 +344,40 @@ impl Leases {
         out
     }
 
+    /// Forget what Redis denied on `items`' counters: a call that changed them (one that asked
+    /// for no lease, such as a request naming a counter twice) makes a remembered denial stale.
+    pub fn forget_denials(&self, items: &[CheckItem<'_>]) {
+        if !items.iter().any(leased) {
+            return;
+        }
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        for item in items.iter().filter(|i| leased(i)) {
+            if let Some(l) = map.get_mut(&map_key(item)) {
+                l.denied_until = 0;
+            }
+        }
+    }
+
+    /// Take out the units in hand of `items`' leases (those of their current window), to give
+    /// back before asking Redis again: Redis counts them as used, so a request costing more than
+    /// is in hand could be denied where the count without them admits it.
+    pub fn take_held(&self, now: Micros, items: &[CheckItem<'_>]) -> Returns {
+        if !items.iter().any(leased) {
+            return Vec::new();
+        }
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out: Returns = Vec::new();
+        for item in items.iter().filter(|i| leased(i)) {
+            if let Some(l) = map.get_mut(&map_key(item)) {
+                if l.left > 0 && l.expires > now {
+                    out.push((l.rule.clone(), l.key.clone(), l.quota, l.at, l.left));
+                    l.left = 0;
+                }
+            }
+        }
+        out
+    }
+
     /// Units held now, over every lease.
     pub fn held(&self) -> u64 {
         let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
@@ -321,7 +388,7 @@ impl Leases {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tollgate_core::{Algorithm, Unit};
+    use tollgate_core::Unit;
 
     const T0: Micros = 1_700_000_000_000_000;
 
@@ -434,6 +501,89 @@ mod tests {
             l.decide(T0 + DENIED_FOR, &items).is_none(),
             "then Redis is asked again"
         );
+    }
+
+    /// Regression: a remembered denial was answered for any request on the counter (a smaller
+    /// cost that fits, a cost-0 query, a cost above the limit), for as long as the clock went
+    /// back, and with `retry_after` cut to the local memory's quarter second instead of Redis'
+    /// retry time, unlike `exact`.
+    #[test]
+    fn a_remembered_denial_answers_only_its_cost_with_redis_retry_time() {
+        let q = Quota::new(10, Unit::Hour)
+            .with_algorithm(Algorithm::FixedWindow)
+            .with_sync(SyncMode::Lease);
+        let l = Leases::default();
+        let hit = |cost| {
+            [CheckItem {
+                cost,
+                ..CheckItem::hit("r", "k", &q)
+            }]
+        };
+        let mut d = [Decision {
+            allowed: false,
+            remaining: 2,
+            retry_after: Some(3_000_000_000),
+            count: Some(0),
+            ..granted(2, 0)
+        }];
+        l.learn(
+            (T0, T0),
+            &[T0],
+            &hit(3),
+            &[1],
+            &mut d,
+            &LimitStats::default(),
+        );
+        let local = l
+            .decide(T0 + 10, &hit(4))
+            .expect("a larger cost is denied too");
+        assert!(!local[0].allowed);
+        assert_eq!(
+            local[0].retry_after,
+            Some(3_000_000_000 - 10),
+            "Redis' retry time"
+        );
+        assert!(
+            l.decide(T0 + 10, &hit(2)).is_none(),
+            "a smaller cost may pass"
+        );
+        assert!(
+            l.decide(T0 + 10, &hit(0)).is_none(),
+            "a query goes to Redis"
+        );
+        assert!(
+            l.decide(T0 + 10, &hit(11)).is_none(),
+            "so does a cost above the limit"
+        );
+        assert!(l.decide(T0 - 1, &hit(4)).is_none(), "and a clock gone back");
+    }
+
+    /// Regression: a request naming a counter twice goes to Redis without leases and may
+    /// consume on it; a denial remembered before it was still answered, with the old count.
+    #[test]
+    fn a_call_without_lease_makes_a_remembered_denial_stale() {
+        let q = Quota::new(10, Unit::Hour)
+            .with_algorithm(Algorithm::SlidingWindowCounter)
+            .with_sync(SyncMode::Lease);
+        let l = Leases::default();
+        let items = [CheckItem::hit("r", "k", &q)];
+        let mut d = [Decision {
+            allowed: false,
+            retry_after: Some(1_000_000),
+            count: Some(0),
+            ..granted(0, 0)
+        }];
+        l.learn(
+            (T0, T0),
+            &[T0],
+            &items,
+            &[1],
+            &mut d,
+            &LimitStats::default(),
+        );
+        assert!(l.decide(T0 + 1, &items).is_some(), "remembered");
+        l.forget_denials(&[items[0], items[0]]);
+        assert!(l.decide(T0 + 1, &items).is_none(), "Redis is asked again");
     }
 
     #[test]

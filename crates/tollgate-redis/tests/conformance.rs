@@ -103,3 +103,43 @@ fn envoy_key_layout_matches_memory_store() {
     let written = support::delete_prefix(support::shared_url(), &ns);
     assert!(written > 0, "envoy keys written");
 }
+
+/// `sync: lease` on one instance decides what `exact` decides, on the hand-written suite and on
+/// random traces of the leasable algorithms whose time only moves forward (what is compared:
+/// `lease_agrees`; the clock set back by more than a window strands units in hand, see
+/// docs/distributed.md).
+#[test]
+fn leased_limits_on_one_instance_decide_as_exact() {
+    use support::conformance::{leasable, replay_leased, LEASABLE};
+    use tollgate_redis::{Guarded, RedisSettings};
+    let rt = runtime();
+    let opts = replay_options("lease");
+    let prefix = opts.prefix.clone();
+    let guarded = rt.block_on(async {
+        let store = RedisStore::connect(support::shared_url(), opts)
+            .await
+            .unwrap();
+        let settings = RedisSettings {
+            caller_clock: true,
+            ..RedisSettings::default()
+        };
+        Guarded::start(store, settings).await
+    });
+    let all: Vec<_> = traces().into_iter().filter(leasable).collect();
+    assert!(all.len() >= 50, "{}", all.len());
+    rt.block_on(async {
+        for t in &all {
+            replay_leased(&guarded, t).await;
+        }
+    });
+    for alg in LEASABLE {
+        let mut runner = runner(48);
+        runner
+            .run(&random_trace(alg, false), |trace| {
+                rt.block_on(replay_leased(&guarded, &trace));
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("{alg} leased: {e}"));
+    }
+    support::delete_prefix(support::shared_url(), &prefix);
+}

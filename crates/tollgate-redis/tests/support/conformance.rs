@@ -13,6 +13,8 @@ use tollgate_core::internals::days_from_civil;
 use tollgate_core::{
     Algorithm, CheckItem, Decision, MemoryStore, Micros, Period, Quota, Store, Unit,
 };
+use tollgate_redis::guard::PROBE_INTERVAL;
+use tollgate_redis::lease::IDLE;
 use tollgate_redis::RedisStore;
 
 pub const SECOND: Micros = 1_000_000;
@@ -808,4 +810,128 @@ pub async fn replay(redis: &RedisStore, trace: &Trace) {
             trace.name, step.t, step.reqs
         );
     }
+}
+
+/// The algorithms `sync: lease` applies to.
+pub const LEASABLE: [Algorithm; 2] = [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter];
+
+/// Whether every counter of `trace` uses a leasable algorithm.
+pub fn leasable(trace: &Trace) -> bool {
+    trace
+        .steps
+        .iter()
+        .flat_map(|s| &s.reqs)
+        .all(|r| LEASABLE.contains(&r.quota.algorithm()))
+}
+
+/// Replay `trace` on a fresh [`MemoryStore`] with its quotas as written (`exact`) and on
+/// `guarded` (one instance, deciding at the trace's times) with every quota `sync: lease`, and
+/// panic at the first decision that differs in what a lease must keep. The replay ends early
+/// at a documented edge effect after which the counts differ (docs/distributed.md, "One
+/// instance"): units lost with their window, a shadow limit denied in a request that consumed.
+pub async fn replay_leased(guarded: &tollgate_redis::Guarded, trace: &Trace) {
+    static RUN: AtomicU64 = AtomicU64::new(0);
+    let ns = format!(
+        "{}#lease{}",
+        trace.name,
+        RUN.fetch_add(1, Ordering::Relaxed)
+    );
+    let mem = MemoryStore::with_seed(10_000, 7, 11);
+    let expired = || {
+        guarded
+            .lease_stats()
+            .0
+            .units_expired
+            .load(Ordering::Relaxed)
+    };
+    let expired_before = expired();
+    let mut latest = 0;
+    let mut previous: Option<Micros> = None;
+    for (i, step) in trace.steps.iter().enumerate() {
+        // Units unused for `IDLE` go back (the probe's work, done here at the trace's time).
+        if let Some(p) =
+            previous.filter(|&p| step.t >= p + IDLE + PROBE_INTERVAL.as_micros() as Micros)
+        {
+            guarded.return_leases(p + IDLE).await;
+        }
+        previous = Some(step.t);
+        // Units still in hand when their window ended were lost with it (under-admission): from
+        // there on the counts differ, as documented.
+        if expired() > expired_before {
+            return;
+        }
+        let behind = step.t < latest;
+        latest = latest.max(step.t);
+        let keys: Vec<String> = step
+            .reqs
+            .iter()
+            .map(|r| format!("{ns}|{}", r.key))
+            .collect();
+        let leased: Vec<Quota> = step
+            .reqs
+            .iter()
+            .map(|r| r.quota.with_sync(tollgate_core::SyncMode::Lease))
+            .collect();
+        let exact: Vec<CheckItem<'_>> = step
+            .reqs
+            .iter()
+            .zip(&keys)
+            .map(|(r, k)| CheckItem {
+                rule: "r",
+                key: k,
+                quota: &r.quota,
+                cost: r.cost,
+                shadow: r.shadow,
+                count_denied: r.count_denied,
+            })
+            .collect();
+        let lease: Vec<CheckItem<'_>> = exact
+            .iter()
+            .zip(&leased)
+            .map(|(e, quota)| CheckItem { quota, ..*e })
+            .collect();
+        let expected: Vec<Decision> = mem.check(step.t, &exact).unwrap();
+        let got = guarded
+            .check(step.t, &lease)
+            .await
+            .unwrap_or_else(|e| panic!("{}: step {i} at {}: store error {e}", trace.name, step.t));
+        assert!(got.degraded.is_none(), "{}: step {i}: degraded", trace.name);
+        let got = got.decisions;
+        let same = got.len() == expected.len()
+            && got
+                .iter()
+                .zip(&expected)
+                .all(|(g, e)| lease_agrees(g, e, behind));
+        // A shadow limit of a request the other limits admit (so it consumed): the units in
+        // hand count as used, and it may report a denial the count without them would not.
+        // (The other decisions on the same counter in that request follow from it.)
+        let consumed = !tollgate_core::store::blocks(&lease, &got)
+            && lease.iter().zip(&got).any(|(i, d)| d.allowed && i.cost > 0);
+        if !same && consumed && lease.iter().any(|i| i.shadow) {
+            return;
+        }
+        assert!(
+            same,
+            "{}: step {i} at t={} requests {:?}\nleased: {got:?}\nexact:  {expected:?}",
+            trace.name, step.t, step.reqs
+        );
+    }
+}
+
+/// What a leased decision must share with the exact one (docs/distributed.md, "One instance"):
+/// everything but `remaining` and `reset_after`, which count the units held in the lease as
+/// used; and, with the clock `behind` a time seen before, only whether there is a
+/// `retry_after` (a denial answered from memory counts its retry time on from the local clock,
+/// where Redis counts from the later window it clamps to).
+pub fn lease_agrees(leased: &Decision, exact: &Decision, behind: bool) -> bool {
+    let retry_after = match (behind, leased.retry_after, exact.retry_after) {
+        (true, Some(_), Some(e)) => Some(e),
+        (_, l, _) => l,
+    };
+    Decision {
+        remaining: exact.remaining,
+        reset_after: exact.reset_after,
+        retry_after,
+        ..*leased
+    } == *exact
 }
