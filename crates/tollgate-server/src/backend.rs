@@ -12,6 +12,7 @@
 //! as on one store (except for counters a failure policy decided: the local fallback's counts
 //! are not given back).
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -165,17 +166,19 @@ pub fn report(g: &Guarded) -> serde_json::Value {
 
 /// The metrics of a backend's Redis stores (Prometheus text format), one family at a time: the
 /// main store's series without a `store` label, a second store's with a
-/// `store="per_second"` label first.
-pub(crate) fn render_backend_metrics(out: &mut String, backend: &Backend) {
+/// `store="per_second"` label first. `rules` names each limit's series by its stats key (the
+/// hit counters' `rule` label) beside its id.
+pub(crate) fn render_backend_metrics(out: &mut String, backend: &Backend, rules: &RuleSet) {
     match backend {
         Backend::Local(_) => {}
-        Backend::Redis(g) => render_stores(out, &[(None, g.as_ref())]),
+        Backend::Redis(g) => render_stores(out, &[(None, g.as_ref())], rules),
         Backend::RedisSplit(main, per_second) => render_stores(
             out,
             &[
                 (None, main.as_ref()),
                 (Some("per_second"), per_second.as_ref()),
             ],
+            rules,
         ),
     }
 }
@@ -183,7 +186,7 @@ pub(crate) fn render_backend_metrics(out: &mut String, backend: &Backend) {
 /// A plain counter of every store: its name, help text and reading.
 type Counter<'a> = (&'a str, &'a str, &'a dyn Fn(&Guarded) -> u64);
 
-fn render_stores(out: &mut String, stores: &[(Option<&str>, &Guarded)]) {
+fn render_stores(out: &mut String, stores: &[(Option<&str>, &Guarded)], rules: &RuleSet) {
     let rows = |label: &str, f: &dyn Fn(&Guarded) -> Vec<(&'static str, u64)>| {
         let mut rows = Vec::new();
         for (store, g) in stores {
@@ -299,7 +302,7 @@ fn render_stores(out: &mut String, stores: &[(Option<&str>, &Guarded)]) {
         let _ = writeln!(out, "{name}{labels} {n}");
     }
     render_batches(out, stores);
-    render_limits(out, stores);
+    render_limits(out, stores, rules);
     let cached: Vec<_> = stores
         .iter()
         .filter_map(|(s, g)| g.deny_cache_stats().map(|c| (s, c)))
@@ -380,20 +383,28 @@ fn escape_label(s: &str) -> String {
 
 /// What each `lease` or `batched` limit did, labelled by domain and rule (the limit's id), so
 /// the series follow the configured limits, not the traffic.
-fn render_limits(out: &mut String, stores: &[(Option<&str>, &Guarded)]) {
+fn render_limits(out: &mut String, stores: &[(Option<&str>, &Guarded)], rules: &RuleSet) {
     use tollgate_redis::limits::LimitSync;
     let snapshots: Vec<_> = stores
         .iter()
         .map(|(s, g)| (*s, g.limit_stats().snapshot()))
         .collect();
-    let labels = |store: Option<&str>, rule: &str, l: &LimitSync, mode: bool| {
-        let domain = rule.split('|').next().unwrap_or(rule);
+    // The hit counters name a rule by its stats key: the same `rule` label here lets a query
+    // join the two; `limit` (the id) keeps two limits with one stats key apart.
+    let stats_keys: HashMap<&str, &str> = rules
+        .limits()
+        .map(|l| (l.id.as_str(), l.stats.base()))
+        .collect();
+    let labels = |store: Option<&str>, id: &str, l: &LimitSync, mode: bool| {
+        let domain = id.split('|').next().unwrap_or(id);
+        let rule = stats_keys.get(id).copied().unwrap_or(id);
         let mut t = store.map_or(String::new(), |s| format!("store=\"{s}\","));
         let _ = write!(
             t,
-            "domain=\"{}\",rule=\"{}\"",
+            "domain=\"{}\",rule=\"{}\",limit=\"{}\"",
             escape_label(domain),
-            escape_label(rule)
+            escape_label(&crate::metrics::bounded_label(rule)),
+            escape_label(id)
         );
         if mode {
             let _ = write!(t, ",mode=\"{}\"", l.mode());

@@ -365,9 +365,11 @@ async fn a_batched_limit_is_flushed_and_reported_per_limit() {
     assert_eq!(codes, [200, 200, 200, 200, 429]);
     let (_, _, text) = get(&a, "/metrics").await;
     for line in [
-        "tollgate_sync_decisions_total{domain=\"d\",rule=\"d|tenant\",mode=\"batched\"} 6",
-        "tollgate_sync_redis_calls_total{domain=\"d\",rule=\"d|tenant\",mode=\"batched\"} 2",
-        "tollgate_sync_flushes_total{domain=\"d\",rule=\"d|tenant\"} 1",
+        // `rule` as the hit counters name it (a join), `limit` the limit's id.
+        "tollgate_total_hits{domain=\"d\",rule=\"d.tenant\"} 6",
+        "tollgate_sync_decisions_total{domain=\"d\",rule=\"d.tenant\",limit=\"d|tenant\",mode=\"batched\"} 6",
+        "tollgate_sync_redis_calls_total{domain=\"d\",rule=\"d.tenant\",limit=\"d|tenant\",mode=\"batched\"} 2",
+        "tollgate_sync_flushes_total{domain=\"d\",rule=\"d.tenant\",limit=\"d|tenant\"} 1",
         "tollgate_batch_local_decisions_total 5",
         "tollgate_batch_units_unconfirmed 0",
     ] {

@@ -910,7 +910,7 @@ async fn metrics(State(state): State<HttpState>) -> Response {
     if let Some(m) = state.memory_store() {
         crate::metrics::render_evictions(&mut text, m.evictions());
     }
-    crate::backend::render_backend_metrics(&mut text, state.backend());
+    crate::backend::render_backend_metrics(&mut text, state.backend(), &state.rules().set);
     if let Some(r) = &state.registry {
         r.render_metrics(&mut text);
     }
