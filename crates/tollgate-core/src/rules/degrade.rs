@@ -59,7 +59,7 @@ impl std::fmt::Display for DegradeThreshold {
 /// Decodes `degrade: {below_remaining: 20%}` (or a count) for a rule whose quota is `quota`
 /// (`None` for no quota: unlimited, or no `rate_limit`, where a threshold means nothing).
 pub(super) fn decode(node: &Node, quota: Option<Option<Quota>>, errors: &mut Errors) -> Option<DegradeThreshold> {
-    let fields = Fields::new(node, "degrade", DEGRADE_FIELDS, errors)?;
+    let fields = Fields::new(node, "`degrade`", DEGRADE_FIELDS, errors)?;
     let Some(at) = fields.get("below_remaining") else {
         errors.push((
             node.pos,

@@ -1046,7 +1046,7 @@ descriptors:
             ("degrade: {below_remaining: 0}\n    rate_limit: {unit: second, requests_per_unit: 10}", 4, "`below_remaining` must be at least 1"),
             ("degrade: {below_remaining: 11}\n    rate_limit: {unit: second, requests_per_unit: 10}", 4, "more than the 10 this limit can ever have left"),
             ("degrade: {}\n    rate_limit: {unit: second, requests_per_unit: 10}", 4, "missing required field `below_remaining`"),
-            ("degrade: {below: 5}\n    rate_limit: {unit: second, requests_per_unit: 10}", 4, "unknown field `below` in degrade"),
+            ("degrade: {below: 5}\n    rate_limit: {unit: second, requests_per_unit: 10}", 4, "unknown field `below` in `degrade`"),
             ("degrade: 20%", 4, "`degrade` must be a mapping"),
             ("degrade: {below_remaining: 5}", 4, "`degrade` needs a `rate_limit`"),
             ("degrade: {below_remaining: 5}\n    rate_limit: {unlimited: true}", 4, "cannot be used with `unlimited: true`"),
