@@ -164,11 +164,13 @@ mod limiter;
 #[cfg(feature = "remote")]
 mod remote;
 mod service;
+mod signal;
 
 pub use builder::{Builder, Error};
 pub use clock::TokioClock;
 pub use key::Key;
 #[cfg(feature = "remote")]
 pub use remote::Remote;
+pub use signal::Degraded;
 pub use service::{LimitableService, RateLimit, RateLimitLayer, ResponseBody, ResponseFuture};
 pub use tollgate_core::{Algorithm, HeaderFamilies, Quota, RuleSet, Unit};
