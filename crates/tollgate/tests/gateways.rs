@@ -222,6 +222,7 @@ fn caddy_limits_per_client_key_and_path_with_true_429s() {
     let caddy = Gateway::caddy("gw-caddy-cad", tg, upstream.port);
     per_client_key_and_path(caddy.port, 2, false);
     shadow_header(caddy.port, "127.0.2.30");
+    degrade_and_shadowban(&upstream, caddy.port, &|n| format!("127.0.2.{n}"));
     // Caddy passes tollgate's body on: JSON when the client asks for JSON.
     let r = get(
         "127.0.2.1",
@@ -339,6 +340,18 @@ fn traefik_forward_auth_requests() {
     let r = traefik(tg, "192.0.2.3", "GET", "/expensive", &[]);
     assert_eq!(r.status, 429, "{r:?}");
     assert!(r.body.contains("/expensive is busy"), "{r:?}");
+    // Degrade: the header Traefik copies upstream names the rule past its threshold, and is
+    // empty before. Shadowban: Traefik can only pass tollgate's 429 on, marked.
+    let reader = |ip: &str| traefik(tg, ip, "GET", "/items", &[("X-Reader", "t1")]);
+    let r = reader("192.0.2.20");
+    assert_eq!((r.status, r.header("x-ratelimit-degrade")), (200, Some("")), "{r:?}");
+    reader("192.0.2.21");
+    let r = reader("192.0.2.22");
+    assert_eq!(r.header("x-ratelimit-degrade"), Some("web|reader"), "{r:?}");
+    let abuser = |ip: &str| traefik(tg, ip, "GET", "/items", &[("X-Abuser", "t1")]);
+    assert_eq!(abuser("192.0.2.23").status, 200);
+    let r = abuser("192.0.2.24");
+    assert_eq!((r.status, r.header("x-ratelimit-shadowban")), (429, Some("true")), "{r:?}");
     // Shadow mode: 200, with the header saying it would have been limited.
     let r = traefik(tg, "192.0.2.10", "GET", "/items", &[("X-Tier", "free")]);
     assert_eq!(
