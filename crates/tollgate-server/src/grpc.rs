@@ -425,7 +425,10 @@ fn add_signals(out: &mut RateLimitResponse, resp: &CheckResponse) {
     if resp.degrade.is_none() && !resp.shadowbanned {
         return;
     }
-    let fields = &mut out.dynamic_metadata.get_or_insert_with(PbStruct::default).fields;
+    let fields = &mut out
+        .dynamic_metadata
+        .get_or_insert_with(PbStruct::default)
+        .fields;
     if let Some(rule) = &resp.degrade {
         fields.insert(
             "tollgate_degrade".to_owned(),

@@ -833,10 +833,17 @@ async fn degrade_and_shadowban_in_dynamic_metadata(engine: GrpcEngine) {
     let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
     assert_eq!(
         degraded,
-        [(ok, None), (ok, None), (ok, on.clone()), (ok, on), (over, None)]
+        [
+            (ok, None),
+            (ok, None),
+            (ok, on.clone()),
+            (ok, on),
+            (over, None)
+        ]
     );
     // The same decision on `/v1/check`: the field and the header.
-    let body = json!({"domain": "test", "descriptors": [{"entries": [{"key": "reader", "value": "r2"}]}]});
+    let body =
+        json!({"domain": "test", "descriptors": [{"entries": [{"key": "reader", "value": "r2"}]}]});
     for want in [None, None, Some("test|reader"), Some("test|reader")] {
         let (status, v) = post(&s, "/v1/check", &body).await;
         assert_eq!(status, 200);
@@ -844,22 +851,42 @@ async fn degrade_and_shadowban_in_dynamic_metadata(engine: GrpcEngine) {
     }
     // Shadowban: the first is allowed, the next ones are marked; an honest denial is not.
     let first = call(&mut c, req("test", vec![desc(&[("abuser", "a1")])])).await;
-    assert_eq!((first.overall_code, first.dynamic_metadata.is_none()), (ok, true));
+    assert_eq!(
+        (first.overall_code, first.dynamic_metadata.is_none()),
+        (ok, true)
+    );
     for _ in 0..2 {
         let r = call(&mut c, req("test", vec![desc(&[("abuser", "a1")])])).await;
         assert_eq!(r.overall_code, over);
-        assert_eq!(field(&r, "tollgate_shadowbanned"), Some(Kind::BoolValue(true)));
+        assert_eq!(
+            field(&r, "tollgate_shadowbanned"),
+            Some(Kind::BoolValue(true))
+        );
     }
-    let both = req("test", vec![desc(&[("abuser", "a1")]), desc(&[("plan", "free")])]);
+    let both = req(
+        "test",
+        vec![desc(&[("abuser", "a1")]), desc(&[("plan", "free")])],
+    );
     let r = call(&mut c, both).await;
-    assert_eq!((r.overall_code, field(&r, "tollgate_shadowbanned")), (over, None));
+    assert_eq!(
+        (r.overall_code, field(&r, "tollgate_shadowbanned")),
+        (over, None)
+    );
     let (status, v) = post(&s, "/v1/check", &json!({"domain": "test", "descriptors": [{"entries": [{"key": "abuser", "value": "a1"}]}]})).await;
     assert_eq!((status, &v["shadowbanned"]), (429, &json!(true)), "{v}");
-    let metrics = send(&s.base(), Method::GET, "/metrics", None, Duration::from_secs(5))
-        .await
-        .expect("metrics");
+    let metrics = send(
+        &s.base(),
+        Method::GET,
+        "/metrics",
+        None,
+        Duration::from_secs(5),
+    )
+    .await
+    .expect("metrics");
     assert!(
-        metrics.body.contains("tollgate_shadowbanned{domain=\"test\",rule=\"test.abuser\"} 3"),
+        metrics
+            .body
+            .contains("tollgate_shadowbanned{domain=\"test\",rule=\"test.abuser\"} 3"),
         "{}",
         metrics.body
     );

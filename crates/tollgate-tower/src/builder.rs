@@ -341,9 +341,10 @@ impl Builder {
                 trusted,
                 max_wait: self.max_wait,
                 allow_headers: self.allow_headers,
-                shadowban: self
-                    .shadowban
-                    .map_or_else(crate::signal::FakeResponse::empty, crate::signal::FakeResponse::of),
+                shadowban: self.shadowban.map_or_else(
+                    crate::signal::FakeResponse::empty,
+                    crate::signal::FakeResponse::of,
+                ),
             }),
         })
     }

@@ -171,6 +171,6 @@ pub use clock::TokioClock;
 pub use key::Key;
 #[cfg(feature = "remote")]
 pub use remote::Remote;
-pub use signal::Degraded;
 pub use service::{LimitableService, RateLimit, RateLimitLayer, ResponseBody, ResponseFuture};
+pub use signal::Degraded;
 pub use tollgate_core::{Algorithm, HeaderFamilies, Quota, RuleSet, Unit};

@@ -495,7 +495,8 @@ impl Limiter {
                 }
                 let mut blocking = verdict.statuses.iter().filter(|s| s.blocks());
                 let banned = blocking.clone().next().is_some()
-                    && blocking.all(|s| matches!(s, Status::Limited { limit, .. } if limit.shadowban));
+                    && blocking
+                        .all(|s| matches!(s, Status::Limited { limit, .. } if limit.shadowban));
                 if banned && !decided.denied_by_policy {
                     return Answer::Shadowban;
                 }

@@ -580,6 +580,9 @@ async fn degrade_extension_and_shadowban_response() {
     assert_eq!(calls.load(Ordering::SeqCst), 5);
     // Denied by the shadowban rule and an honest one too: an honest 429.
     let both = from([192, 0, 2, 2], "/", &[("x-abuser", "a"), ("x-reader", "r")]);
-    assert_eq!(send(&app, both).await.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        send(&app, both).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
     assert_eq!(calls.load(Ordering::SeqCst), 5);
 }

@@ -197,7 +197,11 @@ fn degrade_and_shadowban(upstream: &Upstream, port: u16, ip: &dyn Fn(u8) -> Stri
     ok(&r, "abuser 1st");
     for n in [51, 52] {
         let r = get(&ip(n), port, "/items?banned", &[("X-Abuser", "a1")]);
-        assert_eq!((r.status, r.body.as_str()), (200, "{\"results\":[]}\n"), "{r:?}");
+        assert_eq!(
+            (r.status, r.body.as_str()),
+            (200, "{\"results\":[]}\n"),
+            "{r:?}"
+        );
         assert_eq!(r.header("retry-after"), None, "{r:?}");
         assert_eq!(r.header("x-ratelimit-remaining"), None, "{r:?}");
     }
@@ -344,14 +348,22 @@ fn traefik_forward_auth_requests() {
     // empty before. Shadowban: Traefik can only pass tollgate's 429 on, marked.
     let reader = |ip: &str| traefik(tg, ip, "GET", "/items", &[("X-Reader", "t1")]);
     let r = reader("192.0.2.20");
-    assert_eq!((r.status, r.header("x-ratelimit-degrade")), (200, Some("")), "{r:?}");
+    assert_eq!(
+        (r.status, r.header("x-ratelimit-degrade")),
+        (200, Some("")),
+        "{r:?}"
+    );
     reader("192.0.2.21");
     let r = reader("192.0.2.22");
     assert_eq!(r.header("x-ratelimit-degrade"), Some("web|reader"), "{r:?}");
     let abuser = |ip: &str| traefik(tg, ip, "GET", "/items", &[("X-Abuser", "t1")]);
     assert_eq!(abuser("192.0.2.23").status, 200);
     let r = abuser("192.0.2.24");
-    assert_eq!((r.status, r.header("x-ratelimit-shadowban")), (429, Some("true")), "{r:?}");
+    assert_eq!(
+        (r.status, r.header("x-ratelimit-shadowban")),
+        (429, Some("true")),
+        "{r:?}"
+    );
     // Shadow mode: 200, with the header saying it would have been limited.
     let r = traefik(tg, "192.0.2.10", "GET", "/items", &[("X-Tier", "free")]);
     assert_eq!(

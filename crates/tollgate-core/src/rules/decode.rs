@@ -270,7 +270,8 @@ fn descriptor(node: &Node, depth: usize, errors: &mut Errors) -> Option<Descript
             } else if quota == Some(None) {
                 errors.push((
                     n.pos,
-                    "`shadowban` cannot be used with `unlimited: true` (it never denies)".to_string(),
+                    "`shadowban` cannot be used with `unlimited: true` (it never denies)"
+                        .to_string(),
                 ));
             }
         }

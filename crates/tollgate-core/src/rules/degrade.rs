@@ -58,7 +58,11 @@ impl std::fmt::Display for DegradeThreshold {
 
 /// Decodes `degrade: {below_remaining: 20%}` (or a count) for a rule whose quota is `quota`
 /// (`None` for no quota: unlimited, or no `rate_limit`, where a threshold means nothing).
-pub(super) fn decode(node: &Node, quota: Option<Option<Quota>>, errors: &mut Errors) -> Option<DegradeThreshold> {
+pub(super) fn decode(
+    node: &Node,
+    quota: Option<Option<Quota>>,
+    errors: &mut Errors,
+) -> Option<DegradeThreshold> {
     let fields = Fields::new(node, "`degrade`", DEGRADE_FIELDS, errors)?;
     let Some(at) = fields.get("below_remaining") else {
         errors.push((
@@ -69,7 +73,10 @@ pub(super) fn decode(node: &Node, quota: Option<Option<Quota>>, errors: &mut Err
         return None;
     };
     let threshold = match &at.kind {
-        Kind::Scalar { text, quoted: false } if text.ends_with('%') => {
+        Kind::Scalar {
+            text,
+            quoted: false,
+        } if text.ends_with('%') => {
             let digits = text.trim_end_matches('%').trim();
             match digits.parse::<u8>() {
                 Ok(p) if (1..=100).contains(&p) => DegradeThreshold::Percent(p),
@@ -84,7 +91,13 @@ pub(super) fn decode(node: &Node, quota: Option<Option<Quota>>, errors: &mut Err
                 }
             }
         }
-        _ => DegradeThreshold::Remaining(integer(at, "below_remaining", 1, u64::from(u32::MAX), errors)?),
+        _ => DegradeThreshold::Remaining(integer(
+            at,
+            "below_remaining",
+            1,
+            u64::from(u32::MAX),
+            errors,
+        )?),
     };
     match quota {
         None => {
@@ -97,7 +110,8 @@ pub(super) fn decode(node: &Node, quota: Option<Option<Quota>>, errors: &mut Err
         Some(None) => {
             errors.push((
                 node.pos,
-                "`degrade` cannot be used with `unlimited: true` (nothing ever runs low)".to_string(),
+                "`degrade` cannot be used with `unlimited: true` (nothing ever runs low)"
+                    .to_string(),
             ));
             None
         }

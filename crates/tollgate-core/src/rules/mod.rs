@@ -1059,7 +1059,10 @@ descriptors:
             let text = format!("domain: d\ndescriptors:\n  - key: k\n    {fields}\n");
             let e = errors(&text);
             assert!(e.iter().all(|e| e.line == line), "{fields}: {e:?}");
-            assert!(e.iter().any(|e| e.message.contains(want)), "{fields}: {e:?}");
+            assert!(
+                e.iter().any(|e| e.message.contains(want)),
+                "{fields}: {e:?}"
+            );
         }
     }
 

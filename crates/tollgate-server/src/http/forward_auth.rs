@@ -161,7 +161,8 @@ fn answer(resp: &CheckResponse, deny_status: StatusCode, json: bool) -> Response
             Some(rule) => super::degrade_value(rule),
             None => HeaderValue::from_static(""),
         };
-        r.headers_mut().insert(super::DEGRADE_HEADER.clone(), degrade);
+        r.headers_mut()
+            .insert(super::DEGRADE_HEADER.clone(), degrade);
         return r;
     }
     let message = resp
