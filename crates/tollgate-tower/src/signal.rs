@@ -14,14 +14,19 @@ pub(crate) static DEGRADE_HEADER: HeaderName = HeaderName::from_static("x-rateli
 /// Set on a request (as an extension) that a rule allowed below its `degrade` threshold: the
 /// handler may serve a cheaper answer while there is still room.
 ///
+/// In axum, a handler takes `Option<axum::Extension<Degraded>>`; with any service, the
+/// request's extensions hold it:
+///
 /// ```
-/// use axum::Extension;
 /// use tollgate_tower::Degraded;
 ///
-/// async fn page(degraded: Option<Extension<Degraded>>) -> &'static str {
-///     if degraded.is_some() { "the short page" } else { "the full page" }
+/// fn page<B>(request: &http::Request<B>) -> &'static str {
+///     match request.extensions().get::<Degraded>() {
+///         Some(_) => "the short page",
+///         None => "the full page",
+///     }
 /// }
-/// # let _ = page;
+/// # let _ = page::<()>;
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
