@@ -883,6 +883,8 @@ fn limit_json(l: &tollgate_core::rules::Limit) -> Value {
         "replaces": l.replaces,
         "detailed_metric": l.detailed_metric || l.value_to_metric,
         "quota_mode": l.quota_mode,
+        "degrade_below_remaining": l.degrade.map(|t| t.to_string()),
+        "shadowban": l.shadowban,
         "stats_key": l.stats.base(),
         "source": format!("{}:{}", l.file, l.line),
     })
