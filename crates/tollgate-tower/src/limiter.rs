@@ -563,10 +563,18 @@ impl Limiter {
             _ => return Answer::pass(),
         };
         match client.check(domain, descriptors).await {
-            Ok(a) if a.allowed => Answer::Allow {
-                headers: Headers::Map(Box::new(a.headers)),
-                delay: Duration::ZERO,
+            Ok(a) if a.allowed => match a.degrade {
+                None => Answer::Allow {
+                    headers: Headers::Map(Box::new(a.headers)),
+                    delay: Duration::ZERO,
+                },
+                Some(rule) => Answer::Degrade {
+                    headers: Headers::Map(Box::new(a.headers)),
+                    delay: Duration::ZERO,
+                    degraded: crate::Degraded::new(rule),
+                },
             },
+            Ok(a) if a.shadowbanned => Answer::Shadowban,
             Ok(a) => Answer::Deny {
                 headers: Headers::Map(Box::new(a.headers)),
                 message: DEFAULT_MESSAGE.to_owned(),
