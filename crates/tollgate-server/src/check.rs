@@ -268,6 +268,10 @@ fn conclude(
     crate::decision_log::record(&req.domain, &verdict.statuses, &req.descriptors, hits);
     let policy = state.policy();
     let allowed = verdict.allowed_with_quota_mode(policy.quota_mode());
+    // The first rule whose `degrade` threshold the request crossed; whether any rule that
+    // denied is a `shadowban` rule, and whether any other one denied.
+    let mut degrade: Option<&Limit> = None;
+    let (mut banned, mut denied_plainly) = (false, policy_denied);
 
     let statuses: Vec<DescriptorStatus> = verdict
         .statuses
@@ -298,6 +302,18 @@ fn conclude(
                     let blocks = status.blocks();
                     let shadowed = status.shadowed();
                     let never = blocks && decision.never_passes();
+                    if let Some(t) = &limit.degrade {
+                        if degrade.is_none() && t.signals(decision) {
+                            degrade = Some(limit);
+                        }
+                    }
+                    if blocks {
+                        if limit.shadowban {
+                            banned = true;
+                        } else {
+                            denied_plainly = true;
+                        }
+                    }
                     record(state, rules, &req.domain, limit, desc, cost, status, allowed, from_cache, now);
                     let message = if blocks && policy_denied {
                         Some(DENIED_BY_POLICY.to_owned())
@@ -348,15 +364,49 @@ fn conclude(
     } else {
         (allowed, statuses, headers)
     };
+    let shadowbanned = !allowed && banned && !denied_plainly;
+    if shadowbanned {
+        count_shadowbanned(state, rules, req, &verdict, hits);
+    }
     let response = CheckResponse {
         allowed,
         statuses,
         headers,
         delay: verdict.delay(),
+        degrade: degrade.filter(|_| allowed).map(|l| l.id.clone()),
+        shadowbanned,
     };
     metrics.request(allowed);
     metrics.observe_latency(started.elapsed());
     Ok(response)
+}
+
+/// Count a shadowbanned answer's hits on each `shadowban` rule that denied it.
+fn count_shadowbanned(
+    state: &AppState,
+    rules: &LoadedRules,
+    req: &CheckRequest,
+    verdict: &tollgate_core::limiter::Verdict<'_>,
+    hits: u64,
+) {
+    let metrics = state.metrics();
+    for (status, desc) in verdict.statuses.iter().zip(&req.descriptors) {
+        let Status::Limited { limit, .. } = status else {
+            continue;
+        };
+        if !(status.blocks() && limit.shadowban) {
+            continue;
+        }
+        let cost = desc.hits.unwrap_or(hits);
+        let c = if !limit.stats.is_static() {
+            let key = limit.stats.for_request(&desc.entries);
+            LimitCounters::Shared(metrics.rule(&req.domain, &key, limit.stats.base()))
+        } else {
+            metrics.limit_counters(&rules.counters, &rules.set, limit)
+        };
+        c.shadowbanned
+            .fetch_add(cost, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// A status's `duration_until_reset` (see `Decision::reported_reset`).

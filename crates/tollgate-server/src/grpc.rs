@@ -380,6 +380,7 @@ impl RateLimitGrpc {
         if let Some(metadata) = &self.answers.dynamic_metadata {
             out.dynamic_metadata = Some(metadata(check, &resp));
         }
+        add_signals(&mut out, &resp);
         Ok(out)
     }
 
@@ -404,11 +405,45 @@ impl RateLimitGrpc {
         check: &CheckRequest,
         result: Result<CheckResponse, ApiError>,
     ) -> Result<bytes::Bytes, Status> {
-        if self.answers.dynamic_metadata.is_some() {
+        let signals = matches!(&result, Ok(r) if r.degrade.is_some() || r.shadowbanned);
+        if self.answers.dynamic_metadata.is_some() || signals {
             return encode_response(self.reply(check, result)?);
         }
         let resp = result.map_err(|e| status_from(&e))?;
         Ok(encode_decision(&resp, &self.header_pairs(&resp)))
+    }
+}
+
+/// The degrade signal and the shadowban mark of a decision, in `dynamic_metadata` (beside what
+/// the configured metadata holds): `tollgate_degrade` (the rule's id) on an allowed answer past
+/// a `degrade` threshold, `tollgate_shadowbanned: true` on a denial made only by `shadowban`
+/// rules. Envoy's ratelimit filter puts them in the request's dynamic metadata (namespace
+/// `envoy.filters.http.ratelimit`), where a later filter or the access log reads them.
+fn add_signals(out: &mut RateLimitResponse, resp: &CheckResponse) {
+    use tollgate_proto::pb::google::protobuf::value::Kind as PbKind;
+    use tollgate_proto::pb::google::protobuf::Value as PbValue;
+    if resp.degrade.is_none() && !resp.shadowbanned {
+        return;
+    }
+    let fields = &mut out
+        .dynamic_metadata
+        .get_or_insert_with(PbStruct::default)
+        .fields;
+    if let Some(rule) = &resp.degrade {
+        fields.insert(
+            "tollgate_degrade".to_owned(),
+            PbValue {
+                kind: Some(PbKind::StringValue(rule.clone())),
+            },
+        );
+    }
+    if resp.shadowbanned {
+        fields.insert(
+            "tollgate_shadowbanned".to_owned(),
+            PbValue {
+                kind: Some(PbKind::BoolValue(true)),
+            },
+        );
     }
 }
 
@@ -2061,6 +2096,8 @@ mod tests {
                 statuses,
                 headers: None,
                 delay: 0,
+                degrade: None,
+                shadowbanned: false,
             }
         })
     }

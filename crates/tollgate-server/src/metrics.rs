@@ -48,6 +48,9 @@ pub struct RuleCounters {
     pub shadow_mode: AtomicU64,
     /// Hits denied by the local deny cache, without a Redis round trip (also in `over_limit`).
     pub over_limit_with_local_cache: AtomicU64,
+    /// Hits of requests denied by a `shadowban` rule and answered as shadowbanned (also in
+    /// `over_limit`).
+    pub shadowbanned: AtomicU64,
 }
 
 /// A request's hits on one counter, split as envoyproxy/ratelimit's statistics split them
@@ -421,7 +424,7 @@ impl Metrics {
         let mut keys: Vec<&(String, String)> = rules.keys().collect();
         keys.sort();
         type Field = fn(&RuleCounters) -> &AtomicU64;
-        let families: [(&str, &str, Field); 5] = [
+        let families: [(&str, &str, Field); 6] = [
             ("tollgate_total_hits", "Hits checked against a rule.", |c| {
                 &c.total_hits
             }),
@@ -440,6 +443,11 @@ impl Metrics {
                 "tollgate_shadow_mode",
                 "Hits denied by a shadow-mode rule but let through.",
                 |c| &c.shadow_mode,
+            ),
+            (
+                "tollgate_shadowbanned",
+                "Hits denied by a shadowban rule and answered as if allowed.",
+                |c| &c.shadowbanned,
             ),
         ];
         for (name, help, field) in families {

@@ -140,6 +140,12 @@ pub struct CheckResponse {
     pub headers: Option<HeaderValues>,
     /// Longest leaky-bucket delay over all descriptors (admitted requests only); 0 = none.
     pub delay: Micros,
+    /// Allowed, and a rule's `degrade` threshold is crossed: that rule's id (the first such
+    /// rule in request order). The caller may serve a cheaper answer.
+    pub degrade: Option<String>,
+    /// Denied, and every rule that denied is a `shadowban` rule: the client is to be answered
+    /// as if allowed, without the request going through.
+    pub shadowbanned: bool,
 }
 
 impl CheckResponse {

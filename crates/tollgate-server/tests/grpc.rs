@@ -75,6 +75,12 @@ descriptors:
     rate_limit: { unit: month, requests_per_unit: 30 }
   - key: yearly
     rate_limit: { unit: year, requests_per_unit: 365 }
+  - key: reader
+    degrade: { below_remaining: 50% }
+    rate_limit: { unit: hour, requests_per_unit: 4, algorithm: sliding_window_log }
+  - key: abuser
+    shadowban: true
+    rate_limit: { unit: hour, requests_per_unit: 1, algorithm: sliding_window_log }
 "#;
 
 struct Server {
@@ -804,6 +810,89 @@ async fn shutdown_with_an_open_health_watch(engine: GrpcEngine) {
     assert!(matches!(stream.message().await, Ok(None) | Err(_)));
 }
 
+/// The degrade signal and the shadowban mark travel in `dynamic_metadata` (no metadata is
+/// configured otherwise), on the same decisions `/v1/check` reports; `/metrics` counts the
+/// shadowbanned hits of the rule.
+async fn degrade_and_shadowban_in_dynamic_metadata(engine: GrpcEngine) {
+    use tollgate_proto::pb::google::protobuf::value::Kind;
+    let s = Server::start(false, engine).await;
+    let mut c = s.client().await;
+    let field = |r: &RateLimitResponse, name: &str| {
+        r.dynamic_metadata
+            .as_ref()
+            .and_then(|m| m.fields.get(name))
+            .and_then(|v| v.kind.clone())
+    };
+    // 4 per hour, degrade below 50%: remaining 3 and 2 are not below 2, 1 and 0 are.
+    let mut degraded = Vec::new();
+    for _ in 0..5 {
+        let r = call(&mut c, req("test", vec![desc(&[("reader", "r1")])])).await;
+        degraded.push((r.overall_code, field(&r, "tollgate_degrade")));
+    }
+    let on = Some(Kind::StringValue("test|reader".into()));
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    assert_eq!(
+        degraded,
+        [
+            (ok, None),
+            (ok, None),
+            (ok, on.clone()),
+            (ok, on),
+            (over, None)
+        ]
+    );
+    // The same decision on `/v1/check`: the field and the header.
+    let body =
+        json!({"domain": "test", "descriptors": [{"entries": [{"key": "reader", "value": "r2"}]}]});
+    for want in [None, None, Some("test|reader"), Some("test|reader")] {
+        let (status, v) = post(&s, "/v1/check", &body).await;
+        assert_eq!(status, 200);
+        assert_eq!(v.get("degrade").and_then(Value::as_str), want, "{v}");
+    }
+    // Shadowban: the first is allowed, the next ones are marked; an honest denial is not.
+    let first = call(&mut c, req("test", vec![desc(&[("abuser", "a1")])])).await;
+    assert_eq!(
+        (first.overall_code, first.dynamic_metadata.is_none()),
+        (ok, true)
+    );
+    for _ in 0..2 {
+        let r = call(&mut c, req("test", vec![desc(&[("abuser", "a1")])])).await;
+        assert_eq!(r.overall_code, over);
+        assert_eq!(
+            field(&r, "tollgate_shadowbanned"),
+            Some(Kind::BoolValue(true))
+        );
+    }
+    let both = req(
+        "test",
+        vec![desc(&[("abuser", "a1")]), desc(&[("plan", "free")])],
+    );
+    let r = call(&mut c, both).await;
+    assert_eq!(
+        (r.overall_code, field(&r, "tollgate_shadowbanned")),
+        (over, None)
+    );
+    let (status, v) = post(&s, "/v1/check", &json!({"domain": "test", "descriptors": [{"entries": [{"key": "abuser", "value": "a1"}]}]})).await;
+    assert_eq!((status, &v["shadowbanned"]), (429, &json!(true)), "{v}");
+    let metrics = send(
+        &s.base(),
+        Method::GET,
+        "/metrics",
+        None,
+        Duration::from_secs(5),
+    )
+    .await
+    .expect("metrics");
+    assert!(
+        metrics
+            .body
+            .contains("tollgate_shadowbanned{domain=\"test\",rule=\"test.abuser\"} 3"),
+        "{}",
+        metrics.body
+    );
+    s.stop().await;
+}
+
 // Each test on both engines: `NAME::inline` and `NAME::plain`.
 tollgate_testsupport::test_each!([inline = GrpcEngine::Inline, plain = GrpcEngine::Plain];
     three_per_minute_then_over_limit,
@@ -816,4 +905,5 @@ tollgate_testsupport::test_each!([inline = GrpcEngine::Inline, plain = GrpcEngin
     health_serving,
     same_decision_on_every_transport,
     shutdown_with_an_open_health_watch,
+    degrade_and_shadowban_in_dynamic_metadata,
 );

@@ -51,6 +51,8 @@ fn allowed() -> CheckResponse {
             window_secs: 60,
         }),
         delay: 0,
+        degrade: None,
+        shadowbanned: false,
     }
 }
 
@@ -110,6 +112,8 @@ fn denied() -> CheckResponse {
             window_secs: 1,
         }),
         delay: 1_001,
+        degrade: None,
+        shadowbanned: false,
     }
 }
 
@@ -120,6 +124,8 @@ fn bare() -> CheckResponse {
         statuses: vec![status(Code::Ok, None, 0)],
         headers: None,
         delay: 0,
+        degrade: None,
+        shadowbanned: false,
     }
 }
 
@@ -166,6 +172,44 @@ async fn native_allowed_bytes() {
             ("ratelimit-policy", "100;w=60"),
             ("ratelimit", "limit=100, remaining=99, reset=1"),
         ])
+    );
+}
+
+/// `degrade` and `shadowbanned` are written only when set, in the keys' alphabetical order; the
+/// degrade header's value is the rule id, percent-encoded outside printable ASCII.
+#[tokio::test]
+async fn native_degrade_and_shadowban_bytes() {
+    let degraded = CheckResponse {
+        statuses: vec![status(Code::Ok, None, 0)],
+        headers: None,
+        degrade: Some("api|user=\u{e9}%".to_string()),
+        ..allowed()
+    };
+    let (status_code, headers, body) = parts(native_response(&degraded)).await;
+    assert_eq!(status_code, 200);
+    assert_eq!(
+        body,
+        r#"{"degrade":"api|user=é%","delay_ms":null,"overall_code":"OK","statuses":[{"code":"OK","current_limit":null,"delay_ms":null,"duration_until_reset_ms":null,"limit_remaining":0,"message":null,"retry_after_ms":null,"shadow_mode":false}]}"#
+    );
+    assert_eq!(
+        headers,
+        hdrs(&[
+            ("content-type", "application/json"),
+            ("x-ratelimit-degrade", "api|user=%C3%A9%25"),
+        ])
+    );
+    let banned = CheckResponse {
+        allowed: false,
+        statuses: vec![status(Code::OverLimit, None, 0)],
+        headers: None,
+        shadowbanned: true,
+        ..allowed()
+    };
+    let (status_code, _, body) = parts(native_response(&banned)).await;
+    assert_eq!(status_code, 429);
+    assert_eq!(
+        body,
+        r#"{"delay_ms":null,"overall_code":"OVER_LIMIT","shadowbanned":true,"statuses":[{"code":"OVER_LIMIT","current_limit":null,"delay_ms":null,"duration_until_reset_ms":null,"limit_remaining":0,"message":null,"retry_after_ms":null,"shadow_mode":false}]}"#
     );
 }
 
@@ -224,6 +268,8 @@ async fn envoy_json_bytes() {
         statuses: vec![],
         headers: None,
         delay: 0,
+        degrade: None,
+        shadowbanned: false,
     };
     let (_, _, body) = parts(envoy_response(&empty)).await;
     assert_eq!(body, r#"{"overallCode":"OK"}"#);

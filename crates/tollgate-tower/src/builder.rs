@@ -81,6 +81,7 @@ pub struct Builder {
     trusted: Vec<String>,
     max_wait: Duration,
     allow_headers: Option<HeaderFamilies>,
+    shadowban: Option<http::Response<String>>,
 }
 
 impl Default for Builder {
@@ -95,6 +96,7 @@ impl Default for Builder {
             trusted: Vec::new(),
             max_wait: Duration::from_secs(10),
             allow_headers: Some(HeaderFamilies::Both),
+            shadowban: None,
         }
     }
 }
@@ -230,6 +232,26 @@ impl Builder {
         self
     }
 
+    /// The response a request gets when only `shadowban` rules of the rules file deny it (see
+    /// docs/rules.md): the inner service is not called, and the client is answered with a copy
+    /// of `response` (status, headers, body), as if it had been served. Default: `200 OK` with
+    /// no body. Use it only against abuse: it hides the limit from the client.
+    ///
+    /// ```
+    /// use tollgate_tower::RateLimitLayer;
+    ///
+    /// let fake = http::Response::builder()
+    ///     .header("content-type", "application/json")
+    ///     .body(r#"{"results":[]}"#.to_string())
+    ///     .unwrap();
+    /// let builder = RateLimitLayer::builder().shadowban_response(fake);
+    /// # let _ = builder;
+    /// ```
+    pub fn shadowban_response(mut self, response: http::Response<String>) -> Self {
+        self.shadowban = Some(response);
+        self
+    }
+
     /// Check the settings and build the layer.
     pub fn build(self) -> Result<RateLimitLayer, Error> {
         let trusted = self
@@ -322,6 +344,10 @@ impl Builder {
                 trusted,
                 max_wait: self.max_wait,
                 allow_headers: self.allow_headers,
+                shadowban: self.shadowban.map_or_else(
+                    crate::signal::FakeResponse::empty,
+                    crate::signal::FakeResponse::of,
+                ),
             }),
         })
     }

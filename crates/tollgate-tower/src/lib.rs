@@ -164,6 +164,7 @@ mod limiter;
 #[cfg(feature = "remote")]
 mod remote;
 mod service;
+mod signal;
 
 pub use builder::{Builder, Error};
 pub use clock::TokioClock;
@@ -171,4 +172,5 @@ pub use key::Key;
 #[cfg(feature = "remote")]
 pub use remote::Remote;
 pub use service::{LimitableService, RateLimit, RateLimitLayer, ResponseBody, ResponseFuture};
+pub use signal::Degraded;
 pub use tollgate_core::{Algorithm, HeaderFamilies, Quota, RuleSet, Unit};

@@ -78,6 +78,8 @@ pub(crate) struct Limiter {
     pub(crate) max_wait: Duration,
     /// The rate-limit headers added to allowed responses (`None`: none).
     pub(crate) allow_headers: Option<HeaderFamilies>,
+    /// What a request denied only by `shadowban` rules is answered with.
+    pub(crate) shadowban: crate::signal::FakeResponse,
 }
 
 /// What one request asks the backend about.
@@ -137,6 +139,16 @@ pub(crate) enum Answer {
     Allow { headers: Headers, delay: Duration },
     /// Refuse it: 429 (HTTP) or RESOURCE_EXHAUSTED (gRPC).
     Deny { headers: Headers, message: String },
+    /// Pass it on as [`Answer::Allow`] does, the request carrying the [`crate::Degraded`]
+    /// extension and the response its header: a rule's `degrade` threshold was crossed.
+    Degrade {
+        headers: Headers,
+        delay: Duration,
+        degraded: crate::Degraded,
+    },
+    /// Denied only by `shadowban` rules: answered with the configured response, the inner
+    /// service not called.
+    Shadowban,
     /// The server did not record the client address a key needs.
     NoPeer,
 }
@@ -464,10 +476,29 @@ impl Limiter {
                     None => Headers::None,
                 };
                 if allowed {
-                    return Answer::Allow {
-                        headers,
-                        delay: Duration::from_micros(verdict.delay()),
+                    let delay = Duration::from_micros(verdict.delay());
+                    let degrade = verdict.statuses.iter().find_map(|s| match s {
+                        Status::Limited { limit, decision } => limit
+                            .degrade
+                            .filter(|t| t.signals(decision))
+                            .map(|_| limit.id.clone()),
+                        _ => None,
+                    });
+                    return match degrade {
+                        None => Answer::Allow { headers, delay },
+                        Some(rule) => Answer::Degrade {
+                            headers,
+                            delay,
+                            degraded: crate::Degraded::new(rule),
+                        },
                     };
+                }
+                let mut blocking = verdict.statuses.iter().filter(|s| s.blocks());
+                let banned = blocking.clone().next().is_some()
+                    && blocking
+                        .all(|s| matches!(s, Status::Limited { limit, .. } if limit.shadowban));
+                if banned && !decided.denied_by_policy {
+                    return Answer::Shadowban;
                 }
                 let rule_message = verdict.statuses.iter().find_map(|s| match s {
                     Status::Limited { limit, .. } if s.blocks() => limit.message.as_deref(),
@@ -532,10 +563,18 @@ impl Limiter {
             _ => return Answer::pass(),
         };
         match client.check(domain, descriptors).await {
-            Ok(a) if a.allowed => Answer::Allow {
-                headers: Headers::Map(Box::new(a.headers)),
-                delay: Duration::ZERO,
+            Ok(a) if a.allowed => match a.degrade {
+                None => Answer::Allow {
+                    headers: Headers::Map(Box::new(a.headers)),
+                    delay: Duration::ZERO,
+                },
+                Some(rule) => Answer::Degrade {
+                    headers: Headers::Map(Box::new(a.headers)),
+                    delay: Duration::ZERO,
+                    degraded: crate::Degraded::new(rule),
+                },
             },
+            Ok(a) if a.shadowbanned => Answer::Shadowban,
             Ok(a) => Answer::Deny {
                 headers: Headers::Map(Box::new(a.headers)),
                 message: DEFAULT_MESSAGE.to_owned(),

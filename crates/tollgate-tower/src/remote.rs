@@ -86,6 +86,11 @@ pub(crate) struct Client {
 pub(crate) struct Answer {
     pub(crate) allowed: bool,
     pub(crate) headers: HeaderMap,
+    /// The `tollgate_degrade` of the answer's dynamic metadata: the rule whose `degrade`
+    /// threshold the request crossed.
+    pub(crate) degrade: Option<String>,
+    /// The answer's `tollgate_shadowbanned`: denied only by `shadowban` rules.
+    pub(crate) shadowbanned: bool,
 }
 
 impl Client {
@@ -144,9 +149,24 @@ impl Client {
                 headers.insert(n, v);
             }
         }
+        use tollgate_proto::pb::google::protobuf::value::Kind;
+        let field = |name: &str| {
+            response
+                .dynamic_metadata
+                .as_ref()
+                .and_then(|m| m.fields.get(name))
+                .and_then(|v| v.kind.as_ref())
+        };
+        let degrade = match field("tollgate_degrade") {
+            Some(Kind::StringValue(rule)) => Some(rule.clone()),
+            _ => None,
+        };
+        let shadowbanned = matches!(field("tollgate_shadowbanned"), Some(Kind::BoolValue(true)));
         Ok(Answer {
             allowed: response.overall_code != Code::OverLimit as i32,
             headers,
+            degrade,
+            shadowbanned,
         })
     }
 }

@@ -231,6 +231,9 @@ impl<S> RateLimit<S> {
             (_, Some(a @ (Answer::Deny { .. } | Answer::NoPeer))) => {
                 return ready(refusal(a, req.headers()));
             }
+            (_, Some(Answer::Shadowban)) => {
+                return ready(self.limiter.shadowban.to_response());
+            }
             (query, known) => (query, known),
         };
         // Shaped, or a backend that does I/O: a future that owns the ready inner service.
@@ -257,6 +260,26 @@ impl<S> RateLimit<S> {
                     headers.add_to(response.headers_mut());
                     Ok(response)
                 }
+                Answer::Degrade {
+                    headers,
+                    delay,
+                    degraded,
+                } => {
+                    let headers = limiter.on_allow(headers);
+                    if !delay.is_zero() {
+                        tokio::time::sleep(delay).await;
+                    }
+                    let value = degraded.header_value();
+                    let mut req = req;
+                    req.extensions_mut().insert(degraded);
+                    let mut response = service.call(req).await?;
+                    headers.add_to(response.headers_mut());
+                    response
+                        .headers_mut()
+                        .insert(crate::signal::DEGRADE_HEADER.clone(), value);
+                    Ok(response)
+                }
+                Answer::Shadowban => Ok(limiter.shadowban.to_response()),
                 refused => Ok(refusal_as(refused, grpc)),
             }
         };

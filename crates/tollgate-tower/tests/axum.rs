@@ -496,3 +496,93 @@ async fn a_bursty_bucket_reports_its_capacity() {
         assert_eq!(resp.headers()["ratelimit-policy"], "10;w=2");
     }
 }
+
+const SIGNAL_RULES: &str = r#"
+domain: web
+http:
+  - actions: [{request_headers: {header_name: x-reader, descriptor_key: reader}}]
+  - actions: [{request_headers: {header_name: x-abuser, descriptor_key: abuser}}]
+descriptors:
+  - key: reader
+    degrade: {below_remaining: 2}
+    rate_limit: {unit: hour, requests_per_unit: 4, algorithm: sliding_window_log}
+  - key: abuser
+    shadowban: true
+    rate_limit: {unit: hour, requests_per_unit: 1, algorithm: sliding_window_log}
+"#;
+
+/// A request past the `degrade` threshold reaches the handler with the `Degraded` extension and
+/// its response carries the header; a shadowbanned one gets the configured response and the
+/// handler is never called.
+#[tokio::test]
+async fn degrade_extension_and_shadowban_response() {
+    use axum::Extension;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use tollgate_tower::Degraded;
+    let rules = RuleSet::from_sources(&[("rules.yaml".into(), SIGNAL_RULES.into())]).unwrap();
+    let fake = Response::builder()
+        .status(StatusCode::OK)
+        .header("content-type", "application/json")
+        .body(r#"{"results":[]}"#.to_string())
+        .unwrap();
+    let layer = RateLimitLayer::builder()
+        .rules(rules, "web")
+        .shadowban_response(fake)
+        .build()
+        .unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = calls.clone();
+    let app = Router::new()
+        .route(
+            "/",
+            get(move |degraded: Option<Extension<Degraded>>| {
+                seen.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    match degraded {
+                        Some(Extension(d)) => format!("short page ({})", d.rule()),
+                        None => "full page".to_string(),
+                    }
+                }
+            }),
+        )
+        .layer(layer);
+    // 4 per hour, degrade below 2 remaining: remaining 3, 2 full; 1, 0 degraded; then 429.
+    let mut got = Vec::new();
+    for _ in 0..5 {
+        let r = send(&app, from([192, 0, 2, 1], "/", &[("x-reader", "r")])).await;
+        let status = r.status().as_u16();
+        let h = r
+            .headers()
+            .get("x-ratelimit-degrade")
+            .map(|v| v.to_str().unwrap().to_string());
+        got.push((status, h, body(r).await));
+    }
+    let full = (200, None, "full page".to_string());
+    let short = (
+        200,
+        Some("web|reader".to_string()),
+        "short page (web|reader)".to_string(),
+    );
+    assert_eq!(got[..4], [full.clone(), full, short.clone(), short]);
+    assert_eq!(got[4].0, 429);
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+    // Shadowban: the first passes; the next ones get the configured answer, no handler call.
+    let abuser = || from([192, 0, 2, 2], "/", &[("x-abuser", "a")]);
+    let r = send(&app, abuser()).await;
+    assert_eq!(body(r).await, "full page");
+    for _ in 0..2 {
+        let r = send(&app, abuser()).await;
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(header(&r, "content-type"), "application/json");
+        assert_eq!(body(r).await, r#"{"results":[]}"#);
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 5);
+    // Denied by the shadowban rule and an honest one too: an honest 429.
+    let both = from([192, 0, 2, 2], "/", &[("x-abuser", "a"), ("x-reader", "r")]);
+    assert_eq!(
+        send(&app, both).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 5);
+}

@@ -22,6 +22,8 @@ http:
           descriptor_value: expensive
           headers: [{name: ':path', prefix_match: /expensive}]
   - actions: [{request_headers: {header_name: x-tier, descriptor_key: tier}}]
+  - actions: [{request_headers: {header_name: x-reader, descriptor_key: reader}}]
+  - actions: [{request_headers: {header_name: x-abuser, descriptor_key: abuser}}]
 descriptors:
   - key: remote_address
     message: too many requests from your address
@@ -36,6 +38,12 @@ descriptors:
   - key: tier
     value: free
     shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1, algorithm: token_bucket}
+  - key: reader
+    degrade: {below_remaining: 50%}
+    rate_limit: {unit: hour, requests_per_unit: 4, algorithm: token_bucket}
+  - key: abuser
+    shadowban: true
     rate_limit: {unit: hour, requests_per_unit: 1, algorithm: token_bucket}
 "#;
 
@@ -166,6 +174,40 @@ fn shadow_header(port: u16, ip: &str) {
     upstream_saw(&r, "x-ratelimit-shadow-limited: true");
 }
 
+/// Degrade and shadowban through a gateway: past the threshold the upstream gets
+/// X-RateLimit-Degrade; a shadowbanned client gets the gateway's fake success (the shipped
+/// `{"results":[]}`) and the upstream never sees the request. `ip` is the client's address
+/// (the rules' first action limits every address to 3 per hour: each request here comes from
+/// its own).
+fn degrade_and_shadowban(upstream: &Upstream, port: u16, ip: &dyn Fn(u8) -> String) {
+    // 4 per hour, degrade below 50%: remaining 3 and 2 full quality; 1 and 0 degraded.
+    for (n, degraded) in [(40, false), (41, false), (42, true), (43, true)] {
+        let r = get(&ip(n), port, "/items", &[("X-Reader", "r1")]);
+        ok(&r, "reader");
+        assert_eq!(
+            r.body.contains("x-ratelimit-degrade: web|reader"),
+            degraded,
+            "request {n}: {r:?}"
+        );
+    }
+    let r = get(&ip(44), port, "/items", &[("X-Reader", "r1")]);
+    assert_eq!(r.status, 429, "{r:?}");
+    // Shadowban: the first passes, the next ones get the fake success and never arrive.
+    let r = get(&ip(50), port, "/items?banned", &[("X-Abuser", "a1")]);
+    ok(&r, "abuser 1st");
+    for n in [51, 52] {
+        let r = get(&ip(n), port, "/items?banned", &[("X-Abuser", "a1")]);
+        assert_eq!(
+            (r.status, r.body.as_str()),
+            (200, "{\"results\":[]}\n"),
+            "{r:?}"
+        );
+        assert_eq!(r.header("retry-after"), None, "{r:?}");
+        assert_eq!(r.header("x-ratelimit-remaining"), None, "{r:?}");
+    }
+    assert_eq!(upstream.saw("/items?banned"), 1);
+}
+
 #[test]
 fn nginx_limits_per_client_key_and_path_with_true_429s() {
     let upstream = Upstream::start();
@@ -173,6 +215,7 @@ fn nginx_limits_per_client_key_and_path_with_true_429s() {
     let nginx = Gateway::nginx("gw-nginx-ngx", tg, upstream.port, |c| c);
     per_client_key_and_path(nginx.port, 1, true);
     shadow_header(nginx.port, "127.0.1.30");
+    degrade_and_shadowban(&upstream, nginx.port, &|n| format!("127.0.1.{n}"));
     drop(nginx);
 }
 
@@ -183,6 +226,7 @@ fn caddy_limits_per_client_key_and_path_with_true_429s() {
     let caddy = Gateway::caddy("gw-caddy-cad", tg, upstream.port);
     per_client_key_and_path(caddy.port, 2, false);
     shadow_header(caddy.port, "127.0.2.30");
+    degrade_and_shadowban(&upstream, caddy.port, &|n| format!("127.0.2.{n}"));
     // Caddy passes tollgate's body on: JSON when the client asks for JSON.
     let r = get(
         "127.0.2.1",
@@ -300,6 +344,26 @@ fn traefik_forward_auth_requests() {
     let r = traefik(tg, "192.0.2.3", "GET", "/expensive", &[]);
     assert_eq!(r.status, 429, "{r:?}");
     assert!(r.body.contains("/expensive is busy"), "{r:?}");
+    // Degrade: the header Traefik copies upstream names the rule past its threshold, and is
+    // empty before. Shadowban: Traefik can only pass tollgate's 429 on, marked.
+    let reader = |ip: &str| traefik(tg, ip, "GET", "/items", &[("X-Reader", "t1")]);
+    let r = reader("192.0.2.20");
+    assert_eq!(
+        (r.status, r.header("x-ratelimit-degrade")),
+        (200, Some("")),
+        "{r:?}"
+    );
+    reader("192.0.2.21");
+    let r = reader("192.0.2.22");
+    assert_eq!(r.header("x-ratelimit-degrade"), Some("web|reader"), "{r:?}");
+    let abuser = |ip: &str| traefik(tg, ip, "GET", "/items", &[("X-Abuser", "t1")]);
+    assert_eq!(abuser("192.0.2.23").status, 200);
+    let r = abuser("192.0.2.24");
+    assert_eq!(
+        (r.status, r.header("x-ratelimit-shadowban")),
+        (429, Some("true")),
+        "{r:?}"
+    );
     // Shadow mode: 200, with the header saying it would have been limited.
     let r = traefik(tg, "192.0.2.10", "GET", "/items", &[("X-Tier", "free")]);
     assert_eq!(

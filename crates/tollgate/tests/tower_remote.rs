@@ -104,3 +104,82 @@ async fn remote_service_decides_and_each_policy_answers_when_it_is_stopped() {
     }
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// In remote mode the service's `degrade` and `shadowban` rules act in the layer as with a
+/// local rules file: the `Degraded` extension and header past the threshold, the configured
+/// response for a shadowbanned client, its handler not called.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_degrade_and_shadowban() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use tollgate_tower::Degraded;
+    let dir = temp_dir("tower-remote-signals");
+    let rules = dir.join("rules.yaml");
+    std::fs::write(
+        &rules,
+        "domain: web
+http:
+  - actions: [{request_headers: {header_name: x-reader, descriptor_key: reader}}]
+  - actions: [{request_headers: {header_name: x-abuser, descriptor_key: abuser}}]
+descriptors:
+  - key: reader
+    degrade: {below_remaining: 1}
+    rate_limit: {unit: hour, requests_per_unit: 2, algorithm: sliding_window_log}
+  - key: abuser
+    shadowban: true
+    rate_limit: {unit: hour, requests_per_unit: 1, algorithm: sliding_window_log}
+",
+    )
+    .unwrap();
+    let server = serve_rules(rules.to_str().unwrap(), &[], "tower-remote-signals");
+    let url = format!("http://{}", server.addr("gRPC "));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = calls.clone();
+    let fake = axum::http::Response::builder()
+        .body("nothing new".to_string())
+        .unwrap();
+    let app = Router::new()
+        .route(
+            "/",
+            get(move |req: Request<Body>| {
+                seen.fetch_add(1, Ordering::SeqCst);
+                let degraded = req
+                    .extensions()
+                    .get::<Degraded>()
+                    .map(|d| d.rule().to_owned());
+                async move { degraded.unwrap_or_else(|| "full".to_owned()) }
+            }),
+        )
+        .layer(
+            RateLimitLayer::builder()
+                .rules_file(&rules, "web")
+                .remote(Remote::new(&url).timeout(Duration::from_secs(5)))
+                .shadowban_response(fake)
+                .build()
+                .unwrap(),
+        );
+    let with = |name: &'static str| {
+        let mut r = from([192, 0, 2, 9]);
+        r.headers_mut().insert(name, "v".parse().unwrap());
+        r
+    };
+    let body = |r: axum::response::Response| async move {
+        let b = axum::body::to_bytes(r.into_body(), 1 << 16).await.unwrap();
+        String::from_utf8(b.to_vec()).unwrap()
+    };
+    let r = app.clone().oneshot(with("x-reader")).await.unwrap();
+    assert!(r.headers().get("x-ratelimit-degrade").is_none());
+    assert_eq!(body(r).await, "full");
+    let r = app.clone().oneshot(with("x-reader")).await.unwrap();
+    assert_eq!(r.headers()["x-ratelimit-degrade"], "web|reader");
+    assert_eq!(body(r).await, "web|reader");
+    assert_eq!(
+        body(app.clone().oneshot(with("x-abuser")).await.unwrap()).await,
+        "full"
+    );
+    let r = app.clone().oneshot(with("x-abuser")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(body(r).await, "nothing new");
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    drop(server);
+}

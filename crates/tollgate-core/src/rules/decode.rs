@@ -33,6 +33,8 @@ const DESCRIPTOR_FIELDS: &[&str] = &[
     "quota_mode",
     "metadata",
     "message",
+    "degrade",
+    "shadowban",
 ];
 const RATE_LIMIT_FIELDS: &[&str] = &[
     "unit",
@@ -74,6 +76,8 @@ pub(crate) struct DescriptorSpec {
     pub quota_mode: bool,
     pub metadata: Option<BTreeMap<String, MetaValue>>,
     pub message: Option<String>,
+    pub degrade: Option<super::degrade::DegradeThreshold>,
+    pub shadowban: bool,
     pub children: Vec<DescriptorSpec>,
     /// The file it comes from when not its domain's file (a domain merged from several files).
     pub file: Option<String>,
@@ -240,11 +244,45 @@ fn descriptor(node: &Node, depth: usize, errors: &mut Errors) -> Option<Descript
     let message = fields
         .get("message")
         .and_then(|n| string(n, "message", errors));
+    // What the rule's quota is, for the options that need one: `None` without a `rate_limit`
+    // (or with one that did not decode, already reported), `Some(None)` for `unlimited: true`.
+    let has_rate_limit = fields.get("rate_limit").is_some();
+    let quota = rate_limit.as_ref().map(|rl| rl.quota);
+    let degrade = fields.get("degrade").and_then(|n| {
+        if has_rate_limit && quota.is_none() {
+            return None;
+        }
+        super::degrade::decode(n, quota, errors)
+    });
+    let shadowban = flag(&fields, "shadowban", errors);
+    if shadowban {
+        if let Some(n) = fields.get("shadowban") {
+            if shadow_mode {
+                errors.push((
+                    n.pos,
+                    "`shadowban` cannot be combined with `shadow_mode` (a shadow-mode rule never denies)".to_string(),
+                ));
+            } else if !has_rate_limit {
+                errors.push((
+                    n.pos,
+                    "`shadowban` needs a `rate_limit` on the same descriptor".to_string(),
+                ));
+            } else if quota == Some(None) {
+                errors.push((
+                    n.pos,
+                    "`shadowban` cannot be used with `unlimited: true` (it never denies)"
+                        .to_string(),
+                ));
+            }
+        }
+    }
     let children = match fields.get("descriptors") {
         None => Vec::new(),
         Some(n) => descriptor_list(n, depth + 1, errors),
     };
     Some(DescriptorSpec {
+        degrade,
+        shadowban,
         file: None,
         key: key?,
         value,
@@ -520,12 +558,12 @@ pub fn edit_distance(a: &str, b: &str) -> usize {
 }
 
 /// A mapping's fields, checked against the allowed names. Null values count as absent.
-pub(super) struct Fields<'a> {
+pub(crate) struct Fields<'a> {
     entries: &'a [Entry],
 }
 
 impl<'a> Fields<'a> {
-    pub(super) fn new(
+    pub(crate) fn new(
         node: &'a Node,
         what: &str,
         allowed: &[&str],
@@ -556,7 +594,7 @@ impl<'a> Fields<'a> {
         Some(Fields { entries })
     }
 
-    pub(super) fn get(&self, name: &str) -> Option<&'a Node> {
+    pub(crate) fn get(&self, name: &str) -> Option<&'a Node> {
         self.entries
             .iter()
             .find(|e| e.key == name)
@@ -629,7 +667,7 @@ pub(crate) fn parse_bool(s: &str) -> Option<bool> {
 
 /// An unsigned integer in `min..=max`: decimal (optionally `+`, `_` separators as in YAML
 /// 1.1), `0x` hexadecimal or `0o` octal. Quoted strings and floats are type errors.
-pub(super) fn integer(
+pub(crate) fn integer(
     node: &Node,
     field: &str,
     min: u64,

@@ -35,6 +35,7 @@
 //! ```
 
 mod decode;
+mod degrade;
 mod error;
 mod http;
 mod metadata;
@@ -43,6 +44,7 @@ mod tree;
 mod yaml;
 
 pub use decode::{edit_distance, nearest};
+pub use degrade::DegradeThreshold;
 pub use error::{RuleError, RuleErrors};
 pub use metadata::MetaValue;
 pub use stats::StatsKey;
@@ -102,6 +104,12 @@ pub struct Limit {
     /// `metadata`: an arbitrary map of the descriptor, returned to Envoy as dynamic metadata
     /// when the limit passes (and the service is configured to return it).
     pub metadata: Option<BTreeMap<String, MetaValue>>,
+    /// `degrade`: allowed answers whose remaining count is below this carry a degrade signal
+    /// ([`DegradeThreshold::signals`]).
+    pub degrade: Option<DegradeThreshold>,
+    /// `shadowban`: this rule's denials are answered to the client as if allowed, without the
+    /// request going through (the transports mark them; see docs/rules.md).
+    pub shadowban: bool,
     /// The rule names an `algorithm`; otherwise [`RuleDefaults::algorithm`] applies.
     pub algorithm_named: bool,
     /// The rule names a `sync` mode; otherwise [`RuleDefaults::sync`] applies where the
@@ -153,6 +161,8 @@ impl Limit {
             share_threshold: false,
             quota_mode: false,
             metadata: None,
+            degrade: None,
+            shadowban: false,
             algorithm_named: false,
             sync_named: false,
             count_denied_hits: false,
@@ -174,6 +184,10 @@ impl Limit {
         with_replaces(replaces: Vec<String>) => replaces;
         /// With `metadata` set ([`Limit::metadata`]).
         with_metadata(metadata: BTreeMap<String, MetaValue>) => Some(metadata);
+        /// With a degrade threshold ([`Limit::degrade`]).
+        with_degrade(degrade: DegradeThreshold) => Some(degrade);
+        /// With `shadowban` set ([`Limit::shadowban`]).
+        with_shadowban(shadowban: bool) => shadowban;
         /// With [`Limit::count_denied_hits`] set.
         with_count_denied_hits(count_denied_hits: bool) => count_denied_hits;
         /// With its stats key ([`Limit::stats`]).
@@ -996,8 +1010,60 @@ descriptors:
         assert_eq!(e[3].column, 51);
         assert_eq!(
             e[2].to_string(),
-            "t.yaml:7:5: unknown field `bogus` in a descriptor (allowed: key, value, rate_limit, descriptors, shadow_mode, detailed_metric, value_to_metric, share_threshold, quota_mode, metadata, message)"
+            "t.yaml:7:5: unknown field `bogus` in a descriptor (allowed: key, value, rate_limit, descriptors, shadow_mode, detailed_metric, value_to_metric, share_threshold, quota_mode, metadata, message, degrade, shadowban)"
         );
+    }
+
+    #[test]
+    fn degrade_and_shadowban_decode() {
+        let s = set("domain: d
+descriptors:
+  - key: a
+    degrade: {below_remaining: 20%}
+    rate_limit: {unit: second, requests_per_unit: 10}
+  - key: b
+    degrade:
+      below_remaining: 3
+    shadowban: true
+    rate_limit: {unit: second, requests_per_unit: 10}
+  - key: c
+    rate_limit: {unit: second, requests_per_unit: 10}
+");
+        let l: Vec<&Limit> = s.limits().collect();
+        assert_eq!(l[0].degrade, Some(DegradeThreshold::Percent(20)));
+        assert!(!l[0].shadowban);
+        assert_eq!(l[1].degrade, Some(DegradeThreshold::Remaining(3)));
+        assert!(l[1].shadowban);
+        assert_eq!((l[2].degrade, l[2].shadowban), (None, false));
+    }
+
+    #[test]
+    fn degrade_and_shadowban_refuse_nonsense() {
+        let cases = [
+            ("degrade: {below_remaining: 0%}\n    rate_limit: {unit: second, requests_per_unit: 10}", 4, "from 1% to 100%, found 0%"),
+            ("degrade: {below_remaining: 120%}\n    rate_limit: {unit: second, requests_per_unit: 10}", 4, "from 1% to 100%, found 120%"),
+            ("degrade: {below_remaining: 2.5%}\n    rate_limit: {unit: second, requests_per_unit: 10}", 4, "whole percentage"),
+            ("degrade: {below_remaining: 0}\n    rate_limit: {unit: second, requests_per_unit: 10}", 4, "`below_remaining` must be at least 1"),
+            ("degrade: {below_remaining: 11}\n    rate_limit: {unit: second, requests_per_unit: 10}", 4, "more than the 10 this limit can ever have left"),
+            ("degrade: {}\n    rate_limit: {unit: second, requests_per_unit: 10}", 4, "missing required field `below_remaining`"),
+            ("degrade: {below: 5}\n    rate_limit: {unit: second, requests_per_unit: 10}", 4, "unknown field `below` in `degrade`"),
+            ("degrade: 20%", 4, "`degrade` must be a mapping"),
+            ("degrade: {below_remaining: 5}", 4, "`degrade` needs a `rate_limit`"),
+            ("degrade: {below_remaining: 5}\n    rate_limit: {unlimited: true}", 4, "cannot be used with `unlimited: true`"),
+            ("shadowban: yes please\n    rate_limit: {unit: second, requests_per_unit: 10}", 4, "`shadowban` must be true or false"),
+            ("shadowban: true", 4, "`shadowban` needs a `rate_limit`"),
+            ("shadowban: true\n    rate_limit: {unlimited: true}", 4, "`shadowban` cannot be used with `unlimited: true`"),
+            ("shadowban: true\n    shadow_mode: true\n    rate_limit: {unit: second, requests_per_unit: 10}", 4, "cannot be combined with `shadow_mode`"),
+        ];
+        for (fields, line, want) in cases {
+            let text = format!("domain: d\ndescriptors:\n  - key: k\n    {fields}\n");
+            let e = errors(&text);
+            assert!(e.iter().all(|e| e.line == line), "{fields}: {e:?}");
+            assert!(
+                e.iter().any(|e| e.message.contains(want)),
+                "{fields}: {e:?}"
+            );
+        }
     }
 
     #[test]

@@ -132,6 +132,8 @@ impl Tree {
                     sync_named: rl.sync_named,
                     count_denied_hits: false,
                     metadata: d.metadata.clone(),
+                    degrade: d.degrade,
+                    shadowban: d.shadowban,
                     stats: StatsKey::compile(domain, path, d.detailed_metric),
                     file: file.to_string(),
                     line: d.pos.line,

@@ -35,6 +35,10 @@ pub(crate) static SHADOW_HEADER: HeaderName = HeaderName::from_static("x-ratelim
 /// into its own 429 answer, as it cannot pass the auth response's body on).
 pub(crate) static MESSAGE_HEADER: HeaderName = HeaderName::from_static("x-ratelimit-message");
 
+/// `true` on a denial made only by `shadowban` rules: the gateway answers the client as if the
+/// request were allowed (a configured fake success) without passing it on.
+pub(crate) static SHADOWBAN_HEADER: HeaderName = HeaderName::from_static("x-ratelimit-shadowban");
+
 /// The message of a denial by a rule without one.
 const DEFAULT_MESSAGE: &str = "rate limit exceeded";
 
@@ -153,6 +157,12 @@ fn answer(resp: &CheckResponse, deny_status: StatusCode, json: bool) -> Response
             SHADOW_HEADER.clone(),
             HeaderValue::from_static(if shadowed { "true" } else { "false" }),
         );
+        let degrade = match &resp.degrade {
+            Some(rule) => super::degrade_value(rule),
+            None => HeaderValue::from_static(""),
+        };
+        r.headers_mut()
+            .insert(super::DEGRADE_HEADER.clone(), degrade);
         return r;
     }
     let message = resp
@@ -177,6 +187,9 @@ fn answer(resp: &CheckResponse, deny_status: StatusCode, json: bool) -> Response
     add_headers(h, resp);
     if let Ok(v) = HeaderValue::from_str(&message) {
         h.insert(MESSAGE_HEADER.clone(), v);
+    }
+    if resp.shadowbanned {
+        h.insert(SHADOWBAN_HEADER.clone(), HeaderValue::from_static("true"));
     }
     r
 }

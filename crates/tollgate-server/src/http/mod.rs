@@ -465,7 +465,37 @@ pub fn native_response(resp: &CheckResponse) -> Response {
             headers.insert(name.clone(), v);
         }
     }
+    if let Some(rule) = &resp.degrade {
+        headers.insert(DEGRADE_HEADER.clone(), degrade_value(rule));
+    }
     response
+}
+
+/// On an allowed answer past a rule's `degrade` threshold: that rule's id (see
+/// [`degrade_value`]). Forward-auth answers always carry it, empty when nothing degrades (Caddy
+/// before 2.7 copies an absent header as the text of its placeholder); `/v1/check` answers only
+/// when something does.
+pub(crate) static DEGRADE_HEADER: axum::http::HeaderName =
+    axum::http::HeaderName::from_static("x-ratelimit-degrade");
+
+/// A rule id as a header value: bytes outside printable ASCII, and `%`, percent-encoded (ids
+/// come from rule files and may hold any text).
+pub(crate) fn degrade_value(rule: &str) -> HeaderValue {
+    let plain = |b: u8| b.is_ascii_graphic() && b != b'%' || b == b' ';
+    if rule.bytes().all(plain) {
+        if let Ok(v) = HeaderValue::from_str(rule) {
+            return v;
+        }
+    }
+    let mut out = String::with_capacity(rule.len() * 3);
+    for b in rule.bytes() {
+        if plain(b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    HeaderValue::from_str(&out).unwrap_or_else(|_| HeaderValue::from_static("1"))
 }
 
 /// The values of `h`'s headers, as `HeaderValues::for_each` gives them (same order, same text;
@@ -544,12 +574,23 @@ pub(crate) fn json_body(status: StatusCode, body: Vec<u8>) -> Response {
 /// `serde_json::Value` maps this replaced printed; tests/response_bytes.rs pins the bytes.
 fn write_native(buf: &mut Vec<u8>, resp: &CheckResponse) {
     let mut n = itoa::Buffer::new();
-    buf.extend_from_slice(b"{\"delay_ms\":");
+    // `degrade` and `shadowbanned` appear only when set, so answers without them are unchanged.
+    buf.push(b'{');
+    if let Some(rule) = &resp.degrade {
+        buf.extend_from_slice(b"\"degrade\":");
+        json_str(buf, rule);
+        buf.push(b',');
+    }
+    buf.extend_from_slice(b"\"delay_ms\":");
     opt_num(buf, &mut n, (resp.delay > 0).then(|| ms_ceil(resp.delay)));
     // `as_str` names (codes, algorithms, units) are plain ASCII identifiers: nothing to escape.
     buf.extend_from_slice(b",\"overall_code\":\"");
     buf.extend_from_slice(resp.code().as_str().as_bytes());
-    buf.extend_from_slice(b"\",\"statuses\":[");
+    if resp.shadowbanned {
+        buf.extend_from_slice(b"\",\"shadowbanned\":true,\"statuses\":[");
+    } else {
+        buf.extend_from_slice(b"\",\"statuses\":[");
+    }
     for (i, s) in resp.statuses.iter().enumerate() {
         if i > 0 {
             buf.push(b',');
@@ -844,6 +885,8 @@ fn limit_json(l: &tollgate_core::rules::Limit) -> Value {
         "replaces": l.replaces,
         "detailed_metric": l.detailed_metric || l.value_to_metric,
         "quota_mode": l.quota_mode,
+        "degrade_below_remaining": l.degrade.map(|t| t.to_string()),
+        "shadowban": l.shadowban,
         "stats_key": l.stats.base(),
         "source": format!("{}:{}", l.file, l.line),
     })

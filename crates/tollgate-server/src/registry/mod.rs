@@ -269,11 +269,15 @@ fn describe(l: &tollgate_core::rules::Limit) -> String {
         (l.shadow_mode, "shadow_mode"),
         (l.quota_mode, "quota_mode"),
         (l.share_threshold, "share_threshold"),
+        (l.shadowban, "shadowban"),
     ] {
         if on {
             s.push_str(", ");
             s.push_str(what);
         }
+    }
+    if let Some(t) = &l.degrade {
+        s.push_str(&format!(", degrade below {t} remaining"));
     }
     if let Some(m) = &l.message {
         s.push_str(&format!(", message {m:?}"));

@@ -112,23 +112,36 @@ fn dechunk(mut s: &str) -> String {
 /// (so tests see which headers the gateway added).
 pub struct Upstream {
     pub port: u16,
+    /// Every request head received, lower case, in order.
+    pub heads: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Upstream {
     pub fn start() -> Upstream {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
+        let heads = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let record = heads.clone();
         std::thread::spawn(move || {
             for conn in listener.incoming() {
                 let Ok(conn) = conn else { continue };
-                std::thread::spawn(move || echo(conn));
+                let record = record.clone();
+                std::thread::spawn(move || echo(conn, &record));
             }
         });
-        Upstream { port }
+        Upstream { port, heads }
+    }
+
+    /// How many requests the upstream received whose head contains `needle` (lower case).
+    /// A request is recorded before it is answered, so one the client got an answer for is
+    /// counted.
+    pub fn saw(&self, needle: &str) -> usize {
+        let heads = self.heads.lock().unwrap_or_else(|e| e.into_inner());
+        heads.iter().filter(|h| h.contains(needle)).count()
     }
 }
 
-fn echo(mut conn: TcpStream) {
+fn echo(mut conn: TcpStream, record: &std::sync::Mutex<Vec<String>>) {
     let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
@@ -139,6 +152,10 @@ fn echo(mut conn: TcpStream) {
         }
     }
     let head = String::from_utf8_lossy(&buf).to_ascii_lowercase();
+    record
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(head.clone());
     let body = format!("upstream saw:\n{head}");
     let _ = conn.write_all(
         format!(
