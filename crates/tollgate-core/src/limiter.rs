@@ -27,6 +27,18 @@ pub struct Descriptor {
     pub limit: Option<LimitOverride>,
 }
 
+impl From<Vec<(String, String)>> for Descriptor {
+    /// A descriptor of these entries, at the request's cost and with the configured rule (as
+    /// the descriptors that [`HttpActions`](crate::request::HttpActions) derives from an HTTP request).
+    fn from(entries: Vec<(String, String)>) -> Self {
+        Descriptor {
+            entries,
+            hits: None,
+            limit: None,
+        }
+    }
+}
+
 /// A per-request limit (Envoy's `RateLimitDescriptor.limit`), as envoyproxy/ratelimit applies
 /// it: when the domain is known, it replaces whatever rule the descriptor matches (or adds a
 /// limit where none matches), never in shadow mode. Its counter is the descriptor's own

@@ -26,6 +26,7 @@
 //! Only `fixed_window` and `sliding_window_counter` (counts that add up per window) are batched
 //! (see [`SyncMode::supports`]).
 
+use crate::counter::{map_key, repeats};
 use crate::limits::LimitStats;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -151,27 +152,7 @@ pub struct Batches {
 }
 
 fn batched(item: &CheckItem<'_>) -> bool {
-    item.quota.sync() == SyncMode::Batched && SyncMode::Batched.supports(item.quota.algorithm())
-}
-
-/// The map key of an item's counter (as Redis' key: key, algorithm, period).
-fn map_key(item: &CheckItem<'_>) -> String {
-    let p = item.quota.period();
-    format!(
-        "{}\u{0}{}\u{0}{}\u{0}{}",
-        item.key,
-        item.quota.algorithm(),
-        p.unit,
-        p.multiplier
-    )
-}
-
-fn repeats(items: &[CheckItem<'_>]) -> bool {
-    items.iter().enumerate().any(|(i, a)| {
-        items[..i]
-            .iter()
-            .any(|b| b.key == a.key && b.quota.algorithm() == a.quota.algorithm())
-    })
+    crate::counter::kept(item, SyncMode::Batched)
 }
 
 impl Batches {

@@ -22,6 +22,7 @@
 //! locally only when every item is leased and has enough units in hand, so all-or-nothing across
 //! a request's limits holds as on Redis.
 
+use crate::counter::{map_key, repeats};
 use crate::limits::LimitStats;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -105,29 +106,7 @@ pub struct Leases {
 pub type Returns = Vec<(String, String, Quota, Micros, u64)>;
 
 fn leased(item: &CheckItem<'_>) -> bool {
-    item.quota.sync() == SyncMode::Lease && SyncMode::Lease.supports(item.quota.algorithm())
-}
-
-/// The map key of an item's counter: the key, the algorithm and the period (as Redis' key).
-fn map_key(item: &CheckItem<'_>) -> String {
-    let p = item.quota.period();
-    format!(
-        "{}\u{0}{}\u{0}{}\u{0}{}",
-        item.key,
-        item.quota.algorithm(),
-        p.unit,
-        p.multiplier
-    )
-}
-
-/// Whether some item's counter comes twice in `items` (such a request goes to Redis without
-/// leases: the script would grant on one item and overwrite it with the other's state).
-fn repeats(items: &[CheckItem<'_>]) -> bool {
-    items.iter().enumerate().any(|(i, a)| {
-        items[..i]
-            .iter()
-            .any(|b| b.key == a.key && b.quota.algorithm() == a.quota.algorithm())
-    })
+    crate::counter::kept(item, SyncMode::Lease)
 }
 
 impl Leases {

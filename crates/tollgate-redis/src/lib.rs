@@ -21,6 +21,7 @@
 //! limit's sync mode did).
 
 pub mod batch;
+mod counter;
 pub mod guard;
 pub mod keys;
 pub mod lease;

@@ -90,11 +90,7 @@ pub(crate) async fn forward_auth(
     let descriptors: Vec<Descriptor> = actions
         .descriptors(&parts)
         .into_iter()
-        .map(|entries| Descriptor {
-            entries,
-            hits: None,
-            limit: None,
-        })
+        .map(Descriptor::from)
         .collect();
     let wants_json = wants_json(headers);
     drop(rules);

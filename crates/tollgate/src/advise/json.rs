@@ -69,6 +69,24 @@ impl Scan<'_> {
         self.b.get(self.i).copied()
     }
 
+    /// After an object's member: `,` (more follow: false) or `}` (the object ends: true).
+    fn object_ends(&mut self) -> R<bool> {
+        match self.peek() {
+            Some(b',') => {
+                self.i += 1;
+                Ok(false)
+            }
+            Some(b'}') => {
+                self.i += 1;
+                Ok(true)
+            }
+            _ => Err(format!(
+                "not JSON: expected ',' or '}}' at byte {}",
+                self.i + 1
+            )),
+        }
+    }
+
     fn expect(&mut self, c: u8) -> R<()> {
         if self.peek() == Some(c) {
             self.i += 1;
@@ -294,18 +312,8 @@ impl Scan<'_> {
                 }
                 None => self.skip()?,
             }
-            match self.peek() {
-                Some(b',') => self.i += 1,
-                Some(b'}') => {
-                    self.i += 1;
-                    return Ok(());
-                }
-                _ => {
-                    return Err(format!(
-                        "not JSON: expected ',' or '}}' at byte {}",
-                        self.i + 1
-                    ))
-                }
+            if self.object_ends()? {
+                return Ok(());
             }
         }
     }
@@ -334,18 +342,8 @@ impl Scan<'_> {
                 slot.1.push_str(&value);
                 found.headers_len += 1;
             }
-            match self.peek() {
-                Some(b',') => self.i += 1,
-                Some(b'}') => {
-                    self.i += 1;
-                    return Ok(());
-                }
-                _ => {
-                    return Err(format!(
-                        "not JSON: expected ',' or '}}' at byte {}",
-                        self.i + 1
-                    ))
-                }
+            if self.object_ends()? {
+                return Ok(());
             }
         }
     }

@@ -190,11 +190,7 @@ impl Replayer {
             let descriptors: Vec<Descriptor> = http
                 .descriptors(&parts)
                 .into_iter()
-                .map(|entries| Descriptor {
-                    entries,
-                    hits: None,
-                    limit: None,
-                })
+                .map(Descriptor::from)
                 .collect();
             if !descriptors.is_empty() {
                 let (rules, stores, tally) = (&self.rules, &mut self.stores, &mut self.tally);
