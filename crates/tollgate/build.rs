@@ -3,6 +3,9 @@
 //! commit is unknown (a source tarball, a container build that copies no `.git`, no `git`
 //! installed, a repository git refuses to read). `TOLLGATE_GIT_COMMIT` set by the builder wins
 //! (for builds from a tree without `.git` that still know their commit).
+//!
+//! Also sets `TOLLGATE_OPT_LEVEL` to the profile's optimisation level, so that `serve` can say
+//! when it runs unoptimised (the quick start's profile) and is no measure of its speed.
 
 use std::path::Path;
 use std::process::Command;
@@ -20,6 +23,8 @@ fn main() {
         None => version.to_owned(),
     };
     println!("cargo:rustc-env=TOLLGATE_VERSION={version}");
+    let opt = std::env::var("OPT_LEVEL").unwrap_or_default();
+    println!("cargo:rustc-env=TOLLGATE_OPT_LEVEL={opt}");
 }
 
 /// The short hash of `HEAD`, and the files whose change moves it (rebuilds watch them), or

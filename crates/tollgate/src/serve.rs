@@ -185,6 +185,13 @@ fn serve_until_signal(config: ServeConfig, envoy: EnvoyConfig) -> anyhow::Result
     .enable_all()
     .thread_name("tollgate")
     .build()?;
+    if env!("TOLLGATE_OPT_LEVEL") == "0" {
+        tracing::info!(
+            "this binary is not optimised (a debug or `--profile quick` build): it decides \
+             several times slower than a release build; build with `cargo build --release` \
+             for production and for measuring it"
+        );
+    }
     let workers = runtime.metrics().num_workers();
     tracing::info!(
         runtime = if single {
