@@ -68,6 +68,27 @@ fn quick_start_cargo_run_finds_the_tollgate_binary() {
     assert_eq!(bins, ["tollgate"]);
 }
 
+/// The quick start's first command builds with a profile of its own: it must exist (a
+/// misspelt or removed profile fails the first command of a new user).
+#[test]
+fn quick_start_profile_is_defined() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let line = readme
+        .lines()
+        .find(|l| l.starts_with("cargo run "))
+        .expect("the quick start's cargo run line");
+    let profile = line
+        .split_whitespace()
+        .skip_while(|w| *w != "--profile")
+        .nth(1)
+        .expect("the quick start names its profile");
+    let manifest = std::fs::read_to_string(repo().join("Cargo.toml")).unwrap();
+    assert!(
+        manifest.contains(&format!("[profile.{profile}]")),
+        "README's quick start builds with --profile {profile}, which Cargo.toml does not define"
+    );
+}
+
 #[test]
 fn readme_distributed_setup_runs_as_written() {
     let script = distributed_block();
