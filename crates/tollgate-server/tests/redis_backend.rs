@@ -34,6 +34,17 @@ struct App {
 
 async fn app(url: &str, prefix: &str, timeout_ms: u64, settings: RedisSettings) -> App {
     let set = RuleSet::from_sources(&[("t.yaml".into(), RULES.into())]).unwrap();
+    app_on(set, url, prefix, timeout_ms, settings).await
+}
+
+/// The service on `set`'s rules over Redis at `url`, keys under `prefix`.
+async fn app_on(
+    set: RuleSet,
+    url: &str,
+    prefix: &str,
+    timeout_ms: u64,
+    settings: RedisSettings,
+) -> App {
     let opts = RedisOptions {
         prefix: prefix.into(),
         timeout: Duration::from_millis(timeout_ms),
@@ -331,26 +342,12 @@ async fn a_batched_limit_is_flushed_and_reported_per_limit() {
     let rules = "domain: d\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 10, algorithm: fixed_window, sync: batched}\n";
     let make = || async {
         let set = RuleSet::from_sources(&[("d.yaml".into(), rules.into())]).unwrap();
-        let opts = RedisOptions {
-            prefix: prefix.clone(),
-            timeout: Duration::from_secs(2),
-            ..RedisOptions::default()
-        };
-        let store = RedisStore::connect_lazy(SHARED_URL, opts).await.unwrap();
         // Flushed by the test, not by the hourly background task.
         let s = RedisSettings {
             flush_interval: Duration::from_secs(3600),
             ..settings(Policy::Deny)
         };
-        let guarded = Guarded::start(store, s).await;
-        let state = AppState::builder(LoadedRules::inline(set))
-            .redis(guarded.clone())
-            .build();
-        App {
-            router: router(state.clone()),
-            state,
-            guarded,
-        }
+        app_on(set, SHARED_URL, &prefix, 2000, s).await
     };
     let (a, b) = (make().await, make().await);
     for _ in 0..6 {

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 use support::client::Method;
-use support::registry::{call, token_file, TOKEN};
+use support::registry::{call, serve_http, token_file, TOKEN};
 
 mod support;
 
@@ -39,18 +39,11 @@ fn start(name: &str, with_token: bool) -> Server {
     let rules = dir.join("rules.yaml");
     std::fs::write(&rules, RULES).unwrap();
     let token = token_file(&dir);
-    let mut args = vec![
-        "--http-addr",
-        "127.0.0.1:0",
-        "--grpc-addr",
-        "off",
-        "--rules",
-        rules.to_str().unwrap(),
-    ];
-    if with_token {
-        args.extend(["--admin-token-file", token.to_str().unwrap()]);
-    }
-    Server::start(&args, &dir, name)
+    let extra = match with_token {
+        true => vec!["--admin-token-file", token.to_str().unwrap()],
+        false => vec![],
+    };
+    serve_http(&dir, &rules, &extra, name)
 }
 
 fn get(base: &str, path: &str, auth: Option<&str>) -> support::client::HttpResponse {
