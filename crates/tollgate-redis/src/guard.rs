@@ -759,6 +759,13 @@ impl Guarded {
                         &mut decisions,
                         &self.limits,
                     );
+                    // Another call's grant may have come in while this one was denied: Redis
+                    // counted those units already, so the request may be admitted from them.
+                    if blocks(items, &decisions) {
+                        if let Some(local) = self.leases.admit_from_hand(now, items) {
+                            decisions = local;
+                        }
+                    }
                 } else {
                     self.leases.forget_denials(items);
                 }

@@ -118,6 +118,21 @@ impl Leases {
     /// (a denial that never passes). A remembered denial answers only a cost at least the one
     /// Redis denied (a smaller cost may pass), with Redis' retry time.
     pub fn decide(&self, now: Micros, items: &[CheckItem<'_>]) -> Option<Vec<Decision>> {
+        self.decide_with(now, items, false)
+    }
+
+    /// Admit `items` from units in hand alone (every item has its cost in hand), or `None`.
+    /// For a request Redis denied while a concurrent call's grant came in.
+    pub fn admit_from_hand(&self, now: Micros, items: &[CheckItem<'_>]) -> Option<Vec<Decision>> {
+        self.decide_with(now, items, true)
+    }
+
+    fn decide_with(
+        &self,
+        now: Micros,
+        items: &[CheckItem<'_>],
+        only_in_hand: bool,
+    ) -> Option<Vec<Decision>> {
         if items.is_empty()
             || !items
                 .iter()
@@ -129,9 +144,17 @@ impl Leases {
         let keys: Vec<String> = items.iter().map(map_key).collect();
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         let mut blocked = false;
+        // Units in hand come first: Redis counted them when it granted them, so spending them
+        // is exact even while a denial (learned by a call that raced with the grant) is
+        // remembered. Answering that denial instead would strand them until they go back idle,
+        // while this instance's callers are told the limit is reached.
+        let in_hand = |l: &Lease, item: &CheckItem<'_>| l.expires > now && l.left >= item.cost;
         for (item, k) in items.iter().zip(&keys) {
             let l = map.get(k)?;
-            if l.denied_until > now {
+            if in_hand(l, item) {
+                continue;
+            }
+            if l.denied_until > now && !only_in_hand {
                 // The sliding window counter's retry time depends on the cost: only the cost
                 // Redis denied is answered with it.
                 let sliding = item.quota.algorithm() == Algorithm::SlidingWindowCounter;
@@ -144,14 +167,14 @@ impl Leases {
                     return None;
                 }
                 blocked |= !item.shadow;
-            } else if l.expires <= now || l.left < item.cost {
+            } else {
                 return None;
             }
         }
         let mut out = Vec::with_capacity(items.len());
         for (item, k) in items.iter().zip(&keys) {
             let l = map.get_mut(k)?;
-            if l.denied_until > now {
+            if !in_hand(l, item) {
                 let mut d = l.denial;
                 d.retry_after = l.retry_at.map(|r| r.saturating_sub(now).max(1));
                 d.reset_after = l.reset_at.saturating_sub(now);
@@ -535,6 +558,42 @@ mod tests {
             "so does a cost above the limit"
         );
         assert!(l.decide(T0 - 1, &hit(4)).is_none(), "and a clock gone back");
+    }
+
+    /// Regression: a denial learned by a call that raced with another call's grant was
+    /// answered before the granted units, so every local caller was turned away while the
+    /// units sat in hand until they went back idle: a fleet's last burst stopped short of the
+    /// limit.
+    #[test]
+    fn units_in_hand_are_spent_before_a_remembered_denial() {
+        let q = Quota::new(100, Unit::Hour)
+            .with_algorithm(Algorithm::FixedWindow)
+            .with_sync(SyncMode::Lease);
+        let l = Leases::default();
+        let items = [CheckItem::hit("r", "k", &q)];
+        let stats = LimitStats::default();
+        let mut grant = [Decision {
+            count: Some(2),
+            ..granted(0, 0)
+        }];
+        l.learn((T0, T0), &[T0], &items, &[4], &mut grant, &stats);
+        let mut denial = [Decision {
+            allowed: false,
+            retry_after: Some(3_000_000_000),
+            count: Some(0),
+            ..granted(0, 0)
+        }];
+        l.learn((T0, T0), &[T0], &items, &[4], &mut denial, &stats);
+        let d = l.admit_from_hand(T0 + 1, &items).expect("a unit in hand");
+        assert!(d[0].allowed);
+        let d = l.decide(T0 + 1, &items).expect("decided locally");
+        assert!(d[0].allowed, "the units in hand are spent first");
+        assert!(l.admit_from_hand(T0 + 1, &items).is_none(), "none left");
+        let d = l
+            .decide(T0 + 1, &items)
+            .expect("then the denial is answered");
+        assert!(!d[0].allowed);
+        assert_eq!(l.held(), 0);
     }
 
     /// Regression: a request naming a counter twice goes to Redis without leases and may

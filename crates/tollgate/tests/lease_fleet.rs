@@ -133,12 +133,11 @@ fn run(rules: &str, run: usize) -> Option<u64> {
         first + second <= LIMIT,
         "run {run}: {first} then {second} admitted, over the limit ({held} units were held)"
     );
-    // Known shortfall: the last burst can stop a few units short of the limit (a caller meets a
-    // remembered denial while another instance holds the last units). Under-admission only;
-    // held to 2 % here until the protocol closes it.
-    assert!(
-        first + second >= LIMIT - LIMIT / 50,
-        "run {run}: {first} then {second} admitted, far short of {LIMIT} ({held} units were held)"
+    assert_eq!(
+        first + second,
+        LIMIT,
+        "run {run}: {first} then {second} admitted: the full limit must be reachable once \
+         leases come back ({held} units were held)"
     );
     assert!(
         returned >= held,
