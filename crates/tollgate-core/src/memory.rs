@@ -1033,10 +1033,12 @@ mod tests {
                 [
                     CheckItem {
                         count_denied,
+                        tier: None,
                         ..item("key4", &q15, cost)
                     },
                     CheckItem {
                         count_denied,
+                        tier: None,
                         ..item("key5", &q14, cost)
                     },
                 ]
