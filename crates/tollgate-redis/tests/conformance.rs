@@ -143,3 +143,32 @@ fn leased_limits_on_one_instance_decide_as_exact() {
     }
     support::delete_prefix(support::shared_url(), &prefix);
 }
+
+/// Tiered limits (priority tiers sharing one limit) decide on Redis exactly as on the memory
+/// store: the hand-written tiered traces and random ones, time going back too.
+#[test]
+fn tiered_traces_match_memory_store() {
+    use support::conformance::{random_tiered_trace, tiered_traces, TIERED};
+    let rt = runtime();
+    let store = rt
+        .block_on(RedisStore::connect(
+            support::shared_url(),
+            replay_options("tiers"),
+        ))
+        .unwrap();
+    rt.block_on(async {
+        for t in &tiered_traces() {
+            replay(&store, t).await;
+        }
+    });
+    for alg in TIERED {
+        let mut runner = runner(64);
+        runner
+            .run(&random_tiered_trace(alg, true), |trace| {
+                rt.block_on(replay(&store, &trace));
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("{alg} tiered: {e}"));
+    }
+    support::delete_prefix(support::shared_url(), &store.options().prefix);
+}
