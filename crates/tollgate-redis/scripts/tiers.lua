@@ -8,7 +8,9 @@
 -- (levels, the request's tier from 0, sliding), then '<ddd' per level (guaranteed, ceiling,
 -- reserve).
 
-local TR_NEVER = math.huge
+-- Beyond any instant a step computes (they stay below 2^53); a literal: library globals such as
+-- `math` are not visible while a Redis Function loads (common.lua, `bind`).
+local TR_NEVER = TWO53 * 2
 
 -- Reads item p's tier table at pos of the packed arguments; returns the position after it.
 local function tiers_unpack(p, packed, pos)
