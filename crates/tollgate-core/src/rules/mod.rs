@@ -49,7 +49,7 @@ pub use degrade::DegradeThreshold;
 pub use error::{RuleError, RuleErrors};
 pub use metadata::MetaValue;
 pub use stats::StatsKey;
-pub use tiers::{TierLevel, Tiers, MAX_LEVELS as MAX_TIER_LEVELS};
+pub use tiers::{supports as tiers_support, TierLevel, Tiers, MAX_LEVELS as MAX_TIER_LEVELS};
 
 use crate::quota::{Algorithm, Quota, SyncMode};
 use std::collections::{BTreeMap, HashMap};
