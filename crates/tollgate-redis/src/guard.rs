@@ -55,8 +55,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tollgate_core::quota::Algorithm;
-use tollgate_core::rules::RuleSet;
-use tollgate_core::store::blocks;
+use tollgate_core::rules::{RuleSet, TierLevel};
+use tollgate_core::store::{blocks, Tier};
 use tollgate_core::{
     CheckItem, Decision, FaultKind, MemoryStore, Micros, Quota, Store, StoreError,
 };
@@ -1000,10 +1000,22 @@ impl Guarded {
     ) -> Vec<Decision> {
         let n = self.settings.expected_instances.max(1);
         let quotas: Vec<Quota> = items.iter().map(|i| divide(i.quota, n)).collect();
+        let levels: Vec<Option<Vec<TierLevel>>> = items
+            .iter()
+            .map(|i| i.tier.map(|t| divide_levels(t.levels, n)))
+            .collect();
         let local: Vec<CheckItem<'_>> = items
             .iter()
             .zip(&quotas)
-            .map(|(i, quota)| CheckItem { quota, ..*i })
+            .zip(&levels)
+            .map(|((i, quota), levels)| CheckItem {
+                quota,
+                tier: i.tier.zip(levels.as_deref()).map(|(t, levels)| Tier {
+                    levels,
+                    index: t.index,
+                }),
+                ..*i
+            })
             .collect();
         let Some(ledger) = &self.ledger else {
             // The memory store never fails.
@@ -1063,6 +1075,24 @@ fn divide(quota: &Quota, n: u64) -> Quota {
     quota
         .with_limit(share(quota.limit()))
         .with_burst(quota.burst().map(share))
+}
+
+/// A tiered limit's levels for its [`divide`]d quota: guarantees and reserves divided by `n`
+/// (rounded down, so that they still add up to at most the divided limit), ceilings as the
+/// limit is.
+fn divide_levels(levels: &[TierLevel], n: u64) -> Vec<TierLevel> {
+    let share = |v: u64| if v == 0 { 0 } else { (v / n).max(1) };
+    levels
+        .iter()
+        .map(|l| {
+            TierLevel::new(
+                l.value.clone(),
+                l.guaranteed / n,
+                share(l.ceiling),
+                l.reserve / n,
+            )
+        })
+        .collect()
 }
 
 /// Probe (a write with a TTL) while the breaker is not healthy; stop when the backend is
@@ -1378,6 +1408,30 @@ impl DenyCache {
 mod tests {
     use super::*;
     use tollgate_core::Unit;
+
+    #[test]
+    fn divided_tiers_keep_what_the_rules_require() {
+        let levels = [
+            TierLevel::new("paid", 61, 100, 0),
+            TierLevel::new("free", 39, 80, 21),
+        ];
+        for n in 1..12 {
+            let q = divide(&Quota::new(100, Unit::Second), n);
+            let d = divide_levels(&levels, n);
+            assert!(
+                d.iter().map(|l| l.guaranteed).sum::<u64>() <= q.limit(),
+                "{n}"
+            );
+            for l in &d {
+                assert!(
+                    l.guaranteed <= l.ceiling && l.ceiling <= q.limit(),
+                    "{n}: {l:?}"
+                );
+                assert!(l.reserve <= q.limit(), "{n}: {l:?}");
+            }
+            assert_eq!(d[0].reserve, 0);
+        }
+    }
 
     #[test]
     fn breaker_opens_after_three_failures_and_closes_through_half_open() {
