@@ -987,11 +987,12 @@ pub fn tiered_traces() -> Vec<Trace> {
     for alg in TIERED {
         let q = Quota::new(100, Unit::Second).with_algorithm(alg);
         let small = Quota::new(10, Period::new(Unit::Minute, 1)).with_algorithm(alg);
-        // Overload: each step offers paid 3 and free 3, over five windows.
+        // Overload: each instant offers paid 3 and free 3, over five windows two apart (a
+        // sliding window's previous one is empty).
         let mut steps = Vec::new();
         for w in 0..5u64 {
             for i in 0..40u64 {
-                let t = t0 + w * SECOND + i * 20_000;
+                let t = t0 + 2 * w * SECOND + i * 20_000;
                 for (tier, cost) in [(0u8, 1u64), (1, 1), (0, 2), (1, 2)] {
                     steps.push(Step {
                         t,
