@@ -648,7 +648,11 @@ impl Guarded {
             }
             let item = CheckItem {
                 cost: o.cost,
-                ..CheckItem::hit(&o.rule, &key, &o.quota)
+                tier: o.tier.as_ref().map(|(levels, index)| Tier {
+                    levels,
+                    index: *index,
+                }),
+                ..CheckItem::hit(&o.rule, &o.key, &o.quota)
             };
             // Keys on another master that is still down wait for its own probe.
             let b = self.breaker_for(&[item]);
@@ -1026,7 +1030,7 @@ impl Guarded {
         let shares: Vec<Option<(u64, Micros)>> = items
             .iter()
             .map(|i| {
-                map.get(i.key)
+                map.get(&*ledger_key(i))
                     .filter(|s| s.until > now && s.quota == *i.quota)
                     .map(|s| (s.share, s.until))
             })
@@ -1058,7 +1062,7 @@ impl Guarded {
         let mut decisions = decisions;
         if admitted || possibly_consumed {
             for (i, d) in items.iter().zip(decisions.iter_mut()) {
-                if let Some(s) = map.get_mut(i.key).filter(|s| s.until > now) {
+                if let Some(s) = map.get_mut(&*ledger_key(i)).filter(|s| s.until > now) {
                     s.share = s.share.saturating_sub(i.cost);
                     d.remaining = d.remaining.min(s.share);
                 }
@@ -1192,6 +1196,10 @@ struct Nodes {
 /// A key's local admissions not yet folded into Redis.
 struct OwedKey {
     rule: String,
+    /// The counter key (the map's key is [`ledger_key`]'s, which names a tier too).
+    key: String,
+    /// A tiered limit's levels and tier: folded into the tiered state.
+    tier: Option<(Vec<TierLevel>, u8)>,
     quota: Quota,
     cost: u64,
     /// Local time the key's window ends (nothing to fold after it).
@@ -1223,18 +1231,21 @@ impl Owed {
                 continue;
             }
             let until = now.saturating_add(d.reset_after.max(1));
-            if let Some(o) = map.get_mut(i.key).filter(|o| o.quota == *i.quota) {
+            let key = ledger_key(i);
+            if let Some(o) = map.get_mut(&*key).filter(|o| o.quota == *i.quota) {
                 o.cost = o.cost.saturating_add(i.cost);
                 o.until = o.until.max(until);
                 continue;
             }
-            if map.len() >= OWED_MAX && !map.contains_key(i.key) {
+            if map.len() >= OWED_MAX && !map.contains_key(&*key) {
                 continue;
             }
             map.insert(
-                i.key.to_owned(),
+                key.into_owned(),
                 OwedKey {
                     rule: i.rule.to_owned(),
+                    key: i.key.to_owned(),
+                    tier: i.tier.map(|t| (t.levels.to_vec(), t.index)),
                     quota: *i.quota,
                     cost: i.cost,
                     until,
@@ -1273,6 +1284,15 @@ struct Ledger {
     map: Mutex<HashMap<String, Seen>>,
 }
 
+/// An item's entry in the ledger: its counter key, and for a tiered limit its tier too (the
+/// remaining Redis reports is the tier's).
+fn ledger_key<'a>(i: &CheckItem<'a>) -> std::borrow::Cow<'a, str> {
+    match i.tier {
+        Some(t) => format!("{}\u{0}tier{}", i.key, t.index).into(),
+        None => i.key.into(),
+    }
+}
+
 impl Ledger {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Seen>> {
         self.map.lock().unwrap_or_else(|e| e.into_inner())
@@ -1282,8 +1302,9 @@ impl Ledger {
         let n = n.max(1);
         let mut map = self.lock();
         for (i, d) in items.iter().zip(decisions) {
+            let key = ledger_key(i);
             if d.reset_after == 0 {
-                map.remove(i.key);
+                map.remove(&*key);
                 continue;
             }
             let seen = Seen {
@@ -1291,7 +1312,7 @@ impl Ledger {
                 share: d.remaining / n,
                 until: now.saturating_add(d.reset_after),
             };
-            if let Some(s) = map.get_mut(i.key) {
+            if let Some(s) = map.get_mut(&*key) {
                 *s = seen;
                 continue;
             }
@@ -1301,7 +1322,7 @@ impl Ledger {
                     continue;
                 }
             }
-            map.insert(i.key.to_owned(), seen);
+            map.insert(key.into_owned(), seen);
         }
     }
 }
@@ -1350,7 +1371,9 @@ impl DenyCache {
     }
 
     fn get(&self, item: &CheckItem<'_>, now: Micros) -> Option<Decision> {
-        if item.cost == 0 || item.shadow {
+        // A tiered limit's counter key is every tier's: a denial of one tier says nothing of
+        // another's, so tiered items are never cached.
+        if item.cost == 0 || item.shadow || item.tier.is_some() {
             return None;
         }
         let mut map = self.lock();
@@ -1380,7 +1403,12 @@ impl DenyCache {
     fn learn(&self, now: Micros, items: &[CheckItem<'_>], decisions: &[Decision]) {
         let mut map = self.lock();
         for (i, d) in items.iter().zip(decisions) {
-            if d.allowed || i.shadow || i.cost == 0 || !exact_denial(i.quota.algorithm()) {
+            if d.allowed
+                || i.shadow
+                || i.cost == 0
+                || i.tier.is_some()
+                || !exact_denial(i.quota.algorithm())
+            {
                 continue;
             }
             let until = d.retry_after.map_or(Micros::MAX, |r| now.saturating_add(r));

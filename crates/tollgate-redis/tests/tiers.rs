@@ -101,3 +101,91 @@ fn paid_and_free_overload_share_the_parent_on_redis() {
         support::delete_prefix(support::shared_url(), &prefix);
     });
 }
+
+/// Under the `local` failure policy a tier is itself: a free denial is not cached for paid, the
+/// fallback starts from what Redis last reported for paid's tier (not free's), and what it
+/// admitted is folded into the tiered state once a Redis is back. A private Redis, killed and
+/// restarted; the decisions are made at the test's instants (the caller's clock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiers_under_the_local_policy() {
+    use tollgate_redis::{Guarded, Policy, RedisSettings};
+    let mut server = support::RedisServer::start(&[]);
+    let port = server.port;
+    let opts = RedisOptions {
+        prefix: "tiers-local".to_owned(),
+        timeout: Duration::from_millis(200),
+        ttl_grace: Duration::from_secs(600),
+        ..RedisOptions::default()
+    };
+    let store = RedisStore::connect(&server.url(), opts).await.unwrap();
+    let settings = RedisSettings {
+        policy: Policy::Local,
+        expected_instances: 1,
+        deny_cache: true,
+        caller_clock: true,
+        ..RedisSettings::default()
+    };
+    let g = Guarded::start(store, settings).await;
+    let text = "domain: api
+descriptors:
+  - key: api
+    rate_limit: {unit: minute, requests_per_unit: 100, algorithm: fixed_window}
+    tiers:
+      key: plan
+      levels:
+        - value: paid
+          guaranteed: 60
+        - value: free
+          guaranteed: 10
+          ceiling: 80
+          reserve: 20
+";
+    let rules = RuleSet::from_sources(&[("t.yaml".to_string(), text.to_string())]).unwrap();
+    let now = T0 + 10 * SECOND;
+    // (allowed, degraded) of `n` requests of `plan`.
+    let run = |plan: &'static str, n: usize| {
+        let (rules, g) = (&rules, &g);
+        async move {
+            let d = [Descriptor::new([("api", "v1"), ("plan", plan)])];
+            let mut out = (0u64, 0u64);
+            for _ in 0..n {
+                let p = Plan::new(rules, "api", &d, 1);
+                let o = g.check(now, &p.items()).await.expect("the policy answers");
+                let degraded = o.degraded.is_some();
+                if p.finish(o.decisions).allowed() {
+                    out.0 += 1;
+                    out.1 += u64::from(degraded);
+                }
+            }
+            out
+        }
+    };
+    // Redis up: paid takes 10, free gets 20 and is then denied (a denial the cache must keep
+    // to free: paid still passes, decided by Redis).
+    assert_eq!(run("paid", 10).await, (10, 0));
+    assert_eq!(run("free", 30).await, (20, 0));
+    assert_eq!(run("paid", 1).await, (1, 0));
+    // Paid may take 69 more now (the least of 100 - 31 left and borrowing 100 - 31 - 0 - 0):
+    // the local fallback grants no more than what Redis last reported for paid's tier (free's
+    // was 0).
+    server.kill();
+    let (allowed, degraded) = run("paid", 100).await;
+    assert_eq!((allowed, degraded), (69, 69), "paid under the local policy");
+    let server = support::RedisServer::start_on(port, &[]);
+    // The probe finds Redis back and folds what the fallback admitted into the tiered state
+    // (paid's count; a request whose failed call may have reached Redis is not owed again).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while g.folded().0 < 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the local admissions folded"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let folded = g.folded().1;
+    assert!((68..=69).contains(&folded), "{folded}");
+    let key = "tiers-local:{api|api=v1}:fixed:1m:tiers";
+    let state = server.cli(&["GET", key]);
+    let window = T0 + 10 * SECOND - (T0 + 10 * SECOND) % (60 * SECOND);
+    assert_eq!(state.trim(), format!("{window} 0 {folded} 0 0"), "{key}");
+}
