@@ -303,7 +303,12 @@ fn check(set: &RuleSet, file: &str, domain: &str, entries: Entries, want: &Want)
             assert_eq!(limit.id, *id, "{ctx}");
             assert!(limit.quota.is_none(), "{ctx}");
         }
-        (Limited(rpu, unit, key), Resolution::Limited { limit, counter_key }) => {
+        (
+            Limited(rpu, unit, key),
+            Resolution::Limited {
+                limit, counter_key, ..
+            },
+        ) => {
             let q = limit.quota.unwrap_or_else(|| panic!("{ctx}: no quota"));
             assert_eq!(q.limit(), *rpu, "{ctx}");
             assert_eq!(q.period().unit, *unit, "{ctx}");
@@ -923,4 +928,32 @@ fn sync_modes_and_their_default() {
         "{problems:?}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// docs/rules.md's tiers example loads and does what the page's worked example says.
+#[test]
+fn the_docs_tiers_example_holds() {
+    use tollgate_core::limiter::{check, Descriptor};
+    let page = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/rules.md"),
+    )
+    .unwrap();
+    let section = &page[page.find("## Tiers").expect("a Tiers section")..];
+    let start = section.find("```yaml\n").expect("a yaml block") + "```yaml\n".len();
+    let yaml = &section[start..start + section[start..].find("```").unwrap()];
+    let rules = RuleSet::from_sources(&[("rules.md".to_string(), yaml.to_string())]).unwrap();
+    let store = tollgate_core::MemoryStore::default();
+    let t0 = 1_795_305_600_000_000;
+    let count = |plan: &str, now, n| {
+        let d = [Descriptor::new([("api", "x"), ("plan", plan)])];
+        (0..n)
+            .filter(|_| check(&rules, &store, now, "api", &d, 1).unwrap().allowed())
+            .count()
+    };
+    // Free alone gets 20, then paid 80; paid alone (next window) 90.
+    assert_eq!(count("free", t0, 200), 20);
+    assert_eq!(count("paid", t0, 200), 80);
+    assert_eq!(count("paid", t0 + 1_000_000, 200), 90);
+    // Unknown plans are free traffic.
+    assert_eq!(count("gold", t0 + 1_000_000, 200), 10);
 }
