@@ -33,10 +33,10 @@
 -- remaining, reset_after, retry_after (-1 = none), delay, count (envoy_fixed_window's count;
 -- for a leasing item, the units granted to the lease; -1 = none).
 --
--- Leases (fixed_window and sliding_window_counter only; the Rust side refuses others): an
--- admitted item that asks for `lease` units also takes up to that many more of the window's
--- remaining count, at most a LEASE_SHARE-th of it (so the last units of a window go out one by
--- one), counted now as if admitted. The instance spends them locally in this window and gives
+-- Leases (fixed_window and sliding_window_counter only, tiered or not; the Rust side refuses
+-- others): an admitted item that asks for `lease` units also takes up to that many more of the
+-- window's remaining count (a tiered item's: its tier's), at most a LEASE_SHARE-th of it (so
+-- the last units of a window go out one by one), counted now as if admitted. The instance spends them locally in this window and gives
 -- back what it did not spend with a refund at this call's time. Nothing is granted to a
 -- blocked request.
 --

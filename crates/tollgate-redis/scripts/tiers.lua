@@ -190,6 +190,25 @@ ALG[8] = {
     return nil
   end,
   save = function(p, old, new, ttl) save_string(p, tr_encode, old, new, ttl) end,
+  -- Count g more units on the request's tier in the state's window (a lease; see check.lua):
+  -- the parent's count is the tiers' sum, so they are counted on both. check.lua grants at
+  -- most the tier's `remaining` after the cost, so they are units the step would admit to
+  -- this tier: the rules' invariant holds and no other tier's guarantee is touched.
+  grant = function(p, st, now, g)
+    local n = #p.levels
+    if n == 0 then return st end
+    local t = p.tier
+    if t > n - 1 then t = n - 1 end
+    t = t + 1
+    local s = { start = (window(p, now)), prev = {}, cur = {} }
+    for i = 1, n do s.prev[i], s.cur[i] = 0, 0 end
+    if st ~= nil and #st.cur == n and #st.prev == n then
+      s.start = st.start
+      for i = 1, n do s.prev[i], s.cur[i] = st.prev[i], st.cur[i] end
+    end
+    s.cur[t] = s.cur[t] + g
+    return s
+  end,
   -- Undo an admitted cost of the item's tier, only in the window it went into (see
   -- fixed_window.lua's refund).
   refund = function(p, now, cost)

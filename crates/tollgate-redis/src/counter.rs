@@ -6,20 +6,32 @@ use tollgate_core::{CheckItem, SyncMode};
 
 /// Whether `item` is kept in `mode` (its limit asks for it and its algorithm supports it).
 pub(crate) fn kept(item: &CheckItem<'_>, mode: SyncMode) -> bool {
-    // Tiered limits are always decided in Redis (their rules refuse the other modes).
-    item.quota.sync() == mode && mode.supports(item.quota.algorithm()) && item.tier.is_none()
+    // A tiered limit can be leased (a grant is counted on the tier and the parent at once, in
+    // the one step that decides both) but not batched: batched counts are late, and a tier's
+    // guarantee needs the other tiers' counts as they are (its rules refuse `batched`).
+    item.quota.sync() == mode
+        && mode.supports(item.quota.algorithm())
+        && (item.tier.is_none() || mode == SyncMode::Lease)
 }
 
-/// The map key of an item's counter: the key, the algorithm and the period (as Redis' key).
+/// The map key of an item's counter: the key, the algorithm and the period (as Redis' key),
+/// and for a tiered limit the request's tier: each tier of a parent counter has its own lease,
+/// so one tier never spends units granted to another.
 pub(crate) fn map_key(item: &CheckItem<'_>) -> String {
     let p = item.quota.period();
-    format!(
+    let mut k = format!(
         "{}\u{0}{}\u{0}{}\u{0}{}",
         item.key,
         item.quota.algorithm(),
         p.unit,
         p.multiplier
-    )
+    );
+    if let Some(t) = item.tier {
+        // Past the last level is the last level (as the step decides it).
+        let last = t.levels.len().saturating_sub(1);
+        k.push_str(&format!("\u{0}tier{}", usize::from(t.index).min(last)));
+    }
+    k
 }
 
 /// Whether some item's counter comes twice in `items`. Such a request goes to Redis as `exact`:

@@ -916,11 +916,8 @@ impl Guarded {
     /// Give `returns` back to Redis (refunds in the window they were granted in; a failure
     /// leaves them counted, the safe side).
     async fn give_back(&self, now: Micros, returns: Returns) {
-        for (rule, key, quota, at, units) in returns {
-            let item = CheckItem {
-                cost: units,
-                ..CheckItem::hit("", &key, &quota)
-            };
+        for (rule, key, quota, at, units, tier) in returns {
+            let item = crate::lease::refund_item(&key, &quota, units, tier.as_ref());
             if self
                 .refund(now, &Receipt::at(at), &[item], &[0])
                 .await

@@ -21,6 +21,15 @@
 //! Only windowed algorithms can be leased (see [`SyncMode::supports`]); a request is decided
 //! locally only when every item is leased and has enough units in hand, so all-or-nothing across
 //! a request's limits holds as on Redis.
+//!
+//! A tiered limit is leased per (parent counter, tier): a grant is at most an eighth of what the
+//! request's tier could still take after it (its decision's `remaining`), counted at once on the
+//! tier's count and so on the parent's, which is their sum; a refund takes it off the tier's.
+//! Each tier has its own lease (the map key names it), so one tier never spends another's units.
+//! Granted units are admitted units of their tier, as far as the tiered step can tell: so the
+//! rules' invariant, the tiers' counts or guarantees (whichever is larger) adding up to at most
+//! the limit, holds with leases as without, and no grant takes any part of another tier's
+//! unused guarantee or of the reserve kept above the tier (see `tiers.rs` in tollgate-core).
 
 use crate::counter::{map_key, repeats};
 use crate::limits::LimitStats;
@@ -28,6 +37,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 use tollgate_core::internals::window;
+use tollgate_core::rules::TierLevel;
+use tollgate_core::store::Tier;
 use tollgate_core::{Algorithm, CheckItem, Decision, Micros, Quota, SyncMode};
 
 /// A lease that ran out within this long of being taken doubles the next one.
@@ -48,6 +59,8 @@ struct Lease {
     rule: String,
     key: String,
     quota: Quota,
+    /// A tiered limit's levels and the lease's tier (a refund is the tier's).
+    tier: Option<(Vec<TierLevel>, u8)>,
     /// Redis' time of the last grant: inside the lease's window (a refund must name it).
     at: Micros,
     /// The start of that window (Redis time).
@@ -102,8 +115,47 @@ pub struct Leases {
 }
 
 /// Units to give back to Redis: (limit, counter key, quota, Redis time inside their window,
-/// units).
-pub type Returns = Vec<(String, String, Quota, Micros, u64)>;
+/// units, a tiered limit's levels and tier).
+pub type Returns = Vec<(
+    String,
+    String,
+    Quota,
+    Micros,
+    u64,
+    Option<(Vec<TierLevel>, u8)>,
+)>;
+
+/// The item to refund `units` of a lease on `key` with: its tier's, for a tiered limit.
+pub(crate) fn refund_item<'a>(
+    key: &'a str,
+    quota: &'a Quota,
+    units: u64,
+    tier: Option<&'a (Vec<TierLevel>, u8)>,
+) -> CheckItem<'a> {
+    CheckItem {
+        cost: units,
+        tier: tier.map(|(levels, index)| Tier {
+            levels,
+            index: *index,
+        }),
+        ..CheckItem::hit("", key, quota)
+    }
+}
+
+/// The `limit` a decision of `item` reports: a tiered limit's is its tier's ceiling (within the
+/// limit), as the tiered step reports it.
+fn decision_limit(item: &CheckItem<'_>) -> u64 {
+    let limit = item.quota.limit();
+    match item.tier {
+        Some(t) => {
+            let last = t.levels.len().saturating_sub(1);
+            t.levels
+                .get(usize::from(t.index).min(last))
+                .map_or(0, |l| l.ceiling.min(limit))
+        }
+        None => limit,
+    }
+}
 
 fn leased(item: &CheckItem<'_>) -> bool {
     crate::counter::kept(item, SyncMode::Lease)
@@ -185,11 +237,12 @@ impl Leases {
                 l.left -= item.cost;
                 l.used_at = now;
             }
+            let limit = decision_limit(item);
             out.push(Decision {
                 allowed: true,
-                limit: item.quota.limit(),
+                limit,
                 // What the fleet had left at the grant, plus what this instance still holds.
-                remaining: (l.remaining + l.left).min(item.quota.limit()),
+                remaining: (l.remaining + l.left).min(limit),
                 reset_after: l.reset_at.saturating_sub(now),
                 retry_after: None,
                 delay: 0,
@@ -270,6 +323,7 @@ impl Leases {
                 rule: item.rule.to_owned(),
                 key: item.key.to_owned(),
                 quota: *item.quota,
+                tier: item.tier.map(|t| (t.levels.to_vec(), t.index)),
                 at,
                 start,
                 expires,
@@ -338,7 +392,14 @@ impl Leases {
                 return l.denied_until > now;
             }
             if l.left > 0 && (all || now.saturating_sub(l.used_at) >= IDLE) {
-                out.push((l.rule.clone(), l.key.clone(), l.quota, l.at, l.left));
+                out.push((
+                    l.rule.clone(),
+                    l.key.clone(),
+                    l.quota,
+                    l.at,
+                    l.left,
+                    l.tier.clone(),
+                ));
                 l.left = 0;
             }
             true
@@ -372,7 +433,14 @@ impl Leases {
         for item in items.iter().filter(|i| leased(i)) {
             if let Some(l) = map.get_mut(&map_key(item)) {
                 if l.left > 0 && l.expires > now {
-                    out.push((l.rule.clone(), l.key.clone(), l.quota, l.at, l.left));
+                    out.push((
+                        l.rule.clone(),
+                        l.key.clone(),
+                        l.quota,
+                        l.at,
+                        l.left,
+                        l.tier.clone(),
+                    ));
                     l.left = 0;
                 }
             }
@@ -622,6 +690,84 @@ mod tests {
         assert!(l.decide(T0 + 1, &items).is_some(), "remembered");
         l.forget_denials(&[items[0], items[0]]);
         assert!(l.decide(T0 + 1, &items).is_none(), "Redis is asked again");
+    }
+
+    /// Each tier of a parent counter has its own lease: units granted to one tier are spent by
+    /// that tier's requests only, a local decision reports the tier's ceiling as its limit, and
+    /// the units go back as the tier's (a refund of the tier's count).
+    #[test]
+    fn a_tiered_limit_is_leased_per_tier() {
+        let q = Quota::new(100, Unit::Hour)
+            .with_algorithm(Algorithm::FixedWindow)
+            .with_sync(SyncMode::Lease);
+        let levels = [
+            TierLevel::new("paid", 60, 100, 0),
+            TierLevel::new("free", 10, 80, 20),
+        ];
+        let tier = |index| CheckItem {
+            tier: Some(Tier {
+                levels: &levels,
+                index,
+            }),
+            ..CheckItem::hit("r", "k", &q)
+        };
+        let (paid, free, past) = ([tier(0)], [tier(1)], [tier(7)]);
+        assert_ne!(map_key(&paid[0]), map_key(&free[0]));
+        assert_eq!(
+            map_key(&free[0]),
+            map_key(&past[0]),
+            "past the last level is the last level"
+        );
+        let l = Leases::default();
+        let stats = LimitStats::default();
+        assert_eq!(
+            l.wants(T0, &free),
+            Some(vec![1]),
+            "a tiered limit is leased"
+        );
+        let mut d = [Decision {
+            limit: 80,
+            ..granted(40, 4)
+        }];
+        l.learn((T0, T0), &[T0], &free, &[4], &mut d, &stats);
+        assert!(
+            l.decide(T0 + 1, &paid).is_none(),
+            "paid has nothing in hand"
+        );
+        let d = l.decide(T0 + 1, &free).expect("free's units in hand");
+        assert_eq!((d[0].allowed, d[0].limit, d[0].remaining), (true, 80, 43));
+        let d = l.decide(T0 + 1, &past).expect("the last level's units");
+        assert!(d[0].allowed);
+        assert_eq!(l.held(), 2);
+        let back = l.take_returns(T0 + 2, true, &stats);
+        assert_eq!(back.len(), 1);
+        let (_, key, quota, at, units, t) = &back[0];
+        assert_eq!((at, units), (&T0, &2));
+        let t = t.as_ref().expect("the tier goes back with the units");
+        assert_eq!((t.0.as_slice(), t.1), (&levels[..], 1));
+        let item = refund_item(key, quota, *units, Some(t));
+        assert_eq!(map_key(&item), map_key(&free[0]));
+        assert_eq!(item.cost, 2);
+    }
+
+    #[test]
+    fn a_tiered_limit_is_never_batched() {
+        let q = Quota::new(100, Unit::Hour)
+            .with_algorithm(Algorithm::FixedWindow)
+            .with_sync(SyncMode::Batched);
+        let levels = [TierLevel::new("paid", 60, 100, 0)];
+        let item = CheckItem {
+            tier: Some(Tier {
+                levels: &levels,
+                index: 0,
+            }),
+            ..CheckItem::hit("r", "k", &q)
+        };
+        assert!(!crate::counter::kept(&item, SyncMode::Batched));
+        assert!(crate::counter::kept(
+            &CheckItem::hit("r", "k", &q),
+            SyncMode::Batched
+        ));
     }
 
     #[test]

@@ -496,7 +496,8 @@ impl RuleSet {
             if !l.algorithm_named && fits {
                 l.quota = l.quota.map(|q| q.with_algorithm(defaults.algorithm()));
             }
-            // Tiers are kept exactly (see `tiers::decode`): no default sync mode applies.
+            // A tiered rule is `exact` unless it names `sync: lease` (see `tiers::decode`): no
+            // default sync mode applies (a default `batched` could not keep tiers).
             if !l.sync_named && l.tiers.is_none() {
                 l.quota = l.quota.map(|q| {
                     let sync = if defaults.sync.supports(q.algorithm()) {
@@ -1179,6 +1180,24 @@ descriptors:
             .and_then(|l| l.quota)
             .expect("quota");
         assert_eq!(q.algorithm(), Algorithm::SlidingWindowCounter);
+        // A tiered rule may name `sync: lease`, and keeps it whatever the default.
+        let leased = set(&TIERED.replace("algorithm: fixed_window", "sync: lease"));
+        for defaults in [
+            RuleDefaults::default(),
+            RuleDefaults {
+                sync: SyncMode::Batched,
+                ..RuleDefaults::default()
+            },
+        ] {
+            let q = leased
+                .clone()
+                .with_defaults(defaults)
+                .limits()
+                .next()
+                .and_then(|l| l.quota)
+                .expect("quota");
+            assert_eq!(q.sync(), SyncMode::Lease);
+        }
     }
 
     #[test]
@@ -1191,7 +1210,6 @@ descriptors:
             (format!("rate_limit: {{unlimited: true}}\n    tiers: {{key: plan, {two}}}"), 5, "cannot be used with `unlimited: true`"),
             (format!("rate_limit: {{unit: second, requests_per_unit: 100, algorithm: gcra}}\n    tiers: {{key: plan, {two}}}"), 4, "tiered rule `k` needs algorithm fixed_window or sliding_window_counter, not gcra"),
             (format!("rate_limit: {{unit: second, requests_per_unit: 100, sync: batched}}\n    tiers: {{key: plan, {two}}}"), 4, "cannot use `sync: batched`: batched counts are approximate"),
-            (format!("rate_limit: {{unit: second, requests_per_unit: 100, sync: lease}}\n    tiers: {{key: plan, {two}}}"), 4, "cannot use `sync: lease`"),
             (format!("{rl}\n    tiers: {{key: plan, levels: []}}"), 5, "`levels` has 0 entries; a tiered rule has 1 to 16"),
             (format!("{rl}\n    tiers: {{key: plan, levels: [{}]}}", vec!["{value: a, guaranteed: 1}"; 17].join(", ")), 5, "`levels` has 17 entries"),
             (format!("{rl}\n    tiers: {{levels: [{{value: a, guaranteed: 1}}]}}"), 5, "missing required field `key`"),

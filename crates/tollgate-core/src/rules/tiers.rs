@@ -185,18 +185,12 @@ pub(super) fn decode(node: &Node, cx: Context<'_>, errors: &mut Errors) -> Optio
     }
     if let (Some(n), Some(q)) = (cx.sync, quota) {
         match q.sync() {
-            SyncMode::Exact => {}
+            // A lease is per (parent counter, tier), its units counted on both when granted.
+            SyncMode::Exact | SyncMode::Lease => {}
             SyncMode::Batched => errors.push((
                 n.pos,
                 format!(
-                    "tiered rule `{}` cannot use `sync: batched`: batched counts are approximate and late, so they cannot keep a tier's guarantee (use `sync: exact`)",
-                    cx.rule
-                ),
-            )),
-            m => errors.push((
-                n.pos,
-                format!(
-                    "tiered rule `{}` cannot use `sync: {m}` (a lease is a share of one count, and tiers keep one count per tier): use `sync: exact`",
+                    "tiered rule `{}` cannot use `sync: batched`: batched counts are approximate and late, so they cannot keep a tier's guarantee (use `sync: exact` or `sync: lease`)",
                     cx.rule
                 ),
             )),
