@@ -167,8 +167,9 @@ impl Leases {
     ///
     /// A query (cost 0) always goes to Redis: it reports the counter as it is (a limit of 0
     /// denies even a query), which units in hand do not tell; so does a cost above the limit
-    /// (a denial that never passes). A remembered denial answers only a cost at least the one
-    /// Redis denied (a smaller cost may pass), with Redis' retry time.
+    /// (a denial that never passes; a tiered limit's: above its tier's ceiling). A remembered
+    /// denial answers only a cost at least the one Redis denied (a smaller cost may pass), with
+    /// Redis' retry time; on a sliding window counter or a tiered limit, only that cost.
     pub fn decide(&self, now: Micros, items: &[CheckItem<'_>]) -> Option<Vec<Decision>> {
         self.decide_with(now, items, false)
     }
@@ -188,7 +189,7 @@ impl Leases {
         if items.is_empty()
             || !items
                 .iter()
-                .all(|i| leased(i) && i.cost > 0 && i.cost <= i.quota.limit())
+                .all(|i| leased(i) && i.cost > 0 && i.cost <= decision_limit(i))
             || (items.len() > 1 && repeats(items))
         {
             return None;
@@ -207,9 +208,11 @@ impl Leases {
                 continue;
             }
             if l.denied_until > now && !only_in_hand {
-                // The sliding window counter's retry time depends on the cost: only the cost
-                // Redis denied is answered with it.
-                let sliding = item.quota.algorithm() == Algorithm::SlidingWindowCounter;
+                // The sliding window counter's retry time depends on the cost, and so does a
+                // tier's (whether borrowing can ever reach it): only the cost Redis denied is
+                // answered with it.
+                let sliding = item.quota.algorithm() == Algorithm::SlidingWindowCounter
+                    || item.tier.is_some();
                 // A clock gone back behind the denial: Redis decides (the memory would last
                 // as long as the step back).
                 if now < l.denied_at

@@ -144,6 +144,54 @@ fn leased_limits_on_one_instance_decide_as_exact() {
     support::delete_prefix(support::shared_url(), &prefix);
 }
 
+/// Leased tiered limits on one instance decide as exact ones until the documented edge
+/// effect (units one tier holds count as its admissions: see `tier_edge`), on the hand-written
+/// tiered traces and random ones.
+#[test]
+fn leased_tiered_limits_on_one_instance_decide_as_exact() {
+    use support::conformance::{random_tiered_trace, replay_leased, tiered_traces, TIERED};
+    use tollgate_redis::{Guarded, RedisSettings};
+    let rt = runtime();
+    let opts = replay_options("tierlease");
+    let prefix = opts.prefix.clone();
+    let guarded = rt.block_on(async {
+        let store = RedisStore::connect(support::shared_url(), opts)
+            .await
+            .unwrap();
+        let settings = RedisSettings {
+            caller_clock: true,
+            ..RedisSettings::default()
+        };
+        Guarded::start(store, settings).await
+    });
+    let stats = |g: &Guarded| {
+        let s = g.lease_stats().0;
+        let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        (get(&s.units_granted), get(&s.local_decisions))
+    };
+    let before = stats(&guarded);
+    rt.block_on(async {
+        for t in &tiered_traces() {
+            replay_leased(&guarded, t).await;
+        }
+    });
+    let after = stats(&guarded);
+    assert!(
+        after.0 > before.0 && after.1 > before.1,
+        "the tiered traces were leased and decided from units in hand: {before:?} {after:?}"
+    );
+    for alg in TIERED {
+        let mut runner = runner(64);
+        runner
+            .run(&random_tiered_trace(alg, false), |trace| {
+                rt.block_on(replay_leased(&guarded, &trace));
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("{alg} tiered leased: {e}"));
+    }
+    support::delete_prefix(support::shared_url(), &prefix);
+}
+
 /// Tiered limits (priority tiers sharing one limit) decide on Redis exactly as on the memory
 /// store: the hand-written tiered traces and random ones, time going back too.
 #[test]
