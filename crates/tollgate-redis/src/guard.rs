@@ -741,7 +741,7 @@ impl Guarded {
                     .filter(|(_, d)| !d.allowed)
                     .map(|(i, _)| *i)
                     .collect();
-                let held = self.leases.take_held(now, &denied);
+                let held = self.leases.take_held(now, &denied, &self.limits);
                 if !held.is_empty() {
                     self.give_back(now, held).await;
                     started = std::time::Instant::now();

@@ -426,8 +426,9 @@ impl Leases {
 
     /// Take out the units in hand of `items`' leases (those of their current window), to give
     /// back before asking Redis again: Redis counts them as used, so a request costing more than
-    /// is in hand could be denied where the count without them admits it.
-    pub fn take_held(&self, now: Micros, items: &[CheckItem<'_>]) -> Returns {
+    /// is in hand could be denied where the count without them admits it. Units of a window
+    /// that is over are counted as lost with it.
+    pub fn take_held(&self, now: Micros, items: &[CheckItem<'_>], limits: &LimitStats) -> Returns {
         if !items.iter().any(leased) {
             return Vec::new();
         }
@@ -435,7 +436,12 @@ impl Leases {
         let mut out: Returns = Vec::new();
         for item in items.iter().filter(|i| leased(i)) {
             if let Some(l) = map.get_mut(&map_key(item)) {
-                if l.left > 0 && l.expires > now {
+                if l.left > 0 && l.expires <= now {
+                    self.stats.units_expired.fetch_add(l.left, Relaxed);
+                    let per = limits.get(&l.rule);
+                    per.lease_units_expired.fetch_add(l.left, Relaxed);
+                    l.left = 0;
+                } else if l.left > 0 {
                     out.push((
                         l.rule.clone(),
                         l.key.clone(),

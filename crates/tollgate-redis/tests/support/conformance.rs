@@ -939,6 +939,9 @@ pub async fn replay_leased(guarded: &tollgate_redis::Guarded, trace: &Trace) -> 
         if !same && consumed && lease.iter().any(|i| i.shadow) {
             return i;
         }
+        if !same && expired() > expired_before {
+            return i;
+        }
         if !same
             && got.len() == expected.len()
             && lease
