@@ -200,3 +200,133 @@ descriptors:
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// The overload with `sync: lease`, on two guarded instances (each its own leases and
+/// connection pool) against one private Redis, with concurrent callers deciding at each
+/// window's instant (the caller's clock). Each window: the parent admits at most 100, paid at
+/// least its guaranteed 60, free 10 to 20 (a lease is counted on its tier and the parent when
+/// granted, so no tier borrows what another holds, and a tier's Redis denial means its
+/// guarantee is used); and once the instances give their units in hand back, the tiers' counts
+/// in Redis are exactly what was admitted.
+#[test]
+fn leased_tiers_stay_exact_across_instances() {
+    use tollgate_redis::{Guarded, RedisSettings};
+    let server = support::RedisServer::start(&[]);
+    let rt = runtime();
+    rt.block_on(async {
+        let opts = RedisOptions {
+            prefix: "tlease".to_owned(),
+            ttl_grace: Duration::from_secs(120),
+            timeout: Duration::from_secs(5),
+            ..RedisOptions::default()
+        };
+        let settings = RedisSettings {
+            caller_clock: true,
+            ..RedisSettings::default()
+        };
+        let mut guards = Vec::new();
+        for _ in 0..2 {
+            let store = RedisStore::connect(&server.url(), opts.clone())
+                .await
+                .unwrap();
+            guards.push(Guarded::start(store, settings.clone()).await);
+        }
+        for algorithm in ["fixed_window", "sliding_window_counter"] {
+            let rules = Arc::new(leased_rules(algorithm));
+            for run in 0..5u64 {
+                let now = T0 + 2 * run * SECOND;
+                let before: Vec<u64> = guards.iter().map(|g| local_decisions(g)).collect();
+                let mut callers = Vec::new();
+                for i in 0..8usize {
+                    let (rules, g) = (rules.clone(), guards[i % 2].clone());
+                    let plan = if i < 4 { "paid" } else { "free" };
+                    callers.push(tokio::spawn(async move {
+                        let d = [Descriptor::new([("api", "v1"), ("plan", plan)])];
+                        let mut admitted = 0u64;
+                        for _ in 0..75 {
+                            let p = Plan::new(&rules, "api", &d, 1);
+                            let o = g.check(now, &p.items()).await.expect("redis answers");
+                            assert!(o.degraded.is_none(), "decided by Redis or a lease");
+                            admitted += u64::from(p.finish(o.decisions).allowed());
+                        }
+                        (plan, admitted)
+                    }));
+                }
+                let (mut paid, mut free) = (0, 0);
+                for c in callers {
+                    match c.await.expect("caller") {
+                        ("paid", n) => paid += n,
+                        (_, n) => free += n,
+                    }
+                }
+                let what = format!("{algorithm} run {run}: paid {paid}, free {free}");
+                for (g, b) in guards.iter().zip(&before) {
+                    assert!(
+                        local_decisions(g) > *b,
+                        "{what}: decided from leases on each instance"
+                    );
+                }
+                assert!(paid + free <= 100, "{what}: the parent over its limit");
+                assert!(paid >= 60, "{what}: paid below its guarantee");
+                assert!(
+                    (10..=20).contains(&free),
+                    "{what}: free outside its guarantee and what the reserve leaves"
+                );
+                for g in &guards {
+                    g.return_leases(now).await;
+                    assert_eq!(g.lease_stats().1, 0, "{what}: every unit given back");
+                }
+                let keys = server.cli(&["KEYS", "tlease:*"]);
+                let key = keys
+                    .lines()
+                    .find(|k| k.contains(&format!(":{}:", short(algorithm))))
+                    .unwrap_or_else(|| panic!("{what}: no tiered key in {keys:?}"));
+                let state = server.cli(&["GET", key]);
+                let counts: Vec<u64> = state
+                    .split_whitespace()
+                    .map(|n| n.parse().expect("a count"))
+                    .collect();
+                assert_eq!(
+                    counts,
+                    [now, 0, paid, 0, free],
+                    "{what}: Redis counts what was admitted"
+                );
+            }
+        }
+    });
+}
+
+fn leased_rules(algorithm: &str) -> RuleSet {
+    let text = format!(
+        "domain: api
+descriptors:
+  - key: api
+    rate_limit: {{unit: second, requests_per_unit: 100, algorithm: {algorithm}, sync: lease}}
+    tiers:
+      key: plan
+      levels:
+        - value: paid
+          guaranteed: 60
+        - value: free
+          guaranteed: 10
+          ceiling: 80
+          reserve: 20
+"
+    );
+    RuleSet::from_sources(&[("tiers.yaml".to_string(), text)]).expect("valid rules")
+}
+
+/// The algorithm's part of a counter key.
+fn short(algorithm: &str) -> &'static str {
+    match algorithm {
+        "fixed_window" => "fixed",
+        _ => "counter",
+    }
+}
+
+fn local_decisions(g: &tollgate_redis::Guarded) -> u64 {
+    g.lease_stats()
+        .0
+        .local_decisions
+        .load(std::sync::atomic::Ordering::Relaxed)
+}
