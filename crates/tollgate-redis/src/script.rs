@@ -279,8 +279,7 @@ pub(crate) fn fast_arguments(
     };
     let q = item.quota;
     let suffix = fast_suffix(q.algorithm())?;
-    if call.mode != Mode::Check || !call.single || call.leases.get(*idx).is_some_and(|&l| l > 0)
-    {
+    if call.mode != Mode::Check || !call.single || call.leases.get(*idx).is_some_and(|&l| l > 0) {
         return None;
     }
     let mut packed = Vec::with_capacity(FAST_LEN);

@@ -616,9 +616,20 @@ async fn a_window_keeps_its_ttl_unless_the_clock_went_back() {
             // counter: the next one's, where this count still weighs).
             hit(w + 30 * minute).await;
             let (s, ttl) = state(&mut con);
-            assert_eq!(*s.last().unwrap() as Micros, w + 30 * minute, "{alg} {multi}: t");
-            let horizon = if alg == Algorithm::FixedWindow { 30 } else { 90 } * 60_000;
-            assert!(ttl > horizon - 60_000 && ttl <= horizon, "{alg} {multi}: {ttl}");
+            assert_eq!(
+                *s.last().unwrap() as Micros,
+                w + 30 * minute,
+                "{alg} {multi}: t"
+            );
+            let horizon = if alg == Algorithm::FixedWindow {
+                30
+            } else {
+                90
+            } * 60_000;
+            assert!(
+                ttl > horizon - 60_000 && ttl <= horizon,
+                "{alg} {multi}: {ttl}"
+            );
             // Ten minutes on: the count changes in place, t and the TTL stay.
             hit(w + 40 * minute).await;
             let (s2, ttl2) = state(&mut con);
@@ -629,7 +640,11 @@ async fn a_window_keeps_its_ttl_unless_the_clock_went_back() {
             // Twenty minutes back, still in the window: the TTL is set again from there.
             hit(w + 10 * minute).await;
             let (s3, ttl3) = state(&mut con);
-            assert_eq!(*s3.last().unwrap() as Micros, w + 10 * minute, "{alg} {multi}: t");
+            assert_eq!(
+                *s3.last().unwrap() as Micros,
+                w + 10 * minute,
+                "{alg} {multi}: t"
+            );
             assert_eq!(s3[s3.len() - 2], 3, "{alg} {multi}: count");
             assert!(ttl3 > horizon + 19 * 60_000, "{alg} {multi}: {ttl3}");
         }
@@ -657,10 +672,16 @@ async fn a_foreign_value_at_a_counter_key_is_an_error_naming_it() {
             .arg("1795000000000000 3")
             .query(&mut con)
             .unwrap();
-        for items in [vec![item("k", &q, 1)], vec![item("k", &q, 1), item("j", &q, 1)]] {
+        for items in [
+            vec![item("k", &q, 1)],
+            vec![item("k", &q, 1), item("j", &q, 1)],
+        ] {
             let e = store.check(None, &items).await.unwrap_err();
             let text = e.to_string();
-            assert!(text.contains(&name) && text.contains("18 bytes"), "{alg}: {text}");
+            assert!(
+                text.contains(&name) && text.contains("18 bytes"),
+                "{alg}: {text}"
+            );
         }
     }
     support::delete_prefix(shared_url(), &prefix);
