@@ -142,8 +142,16 @@ end
 -- The start of the window just before the one starting at `start`.
 local function previous_start(p, start)
   if start == 0 then return 0 end
+  if p.unit <= 3 then return start - p.len end
   local s = window(p, start - 1)
   return s
+end
+
+-- The end of the window just after the one ending at `wend`.
+local function next_end(p, wend)
+  if p.unit <= 3 then return wend + p.len end
+  local _, e = window(p, wend)
+  return e
 end
 
 local function sat_sub(a, b)

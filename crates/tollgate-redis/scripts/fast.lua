@@ -3,7 +3,7 @@
 -- lease, without its generic driver (no item list, no per-item tables, no multi-item
 -- bookkeeping), because Redis runs this for nearly every request and every Lua operation costs
 -- it CPU. The algorithm itself is the one check.lua uses (`fw_core`, `sc_roll` and `sc_decide`
--- on numbers; `fw_load`/`fw_save`, `sc_load`/`sc_save` for the state): one implementation.
+-- on numbers; `fw_get`/`fw_put`, `sc_get`/`sc_put` for the state): one implementation.
 -- Only in the library loaded with FUNCTION LOAD (script.rs `library`), not in the EVAL form.
 --
 -- KEYS[1]: the counter's key.
@@ -19,8 +19,9 @@ local function fast_item(KEYS, ARGV)
   bind()
   local now, grace, cost, limit, len, mult, unit = sunpack('<ddddddB', ARGV[1])
   if now < 0 then
+    -- (Lua converts the two decimal strings itself, exactly: both are integers below 2^53.)
     local t = rcall('TIME')
-    now = tonum(t[1]) * 1000000 + tonum(t[2])
+    now = t[1] * 1000000 + t[2]
   end
   local p = FP
   p.unit, p.mult, p.len, p.limit, p.now, p.keys[1] = unit, mult, len, limit, now, KEYS[1]
@@ -36,13 +37,9 @@ end
 
 local function fw_fast(KEYS, ARGV)
   local p, now, cost, grace = fast_item(KEYS, ARGV)
-  local old = fw_load(p)
-  local s, c = nil, 0
-  if old ~= nil then s, c = old[1], old[2] end
+  local s, c, t = fw_get(p)
   local allowed, rem, reset, retry, ks, kc = fw_core(p, s, c, now, cost)
-  local new = nil
-  if ks ~= nil then new = { ks, kc } end
-  fw_save(p, old, new, fast_ttl(reset, grace))
+  fw_put(p, s, c, t, ks, kc, fast_ttl(reset, grace))
   local a = 0
   if allowed then a = 1 end
   return spack('<ddddd', now, a, rem, reset, retry)
@@ -50,9 +47,7 @@ end
 
 local function sc_fast(KEYS, ARGV)
   local p, now0, cost, grace = fast_item(KEYS, ARGV)
-  local old = sc_load(p)
-  local s, pr, c = nil, 0, 0
-  if old ~= nil then s, pr, c = old[1], old[2], old[3] end
+  local s, pr, c, t = sc_get(p)
   local now, start, wend, prev, cur = sc_roll(p, s, pr, c, now0)
   local allowed, rem, reset, retry = sc_decide(p, now, start, wend, prev, cur, cost)
   local a = 0
@@ -60,8 +55,10 @@ local function sc_fast(KEYS, ARGV)
     a = 1
     cur = cur + cost
   end
-  local new = nil
-  if prev > 0 or cur > 0 then new = { start, prev, cur } end
-  sc_save(p, old, new, fast_ttl(reset, grace))
+  if prev > 0 or cur > 0 then
+    sc_put(p, s, pr, c, t, start, prev, cur, fast_ttl(reset, grace))
+  else
+    sc_put(p, s, pr, c, t, nil, 0, 0, 0)
+  end
   return spack('<ddddd', now0, a, rem, reset, retry)
 end

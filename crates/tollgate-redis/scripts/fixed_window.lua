@@ -63,34 +63,47 @@ local function fw_step(st, now, cost, p)
   return decision(allowed, p.limit, rem, reset, retry, 0), keep
 end
 
--- The stored state: start, count and t packed '<ddd' (see `bin_load`).
-local function fw_load(p)
+-- The stored state: start (nil: none), count and t, packed '<ddd' (see `bin_load`).
+local function fw_get(p)
   local v = bin_load(p, 24)
-  if v == nil then return nil end
-  local s, c, t = sunpack('<ddd', v)
+  if v == nil then return nil, 0, nil end
+  return sunpack('<ddd', v)
+end
+
+-- Write the state start `ns` (nil: none), count `nc` over the stored one (`os`, `oc`, `ot`, as
+-- `fw_get` returns them): nothing when equal, the count alone (SETRANGE, the TTL kept) in the
+-- same window, else the whole state with its TTL. Returns the new state's t.
+local function fw_put(p, os, oc, ot, ns, nc, ttl)
+  if ns == nil then
+    if os ~= nil then rcall('DEL', p.keys[1]) end
+    return nil
+  end
+  if os == ns then
+    if oc == nc then return ot end
+    if ttl_kept(ot, p.now) then
+      rcall('SETRANGE', p.keys[1], 8, spack('<d', nc))
+      return ot
+    end
+  end
+  rcall('SET', p.keys[1], spack('<ddd', ns, nc, p.now), 'PX', ttl)
+  return p.now
+end
+
+-- The same as tables {start, count, t}, for check.lua.
+local function fw_load(p)
+  local s, c, t = fw_get(p)
+  if s == nil then return nil end
   return { s, c, t }
 end
 
--- Write `new` ({start, count}) over the stored `old`: nothing when equal, the count alone
--- (SETRANGE, the TTL kept) in the same window, else the whole state with its TTL.
 local function fw_save(p, old, new, ttl)
+  local os, oc, ot = nil, 0, nil
+  if old ~= nil then os, oc, ot = old[1], old[2], old[3] end
   if new == nil then
-    if old ~= nil then rcall('DEL', p.keys[1]) end
+    fw_put(p, os, oc, ot, nil, 0, ttl)
     return
   end
-  if old ~= nil and old[1] == new[1] then
-    if old[2] == new[2] then
-      new[3] = old[3]
-      return
-    end
-    if ttl_kept(old[3], p.now) then
-      new[3] = old[3]
-      rcall('SETRANGE', p.keys[1], 8, spack('<d', new[2]))
-      return
-    end
-  end
-  new[3] = p.now
-  rcall('SET', p.keys[1], spack('<ddd', new[1], new[2], p.now), 'PX', ttl)
+  new[3] = fw_put(p, os, oc, ot, new[1], new[2], ttl)
 end
 
 ALG[4] = {
@@ -113,9 +126,9 @@ ALG[4] = {
   -- taking it off would let that window admit more than its limit. (A check that ran on a clock
   -- gone backwards counted in the later window and is not refunded: the safe side.)
   refund = function(p, now, cost)
-    local st = fw_load(p)
-    if st == nil or st[1] ~= window(p, now) then return end
-    local c = st[2] - cost
+    local s, c = fw_get(p)
+    if s == nil or s ~= window(p, now) then return end
+    c = c - cost
     if c <= 0 then
       rcall('DEL', p.keys[1])
     else

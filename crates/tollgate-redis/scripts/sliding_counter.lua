@@ -52,22 +52,22 @@ end
 local function sc_decide(p, now, start, wend, prev, cur, cost)
   local limit = p.limit
   local estimate = sc_weighted(prev, now, start, wend) + cur
-  local _, next_end = window(p, wend)
+  local ne = next_end(p, wend)
   if limit == 0 or cost > limit then
-    return false, sat_sub(limit, estimate), sc_reset(cur, prev, now, wend, next_end), -1
+    return false, sat_sub(limit, estimate), sc_reset(cur, prev, now, wend, ne), -1
   end
   if estimate + cost <= limit then
-    return true, limit - estimate - cost, sc_reset(cur + cost, prev, now, wend, next_end), -1
+    return true, limit - estimate - cost, sc_reset(cur + cost, prev, now, wend, ne), -1
   end
   local retry_at
   if cur + cost <= limit then
     retry_at = sc_earliest(prev, limit - cur - cost, start, wend)
   else
-    retry_at = sc_earliest(cur, limit - cost, wend, next_end)
+    retry_at = sc_earliest(cur, limit - cost, wend, ne)
   end
   local retry = sat_sub(retry_at, now)
   if retry < 1 then retry = 1 end
-  return false, sat_sub(limit, estimate), sc_reset(cur, prev, now, wend, next_end), retry
+  return false, sat_sub(limit, estimate), sc_reset(cur, prev, now, wend, ne), retry
 end
 
 local function sc_step(st, now0, cost, p)
@@ -82,36 +82,50 @@ local function sc_step(st, now0, cost, p)
   return decision(allowed, p.limit, rem, reset, retry, 0), keep
 end
 
--- The stored state: start, prev, cur and t packed '<dddd' (see `bin_load`).
-local function sc_load(p)
+-- The stored state: start (nil: none), prev, cur and t, packed '<dddd' (see `bin_load`).
+local function sc_get(p)
   local v = bin_load(p, 32)
-  if v == nil then return nil end
-  local s, pr, c, t = sunpack('<dddd', v)
+  if v == nil then return nil, 0, 0, nil end
+  return sunpack('<dddd', v)
+end
+
+-- Write the state start `ns` (nil: none), prev `np`, cur `nc` over the stored one (`os`, `op`,
+-- `oc`, `ot`, as `sc_get` returns them): nothing when equal; the current count alone
+-- (SETRANGE, the TTL kept) when only it changed and it was counting already (a count starting
+-- in this window moves the expiry from this window's end to the next one's); else the whole
+-- state with its TTL. Returns the new state's t. (Numbers, not tables: a table per call costs
+-- Redis more than the arithmetic.)
+local function sc_put(p, os, op, oc, ot, ns, np, nc, ttl)
+  if ns == nil then
+    if os ~= nil then rcall('DEL', p.keys[1]) end
+    return nil
+  end
+  if os == ns and op == np then
+    if oc == nc then return ot end
+    if oc > 0 and ttl_kept(ot, p.now) then
+      rcall('SETRANGE', p.keys[1], 16, spack('<d', nc))
+      return ot
+    end
+  end
+  rcall('SET', p.keys[1], spack('<dddd', ns, np, nc, p.now), 'PX', ttl)
+  return p.now
+end
+
+-- The same as tables {start, prev, cur, t}, for check.lua.
+local function sc_load(p)
+  local s, pr, c, t = sc_get(p)
+  if s == nil then return nil end
   return { s, pr, c, t }
 end
 
--- Write `new` ({start, prev, cur}) over the stored `old`: nothing when equal; the current count
--- alone (SETRANGE, the TTL kept) when only it changed and it was counting already (a count
--- starting in this window moves the expiry from this window's end to the next one's); else the
--- whole state with its TTL.
 local function sc_save(p, old, new, ttl)
+  local os, op, oc, ot = nil, 0, 0, nil
+  if old ~= nil then os, op, oc, ot = old[1], old[2], old[3], old[4] end
   if new == nil then
-    if old ~= nil then rcall('DEL', p.keys[1]) end
+    sc_put(p, os, op, oc, ot, nil, 0, 0, ttl)
     return
   end
-  if old ~= nil and old[1] == new[1] and old[2] == new[2] then
-    if old[3] == new[3] then
-      new[4] = old[4]
-      return
-    end
-    if old[3] > 0 and ttl_kept(old[4], p.now) then
-      new[4] = old[4]
-      rcall('SETRANGE', p.keys[1], 16, spack('<d', new[3]))
-      return
-    end
-  end
-  new[4] = p.now
-  rcall('SET', p.keys[1], spack('<dddd', new[1], new[2], new[3], p.now), 'PX', ttl)
+  new[4] = sc_put(p, os, op, oc, ot, new[1], new[2], new[3], ttl)
 end
 
 ALG[6] = {
@@ -131,12 +145,12 @@ ALG[6] = {
   end,
   -- Undo an admitted cost in the count of the window the check counted in.
   refund = function(p, now, cost)
-    local st = sc_load(p)
+    local s, pr, c = sc_get(p)
     -- Only in the window the check counted in (see fixed_window.lua's refund).
-    if st == nil or st[1] ~= window(p, now) then return end
-    local c = st[3] - cost
+    if s == nil or s ~= window(p, now) then return end
+    c = c - cost
     if c < 0 then c = 0 end
-    if st[2] == 0 and c == 0 then
+    if pr == 0 and c == 0 then
       rcall('DEL', p.keys[1])
     else
       rcall('SETRANGE', p.keys[1], 16, spack('<d', c))
