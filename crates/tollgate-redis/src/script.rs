@@ -13,6 +13,12 @@
 //! forms take the same arguments: the numbers packed in one binary string, decoded by Lua's
 //! `struct` library, and return one packed string: an argument or reply field per number cost
 //! Redis an object, a parse and a conversion each.
+//!
+//! The library also holds `fast.lua`: for the most common request, one fixed window or sliding
+//! window counter and no lease, a function per algorithm (`<name>_fixed`, `<name>_counter`)
+//! that runs the same algorithm code without `check`'s item list and bookkeeping
+//! (`fast_arguments`, `decode_fast`). The script form has no such functions: there `check`
+//! answers those requests too.
 
 use crate::keys::{self, CounterKeys, KeyLayout, MAX_COST};
 use redis::Script;
@@ -61,7 +67,7 @@ pub fn library_name() -> String {
 }
 
 /// The library that `FUNCTION LOAD` takes: the body, registering `check` as `name`, and the
-/// one-item checks of `fast.lua` as `name` + [`fast_suffix`].
+/// one-item checks of `fast.lua` as `name` + `_fixed` and `_counter`.
 pub fn library(name: &str) -> String {
     format!(
         "#!lua name={name}\n{}{}redis.register_function('{name}', check)\n\
@@ -233,8 +239,8 @@ pub fn eval(call: &Call<'_>, items: &[Entry<'_>]) -> redis::Cmd {
     cmd
 }
 
-/// The `FCALL` of the Redis Function `name` (or of its one-item form, see
-/// [`fast_arguments`]) that checks `item` once at the server's time, exactly as
+/// The `FCALL` of the Redis Function `name` (or of its one-item form, `scripts/fast.lua`, for
+/// a fixed window or a sliding window counter) that checks `item` once at the server's time, exactly as
 /// [`crate::RedisStore::check`] would (a benchmark's ceiling: the same call with no
 /// store around it). The library must be loaded ([`library`]).
 pub fn fcall(name: &str, prefix: &str, item: &CheckItem<'_>, reqid: &str) -> redis::Cmd {
