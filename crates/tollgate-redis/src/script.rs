@@ -307,6 +307,11 @@ pub(crate) fn fast_arguments(
     let [(idx, item, _)] = items else {
         return None;
     };
+    // A tiered limit's state (its tiers' counts) lives under its own key and is decided by
+    // tiers.lua in the general check.
+    if item.tier.is_some() {
+        return None;
+    }
     let q = item.quota;
     let suffix = fast_suffix(q.algorithm())?;
     if call.mode != Mode::Check || !call.single || call.leases.get(*idx).is_some_and(|&l| l > 0) {
