@@ -241,6 +241,26 @@ impl<'r> Plan<'r> {
             .collect()
     }
 
+    /// The counters of this request whose rule has a `queue`, in descriptor order: where the
+    /// request waits when they deny it, and where it must wait behind others before deciding.
+    /// Empty (no allocation) when the rule set has no queue.
+    pub fn queue_spots(&self) -> Vec<QueueSpot<'r>> {
+        self.resolved
+            .iter()
+            .enumerate()
+            .filter_map(|(descriptor, r)| match r {
+                Resolved::Limited { limit, key, .. } => limit.queue.map(|policy| QueueSpot {
+                    descriptor,
+                    limit,
+                    counter_key: key.clone(),
+                    policy,
+                    priority: crate::queue::LOWEST,
+                }),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Combine the store's decisions (one per [`Plan::items`] entry, in order) into a verdict.
     pub fn finish(self, decisions: Vec<Decision>) -> Verdict<'r> {
         let mut decisions = decisions.into_iter();
@@ -261,6 +281,22 @@ impl<'r> Plan<'r> {
             .collect();
         Verdict { statuses }
     }
+}
+
+/// A counter whose rule has a `queue` ([`Plan::queue_spots`]).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct QueueSpot<'r> {
+    /// The descriptor's index in the request.
+    pub descriptor: usize,
+    /// The rule.
+    pub limit: &'r Limit,
+    /// The counter.
+    pub counter_key: String,
+    /// The rule's queue.
+    pub policy: crate::rules::QueuePolicy,
+    /// The request's priority on this counter: its tier, [`crate::queue::LOWEST`] without one.
+    pub priority: crate::queue::Priority,
 }
 
 /// The answer for one descriptor.

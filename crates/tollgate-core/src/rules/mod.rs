@@ -39,6 +39,7 @@ mod degrade;
 mod error;
 mod http;
 mod metadata;
+mod queue;
 mod stats;
 mod tree;
 mod yaml;
@@ -47,6 +48,10 @@ pub use decode::{edit_distance, nearest};
 pub use degrade::DegradeThreshold;
 pub use error::{RuleError, RuleErrors};
 pub use metadata::MetaValue;
+pub use queue::{
+    QueuePolicy, MAX_LENGTH as MAX_QUEUE_LENGTH, MAX_WAIT as MAX_QUEUE_WAIT,
+    MIN_WAIT as MIN_QUEUE_WAIT,
+};
 pub use stats::StatsKey;
 
 use crate::quota::{Algorithm, Quota, SyncMode};
@@ -110,6 +115,9 @@ pub struct Limit {
     /// `shadowban`: this rule's denials are answered to the client as if allowed, without the
     /// request going through (the transports mark them; see docs/rules.md).
     pub shadowban: bool,
+    /// `queue`: a request this rule denies waits for capacity, within these bounds, instead of
+    /// being refused (see [`crate::queue`]).
+    pub queue: Option<QueuePolicy>,
     /// The rule names an `algorithm`; otherwise [`RuleDefaults::algorithm`] applies.
     pub algorithm_named: bool,
     /// The rule names a `sync` mode; otherwise [`RuleDefaults::sync`] applies where the
@@ -163,6 +171,7 @@ impl Limit {
             metadata: None,
             degrade: None,
             shadowban: false,
+            queue: None,
             algorithm_named: false,
             sync_named: false,
             count_denied_hits: false,
@@ -188,6 +197,8 @@ impl Limit {
         with_degrade(degrade: DegradeThreshold) => Some(degrade);
         /// With `shadowban` set ([`Limit::shadowban`]).
         with_shadowban(shadowban: bool) => shadowban;
+        /// With a queue ([`Limit::queue`]).
+        with_queue(queue: QueuePolicy) => Some(queue);
         /// With [`Limit::count_denied_hits`] set.
         with_count_denied_hits(count_denied_hits: bool) => count_denied_hits;
         /// With its stats key ([`Limit::stats`]).
@@ -259,6 +270,8 @@ pub struct RuleSet {
     by_name: HashMap<String, usize>,
     limits: Vec<Limit>,
     defaults: RuleDefaults,
+    /// Some limit has a `queue`: without one, nothing on the decision path looks for queues.
+    queued: bool,
 }
 
 /// Server-wide settings that apply to the rules rather than being written in them (so a rule
@@ -430,6 +443,7 @@ impl RuleSet {
                 limits: start..set.limits.len(),
             });
         }
+        set.queued = set.limits.iter().any(|l| l.queue.is_some());
         Ok(set)
     }
 
@@ -471,6 +485,7 @@ impl RuleSet {
                 limits: start..set.limits.len(),
             });
         }
+        set.queued = set.limits.iter().any(|l| l.queue.is_some());
         Ok(set)
     }
 
@@ -517,6 +532,13 @@ impl RuleSet {
                 })
             })
             .collect()
+    }
+
+    /// Whether some limit has a `queue` ([`Limit::queue`]), computed once when the set is built:
+    /// transports look for queues only then, so rule sets without one decide as if queues did
+    /// not exist.
+    pub fn has_queues(&self) -> bool {
+        self.queued
     }
 
     /// The defaults applied to these rules ([`RuleSet::with_defaults`]).

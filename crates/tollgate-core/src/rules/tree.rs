@@ -134,6 +134,7 @@ impl Tree {
                     metadata: d.metadata.clone(),
                     degrade: d.degrade,
                     shadowban: d.shadowban,
+                    queue: d.queue,
                     stats: StatsKey::compile(domain, path, d.detailed_metric),
                     file: file.to_string(),
                     line: d.pos.line,

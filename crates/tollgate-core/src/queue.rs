@@ -1,0 +1,588 @@
+//! Waiting in line instead of being refused: the queues of rules with a `queue` option.
+//!
+//! A request denied only by such rules may wait for capacity instead of getting a denial. It
+//! waits in the queue of one counter (the rule's id and the counter key), which is served
+//! highest priority first (tier 0 before tier 1) and, within a priority, first come first
+//! served. This module holds the ordering and the bounds once, for every transport: [`Queue`]
+//! is one line, pure and clock-free (deadlines are [`Micros`] passed in), [`Queues`] the lines
+//! of a process under a global cap, and [`Waitlist`] shares them between tasks, waking a waiter
+//! when it reaches the head of its line. The transports own the timers: a waiter at the head
+//! retries its decision when the store says capacity frees up, and gives up at its deadline.
+//!
+//! Every operation is O(log n) in the line's length; a line is dropped as soon as it is empty,
+//! so there are never more lines than waiters, and never more waiters than the global cap.
+
+use crate::clock::Micros;
+use crate::limiter::{Status, Verdict};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::Hash;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+
+/// A waiter's priority: 0 is served first. Requests without a tier wait at [`LOWEST`].
+pub type Priority = u8;
+
+/// The priority of a request that has no tier.
+pub const LOWEST: Priority = Priority::MAX;
+
+/// Default of the global cap on waiters in one process ([`Queues::new`]).
+pub const DEFAULT_MAX_WAITING: usize = 10_000;
+
+/// One waiter's place in its line: ordered by priority, then by arrival.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Ticket {
+    priority: Priority,
+    seq: u64,
+}
+
+impl Ticket {
+    /// The waiter's priority.
+    pub fn priority(&self) -> Priority {
+        self.priority
+    }
+}
+
+/// Why a request could not join a line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Refused {
+    /// The line holds its `max_length` waiters already.
+    #[error("queue full")]
+    Full,
+    /// The process holds its global cap of waiters already.
+    #[error("too many requests waiting in this process")]
+    TooManyWaiting,
+}
+
+#[derive(Debug)]
+struct Waiter<T> {
+    deadline: Micros,
+    value: T,
+}
+
+/// One line: waiters by (priority, arrival), and their deadlines.
+#[derive(Debug)]
+pub struct Queue<T> {
+    waiters: BTreeMap<Ticket, Waiter<T>>,
+    deadlines: BTreeSet<(Micros, Ticket)>,
+}
+
+impl<T> Default for Queue<T> {
+    fn default() -> Self {
+        Self {
+            waiters: BTreeMap::new(),
+            deadlines: BTreeSet::new(),
+        }
+    }
+}
+
+impl<T> Queue<T> {
+    /// How many wait.
+    pub fn len(&self) -> usize {
+        self.waiters.len()
+    }
+
+    /// Whether nobody waits.
+    pub fn is_empty(&self) -> bool {
+        self.waiters.is_empty()
+    }
+
+    /// The waiter served next.
+    pub fn head(&self) -> Option<Ticket> {
+        self.waiters.keys().next().copied()
+    }
+
+    /// Whether a waiter of `priority` or a higher one (a smaller number) waits: a newcomer of
+    /// `priority` must then wait behind it rather than decide.
+    pub fn ahead_of(&self, priority: Priority) -> bool {
+        self.head().is_some_and(|h| h.priority <= priority)
+    }
+
+    /// Add `ticket` (unique in this line), giving up at `deadline`.
+    fn insert(&mut self, ticket: Ticket, deadline: Micros, value: T) {
+        self.deadlines.insert((deadline, ticket));
+        self.waiters.insert(ticket, Waiter { deadline, value });
+    }
+
+    /// Remove `ticket`; its value when it was waiting.
+    pub fn remove(&mut self, ticket: Ticket) -> Option<T> {
+        let w = self.waiters.remove(&ticket)?;
+        self.deadlines.remove(&(w.deadline, ticket));
+        Some(w.value)
+    }
+
+    /// Remove every waiter whose deadline is `now` or earlier, earliest deadline first.
+    pub fn expire(&mut self, now: Micros) -> Vec<(Ticket, T)> {
+        let mut out = Vec::new();
+        while let Some(&(deadline, ticket)) = self.deadlines.first() {
+            if deadline > now {
+                break;
+            }
+            self.deadlines.pop_first();
+            if let Some(w) = self.waiters.remove(&ticket) {
+                out.push((ticket, w.value));
+            }
+        }
+        out
+    }
+
+    /// The waiters in the order they are served.
+    pub fn tickets(&self) -> impl Iterator<Item = Ticket> + '_ {
+        self.waiters.keys().copied()
+    }
+
+    fn get_mut(&mut self, ticket: Ticket) -> Option<&mut T> {
+        self.waiters.get_mut(&ticket).map(|w| &mut w.value)
+    }
+}
+
+/// The lines of one process, by key (a rule's id and a counter key), under a cap on all their
+/// waiters together. Empty lines are dropped.
+#[derive(Debug)]
+pub struct Queues<K, T> {
+    lines: HashMap<K, Queue<T>>,
+    next: u64,
+    waiting: usize,
+    max_waiting: usize,
+}
+
+impl<K: Hash + Eq + Clone, T> Queues<K, T> {
+    /// No lines; at most `max_waiting` waiters in all of them together.
+    pub fn new(max_waiting: usize) -> Self {
+        Self {
+            lines: HashMap::new(),
+            next: 0,
+            waiting: 0,
+            max_waiting,
+        }
+    }
+
+    /// How many wait, in all lines.
+    pub fn waiting(&self) -> usize {
+        self.waiting
+    }
+
+    /// How many lines have waiters.
+    pub fn lines(&self) -> usize {
+        self.lines.len()
+    }
+
+    /// The line of `key`, when someone waits in it.
+    pub fn line(&self, key: &K) -> Option<&Queue<T>> {
+        self.lines.get(key)
+    }
+
+    /// Join the line of `key` (at most `max_length` long) at `priority`, giving up at
+    /// `deadline`.
+    pub fn join(
+        &mut self,
+        key: &K,
+        max_length: usize,
+        priority: Priority,
+        deadline: Micros,
+        value: T,
+    ) -> Result<Ticket, Refused> {
+        if self.lines.get(key).is_some_and(|q| q.len() >= max_length) || max_length == 0 {
+            return Err(Refused::Full);
+        }
+        if self.waiting >= self.max_waiting {
+            return Err(Refused::TooManyWaiting);
+        }
+        let ticket = Ticket {
+            priority,
+            seq: self.next,
+        };
+        self.next += 1;
+        self.lines
+            .entry(key.clone())
+            .or_default()
+            .insert(ticket, deadline, value);
+        self.waiting += 1;
+        Ok(ticket)
+    }
+
+    /// Leave the line of `key`: the value when `ticket` was waiting, and the new head when the
+    /// head changed (it is then that waiter's turn).
+    pub fn leave(&mut self, key: &K, ticket: Ticket) -> Option<(T, Option<Ticket>)> {
+        let line = self.lines.get_mut(key)?;
+        let was_head = line.head() == Some(ticket);
+        let value = line.remove(ticket)?;
+        self.waiting -= 1;
+        let head = line.head();
+        if line.is_empty() {
+            self.lines.remove(key);
+        }
+        Some((value, head.filter(|_| was_head)))
+    }
+
+    /// Remove the waiters of `key`'s line whose deadline is `now` or earlier.
+    pub fn expire(&mut self, key: &K, now: Micros) -> Vec<(Ticket, T)> {
+        let Some(line) = self.lines.get_mut(key) else {
+            return Vec::new();
+        };
+        let gone = line.expire(now);
+        self.waiting -= gone.len();
+        if line.is_empty() {
+            self.lines.remove(key);
+        }
+        gone
+    }
+
+    /// The head of `key`'s line.
+    pub fn head(&self, key: &K) -> Option<Ticket> {
+        self.lines.get(key).and_then(Queue::head)
+    }
+
+    /// Whether a waiter of `priority` or higher waits in `key`'s line.
+    pub fn ahead_of(&self, key: &K, priority: Priority) -> bool {
+        self.lines.get(key).is_some_and(|q| q.ahead_of(priority))
+    }
+
+    /// Whether `ticket` waits in `key`'s line.
+    pub fn contains(&self, key: &K, ticket: Ticket) -> bool {
+        self.lines
+            .get(key)
+            .is_some_and(|q| q.waiters.contains_key(&ticket))
+    }
+
+    fn get_mut(&mut self, key: &K, ticket: Ticket) -> Option<&mut T> {
+        self.lines.get_mut(key)?.get_mut(ticket)
+    }
+}
+
+/// Whether it is a waiter's turn ([`Waitlist::poll_turn`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Turn {
+    /// It is at the head of its line: it may decide again.
+    Head,
+    /// It is no longer in its line: its deadline passed (another request's join swept it out).
+    Gone,
+}
+
+/// [`Queues`] shared between tasks: a waiter holds a [`Place`] and awaits [`Place::turn`]; it is
+/// woken when it reaches the head of its line (the waiter before it was served, gave up or went
+/// away). No clock and no runtime: the caller's timers decide when a head retries and when a
+/// waiter gives up.
+#[derive(Debug)]
+pub struct Waitlist<K> {
+    queues: Mutex<Queues<K, Option<Waker>>>,
+}
+
+impl<K: Hash + Eq + Clone> Waitlist<K> {
+    /// At most `max_waiting` waiters in all lines together.
+    pub fn new(max_waiting: usize) -> Self {
+        Self {
+            queues: Mutex::new(Queues::new(max_waiting)),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Queues<K, Option<Waker>>> {
+        self.queues.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How many wait, in all lines.
+    pub fn waiting(&self) -> usize {
+        self.lock().waiting()
+    }
+
+    /// Whether a waiter of `priority` or higher waits in `key`'s line.
+    pub fn ahead_of(&self, key: &K, priority: Priority) -> bool {
+        self.lock().ahead_of(key, priority)
+    }
+
+    /// Join `key`'s line (see [`Queues::join`]). Waiters of that line whose deadline is `now`
+    /// or earlier are removed first (and woken: they find themselves [`Turn::Gone`]), so that a
+    /// waiter whose own timer is late does not hold a place. The place leaves the line when
+    /// dropped.
+    pub fn join(
+        self: &Arc<Self>,
+        key: K,
+        max_length: usize,
+        priority: Priority,
+        now: Micros,
+        deadline: Micros,
+    ) -> Result<Place<K>, Refused> {
+        let mut q = self.lock();
+        let head_before = q.head(&key);
+        for (_, waker) in q.expire(&key, now) {
+            waker.into_iter().for_each(Waker::wake);
+        }
+        let head_after = q.head(&key);
+        if head_after != head_before {
+            if let Some(w) = head_after.and_then(|h| q.get_mut(&key, h)) {
+                w.take().into_iter().for_each(Waker::wake);
+            }
+        }
+        let ticket = q.join(&key, max_length, priority, deadline, None)?;
+        // A newcomer ahead of the head takes its turn: the old head waits again.
+        drop(q);
+        Ok(Place {
+            list: self.clone(),
+            key,
+            ticket,
+        })
+    }
+
+    fn leave(&self, key: &K, ticket: Ticket) {
+        let mut q = self.lock();
+        if let Some((_, Some(head))) = q.leave(key, ticket) {
+            if let Some(w) = q.get_mut(key, head) {
+                w.take().into_iter().for_each(Waker::wake);
+            }
+        }
+    }
+
+    fn poll_turn(&self, key: &K, ticket: Ticket, cx: &mut Context<'_>) -> Poll<Turn> {
+        let mut q = self.lock();
+        if q.head(key) == Some(ticket) {
+            return Poll::Ready(Turn::Head);
+        }
+        match q.get_mut(key, ticket) {
+            None => Poll::Ready(Turn::Gone),
+            Some(w) => {
+                *w = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
+
+/// A waiter's place in a [`Waitlist`] line; it leaves the line when dropped (served, given up,
+/// or its client gone), and the next waiter's turn comes.
+#[derive(Debug)]
+pub struct Place<K: Hash + Eq + Clone> {
+    list: Arc<Waitlist<K>>,
+    key: K,
+    ticket: Ticket,
+}
+
+impl<K: Hash + Eq + Clone> Place<K> {
+    /// The line's key.
+    pub fn key(&self) -> &K {
+        &self.key
+    }
+
+    /// The ticket.
+    pub fn ticket(&self) -> Ticket {
+        self.ticket
+    }
+
+    /// Whether this waiter is at the head of its line now.
+    pub fn is_head(&self) -> bool {
+        self.list.lock().head(&self.key) == Some(self.ticket)
+    }
+
+    /// Resolves when this waiter is at the head of its line, or is no longer in it.
+    pub async fn turn(&self) -> Turn {
+        std::future::poll_fn(|cx| self.list.poll_turn(&self.key, self.ticket, cx)).await
+    }
+}
+
+impl<K: Hash + Eq + Clone> Drop for Place<K> {
+    fn drop(&mut self) {
+        self.list.leave(&self.key, self.ticket);
+    }
+}
+
+/// How a denied request may wait ([`wait_for`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wait {
+    /// The descriptor (its index in the request) whose line to wait in: the first that denied.
+    pub descriptor: usize,
+    /// How long from now until the store may admit it: the longest wait of the limits that
+    /// denied it.
+    pub retry_after: Micros,
+    /// The most it may wait in all, from when it arrived: the smallest `max_wait` of the limits
+    /// that denied it.
+    pub max_wait: Micros,
+    /// The smallest `max_length` of the limits that denied it.
+    pub max_length: usize,
+}
+
+/// Whether a denied request may wait rather than be refused, and how: every limit that denied
+/// it has a `queue`, and each of them can pass it later. `None` for an allowed request, a
+/// denial by a limit without `queue`, or one that can never pass. The caller also refuses a
+/// denial made because the store was unavailable, and a wait longer than [`Wait::max_wait`].
+pub fn wait_for(verdict: &Verdict<'_>) -> Option<Wait> {
+    let mut wait: Option<Wait> = None;
+    for (i, s) in verdict.statuses.iter().enumerate() {
+        if !s.blocks() {
+            continue;
+        }
+        let Status::Limited { limit, decision } = s else {
+            return None;
+        };
+        let policy = limit.queue?;
+        let retry = decision.retry_after?;
+        let w = wait.get_or_insert(Wait {
+            descriptor: i,
+            retry_after: 0,
+            max_wait: Micros::MAX,
+            max_length: usize::MAX,
+        });
+        w.retry_after = w.retry_after.max(retry);
+        w.max_wait = w.max_wait.min(policy.max_wait);
+        w.max_length = w.max_length.min(policy.max_length);
+    }
+    wait
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn priority_first_then_arrival() {
+        let mut q: Queues<&str, u32> = Queues::new(10);
+        let free1 = q.join(&"k", 5, 1, 100, 1).unwrap();
+        let free2 = q.join(&"k", 5, 1, 100, 2).unwrap();
+        let paid = q.join(&"k", 5, 0, 100, 3).unwrap();
+        assert_eq!(q.head(&"k"), Some(paid));
+        assert!(q.ahead_of(&"k", 1) && q.ahead_of(&"k", 0));
+        assert_eq!(q.leave(&"k", paid), Some((3, Some(free1))));
+        assert!(!q.ahead_of(&"k", 0), "only lower priorities wait now");
+        // Leaving from behind the head changes no one's turn.
+        assert_eq!(q.leave(&"k", free2), Some((2, None)));
+        assert_eq!(q.leave(&"k", free2), None);
+        assert_eq!(q.leave(&"k", free1), Some((1, None)));
+        assert_eq!((q.lines(), q.waiting()), (0, 0));
+    }
+
+    #[test]
+    fn bounds_per_line_and_per_process() {
+        let mut q: Queues<&str, ()> = Queues::new(3);
+        q.join(&"a", 2, 0, 1, ()).unwrap();
+        q.join(&"a", 2, 0, 1, ()).unwrap();
+        assert_eq!(q.join(&"a", 2, 0, 1, ()), Err(Refused::Full));
+        q.join(&"b", 2, 0, 1, ()).unwrap();
+        assert_eq!(q.join(&"c", 2, 0, 1, ()), Err(Refused::TooManyWaiting));
+        assert_eq!(q.join(&"c", 0, 0, 1, ()), Err(Refused::Full));
+    }
+
+    #[test]
+    fn deadlines_expire_in_order() {
+        let mut q: Queues<&str, u8> = Queues::new(10);
+        q.join(&"k", 9, 0, 30, 3).unwrap();
+        q.join(&"k", 9, 1, 10, 1).unwrap();
+        q.join(&"k", 9, 0, 20, 2).unwrap();
+        assert!(q.expire(&"k", 9).is_empty());
+        let gone: Vec<u8> = q.expire(&"k", 20).into_iter().map(|(_, v)| v).collect();
+        assert_eq!(gone, [1, 2]);
+        assert_eq!(q.waiting(), 1);
+        q.expire(&"k", 30);
+        assert_eq!((q.lines(), q.waiting()), (0, 0));
+    }
+
+    #[test]
+    fn waitlist_wakes_the_next_head_and_frees_places_on_drop() {
+        use std::future::Future;
+        let list = Arc::new(Waitlist::new(10));
+        let first = list.join("k", 2, 1, 0, 100).unwrap();
+        let second = list.join("k", 2, 1, 0, 100).unwrap();
+        assert!(matches!(list.join("k", 2, 1, 0, 100), Err(Refused::Full)));
+        let waker = Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        let mut turn = Box::pin(second.turn());
+        assert!(turn.as_mut().poll(&mut cx).is_pending());
+        assert!(first.is_head());
+        drop(first);
+        assert_eq!(turn.as_mut().poll(&mut cx), Poll::Ready(Turn::Head));
+        drop(turn);
+        // A place taken past its deadline by another's join finds itself gone.
+        let third = list.join("k", 2, 1, 0, 100).unwrap();
+        assert!(!third.is_head());
+        let fourth = list.join("k", 2, 1, 100, 200).unwrap();
+        assert_eq!(list.waiting(), 1);
+        let mut turn = Box::pin(second.turn());
+        assert_eq!(turn.as_mut().poll(&mut cx), Poll::Ready(Turn::Gone));
+        drop(turn);
+        assert!(fourth.is_head());
+        drop((second, third, fourth));
+        assert_eq!(list.waiting(), 0);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Join {
+            key: u8,
+            priority: u8,
+            deadline: u16,
+        },
+        Leave(usize),
+        Expire {
+            key: u8,
+            now: u16,
+        },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0u8..3, 0u8..3, 0u16..100).prop_map(|(key, priority, deadline)| Op::Join {
+                key,
+                priority,
+                deadline
+            }),
+            any::<usize>().prop_map(Op::Leave),
+            (0u8..3, 0u16..100).prop_map(|(key, now)| Op::Expire { key, now }),
+        ]
+    }
+
+    proptest! {
+        /// Against a naive model (a list per key): the same waiters, served in (priority,
+        /// arrival) order, within both bounds, whatever joins, leaves and expiries happen.
+        #[test]
+        fn matches_a_naive_model(ops in proptest::collection::vec(op(), 0..200), max_length in 1usize..6, max_waiting in 1usize..12) {
+            let mut q: Queues<u8, u64> = Queues::new(max_waiting);
+            // (key, priority, arrival, deadline, ticket)
+            let mut model: Vec<(u8, u8, u64, u16, Ticket)> = Vec::new();
+            let mut arrival = 0u64;
+            for op in ops {
+                match op {
+                    Op::Join { key, priority, deadline } => {
+                        let in_line = model.iter().filter(|m| m.0 == key).count();
+                        let got = q.join(&key, max_length, priority, u64::from(deadline), arrival);
+                        if in_line >= max_length {
+                            prop_assert_eq!(got, Err(Refused::Full));
+                        } else if model.len() >= max_waiting {
+                            prop_assert_eq!(got, Err(Refused::TooManyWaiting));
+                        } else {
+                            model.push((key, priority, arrival, deadline, got.unwrap()));
+                        }
+                        arrival += 1;
+                    }
+                    Op::Leave(i) if !model.is_empty() => {
+                        let m = model.remove(i % model.len());
+                        let (v, _) = q.leave(&m.0, m.4).unwrap();
+                        prop_assert_eq!(v, m.2);
+                        prop_assert!(q.leave(&m.0, m.4).is_none(), "left twice");
+                    }
+                    Op::Leave(_) => {}
+                    Op::Expire { key, now } => {
+                        let mut gone: Vec<u64> = q.expire(&key, u64::from(now)).into_iter().map(|(_, v)| v).collect();
+                        let mut expected: Vec<u64> = model.iter().filter(|m| m.0 == key && m.3 <= now).map(|m| m.2).collect();
+                        model.retain(|m| !(m.0 == key && m.3 <= now));
+                        gone.sort_unstable();
+                        expected.sort_unstable();
+                        prop_assert_eq!(gone, expected);
+                    }
+                }
+                prop_assert_eq!(q.waiting(), model.len());
+                prop_assert!(q.waiting() <= max_waiting);
+                for key in 0..3u8 {
+                    let mut expected: Vec<(u8, u64)> = model.iter().filter(|m| m.0 == key).map(|m| (m.1, m.2)).collect();
+                    expected.sort_unstable();
+                    prop_assert!(expected.len() <= max_length);
+                    let served: Vec<(u8, u64)> = match q.line(&key) {
+                        None => Vec::new(),
+                        Some(line) => line.tickets().map(|t| (t.priority, model.iter().find(|m| m.4 == t).unwrap().2)).collect(),
+                    };
+                    prop_assert_eq!(&served, &expected);
+                    for p in 0..3u8 {
+                        prop_assert_eq!(q.ahead_of(&key, p), expected.first().is_some_and(|h| h.0 <= p));
+                    }
+                }
+            }
+        }
+    }
+}
