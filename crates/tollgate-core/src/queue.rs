@@ -427,6 +427,256 @@ pub fn wait_for(verdict: &Verdict<'_>) -> Option<Wait> {
     wait
 }
 
+/// The key of a line: a rule's id and a counter key.
+pub type LineKey = (String, String);
+
+/// What one decision of a queued request gave ([`Driver::decide`]).
+#[derive(Debug)]
+pub enum Attempt<A> {
+    /// The final answer: allowed (`true`), or refused in a way waiting cannot help (a limit
+    /// without `queue` denied, or the store was unavailable).
+    Done(A, bool),
+    /// Denied by limits that all have a `queue` ([`wait_for`]): `answer` is the denial to give
+    /// when the request cannot wait.
+    Denied {
+        /// The denial.
+        answer: A,
+        /// How it may wait.
+        wait: Wait,
+    },
+}
+
+/// Why a request left a line without being served, or was turned away from one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Dropped {
+    /// The line (or the process) was full.
+    Full,
+    /// Its deadline came, or the store's wait would have passed it.
+    Timeout,
+    /// Its client went away (the request's future was dropped while it waited).
+    Gone,
+    /// When its turn came, it was refused in a way waiting cannot help (a limit without `queue`
+    /// denied it, or the store was unavailable).
+    Refused,
+}
+
+impl Dropped {
+    /// The metric label: `full`, `timeout`, `gone`, `refused`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dropped::Full => "full",
+            Dropped::Timeout => "timeout",
+            Dropped::Gone => "gone",
+            Dropped::Refused => "refused",
+        }
+    }
+}
+
+/// What a transport gives [`serve`]: its clock, its timer, its decision and its metrics.
+pub trait Driver {
+    /// The transport's answer.
+    type Answer;
+    /// The time now, on the clock decisions are made with.
+    fn now(&self) -> Micros;
+    /// Resolves at `at` on [`Driver::now`]'s clock.
+    fn sleep_until(&self, at: Micros) -> impl std::future::Future<Output = ()>;
+    /// Decide the request (the whole decision, all its descriptors).
+    fn decide(&self) -> impl std::future::Future<Output = Attempt<Self::Answer>>;
+    /// A denial for a request that waited behind others and never got to decide (its line was
+    /// full, or its deadline came first): without consuming anything.
+    fn refusal(
+        &self,
+        spot: &QueueSpot<'_>,
+        why: Dropped,
+    ) -> impl std::future::Future<Output = Self::Answer>;
+    /// The request joined the line of `spot`.
+    fn joined(&self, spot: &QueueSpot<'_>);
+    /// It left that line, served after waiting `waited`.
+    fn served(&self, spot: &QueueSpot<'_>, waited: Micros);
+    /// It left that line (or was turned away from it) unserved.
+    fn dropped(&self, spot: &QueueSpot<'_>, why: Dropped);
+}
+
+use crate::limiter::QueueSpot;
+
+fn line_key(spot: &QueueSpot<'_>) -> LineKey {
+    (spot.limit.id.clone(), spot.counter_key.clone())
+}
+
+/// A place held by [`serve`], and what to report when it is let go.
+struct Held<'s, 'r, D: Driver> {
+    driver: &'s D,
+    spot: &'s QueueSpot<'r>,
+    place: Place<LineKey>,
+    deadline: Micros,
+    /// Reported when dropped; a drop with nothing set is a client gone.
+    left: Option<Result<Micros, Dropped>>,
+}
+
+impl<D: Driver> Drop for Held<'_, '_, D> {
+    fn drop(&mut self) {
+        match self.left.take() {
+            Some(Ok(waited)) => self.driver.served(self.spot, waited),
+            Some(Err(why)) => self.driver.dropped(self.spot, why),
+            None => self.driver.dropped(self.spot, Dropped::Gone),
+        }
+    }
+}
+
+/// Which of two futures finished first.
+enum Either<A, B> {
+    Left(A),
+    Right(B),
+}
+
+async fn race<A: std::future::Future, B: std::future::Future>(
+    a: A,
+    b: B,
+) -> Either<A::Output, B::Output> {
+    let (mut a, mut b) = (std::pin::pin!(a), std::pin::pin!(b));
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(v) = a.as_mut().poll(cx) {
+            return Poll::Ready(Either::Left(v));
+        }
+        b.as_mut().poll(cx).map(Either::Right)
+    })
+    .await
+}
+
+/// Decide a request whose rules may queue it (`spots`, from [`crate::limiter::Plan::queue_spots`],
+/// not empty), waiting in line in `list` as the rules allow:
+///
+/// - a newcomer finding a waiter of its priority or higher in the line of one of its counters
+///   joins that line without deciding (it must not overtake them);
+/// - a request denied only by limits with a `queue` ([`Attempt::Denied`]) joins the line of the
+///   first of them, unless the store's wait would pass its deadline (its arrival plus the
+///   smallest `max_wait`) or the line is full: then it gets the denial;
+/// - the head of a line decides again when the store said capacity frees up, and the next
+///   waiter as soon as the head is served, gives up or goes away; a waiter gives up at its
+///   deadline.
+///
+/// The place is left when this future ends or is dropped (the client gone): never leaked.
+pub async fn serve<D: Driver>(
+    list: &Arc<Waitlist<LineKey>>,
+    driver: &D,
+    spots: &[QueueSpot<'_>],
+) -> D::Answer {
+    let arrived = driver.now();
+    let mut held: Option<Held<'_, '_, D>> = None;
+    if let Some(spot) = spots
+        .iter()
+        .find(|s| list.ahead_of(&line_key(s), s.priority))
+    {
+        let deadline = arrived.saturating_add(spot.policy.max_wait);
+        match list.join(
+            line_key(spot),
+            spot.policy.max_length,
+            spot.priority,
+            arrived,
+            deadline,
+        ) {
+            Ok(place) => {
+                driver.joined(spot);
+                held = Some(Held {
+                    driver,
+                    spot,
+                    place,
+                    deadline,
+                    left: None,
+                });
+            }
+            Err(_) => {
+                driver.dropped(spot, Dropped::Full);
+                return driver.refusal(spot, Dropped::Full).await;
+            }
+        }
+    }
+    // When the store said the head may pass (set while this request is the head).
+    let mut retry_at: Option<Micros> = None;
+    let mut last: Option<D::Answer> = None;
+    loop {
+        if let Some(h) = held.as_mut() {
+            if !h.place.is_head() {
+                retry_at = None;
+                let turn = race(h.place.turn(), driver.sleep_until(h.deadline)).await;
+                if !matches!(turn, Either::Left(Turn::Head)) {
+                    h.left = Some(Err(Dropped::Timeout));
+                    let spot = h.spot;
+                    drop(held);
+                    return match last {
+                        Some(a) => a,
+                        None => driver.refusal(spot, Dropped::Timeout).await,
+                    };
+                }
+            }
+            if let Some(at) = retry_at.take() {
+                driver.sleep_until(at).await;
+                if !h.place.is_head() {
+                    continue;
+                }
+            }
+        }
+        match driver.decide().await {
+            Attempt::Done(answer, allowed) => {
+                if let Some(h) = held.as_mut() {
+                    h.left = Some(if allowed {
+                        Ok(driver.now().saturating_sub(arrived))
+                    } else {
+                        Err(Dropped::Refused)
+                    });
+                }
+                return answer;
+            }
+            Attempt::Denied { answer, wait } => {
+                let now = driver.now();
+                let bound = arrived.saturating_add(wait.max_wait);
+                let deadline = held.as_ref().map_or(bound, |h| h.deadline.min(bound));
+                let at = now.saturating_add(wait.retry_after);
+                if at > deadline {
+                    match held.as_mut() {
+                        Some(h) => h.left = Some(Err(Dropped::Timeout)),
+                        None => {
+                            if let Some(spot) =
+                                spots.iter().find(|s| s.descriptor == wait.descriptor)
+                            {
+                                driver.dropped(spot, Dropped::Timeout);
+                            }
+                        }
+                    }
+                    return answer;
+                }
+                if let Some(h) = held.as_mut() {
+                    h.deadline = deadline;
+                } else {
+                    let Some(spot) = spots.iter().find(|s| s.descriptor == wait.descriptor) else {
+                        return answer;
+                    };
+                    let max_length = wait.max_length.min(spot.policy.max_length);
+                    match list.join(line_key(spot), max_length, spot.priority, now, deadline) {
+                        Ok(place) => {
+                            driver.joined(spot);
+                            held = Some(Held {
+                                driver,
+                                spot,
+                                place,
+                                deadline,
+                                left: None,
+                            });
+                        }
+                        Err(_) => {
+                            driver.dropped(spot, Dropped::Full);
+                            return answer;
+                        }
+                    }
+                }
+                retry_at = Some(at);
+                last = Some(answer);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
