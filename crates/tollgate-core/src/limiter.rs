@@ -254,7 +254,7 @@ impl<'r> Plan<'r> {
                     limit,
                     counter_key: key.clone(),
                     policy,
-                    priority: crate::queue::LOWEST,
+                    priority: crate::rules::LOWEST,
                 }),
                 _ => None,
             })
@@ -295,8 +295,8 @@ pub struct QueueSpot<'r> {
     pub counter_key: String,
     /// The rule's queue.
     pub policy: crate::rules::QueuePolicy,
-    /// The request's priority on this counter: its tier, [`crate::queue::LOWEST`] without one.
-    pub priority: crate::queue::Priority,
+    /// The request's priority on this counter: its tier, [`crate::rules::LOWEST`] without one.
+    pub priority: crate::rules::Priority,
 }
 
 /// The answer for one descriptor.
@@ -395,6 +395,49 @@ impl<'r> Verdict<'r> {
             .max()
             .unwrap_or(0)
     }
+}
+
+/// How a denied request may wait ([`wait_for`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wait {
+    /// The descriptor (its index in the request) whose line to wait in: the first that denied.
+    pub descriptor: usize,
+    /// How long from now until the store may admit it: the longest wait of the limits that
+    /// denied it.
+    pub retry_after: Micros,
+    /// The most it may wait in all, from when it arrived: the smallest `max_wait` of the limits
+    /// that denied it.
+    pub max_wait: Micros,
+    /// The smallest `max_length` of the limits that denied it.
+    pub max_length: usize,
+}
+
+/// Whether a denied request may wait rather than be refused, and how: every limit that denied
+/// it has a `queue`, and each of them can pass it later. `None` for an allowed request, a
+/// denial by a limit without `queue`, or one that can never pass. The caller also refuses a
+/// denial made because the store was unavailable, and a wait longer than [`Wait::max_wait`].
+pub fn wait_for(verdict: &Verdict<'_>) -> Option<Wait> {
+    let mut wait: Option<Wait> = None;
+    for (i, s) in verdict.statuses.iter().enumerate() {
+        if !s.blocks() {
+            continue;
+        }
+        let Status::Limited { limit, decision } = s else {
+            return None;
+        };
+        let policy = limit.queue?;
+        let retry = decision.retry_after?;
+        let w = wait.get_or_insert(Wait {
+            descriptor: i,
+            retry_after: 0,
+            max_wait: Micros::MAX,
+            max_length: usize::MAX,
+        });
+        w.retry_after = w.retry_after.max(retry);
+        w.max_wait = w.max_wait.min(policy.max_wait);
+        w.max_length = w.max_length.min(policy.max_length);
+    }
+    wait
 }
 
 /// Check a request against `rules` with a synchronous store ([`LimitOverride`]s are not

@@ -13,17 +13,13 @@
 //! so there are never more lines than waiters, and never more waiters than the global cap.
 
 use crate::clock::Micros;
-use crate::limiter::{Status, Verdict};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
-/// A waiter's priority: 0 is served first. Requests without a tier wait at [`LOWEST`].
-pub type Priority = u8;
-
-/// The priority of a request that has no tier.
-pub const LOWEST: Priority = Priority::MAX;
+pub use crate::limiter::{wait_for, Wait};
+pub use crate::rules::{Priority, LOWEST};
 
 /// Default of the global cap on waiters in one process ([`Queues::new`]).
 pub const DEFAULT_MAX_WAITING: usize = 10_000;
@@ -384,49 +380,6 @@ impl<K: Hash + Eq + Clone> Drop for Place<K> {
     }
 }
 
-/// How a denied request may wait ([`wait_for`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Wait {
-    /// The descriptor (its index in the request) whose line to wait in: the first that denied.
-    pub descriptor: usize,
-    /// How long from now until the store may admit it: the longest wait of the limits that
-    /// denied it.
-    pub retry_after: Micros,
-    /// The most it may wait in all, from when it arrived: the smallest `max_wait` of the limits
-    /// that denied it.
-    pub max_wait: Micros,
-    /// The smallest `max_length` of the limits that denied it.
-    pub max_length: usize,
-}
-
-/// Whether a denied request may wait rather than be refused, and how: every limit that denied
-/// it has a `queue`, and each of them can pass it later. `None` for an allowed request, a
-/// denial by a limit without `queue`, or one that can never pass. The caller also refuses a
-/// denial made because the store was unavailable, and a wait longer than [`Wait::max_wait`].
-pub fn wait_for(verdict: &Verdict<'_>) -> Option<Wait> {
-    let mut wait: Option<Wait> = None;
-    for (i, s) in verdict.statuses.iter().enumerate() {
-        if !s.blocks() {
-            continue;
-        }
-        let Status::Limited { limit, decision } = s else {
-            return None;
-        };
-        let policy = limit.queue?;
-        let retry = decision.retry_after?;
-        let w = wait.get_or_insert(Wait {
-            descriptor: i,
-            retry_after: 0,
-            max_wait: Micros::MAX,
-            max_length: usize::MAX,
-        });
-        w.retry_after = w.retry_after.max(retry);
-        w.max_wait = w.max_wait.min(policy.max_wait);
-        w.max_length = w.max_length.min(policy.max_length);
-    }
-    wait
-}
-
 /// The key of a line: a rule's id and a counter key.
 pub type LineKey = (String, String);
 
@@ -462,6 +415,24 @@ pub enum Dropped {
 }
 
 impl Dropped {
+    /// Every reason, in the order of [`Dropped::index`].
+    pub const ALL: [Dropped; 4] = [
+        Dropped::Full,
+        Dropped::Timeout,
+        Dropped::Gone,
+        Dropped::Refused,
+    ];
+
+    /// Its position in [`Dropped::ALL`] (for per-reason counters).
+    pub fn index(self) -> usize {
+        match self {
+            Dropped::Full => 0,
+            Dropped::Timeout => 1,
+            Dropped::Gone => 2,
+            Dropped::Refused => 3,
+        }
+    }
+
     /// The metric label: `full`, `timeout`, `gone`, `refused`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -494,8 +465,8 @@ pub trait Driver {
     fn joined(&self, spot: &QueueSpot<'_>);
     /// It left that line, served after waiting `waited`.
     fn served(&self, spot: &QueueSpot<'_>, waited: Micros);
-    /// It left that line (or was turned away from it) unserved.
-    fn dropped(&self, spot: &QueueSpot<'_>, why: Dropped);
+    /// It left that line unserved (`waited`), or was turned away from it (not `waited`).
+    fn dropped(&self, spot: &QueueSpot<'_>, why: Dropped, waited: bool);
 }
 
 use crate::limiter::QueueSpot;
@@ -518,8 +489,8 @@ impl<D: Driver> Drop for Held<'_, '_, D> {
     fn drop(&mut self) {
         match self.left.take() {
             Some(Ok(waited)) => self.driver.served(self.spot, waited),
-            Some(Err(why)) => self.driver.dropped(self.spot, why),
-            None => self.driver.dropped(self.spot, Dropped::Gone),
+            Some(Err(why)) => self.driver.dropped(self.spot, why, true),
+            None => self.driver.dropped(self.spot, Dropped::Gone, true),
         }
     }
 }
@@ -587,7 +558,7 @@ pub async fn serve<D: Driver>(
                 });
             }
             Err(_) => {
-                driver.dropped(spot, Dropped::Full);
+                driver.dropped(spot, Dropped::Full, false);
                 return driver.refusal(spot, Dropped::Full).await;
             }
         }
@@ -640,7 +611,7 @@ pub async fn serve<D: Driver>(
                             if let Some(spot) =
                                 spots.iter().find(|s| s.descriptor == wait.descriptor)
                             {
-                                driver.dropped(spot, Dropped::Timeout);
+                                driver.dropped(spot, Dropped::Timeout, false);
                             }
                         }
                     }
@@ -665,7 +636,7 @@ pub async fn serve<D: Driver>(
                             });
                         }
                         Err(_) => {
-                            driver.dropped(spot, Dropped::Full);
+                            driver.dropped(spot, Dropped::Full, false);
                             return answer;
                         }
                     }

@@ -127,7 +127,7 @@ impl queue::Driver for Queued<'_> {
 
     fn joined(&self, _: &QueueSpot<'_>) {}
     fn served(&self, _: &QueueSpot<'_>, _: Micros) {}
-    fn dropped(&self, _: &QueueSpot<'_>, _: Dropped) {}
+    fn dropped(&self, _: &QueueSpot<'_>, _: Dropped, _: bool) {}
 }
 
 /// What one request asks the backend about.

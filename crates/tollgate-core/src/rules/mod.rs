@@ -49,7 +49,7 @@ pub use degrade::DegradeThreshold;
 pub use error::{RuleError, RuleErrors};
 pub use metadata::MetaValue;
 pub use queue::{
-    QueuePolicy, MAX_LENGTH as MAX_QUEUE_LENGTH, MAX_WAIT as MAX_QUEUE_WAIT,
+    Priority, QueuePolicy, LOWEST, MAX_LENGTH as MAX_QUEUE_LENGTH, MAX_WAIT as MAX_QUEUE_WAIT,
     MIN_WAIT as MIN_QUEUE_WAIT,
 };
 pub use stats::StatsKey;

@@ -13,6 +13,12 @@ use crate::clock::{Micros, SECOND};
 
 const MILLISECOND: Micros = 1_000;
 
+/// A waiting request's priority: 0 is served first. Requests without a tier wait at [`LOWEST`].
+pub type Priority = u8;
+
+/// The priority of a request that has no tier.
+pub const LOWEST: Priority = Priority::MAX;
+
 /// Fields of a `queue` block.
 const QUEUE_FIELDS: &[&str] = &["max_wait", "max_length"];
 

@@ -14,9 +14,9 @@
 //! gateway, so the gateway must be in `--trusted-proxies` for per-client limits to be per client.
 
 use super::{add_headers, HttpState};
-use crate::check::decide;
 use crate::error::ApiError;
 use crate::model::{CheckRequest, CheckResponse, Descriptor};
+use crate::queue::decide_queued;
 use crate::state::AppState;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Path, Request, State};
@@ -100,7 +100,7 @@ pub(crate) async fn forward_auth(
         return StatusCode::OK.into_response();
     }
     let check = CheckRequest::new(domain, descriptors);
-    match decide(&state, &check).await {
+    match decide_queued(&state, &check).await {
         Ok(resp) => answer(&resp, deny_status, wants_json),
         Err(e) => e.into_response(),
     }

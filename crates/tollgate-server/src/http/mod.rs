@@ -13,7 +13,6 @@ mod registry;
 mod stats;
 
 use crate::backend::{Backend, BreakerState};
-use crate::check::decide;
 use crate::error::{ApiError, ErrorClass};
 use crate::listener::BodyTimedOut;
 use crate::metrics::DropReason;
@@ -428,7 +427,7 @@ where
         Ok(c) => c,
         Err(e) => return fail(&state, e),
     };
-    match decide(&state, &check).await {
+    match crate::queue::decide_queued(&state, &check).await {
         Ok(resp) => native_response(&resp),
         Err(e) => e.into_response(),
     }
