@@ -22,3 +22,9 @@ pub mod sliding_log {
     pub use super::Log;
     pub use crate::algorithm::sliding_log::step;
 }
+
+/// The tiered step (priority tiers sharing one limit), on its own state: it takes the levels
+/// and the request's tier beside `(state, now, cost, quota)`.
+pub mod tiers {
+    pub use crate::algorithm::tiers::{clamp, step, Tiered};
+}

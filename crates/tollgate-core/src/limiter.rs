@@ -14,7 +14,7 @@ use crate::clock::Micros;
 use crate::decision::Decision;
 use crate::quota::{Quota, Unit};
 use crate::rules::{counter_key, Limit, Resolution, RuleSet, StatsKey};
-use crate::store::{CheckItem, Store, StoreError};
+use crate::store::{CheckItem, Store, StoreError, Tier};
 
 /// One descriptor of a request: its entries in order, and an optional cost of its own.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -143,6 +143,7 @@ enum Resolved<'r> {
         limit: &'r Limit,
         key: String,
         cost: u64,
+        tier: Option<u8>,
     },
 }
 
@@ -183,15 +184,21 @@ impl<'r> Plan<'r> {
                         limit,
                         key: counter_key(&limit.domain, &entries),
                         cost: d.hits.unwrap_or(hits),
+                        tier: None,
                     };
                 }
                 match rules.resolve(domain, &entries) {
                     Resolution::NoMatch => Resolved::NoLimit,
                     Resolution::Unlimited(limit) => Resolved::Unlimited(limit),
-                    Resolution::Limited { limit, counter_key } => Resolved::Limited {
+                    Resolution::Limited {
+                        limit,
+                        counter_key,
+                        tier,
+                    } => Resolved::Limited {
                         limit,
                         key: counter_key,
                         cost: d.hits.unwrap_or(hits),
+                        tier,
                     },
                 }
             })
@@ -226,7 +233,12 @@ impl<'r> Plan<'r> {
         self.resolved
             .iter()
             .filter_map(|r| match r {
-                Resolved::Limited { limit, key, cost } => limit.quota.as_ref().map(|q| CheckItem {
+                Resolved::Limited {
+                    limit,
+                    key,
+                    cost,
+                    tier,
+                } => limit.quota.as_ref().map(|q| CheckItem {
                     rule: &limit.id,
                     key,
                     quota: q,
@@ -235,6 +247,10 @@ impl<'r> Plan<'r> {
                     // it must not stop the other counters from counting it either.
                     shadow: limit.shadow_mode || limit.quota_mode,
                     count_denied: limit.count_denied_hits,
+                    tier: limit.tiers.as_ref().zip(*tier).map(|(t, index)| Tier {
+                        levels: &t.levels,
+                        index,
+                    }),
                 }),
                 _ => None,
             })
@@ -249,12 +265,14 @@ impl<'r> Plan<'r> {
             .iter()
             .enumerate()
             .filter_map(|(descriptor, r)| match r {
-                Resolved::Limited { limit, key, .. } => limit.queue.map(|policy| QueueSpot {
+                Resolved::Limited {
+                    limit, key, tier, ..
+                } => limit.queue.map(|policy| QueueSpot {
                     descriptor,
                     limit,
                     counter_key: key.clone(),
                     policy,
-                    priority: crate::rules::LOWEST,
+                    priority: tier.unwrap_or(crate::rules::LOWEST),
                 }),
                 _ => None,
             })
@@ -273,9 +291,10 @@ impl<'r> Plan<'r> {
                 Resolved::Limited { limit, .. } if limit.quota.is_none() => {
                     Status::Unlimited(limit)
                 }
-                Resolved::Limited { limit, .. } => Status::Limited {
+                Resolved::Limited { limit, tier, .. } => Status::Limited {
                     limit,
                     decision: decisions.next().unwrap_or_default(),
+                    tier,
                 },
             })
             .collect();
@@ -312,6 +331,9 @@ pub enum Status<'r> {
         limit: &'r Limit,
         /// The store's decision for it.
         decision: Decision,
+        /// A tiered rule ([`Limit::tiers`]): the request's tier, 0 the highest priority.
+        /// `None` for a rule without tiers.
+        tier: Option<u8>,
     },
 }
 
@@ -319,12 +341,12 @@ impl Status<'_> {
     /// Whether this descriptor is over its limit and reported OVER_LIMIT (denied, not in shadow
     /// mode). It blocks the request, except in quota mode (see [`Verdict::allowed`]).
     pub fn blocks(&self) -> bool {
-        matches!(self, Status::Limited { limit, decision } if !decision.allowed && !limit.shadow_mode)
+        matches!(self, Status::Limited { limit, decision, .. } if !decision.allowed && !limit.shadow_mode)
     }
 
     /// Denied by a shadow-mode limit: reported as OK, counted as such in metrics.
     pub fn shadowed(&self) -> bool {
-        matches!(self, Status::Limited { limit, decision } if !decision.allowed && limit.shadow_mode)
+        matches!(self, Status::Limited { limit, decision, .. } if !decision.allowed && limit.shadow_mode)
     }
 }
 
@@ -372,7 +394,9 @@ impl<'r> Verdict<'r> {
     /// limit with the least remaining.
     pub fn binding(&self) -> Option<(&'r Limit, Decision)> {
         let limited = self.statuses.iter().filter_map(|s| match s {
-            Status::Limited { limit, decision } if !limit.shadow_mode => Some((*limit, *decision)),
+            Status::Limited {
+                limit, decision, ..
+            } if !limit.shadow_mode => Some((*limit, *decision)),
             _ => None,
         });
         if self.allowed() {
@@ -422,7 +446,10 @@ pub fn wait_for(verdict: &Verdict<'_>) -> Option<Wait> {
         if !s.blocks() {
             continue;
         }
-        let Status::Limited { limit, decision } = s else {
+        let Status::Limited {
+            limit, decision, ..
+        } = s
+        else {
             return None;
         };
         let policy = limit.queue?;
@@ -483,6 +510,37 @@ descriptors:
     value: internal
     rate_limit: {unlimited: true}
 "#;
+
+    #[test]
+    fn tiers_reach_the_store_and_the_status() {
+        let rules = RuleSet::from_sources(&[(
+            "t.yaml".to_string(),
+            "domain: api\ndescriptors:\n  - key: api\n    rate_limit: {unit: second, requests_per_unit: 10, algorithm: fixed_window}\n    tiers: {key: plan, levels: [{value: paid, guaranteed: 6}, {value: free, guaranteed: 2}]}\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 10}\n".to_string(),
+        )])
+        .unwrap();
+        let descriptors = [
+            Descriptor::new([("api", "x"), ("plan", "paid")]),
+            Descriptor::new([("api", "x")]),
+            Descriptor::new([("user", "u")]),
+        ];
+        let plan = Plan::new(&rules, "api", &descriptors, 1);
+        let items = plan.items();
+        let tiers: Vec<Option<u8>> = items.iter().map(|i| i.tier.map(|t| t.index)).collect();
+        assert_eq!(tiers, [Some(0), Some(1), None]);
+        assert_eq!(items[0].key, "api|api=x");
+        assert_eq!(items[1].key, "api|api=x");
+        assert_eq!(items[0].tier.map(|t| t.levels.len()), Some(2));
+        let verdict = check(&rules, &MemoryStore::default(), 0, "api", &descriptors, 1).unwrap();
+        let tiers: Vec<Option<u8>> = verdict
+            .statuses
+            .iter()
+            .map(|s| match s {
+                Status::Limited { tier, .. } => *tier,
+                _ => panic!("{s:?}"),
+            })
+            .collect();
+        assert_eq!(tiers, [Some(0), Some(1), None]);
+    }
 
     fn rules() -> RuleSet {
         RuleSet::from_sources(&[("api.yaml".into(), RULES.into())]).unwrap()

@@ -39,6 +39,7 @@
 //!   counted ([`MemoryStore::evictions`]). Count-min-sketch limits are not affected: their
 //!   memory is fixed.
 
+use crate::algorithm::tiers::{self, Tiered};
 use crate::algorithm::{
     self, gcra, leaky_bucket, sliding_log, Bucket, Counter, Log, Sketch, State, Window,
 };
@@ -71,6 +72,10 @@ enum Layout {
 
 /// The key-tag value of sliding-window logs, which are not slots (they live in `Shard::logs`).
 const LOG_TAG: u64 = 5;
+
+/// The key-tag value of tiered limits' states (`Shard::tiered`): apart from the untiered
+/// counter of the same key and shape.
+const TIERED_TAG: u64 = 6;
 
 /// The key tag for `alg`'s state.
 fn tag_of(alg: Algorithm) -> u64 {
@@ -358,6 +363,9 @@ struct Shard {
     /// Each log with when it is empty again, the `denying` flag in the lowest bit
     /// ([`log_expiry`]).
     logs: Map<(Log, Micros)>,
+    /// Tiered limits' states (one per parent counter), with their expiry and `denying` flag as
+    /// a log's ([`log_expiry`]).
+    tiered: Map<(Tiered, Micros)>,
     /// This shard's share of `max_keys`.
     cap: usize,
     /// Live (not expired) entries evicted so far.
@@ -366,7 +374,28 @@ struct Shard {
 
 impl Shard {
     fn len(&self) -> usize {
-        self.slots.len() + self.logs.len()
+        self.slots.len() + self.logs.len() + self.tiered.len()
+    }
+
+    /// Keep `state` for the tiered key `h` (a new key makes room first), or forget `h` when it
+    /// is `None`.
+    fn set_tiered(
+        &mut self,
+        h: Key,
+        state: Option<Tiered>,
+        expires_at: Micros,
+        denying: bool,
+        now: Micros,
+    ) {
+        let Some(state) = state else {
+            self.tiered.remove(&h);
+            return;
+        };
+        if !self.tiered.contains_key(&h) {
+            self.make_room(now);
+        }
+        self.tiered
+            .insert(h, (state, log_expiry(expires_at, denying)));
     }
 
     fn contains(&self, h: Key) -> bool {
@@ -495,6 +524,7 @@ impl Shard {
         let before = self.len();
         self.slots.retain(|k, s| slot_expiry(k, s) > now);
         self.logs.retain(|_, (_, e)| *e & !1 > now);
+        self.tiered.retain(|_, (_, e)| *e & !1 > now);
         before - self.len()
     }
 
@@ -509,6 +539,7 @@ impl Shard {
         let batch = (self.cap / 64).max(1);
         let mut ranks: Vec<u64> = (self.slots.iter().map(|(k, s)| slot_rank(k, s, now)))
             .chain(self.logs.values().map(|(_, e)| log_rank(*e, now)))
+            .chain(self.tiered.values().map(|(_, e)| log_rank(*e, now)))
             .collect();
         let expired = ranks.iter().filter(|r| **r == 0).count();
         let others = ranks.iter().filter(|r| **r < DENYING).count();
@@ -536,6 +567,7 @@ impl Shard {
         };
         self.slots.retain(|k, s| keep(slot_rank(k, s, now)));
         self.logs.retain(|_, (_, e)| keep(log_rank(*e, now)));
+        self.tiered.retain(|_, (_, e)| keep(log_rank(*e, now)));
         self.evictions += n.saturating_sub(expired) as u64;
     }
 }
@@ -638,9 +670,14 @@ impl MemoryStore {
         sip13_128(self.k0, self.k1, bytes)
     }
 
-    /// A text counter key's identity: its hash with the limit's shape ([`shaped`]).
+    /// A text counter key's identity: its hash with the limit's shape ([`shaped`]); a tiered
+    /// limit's key has its own tag.
     fn key_hash(&self, item: &CheckItem<'_>) -> Key {
-        shaped(self.hash(item.key.as_bytes()), item.quota)
+        let k = shaped(self.hash(item.key.as_bytes()), item.quota);
+        match item.tier {
+            Some(_) => Key([k.0[0] & !7 | TIERED_TAG, k.0[1]]),
+            None => k,
+        }
     }
 
     fn sketch(&self, rule: &str, q: &Quota) -> Arc<Mutex<Sketch>> {
@@ -749,7 +786,7 @@ impl MemoryStore {
         let sketches: Vec<Option<Arc<Mutex<Sketch>>>> = items
             .iter()
             .map(|i| {
-                (i.quota.algorithm() == Algorithm::CountMinSketch)
+                (i.quota.algorithm() == Algorithm::CountMinSketch && i.tier.is_none())
                     .then(|| self.sketch(i.rule, i.quota))
             })
             .collect();
@@ -781,10 +818,23 @@ impl MemoryStore {
         // admitted summed ([`sliding_log::peek`]), and it is written once, at commit.
         let mut pending: Vec<(Key, Option<State>)> = Vec::new();
         let mut logs: Vec<LogWork> = Vec::new();
+        // Tiered states, as `pending` keeps slot states: (key, state after the item).
+        let mut tiered: Vec<(Key, Option<Tiered>)> = Vec::new();
         let mut decisions: Vec<Decision> = Vec::with_capacity(items.len());
         for (i, item) in items.iter().enumerate() {
             let h = hashes[i];
-            let d = if let Some(sk) = &sketches[i] {
+            let d = if let Some(tier) = item.tier {
+                let shard = locked(&mut guards, self.shard_of(h));
+                let current = match tiered.iter().rev().find(|(th, _)| *th == h) {
+                    Some((_, s)) => s.clone(),
+                    None => shard.tiered.get(&h).map(|(s, _)| s.clone()),
+                };
+                let (d, next) =
+                    tiers::step(current, now, item.cost, item.quota, tier.levels, tier.index);
+                tiered.push((h, next));
+                pending.push((h, None));
+                d
+            } else if let Some(sk) = &sketches[i] {
                 let g = locked(&mut sketch_guards, Arc::as_ptr(sk));
                 // Earlier admitted items of the same key in this request count too.
                 let earlier: u64 = items[..i]
@@ -852,7 +902,11 @@ impl MemoryStore {
         for (i, item) in items.iter().enumerate() {
             if decisions[i].allowed && item.cost > 0 && !commit[i] {
                 let h = hashes[i];
-                decisions[i] = if let Some(sk) = &sketches[i] {
+                decisions[i] = if let Some(tier) = item.tier {
+                    let shard = locked(&mut guards, self.shard_of(h));
+                    let state = shard.tiered.get(&h).map(|(s, _)| s.clone());
+                    tiers::step(state, now, 0, item.quota, tier.levels, tier.index).0
+                } else if let Some(sk) = &sketches[i] {
                     let g = locked(&mut sketch_guards, Arc::as_ptr(sk));
                     g.evaluate(h.wide(), now, 0, item.quota)
                 } else if h.layout().is_none() {
@@ -874,8 +928,28 @@ impl MemoryStore {
 
         // Commit: per-key states in order (the last write of a repeated key is its final state).
         let mut p = 0;
+        let mut tiered = tiered.into_iter();
         for (i, item) in items.iter().enumerate() {
             let h = hashes[i];
+            if let Some(tier) = item.tier {
+                p += 1;
+                let next = tiered.next().and_then(|(_, s)| s);
+                let shard = locked(&mut guards, self.shard_of(h));
+                if commit[i] {
+                    let d = &decisions[i];
+                    shard.set_tiered(h, next, now + d.reset_after, d.remaining == 0, now);
+                } else if let Some(c) = shard
+                    .tiered
+                    .get(&h)
+                    .and_then(|(s, _)| tiers::clamp(s, now, item.quota))
+                {
+                    // Nothing consumed, but a clamped state is kept.
+                    let (d, next) =
+                        tiers::step(Some(c), now, 0, item.quota, tier.levels, tier.index);
+                    shard.set_tiered(h, next, now + d.reset_after, d.remaining == 0, now);
+                }
+                continue;
+            }
             if let Some(sk) = &sketches[i] {
                 if commit[i] {
                     let g = locked(&mut sketch_guards, Arc::as_ptr(sk));
@@ -927,12 +1001,16 @@ impl Store for MemoryStore {
     fn check(&self, now: Micros, items: &[CheckItem<'_>]) -> Result<Vec<Decision>, StoreError> {
         Ok(match items {
             [] => Vec::new(),
-            [one] => vec![self.step_one(now, one)],
+            [one] if one.tier.is_none() => vec![self.step_one(now, one)],
             many => self.check_many(now, many),
         })
     }
 
     fn check_one(&self, now: Micros, item: &CheckItem<'_>) -> Result<Decision, StoreError> {
+        if item.tier.is_some() {
+            let d = self.check_many(now, std::slice::from_ref(item)).pop();
+            return Ok(d.unwrap_or_default());
+        }
         Ok(self.step_one(now, item))
     }
 }
@@ -1033,10 +1111,12 @@ mod tests {
                 [
                     CheckItem {
                         count_denied,
+                        tier: None,
                         ..item("key4", &q15, cost)
                     },
                     CheckItem {
                         count_denied,
+                        tier: None,
                         ..item("key5", &q14, cost)
                     },
                 ]

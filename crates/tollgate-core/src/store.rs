@@ -14,6 +14,17 @@
 use crate::clock::Micros;
 use crate::decision::Decision;
 use crate::quota::{Algorithm, Quota};
+use crate::rules::TierLevel;
+
+/// The tier of an item of a tiered limit ([`crate::rules::Tiers`]): the limit's levels and the
+/// request's level among them. The store decides the parent counter and the tier together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tier<'a> {
+    /// The levels, highest priority first.
+    pub levels: &'a [TierLevel],
+    /// The request's level (0 = highest priority).
+    pub index: u8,
+}
 
 /// One counter to check as part of a request.
 #[derive(Debug, Clone, Copy)]
@@ -35,6 +46,9 @@ pub struct CheckItem<'a> {
     /// no item is denied (`STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`). Ignored by the other
     /// algorithms, which are all-or-nothing.
     pub count_denied: bool,
+    /// A tiered limit: the request's tier. `key` is then the parent counter, shared by every
+    /// tier. `None` for limits without tiers.
+    pub tier: Option<Tier<'a>>,
 }
 
 impl<'a> CheckItem<'a> {
@@ -48,6 +62,7 @@ impl<'a> CheckItem<'a> {
             cost: 1,
             shadow: false,
             count_denied: false,
+            tier: None,
         }
     }
 }

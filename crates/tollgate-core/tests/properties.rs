@@ -431,7 +431,7 @@ proptest! {
         for ((per_mille, jitter), items) in requests {
             now += SECOND * per_mille / 100 + jitter;
             let check: Vec<CheckItem<'_>> = items.iter().map(|&(k, cost, shadow)| CheckItem {
-                rule: names[k], key: names[k], quota: &qs[k], cost, shadow, count_denied: cost % 2 == 0,
+                rule: names[k], key: names[k], quota: &qs[k], cost, shadow, count_denied: cost % 2 == 0, tier: None,
             }).collect();
             let got = store.check(now, &check).unwrap();
             // Model: evaluate in order against tentative states.

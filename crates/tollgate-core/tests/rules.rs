@@ -303,7 +303,12 @@ fn check(set: &RuleSet, file: &str, domain: &str, entries: Entries, want: &Want)
             assert_eq!(limit.id, *id, "{ctx}");
             assert!(limit.quota.is_none(), "{ctx}");
         }
-        (Limited(rpu, unit, key), Resolution::Limited { limit, counter_key }) => {
+        (
+            Limited(rpu, unit, key),
+            Resolution::Limited {
+                limit, counter_key, ..
+            },
+        ) => {
             let q = limit.quota.unwrap_or_else(|| panic!("{ctx}: no quota"));
             assert_eq!(q.limit(), *rpu, "{ctx}");
             assert_eq!(q.period().unit, *unit, "{ctx}");

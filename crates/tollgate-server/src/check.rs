@@ -333,7 +333,7 @@ fn conclude(
                     unlimited: true,
                     ..DescriptorStatus::new(Code::Ok, None, u32::MAX as u64)
                 },
-                Status::Limited { limit, decision } => {
+                Status::Limited { limit, decision, .. } => {
                     let blocks = status.blocks();
                     let shadowed = status.shadowed();
                     let never = blocks && decision.never_passes();

@@ -138,7 +138,10 @@ pub(crate) fn record(domain: &str, statuses: &[Status<'_>], descriptors: &[Descr
         return;
     }
     for (status, desc) in statuses.iter().zip(descriptors) {
-        let Status::Limited { limit, decision } = status else {
+        let Status::Limited {
+            limit, decision, ..
+        } = status
+        else {
             continue;
         };
         if mode == 1 && decision.allowed {

@@ -560,7 +560,9 @@ impl Limiter {
         if allowed {
             let delay = Duration::from_micros(verdict.delay());
             let degrade = verdict.statuses.iter().find_map(|s| match s {
-                Status::Limited { limit, decision } => limit
+                Status::Limited {
+                    limit, decision, ..
+                } => limit
                     .degrade
                     .filter(|t| t.signals(decision))
                     .map(|_| limit.id.clone()),

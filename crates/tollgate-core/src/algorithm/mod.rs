@@ -24,6 +24,7 @@ pub(crate) mod gcra;
 pub(crate) mod leaky_bucket;
 pub(crate) mod sliding_counter;
 pub(crate) mod sliding_log;
+pub(crate) mod tiers;
 pub(crate) mod token_bucket;
 
 pub(crate) use count_min::Sketch;

@@ -36,6 +36,7 @@ const DESCRIPTOR_FIELDS: &[&str] = &[
     "degrade",
     "shadowban",
     "queue",
+    "tiers",
 ];
 const RATE_LIMIT_FIELDS: &[&str] = &[
     "unit",
@@ -80,6 +81,7 @@ pub(crate) struct DescriptorSpec {
     pub degrade: Option<super::degrade::DegradeThreshold>,
     pub shadowban: bool,
     pub queue: Option<super::queue::QueuePolicy>,
+    pub tiers: Option<super::tiers::Tiers>,
     pub children: Vec<DescriptorSpec>,
     /// The file it comes from when not its domain's file (a domain merged from several files).
     pub file: Option<String>,
@@ -295,10 +297,30 @@ fn descriptor(node: &Node, depth: usize, errors: &mut Errors) -> Option<Descript
         None => Vec::new(),
         Some(n) => descriptor_list(n, depth + 1, errors),
     };
+    let tiers = fields.get("tiers").and_then(|n| {
+        if has_rate_limit && quota.is_none() {
+            return None;
+        }
+        let named = |field: &str| {
+            fields
+                .get("rate_limit")
+                .and_then(Fields::quiet)
+                .and_then(|f| f.get(field))
+        };
+        let cx = super::tiers::Context {
+            rule: key.as_deref().unwrap_or("?"),
+            quota,
+            algorithm: named("algorithm"),
+            sync: named("sync"),
+            children: children.iter().map(|c| (c.key.as_str(), c.pos)).collect(),
+        };
+        super::tiers::decode(n, cx, errors)
+    });
     Some(DescriptorSpec {
         degrade,
         shadowban,
         queue,
+        tiers,
         file: None,
         key: key?,
         value,
@@ -608,6 +630,14 @@ impl<'a> Fields<'a> {
             }
         }
         Some(Fields { entries })
+    }
+
+    /// A mapping's fields without checking their names (already checked elsewhere).
+    pub(crate) fn quiet(node: &'a Node) -> Option<Fields<'a>> {
+        match &node.kind {
+            Kind::Map(entries) => Some(Fields { entries }),
+            _ => None,
+        }
     }
 
     pub(crate) fn get(&self, name: &str) -> Option<&'a Node> {

@@ -26,7 +26,7 @@
 //! )])
 //! .unwrap();
 //! match rules.resolve("api", &[("user", "alice")]) {
-//!     Resolution::Limited { limit, counter_key } => {
+//!     Resolution::Limited { limit, counter_key, .. } => {
 //!         assert_eq!(limit.quota.unwrap().limit(), 100);
 //!         assert_eq!(counter_key, "api|user=alice");
 //!     }
@@ -41,6 +41,7 @@ mod http;
 mod metadata;
 mod queue;
 mod stats;
+mod tiers;
 mod tree;
 mod yaml;
 
@@ -53,6 +54,7 @@ pub use queue::{
     MIN_WAIT as MIN_QUEUE_WAIT,
 };
 pub use stats::StatsKey;
+pub use tiers::{TierLevel, Tiers, MAX_LEVELS as MAX_TIER_LEVELS};
 
 use crate::quota::{Algorithm, Quota, SyncMode};
 use std::collections::{BTreeMap, HashMap};
@@ -118,6 +120,8 @@ pub struct Limit {
     /// `queue`: a request this rule denies waits for capacity, within these bounds, instead of
     /// being refused (see [`crate::queue`]).
     pub queue: Option<QueuePolicy>,
+    /// `tiers`: the limit is a capacity shared by priority tiers ([`Tiers`]; docs/rules.md).
+    pub tiers: Option<Tiers>,
     /// The rule names an `algorithm`; otherwise [`RuleDefaults::algorithm`] applies.
     pub algorithm_named: bool,
     /// The rule names a `sync` mode; otherwise [`RuleDefaults::sync`] applies where the
@@ -172,6 +176,7 @@ impl Limit {
             degrade: None,
             shadowban: false,
             queue: None,
+            tiers: None,
             algorithm_named: false,
             sync_named: false,
             count_denied_hits: false,
@@ -201,6 +206,8 @@ impl Limit {
         with_queue(queue: QueuePolicy) => Some(queue);
         /// With [`Limit::count_denied_hits`] set.
         with_count_denied_hits(count_denied_hits: bool) => count_denied_hits;
+        /// With priority tiers sharing its quota ([`Limit::tiers`]).
+        with_tiers(tiers: Tiers) => Some(tiers);
         /// With its stats key ([`Limit::stats`]).
         with_stats(stats: StatsKey) => stats;
     }
@@ -258,7 +265,12 @@ pub enum Resolution<'a> {
         limit: &'a Limit,
         /// The counter: `domain|k1=v1|k2=v2` with the request's values (or the wildcard
         /// pattern under `share_threshold`), each part escaped (`\`, `|`, `=` prefixed by `\`).
+        /// A tiered rule's tier entry is not part of it: every tier shares the parent counter.
         counter_key: String,
+        /// A tiered rule ([`Limit::tiers`]): the request's tier, 0 the highest priority (the
+        /// last level when the descriptor has no tier entry or names no level). `None` for a
+        /// rule without tiers.
+        tier: Option<u8>,
     },
 }
 
@@ -494,10 +506,13 @@ impl RuleSet {
     /// algorithm supports it, and every limit takes `defaults.count_denied_hits`.
     pub fn with_defaults(mut self, defaults: RuleDefaults) -> Self {
         for l in &mut self.limits {
-            if !l.algorithm_named {
+            // A tiered rule keeps its algorithm when the default cannot keep tiers.
+            let fits = l.tiers.is_none() || tiers::supports(defaults.algorithm());
+            if !l.algorithm_named && fits {
                 l.quota = l.quota.map(|q| q.with_algorithm(defaults.algorithm()));
             }
-            if !l.sync_named {
+            // Tiers are kept exactly (see `tiers::decode`): no default sync mode applies.
+            if !l.sync_named && l.tiers.is_none() {
                 l.quota = l.quota.map(|q| {
                     let sync = if defaults.sync.supports(q.algorithm()) {
                         defaults.sync
@@ -553,12 +568,17 @@ impl RuleSet {
         };
         match d.tree.resolve(&d.name, entries) {
             Found::Nothing => Resolution::NoMatch,
-            Found::Limit { limit, counter_key } => match self.limits.get(limit) {
+            Found::Limit {
+                limit,
+                counter_key,
+                tier,
+            } => match self.limits.get(limit) {
                 None => Resolution::NoMatch,
                 Some(l) if l.quota.is_none() => Resolution::Unlimited(l),
                 Some(l) => Resolution::Limited {
                     limit: l,
                     counter_key,
+                    tier: l.tiers.as_ref().map(|t| t.index_of(tier)),
                 },
             },
         }
@@ -1032,7 +1052,7 @@ descriptors:
         assert_eq!(e[3].column, 51);
         assert_eq!(
             e[2].to_string(),
-            "t.yaml:7:5: unknown field `bogus` in a descriptor (allowed: key, value, rate_limit, descriptors, shadow_mode, detailed_metric, value_to_metric, share_threshold, quota_mode, metadata, message, degrade, shadowban)"
+            "t.yaml:7:5: unknown field `bogus` in a descriptor (allowed: key, value, rate_limit, descriptors, shadow_mode, detailed_metric, value_to_metric, share_threshold, quota_mode, metadata, message, degrade, shadowban, tiers)"
         );
     }
 
@@ -1076,6 +1096,138 @@ descriptors:
             ("shadowban: true", 4, "`shadowban` needs a `rate_limit`"),
             ("shadowban: true\n    rate_limit: {unlimited: true}", 4, "`shadowban` cannot be used with `unlimited: true`"),
             ("shadowban: true\n    shadow_mode: true\n    rate_limit: {unit: second, requests_per_unit: 10}", 4, "cannot be combined with `shadow_mode`"),
+        ];
+        for (fields, line, want) in cases {
+            let text = format!("domain: d\ndescriptors:\n  - key: k\n    {fields}\n");
+            let e = errors(&text);
+            assert!(e.iter().all(|e| e.line == line), "{fields}: {e:?}");
+            assert!(
+                e.iter().any(|e| e.message.contains(want)),
+                "{fields}: {e:?}"
+            );
+        }
+    }
+
+    const TIERED: &str = "domain: api
+descriptors:
+  - key: api
+    rate_limit: {unit: second, requests_per_unit: 100, algorithm: fixed_window}
+    tiers:
+      key: plan
+      levels:
+        - value: paid
+          guaranteed: 60
+        - value: free
+          guaranteed: 10
+          ceiling: 80
+          reserve: 20
+    descriptors:
+      - key: region
+        rate_limit: {unit: second, requests_per_unit: 5}
+";
+
+    #[test]
+    fn tiers_decode_and_resolve() {
+        let s = set(TIERED);
+        let l = s.limits().next().expect("limit");
+        let t = l.tiers.as_ref().expect("tiers");
+        assert_eq!(t.key, "plan");
+        assert_eq!(
+            t.levels,
+            [
+                TierLevel::new("paid", 60, 100, 0),
+                TierLevel::new("free", 10, 80, 20)
+            ]
+        );
+        let tier = |entries: &[(&str, &str)]| match s.resolve("api", entries) {
+            Resolution::Limited {
+                limit,
+                counter_key,
+                tier,
+            } => (limit.id.clone(), counter_key, tier),
+            other => panic!("{entries:?}: {other:?}"),
+        };
+        let parent = ("api|api".to_string(), "api|api=x".to_string());
+        assert_eq!(
+            tier(&[("api", "x"), ("plan", "paid")]),
+            (parent.0.clone(), parent.1.clone(), Some(0))
+        );
+        assert_eq!(
+            tier(&[("api", "x"), ("plan", "free")]),
+            (parent.0.clone(), parent.1.clone(), Some(1))
+        );
+        // No tier entry, or a value no level lists: the last level.
+        assert_eq!(
+            tier(&[("api", "x"), ("plan", "gold")]),
+            (parent.0.clone(), parent.1.clone(), Some(1))
+        );
+        assert_eq!(
+            tier(&[("api", "x")]),
+            (parent.0.clone(), parent.1.clone(), Some(1))
+        );
+        // Nested descriptors still resolve as usual, without a tier.
+        assert_eq!(
+            tier(&[("api", "x"), ("region", "eu")]),
+            (
+                "api|api|region".to_string(),
+                "api|api=x|region=eu".to_string(),
+                None
+            )
+        );
+        assert_eq!(
+            s.resolve("api", &[("api", "x"), ("plan", "paid"), ("region", "eu")]),
+            Resolution::NoMatch
+        );
+        // Outside a tiered rule, an entry with the tier key is an ordinary entry.
+        assert_eq!(s.resolve("api", &[("plan", "paid")]), Resolution::NoMatch);
+        // The server's default algorithm applies only where it can keep tiers; no default sync.
+        let d = s.clone().with_defaults(RuleDefaults {
+            algorithm: Some(Algorithm::Gcra),
+            sync: SyncMode::Lease,
+            ..RuleDefaults::default()
+        });
+        let q: Vec<Quota> = d.limits().filter_map(|l| l.quota).collect();
+        assert_eq!(q[0].algorithm(), Algorithm::FixedWindow);
+        assert_eq!(q[0].sync(), SyncMode::Exact);
+        assert_eq!(q[1].algorithm(), Algorithm::Gcra);
+        let unnamed = set(&TIERED.replace(", algorithm: fixed_window", ""));
+        let q = unnamed
+            .with_defaults(RuleDefaults {
+                algorithm: Some(Algorithm::TokenBucket),
+                ..RuleDefaults::default()
+            })
+            .limits()
+            .next()
+            .and_then(|l| l.quota)
+            .expect("quota");
+        assert_eq!(q.algorithm(), Algorithm::SlidingWindowCounter);
+    }
+
+    #[test]
+    fn tiers_refuse_nonsense() {
+        let rl = "rate_limit: {unit: second, requests_per_unit: 100}";
+        let two = "levels: [{value: paid, guaranteed: 60}, {value: free, guaranteed: 10}]";
+        let cases: Vec<(String, usize, &str)> = vec![
+            (format!("{rl}\n    tiers: {{key: plan, {two}}}\n    descriptors:\n      - key: plan\n        rate_limit: {{unit: second, requests_per_unit: 1}}"), 7, "has key `plan`, which its `tiers.key` uses"),
+            (format!("tiers: {{key: plan, {two}}}"), 4, "`tiers` needs a `rate_limit`"),
+            (format!("rate_limit: {{unlimited: true}}\n    tiers: {{key: plan, {two}}}"), 5, "cannot be used with `unlimited: true`"),
+            (format!("rate_limit: {{unit: second, requests_per_unit: 100, algorithm: gcra}}\n    tiers: {{key: plan, {two}}}"), 4, "tiered rule `k` needs algorithm fixed_window or sliding_window_counter, not gcra"),
+            (format!("rate_limit: {{unit: second, requests_per_unit: 100, sync: batched}}\n    tiers: {{key: plan, {two}}}"), 4, "cannot use `sync: batched`: batched counts are approximate"),
+            (format!("rate_limit: {{unit: second, requests_per_unit: 100, sync: lease}}\n    tiers: {{key: plan, {two}}}"), 4, "cannot use `sync: lease`"),
+            (format!("{rl}\n    tiers: {{key: plan, levels: []}}"), 5, "`levels` has 0 entries; a tiered rule has 1 to 16"),
+            (format!("{rl}\n    tiers: {{key: plan, levels: [{}]}}", vec!["{value: a, guaranteed: 1}"; 17].join(", ")), 5, "`levels` has 17 entries"),
+            (format!("{rl}\n    tiers: {{levels: [{{value: a, guaranteed: 1}}]}}"), 5, "missing required field `key`"),
+            (format!("{rl}\n    tiers: {{key: plan}}"), 5, "missing required field `levels`"),
+            (format!("{rl}\n    tiers: {{key: plan, levels: [{{value: a, guaranteed: 1}}, {{value: a, guaranteed: 1}}]}}"), 5, "duplicate tier value `a`"),
+            (format!("{rl}\n    tiers: {{key: plan, levels: [{{value: a, guaranteed: 60}}, {{value: b, guaranteed: 50}}]}}"), 5, "guarantee 110 in all, more than its limit of 100"),
+            (format!("{rl}\n    tiers: {{key: plan, levels: [{{value: a, guaranteed: 60, ceiling: 50}}]}}"), 5, "`ceiling` 50 is below its `guaranteed` 60"),
+            (format!("{rl}\n    tiers: {{key: plan, levels: [{{value: a, guaranteed: 1, ceiling: 101}}]}}"), 5, "`ceiling` 101 is more than the limit of 100"),
+            (format!("{rl}\n    tiers: {{key: plan, levels: [{{value: a, guaranteed: 1}}, {{value: b, guaranteed: 1, reserve: 101}}]}}"), 5, "`reserve` 101 is more than the limit of 100"),
+            (format!("{rl}\n    tiers: {{key: plan, levels: [{{value: a, guaranteed: 1, reserve: 5}}]}}"), 5, "first (highest priority) level"),
+            (format!("{rl}\n    tiers: {{key: plan, levels: [{{value: a}}]}}"), 5, "missing required field `guaranteed`"),
+            (format!("{rl}\n    tiers: {{key: plan, levels: [{{value: a, guaranteed: -1}}]}}"), 5, "`guaranteed` must not be negative"),
+            (format!("{rl}\n    tiers: {{key: plan, levels: [{{value: a, guaranteed: 1, share: 2}}]}}"), 5, "unknown field `share` in a tier level"),
+            (format!("{rl}\n    tiers: [plan]"), 5, "`tiers` must be a mapping"),
         ];
         for (fields, line, want) in cases {
             let text = format!("domain: d\ndescriptors:\n  - key: k\n    {fields}\n");

@@ -43,16 +43,23 @@ struct Node {
     /// For a wildcard node with `share_threshold: true`: the pattern, used in the counter key
     /// in place of the request's value so that every matching value shares one counter.
     shared_value: Option<Box<str>>,
+    /// For a tiered rule: the key of the request entry after this node's that names the tier.
+    tiers_key: Option<Box<str>>,
     children: Level,
 }
 
 /// What resolving a request descriptor found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Found {
+pub(crate) enum Found<'e> {
     /// No node at the request's depth, or it has no `rate_limit`.
     Nothing,
-    /// The limit at index `limit`, and the counter key.
-    Limit { limit: usize, counter_key: String },
+    /// The limit at index `limit`, the counter key, and for a tiered rule the value of the
+    /// request's tier entry (`None` when it has none).
+    Limit {
+        limit: usize,
+        counter_key: String,
+        tier: Option<&'e str>,
+    },
 }
 
 impl Tree {
@@ -135,6 +142,7 @@ impl Tree {
                     degrade: d.degrade,
                     shadowban: d.shadowban,
                     queue: d.queue,
+                    tiers: d.tiers.clone(),
                     stats: StatsKey::compile(domain, path, d.detailed_metric),
                     file: file.to_string(),
                     line: d.pos.line,
@@ -156,6 +164,7 @@ impl Tree {
             self.nodes.push(Node {
                 limit,
                 shared_value,
+                tiers_key: d.tiers.map(|t| t.key.into_boxed_str()),
                 children,
             });
             let entry = level.keys.entry(d.key).or_default();
@@ -175,7 +184,11 @@ impl Tree {
 
     /// Resolves one request descriptor: the node at depth `entries.len()` reached by matching
     /// each entry in turn.
-    pub(crate) fn resolve(&self, domain: &str, entries: &[(&str, &str)]) -> Found {
+    ///
+    /// A tiered node is also reached one entry short: when the last entry's key is the node's
+    /// tier key, the node before it is the rule, and that entry names the tier (the decoder
+    /// refuses a nested descriptor with that key, so this never hides one).
+    pub(crate) fn resolve<'e>(&self, domain: &str, entries: &[(&str, &'e str)]) -> Found<'e> {
         if entries.is_empty() {
             return Found::Nothing;
         }
@@ -185,7 +198,17 @@ impl Tree {
         if entries.len() > path.len() {
             return Found::Nothing;
         }
+        let mut depth = entries.len();
+        let mut tier = None;
         for (i, (k, v)) in entries.iter().enumerate() {
+            if i + 1 == entries.len() && i > 0 {
+                let parent = &self.nodes[path[i - 1]];
+                if parent.tiers_key.as_deref() == Some(*k) {
+                    depth = i;
+                    tier = Some(*v);
+                    break;
+                }
+            }
             let Some(entry) = level.keys.get(*k) else {
                 return Found::Nothing;
             };
@@ -207,20 +230,24 @@ impl Tree {
             path[i] = id;
             level = &self.nodes[id].children;
         }
-        let last = &self.nodes[path[entries.len() - 1]];
+        let last = &self.nodes[path[depth - 1]];
         let Some(limit) = last.limit else {
             return Found::Nothing;
         };
         let key = counter_key(
             domain,
-            entries.iter().zip(path.iter()).map(|((k, v), id)| {
-                let value = self.nodes[*id].shared_value.as_deref().unwrap_or(v);
-                (*k, value)
-            }),
+            entries[..depth]
+                .iter()
+                .zip(path.iter())
+                .map(|((k, v), id)| {
+                    let value = self.nodes[*id].shared_value.as_deref().unwrap_or(v);
+                    (*k, value)
+                }),
         );
         Found::Limit {
             limit,
             counter_key: key,
+            tier,
         }
     }
 }

@@ -788,6 +788,7 @@ pub async fn replay(redis: &RedisStore, trace: &Trace) {
                 cost: r.cost,
                 shadow: r.shadow,
                 count_denied: r.count_denied,
+                tier: None,
             })
             .collect();
         let mut expected: Vec<Decision> = mem.check(step.t, &items).unwrap();
@@ -883,6 +884,7 @@ pub async fn replay_leased(guarded: &tollgate_redis::Guarded, trace: &Trace) {
                 cost: r.cost,
                 shadow: r.shadow,
                 count_denied: r.count_denied,
+                tier: None,
             })
             .collect();
         let lease: Vec<CheckItem<'_>> = exact

@@ -135,7 +135,10 @@ fn envoy_binding(
 ) -> Option<HeaderValues> {
     let mut best: Option<(&Limit, u64, &tollgate_core::Decision)> = None;
     for status in &verdict.statuses {
-        let Status::Limited { limit, decision } = status else {
+        let Status::Limited {
+            limit, decision, ..
+        } = status
+        else {
             continue;
         };
         if limit.quota.is_none() {

@@ -134,7 +134,9 @@ mod tests {
         let text = to_rules("svc", one).unwrap();
         let set = RuleSet::from_sources(&[("body".into(), text)]).unwrap();
         match set.resolve("svc", &[("user_id", "alice")]) {
-            Resolution::Limited { limit, counter_key } => {
+            Resolution::Limited {
+                limit, counter_key, ..
+            } => {
                 assert_eq!(limit.quota.unwrap().limit(), 5);
                 assert_eq!(
                     limit.message.as_deref(),
