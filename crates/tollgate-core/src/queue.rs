@@ -88,6 +88,11 @@ impl<T> Queue<T> {
         self.waiters.keys().next().copied()
     }
 
+    /// The waiter served last.
+    pub fn tail(&self) -> Option<Ticket> {
+        self.waiters.keys().next_back().copied()
+    }
+
     /// Whether a waiter of `priority` or a higher one (a smaller number) waits: a newcomer of
     /// `priority` must then wait behind it rather than decide.
     pub fn ahead_of(&self, priority: Priority) -> bool {
@@ -132,6 +137,15 @@ impl<T> Queue<T> {
     }
 }
 
+/// A waiter that joined a line ([`Queues::join`]).
+#[derive(Debug)]
+pub struct Joined<T> {
+    /// Its place.
+    pub ticket: Ticket,
+    /// The lower-priority waiter whose place it took in a full line.
+    pub evicted: Option<(Ticket, T)>,
+}
+
 /// The lines of one process, by key (a rule's id and a counter key), under a cap on all their
 /// waiters together. Empty lines are dropped.
 #[derive(Debug)]
@@ -169,7 +183,10 @@ impl<K: Hash + Eq + Clone, T> Queues<K, T> {
     }
 
     /// Join the line of `key` (at most `max_length` long) at `priority`, giving up at
-    /// `deadline`.
+    /// `deadline`. In a full line, a newcomer of a higher priority than the last waiter takes
+    /// that waiter's place (returned in [`Joined::evicted`]): a full line of low-priority
+    /// requests does not keep a higher-priority one out; a newcomer of the same or a lower
+    /// priority is refused.
     pub fn join(
         &mut self,
         key: &K,
@@ -177,12 +194,22 @@ impl<K: Hash + Eq + Clone, T> Queues<K, T> {
         priority: Priority,
         deadline: Micros,
         value: T,
-    ) -> Result<Ticket, Refused> {
-        if self.lines.get(key).is_some_and(|q| q.len() >= max_length) || max_length == 0 {
+    ) -> Result<Joined<T>, Refused> {
+        if max_length == 0 {
             return Err(Refused::Full);
         }
-        if self.waiting >= self.max_waiting {
-            return Err(Refused::TooManyWaiting);
+        let mut evicted = None;
+        match self.lines.get_mut(key) {
+            Some(line) if line.len() >= max_length => {
+                let tail = line.tail().filter(|t| t.priority > priority);
+                let Some(tail) = tail else {
+                    return Err(Refused::Full);
+                };
+                evicted = line.remove(tail).map(|v| (tail, v));
+                self.waiting -= 1;
+            }
+            _ if self.waiting >= self.max_waiting => return Err(Refused::TooManyWaiting),
+            _ => {}
         }
         let ticket = Ticket {
             priority,
@@ -194,7 +221,7 @@ impl<K: Hash + Eq + Clone, T> Queues<K, T> {
             .or_default()
             .insert(ticket, deadline, value);
         self.waiting += 1;
-        Ok(ticket)
+        Ok(Joined { ticket, evicted })
     }
 
     /// Leave the line of `key`: the value when `ticket` was waiting, and the new head when the
@@ -251,7 +278,8 @@ impl<K: Hash + Eq + Clone, T> Queues<K, T> {
 pub enum Turn {
     /// It is at the head of its line: it may decide again.
     Head,
-    /// It is no longer in its line: its deadline passed (another request's join swept it out).
+    /// It is no longer in its line: its deadline passed (another request's join swept it out),
+    /// or a higher-priority newcomer took its place in a full line.
     Gone,
 }
 
@@ -309,9 +337,13 @@ impl<K: Hash + Eq + Clone> Waitlist<K> {
                 w.take().into_iter().for_each(Waker::wake);
             }
         }
-        let ticket = q.join(&key, max_length, priority, deadline, None)?;
-        // A newcomer ahead of the head takes its turn: the old head waits again.
+        let joined = q.join(&key, max_length, priority, deadline, None)?;
         drop(q);
+        // A waiter whose place was taken finds itself gone.
+        if let Some((_, Some(waker))) = joined.evicted {
+            waker.wake();
+        }
+        let ticket = joined.ticket;
         Ok(Place {
             list: self.clone(),
             key,
@@ -324,6 +356,16 @@ impl<K: Hash + Eq + Clone> Waitlist<K> {
         if let Some((_, Some(head))) = q.leave(key, ticket) {
             if let Some(w) = q.get_mut(key, head) {
                 w.take().into_iter().for_each(Waker::wake);
+            }
+        }
+    }
+
+    fn poll_gone(&self, key: &K, ticket: Ticket, cx: &mut Context<'_>) -> Poll<()> {
+        match self.lock().get_mut(key, ticket) {
+            None => Poll::Ready(()),
+            Some(w) => {
+                *w = Some(cx.waker().clone());
+                Poll::Pending
             }
         }
     }
@@ -366,6 +408,12 @@ impl<K: Hash + Eq + Clone> Place<K> {
     /// Whether this waiter is at the head of its line now.
     pub fn is_head(&self) -> bool {
         self.list.lock().head(&self.key) == Some(self.ticket)
+    }
+
+    /// Resolves when this waiter is no longer in its line (a higher-priority newcomer took its
+    /// place, or another's join found its deadline passed).
+    pub async fn gone(&self) {
+        std::future::poll_fn(|cx| self.list.poll_gone(&self.key, self.ticket, cx)).await
     }
 
     /// Resolves when this waiter is at the head of its line, or is no longer in it.
@@ -568,24 +616,34 @@ pub async fn serve<D: Driver>(
     let mut last: Option<D::Answer> = None;
     loop {
         if let Some(h) = held.as_mut() {
+            // `None`: its turn (to decide); `Some`: it left the line unserved, and why.
+            let mut out = None;
             if !h.place.is_head() {
                 retry_at = None;
-                let turn = race(h.place.turn(), driver.sleep_until(h.deadline)).await;
-                if !matches!(turn, Either::Left(Turn::Head)) {
-                    h.left = Some(Err(Dropped::Timeout));
-                    let spot = h.spot;
-                    drop(held);
-                    return match last {
-                        Some(a) => a,
-                        None => driver.refusal(spot, Dropped::Timeout).await,
-                    };
+                match race(h.place.turn(), driver.sleep_until(h.deadline)).await {
+                    Either::Left(Turn::Head) => {}
+                    // Gone before its deadline: a higher-priority request took its place.
+                    Either::Left(Turn::Gone) if driver.now() < h.deadline => {
+                        out = Some(Dropped::Full)
+                    }
+                    _ => out = Some(Dropped::Timeout),
+                }
+            } else if let Some(at) = retry_at.take() {
+                // The head waits for the store's time, unless its place is taken meanwhile.
+                match race(h.place.gone(), driver.sleep_until(at)).await {
+                    Either::Left(()) => out = Some(Dropped::Full),
+                    Either::Right(()) if !h.place.is_head() => continue,
+                    Either::Right(()) => {}
                 }
             }
-            if let Some(at) = retry_at.take() {
-                driver.sleep_until(at).await;
-                if !h.place.is_head() {
-                    continue;
-                }
+            if let Some(why) = out {
+                h.left = Some(Err(why));
+                let spot = h.spot;
+                drop(held);
+                return match last {
+                    Some(a) => a,
+                    None => driver.refusal(spot, why).await,
+                };
             }
         }
         match driver.decide().await {
@@ -656,9 +714,9 @@ mod tests {
     #[test]
     fn priority_first_then_arrival() {
         let mut q: Queues<&str, u32> = Queues::new(10);
-        let free1 = q.join(&"k", 5, 1, 100, 1).unwrap();
-        let free2 = q.join(&"k", 5, 1, 100, 2).unwrap();
-        let paid = q.join(&"k", 5, 0, 100, 3).unwrap();
+        let free1 = q.join(&"k", 5, 1, 100, 1).unwrap().ticket;
+        let free2 = q.join(&"k", 5, 1, 100, 2).unwrap().ticket;
+        let paid = q.join(&"k", 5, 0, 100, 3).unwrap().ticket;
         assert_eq!(q.head(&"k"), Some(paid));
         assert!(q.ahead_of(&"k", 1) && q.ahead_of(&"k", 0));
         assert_eq!(q.leave(&"k", paid), Some((3, Some(free1))));
@@ -673,12 +731,22 @@ mod tests {
     #[test]
     fn bounds_per_line_and_per_process() {
         let mut q: Queues<&str, ()> = Queues::new(3);
-        q.join(&"a", 2, 0, 1, ()).unwrap();
-        q.join(&"a", 2, 0, 1, ()).unwrap();
-        assert_eq!(q.join(&"a", 2, 0, 1, ()), Err(Refused::Full));
+        q.join(&"a", 2, 1, 1, ()).unwrap();
+        let last = q.join(&"a", 2, 1, 1, ()).unwrap().ticket;
+        assert_eq!(q.join(&"a", 2, 1, 1, ()).unwrap_err(), Refused::Full);
+        // A higher priority takes the last waiter's place.
+        let joined = q.join(&"a", 2, 0, 1, ()).unwrap();
+        assert_eq!(joined.evicted.map(|e| e.0), Some(last));
+        assert_eq!(q.head(&"a"), Some(joined.ticket));
+        assert!(q.join(&"a", 2, 0, 1, ()).unwrap().evicted.is_some());
+        // Only higher priorities: the same one is refused.
+        assert_eq!(q.join(&"a", 2, 0, 1, ()).unwrap_err(), Refused::Full);
         q.join(&"b", 2, 0, 1, ()).unwrap();
-        assert_eq!(q.join(&"c", 2, 0, 1, ()), Err(Refused::TooManyWaiting));
-        assert_eq!(q.join(&"c", 0, 0, 1, ()), Err(Refused::Full));
+        assert_eq!(
+            q.join(&"c", 2, 0, 1, ()).unwrap_err(),
+            Refused::TooManyWaiting
+        );
+        assert_eq!(q.join(&"c", 0, 0, 1, ()).unwrap_err(), Refused::Full);
     }
 
     #[test]
@@ -762,13 +830,22 @@ mod tests {
                 match op {
                     Op::Join { key, priority, deadline } => {
                         let in_line = model.iter().filter(|m| m.0 == key).count();
+                        let tail = model.iter().enumerate().filter(|(_, m)| m.0 == key).max_by_key(|(_, m)| (m.1, m.2)).map(|(i, m)| (i, m.1, m.2));
                         let got = q.join(&key, max_length, priority, u64::from(deadline), arrival);
                         if in_line >= max_length {
-                            prop_assert_eq!(got, Err(Refused::Full));
+                            match tail {
+                                Some((i, p, a)) if p > priority => {
+                                    let joined = got.unwrap();
+                                    prop_assert_eq!(joined.evicted.map(|e| e.1), Some(a));
+                                    model.remove(i);
+                                    model.push((key, priority, arrival, deadline, joined.ticket));
+                                }
+                                _ => prop_assert_eq!(got.unwrap_err(), Refused::Full),
+                            }
                         } else if model.len() >= max_waiting {
-                            prop_assert_eq!(got, Err(Refused::TooManyWaiting));
+                            prop_assert_eq!(got.unwrap_err(), Refused::TooManyWaiting);
                         } else {
-                            model.push((key, priority, arrival, deadline, got.unwrap()));
+                            model.push((key, priority, arrival, deadline, got.unwrap().ticket));
                         }
                         arrival += 1;
                     }

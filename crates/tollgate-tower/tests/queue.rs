@@ -36,6 +36,29 @@ descriptors:
         .unwrap()
 }
 
+/// One request a second shared by two tiers (neither guaranteed anything: they compete for
+/// it), and a line of 3 waiting up to 5 s.
+fn tiered() -> RateLimitLayer {
+    let rules = "domain: web
+http:
+  - actions:
+      - generic_key: {descriptor_value: all}
+      - request_headers: {header_name: x-plan, descriptor_key: plan}
+descriptors:
+  - key: generic_key
+    value: all
+    rate_limit: {unit: second, requests_per_unit: 1, algorithm: fixed_window}
+    tiers: {key: plan, levels: [{value: paid, guaranteed: 0}, {value: free, guaranteed: 0}]}
+    queue: {max_wait: 5s, max_length: 3}
+";
+    let rules = RuleSet::from_sources(&[("web.yaml".into(), rules.into())]).unwrap();
+    RateLimitLayer::builder()
+        .rules(rules, "web")
+        .clock(TokioClock::anchored(1_700_000_000_000_000))
+        .build()
+        .unwrap()
+}
+
 /// An inner service recording each request's `x-id` and when it arrived.
 type Seen = Arc<Mutex<Vec<(String, Duration)>>>;
 
@@ -58,6 +81,16 @@ fn recorder(
 fn request(id: &str) -> Request<Body> {
     Request::get("/")
         .header("x-id", id)
+        .body(Body::empty())
+        .unwrap()
+}
+
+/// A request of the tier its id starts with (`p`: paid, else free).
+fn of_tier(id: &str) -> Request<Body> {
+    let plan = if id.starts_with('p') { "paid" } else { "free" };
+    Request::get("/")
+        .header("x-id", id)
+        .header("x-plan", plan)
         .body(Body::empty())
         .unwrap()
 }
@@ -145,5 +178,80 @@ async fn a_dropped_request_leaves_the_line_and_its_place_is_reused() {
         ids,
         ["a", "next"],
         "the dropped request never reached the service"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn paid_requests_arriving_later_are_served_before_the_free_ones_waiting() {
+    let start = Instant::now();
+    let seen: Seen = Arc::default();
+    let layer = tiered();
+    let svc = layer.clone().layer(recorder(seen.clone(), start));
+    let first = svc.clone().oneshot(of_tier("a")).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    // The line fills with free requests.
+    let mut free = Vec::new();
+    for (n, id) in ["f1", "f2", "f3"].into_iter().enumerate() {
+        free.push(tokio::spawn(svc.clone().oneshot(of_tier(id))));
+        until_waiting(&layer, n + 1).await;
+    }
+    // Then paid ones arrive: each takes the place of the last free waiter, which is refused at
+    // once, and waits ahead of every free one.
+    let p1 = tokio::spawn(svc.clone().oneshot(of_tier("p1")));
+    let f3 = free.pop().unwrap().await.unwrap().unwrap();
+    assert_eq!(f3.status(), StatusCode::TOO_MANY_REQUESTS);
+    let p2 = tokio::spawn(svc.clone().oneshot(of_tier("p2")));
+    let f2 = free.pop().unwrap().await.unwrap().unwrap();
+    assert_eq!(f2.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert_eq!(layer.waiting(), 3);
+    // A third paid one takes the place of the last free one, the head (which was waiting for
+    // the next window). The line is then full of paid requests: a fourth is refused.
+    let p3 = tokio::spawn(svc.clone().oneshot(of_tier("p3")));
+    let f1 = free.pop().unwrap().await.unwrap().unwrap();
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert_eq!(f1.status(), StatusCode::TOO_MANY_REQUESTS);
+    let p4 = svc.clone().oneshot(of_tier("p4")).await.unwrap();
+    assert_eq!(p4.status(), StatusCode::TOO_MANY_REQUESTS);
+    for (call, at) in [(p1, 1), (p2, 2), (p3, 3)] {
+        assert_eq!(call.await.unwrap().unwrap().status(), StatusCode::OK);
+        assert_eq!(start.elapsed(), Duration::from_secs(at));
+    }
+    let ids: Vec<String> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(id, _)| id.clone())
+        .collect();
+    assert_eq!(ids, ["a", "p1", "p2", "p3"]);
+    assert_eq!(layer.waiting(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn free_requests_wait_behind_paid_ones_and_are_served_after_them() {
+    let start = Instant::now();
+    let seen: Seen = Arc::default();
+    let layer = tiered();
+    let svc = layer.clone().layer(recorder(seen.clone(), start));
+    assert_eq!(
+        svc.clone().oneshot(of_tier("a")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    let mut calls = Vec::new();
+    for (n, id) in ["f1", "p1", "f2"].into_iter().enumerate() {
+        calls.push(tokio::spawn(svc.clone().oneshot(of_tier(id))));
+        until_waiting(&layer, n + 1).await;
+    }
+    for call in calls {
+        assert_eq!(call.await.unwrap().unwrap().status(), StatusCode::OK);
+    }
+    let seen = seen.lock().unwrap().clone();
+    let expected: Vec<(String, Duration)> = [("a", 0), ("p1", 1), ("f1", 2), ("f2", 3)]
+        .into_iter()
+        .map(|(id, s)| (id.to_owned(), Duration::from_secs(s)))
+        .collect();
+    assert_eq!(
+        seen, expected,
+        "highest tier first, then first come first served"
     );
 }
