@@ -619,7 +619,7 @@ pub async fn serve<D: Driver>(
             // `None`: its turn (to decide); `Some`: it left the line unserved, and why.
             let mut out = None;
             if !h.place.is_head() {
-                retry_at = None;
+                // Its turn comes after an admission or a departure: it decides at once.
                 match race(h.place.turn(), driver.sleep_until(h.deadline)).await {
                     Either::Left(Turn::Head) => {}
                     // Gone before its deadline: a higher-priority request took its place.
