@@ -16,7 +16,7 @@ use std::net::TcpStream;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use support::gateway::{get, Gateway, Resp, Upstream};
 use support::registry::metric;
-use support::{temp_dir, Server};
+use support::{temp_dir, tollgate, Server};
 
 const RULES: &str = r#"domain: web
 http:
@@ -223,4 +223,29 @@ fn nginx_client_that_goes_away_leaves_the_line_and_its_place_is_reused() {
     assert_eq!(next.status, 200, "{next:?}");
     assert_eq!(upstream_paths(&upstream), ["/g0", "/g3"]);
     drop(nginx);
+}
+
+/// The example rules of docs/rules.md's "Queueing" section validate as written.
+#[test]
+fn the_documented_queue_example_validates() {
+    let page = std::fs::read_to_string(support::repo().join("docs/rules.md")).unwrap();
+    let at = page
+        .find("<!-- queue example -->")
+        .expect("the queue example's marker in docs/rules.md");
+    let block = page[at..]
+        .split_once("```yaml\n")
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .map(|(yaml, _)| yaml)
+        .expect("a yaml block after the marker");
+    assert!(block.contains("queue: {max_wait: 500ms"), "{block}");
+    let dir = temp_dir("queue-doc");
+    let file = dir.join("api.yaml");
+    std::fs::write(&file, block).unwrap();
+    let out = tollgate(&["validate", file.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
