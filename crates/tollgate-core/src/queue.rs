@@ -273,7 +273,7 @@ impl<K: Hash + Eq + Clone, T> Queues<K, T> {
     }
 }
 
-/// Whether it is a waiter's turn ([`Waitlist::poll_turn`]).
+/// Whether it is a waiter's turn ([`Place::turn`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Turn {
     /// It is at the head of its line: it may decide again.
