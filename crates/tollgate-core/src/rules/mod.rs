@@ -1052,7 +1052,7 @@ descriptors:
         assert_eq!(e[3].column, 51);
         assert_eq!(
             e[2].to_string(),
-            "t.yaml:7:5: unknown field `bogus` in a descriptor (allowed: key, value, rate_limit, descriptors, shadow_mode, detailed_metric, value_to_metric, share_threshold, quota_mode, metadata, message, degrade, shadowban, tiers)"
+            "t.yaml:7:5: unknown field `bogus` in a descriptor (allowed: key, value, rate_limit, descriptors, shadow_mode, detailed_metric, value_to_metric, share_threshold, quota_mode, metadata, message, degrade, shadowban, queue, tiers)"
         );
     }
 
