@@ -125,6 +125,12 @@ fn admitted(state: &AppState, req: &CheckRequest) -> Result<Arc<LoadedRules>, Ap
     checked.inspect_err(|e| state.metrics().error(e.code()))
 }
 
+/// Whether `req` would pass [`admitted`], without counting anything: a request that would not is
+/// refused by the decision itself, and must not wait in a queue first.
+pub(crate) fn acceptable(state: &AppState, req: &CheckRequest) -> bool {
+    validate_in(state, req).is_ok() && bounded_overrides(&state.rules(), req).is_ok()
+}
+
 /// Refuse a `limit` override that asks more than the store would hold for it (see
 /// [`Overrides::too_large`]): a client must not choose how much memory one key takes.
 fn bounded_overrides(rules: &LoadedRules, req: &CheckRequest) -> Result<(), ApiError> {

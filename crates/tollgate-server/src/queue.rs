@@ -6,7 +6,7 @@
 //! plugs into them. gRPC (Envoy's RLS) never queues: Envoy's call to a rate limit service has a
 //! short timeout, and a wait there would turn into Envoy's failure mode rather than a 429.
 
-use crate::check::{attempt, decide, limit_info};
+use crate::check::{acceptable, attempt, decide, limit_info};
 use crate::error::ApiError;
 use crate::model::{CheckRequest, CheckResponse, Code, DescriptorStatus, HeaderValues};
 use crate::state::AppState;
@@ -21,7 +21,7 @@ type Decided = Result<CheckResponse, ApiError>;
 /// waits for capacity as they allow ([`tollgate_core::queue::serve`]). With no such rule in the
 /// active rules (one relaxed load), it is [`crate::check::decide`].
 pub async fn decide_queued(state: &AppState, req: &CheckRequest) -> Decided {
-    if !state.has_queues() {
+    if !state.has_queues() || !acceptable(state, req) {
         return decide(state, req).await;
     }
     let rules = state.rules();

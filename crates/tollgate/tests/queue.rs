@@ -31,6 +31,10 @@ descriptors:
     tiers: {key: plan, levels: [{value: paid, guaranteed: 0}, {value: free, guaranteed: 0}]}
     queue: {max_wait: 9s, max_length: 2}
   - key: lane
+    value: check
+    rate_limit: {unit: second, unit_multiplier: 4, requests_per_unit: 1, algorithm: fixed_window}
+    queue: {max_wait: 9s, max_length: 1}
+  - key: lane
     value: gone
     rate_limit: {unit: second, unit_multiplier: 4, requests_per_unit: 1, algorithm: fixed_window}
     queue: {max_wait: 9s, max_length: 1}
@@ -223,6 +227,28 @@ fn nginx_client_that_goes_away_leaves_the_line_and_its_place_is_reused() {
     assert_eq!(next.status, 200, "{next:?}");
     assert_eq!(upstream_paths(&upstream), ["/g0", "/g3"]);
     drop(nginx);
+}
+
+/// `POST /v1/check` queues too: the second request of a window waits for the next one and is
+/// answered OK then.
+#[test]
+fn v1_check_waits_in_the_queue_too() {
+    let (server, _nginx, _upstream) = start("queue-check");
+    let base = server.base.clone();
+    window_start();
+    let (status, body) = support::check(&base, "web", "lane", "check");
+    assert_eq!(status, 200, "{body}");
+    let waiting = {
+        let base = base.clone();
+        std::thread::spawn(move || support::check(&base, "web", "lane", "check"))
+    };
+    until_metric(&base, "tollgate_queue_waiting", "check", "", 1);
+    let (status, body) = waiting.join().unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        queue_metric(&base, "tollgate_queue_served_total", "check", ""),
+        1
+    );
 }
 
 /// The example rules of docs/rules.md's "Queueing" section validate as written.
