@@ -21,7 +21,17 @@ type Decided = Result<CheckResponse, ApiError>;
 /// waits for capacity as they allow ([`tollgate_core::queue::serve`]). With no such rule in the
 /// active rules (one relaxed load), it is [`crate::check::decide`].
 pub async fn decide_queued(state: &AppState, req: &CheckRequest) -> Decided {
-    if !state.has_queues() || !acceptable(state, req) {
+    if !state.has_queues() {
+        return decide(state, req).await;
+    }
+    // Boxed: the waiting's larger future is built only where a rule may queue, so that the
+    // future of every other request stays the size of `decide`'s.
+    Box::pin(queued(state, req)).await
+}
+
+/// [`decide_queued`] once the active rules have a queue.
+async fn queued(state: &AppState, req: &CheckRequest) -> Decided {
+    if !acceptable(state, req) {
         return decide(state, req).await;
     }
     let rules = state.rules();

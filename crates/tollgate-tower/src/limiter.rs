@@ -509,7 +509,8 @@ impl Limiter {
                             domain,
                             descriptors: &descriptors,
                         };
-                        return queue::serve(&self.queue, &driver, &spots).await;
+                        // Boxed: only requests that may wait carry the waiting's future.
+                        return Box::pin(queue::serve(&self.queue, &driver, &spots)).await;
                     }
                 }
                 match self.decide_rules(rules, domain, &descriptors, now).await {

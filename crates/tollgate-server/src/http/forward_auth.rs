@@ -14,6 +14,7 @@
 //! gateway, so the gateway must be in `--trusted-proxies` for per-client limits to be per client.
 
 use super::{add_headers, HttpState};
+use crate::check::decide;
 use crate::error::ApiError;
 use crate::model::{CheckRequest, CheckResponse, Descriptor};
 use crate::queue::decide_queued;
@@ -100,7 +101,12 @@ pub(crate) async fn forward_auth(
         return StatusCode::OK.into_response();
     }
     let check = CheckRequest::new(domain, descriptors);
-    match decide_queued(&state, &check).await {
+    let decided = if state.has_queues() {
+        decide_queued(&state, &check).await
+    } else {
+        decide(&state, &check).await
+    };
+    match decided {
         Ok(resp) => answer(&resp, deny_status, wants_json),
         Err(e) => e.into_response(),
     }

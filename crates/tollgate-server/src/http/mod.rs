@@ -427,7 +427,13 @@ where
         Ok(c) => c,
         Err(e) => return fail(&state, e),
     };
-    match crate::queue::decide_queued(&state, &check).await {
+    // Only with a `queue` in the rules does a decision go through the queue's driver.
+    let decided = if state.has_queues() {
+        crate::queue::decide_queued(&state, &check).await
+    } else {
+        crate::check::decide(&state, &check).await
+    };
+    match decided {
         Ok(resp) => native_response(&resp),
         Err(e) => e.into_response(),
     }
