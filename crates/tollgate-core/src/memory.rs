@@ -1001,15 +1001,20 @@ impl Store for MemoryStore {
     fn check(&self, now: Micros, items: &[CheckItem<'_>]) -> Result<Vec<Decision>, StoreError> {
         Ok(match items {
             [] => Vec::new(),
-            [one] if one.tier.is_none() => vec![self.step_one(now, one)],
+            [one] => vec![self.check_one(now, one)?],
             many => self.check_many(now, many),
         })
     }
 
     fn check_one(&self, now: Micros, item: &CheckItem<'_>) -> Result<Decision, StoreError> {
-        if item.tier.is_some() {
-            let d = self.check_many(now, std::slice::from_ref(item)).pop();
-            return Ok(d.unwrap_or_default());
+        if let Some(tier) = item.tier {
+            // As a single slot is stepped in place: the state is written whatever the outcome.
+            let h = self.key_hash(item);
+            let mut shard = lock(&self.shards[self.shard_of(h)]);
+            let state = shard.tiered.get(&h).map(|(s, _)| s.clone());
+            let (d, next) = tiers::step(state, now, item.cost, item.quota, tier.levels, tier.index);
+            shard.set_tiered(h, next, now + d.reset_after, d.remaining == 0, now);
+            return Ok(d);
         }
         Ok(self.step_one(now, item))
     }

@@ -929,3 +929,31 @@ fn sync_modes_and_their_default() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// docs/rules.md's tiers example loads and does what the page's worked example says.
+#[test]
+fn the_docs_tiers_example_holds() {
+    use tollgate_core::limiter::{check, Descriptor};
+    let page = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/rules.md"),
+    )
+    .unwrap();
+    let section = &page[page.find("## Tiers").expect("a Tiers section")..];
+    let start = section.find("```yaml\n").expect("a yaml block") + "```yaml\n".len();
+    let yaml = &section[start..start + section[start..].find("```").unwrap()];
+    let rules = RuleSet::from_sources(&[("rules.md".to_string(), yaml.to_string())]).unwrap();
+    let store = tollgate_core::MemoryStore::default();
+    let t0 = 1_795_305_600_000_000;
+    let count = |plan: &str, now, n| {
+        let d = [Descriptor::new([("api", "x"), ("plan", plan)])];
+        (0..n)
+            .filter(|_| check(&rules, &store, now, "api", &d, 1).unwrap().allowed())
+            .count()
+    };
+    // Free alone gets 20, then paid 80; paid alone (next window) 90.
+    assert_eq!(count("free", t0, 200), 20);
+    assert_eq!(count("paid", t0, 200), 80);
+    assert_eq!(count("paid", t0 + 1_000_000, 200), 90);
+    // Unknown plans are free traffic.
+    assert_eq!(count("gold", t0 + 1_000_000, 200), 10);
+}

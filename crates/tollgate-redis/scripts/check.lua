@@ -23,7 +23,8 @@
 --   header '<ddBBH': now (-1 = Redis TIME), grace ms, mode (0 check, 1 refund), single, count;
 --   per item '<BBBBBddddddddd': algorithm, shadow, unit, count denied, envoy key layout, then
 --   cost, limit, burst, T, multiplier, nominal period, index in the request, EXPIRE seconds,
---   lease (units wanted beyond the cost for an instance's lease; 0 = none).
+--   lease (units wanted beyond the cost for an instance's lease; 0 = none); a tiered item
+--   (algorithm 8) then has its tier table (tiers.lua).
 --   Packed numbers cost Redis a copy each, where one string argument per field cost it an
 --   argument object and a `tonumber` (a strtod) each.
 -- ARGV[2]: the request id.
@@ -86,6 +87,7 @@ local function check(KEYS, ARGV)
       p.keys[2] = KEYS[k]
       k = k + 1
     end
+    if alg == 8 then pos = tiers_unpack(p, packed, pos) end
     items[i] = p
   end
 

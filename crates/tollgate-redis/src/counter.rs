@@ -6,7 +6,8 @@ use tollgate_core::{CheckItem, SyncMode};
 
 /// Whether `item` is kept in `mode` (its limit asks for it and its algorithm supports it).
 pub(crate) fn kept(item: &CheckItem<'_>, mode: SyncMode) -> bool {
-    item.quota.sync() == mode && mode.supports(item.quota.algorithm())
+    // Tiered limits are always decided in Redis (their rules refuse the other modes).
+    item.quota.sync() == mode && mode.supports(item.quota.algorithm()) && item.tier.is_none()
 }
 
 /// The map key of an item's counter: the key, the algorithm and the period (as Redis' key).

@@ -55,8 +55,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tollgate_core::quota::Algorithm;
-use tollgate_core::rules::RuleSet;
-use tollgate_core::store::blocks;
+use tollgate_core::rules::{RuleSet, TierLevel};
+use tollgate_core::store::{blocks, Tier};
 use tollgate_core::{
     CheckItem, Decision, FaultKind, MemoryStore, Micros, Quota, Store, StoreError,
 };
@@ -648,7 +648,11 @@ impl Guarded {
             }
             let item = CheckItem {
                 cost: o.cost,
-                ..CheckItem::hit(&o.rule, &key, &o.quota)
+                tier: o.tier.as_ref().map(|(levels, index)| Tier {
+                    levels,
+                    index: *index,
+                }),
+                ..CheckItem::hit(&o.rule, &o.key, &o.quota)
             };
             // Keys on another master that is still down wait for its own probe.
             let b = self.breaker_for(&[item]);
@@ -1000,10 +1004,22 @@ impl Guarded {
     ) -> Vec<Decision> {
         let n = self.settings.expected_instances.max(1);
         let quotas: Vec<Quota> = items.iter().map(|i| divide(i.quota, n)).collect();
+        let levels: Vec<Option<Vec<TierLevel>>> = items
+            .iter()
+            .map(|i| i.tier.map(|t| divide_levels(t.levels, n)))
+            .collect();
         let local: Vec<CheckItem<'_>> = items
             .iter()
             .zip(&quotas)
-            .map(|(i, quota)| CheckItem { quota, ..*i })
+            .zip(&levels)
+            .map(|((i, quota), levels)| CheckItem {
+                quota,
+                tier: i.tier.zip(levels.as_deref()).map(|(t, levels)| Tier {
+                    levels,
+                    index: t.index,
+                }),
+                ..*i
+            })
             .collect();
         let Some(ledger) = &self.ledger else {
             // The memory store never fails.
@@ -1014,7 +1030,7 @@ impl Guarded {
         let shares: Vec<Option<(u64, Micros)>> = items
             .iter()
             .map(|i| {
-                map.get(i.key)
+                map.get(&*ledger_key(i))
                     .filter(|s| s.until > now && s.quota == *i.quota)
                     .map(|s| (s.share, s.until))
             })
@@ -1046,7 +1062,7 @@ impl Guarded {
         let mut decisions = decisions;
         if admitted || possibly_consumed {
             for (i, d) in items.iter().zip(decisions.iter_mut()) {
-                if let Some(s) = map.get_mut(i.key).filter(|s| s.until > now) {
+                if let Some(s) = map.get_mut(&*ledger_key(i)).filter(|s| s.until > now) {
                     s.share = s.share.saturating_sub(i.cost);
                     d.remaining = d.remaining.min(s.share);
                 }
@@ -1063,6 +1079,24 @@ fn divide(quota: &Quota, n: u64) -> Quota {
     quota
         .with_limit(share(quota.limit()))
         .with_burst(quota.burst().map(share))
+}
+
+/// A tiered limit's levels for its [`divide`]d quota: guarantees and reserves divided by `n`
+/// (rounded down, so that they still add up to at most the divided limit), ceilings as the
+/// limit is.
+fn divide_levels(levels: &[TierLevel], n: u64) -> Vec<TierLevel> {
+    let share = |v: u64| if v == 0 { 0 } else { (v / n).max(1) };
+    levels
+        .iter()
+        .map(|l| {
+            TierLevel::new(
+                l.value.clone(),
+                l.guaranteed / n,
+                share(l.ceiling),
+                l.reserve / n,
+            )
+        })
+        .collect()
 }
 
 /// Probe (a write with a TTL) while the breaker is not healthy; stop when the backend is
@@ -1162,6 +1196,10 @@ struct Nodes {
 /// A key's local admissions not yet folded into Redis.
 struct OwedKey {
     rule: String,
+    /// The counter key (the map's key is [`ledger_key`]'s, which names a tier too).
+    key: String,
+    /// A tiered limit's levels and tier: folded into the tiered state.
+    tier: Option<(Vec<TierLevel>, u8)>,
     quota: Quota,
     cost: u64,
     /// Local time the key's window ends (nothing to fold after it).
@@ -1193,18 +1231,21 @@ impl Owed {
                 continue;
             }
             let until = now.saturating_add(d.reset_after.max(1));
-            if let Some(o) = map.get_mut(i.key).filter(|o| o.quota == *i.quota) {
+            let key = ledger_key(i);
+            if let Some(o) = map.get_mut(&*key).filter(|o| o.quota == *i.quota) {
                 o.cost = o.cost.saturating_add(i.cost);
                 o.until = o.until.max(until);
                 continue;
             }
-            if map.len() >= OWED_MAX && !map.contains_key(i.key) {
+            if map.len() >= OWED_MAX && !map.contains_key(&*key) {
                 continue;
             }
             map.insert(
-                i.key.to_owned(),
+                key.into_owned(),
                 OwedKey {
                     rule: i.rule.to_owned(),
+                    key: i.key.to_owned(),
+                    tier: i.tier.map(|t| (t.levels.to_vec(), t.index)),
                     quota: *i.quota,
                     cost: i.cost,
                     until,
@@ -1243,6 +1284,15 @@ struct Ledger {
     map: Mutex<HashMap<String, Seen>>,
 }
 
+/// An item's entry in the ledger: its counter key, and for a tiered limit its tier too (the
+/// remaining Redis reports is the tier's).
+fn ledger_key<'a>(i: &CheckItem<'a>) -> std::borrow::Cow<'a, str> {
+    match i.tier {
+        Some(t) => format!("{}\u{0}tier{}", i.key, t.index).into(),
+        None => i.key.into(),
+    }
+}
+
 impl Ledger {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Seen>> {
         self.map.lock().unwrap_or_else(|e| e.into_inner())
@@ -1252,8 +1302,9 @@ impl Ledger {
         let n = n.max(1);
         let mut map = self.lock();
         for (i, d) in items.iter().zip(decisions) {
+            let key = ledger_key(i);
             if d.reset_after == 0 {
-                map.remove(i.key);
+                map.remove(&*key);
                 continue;
             }
             let seen = Seen {
@@ -1261,7 +1312,7 @@ impl Ledger {
                 share: d.remaining / n,
                 until: now.saturating_add(d.reset_after),
             };
-            if let Some(s) = map.get_mut(i.key) {
+            if let Some(s) = map.get_mut(&*key) {
                 *s = seen;
                 continue;
             }
@@ -1271,7 +1322,7 @@ impl Ledger {
                     continue;
                 }
             }
-            map.insert(i.key.to_owned(), seen);
+            map.insert(key.into_owned(), seen);
         }
     }
 }
@@ -1320,7 +1371,9 @@ impl DenyCache {
     }
 
     fn get(&self, item: &CheckItem<'_>, now: Micros) -> Option<Decision> {
-        if item.cost == 0 || item.shadow {
+        // A tiered limit's counter key is every tier's: a denial of one tier says nothing of
+        // another's, so tiered items are never cached.
+        if item.cost == 0 || item.shadow || item.tier.is_some() {
             return None;
         }
         let mut map = self.lock();
@@ -1350,7 +1403,12 @@ impl DenyCache {
     fn learn(&self, now: Micros, items: &[CheckItem<'_>], decisions: &[Decision]) {
         let mut map = self.lock();
         for (i, d) in items.iter().zip(decisions) {
-            if d.allowed || i.shadow || i.cost == 0 || !exact_denial(i.quota.algorithm()) {
+            if d.allowed
+                || i.shadow
+                || i.cost == 0
+                || i.tier.is_some()
+                || !exact_denial(i.quota.algorithm())
+            {
                 continue;
             }
             let until = d.retry_after.map_or(Micros::MAX, |r| now.saturating_add(r));
@@ -1378,6 +1436,30 @@ impl DenyCache {
 mod tests {
     use super::*;
     use tollgate_core::Unit;
+
+    #[test]
+    fn divided_tiers_keep_what_the_rules_require() {
+        let levels = [
+            TierLevel::new("paid", 61, 100, 0),
+            TierLevel::new("free", 39, 80, 21),
+        ];
+        for n in 1..12 {
+            let q = divide(&Quota::new(100, Unit::Second), n);
+            let d = divide_levels(&levels, n);
+            assert!(
+                d.iter().map(|l| l.guaranteed).sum::<u64>() <= q.limit(),
+                "{n}"
+            );
+            for l in &d {
+                assert!(
+                    l.guaranteed <= l.ceiling && l.ceiling <= q.limit(),
+                    "{n}: {l:?}"
+                );
+                assert!(l.reserve <= q.limit(), "{n}: {l:?}");
+            }
+            assert_eq!(d[0].reserve, 0);
+        }
+    }
 
     #[test]
     fn breaker_opens_after_three_failures_and_closes_through_half_open() {

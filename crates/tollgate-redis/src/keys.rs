@@ -117,6 +117,21 @@ pub fn counter_keys(prefix: &str, key: &str, quota: &Quota) -> CounterKeys {
     (main, sum)
 }
 
+/// The Redis keys of `item`'s counter under `layout` ([`counter_keys_in`]); a tiered item's
+/// state (every tier of the parent counter, see `scripts/tiers.lua`) has its own key, with a
+/// `:tiers` suffix, in the same slot.
+pub fn item_keys(
+    layout: KeyLayout,
+    prefix: &str,
+    item: &tollgate_core::CheckItem<'_>,
+) -> CounterKeys {
+    let (main, aux) = counter_keys_in(layout, prefix, item.key, item.quota);
+    match item.tier {
+        Some(_) => (format!("{main}:tiers"), aux),
+        None => (main, aux),
+    }
+}
+
 /// Where a Redis store keeps [`Algorithm::EnvoyFixedWindow`] counters (the other algorithms
 /// always use tollgate's layout).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

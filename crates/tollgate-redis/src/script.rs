@@ -29,6 +29,7 @@ macro_rules! lua_body {
             include_str!("../scripts/envoy_fixed_window.lua"),
             include_str!("../scripts/sliding_log.lua"),
             include_str!("../scripts/sliding_counter.lua"),
+            include_str!("../scripts/tiers.lua"),
             include_str!("../scripts/check.lua"),
         )
     };
@@ -173,7 +174,7 @@ pub(crate) fn arguments(call: &Call<'_>, items: &[Entry<'_>]) -> (Vec<String>, V
         let envoy = call.layout == KeyLayout::Envoy && q.algorithm() == Algorithm::EnvoyFixedWindow;
         let expire = envoy_expire(call, *idx, q);
         packed.extend_from_slice(&[
-            algorithm_code(q.algorithm()),
+            item.tier.map_or(algorithm_code(q.algorithm()), |_| TIERED),
             item.shadow.into(),
             unit_code(q.period().unit),
             item.count_denied.into(),
@@ -192,8 +193,31 @@ pub(crate) fn arguments(call: &Call<'_>, items: &[Entry<'_>]) -> (Vec<String>, V
         ] {
             put(&mut packed, x);
         }
+        if let Some(t) = item.tier {
+            put_tiers(&mut packed, &t, q);
+        }
     }
     (keys, packed)
+}
+
+/// check.lua's algorithm code of a tiered item (tiers.lua), whatever its window algorithm.
+const TIERED: u8 = 8;
+
+/// A tiered item's tier table, after its fixed fields (tiers.lua's `tiers_unpack`): levels,
+/// tier, sliding (one byte each), then guaranteed, ceiling and reserve per level. Levels are
+/// at most [`tollgate_core::rules::MAX_TIER_LEVELS`] ([`validate`]).
+fn put_tiers(packed: &mut Vec<u8>, t: &tollgate_core::store::Tier<'_>, q: &tollgate_core::Quota) {
+    let n = t.levels.len().min(tollgate_core::rules::MAX_TIER_LEVELS);
+    packed.extend_from_slice(&[
+        n as u8,
+        t.index,
+        (q.algorithm() == Algorithm::SlidingWindowCounter).into(),
+    ]);
+    for l in &t.levels[..n] {
+        for x in [l.guaranteed, l.ceiling, l.reserve] {
+            put(packed, x.min(keys::MAX_COUNT));
+        }
+    }
 }
 
 /// The `EVAL` of the script for `items` (with their index in the request and their keys), as
@@ -213,7 +237,7 @@ pub fn eval(call: &Call<'_>, items: &[Entry<'_>]) -> redis::Cmd {
 /// exactly as [`crate::RedisStore::check`] would (a benchmark's ceiling: the same call with no
 /// store around it). The library must be loaded ([`library`]).
 pub fn fcall(name: &str, prefix: &str, item: &CheckItem<'_>, reqid: &str) -> redis::Cmd {
-    let keys = keys::counter_keys(prefix, item.key, item.quota);
+    let keys = keys::item_keys(KeyLayout::Tollgate, prefix, item);
     let call = Call {
         now: None,
         reqid,
@@ -291,5 +315,24 @@ pub(crate) fn validate(items: &[CheckItem<'_>], now: Option<Micros>) -> Result<(
             "time after 2^52 µs since the epoch".into(),
         ));
     }
-    items.iter().try_for_each(|i| keys::check_quota(i.quota))
+    items.iter().try_for_each(|i| {
+        keys::check_quota(i.quota)?;
+        match i.tier {
+            Some(t)
+                if !matches!(
+                    i.quota.algorithm(),
+                    Algorithm::FixedWindow | Algorithm::SlidingWindowCounter
+                ) || t.levels.is_empty()
+                    || t.levels.len() > tollgate_core::rules::MAX_TIER_LEVELS =>
+            {
+                Err(StoreError::Unsupported(format!(
+                    "tiers of 1 to {} levels over fixed_window or sliding_window_counter (found {} levels over {})",
+                    tollgate_core::rules::MAX_TIER_LEVELS,
+                    t.levels.len(),
+                    i.quota.algorithm()
+                )))
+            }
+            _ => Ok(()),
+        }
+    })
 }

@@ -892,7 +892,9 @@ impl RedisStore {
         let mut n = 0;
         for (key, quota) in counters {
             let (main, aux) = keys::counter_keys(&self.inner.opts.prefix, key, quota);
-            for k in std::iter::once(main).chain(aux) {
+            // A tiered limit's state is under its own key (`keys::item_keys`).
+            let tiered = format!("{main}:tiers");
+            for k in [main, tiered].into_iter().chain(aux) {
                 let mut cmd = redis::cmd("DEL");
                 cmd.arg(k);
                 n += self.query::<u64>(&cmd).await?;
@@ -981,9 +983,7 @@ impl RedisStore {
         let opts = &self.inner.opts;
         let keys: Vec<keys::CounterKeys> = which
             .iter()
-            .map(|&i| {
-                keys::counter_keys_in(opts.key_layout, &opts.prefix, items[i].key, items[i].quota)
-            })
+            .map(|&i| keys::item_keys(opts.key_layout, &opts.prefix, &items[i]))
             .collect();
         // One call per (slot, instant): a cluster's slot groups were checked at their own time.
         let mut groups: Vec<((u16, Micros), Vec<usize>)> = Vec::new();
@@ -1125,7 +1125,7 @@ impl RedisStore {
         let prefix = &self.inner.opts.prefix;
         let keys: Vec<keys::CounterKeys> = items
             .iter()
-            .map(|i| keys::counter_keys_in(self.inner.opts.key_layout, prefix, i.key, i.quota))
+            .map(|i| keys::item_keys(self.inner.opts.key_layout, prefix, i))
             .collect();
         let reqid = self.next_reqid();
         let call = Call {

@@ -143,3 +143,66 @@ fn leased_limits_on_one_instance_decide_as_exact() {
     }
     support::delete_prefix(support::shared_url(), &prefix);
 }
+
+/// Tiered limits (priority tiers sharing one limit) decide on Redis exactly as on the memory
+/// store: the hand-written tiered traces and random ones, time going back too.
+#[test]
+fn tiered_traces_match_memory_store() {
+    use support::conformance::{random_tiered_trace, tiered_traces, TIERED};
+    let rt = runtime();
+    let store = rt
+        .block_on(RedisStore::connect(
+            support::shared_url(),
+            replay_options("tiers"),
+        ))
+        .unwrap();
+    rt.block_on(async {
+        for t in &tiered_traces() {
+            replay(&store, t).await;
+        }
+    });
+    // The overload traces' shape (Redis decides as the memory store, checked above): in each
+    // window the parent fills to exactly 100, paid gets at least its 60, free 10 to 20.
+    for t in tiered_traces()
+        .iter()
+        .filter(|t| t.name.ends_with("overload"))
+    {
+        use tollgate_core::{MemoryStore, Store};
+        let mem = MemoryStore::default();
+        let mut per_window: std::collections::BTreeMap<u64, [u64; 2]> = Default::default();
+        for step in &t.steps {
+            let r = &step.reqs[0];
+            let (levels, tier) = r.tier.as_ref().unwrap();
+            let item = tollgate_core::CheckItem {
+                cost: r.cost,
+                tier: Some(tollgate_core::store::Tier {
+                    levels,
+                    index: *tier,
+                }),
+                ..tollgate_core::CheckItem::hit("r", &r.key, &r.quota)
+            };
+            if mem.check_one(step.t, &item).unwrap().allowed {
+                per_window.entry(step.t / 1_000_000).or_default()[usize::from(*tier)] += r.cost;
+            }
+        }
+        assert_eq!(per_window.len(), 5, "{}", t.name);
+        for (w, [paid, free]) in per_window {
+            assert_eq!(paid + free, 100, "{} window {w}", t.name);
+            assert!(
+                paid >= 60 && (10..=20).contains(&free),
+                "{} window {w}: {paid} {free}",
+                t.name
+            );
+        }
+    }
+    for alg in TIERED {
+        let mut runner = runner(64);
+        runner
+            .run(&random_tiered_trace(alg, true), |trace| {
+                rt.block_on(replay(&store, &trace));
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("{alg} tiered: {e}"));
+    }
+    support::delete_prefix(support::shared_url(), &store.options().prefix);
+}

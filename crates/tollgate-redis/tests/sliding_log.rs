@@ -374,6 +374,7 @@ fn random_long_logs_match_memory_store() {
                 cost,
                 shadow: false,
                 count_denied: false,
+                tier: None,
             };
             Trace {
                 name: format!("random long log {limit}/min"),

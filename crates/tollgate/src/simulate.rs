@@ -130,6 +130,25 @@ struct Admitted {
     denied: u64,
     /// The period of the first limit met (the span the "most admitted" figure is over).
     period_ms: Option<u64>,
+    /// Lines that met a tiered limit, admitted ones by tier (in the order tiers were first
+    /// met): the plot draws these instead of the whole when there are any.
+    tiers: Vec<(String, Vec<(u64, u64)>)>,
+}
+
+/// The tier of a line's first tiered limit, by its level's value.
+fn tier_of(verdict: &Verdict<'_>) -> Option<String> {
+    verdict.statuses.iter().find_map(|s| match s {
+        Status::Limited {
+            limit,
+            tier: Some(t),
+            ..
+        } => limit
+            .tiers
+            .as_ref()
+            .and_then(|ts| ts.levels.get(usize::from(*t)))
+            .map(|l| l.value.clone()),
+        _ => None,
+    })
 }
 
 /// The most hits admitted within any span of `period_ms` (a rolling window over the trace).
@@ -162,6 +181,7 @@ fn plot_algorithms(
             admitted: Vec::new(),
             denied: 0,
             period_ms: None,
+            tiers: Vec::new(),
         };
         for ev in events {
             let descriptors = std::slice::from_ref(&ev.descriptor);
@@ -179,6 +199,18 @@ fn plot_algorithms(
                     Status::Limited { limit, .. } => limit.quota.map(|q| ms(q.period().nominal())),
                     _ => None,
                 });
+            }
+            if let Some(tier) = tier_of(&verdict) {
+                let at = match run.tiers.iter().position(|(t, _)| *t == tier) {
+                    Some(i) => i,
+                    None => {
+                        run.tiers.push((tier, Vec::new()));
+                        run.tiers.len() - 1
+                    }
+                };
+                if verdict.allowed() {
+                    run.tiers[at].1.push((ev.t_ms, ev.hits));
+                }
             }
             if verdict.allowed() {
                 run.admitted.push((ev.t_ms, ev.hits));
@@ -207,21 +239,52 @@ fn plot_algorithms(
             r.denied,
             most.map_or("-".to_string(), |m| m.to_string())
         )?;
-        let mut total = 0;
-        let mut points = vec![(first as f64 / 1000.0, 0.0)];
-        for &(t, hits) in &r.admitted {
-            total += hits;
-            points.push((t as f64 / 1000.0, total as f64));
+        let cumulative = |admitted: &[(u64, u64)]| {
+            let mut total = 0;
+            let mut points = vec![(first as f64 / 1000.0, 0.0)];
+            for &(t, hits) in admitted {
+                total += hits;
+                points.push((t as f64 / 1000.0, total as f64));
+            }
+            points.push((last as f64 / 1000.0, total as f64));
+            points
+        };
+        if r.tiers.is_empty() {
+            series.push(Series {
+                name: r.algorithm.as_str().to_owned(),
+                points: cumulative(&r.admitted),
+            });
         }
-        points.push((last as f64 / 1000.0, total as f64));
-        series.push(Series {
-            name: r.algorithm.as_str().to_owned(),
-            points,
-        });
+        // A tiered limit: its tiers' rows (`algorithm:tier`) and lines.
+        for (tier, admitted) in &r.tiers {
+            let most = r.period_ms.map(|p| most_in_period(admitted, p));
+            writeln!(
+                out,
+                "{:<24} {:>9} {:>9} {:>26}",
+                format!("{}:{tier}", r.algorithm.as_str()),
+                admitted.iter().map(|a| a.1).sum::<u64>(),
+                "-",
+                most.map_or("-".to_string(), |m| m.to_string())
+            )?;
+            let name = if runs.len() == 1 {
+                format!("tier {tier}")
+            } else {
+                format!("{} {tier}", r.algorithm.as_str())
+            };
+            series.push(Series {
+                name,
+                points: cumulative(admitted),
+            });
+        }
     }
     out.flush()?;
+    let by = if runs.iter().any(|r| !r.tiers.is_empty()) {
+        "by tier"
+    } else {
+        "by algorithm"
+    };
     let svg = step_chart(
-        "Admitted requests (cumulative), by algorithm",
+        &format!("Admitted requests (cumulative), {by}"),
         "seconds",
         "admitted",
         &series,
@@ -325,6 +388,16 @@ impl Replay {
         match algorithm {
             None => self.check(now, items),
             Some(a) => {
+                if let Some(i) = items
+                    .iter()
+                    .find(|i| i.tier.is_some() && !tollgate_core::rules::tiers_support(a))
+                {
+                    bail!(
+                        "rule {} has tiers, which work with fixed_window or \
+                         sliding_window_counter only, not {a}: leave {a} out of --algorithms",
+                        i.rule
+                    );
+                }
                 let quotas: Vec<Quota> = items.iter().map(|i| as_algorithm(i.quota, a)).collect();
                 let swapped: Vec<CheckItem<'_>> = items
                     .iter()

@@ -266,10 +266,16 @@ fn every_format_parses() {
 
 /// `simulate --plot`'s summary: algorithm -> (admitted, most admitted within one period).
 fn plot(trace: &str, algorithms: &str, svg: &Path) -> Vec<(String, u64, u64)> {
+    // The tiers picture has its own rule.
+    let rules = if trace == "tiers.csv" {
+        "examples/plots/tiers.yaml"
+    } else {
+        "examples/plots/rules.yaml"
+    };
     let text = ok(&[
         "simulate",
         "--rules",
-        "examples/plots/rules.yaml",
+        rules,
         "--input",
         &format!("examples/plots/{trace}"),
         "--algorithms",
@@ -310,6 +316,8 @@ fn simulate_plots_are_the_pictures_in_the_docs_and_show_the_boundary_burst() {
             "fixed_window,token_bucket,gcra,leaky_bucket",
             "buckets.svg",
         ),
+        // docs/rules.md's tiers.
+        ("tiers.csv", "fixed_window", "tiers.svg"),
     ];
     let mut summaries = Vec::new();
     for (trace, algorithms, picture) in pictures {
@@ -320,7 +328,7 @@ fn simulate_plots_are_the_pictures_in_the_docs_and_show_the_boundary_burst() {
         assert!(
             made == committed,
             "docs/img/{picture} differs from what its command draws now: regenerate it with the \
-             command in docs/algorithms.md"
+             command in docs/algorithms.md (docs/rules.md for tiers.svg)"
         );
     }
     // The limit is 10 per minute. A fixed window admits twice the limit within one minute
@@ -335,4 +343,17 @@ fn simulate_plots_are_the_pictures_in_the_docs_and_show_the_boundary_burst() {
     let uneven = &summaries[1];
     assert_eq!(uneven[0].2, 10);
     assert!(uneven[1].1 > uneven[0].1, "{uneven:?}");
+    // Tiers, minute by minute: free alone 20 (its 10, and what is left above its reserve and
+    // paid's guarantee), both 80 + 20, paid at 60 with free 20, paid alone 90 (free's 10 kept).
+    let tiers = &summaries[3];
+    assert_eq!(
+        tiers[1],
+        ("fixed_window:free".to_string(), 60, 21),
+        "{tiers:?}"
+    );
+    assert_eq!(
+        tiers[2],
+        ("fixed_window:paid".to_string(), 230, 120),
+        "{tiers:?}"
+    );
 }

@@ -54,7 +54,7 @@ pub use queue::{
     MIN_WAIT as MIN_QUEUE_WAIT,
 };
 pub use stats::StatsKey;
-pub use tiers::{TierLevel, Tiers, MAX_LEVELS as MAX_TIER_LEVELS};
+pub use tiers::{supports as tiers_support, TierLevel, Tiers, MAX_LEVELS as MAX_TIER_LEVELS};
 
 use crate::quota::{Algorithm, Quota, SyncMode};
 use std::collections::{BTreeMap, HashMap};

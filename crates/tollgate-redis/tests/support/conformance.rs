@@ -10,6 +10,8 @@
 use proptest::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tollgate_core::internals::days_from_civil;
+use tollgate_core::rules::TierLevel;
+use tollgate_core::store::Tier;
 use tollgate_core::{
     Algorithm, CheckItem, Decision, MemoryStore, Micros, Period, Quota, Store, Unit,
 };
@@ -71,6 +73,8 @@ pub struct Req {
     pub shadow: bool,
     /// [`CheckItem::count_denied`].
     pub count_denied: bool,
+    /// A tiered limit's levels and the request's tier ([`CheckItem::tier`]).
+    pub tier: Option<(Vec<TierLevel>, u8)>,
 }
 
 /// One request at time `t`.
@@ -94,6 +98,7 @@ fn req(key: &str, quota: Quota, cost: u64) -> Req {
         cost,
         shadow: false,
         count_denied: false,
+        tier: None,
     }
 }
 
@@ -753,6 +758,7 @@ pub fn random_trace(alg: Algorithm, backwards: bool) -> impl Strategy<Value = Tr
                                 cost,
                                 shadow: sh,
                                 count_denied: cd,
+                                tier: None,
                             })
                             .collect(),
                     }
@@ -788,7 +794,10 @@ pub async fn replay(redis: &RedisStore, trace: &Trace) {
                 cost: r.cost,
                 shadow: r.shadow,
                 count_denied: r.count_denied,
-                tier: None,
+                tier: r.tier.as_ref().map(|(levels, index)| Tier {
+                    levels,
+                    index: *index,
+                }),
             })
             .collect();
         let mut expected: Vec<Decision> = mem.check(step.t, &items).unwrap();
@@ -884,7 +893,10 @@ pub async fn replay_leased(guarded: &tollgate_redis::Guarded, trace: &Trace) {
                 cost: r.cost,
                 shadow: r.shadow,
                 count_denied: r.count_denied,
-                tier: None,
+                tier: r.tier.as_ref().map(|(levels, index)| Tier {
+                    levels,
+                    index: *index,
+                }),
             })
             .collect();
         let lease: Vec<CheckItem<'_>> = exact
@@ -936,4 +948,232 @@ pub fn lease_agrees(leased: &Decision, exact: &Decision, behind: bool) -> bool {
         retry_after,
         ..*leased
     } == *exact
+}
+
+/// The algorithms tiers work with.
+pub const TIERED: [Algorithm; 2] = [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter];
+
+/// Paid and free sharing 100: paid guaranteed 60, free 10 with a ceiling of 80 and a reserve
+/// of 20 (docs/rules.md's example).
+pub fn paid_free() -> Vec<TierLevel> {
+    vec![
+        TierLevel::new("paid", 60, 100, 0),
+        TierLevel::new("free", 10, 80, 20),
+    ]
+}
+
+/// A request of `cost` on the tiered counter `key` in tier `tier` of `levels`.
+pub fn tiered(key: &str, quota: Quota, levels: &[TierLevel], tier: u8, cost: u64) -> Req {
+    Req {
+        tier: Some((levels.to_vec(), tier)),
+        ..req(key, quota, cost)
+    }
+}
+
+/// Hand-written traces of tiered limits, for each algorithm tiers work with: overload by paid
+/// and free (interleaved, both far above the limit), free alone, windows rolling, the clock
+/// going back, a tier past the last level, costs above the ceiling or what borrowing can
+/// reach, queries, two tiers of one parent in one request, a blocking other limit, a shadowed
+/// tiered item.
+pub fn tiered_traces() -> Vec<Trace> {
+    let t0 = at(2026, 11, 22, 4 * 3600 + 17 * 60) + 123_457;
+    let mut out = Vec::new();
+    let pf = paid_free();
+    let three = vec![
+        TierLevel::new("gold", 4, 10, 0),
+        TierLevel::new("silver", 2, 6, 2),
+        TierLevel::new("bronze", 0, 3, 3),
+    ];
+    for alg in TIERED {
+        let q = Quota::new(100, Unit::Second).with_algorithm(alg);
+        let small = Quota::new(10, Period::new(Unit::Minute, 1)).with_algorithm(alg);
+        // Overload: each instant offers paid 3 and free 3, over five windows two apart (a
+        // sliding window's previous one is empty).
+        let mut steps = Vec::new();
+        for w in 0..5u64 {
+            for i in 0..40u64 {
+                let t = t0 + 2 * w * SECOND + i * 20_000;
+                for (tier, cost) in [(0u8, 1u64), (1, 1), (0, 2), (1, 2)] {
+                    steps.push(Step {
+                        t,
+                        reqs: vec![tiered("api", q, &pf, tier, cost)],
+                    });
+                }
+            }
+        }
+        out.push(Trace {
+            name: format!("{alg} tiers overload"),
+            steps,
+        });
+        // Free alone, then paid, then the next windows (partly weighted under the sliding
+        // counter), then queries, oversized costs and a tier past the last level.
+        let mut steps = Vec::new();
+        let mut t = t0;
+        for (tier, cost, dt) in [
+            (1u8, 5u64, 0u64),
+            (1, 7, 1_000),
+            (1, 9, 1_000),
+            (1, 1, 1_000),
+            (0, 50, 1_000),
+            (0, 30, 1_000),
+            (0, 20, 1_000),
+            (1, 0, 1_000),
+            (0, 0, 1_000),
+            (1, 81, 1_000),
+            (1, 91, 1_000),
+            (0, 101, 1_000),
+            (7, 3, 1_000),
+            (1, 4, 700_000),
+            (0, 40, 300_000),
+            (1, 10, 250_000),
+            (1, 10, 250_000),
+            (0, 60, 500_000),
+            (1, 30, 3_000_000),
+        ] {
+            t += dt;
+            steps.push(Step {
+                t,
+                reqs: vec![tiered("api", q, &pf, tier, cost)],
+            });
+        }
+        out.push(Trace {
+            name: format!("{alg} tiers free then paid"),
+            steps,
+        });
+        // Three levels on a minute window; the clock goes back within and beyond a window.
+        let mut steps = Vec::new();
+        let mut t = t0 as i64;
+        for (tier, cost, dt) in [
+            (2u8, 1u64, 0i64),
+            (2, 1, 1),
+            (2, 1, 1),
+            (2, 1, 1),
+            (1, 2, 1),
+            (1, 2, 1),
+            (1, 2, 1),
+            (0, 3, 1),
+            (0, 3, 1),
+            (0, 3, 1),
+            (1, 1, 61 * SECOND as i64),
+            (0, 5, -30 * SECOND as i64),
+            (2, 1, -45 * SECOND as i64),
+            (0, 1, 2 * MINUTE as i64),
+            (1, 1, -10 * MINUTE as i64),
+            (2, 2, 20 * SECOND as i64),
+            (2, 1, 30 * MINUTE as i64),
+        ] {
+            t += dt;
+            steps.push(Step {
+                t: t as Micros,
+                reqs: vec![tiered("three", small, &three, tier, cost)],
+            });
+        }
+        out.push(Trace {
+            name: format!("{alg} tiers three levels, clock back"),
+            steps,
+        });
+        // Several items per request: two tiers of one parent, another limit that blocks (then
+        // nothing is consumed), a shadowed tiered item.
+        let other = Quota::new(3, Unit::Second).with_algorithm(Algorithm::FixedWindow);
+        let mut steps = Vec::new();
+        for i in 0..12u64 {
+            let t = t0 + i * 100_000;
+            steps.push(Step {
+                t,
+                reqs: vec![
+                    tiered("api", q, &pf, 0, 20),
+                    tiered("api", q, &pf, 1, 5),
+                    req("other", other, 1),
+                ],
+            });
+            steps.push(Step {
+                t,
+                reqs: vec![Req {
+                    shadow: true,
+                    ..tiered("api", q, &pf, 1, 15)
+                }],
+            });
+            steps.push(Step {
+                t,
+                reqs: vec![
+                    Req {
+                        shadow: true,
+                        ..tiered("api", q, &pf, 1, 30)
+                    },
+                    tiered("api", q, &pf, 0, 1),
+                ],
+            });
+        }
+        out.push(Trace {
+            name: format!("{alg} tiers in multi-item requests"),
+            steps,
+        });
+    }
+    out
+}
+
+/// A random trace of tiered limits under `alg`: random levels (the rules' constraints kept),
+/// requests of 1-3 items over one or two tiered counters and an untiered one, in random tiers
+/// (some past the last level), time moving as in [`random_trace`].
+pub fn random_tiered_trace(alg: Algorithm, backwards: bool) -> impl Strategy<Value = Trace> {
+    let levels = (1u64..40, 1usize..5).prop_flat_map(|(limit, n)| {
+        let level = (0u64..=limit, 0u64..=limit, 0u64..=limit);
+        (Just(limit), proptest::collection::vec(level, n)).prop_map(|(limit, raw)| {
+            let total: u64 = raw.iter().map(|(g, _, _)| *g).sum::<u64>().max(1);
+            let levels: Vec<TierLevel> = raw
+                .iter()
+                .enumerate()
+                .map(|(i, (g, c, r))| {
+                    let g = if total > limit { g * limit / total } else { *g };
+                    let r = if i == 0 { 0 } else { *r };
+                    TierLevel::new(format!("t{i}"), g, (*c).max(g), r)
+                })
+                .collect();
+            (limit, levels)
+        })
+    });
+    let unit = prop_oneof![Just(Unit::Second), Just(Unit::Minute), Just(Unit::Hour)];
+    let dt = prop_oneof![
+        3 => Just(0i64),
+        3 => 1i64..200_000,
+        3 => 1i64..(2 * HOUR as i64),
+        if backwards { 1 } else { 0 } => -(HOUR as i64)..0,
+    ];
+    let item = (0usize..3, 0u8..6, 0u64..15, proptest::bool::weighted(0.15));
+    let step = (dt, proptest::collection::vec(item, 1..4));
+    (
+        levels,
+        unit,
+        1u32..3,
+        proptest::collection::vec(step, 1..40),
+        0u64..(40 * DAY),
+    )
+        .prop_map(move |((limit, levels), unit, mult, steps, start)| {
+            let q = Quota::new(limit, Period::new(unit, mult)).with_algorithm(alg);
+            let other = Quota::new(limit, Period::new(unit, mult)).with_algorithm(alg);
+            let mut t = at(2026, 1, 1, 0) + start;
+            let steps = steps
+                .into_iter()
+                .map(|(dt, items)| {
+                    t = (t as i64 + dt) as Micros;
+                    Step {
+                        t,
+                        reqs: items
+                            .into_iter()
+                            .map(|(k, tier, cost, sh)| {
+                                let r = match k {
+                                    0 | 1 => tiered(["a", "b"][k], q, &levels, tier, cost),
+                                    _ => req("c", other, cost),
+                                };
+                                Req { shadow: sh, ..r }
+                            })
+                            .collect(),
+                    }
+                })
+                .collect();
+            Trace {
+                name: format!("random tiered {alg}"),
+                steps,
+            }
+        })
 }

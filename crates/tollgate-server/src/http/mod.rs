@@ -892,6 +892,15 @@ fn limit_json(l: &tollgate_core::rules::Limit) -> Value {
         "quota_mode": l.quota_mode,
         "degrade_below_remaining": l.degrade.map(|t| t.to_string()),
         "shadowban": l.shadowban,
+        "tiers": l.tiers.as_ref().map(|t| json!({
+            "key": t.key,
+            "levels": t.levels.iter().map(|v| json!({
+                "value": v.value,
+                "guaranteed": v.guaranteed,
+                "ceiling": v.ceiling,
+                "reserve": v.reserve,
+            })).collect::<Vec<_>>(),
+        })),
         "stats_key": l.stats.base(),
         "source": format!("{}:{}", l.file, l.line),
     })

@@ -279,6 +279,15 @@ fn describe(l: &tollgate_core::rules::Limit) -> String {
     if let Some(t) = &l.degrade {
         s.push_str(&format!(", degrade below {t} remaining"));
     }
+    if let Some(t) = &l.tiers {
+        s.push_str(&format!(", tiers by {:?}:", t.key));
+        for v in &t.levels {
+            s.push_str(&format!(
+                " {:?} {}/{}/{}",
+                v.value, v.guaranteed, v.ceiling, v.reserve
+            ));
+        }
+    }
     if let Some(m) = &l.message {
         s.push_str(&format!(", message {m:?}"));
     }
