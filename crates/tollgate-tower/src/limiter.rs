@@ -114,14 +114,21 @@ impl queue::Driver for Queued<'_> {
             .await
     }
 
-    async fn refusal(&self, spot: &QueueSpot<'_>, _why: Dropped) -> Answer {
+    async fn refusal(&self, spot: &QueueSpot<'_>, why: Dropped) -> Answer {
         // Nothing was decided: the wait the rule allows is the best hint of when to retry.
         let secs = tollgate_core::headers::secs_ceil(spot.policy.max_wait).max(1);
         let mut retry = HeaderMap::new();
         retry.insert(http::header::RETRY_AFTER, secs.into());
         Answer::Deny {
             headers: Headers::Map(Box::new(retry)),
-            message: message(spot.limit.message.as_deref(), false),
+            message: format!(
+                "{} ({})",
+                message(spot.limit.message.as_deref(), false),
+                match why {
+                    Dropped::Full => "queue full",
+                    _ => "queue wait exceeded",
+                }
+            ),
         }
     }
 

@@ -118,6 +118,8 @@ async fn waiters_are_served_in_order_within_max_wait_and_max_length() {
     // The line is full: the next one is refused at once.
     let full = svc.clone().oneshot(request("e")).await.unwrap();
     assert_eq!(full.status(), StatusCode::TOO_MANY_REQUESTS);
+    let body = axum::body::to_bytes(full.into_body(), 1024).await.unwrap();
+    assert_eq!(&body[..], b"rate limit exceeded (queue full)\n");
     assert_eq!(start.elapsed(), Duration::ZERO);
     let mut answers = Vec::new();
     for (id, call) in waiting {
