@@ -8,10 +8,13 @@
 #   - decisions per second.
 # Rounds interleave the binaries and stores; the median of --runs is reported. Each redis-server
 # is started by this script on a free port and stopped at the end; nothing is kept.
+# --callgrind runs redis-server under valgrind's callgrind and reports, instead of CPU time,
+# the instructions redis-server executed per decision (repeatable, whatever the load; the
+# server runs about 50 times slower, so use a short --duration).
 #
 # Usage: scripts/bench-redis-cost.sh [--bin LABEL=PATH]... [--runs N] [--duration 10s]
 #                                    [--rules FILE] [--keys N] [--stores memory,redis]
-#                                    [--redis-server PATH] [-- EXTRA SERVE ARGS]
+#                                    [--redis-server PATH] [--callgrind] [-- EXTRA SERVE ARGS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,6 +25,7 @@ RULES=benches/rules/high-limit.yaml
 KEYS=10000
 STORES="memory,redis"
 REDIS_SERVER=redis-server
+CALLGRIND=0
 EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -32,8 +36,9 @@ while [ $# -gt 0 ]; do
     --keys) KEYS=$2; shift ;;
     --stores) STORES=$2; shift ;;
     --redis-server) REDIS_SERVER=$2; shift ;;
+    --callgrind) CALLGRIND=1 ;;
     --) shift; EXTRA=("$@"); break ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "scripts/bench-redis-cost.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -54,7 +59,12 @@ cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 TICK=$(getconf CLK_TCK)
 
 REDIS_PORT=$(free_port)
-"$REDIS_SERVER" --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
+RUNNER=()
+if [ "$CALLGRIND" = 1 ]; then
+  command -v valgrind >/dev/null || { echo "--callgrind needs valgrind" >&2; exit 1; }
+  RUNNER=(valgrind --tool=callgrind --callgrind-out-file="$OUT/callgrind.%p")
+fi
+"${RUNNER[@]}" "$REDIS_SERVER" --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
   --daemonize no >"$OUT/redis.log" 2>&1 &
 REDIS_PID=$!
 PIDS+=("$REDIS_PID")
@@ -62,6 +72,13 @@ until redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; do
   kill -0 "$REDIS_PID" 2>/dev/null || { cat "$OUT/redis.log" >&2; exit 1; }
   sleep 0.1
 done
+# Instructions redis-server executed since the last call (callgrind), or 0.
+instructions() {
+  [ "$CALLGRIND" = 1 ] || { echo 0; return; }
+  rm -f "$OUT"/callgrind.*.*
+  callgrind_control -d "$REDIS_PID" >/dev/null 2>&1
+  awk '/^(summary|totals):/ {print $2; exit}' "$(ls -t "$OUT"/callgrind.*.* | head -n 1)"
+}
 
 # start LABEL BIN STORE: a server; sets SERVER_PID and GRPC.
 start() {
@@ -96,16 +113,19 @@ for round in $(seq "$RUNS"); do
       start "$label" "$bin" "$store"
       bench "$GRPC" --duration 2s --warmup 0s >/dev/null
       redis-cli -p "$REDIS_PORT" CONFIG RESETSTAT >/dev/null
+      [ "$CALLGRIND" = 1 ] && callgrind_control -z "$REDIS_PID" >/dev/null 2>&1
       s0=$(cpu_ticks "$SERVER_PID"); r0=$(cpu_ticks "$REDIS_PID")
       bench "$GRPC" --duration "$DURATION" --warmup 0s >"$OUT/run.json"
       s1=$(cpu_ticks "$SERVER_PID"); r1=$(cpu_ticks "$REDIS_PID")
+      ins=$(instructions)
       redis-cli -p "$REDIS_PORT" INFO commandstats | tr -d '\r' >"$OUT/stats.txt"
       kill "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null || true
       python3 - "$OUT/run.json" "$OUT/stats.txt" "$s0" "$s1" "$r0" "$r1" "$TICK" \
-        "$label" "$store" "$round" >>"$OUT/rows.txt" <<'EOF'
+        "$label" "$store" "$round" "$ins" >>"$OUT/rows.txt" <<'EOF'
 import json, sys
 run = json.load(open(sys.argv[1]))
 s0, s1, r0, r1, tick = map(float, sys.argv[3:8])
+ins = float(sys.argv[11])
 n = run["allowed"] + run["denied"]
 calls = {}
 for line in open(sys.argv[2]):
@@ -116,22 +136,33 @@ for line in open(sys.argv[2]):
             calls[name] = int(f["calls"])
 per = ",".join(f"{k}={v / n:.3f}" for k, v in sorted(calls.items(), key=lambda kv: -kv[1]))
 print(sys.argv[8], sys.argv[9], sys.argv[10], n / run["duration_s"],
-      (s1 - s0) / tick * 1e6 / n, (r1 - r0) / tick * 1e6 / n, per or "-")
+      (s1 - s0) / tick * 1e6 / n, (r1 - r0) / tick * 1e6 / n, per or "-", ins / n)
 EOF
     done
   done
 done
-python3 - "$OUT/rows.txt" <<'EOF'
+python3 - "$OUT/rows.txt" "$CALLGRIND" <<'EOF'
 import sys, statistics as st
 rows = {}
+cg = sys.argv[2] == "1"
 for line in open(sys.argv[1]):
-    label, store, _round, rate, cpu, rcpu, per = line.split()
-    rows.setdefault((label, store), []).append((float(rate), float(cpu), float(rcpu), per))
-print("| binary | store | decisions/s | tollgate CPU µs/decision | redis-server CPU µs/decision | Redis calls per decision | rounds (tollgate µs / redis µs) |")
-print("|---|---|---:|---:|---:|---|---|")
+    label, store, _round, rate, cpu, rcpu, per, ins = line.split()
+    rows.setdefault((label, store), []).append((float(rate), float(cpu), float(rcpu), per, float(ins)))
+if cg:
+    print("| binary | store | decisions/s (under callgrind) | **redis-server instructions/decision** | Redis calls per decision | rounds |")
+    print("|---|---|---:|---:|---|---|")
+else:
+    print("| binary | store | decisions/s | tollgate CPU µs/decision | redis-server CPU µs/decision | Redis calls per decision | rounds (tollgate µs / redis µs) |")
+    print("|---|---|---:|---:|---:|---|---|")
 for (label, store), rs in rows.items():
     med = lambda i: st.median(r[i] for r in rs)
+    calls = rs[-1][3] if store == 'redis' else '-'
+    if cg:
+        rounds = ", ".join(f"{r[4]:,.0f}" for r in rs)
+        ins = f"{med(4):,.0f}" if store == "redis" else "-"
+        print(f"| {label} | {store} | {med(0):,.0f} | {ins} | {calls} | {rounds} |")
+        continue
     rounds = ", ".join(f"{r[1]:.1f}/{r[2]:.1f}" for r in rs)
     redis = f"{med(2):.1f}" if store == "redis" else "-"
-    print(f"| {label} | {store} | {med(0):,.0f} | {med(1):.1f} | {redis} | {rs[-1][3] if store == 'redis' else '-'} | {rounds} |")
+    print(f"| {label} | {store} | {med(0):,.0f} | {med(1):.1f} | {redis} | {calls} | {rounds} |")
 EOF

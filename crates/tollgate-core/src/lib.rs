@@ -54,6 +54,7 @@ mod fingerprint;
 pub mod headers;
 pub mod limiter;
 pub mod memory;
+pub mod queue;
 pub mod quota;
 pub mod request;
 pub mod rules;

@@ -257,6 +257,28 @@ impl<'r> Plan<'r> {
             .collect()
     }
 
+    /// The counters of this request whose rule has a `queue`, in descriptor order: where the
+    /// request waits when they deny it, and where it must wait behind others before deciding.
+    /// Empty (no allocation) when the rule set has no queue.
+    pub fn queue_spots(&self) -> Vec<QueueSpot<'r>> {
+        self.resolved
+            .iter()
+            .enumerate()
+            .filter_map(|(descriptor, r)| match r {
+                Resolved::Limited {
+                    limit, key, tier, ..
+                } => limit.queue.map(|policy| QueueSpot {
+                    descriptor,
+                    limit,
+                    counter_key: key.clone(),
+                    policy,
+                    priority: tier.unwrap_or(crate::rules::LOWEST),
+                }),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Combine the store's decisions (one per [`Plan::items`] entry, in order) into a verdict.
     pub fn finish(self, decisions: Vec<Decision>) -> Verdict<'r> {
         let mut decisions = decisions.into_iter();
@@ -278,6 +300,22 @@ impl<'r> Plan<'r> {
             .collect();
         Verdict { statuses }
     }
+}
+
+/// A counter whose rule has a `queue` ([`Plan::queue_spots`]).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct QueueSpot<'r> {
+    /// The descriptor's index in the request.
+    pub descriptor: usize,
+    /// The rule.
+    pub limit: &'r Limit,
+    /// The counter.
+    pub counter_key: String,
+    /// The rule's queue.
+    pub policy: crate::rules::QueuePolicy,
+    /// The request's priority on this counter: its tier, [`crate::rules::LOWEST`] without one.
+    pub priority: crate::rules::Priority,
 }
 
 /// The answer for one descriptor.
@@ -381,6 +419,52 @@ impl<'r> Verdict<'r> {
             .max()
             .unwrap_or(0)
     }
+}
+
+/// How a denied request may wait ([`wait_for`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wait {
+    /// The descriptor (its index in the request) whose line to wait in: the first that denied.
+    pub descriptor: usize,
+    /// How long from now until the store may admit it: the longest wait of the limits that
+    /// denied it.
+    pub retry_after: Micros,
+    /// The most it may wait in all, from when it arrived: the smallest `max_wait` of the limits
+    /// that denied it.
+    pub max_wait: Micros,
+    /// The smallest `max_length` of the limits that denied it.
+    pub max_length: usize,
+}
+
+/// Whether a denied request may wait rather than be refused, and how: every limit that denied
+/// it has a `queue`, and each of them can pass it later. `None` for an allowed request, a
+/// denial by a limit without `queue`, or one that can never pass. The caller also refuses a
+/// denial made because the store was unavailable, and a wait longer than [`Wait::max_wait`].
+pub fn wait_for(verdict: &Verdict<'_>) -> Option<Wait> {
+    let mut wait: Option<Wait> = None;
+    for (i, s) in verdict.statuses.iter().enumerate() {
+        if !s.blocks() {
+            continue;
+        }
+        let Status::Limited {
+            limit, decision, ..
+        } = s
+        else {
+            return None;
+        };
+        let policy = limit.queue?;
+        let retry = decision.retry_after?;
+        let w = wait.get_or_insert(Wait {
+            descriptor: i,
+            retry_after: 0,
+            max_wait: Micros::MAX,
+            max_length: usize::MAX,
+        });
+        w.retry_after = w.retry_after.max(retry);
+        w.max_wait = w.max_wait.min(policy.max_wait);
+        w.max_length = w.max_length.min(policy.max_length);
+    }
+    wait
 }
 
 /// Check a request against `rules` with a synchronous store ([`LimitOverride`]s are not

@@ -142,8 +142,16 @@ end
 -- The start of the window just before the one starting at `start`.
 local function previous_start(p, start)
   if start == 0 then return 0 end
+  if p.unit <= 3 then return start - p.len end
   local s = window(p, start - 1)
   return s
+end
+
+-- The end of the window just after the one ending at `wend`.
+local function next_end(p, wend)
+  if p.unit <= 3 then return wend + p.len end
+  local _, e = window(p, wend)
+  return e
 end
 
 local function sat_sub(a, b)
@@ -193,6 +201,31 @@ local function save_string(p, encode, old, new, ttl_ms)
   else
     rcall('SET', p.keys[1], n, 'PX', ttl_ms)
   end
+end
+
+-- The counting algorithms (fixed_window, sliding_window_counter) keep their state as numbers
+-- packed in binary ('<d' each, struct.pack): decoding and encoding it costs Redis one call each,
+-- where a "start count" text cost it a pattern match and a conversion per number, and the count
+-- alone can be rewritten in place (SETRANGE, which keeps the TTL). The last number, t, is the
+-- time of the write that set the TTL: a later write in the same window keeps that TTL only if
+-- its time is not before t (the clock did not go back), since the TTL set at t covers the window
+-- as seen from t. A state written without a time (flush.lua) has t = 2^53: the next write sets
+-- the TTL.
+--
+-- The stored value of p.keys[1] if it is `len` bytes; nil when there is none; an error (the
+-- key's name and size) when it is a string of another size, which no tollgate writes there.
+local function bin_load(p, len)
+  local v = rcall('GET', p.keys[1])
+  if not v then return nil end
+  if #v ~= len then
+    error('tollgate: ' .. p.keys[1] .. ' holds ' .. #v .. ' bytes, not a counter state of ' .. len)
+  end
+  return v
+end
+
+-- Whether a write at `now` may keep the TTL set by the write at `t` (see above).
+local function ttl_kept(t, now)
+  return t ~= nil and t <= now
 end
 
 local ALG = {}

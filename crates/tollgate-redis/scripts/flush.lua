@@ -20,6 +20,12 @@
 -- Returns, per entry, the stored state after the flush: start, prev, count (fixed_window's
 -- prev is 0; all 0 when there is no state).
 
+-- The state is the one check.lua keeps (common.lua `bin_load`): numbers packed '<d', the last,
+-- t, the time of the write that set the TTL. A state this script creates or moves to another
+-- window gets t = 2^53 (no time here), so the next check sets its TTL; one it adds to in its
+-- window keeps its t, and gets a longer TTL when it needs one.
+
+local TWO53 = 9007199254740992
 local inst = ARGV[1]
 local out = {}
 local a = 2
@@ -27,15 +33,15 @@ for _, key in ipairs(KEYS) do
   local alg, ttl, seq, n = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]),
     tonumber(ARGV[a + 3])
   a = a + 4
-  local s, p, c = nil, 0, 0
+  local s, p, c, t = nil, 0, 0, TWO53
   local v = redis.call('GET', key)
   if v then
-    if alg == 4 then
-      local x, y = string.match(v, '^(%d+) (%d+)$')
-      s, c = tonumber(x), tonumber(y)
+    if alg == 4 and #v == 24 then
+      s, c, t = struct.unpack('<ddd', v)
+    elseif alg == 6 and #v == 32 then
+      s, p, c, t = struct.unpack('<dddd', v)
     else
-      local x, y, z = string.match(v, '^(%d+) (%d+) (%d+)$')
-      s, p, c = tonumber(x), tonumber(y), tonumber(z)
+      error('tollgate: ' .. key .. ' holds ' .. #v .. ' bytes, not a counter state')
     end
   end
   local seqkey = key .. ':b'
@@ -55,6 +61,7 @@ for _, key in ipairs(KEYS) do
         end
         s = w
         c = d
+        t = TWO53
         changed = true
       elseif s == w then
         c = c + d
@@ -67,9 +74,9 @@ for _, key in ipairs(KEYS) do
   end
   if changed then
     if alg == 4 then
-      redis.call('SET', key, string.format('%d %d', s, c), 'KEEPTTL')
+      redis.call('SET', key, struct.pack('<ddd', s, c, t), 'KEEPTTL')
     else
-      redis.call('SET', key, string.format('%d %d %d', s, p, c), 'KEEPTTL')
+      redis.call('SET', key, struct.pack('<dddd', s, p, c, t), 'KEEPTTL')
     end
     if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
   end

@@ -1,24 +1,15 @@
--- sliding_counter.lua: sliding window counter (algorithm/sliding_counter.rs), state
--- "start prev cur". The two products that can pass 2^53 -- prev * (end - now) for the weighted
--- previous window, and (k + 1) * window length for the retry instant -- go through muldiv
--- (common.lua), which computes floor(a * b / c) exactly by long multiplication; everything else
--- is a sum or difference of values below 2^53.
+-- sliding_counter.lua: sliding window counter (algorithm/sliding_counter.rs), state start,
+-- prev, cur and t packed in binary (see `bin_load` in common.lua). The two products that can
+-- pass 2^53 -- prev * (end - now) for the weighted previous window, and (k + 1) * window length
+-- for the retry instant -- go through muldiv (common.lua), which computes floor(a * b / c)
+-- exactly by long multiplication; everything else is a sum or difference of values below 2^53.
 
-local function sc_decode(v)
-  local a, b, c = smatch(v, '^(%d+) (%d+) (%d+)$')
-  return { tonum(a), tonum(b), tonum(c) }
-end
-
-local function sc_encode(s)
-  return sformat('%d %d %d', s[1], s[2], s[3])
-end
-
--- Counts as seen from now: returns now (clamped forward if the clock went backwards), window
--- start, window end, prev, cur.
-local function sc_roll(p, st, now)
+-- Counts as seen from now, for a stored state of window start `s` (nil: none) and counts `prev`,
+-- `cur`: returns now (clamped forward if the clock went backwards), window start, window end,
+-- prev, cur.
+local function sc_roll(p, s, prev, cur, now)
   local ws, we = window(p, now)
-  if st == nil then return now, ws, we, 0, 0 end
-  local s, prev, cur = st[1], st[2], st[3]
+  if s == nil then return now, ws, we, 0, 0 end
   if s == ws then return now, ws, we, prev, cur end
   if s > ws then
     -- The clock went back: clamped to the next window (sliding_counter.rs).
@@ -49,40 +40,96 @@ local function sc_earliest(prev, k, start, wend)
   return wend - rr
 end
 
-local function sc_step(st, now0, cost, p)
-  local now, start, wend, prev, cur = sc_roll(p, st, now0)
+-- reset_after for a current count c (sliding_counter.rs `decide`).
+local function sc_reset(c, prev, now, wend, next_end)
+  if c > 0 then return next_end - now end
+  if prev > 0 then return wend - now end
+  return 0
+end
+
+-- The decision on the rolled counts (sliding_counter.rs `decide`): allowed, remaining,
+-- reset_after, retry_after (-1 = none). Shared by `sc_step` (check.lua) and `sc_fast`.
+local function sc_decide(p, now, start, wend, prev, cur, cost)
   local limit = p.limit
   local estimate = sc_weighted(prev, now, start, wend) + cur
-  local _, next_end = window(p, wend)
-  local function reset_after(c)
-    if c > 0 then return next_end - now end
-    if prev > 0 then return wend - now end
-    return 0
-  end
-  local d
+  local ne = next_end(p, wend)
   if limit == 0 or cost > limit then
-    d = decision(false, limit, sat_sub(limit, estimate), reset_after(cur), nil, 0)
-  elseif estimate + cost <= limit then
-    d = decision(true, limit, limit - estimate - cost, reset_after(cur + cost), nil, 0)
-  else
-    local retry_at
-    if cur + cost <= limit then
-      retry_at = sc_earliest(prev, limit - cur - cost, start, wend)
-    else
-      retry_at = sc_earliest(cur, limit - cost, wend, next_end)
-    end
-    local retry = sat_sub(retry_at, now)
-    if retry < 1 then retry = 1 end
-    d = decision(false, limit, sat_sub(limit, estimate), reset_after(cur), retry, 0)
+    return false, sat_sub(limit, estimate), sc_reset(cur, prev, now, wend, ne), -1
   end
-  if d.allowed then cur = cur + cost end
+  if estimate + cost <= limit then
+    return true, limit - estimate - cost, sc_reset(cur + cost, prev, now, wend, ne), -1
+  end
+  local retry_at
+  if cur + cost <= limit then
+    retry_at = sc_earliest(prev, limit - cur - cost, start, wend)
+  else
+    retry_at = sc_earliest(cur, limit - cost, wend, ne)
+  end
+  local retry = sat_sub(retry_at, now)
+  if retry < 1 then retry = 1 end
+  return false, sat_sub(limit, estimate), sc_reset(cur, prev, now, wend, ne), retry
+end
+
+local function sc_step(st, now0, cost, p)
+  local s, pr, c = nil, 0, 0
+  if st ~= nil then s, pr, c = st[1], st[2], st[3] end
+  local now, start, wend, prev, cur = sc_roll(p, s, pr, c, now0)
+  local allowed, rem, reset, retry = sc_decide(p, now, start, wend, prev, cur, cost)
+  if retry < 0 then retry = nil end
+  if allowed then cur = cur + cost end
   local keep = nil
   if prev > 0 or cur > 0 then keep = { start, prev, cur } end
-  return d, keep
+  return decision(allowed, p.limit, rem, reset, retry, 0), keep
+end
+
+-- The stored state: start (nil: none), prev, cur and t, packed '<dddd' (see `bin_load`).
+local function sc_get(p)
+  local v = bin_load(p, 32)
+  if v == nil then return nil, 0, 0, nil end
+  return sunpack('<dddd', v)
+end
+
+-- Write the state start `ns` (nil: none), prev `np`, cur `nc` over the stored one (`os`, `op`,
+-- `oc`, `ot`, as `sc_get` returns them): nothing when equal; the current count alone
+-- (SETRANGE, the TTL kept) when only it changed and it was counting already (a count starting
+-- in this window moves the expiry from this window's end to the next one's); else the whole
+-- state with its TTL. Returns the new state's t. (Numbers, not tables: a table per call costs
+-- Redis more than the arithmetic.)
+local function sc_put(p, os, op, oc, ot, ns, np, nc, ttl)
+  if ns == nil then
+    if os ~= nil then rcall('DEL', p.keys[1]) end
+    return nil
+  end
+  if os == ns and op == np then
+    if oc == nc then return ot end
+    if oc > 0 and ttl_kept(ot, p.now) then
+      rcall('SETRANGE', p.keys[1], 16, spack('<d', nc))
+      return ot
+    end
+  end
+  rcall('SET', p.keys[1], spack('<dddd', ns, np, nc, p.now), 'PX', ttl)
+  return p.now
+end
+
+-- The same as tables {start, prev, cur, t}, for check.lua.
+local function sc_load(p)
+  local s, pr, c, t = sc_get(p)
+  if s == nil then return nil end
+  return { s, pr, c, t }
+end
+
+local function sc_save(p, old, new, ttl)
+  local os, op, oc, ot = nil, 0, 0, nil
+  if old ~= nil then os, op, oc, ot = old[1], old[2], old[3], old[4] end
+  if new == nil then
+    sc_put(p, os, op, oc, ot, nil, 0, 0, ttl)
+    return
+  end
+  new[4] = sc_put(p, os, op, oc, ot, new[1], new[2], new[3], ttl)
 end
 
 ALG[6] = {
-  load = function(p) return load_string(p, sc_decode) end,
+  load = sc_load,
   step = sc_step,
   clamp = function(st, now, p)
     if st == nil or st[1] <= now then return nil end
@@ -90,7 +137,7 @@ ALG[6] = {
     if st[1] > wend then return { wend, st[2], st[3] } end
     return nil
   end,
-  save = function(p, old, new, ttl) save_string(p, sc_encode, old, new, ttl) end,
+  save = sc_save,
   -- Count g more units in the state's current window (a lease; see check.lua).
   grant = function(p, st, now, g)
     if st == nil then return { (window(p, now)), 0, g } end
@@ -98,18 +145,15 @@ ALG[6] = {
   end,
   -- Undo an admitted cost in the count of the window the check counted in.
   refund = function(p, now, cost)
-    local v = rcall('GET', p.keys[1])
-    if not v then return end
-    local s = sc_decode(v)
-    local start = window(p, now)
+    local s, pr, c = sc_get(p)
     -- Only in the window the check counted in (see fixed_window.lua's refund).
-    if s[1] ~= start then return end
-    s[3] = s[3] - cost
-    if s[3] < 0 then s[3] = 0 end
-    if s[2] == 0 and s[3] == 0 then
+    if s == nil or s ~= window(p, now) then return end
+    c = c - cost
+    if c < 0 then c = 0 end
+    if pr == 0 and c == 0 then
       rcall('DEL', p.keys[1])
     else
-      rcall('SET', p.keys[1], sc_encode(s), 'KEEPTTL')
+      rcall('SETRANGE', p.keys[1], 16, spack('<d', c))
     end
   end,
 }

@@ -18,6 +18,11 @@
 //!   with the same hashed form means a SHA-256 collision on 128 bits.
 //! - **Algorithm and period in the suffix**: a rule that changes algorithm or period starts from
 //!   fresh counters (as the memory store does), while a changed limit keeps them.
+//! - **The state's format in the suffix too**: the fixed window and the sliding window counter
+//!   are `fixed2` and `counter2`, their state numbers packed in binary (`scripts/common.lua`),
+//!   where earlier versions kept text under `fixed` and `counter`. Neither version reads the
+//!   other's keys: during a rolling upgrade each counts apart, and the old keys expire with
+//!   their windows.
 //!
 //! [`check_quota`] rejects the few quotas whose state could leave the range where Lua's doubles
 //! are exact integers (below 2^53); see `scripts/common.lua`.
@@ -80,10 +85,10 @@ pub(crate) fn algorithm_tag(a: Algorithm) -> &'static str {
         Algorithm::Gcra => "gcra",
         Algorithm::LeakyBucket => "leaky",
         Algorithm::TokenBucket => "token",
-        Algorithm::FixedWindow => "fixed",
+        Algorithm::FixedWindow => "fixed2",
         Algorithm::EnvoyFixedWindow => "envoy",
         Algorithm::SlidingWindowLog => "log",
-        Algorithm::SlidingWindowCounter => "counter",
+        Algorithm::SlidingWindowCounter => "counter2",
         Algorithm::CountMinSketch => "cms",
     }
 }
@@ -309,7 +314,7 @@ mod tests {
         let fw = Quota::new(1, Unit::Minute).with_algorithm(Algorithm::FixedWindow);
         assert_eq!(
             counter_keys_in(KeyLayout::Envoy, "tg", "d|k=v", &fw).0,
-            "tg:{d|k=v}:fixed:1m"
+            "tg:{d|k=v}:fixed2:1m"
         );
     }
 

@@ -13,6 +13,12 @@
 //! forms take the same arguments: the numbers packed in one binary string, decoded by Lua's
 //! `struct` library, and return one packed string: an argument or reply field per number cost
 //! Redis an object, a parse and a conversion each.
+//!
+//! The library also holds `fast.lua`: for the most common request, one fixed window or sliding
+//! window counter and no lease, a function per algorithm (`<name>_fixed`, `<name>_counter`)
+//! that runs the same algorithm code without `check`'s item list and bookkeeping
+//! (`fast_arguments`, `decode_fast`). The script form has no such functions: there `check`
+//! answers those requests too.
 
 use crate::keys::{self, CounterKeys, KeyLayout, MAX_COST};
 use redis::Script;
@@ -50,12 +56,36 @@ pub fn function_name(sha: &str) -> String {
     format!("tollgate_{}", &sha[..16.min(sha.len())])
 }
 
-/// The library that `FUNCTION LOAD` takes: the body, registering `check` as `name`.
+/// The name of this version's library and check function ([`function_name`]), from the SHA1 of
+/// all the code the library holds (the `EVAL` form and `fast.lua`).
+pub fn library_name() -> String {
+    const ALL: &str = concat!(
+        lua_body!(),
+        "return check(KEYS, ARGV)\n",
+        include_str!("../scripts/fast.lua")
+    );
+    function_name(Script::new(ALL).get_hash())
+}
+
+/// The library that `FUNCTION LOAD` takes: the body, registering `check` as `name`, and the
+/// one-item checks of `fast.lua` as `name` + `_fixed` and `_counter`.
 pub fn library(name: &str) -> String {
     format!(
-        "#!lua name={name}\n{}redis.register_function('{name}', check)\n",
-        lua_body!()
+        "#!lua name={name}\n{}{}redis.register_function('{name}', check)\n\
+         redis.register_function('{name}_fixed', fw_fast)\n\
+         redis.register_function('{name}_counter', sc_fast)\n",
+        lua_body!(),
+        include_str!("../scripts/fast.lua"),
     )
+}
+
+/// The suffix of the one-item function of `a` (see `scripts/fast.lua`), if it has one.
+pub(crate) fn fast_suffix(a: Algorithm) -> Option<&'static str> {
+    match a {
+        Algorithm::FixedWindow => Some("_fixed"),
+        Algorithm::SlidingWindowCounter => Some("_counter"),
+        _ => None,
+    }
 }
 
 /// What the script does with its items.
@@ -233,8 +263,9 @@ pub fn eval(call: &Call<'_>, items: &[Entry<'_>]) -> redis::Cmd {
     cmd
 }
 
-/// The `FCALL` of the Redis Function `name` that checks `item` once at the server's time,
-/// exactly as [`crate::RedisStore::check`] would (a benchmark's ceiling: the same call with no
+/// The `FCALL` of the Redis Function `name` (or of its one-item form, `scripts/fast.lua`, for
+/// a fixed window or a sliding window counter) that checks `item` once at the server's time, exactly as
+/// [`crate::RedisStore::check`] would (a benchmark's ceiling: the same call with no
 /// store around it). The library must be loaded ([`library`]).
 pub fn fcall(name: &str, prefix: &str, item: &CheckItem<'_>, reqid: &str) -> redis::Cmd {
     let keys = keys::item_keys(KeyLayout::Tollgate, prefix, item);
@@ -249,10 +280,85 @@ pub fn fcall(name: &str, prefix: &str, item: &CheckItem<'_>, reqid: &str) -> red
         jitter_seed: 0,
         leases: &[],
     };
-    let (k, packed) = arguments(&call, &[(0, item, &keys)]);
+    let entries = [(0, item, &keys)];
     let mut cmd = redis::cmd("FCALL");
+    if let Some((fast, packed)) = fast_arguments(name, &call, &entries) {
+        cmd.arg(fast).arg(1).arg(&keys.0).arg(packed);
+        return cmd;
+    }
+    let (k, packed) = arguments(&call, &entries);
     cmd.arg(name).arg(k.len()).arg(&k).arg(packed).arg(reqid);
     cmd
+}
+
+/// Bytes of the one-item functions' packed argument (fast.lua's `'<ddddddB'`) and reply
+/// (`'<ddddd'`).
+const FAST_LEN: usize = 6 * 8 + 1;
+const FAST_REPLY_LEN: usize = 5 * 8;
+
+/// The one-item function (`name` + [`fast_suffix`]) and its packed argument for `items`, when the
+/// call is one that `fast.lua` answers as `check` would: a check of a one-item request whose
+/// item is a fixed window or a sliding window counter, asking for no lease.
+pub(crate) fn fast_arguments(
+    name: &str,
+    call: &Call<'_>,
+    items: &[Entry<'_>],
+) -> Option<(String, Vec<u8>)> {
+    let [(idx, item, _)] = items else {
+        return None;
+    };
+    // A tiered limit's state (its tiers' counts) lives under its own key and is decided by
+    // tiers.lua in the general check.
+    if item.tier.is_some() {
+        return None;
+    }
+    let q = item.quota;
+    let suffix = fast_suffix(q.algorithm())?;
+    if call.mode != Mode::Check || !call.single || call.leases.get(*idx).is_some_and(|&l| l > 0) {
+        return None;
+    }
+    let mut packed = Vec::with_capacity(FAST_LEN);
+    match call.now {
+        Some(n) => put(&mut packed, n),
+        None => packed.extend_from_slice(&(-1f64).to_le_bytes()),
+    }
+    for x in [
+        call.grace_ms,
+        item.cost.min(MAX_COST),
+        q.limit(),
+        q.period().nominal(),
+        q.period().multiplier.max(1).into(),
+    ] {
+        put(&mut packed, x);
+    }
+    packed.push(unit_code(q.period().unit));
+    Some((format!("{name}{suffix}"), packed))
+}
+
+/// Decode a one-item function's reply for `item` (see fast.lua).
+pub(crate) fn decode_fast(bytes: &[u8], item: &CheckItem<'_>) -> Result<Reply, StoreError> {
+    if bytes.len() != FAST_REPLY_LEN {
+        return Err(StoreError::Unavailable(format!(
+            "unexpected one-item function reply: {} bytes",
+            bytes.len()
+        )));
+    }
+    let v = numbers(bytes);
+    let u = |x: i64| x.max(0) as u64;
+    let allowed = v[1] == 1;
+    Ok(Reply {
+        now: u(v[0]),
+        blocked: !allowed && !item.shadow,
+        decisions: vec![Decision {
+            allowed,
+            limit: item.quota.limit(),
+            remaining: u(v[2]),
+            reset_after: u(v[3]),
+            retry_after: (v[4] >= 0).then(|| u(v[4])),
+            delay: 0,
+            count: None,
+        }],
+    })
 }
 
 /// A decoded reply: the script's `now`, whether its items blocked, and one decision per item.

@@ -44,11 +44,29 @@ async fn instance(url: &str, prefix: &str, policy: Policy) -> Arc<Guarded> {
     Guarded::start(store, settings).await
 }
 
+/// The state Redis holds for `key`, as text: "start count" (fixed window) or "start prev
+/// count" (sliding window counter); empty when there is none. (Stored as numbers packed
+/// little-endian, the last one the time its TTL was set: see `scripts/common.lua`.)
+fn redis_state(server: &RedisServer, prefix: &str, key: &str, quota: &Quota) -> String {
+    let name = counter_keys(prefix, key, quota).0;
+    let mut con = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let v: Option<Vec<u8>> = redis::cmd("GET").arg(&name).query(&mut con).unwrap();
+    let numbers = tollgate_redis::script::numbers(&v.unwrap_or_default());
+    let fields = numbers.len().saturating_sub(1);
+    numbers[..fields]
+        .iter()
+        .map(|n| n.to_string())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// The count Redis holds for `key` (the last field of the counter's state).
 fn redis_count(server: &RedisServer, prefix: &str, key: &str, quota: &Quota) -> u64 {
-    let name = counter_keys(prefix, key, quota).0;
-    let v = server.cli(&["GET", &name]);
-    v.split_whitespace()
+    redis_state(server, prefix, key, quota)
+        .split_whitespace()
         .last()
         .and_then(|c| c.parse().ok())
         .unwrap_or(0)
@@ -339,8 +357,7 @@ async fn units_count_in_the_window_they_were_admitted_in() {
             hit(w + minute + 1_000_000).await;
         }
         g.flush(w + minute + 2_000_000).await.unwrap();
-        let name = counter_keys(&prefix, key, &quota).0;
-        assert_eq!(server.cli(&["GET", &name]).trim(), want, "{alg}");
+        assert_eq!(redis_state(&server, &prefix, key, &quota), want, "{alg}");
         assert_eq!(g.batch_stats().2, 0, "{alg}: nothing left to send");
     }
 }

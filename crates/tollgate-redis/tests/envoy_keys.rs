@@ -112,5 +112,5 @@ fn envoy_layout_is_refused_on_a_cluster_and_keeps_other_algorithms_in_tollgates_
     assert!(e.to_string().contains("standalone"), "{e}");
     let q = Quota::new(5, Unit::Minute).with_algorithm(Algorithm::FixedWindow);
     let keys = tollgate_redis::keys::counter_keys_in(KeyLayout::Envoy, "p", "d|k=v", &q);
-    assert_eq!(keys.0, "p:{d|k=v}:fixed:1m");
+    assert_eq!(keys.0, "p:{d|k=v}:fixed2:1m");
 }

@@ -568,3 +568,121 @@ async fn refund_never_comes_off_a_later_window() {
     }
     support::delete_prefix(shared_url(), &prefix);
 }
+
+/// The counting algorithms' state (numbers packed in binary, see `scripts/common.lua`): within
+/// a window a write rewrites the count in place and keeps the TTL set by the window's first
+/// write; a write at a time before that one (the clock went back) sets the TTL again, from its
+/// own time; a write in a new window writes the whole state with a new TTL. The one-item
+/// function (`fast.lua`) and the general check (a two-item request) write alike.
+#[tokio::test]
+async fn a_window_keeps_its_ttl_unless_the_clock_went_back() {
+    let store = RedisStore::connect(shared_url(), options("ttlkeep"))
+        .await
+        .unwrap();
+    let prefix = store.options().prefix.clone();
+    let mut con = redis::Client::open(shared_url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let hour: Micros = 3_600_000_000;
+    let minute: Micros = 60_000_000;
+    let w = 1_795_000_000 * 1_000_000 / hour * hour;
+    let other = Quota::new(100, Unit::Hour).with_algorithm(Algorithm::Gcra);
+    for alg in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter] {
+        let q = Quota::new(100, Unit::Hour).with_algorithm(alg);
+        let (name, _) = counter_keys(&prefix, "k", &q);
+        // The state's numbers (the last one t) and its PTTL.
+        let state = |con: &mut redis::Connection| -> (Vec<i64>, i64) {
+            let v: Vec<u8> = redis::cmd("GET").arg(&name).query(con).unwrap();
+            let pttl: i64 = redis::cmd("PTTL").arg(&name).query(con).unwrap();
+            (tollgate_redis::script::numbers(&v), pttl)
+        };
+        for multi in [false, true] {
+            let _: i64 = redis::cmd("DEL").arg(&name).query(&mut con).unwrap();
+            let hit = |t: Micros| {
+                let store = &store;
+                let q = &q;
+                let other = &other;
+                async move {
+                    let mut items = vec![item("k", q, 1)];
+                    if multi {
+                        items.push(item("other", other, 1));
+                    }
+                    let d = store.check(Some(t), &items).await.unwrap();
+                    assert!(d.iter().all(|d| d.allowed), "{alg} at {t}: {d:?}");
+                }
+            };
+            // The window's first write, 30 minutes in: TTL up to the window's end (the sliding
+            // counter: the next one's, where this count still weighs).
+            hit(w + 30 * minute).await;
+            let (s, ttl) = state(&mut con);
+            assert_eq!(
+                *s.last().unwrap() as Micros,
+                w + 30 * minute,
+                "{alg} {multi}: t"
+            );
+            let horizon = if alg == Algorithm::FixedWindow {
+                30
+            } else {
+                90
+            } * 60_000;
+            assert!(
+                ttl > horizon - 60_000 && ttl <= horizon,
+                "{alg} {multi}: {ttl}"
+            );
+            // Ten minutes on: the count changes in place, t and the TTL stay.
+            hit(w + 40 * minute).await;
+            let (s2, ttl2) = state(&mut con);
+            assert_eq!(s2[..s2.len() - 2], s[..s.len() - 2], "{alg} {multi}");
+            assert_eq!(s2[s2.len() - 2], 2, "{alg} {multi}: count");
+            assert_eq!(s2.last(), s.last(), "{alg} {multi}: t kept");
+            assert!(ttl2 <= ttl, "{alg} {multi}: TTL kept ({ttl2} after {ttl})");
+            // Twenty minutes back, still in the window: the TTL is set again from there.
+            hit(w + 10 * minute).await;
+            let (s3, ttl3) = state(&mut con);
+            assert_eq!(
+                *s3.last().unwrap() as Micros,
+                w + 10 * minute,
+                "{alg} {multi}: t"
+            );
+            assert_eq!(s3[s3.len() - 2], 3, "{alg} {multi}: count");
+            assert!(ttl3 > horizon + 19 * 60_000, "{alg} {multi}: {ttl3}");
+        }
+    }
+    support::delete_prefix(shared_url(), &prefix);
+}
+
+/// A counter key holding something no tollgate writes there (a string of another size, such as
+/// an older version's text state): a clear error naming the key, not a wrong decision.
+#[tokio::test]
+async fn a_foreign_value_at_a_counter_key_is_an_error_naming_it() {
+    let store = RedisStore::connect(shared_url(), options("foreign"))
+        .await
+        .unwrap();
+    let prefix = store.options().prefix.clone();
+    let mut con = redis::Client::open(shared_url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    for alg in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter] {
+        let q = Quota::new(5, Unit::Minute).with_algorithm(alg);
+        let (name, _) = counter_keys(&prefix, "k", &q);
+        let _: () = redis::cmd("SET")
+            .arg(&name)
+            .arg("1795000000000000 3")
+            .query(&mut con)
+            .unwrap();
+        for items in [
+            vec![item("k", &q, 1)],
+            vec![item("k", &q, 1), item("j", &q, 1)],
+        ] {
+            let e = store.check(None, &items).await.unwrap_err();
+            let text = e.to_string();
+            assert!(
+                text.contains(&name) && text.contains("18 bytes"),
+                "{alg}: {text}"
+            );
+        }
+    }
+    support::delete_prefix(shared_url(), &prefix);
+}

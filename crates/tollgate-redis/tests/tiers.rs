@@ -184,7 +184,7 @@ descriptors:
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // (A fold may come in parts: the state is read until it holds every part.)
-    let key = "tiers-local:{api|api=v1}:fixed:1m:tiers";
+    let key = "tiers-local:{api|api=v1}:fixed2:1m:tiers";
     let window = T0 + 10 * SECOND - (T0 + 10 * SECOND) % (60 * SECOND);
     loop {
         let folded = g.folded().1;

@@ -12,6 +12,7 @@ use crate::stats::{write_key, Seen};
 use std::sync::Arc;
 use std::time::Instant;
 use tollgate_core::limiter::{Overrides, Plan, Status};
+use tollgate_core::queue::{Attempt, Wait};
 use tollgate_core::rules::Limit;
 
 /// The message of a denial made by `--on-store-error deny` while Redis is unavailable.
@@ -124,6 +125,12 @@ fn admitted(state: &AppState, req: &CheckRequest) -> Result<Arc<LoadedRules>, Ap
     checked.inspect_err(|e| state.metrics().error(e.code()))
 }
 
+/// Whether `req` would pass [`admitted`], without counting anything: a request that would not is
+/// refused by the decision itself, and must not wait in a queue first.
+pub(crate) fn acceptable(state: &AppState, req: &CheckRequest) -> bool {
+    validate_in(state, req).is_ok() && bounded_overrides(&state.rules(), req).is_ok()
+}
+
 /// Refuse a `limit` override that asks more than the store would hold for it (see
 /// [`Overrides::too_large`]): a client must not choose how much memory one key takes.
 fn bounded_overrides(rules: &LoadedRules, req: &CheckRequest) -> Result<(), ApiError> {
@@ -190,7 +197,10 @@ fn check_hits(
 /// then concluded. A macro rather than a function for the two ways the store is asked: awaited
 /// by [`decide`], answered at once by [`decide_now`].
 macro_rules! decide_with {
-    ($state:ident, $req:ident, |$now:ident, $items:ident| $ask:expr) => {{
+    ($state:ident, $req:ident, |$now:ident, $items:ident| $ask:expr) => {
+        decide_with!($state, $req, None, |$now, $items| $ask)
+    };
+    ($state:ident, $req:ident, $wait:expr, |$now:ident, $items:ident| $ask:expr) => {{
         let started = Instant::now();
         match admitted($state, $req) {
             Err(e) => Err(e),
@@ -203,7 +213,7 @@ macro_rules! decide_with {
                 let $items = plan.items();
                 let outcome = if $items.is_empty() { None } else { Some($ask) };
                 drop($items);
-                conclude($state, $req, &rules, plan, $now, outcome, started)
+                conclude($state, $req, &rules, plan, $now, outcome, started, $wait)
             }
         }
     }};
@@ -236,8 +246,38 @@ pub fn decide_now(state: &AppState, req: &CheckRequest) -> Option<Result<CheckRe
     }))
 }
 
+/// A decision of a request that rules with a `queue` may make wait (see `queue`): the answer,
+/// and when it is a denial that may wait, how ([`tollgate_core::queue::wait_for`]).
+pub(crate) async fn attempt(
+    state: &AppState,
+    req: &CheckRequest,
+) -> Attempt<Result<CheckResponse, ApiError>> {
+    let mut wait = None;
+    let decided = match state.backend() {
+        crate::backend::Backend::Local(store) => {
+            decide_with!(state, req, Some(&mut wait), |now, items| {
+                store.check(now, &items).map(Outcome::store)
+            })
+        }
+        backend => decide_with!(state, req, Some(&mut wait), |now, items| {
+            backend.check(now, &items).await
+        }),
+    };
+    match (decided, wait) {
+        (Ok(answer), Some(wait)) if !answer.allowed => Attempt::Denied {
+            answer: Ok(answer),
+            wait,
+        },
+        (decided, _) => {
+            let allowed = decided.as_ref().is_ok_and(|r| r.allowed);
+            Attempt::Done(decided, allowed)
+        }
+    }
+}
+
 /// The rest of a decision once the store answered (`None`: nothing to ask it): metrics, the
-/// statuses, the headers.
+/// statuses, the headers; and, when `wait` is given, whether a denial may wait in a queue.
+#[allow(clippy::too_many_arguments)]
 fn conclude(
     state: &AppState,
     req: &CheckRequest,
@@ -246,6 +286,7 @@ fn conclude(
     now: tollgate_core::Micros,
     outcome: Option<Result<Outcome, tollgate_core::StoreError>>,
     started: Instant,
+    wait: Option<&mut Option<Wait>>,
 ) -> Result<CheckResponse, ApiError> {
     let metrics = state.metrics();
     let hits = req.hits.unwrap_or(1);
@@ -364,6 +405,12 @@ fn conclude(
     } else {
         (allowed, statuses, headers)
     };
+    if let Some(wait) = wait {
+        // A denial by the failure policy waits for nothing: the store is down.
+        if !allowed && !policy_denied {
+            *wait = tollgate_core::queue::wait_for(&verdict);
+        }
+    }
     let shadowbanned = !allowed && banned && !denied_plainly;
     if shadowbanned {
         count_shadowbanned(state, rules, req, &verdict, hits);

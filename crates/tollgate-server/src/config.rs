@@ -43,6 +43,9 @@ pub struct ServeConfig {
     /// `--live-stats`: record the per-rule live statistics of `/v1/stats` and `/dashboard`
     /// ([`crate::stats`]); on by default.
     pub live_stats: bool,
+    /// `--queue-max-waiting`: most requests waiting at once in the queues of rules with a
+    /// `queue` option.
+    pub queue_max_waiting: usize,
 }
 
 impl Default for ServeConfig {
@@ -60,6 +63,7 @@ impl Default for ServeConfig {
             registry: crate::registry::RegistryConfig::default(),
             decision_log: crate::decision_log::DecisionLogConfig::default(),
             live_stats: true,
+            queue_max_waiting: tollgate_core::queue::DEFAULT_MAX_WAITING,
         }
     }
 }

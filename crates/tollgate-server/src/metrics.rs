@@ -29,7 +29,10 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
+use tollgate_core::limiter::QueueSpot;
+use tollgate_core::queue::Dropped;
 use tollgate_core::rules::{Limit, RuleSet};
+use tollgate_core::Micros;
 
 /// Counters of one `(domain, rule)` pair; all count hits (cost units), as envoyproxy/ratelimit.
 #[derive(Debug, Default)]
@@ -119,6 +122,8 @@ pub struct Metrics {
     pub http_connections: Arc<ConnectionMetrics>,
     /// Connections of the gRPC listener (open, dropped at shutdown, cap reached).
     pub grpc_connections: Arc<ConnectionMetrics>,
+    /// The queues of rules with a `queue` option.
+    pub(crate) queue: QueueMetrics,
 }
 
 /// Bound on the series named by request values of `detailed_metric` / `value_to_metric` rules;
@@ -527,6 +532,7 @@ impl Metrics {
             u8::from(!self.reload_failing.load(std::sync::atomic::Ordering::Acquire))
         );
         out.push_str(&self.limit_rows.read().unwrap_or_else(|e| e.into_inner()));
+        self.queue.render(&mut out);
         ConnectionMetrics::render(
             &mut out,
             &[
@@ -732,10 +738,148 @@ fn render_limits(set: &RuleSet) -> String {
 }
 
 /// Escape a label value (`\`, `"`, newline).
-fn escape(s: &str) -> String {
+pub(crate) fn escape(s: &str) -> String {
     s.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
+}
+
+/// Upper bounds (seconds) of the queue wait histogram: `max_wait` is 1 ms to 60 s.
+const WAIT_BUCKETS: [f64; 12] = [
+    0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// One rule's queue metrics.
+#[derive(Debug, Default)]
+pub(crate) struct QueueCounters {
+    waiting: AtomicU64,
+    served: AtomicU64,
+    /// By [`Dropped`] (full, timeout, gone, refused).
+    dropped: [AtomicU64; 4],
+    buckets: [AtomicU64; WAIT_BUCKETS.len()],
+    sum_micros: AtomicU64,
+}
+
+impl QueueCounters {
+    /// A request joined a line.
+    pub(crate) fn joined(&self) {
+        self.waiting.fetch_add(1, Relaxed);
+    }
+
+    /// A request left a line, served after waiting `waited`.
+    pub(crate) fn served(&self, waited: Micros) {
+        self.waiting.fetch_sub(1, Relaxed);
+        self.served.fetch_add(1, Relaxed);
+        let secs = waited as f64 / 1e6;
+        if let Some(i) = WAIT_BUCKETS.iter().position(|b| secs <= *b) {
+            self.buckets[i].fetch_add(1, Relaxed);
+        }
+        self.sum_micros.fetch_add(waited, Relaxed);
+    }
+
+    /// A request left a line unserved (`waited`), or was turned away from it.
+    pub(crate) fn dropped(&self, why: Dropped, waited: bool) {
+        if waited {
+            self.waiting.fetch_sub(1, Relaxed);
+        }
+        self.dropped[why.index()].fetch_add(1, Relaxed);
+    }
+}
+
+/// The queue metrics of every rule that queued a request, by (domain, stats key, rule id): a
+/// rule set bounds them.
+#[derive(Debug, Default)]
+pub(crate) struct QueueMetrics {
+    rules: RwLock<HashMap<(String, String, String), Arc<QueueCounters>>>,
+}
+
+impl QueueMetrics {
+    /// The counters of `spot`'s rule.
+    pub(crate) fn of(&self, spot: &QueueSpot<'_>) -> Arc<QueueCounters> {
+        let l = spot.limit;
+        let key = (l.domain.clone(), l.stats.base().to_owned(), l.id.clone());
+        if let Some(c) = self
+            .rules
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+        {
+            return c.clone();
+        }
+        self.rules
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(key)
+            .or_default()
+            .clone()
+    }
+
+    /// The queue families, in Prometheus text format (nothing until a rule has queued).
+    pub(crate) fn render(&self, out: &mut String) {
+        let rules = self.rules.read().unwrap_or_else(|e| e.into_inner());
+        if rules.is_empty() {
+            return;
+        }
+        let mut keys: Vec<_> = rules.keys().collect();
+        keys.sort();
+        let labels = |k: &(String, String, String)| {
+            format!(
+                "domain=\"{}\",rule=\"{}\",limit=\"{}\"",
+                escape(&k.0),
+                escape(&bounded_label(&k.1)),
+                escape(&k.2)
+            )
+        };
+        out.push_str("# HELP tollgate_queue_waiting Requests waiting in a rule's queues now.\n# TYPE tollgate_queue_waiting gauge\n");
+        for k in &keys {
+            let _ = writeln!(
+                out,
+                "tollgate_queue_waiting{{{}}} {}",
+                labels(k),
+                rules[*k].waiting.load(Relaxed)
+            );
+        }
+        out.push_str("# HELP tollgate_queue_served_total Requests served from a rule's queues after waiting.\n# TYPE tollgate_queue_served_total counter\n");
+        for k in &keys {
+            let _ = writeln!(
+                out,
+                "tollgate_queue_served_total{{{}}} {}",
+                labels(k),
+                rules[*k].served.load(Relaxed)
+            );
+        }
+        out.push_str("# HELP tollgate_queue_dropped_total Requests a rule's queues turned away or that left unserved (reason: full, timeout, gone, refused).\n# TYPE tollgate_queue_dropped_total counter\n");
+        for k in &keys {
+            for why in Dropped::ALL {
+                let _ = writeln!(
+                    out,
+                    "tollgate_queue_dropped_total{{{},reason=\"{}\"}} {}",
+                    labels(k),
+                    why.as_str(),
+                    rules[*k].dropped[why.index()].load(Relaxed)
+                );
+            }
+        }
+        out.push_str("# HELP tollgate_queue_wait_seconds How long requests served from a rule's queues waited.\n# TYPE tollgate_queue_wait_seconds histogram\n");
+        for k in &keys {
+            let c = &rules[*k];
+            let l = labels(k);
+            let mut cumulative = 0;
+            for (i, b) in WAIT_BUCKETS.iter().enumerate() {
+                cumulative += c.buckets[i].load(Relaxed);
+                let _ = writeln!(
+                    out,
+                    "tollgate_queue_wait_seconds_bucket{{{l},le=\"{b}\"}} {cumulative}"
+                );
+            }
+            let count = c.served.load(Relaxed);
+            let _ = writeln!(
+                out,
+                "tollgate_queue_wait_seconds_bucket{{{l},le=\"+Inf\"}} {count}\ntollgate_queue_wait_seconds_sum{{{l}}} {}\ntollgate_queue_wait_seconds_count{{{l}}} {count}",
+                c.sum_micros.load(Relaxed) as f64 / 1e6
+            );
+        }
+    }
 }
 
 #[cfg(test)]

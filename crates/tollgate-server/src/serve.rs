@@ -106,6 +106,7 @@ async fn build_state_at(
         .rule_listing(config.rules.listing)
         .limits(config.limits)
         .live_stats(config.live_stats)
+        .queue_max_waiting(config.queue_max_waiting)
         .rules_path(config.rules.path.clone());
     if let Some(policy) = envoy.policy() {
         builder = builder.policy(policy);

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use tollgate_core::clock::{Clock, Micros, MonotonicWallClock, SystemClock};
+use tollgate_core::queue::{LineKey, Waitlist};
 use tollgate_core::rules::{LoadOptions, RuleSet};
 use tollgate_core::store::Store;
 use tollgate_core::MemoryStore;
@@ -107,6 +108,11 @@ struct Shared {
     rule_listing: LoadOptions,
     policy: Arc<dyn DecisionPolicy>,
     shutting_down: AtomicBool,
+    /// The active rules have a limit with a `queue` ([`RuleSet::has_queues`]): one relaxed load
+    /// tells a request whether to look for queues at all.
+    queued: AtomicBool,
+    /// The lines of requests that rules with a `queue` make wait.
+    queue: Arc<Waitlist<LineKey>>,
     /// Held while new rules are computed and swapped in (file reload, registry change), so that
     /// one cannot swap in rules built from what the other is replacing.
     rules_update: Mutex<()>,
@@ -139,6 +145,7 @@ pub struct AppStateBuilder {
     rule_listing: LoadOptions,
     policy: Arc<dyn DecisionPolicy>,
     live_stats: bool,
+    queue_max_waiting: usize,
 }
 
 impl AppStateBuilder {
@@ -202,6 +209,13 @@ impl AppStateBuilder {
         self.live_stats = on;
         self
     }
+    /// The most requests that may wait at once in the queues of rules with a `queue` option, all
+    /// lines together (`--queue-max-waiting`; default
+    /// [`tollgate_core::queue::DEFAULT_MAX_WAITING`]).
+    pub fn queue_max_waiting(mut self, n: usize) -> Self {
+        self.queue_max_waiting = n;
+        self
+    }
     /// The state.
     pub fn build(self) -> AppState {
         let metrics = Metrics::new();
@@ -210,6 +224,7 @@ impl AppStateBuilder {
         stats.set_enabled(self.live_stats);
         // The first load is the first entry of the reload ring.
         stats.reloaded(self.clock.now(), self.rules.generation, &[]);
+        let queued = self.rules.set.has_queues();
         AppState(Arc::new(Shared {
             rules: ArcSwap::from_pointee(self.rules),
             last_reload_error: Mutex::new(None),
@@ -223,6 +238,8 @@ impl AppStateBuilder {
             rule_listing: self.rule_listing,
             policy: self.policy,
             shutting_down: AtomicBool::new(false),
+            queued: AtomicBool::new(queued),
+            queue: Arc::new(Waitlist::new(self.queue_max_waiting)),
             rules_update: Mutex::new(()),
             admin: tokio::sync::Semaphore::new(1),
         }))
@@ -244,6 +261,7 @@ impl AppState {
             rule_listing: LoadOptions::default(),
             policy: Arc::new(TollgatePolicy),
             live_stats: true,
+            queue_max_waiting: tollgate_core::queue::DEFAULT_MAX_WAITING,
         }
     }
 
@@ -262,6 +280,9 @@ impl AppState {
     pub(crate) fn swap_rules(&self, rules: LoadedRules) {
         self.0.metrics.rules_loaded(&rules.set);
         self.0.stats.rules_loaded(&rules.set);
+        self.0
+            .queued
+            .store(rules.set.has_queues(), Ordering::Relaxed);
         self.0.rules.store(Arc::new(rules));
         *self.lock_error() = None;
     }
@@ -293,6 +314,9 @@ impl AppState {
     pub(crate) fn replace_rules(&self, rules: LoadedRules) {
         self.0.metrics.rules_loaded(&rules.set);
         self.0.stats.rules_loaded(&rules.set);
+        self.0
+            .queued
+            .store(rules.set.has_queues(), Ordering::Relaxed);
         self.0.rules.store(Arc::new(rules));
     }
 
@@ -379,6 +403,16 @@ impl AppState {
     /// The decision's semantics.
     pub fn policy(&self) -> &dyn DecisionPolicy {
         &*self.0.policy
+    }
+
+    /// Whether the active rules have a limit with a `queue`.
+    pub fn has_queues(&self) -> bool {
+        self.0.queued.load(Ordering::Relaxed)
+    }
+
+    /// The lines of requests that rules with a `queue` make wait.
+    pub fn queue(&self) -> &Arc<Waitlist<LineKey>> {
+        &self.0.queue
     }
 
     /// Mark the service as shutting down (health checks turn unhealthy).

@@ -80,6 +80,7 @@ pub struct Builder {
     clock: Option<Arc<dyn Clock>>,
     trusted: Vec<String>,
     max_wait: Duration,
+    queue_max_waiting: usize,
     allow_headers: Option<HeaderFamilies>,
     shadowban: Option<http::Response<String>>,
 }
@@ -95,6 +96,7 @@ impl Default for Builder {
             clock: None,
             trusted: Vec::new(),
             max_wait: Duration::from_secs(10),
+            queue_max_waiting: tollgate_core::queue::DEFAULT_MAX_WAITING,
             allow_headers: Some(HeaderFamilies::Both),
             shadowban: None,
         }
@@ -196,6 +198,14 @@ impl Builder {
     /// would wait longer is refused, as when the queue is full, and consumes nothing.
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
         self.max_wait = max_wait;
+        self
+    }
+
+    /// The most requests that may wait at once in the queues of rules with a `queue` option (see
+    /// docs/rules.md, "Queueing"), all lines of the layer together (default 10,000): past it, a
+    /// request such a rule denies gets the denial at once.
+    pub fn queue_max_waiting(mut self, n: usize) -> Self {
+        self.queue_max_waiting = n;
         self
     }
 
@@ -344,6 +354,7 @@ impl Builder {
                 trusted,
                 max_wait: self.max_wait,
                 allow_headers: self.allow_headers,
+                queue: Arc::new(tollgate_core::queue::Waitlist::new(self.queue_max_waiting)),
                 shadowban: self.shadowban.map_or_else(
                     crate::signal::FakeResponse::empty,
                     crate::signal::FakeResponse::of,

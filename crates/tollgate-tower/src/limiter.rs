@@ -22,7 +22,8 @@ use http::HeaderMap;
 use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::Duration;
-use tollgate_core::limiter::{Descriptor, Plan, Status};
+use tollgate_core::limiter::{Descriptor, Plan, QueueSpot, Status};
+use tollgate_core::queue::{self, Attempt, Dropped, LineKey, Waitlist};
 use tollgate_core::request::{client_address, Cidr, HttpActions, RequestParts};
 use tollgate_core::{
     Algorithm, CheckItem, Decision, HeaderFamilies, HeaderValues, MemoryStore, Micros, Quota,
@@ -80,6 +81,60 @@ pub(crate) struct Limiter {
     pub(crate) allow_headers: Option<HeaderFamilies>,
     /// What a request denied only by `shadowban` rules is answered with.
     pub(crate) shadowban: crate::signal::FakeResponse,
+    /// The lines of requests that rules with a `queue` make wait.
+    pub(crate) queue: Arc<Waitlist<LineKey>>,
+}
+
+/// A request of a rules layer waiting in line: what [`queue::serve`] drives.
+struct Queued<'a> {
+    limiter: &'a Limiter,
+    rules: &'a RuleSet,
+    domain: &'a str,
+    descriptors: &'a [Descriptor],
+}
+
+impl queue::Driver for Queued<'_> {
+    type Answer = Answer;
+
+    fn now(&self) -> Micros {
+        self.limiter.clock.now()
+    }
+
+    async fn sleep_until(&self, at: Micros) {
+        let now = self.now();
+        if at > now {
+            tokio::time::sleep(Duration::from_micros(at - now)).await;
+        }
+    }
+
+    async fn decide(&self) -> Attempt<Answer> {
+        let now = self.now();
+        self.limiter
+            .decide_rules(self.rules, self.domain, self.descriptors, now)
+            .await
+    }
+
+    async fn refusal(&self, spot: &QueueSpot<'_>, why: Dropped) -> Answer {
+        // Nothing was decided: the wait the rule allows is the best hint of when to retry.
+        let secs = tollgate_core::headers::secs_ceil(spot.policy.max_wait).max(1);
+        let mut retry = HeaderMap::new();
+        retry.insert(http::header::RETRY_AFTER, secs.into());
+        Answer::Deny {
+            headers: Headers::Map(Box::new(retry)),
+            message: format!(
+                "{} ({})",
+                message(spot.limit.message.as_deref(), false),
+                match why {
+                    Dropped::Full => "queue full",
+                    _ => "queue wait exceeded",
+                }
+            ),
+        }
+    }
+
+    fn joined(&self, _: &QueueSpot<'_>) {}
+    fn served(&self, _: &QueueSpot<'_>, _: Micros) {}
+    fn dropped(&self, _: &QueueSpot<'_>, _: Dropped, _: bool) {}
 }
 
 /// What one request asks the backend about.
@@ -394,6 +449,10 @@ impl Limiter {
     /// takes I/O ([`Limiter::decide`]).
     pub(crate) fn decide_now(&self, query: &Query) -> Option<Answer> {
         let store = self.local()?;
+        if matches!(&self.limits, Limits::Rules { rules, .. } if rules.has_queues()) {
+            // A request may wait: that takes timers, so the async path.
+            return None;
+        }
         match self.one_counter(query) {
             Some((quota, item)) => {
                 let now = self.clock.now();
@@ -447,71 +506,108 @@ impl Limiter {
                         limit: None,
                     })
                     .collect();
-                let plan = Plan::new(rules, domain, &descriptors, 1);
-                let items = plan.items();
-                let decided = if items.is_empty() {
-                    Decided {
-                        decisions: Vec::new(),
-                        denied_by_policy: false,
+                if rules.has_queues() {
+                    let plan = Plan::new(rules, domain, &descriptors, 1);
+                    let spots = plan.queue_spots();
+                    if !spots.is_empty() {
+                        let driver = Queued {
+                            limiter: self,
+                            rules,
+                            domain,
+                            descriptors: &descriptors,
+                        };
+                        // Boxed: only requests that may wait carry the waiting's future.
+                        return Box::pin(queue::serve(&self.queue, &driver, &spots)).await;
                     }
-                } else {
-                    let capped = self.capped(&items);
-                    let items: Vec<CheckItem<'_>> = match &capped {
-                        None => items,
-                        Some(quotas) => items
-                            .iter()
-                            .zip(quotas)
-                            .map(|(i, quota)| CheckItem { quota, ..*i })
-                            .collect(),
-                    };
-                    match self.check(now, &items).await {
-                        Some(d) => d,
-                        None => return Answer::unavailable(),
-                    }
-                };
-                let verdict = plan.finish(decided.decisions);
-                let allowed = verdict.allowed();
-                let headers = match HeaderValues::of_verdict(&verdict, allowed, now) {
-                    Some(h) => Headers::Values(h, HeaderFamilies::Both),
-                    None => Headers::None,
-                };
-                if allowed {
-                    let delay = Duration::from_micros(verdict.delay());
-                    let degrade = verdict.statuses.iter().find_map(|s| match s {
-                        Status::Limited {
-                            limit, decision, ..
-                        } => limit
-                            .degrade
-                            .filter(|t| t.signals(decision))
-                            .map(|_| limit.id.clone()),
-                        _ => None,
-                    });
-                    return match degrade {
-                        None => Answer::Allow { headers, delay },
-                        Some(rule) => Answer::Degrade {
-                            headers,
-                            delay,
-                            degraded: crate::Degraded::new(rule),
-                        },
-                    };
                 }
-                let mut blocking = verdict.statuses.iter().filter(|s| s.blocks());
-                let banned = blocking.clone().next().is_some()
-                    && blocking
-                        .all(|s| matches!(s, Status::Limited { limit, .. } if limit.shadowban));
-                if banned && !decided.denied_by_policy {
-                    return Answer::Shadowban;
-                }
-                let rule_message = verdict.statuses.iter().find_map(|s| match s {
-                    Status::Limited { limit, .. } if s.blocks() => limit.message.as_deref(),
-                    _ => None,
-                });
-                Answer::Deny {
-                    headers,
-                    message: message(rule_message, decided.denied_by_policy),
+                match self.decide_rules(rules, domain, &descriptors, now).await {
+                    Attempt::Done(answer, _) | Attempt::Denied { answer, .. } => answer,
                 }
             }
             _ => Answer::pass(),
+        }
+    }
+
+    /// Decide `descriptors` of `domain` by the rules, at `now`: the answer, and whether the
+    /// denial may wait in a queue instead.
+    async fn decide_rules(
+        &self,
+        rules: &RuleSet,
+        domain: &str,
+        descriptors: &[Descriptor],
+        now: Micros,
+    ) -> Attempt<Answer> {
+        let plan = Plan::new(rules, domain, descriptors, 1);
+        let items = plan.items();
+        let decided = if items.is_empty() {
+            Decided {
+                decisions: Vec::new(),
+                denied_by_policy: false,
+            }
+        } else {
+            let capped = self.capped(&items);
+            let items: Vec<CheckItem<'_>> = match &capped {
+                None => items,
+                Some(quotas) => items
+                    .iter()
+                    .zip(quotas)
+                    .map(|(i, quota)| CheckItem { quota, ..*i })
+                    .collect(),
+            };
+            match self.check(now, &items).await {
+                Some(d) => d,
+                None => return Attempt::Done(Answer::unavailable(), false),
+            }
+        };
+        let verdict = plan.finish(decided.decisions);
+        let allowed = verdict.allowed();
+        let headers = match HeaderValues::of_verdict(&verdict, allowed, now) {
+            Some(h) => Headers::Values(h, HeaderFamilies::Both),
+            None => Headers::None,
+        };
+        if allowed {
+            let delay = Duration::from_micros(verdict.delay());
+            let degrade = verdict.statuses.iter().find_map(|s| match s {
+                Status::Limited {
+                    limit, decision, ..
+                } => limit
+                    .degrade
+                    .filter(|t| t.signals(decision))
+                    .map(|_| limit.id.clone()),
+                _ => None,
+            });
+            let answer = match degrade {
+                None => Answer::Allow { headers, delay },
+                Some(rule) => Answer::Degrade {
+                    headers,
+                    delay,
+                    degraded: crate::Degraded::new(rule),
+                },
+            };
+            return Attempt::Done(answer, true);
+        }
+        let mut blocking = verdict.statuses.iter().filter(|s| s.blocks());
+        let banned = blocking.clone().next().is_some()
+            && blocking.all(|s| matches!(s, Status::Limited { limit, .. } if limit.shadowban));
+        if banned && !decided.denied_by_policy {
+            return Attempt::Done(Answer::Shadowban, false);
+        }
+        let rule_message = verdict.statuses.iter().find_map(|s| match s {
+            Status::Limited { limit, .. } if s.blocks() => limit.message.as_deref(),
+            _ => None,
+        });
+        let answer = Answer::Deny {
+            headers,
+            message: message(rule_message, decided.denied_by_policy),
+        };
+        let wait = if rules.has_queues() && !decided.denied_by_policy {
+            queue::wait_for(&verdict)
+        } else {
+            None
+        };
+        match wait {
+            Some(wait) => Attempt::Denied { answer, wait },
+            None => Attempt::Done(answer, false),
         }
     }
 

@@ -44,6 +44,14 @@ impl fmt::Debug for RateLimitLayer {
     }
 }
 
+impl RateLimitLayer {
+    /// How many requests wait now in the queues of rules with a `queue` option (see
+    /// docs/rules.md, "Queueing"), all lines together: for a gauge of the application's own.
+    pub fn waiting(&self) -> usize {
+        self.limiter.queue.waiting()
+    }
+}
+
 impl<S> Layer<S> for RateLimitLayer {
     type Service = RateLimit<S>;
 

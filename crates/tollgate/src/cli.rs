@@ -201,6 +201,11 @@ pub struct ServeArgs {
     /// `GET /v1/stats` and `/dashboard`, both served to the admin token only: `on` or `off`.
     #[arg(long, env = "TOLLGATE_LIVE_STATS", default_value = "on")]
     live_stats: OnOff,
+    /// Most requests waiting at once in the queues of rules with a `queue` option (forward-auth
+    /// and /v1/check), all queues together; past it such a rule's denials are answered at once.
+    #[arg(long, env = "TOLLGATE_QUEUE_MAX_WAITING", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    queue_max_waiting: u32,
     /// gRPC: add rate-limit headers to `response_headers_to_add`.
     #[arg(long, env = "TOLLGATE_RESPONSE_HEADERS")]
     response_headers: bool,
@@ -643,6 +648,7 @@ impl ServeArgs {
             max_per_second: self.decision_log_max_per_second,
         };
         c.live_stats = self.live_stats == OnOff::On;
+        c.queue_max_waiting = self.queue_max_waiting as usize;
         c
     }
 }

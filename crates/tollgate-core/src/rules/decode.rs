@@ -35,6 +35,7 @@ const DESCRIPTOR_FIELDS: &[&str] = &[
     "message",
     "degrade",
     "shadowban",
+    "queue",
     "tiers",
 ];
 const RATE_LIMIT_FIELDS: &[&str] = &[
@@ -79,6 +80,7 @@ pub(crate) struct DescriptorSpec {
     pub message: Option<String>,
     pub degrade: Option<super::degrade::DegradeThreshold>,
     pub shadowban: bool,
+    pub queue: Option<super::queue::QueuePolicy>,
     pub tiers: Option<super::tiers::Tiers>,
     pub children: Vec<DescriptorSpec>,
     /// The file it comes from when not its domain's file (a domain merged from several files).
@@ -278,6 +280,19 @@ fn descriptor(node: &Node, depth: usize, errors: &mut Errors) -> Option<Descript
             }
         }
     }
+    let queue = fields.get("queue").and_then(|n| {
+        if has_rate_limit && quota.is_none() {
+            return None;
+        }
+        let conflicts = super::queue::Conflicts {
+            shadow_mode,
+            quota_mode,
+            shadowban,
+            has_rate_limit,
+            unlimited: quota == Some(None),
+        };
+        super::queue::decode(n, conflicts, errors)
+    });
     let children = match fields.get("descriptors") {
         None => Vec::new(),
         Some(n) => descriptor_list(n, depth + 1, errors),
@@ -304,6 +319,7 @@ fn descriptor(node: &Node, depth: usize, errors: &mut Errors) -> Option<Descript
     Some(DescriptorSpec {
         degrade,
         shadowban,
+        queue,
         tiers,
         file: None,
         key: key?,

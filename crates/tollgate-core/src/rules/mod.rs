@@ -39,6 +39,7 @@ mod degrade;
 mod error;
 mod http;
 mod metadata;
+mod queue;
 mod stats;
 mod tiers;
 mod tree;
@@ -48,6 +49,10 @@ pub use decode::{edit_distance, nearest};
 pub use degrade::DegradeThreshold;
 pub use error::{RuleError, RuleErrors};
 pub use metadata::MetaValue;
+pub use queue::{
+    Priority, QueuePolicy, LOWEST, MAX_LENGTH as MAX_QUEUE_LENGTH, MAX_WAIT as MAX_QUEUE_WAIT,
+    MIN_WAIT as MIN_QUEUE_WAIT,
+};
 pub use stats::StatsKey;
 pub use tiers::{supports as tiers_support, TierLevel, Tiers, MAX_LEVELS as MAX_TIER_LEVELS};
 
@@ -112,6 +117,9 @@ pub struct Limit {
     /// `shadowban`: this rule's denials are answered to the client as if allowed, without the
     /// request going through (the transports mark them; see docs/rules.md).
     pub shadowban: bool,
+    /// `queue`: a request this rule denies waits for capacity, within these bounds, instead of
+    /// being refused (see [`crate::queue`]).
+    pub queue: Option<QueuePolicy>,
     /// `tiers`: the limit is a capacity shared by priority tiers ([`Tiers`]; docs/rules.md).
     pub tiers: Option<Tiers>,
     /// The rule names an `algorithm`; otherwise [`RuleDefaults::algorithm`] applies.
@@ -167,6 +175,7 @@ impl Limit {
             metadata: None,
             degrade: None,
             shadowban: false,
+            queue: None,
             tiers: None,
             algorithm_named: false,
             sync_named: false,
@@ -193,6 +202,8 @@ impl Limit {
         with_degrade(degrade: DegradeThreshold) => Some(degrade);
         /// With `shadowban` set ([`Limit::shadowban`]).
         with_shadowban(shadowban: bool) => shadowban;
+        /// With a queue ([`Limit::queue`]).
+        with_queue(queue: QueuePolicy) => Some(queue);
         /// With [`Limit::count_denied_hits`] set.
         with_count_denied_hits(count_denied_hits: bool) => count_denied_hits;
         /// With priority tiers sharing its quota ([`Limit::tiers`]).
@@ -271,6 +282,8 @@ pub struct RuleSet {
     by_name: HashMap<String, usize>,
     limits: Vec<Limit>,
     defaults: RuleDefaults,
+    /// Some limit has a `queue`: without one, nothing on the decision path looks for queues.
+    queued: bool,
 }
 
 /// Server-wide settings that apply to the rules rather than being written in them (so a rule
@@ -442,6 +455,7 @@ impl RuleSet {
                 limits: start..set.limits.len(),
             });
         }
+        set.queued = set.limits.iter().any(|l| l.queue.is_some());
         Ok(set)
     }
 
@@ -483,6 +497,7 @@ impl RuleSet {
                 limits: start..set.limits.len(),
             });
         }
+        set.queued = set.limits.iter().any(|l| l.queue.is_some());
         Ok(set)
     }
 
@@ -533,6 +548,13 @@ impl RuleSet {
                 })
             })
             .collect()
+    }
+
+    /// Whether some limit has a `queue` ([`Limit::queue`]), computed once when the set is built:
+    /// transports look for queues only then, so rule sets without one decide as if queues did
+    /// not exist.
+    pub fn has_queues(&self) -> bool {
+        self.queued
     }
 
     /// The defaults applied to these rules ([`RuleSet::with_defaults`]).
@@ -1031,7 +1053,7 @@ descriptors:
         assert_eq!(e[3].column, 51);
         assert_eq!(
             e[2].to_string(),
-            "t.yaml:7:5: unknown field `bogus` in a descriptor (allowed: key, value, rate_limit, descriptors, shadow_mode, detailed_metric, value_to_metric, share_threshold, quota_mode, metadata, message, degrade, shadowban, tiers)"
+            "t.yaml:7:5: unknown field `bogus` in a descriptor (allowed: key, value, rate_limit, descriptors, shadow_mode, detailed_metric, value_to_metric, share_threshold, quota_mode, metadata, message, degrade, shadowban, queue, tiers)"
         );
     }
 

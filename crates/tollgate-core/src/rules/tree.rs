@@ -141,6 +141,7 @@ impl Tree {
                     metadata: d.metadata.clone(),
                     degrade: d.degrade,
                     shadowban: d.shadowban,
+                    queue: d.queue,
                     tiers: d.tiers.clone(),
                     stats: StatsKey::compile(domain, path, d.detailed_metric),
                     file: file.to_string(),

@@ -17,6 +17,7 @@ use super::{add_headers, HttpState};
 use crate::check::decide;
 use crate::error::ApiError;
 use crate::model::{CheckRequest, CheckResponse, Descriptor};
+use crate::queue::decide_queued;
 use crate::state::AppState;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Path, Request, State};
@@ -100,7 +101,12 @@ pub(crate) async fn forward_auth(
         return StatusCode::OK.into_response();
     }
     let check = CheckRequest::new(domain, descriptors);
-    match decide(&state, &check).await {
+    let decided = if state.has_queues() {
+        decide_queued(&state, &check).await
+    } else {
+        decide(&state, &check).await
+    };
+    match decided {
         Ok(resp) => answer(&resp, deny_status, wants_json),
         Err(e) => e.into_response(),
     }

@@ -13,7 +13,6 @@ mod registry;
 mod stats;
 
 use crate::backend::{Backend, BreakerState};
-use crate::check::decide;
 use crate::error::{ApiError, ErrorClass};
 use crate::listener::BodyTimedOut;
 use crate::metrics::DropReason;
@@ -428,7 +427,13 @@ where
         Ok(c) => c,
         Err(e) => return fail(&state, e),
     };
-    match decide(&state, &check).await {
+    // Only with a `queue` in the rules does a decision go through the queue's driver.
+    let decided = if state.has_queues() {
+        crate::queue::decide_queued(&state, &check).await
+    } else {
+        crate::check::decide(&state, &check).await
+    };
+    match decided {
         Ok(resp) => native_response(&resp),
         Err(e) => e.into_response(),
     }
