@@ -36,9 +36,9 @@
 -- Leases (fixed_window and sliding_window_counter only, tiered or not; the Rust side refuses
 -- others): an admitted item that asks for `lease` units also takes up to that many more of the
 -- window's remaining count (a tiered item's: its tier's), at most a LEASE_SHARE-th of it (so
--- the last units of a window go out one by one), counted now as if admitted. The instance spends them locally in this window and gives
--- back what it did not spend with a refund at this call's time. Nothing is granted to a
--- blocked request.
+-- the last units of a window go out one by one), counted now as if admitted. The instance
+-- spends them locally in this window and gives back what it did not spend with a refund at
+-- this call's time. Nothing is granted to a blocked request.
 --
 -- The whole driver is the function `check` (a Redis Function, loaded once, or the body of an
 -- EVAL script; see script.rs).
