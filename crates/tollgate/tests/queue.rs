@@ -3,7 +3,7 @@
 //! `max_wait`): requests a rule with `queue` denies wait instead of getting 429, paid ones
 //! ahead of free ones that came earlier, within `max_length`; a client that goes away leaves
 //! its line, and its place is taken by the next request. The upstream sees the requests in the
-//! order they were served.
+//! order they were served. On the Redis store, `POST /v1/check` keeps the same order.
 //!
 //! Each step waits for an event: a response, or a queue gauge on `/metrics`. The limits are one
 //! request per 4-second fixed window (aligned to the Unix epoch), and a scenario starts early
@@ -14,9 +14,11 @@ mod support;
 use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use support::client::Method;
 use support::gateway::{get, Gateway, Resp, Upstream};
 use support::registry::metric;
-use support::{temp_dir, tollgate, Server};
+use support::{http, serve_store, temp_dir, tollgate, Server};
+use tollgate_testsupport::{delete_prefix, unique_prefix, SHARED_URL};
 
 const RULES: &str = r#"domain: web
 http:
@@ -249,6 +251,58 @@ fn v1_check_waits_in_the_queue_too() {
         queue_metric(&base, "tollgate_queue_served_total", "check", ""),
         1
     );
+}
+
+/// On the Redis store too (the shared server, a fresh prefix): a paid request that arrives after
+/// a waiting free one is served first, each at the window its turn comes in.
+#[test]
+fn on_redis_paid_waiters_are_served_before_earlier_free_ones() {
+    let dir = temp_dir("queue-redis");
+    let rules = dir.join("web.yaml");
+    std::fs::write(&rules, RULES).unwrap();
+    let prefix = unique_prefix("queue-redis");
+    let server = serve_store(
+        rules.to_str().unwrap(),
+        SHARED_URL,
+        &["--redis-prefix", &prefix],
+        "queue-redis",
+    );
+    let base = server.base.clone();
+    let body = |plan: &str| {
+        serde_json::json!({"domain": "web", "descriptors": [{"entries": [
+            {"key": "lane", "value": "order"}, {"key": "plan", "value": plan}]}]})
+    };
+    let done = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let send = |id: &'static str, plan: &'static str| {
+        let (base, body, done) = (base.clone(), body(plan), done.clone());
+        std::thread::spawn(move || {
+            let r = http(&base, Method::POST, "/v1/check", Some(body));
+            done.lock().unwrap().push(id);
+            r
+        })
+    };
+    window_start();
+    let first = http(&base, Method::POST, "/v1/check", Some(body("free")));
+    assert_eq!(first.status, 200, "{}", first.body);
+    let f1 = send("f1", "free");
+    until_metric(&base, "tollgate_queue_waiting", "order", "", 1);
+    let p1 = send("p1", "paid");
+    until_metric(&base, "tollgate_queue_waiting", "order", "", 2);
+    let (p1, f1) = (p1.join().unwrap(), f1.join().unwrap());
+    assert_eq!(
+        (p1.status, f1.status),
+        (200, 200),
+        "{} / {}",
+        p1.body,
+        f1.body
+    );
+    assert_eq!(*done.lock().unwrap(), ["p1", "f1"], "paid first");
+    assert_eq!(
+        queue_metric(&base, "tollgate_queue_served_total", "order", ""),
+        2
+    );
+    drop(server);
+    delete_prefix(SHARED_URL, &prefix);
 }
 
 /// The example rules of docs/rules.md's "Queueing" section validate as written.
