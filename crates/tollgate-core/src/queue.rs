@@ -563,6 +563,34 @@ async fn race<A: std::future::Future, B: std::future::Future>(
     .await
 }
 
+/// Join `spot`'s line (at most `max_length` long) at `now` until `deadline`, reporting the join,
+/// or `None` (reported as dropped, `full`) when the line has no place for it.
+fn enter<'s, 'r, D: Driver>(
+    list: &Arc<Waitlist<LineKey>>,
+    driver: &'s D,
+    spot: &'s QueueSpot<'r>,
+    max_length: usize,
+    now: Micros,
+    deadline: Micros,
+) -> Option<Held<'s, 'r, D>> {
+    match list.join(line_key(spot), max_length, spot.priority, now, deadline) {
+        Ok(place) => {
+            driver.joined(spot);
+            Some(Held {
+                driver,
+                spot,
+                place,
+                deadline,
+                left: None,
+            })
+        }
+        Err(_) => {
+            driver.dropped(spot, Dropped::Full, false);
+            None
+        }
+    }
+}
+
 /// Decide a request whose rules may queue it (`spots`, from [`crate::limiter::Plan::queue_spots`],
 /// not empty), waiting in line in `list` as the rules allow:
 ///
@@ -588,27 +616,16 @@ pub async fn serve<D: Driver>(
         .find(|s| list.ahead_of(&line_key(s), s.priority))
     {
         let deadline = arrived.saturating_add(spot.policy.max_wait);
-        match list.join(
-            line_key(spot),
+        match enter(
+            list,
+            driver,
+            spot,
             spot.policy.max_length,
-            spot.priority,
             arrived,
             deadline,
         ) {
-            Ok(place) => {
-                driver.joined(spot);
-                held = Some(Held {
-                    driver,
-                    spot,
-                    place,
-                    deadline,
-                    left: None,
-                });
-            }
-            Err(_) => {
-                driver.dropped(spot, Dropped::Full, false);
-                return driver.refusal(spot, Dropped::Full).await;
-            }
+            Some(h) => held = Some(h),
+            None => return driver.refusal(spot, Dropped::Full).await,
         }
     }
     // When the store said the head may pass (set while this request is the head).
@@ -682,21 +699,9 @@ pub async fn serve<D: Driver>(
                         return answer;
                     };
                     let max_length = wait.max_length.min(spot.policy.max_length);
-                    match list.join(line_key(spot), max_length, spot.priority, now, deadline) {
-                        Ok(place) => {
-                            driver.joined(spot);
-                            held = Some(Held {
-                                driver,
-                                spot,
-                                place,
-                                deadline,
-                                left: None,
-                            });
-                        }
-                        Err(_) => {
-                            driver.dropped(spot, Dropped::Full, false);
-                            return answer;
-                        }
+                    match enter(list, driver, spot, max_length, now, deadline) {
+                        Some(h) => held = Some(h),
+                        None => return answer,
                     }
                 }
                 retry_at = Some(at);

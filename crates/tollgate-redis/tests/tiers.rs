@@ -20,12 +20,13 @@ use tollgate_redis::{RedisOptions, RedisStore};
 /// 2026-11-22T00:00:00Z.
 const T0: Micros = 1_795_305_600 * SECOND;
 
-fn rules(algorithm: &str) -> RuleSet {
+/// Paid and free sharing 100 per `unit` (`extra`: more `rate_limit` fields, such as a sync mode).
+fn tiered(unit: &str, algorithm: &str, extra: &str) -> RuleSet {
     let text = format!(
         "domain: api
 descriptors:
   - key: api
-    rate_limit: {{unit: second, requests_per_unit: 100, algorithm: {algorithm}}}
+    rate_limit: {{unit: {unit}, requests_per_unit: 100, algorithm: {algorithm}{extra}}}
     tiers:
       key: plan
       levels:
@@ -38,6 +39,10 @@ descriptors:
 "
     );
     RuleSet::from_sources(&[("tiers.yaml".to_string(), text)]).expect("valid rules")
+}
+
+fn rules(algorithm: &str) -> RuleSet {
+    tiered("second", algorithm, "")
 }
 
 /// Whether one request of `plan` is admitted at `now`.
@@ -126,21 +131,7 @@ async fn tiers_under_the_local_policy() {
         ..RedisSettings::default()
     };
     let g = Guarded::start(store, settings).await;
-    let text = "domain: api
-descriptors:
-  - key: api
-    rate_limit: {unit: minute, requests_per_unit: 100, algorithm: fixed_window}
-    tiers:
-      key: plan
-      levels:
-        - value: paid
-          guaranteed: 60
-        - value: free
-          guaranteed: 10
-          ceiling: 80
-          reserve: 20
-";
-    let rules = RuleSet::from_sources(&[("t.yaml".to_string(), text.to_string())]).unwrap();
+    let rules = tiered("minute", "fixed_window", "");
     let now = T0 + 10 * SECOND;
     // (allowed, degraded) of `n` requests of `plan`.
     let run = |plan: &'static str, n: usize| {
@@ -299,23 +290,7 @@ fn leased_tiers_stay_exact_across_instances() {
 }
 
 fn leased_rules(algorithm: &str) -> RuleSet {
-    let text = format!(
-        "domain: api
-descriptors:
-  - key: api
-    rate_limit: {{unit: second, requests_per_unit: 100, algorithm: {algorithm}, sync: lease}}
-    tiers:
-      key: plan
-      levels:
-        - value: paid
-          guaranteed: 60
-        - value: free
-          guaranteed: 10
-          ceiling: 80
-          reserve: 20
-"
-    );
-    RuleSet::from_sources(&[("tiers.yaml".to_string(), text)]).expect("valid rules")
+    tiered("second", algorithm, ", sync: lease")
 }
 
 /// The algorithm's part of a counter key.
