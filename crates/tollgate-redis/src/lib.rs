@@ -21,6 +21,7 @@
 //! limit's sync mode did).
 
 pub mod batch;
+mod coalesce;
 mod counter;
 pub mod guard;
 pub mod keys;
@@ -33,4 +34,4 @@ pub mod store;
 
 pub use guard::{Guarded, Policy, RedisSettings};
 pub use keys::KeyLayout;
-pub use store::{Receipt, RedisOptions, RedisStore};
+pub use store::{Coalescing, Receipt, RedisOptions, RedisStore};

@@ -15,10 +15,10 @@
 //! Redis an object, a parse and a conversion each.
 //!
 //! The library also holds `fast.lua`: for the most common request, one fixed window or sliding
-//! window counter and no lease, a function per algorithm (`<name>_fixed`, `<name>_counter`)
-//! that runs the same algorithm code without `check`'s item list and bookkeeping
-//! (`fast_arguments`, `decode_fast`). The script form has no such functions: there `check`
-//! answers those requests too.
+//! window counter and no lease, the function `<name>_fast` runs the same algorithm code without
+//! `check`'s item list and bookkeeping, for a batch of such requests in one call
+//! ([`fast_item`], [`fast_command`], `decode_fast`; the store's coalescing fills the batches).
+//! The script form has no such function: there `check` answers those requests too.
 
 use crate::keys::{self, CounterKeys, KeyLayout, MAX_COST};
 use redis::Script;
@@ -68,24 +68,20 @@ pub fn library_name() -> String {
 }
 
 /// The library that `FUNCTION LOAD` takes: the body, registering `check` as `name`, and the
-/// one-item checks of `fast.lua` as `name` + `_fixed` and `_counter`.
+/// batched one-item check of `fast.lua` as [`fast_function`]`(name)`.
 pub fn library(name: &str) -> String {
     format!(
         "#!lua name={name}\n{}{}redis.register_function('{name}', check)\n\
-         redis.register_function('{name}_fixed', fw_fast)\n\
-         redis.register_function('{name}_counter', sc_fast)\n",
+         redis.register_function('{fast}', fast_many)\n",
         lua_body!(),
         include_str!("../scripts/fast.lua"),
+        fast = fast_function(name),
     )
 }
 
-/// The suffix of the one-item function of `a` (see `scripts/fast.lua`), if it has one.
-pub(crate) fn fast_suffix(a: Algorithm) -> Option<&'static str> {
-    match a {
-        Algorithm::FixedWindow => Some("_fixed"),
-        Algorithm::SlidingWindowCounter => Some("_counter"),
-        _ => None,
-    }
+/// The name of the batched one-item check (`scripts/fast.lua`) in the library `name`.
+pub fn fast_function(name: &str) -> String {
+    format!("{name}_fast")
 }
 
 /// What the script does with its items.
@@ -265,7 +261,7 @@ pub fn eval(call: &Call<'_>, items: &[Entry<'_>]) -> redis::Cmd {
 
 /// The `FCALL` of the Redis Function `name` (or of its one-item form, `scripts/fast.lua`, for
 /// a fixed window or a sliding window counter) that checks `item` once at the server's time, exactly as
-/// [`crate::RedisStore::check`] would (a benchmark's ceiling: the same call with no
+/// [`crate::RedisStore::check`] would for one caller (a benchmark's ceiling: the same call with no
 /// store around it). The library must be loaded ([`library`]).
 pub fn fcall(name: &str, prefix: &str, item: &CheckItem<'_>, reqid: &str) -> redis::Cmd {
     let keys = keys::item_keys(KeyLayout::Tollgate, prefix, item);
@@ -281,84 +277,176 @@ pub fn fcall(name: &str, prefix: &str, item: &CheckItem<'_>, reqid: &str) -> red
         leases: &[],
     };
     let entries = [(0, item, &keys)];
-    let mut cmd = redis::cmd("FCALL");
-    if let Some((fast, packed)) = fast_arguments(name, &call, &entries) {
-        cmd.arg(fast).arg(1).arg(&keys.0).arg(packed);
-        return cmd;
+    if let Some(fast) = fast_item(&call, &entries) {
+        return fast_command(
+            &fast_function(name),
+            &fast_header(None, 0),
+            [(&keys.0, &fast)],
+        );
     }
     let (k, packed) = arguments(&call, &entries);
+    let mut cmd = redis::cmd("FCALL");
     cmd.arg(name).arg(k.len()).arg(&k).arg(packed).arg(reqid);
     cmd
 }
 
-/// Bytes of the one-item functions' packed argument (fast.lua's `'<ddddddB'`) and reply
-/// (`'<ddddd'`).
-const FAST_LEN: usize = 6 * 8 + 1;
-const FAST_REPLY_LEN: usize = 5 * 8;
+/// Bytes of a batch's header for fast.lua (`'<dd'`: now, grace) and of each request in it
+/// (`'<ddddBB'`).
+const FAST_HEADER_LEN: usize = 2 * 8;
+const FAST_ITEM_LEN: usize = 4 * 8 + 2;
 
-/// The one-item function (`name` + [`fast_suffix`]) and its packed argument for `items`, when the
-/// call is one that `fast.lua` answers as `check` would: a check of a one-item request whose
-/// item is a fixed window or a sliding window counter, asking for no lease.
-pub(crate) fn fast_arguments(
-    name: &str,
-    call: &Call<'_>,
-    items: &[Entry<'_>],
-) -> Option<(String, Vec<u8>)> {
+/// One request as fast.lua reads it (see [`fast_item`]).
+pub type FastItem = [u8; FAST_ITEM_LEN];
+/// A batch's header: the time (or Redis `TIME`) and the TTL grace every request in it shares.
+pub type FastHeader = [u8; FAST_HEADER_LEN];
+
+/// The header of a batch of requests at `now` (`None`: Redis `TIME`) with a TTL grace of
+/// `grace_ms`.
+pub fn fast_header(now: Option<Micros>, grace_ms: u64) -> FastHeader {
+    let mut h = [0u8; FAST_HEADER_LEN];
+    let now = now.map_or(-1.0, |n| n as f64);
+    h[..8].copy_from_slice(&now.to_le_bytes());
+    h[8..].copy_from_slice(&(grace_ms as f64).to_le_bytes());
+    h
+}
+
+/// The packed request for fast.lua, when the call is one that it answers as `check` would: a
+/// check of a one-item request whose item is a fixed window or a sliding window counter, not
+/// tiered (a tiered limit's state lives under its own key, decided by tiers.lua), asking for no
+/// lease.
+pub fn fast_item(call: &Call<'_>, items: &[Entry<'_>]) -> Option<FastItem> {
     let [(idx, item, _)] = items else {
         return None;
     };
-    // A tiered limit's state (its tiers' counts) lives under its own key and is decided by
-    // tiers.lua in the general check.
-    if item.tier.is_some() {
-        return None;
-    }
     let q = item.quota;
-    let suffix = fast_suffix(q.algorithm())?;
+    let alg = match q.algorithm() {
+        Algorithm::FixedWindow | Algorithm::SlidingWindowCounter if item.tier.is_none() => {
+            algorithm_code(q.algorithm())
+        }
+        _ => return None,
+    };
     if call.mode != Mode::Check || !call.single || call.leases.get(*idx).is_some_and(|&l| l > 0) {
         return None;
     }
-    let mut packed = Vec::with_capacity(FAST_LEN);
-    match call.now {
-        Some(n) => put(&mut packed, n),
-        None => packed.extend_from_slice(&(-1f64).to_le_bytes()),
-    }
-    for x in [
-        call.grace_ms,
+    let mut packed = [0u8; FAST_ITEM_LEN];
+    for (i, x) in [
         item.cost.min(MAX_COST),
         q.limit(),
         q.period().nominal(),
         q.period().multiplier.max(1).into(),
-    ] {
-        put(&mut packed, x);
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        packed[8 * i..8 * i + 8].copy_from_slice(&(x as f64).to_le_bytes());
     }
-    packed.push(unit_code(q.period().unit));
-    Some((format!("{name}{suffix}"), packed))
+    packed[32] = unit_code(q.period().unit);
+    packed[33] = alg;
+    Some(packed)
 }
 
-/// Decode a one-item function's reply for `item` (see fast.lua).
-pub(crate) fn decode_fast(bytes: &[u8], item: &CheckItem<'_>) -> Result<Reply, StoreError> {
-    if bytes.len() != FAST_REPLY_LEN {
-        return Err(StoreError::Unavailable(format!(
-            "unexpected one-item function reply: {} bytes",
-            bytes.len()
-        )));
+/// The `FCALL` of fast.lua's function `function` for a batch of requests (their counter keys
+/// and packed requests, in order) sharing `header`.
+pub fn fast_command<'a>(
+    function: &str,
+    header: &FastHeader,
+    requests: impl IntoIterator<Item = (&'a String, &'a FastItem)> + Clone,
+) -> redis::Cmd {
+    let mut cmd = redis::cmd("FCALL");
+    let n = requests.clone().into_iter().count();
+    let mut packed = Vec::with_capacity(FAST_HEADER_LEN + FAST_ITEM_LEN * n);
+    packed.extend_from_slice(header);
+    cmd.arg(function).arg(n);
+    for (key, item) in requests {
+        cmd.arg(key);
+        packed.extend_from_slice(item);
     }
-    let v = numbers(bytes);
+    cmd.arg(packed);
+    cmd
+}
+
+/// One request's answer in a fast.lua reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FastAnswer {
+    /// Admitted.
+    pub allowed: bool,
+    /// Units left after it.
+    pub remaining: u64,
+    /// Until the counter is full again, µs.
+    pub reset_after: u64,
+    /// When denied: until a retry can succeed, µs.
+    pub retry_after: Option<u64>,
+}
+
+impl FastAnswer {
+    /// The store's reply for a request of the one item `item` answered so at `now`.
+    pub(crate) fn reply(self, now: Micros, item: &CheckItem<'_>) -> Reply {
+        Reply {
+            now,
+            blocked: !self.allowed && !item.shadow,
+            decisions: vec![Decision {
+                allowed: self.allowed,
+                limit: item.quota.limit(),
+                remaining: self.remaining,
+                reset_after: self.reset_after,
+                retry_after: self.retry_after,
+                delay: 0,
+                count: None,
+            }],
+        }
+    }
+}
+
+/// A fast.lua reply for `n` requests: the batch's time and, per request, its answer or the
+/// error Redis raised for it alone (a key holding a value tollgate did not write, a refused
+/// write).
+pub type FastReply = (Micros, Vec<Result<FastAnswer, String>>);
+
+/// Decode a fast.lua reply for `n` requests (see fast.lua).
+pub fn decode_fast(v: redis::Value, n: usize) -> Result<FastReply, StoreError> {
+    let bad = |what: String| {
+        StoreError::Unavailable(format!("unexpected one-item function reply: {what}"))
+    };
+    let (packed, mut errors) = match v {
+        redis::Value::BulkString(b) => (b, Vec::new()),
+        redis::Value::Array(a) => {
+            let mut it = a.into_iter();
+            let Some(redis::Value::BulkString(b)) = it.next() else {
+                return Err(bad("an array without the packed answers".into()));
+            };
+            let errors = it
+                .map(|e| match e {
+                    redis::Value::BulkString(m) => String::from_utf8_lossy(&m).into_owned(),
+                    other => format!("{other:?}"),
+                })
+                .collect();
+            (b, errors)
+        }
+        other => return Err(bad(format!("{other:?}"))),
+    };
+    if packed.len() != 8 * (1 + 4 * n) {
+        return Err(bad(format!("{} bytes for {n} requests", packed.len())));
+    }
+    let v = numbers(&packed);
     let u = |x: i64| x.max(0) as u64;
-    let allowed = v[1] == 1;
-    Ok(Reply {
-        now: u(v[0]),
-        blocked: !allowed && !item.shadow,
-        decisions: vec![Decision {
-            allowed,
-            limit: item.quota.limit(),
-            remaining: u(v[2]),
-            reset_after: u(v[3]),
-            retry_after: (v[4] >= 0).then(|| u(v[4])),
-            delay: 0,
-            count: None,
-        }],
-    })
+    errors.reverse();
+    let answers = v[1..]
+        .chunks_exact(4)
+        .map(|c| {
+            if c[0] < 0 {
+                return Err(errors
+                    .pop()
+                    .unwrap_or_else(|| "the one-item function failed".into()));
+            }
+            Ok(FastAnswer {
+                allowed: c[0] == 1,
+                remaining: u(c[1]),
+                reset_after: u(c[2]),
+                retry_after: (c[3] >= 0).then(|| u(c[3])),
+            })
+        })
+        .collect();
+    Ok((u(v[0]), answers))
 }
 
 /// A decoded reply: the script's `now`, whether its items blocked, and one decision per item.

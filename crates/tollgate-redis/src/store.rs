@@ -23,6 +23,10 @@
 //!   the first call that finds it missing: after a start, a restart, `FUNCTION FLUSH` or a
 //!   failover to a node without it), or, where the server has no functions (before Redis 7) or
 //!   the ACL refuses them, as the same code by `EVALSHA` (`EVAL` after `NOSCRIPT`).
+//! - **Coalescing.** One-item checks of the counting algorithms (most requests) that arrive
+//!   while calls are in flight go to Redis together, as one call of the batched function
+//!   (`coalesce.rs`, `scripts/fast.lua`): an idle store adds no wait, a busy one pays a call's
+//!   fixed cost in Redis once per batch. Not on a cluster, where a call's keys share a slot.
 //! - **Secrets.** The URL's password is redacted in `Debug` and `Display`.
 //! - **Cluster.** Items are grouped by hash slot and each group is one script call, all groups
 //!   concurrently. If any group blocks the request, every other group that consumed is refunded
@@ -33,8 +37,9 @@
 //!   ([`RedisStore::check_refundable`]) and gives back what one store admitted when the other
 //!   blocked the request ([`RedisStore::refund`]), with the same refund mode.
 
+use crate::coalesce::{self, Coalescer, Job, Outcome};
 use crate::keys::{self, KeyLayout};
-use crate::script::{self, Call, Mode, Reply};
+use crate::script::{self, Call, FastItem, Mode, Reply};
 use crate::sentinel::{self, SentinelConn};
 use crate::single::{self, SingleConn};
 use futures_util::future::join_all;
@@ -136,6 +141,21 @@ struct Inner {
     last_error: Mutex<Option<LastError>>,
     seed: u64,
     counter: AtomicU64,
+    /// One-item checks waiting for their batch (see `coalesce.rs`).
+    coalescer: Coalescer,
+    /// Batched calls sent, and the requests they carried.
+    fast_calls: AtomicU64,
+    fast_requests: AtomicU64,
+}
+
+/// How one-item checks were coalesced so far ([`RedisStore::coalescing`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Coalescing {
+    /// Calls of the batched one-item function.
+    pub calls: u64,
+    /// Requests those calls decided.
+    pub requests: u64,
 }
 
 /// The last failure of a store (see [`RedisStore::last_error`]).
@@ -479,6 +499,9 @@ impl RedisStore {
                 last_error: Mutex::new(None),
                 seed: rs.hash_one(0x746f6c6cu32),
                 counter: AtomicU64::new(0),
+                coalescer: Coalescer::default(),
+                fast_calls: AtomicU64::new(0),
+                fast_requests: AtomicU64::new(0),
             }),
         };
         if lazy {
@@ -808,13 +831,24 @@ impl RedisStore {
     /// restart, a failover, `SCRIPT FLUSH`) `EVAL` with the source, which cannot fail that way
     /// and caches the script again. (A load-then-`EVALSHA` retry races with a concurrent flush:
     /// seen under load. The function's load-then-`FCALL` can race the same way with `FUNCTION
-    /// FLUSH`: its second miss goes to `EVAL` too.)
+    /// FLUSH`: its second miss goes to `EVAL` too.) A one-item check of a counting algorithm
+    /// joins the store's next batch instead, where it can (see `coalesce.rs`).
     async fn run(
         &self,
         bound: Duration,
         call: &Call<'_>,
         part: &[script::Entry<'_>],
     ) -> Result<Reply, StoreError> {
+        let fast = script::fast_item(call, part);
+        if let (Some(item), [(_, it, (key, _))]) = (&fast, part) {
+            if self.uses_function() && !self.is_cluster() {
+                match self.coalesced(bound, call.now, key, *item).await {
+                    Outcome::Answer(now, a) => return Ok(a.reply(now, it)),
+                    Outcome::Failed(e) => return Err(e),
+                    Outcome::Alone => {}
+                }
+            }
+        }
         let (keys, packed) = script::arguments(call, part);
         let cmd = |name: &str, target: &str| {
             let mut c = redis::cmd(name);
@@ -825,55 +859,179 @@ impl RedisStore {
                 .arg(call.reqid);
             c
         };
-        // A one-item check of a counting algorithm goes to its own function (fast.lua); the
-        // script forms, where functions cannot run, answer it with `check`.
-        let fast = script::fast_arguments(&self.inner.function, call, part);
-        let fcall = |(name, packed): &(String, Vec<u8>)| {
-            let mut c = redis::cmd("FCALL");
-            c.arg(name).arg(1).arg(&keys).arg(&packed[..]);
-            c
-        };
+        // A one-item check of a counting algorithm goes to the batched function (fast.lua) as a
+        // batch of one; the script forms, where functions cannot run, answer it with `check`.
+        let header = script::fast_header(call.now, call.grace_ms);
+        let fast_name = script::fast_function(&self.inner.function);
         let mut calls = Calls {
             fcall: self.uses_function().then(|| match &fast {
-                Some(f) => fcall(f),
+                Some(f) => script::fast_command(&fast_name, &header, [(&keys[0], f)]),
                 None => cmd("FCALL", &self.inner.function),
             }),
             function: &self.inner.function,
             sha: self.script_sha(),
-            build: &cmd,
+            build: Some(&cmd),
         };
-        let v: Vec<u8> = self
-            .bounded(bound, async {
-                let mut retried = false;
-                loop {
-                    let r = match self.inner.conn.clone() {
-                        Conn::Single(s) => calls.run(&mut s.conn()).await,
-                        Conn::Cluster(mut c) => cluster_call(&mut c, &calls).await,
-                        Conn::Sentinel(s) => calls.run(&mut s.master().await?).await,
-                    };
-                    match r {
-                        Err(Missing::Functions(e)) => {
-                            self.functions_unavailable(&e);
-                            calls.fcall = None;
-                        }
-                        // The connection was found closed (a server restarted while the
-                        // connection sat idle): the manager has reconnected; once more on the
-                        // new connection, within the same bound. (The cluster client retries
-                        // on its own.)
-                        Err(Missing::Call(e))
-                            if !retried && !self.is_cluster() && closed_under_us(&e) =>
-                        {
-                            retried = true;
-                        }
-                        Err(Missing::Call(e)) => return Err(e),
-                        Ok(v) => return Ok(v),
+        let v = self.bounded(bound, self.call(&mut calls)).await?;
+        match (&fast, part) {
+            (Some(_), [(_, item, _)]) if !is_check_reply(&v) => {
+                let (now, mut answers) = script::decode_fast(v, 1)?;
+                match answers.pop() {
+                    Some(Ok(a)) => Ok(a.reply(now, item)),
+                    Some(Err(e)) => Err(item_error(&e, &self.inner.url)),
+                    None => Err(StoreError::Unavailable("an empty one-item reply".into())),
+                }
+            }
+            _ => script::decode(&bytes(v)?, part.len()),
+        }
+    }
+
+    /// `calls` on the store's connection, once more when the connection was found closed.
+    async fn call(&self, calls: &mut Calls<'_>) -> Result<redis::Value, RedisError> {
+        let mut retried = false;
+        loop {
+            let r = match self.inner.conn.clone() {
+                Conn::Single(s) => calls.run(&mut s.conn()).await,
+                Conn::Cluster(mut c) => cluster_call(&mut c, calls).await,
+                Conn::Sentinel(s) => calls.run(&mut s.master().await?).await,
+            };
+            match r {
+                Err(Missing::Functions(e)) => {
+                    self.functions_unavailable(&e);
+                    if calls.build.is_none() {
+                        return Err(e);
+                    }
+                    calls.fcall = None;
+                }
+                // The connection was found closed (a server restarted while the connection
+                // sat idle): the manager has reconnected; once more on the new connection,
+                // within the same bound. (The cluster client retries on its own.)
+                Err(Missing::Call(e)) if !retried && !self.is_cluster() && closed_under_us(&e) => {
+                    retried = true;
+                }
+                Err(Missing::Call(e)) => return Err(e),
+                Ok(v) => return Ok(v),
+            }
+        }
+    }
+
+    /// A one-item check in the store's next batch (see `coalesce.rs`): `key`'s request `item`
+    /// at `now` (`None`: Redis `TIME`), its wait bounded by `bound`.
+    async fn coalesced(
+        &self,
+        bound: Duration,
+        now: Option<tollgate_core::Micros>,
+        key: &str,
+        item: FastItem,
+    ) -> Outcome {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let job = Job {
+            now,
+            key: key.to_owned(),
+            item,
+            deadline: std::time::Instant::now() + bound,
+            tx,
+        };
+        match self.inner.coalescer.push(job) {
+            Err(coalesce::Full) => {
+                return Outcome::Failed(StoreError::Failed {
+                    kind: FaultKind::Busy,
+                    message: format!(
+                        "{} checks are waiting for Redis at {} already: it is not keeping up",
+                        coalesce::MAX_WAITING,
+                        self.inner.url
+                    ),
+                })
+            }
+            Ok(true) => {
+                tokio::spawn(self.clone().drive());
+            }
+            Ok(false) => {}
+        }
+        match tokio::time::timeout(bound, rx).await {
+            Err(_) => Outcome::Failed(StoreError::Timeout(bound.as_millis() as u64)),
+            Ok(Err(_)) => Outcome::Failed(StoreError::Unavailable(
+                "the batch carrying this check was dropped".into(),
+            )),
+            Ok(Ok(o)) => o,
+        }
+    }
+
+    /// Send the waiting line's batches until it is empty (one of the store's senders, see
+    /// `coalesce.rs`).
+    async fn drive(self) {
+        let function = script::fast_function(&self.inner.function);
+        let grace = self.inner.opts.ttl_grace.as_millis() as u64;
+        loop {
+            let batch = self.inner.coalescer.next_batch();
+            let Some(first) = batch.first() else {
+                return;
+            };
+            let header = script::fast_header(first.now, grace);
+            // As long as the most patient caller in it waits.
+            let deadline = batch
+                .iter()
+                .map(|j| j.deadline)
+                .max()
+                .unwrap_or(first.deadline);
+            let bound = deadline
+                .saturating_duration_since(std::time::Instant::now())
+                .max(Duration::from_millis(1));
+            let mut calls = Calls {
+                fcall: Some(script::fast_command(
+                    &function,
+                    &header,
+                    batch.iter().map(|j| (&j.key, &j.item)),
+                )),
+                function: &self.inner.function,
+                sha: self.script_sha(),
+                build: None,
+            };
+            self.inner.fast_calls.fetch_add(1, Ordering::Relaxed);
+            self.inner
+                .fast_requests
+                .fetch_add(batch.len() as u64, Ordering::Relaxed);
+            // `None`: the server cannot run the function (the store knows it now), or it was
+            // flushed again between its load and the call: each request goes on its own.
+            let sent = self.bounded(bound, async {
+                match self.call(&mut calls).await {
+                    Err(e) if function_missing(&e) || functions_refused(&e) => Ok(None),
+                    r => r.map(Some),
+                }
+            });
+            let reply = match sent.await {
+                Ok(Some(v)) => script::decode_fast(v, batch.len()).map(Some),
+                Ok(None) => Ok(None),
+                Err(e) => Err(e),
+            };
+            match reply {
+                Ok(None) => {
+                    for job in batch {
+                        let _ = job.tx.send(Outcome::Alone);
                     }
                 }
-            })
-            .await?;
-        match (&fast, part) {
-            (Some(_), [(_, item, _)]) if v.len() != 8 * (2 + 7) => script::decode_fast(&v, item),
-            _ => script::decode(&v, part.len()),
+                Ok(Some((now, answers))) => {
+                    for (job, a) in batch.into_iter().zip(answers) {
+                        let _ = job.tx.send(match a {
+                            Ok(a) => Outcome::Answer(now, a),
+                            Err(e) => Outcome::Failed(item_error(&e, &self.inner.url)),
+                        });
+                    }
+                }
+                Err(e) => {
+                    for job in batch {
+                        let _ = job.tx.send(Outcome::Failed(e.clone()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// How one-item checks were coalesced into batched calls so far.
+    pub fn coalescing(&self) -> Coalescing {
+        Coalescing {
+            calls: self.inner.fast_calls.load(Ordering::Relaxed),
+            requests: self.inner.fast_requests.load(Ordering::Relaxed),
         }
     }
 
@@ -1356,8 +1514,12 @@ struct Calls<'a> {
     sha: &'a str,
     /// The command `name target` with the call's keys and arguments: the script's commands are
     /// built only when the function cannot answer (`EVAL` carries the whole source, tens of KB).
-    build: &'a (dyn Fn(&str, &str) -> redis::Cmd + Sync),
+    /// `None` for a batch, which only the function can answer.
+    build: Option<&'a BuildScript<'a>>,
 }
+
+/// Builds the script form of a call: `EVALSHA sha ...` or `EVAL source ...`.
+type BuildScript<'a> = dyn Fn(&str, &str) -> redis::Cmd + Sync + 'a;
 
 /// Why a call did not answer.
 enum Missing {
@@ -1371,6 +1533,37 @@ enum Missing {
 impl From<RedisError> for Missing {
     fn from(e: RedisError) -> Self {
         Missing::Call(e)
+    }
+}
+
+/// Whether `v` is `check`'s reply to a one-item request (where the script form answered a
+/// request meant for the batched function).
+fn is_check_reply(v: &redis::Value) -> bool {
+    matches!(v, redis::Value::BulkString(b) if b.len() == 8 * (2 + 7))
+}
+
+/// A packed reply's bytes.
+fn bytes(v: redis::Value) -> Result<Vec<u8>, StoreError> {
+    redis::from_redis_value(v)
+        .map_err(|e| StoreError::Unavailable(format!("unexpected script reply: {e}")))
+}
+
+/// The error Redis raised for one request of a batch (`message`, as the script saw it), as the
+/// store reports it when a call fails with it (see `classify`).
+fn item_error(message: &str, url: &str) -> StoreError {
+    let line = message.replace(['\r', '\n'], " ");
+    // A server error (`WRONGTYPE ...`, `OOM ...`) starts with its code in capitals.
+    let code = line.split(' ').next().unwrap_or("");
+    if !code.is_empty() && code.bytes().all(|b| b.is_ascii_uppercase()) {
+        if let Ok(redis::Value::ServerError(e)) =
+            redis::parse_redis_value(format!("-{line}\r\n").as_bytes())
+        {
+            return classify(&RedisError::from(e), url);
+        }
+    }
+    StoreError::Failed {
+        kind: FaultKind::Script,
+        message: format!("the rate-limit script failed in Redis: {line}"),
     }
 }
 
@@ -1391,7 +1584,7 @@ fn functions_refused(e: &RedisError) -> bool {
 impl Calls<'_> {
     /// The call on one connection. (A cluster connection routes `FCALL` by its key and sends
     /// `FUNCTION LOAD` to every master.)
-    async fn run(&self, c: &mut impl redis::aio::ConnectionLike) -> Result<Vec<u8>, Missing> {
+    async fn run(&self, c: &mut impl redis::aio::ConnectionLike) -> Result<redis::Value, Missing> {
         let Some(fcall) = &self.fcall else {
             return Ok(self.eval_or_load(c).await?);
         };
@@ -1410,28 +1603,29 @@ impl Calls<'_> {
             Ok(_) => {}
         }
         match fcall.query_async(&mut *c).await {
-            // Flushed again between the load and the call: the script cannot miss that way.
-            Err(e) if function_missing(&e) => Ok(self.eval_or_load(c).await?),
+            // Flushed again between the load and the call: the script cannot miss that way
+            // (a batch, which it cannot answer, reports the miss).
+            Err(e) if function_missing(&e) && self.build.is_some() => {
+                Ok(self.eval_or_load(c).await?)
+            }
             r => Ok(r?),
         }
-    }
-
-    fn evalsha(&self) -> redis::Cmd {
-        (self.build)("EVALSHA", self.sha)
-    }
-
-    fn eval(&self) -> redis::Cmd {
-        (self.build)("EVAL", script::SOURCE)
     }
 
     /// `evalsha`, or `eval` when the server does not know the script.
     async fn eval_or_load(
         &self,
         c: &mut impl redis::aio::ConnectionLike,
-    ) -> Result<Vec<u8>, RedisError> {
-        match self.evalsha().query_async(c).await {
+    ) -> Result<redis::Value, RedisError> {
+        let Some(build) = self.build else {
+            return Err(RedisError::from((
+                redis::ErrorKind::Client,
+                "a batch needs the function",
+            )));
+        };
+        match build("EVALSHA", self.sha).query_async(&mut *c).await {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                self.eval().query_async(c).await
+                build("EVAL", script::SOURCE).query_async(c).await
             }
             r => r,
         }
@@ -1451,7 +1645,10 @@ fn closed_under_us(e: &RedisError) -> bool {
 /// described there (the target, still importing, gets the call without `ASKING` and answers
 /// `MOVED` back to the source): the call is made once more, from the start, with the slot map
 /// the client has refreshed meanwhile; its `ASK` then comes here.
-async fn cluster_call(c: &mut ClusterConnection, calls: &Calls<'_>) -> Result<Vec<u8>, Missing> {
+async fn cluster_call(
+    c: &mut ClusterConnection,
+    calls: &Calls<'_>,
+) -> Result<redis::Value, Missing> {
     let redirected = |e: &Missing, kind| matches!(e, Missing::Call(e) if e.kind() == redis::ErrorKind::Server(kind));
     let mut retried = false;
     loop {
@@ -1478,13 +1675,15 @@ async fn follow_ask(
     c: &mut ClusterConnection,
     ask: &RedisError,
     calls: &Calls<'_>,
-) -> Result<Vec<u8>, RedisError> {
+) -> Result<redis::Value, RedisError> {
     use redis::cluster_routing::SingleNodeRoutingInfo;
-    let Some((host, port)) = ask
-        .redirect_node()
-        .and_then(|(addr, _)| addr.rsplit_once(':'))
-        .and_then(|(h, p)| Some((h.to_string(), p.parse::<u16>().ok()?)))
-    else {
+    // (Only a single request's call has a script form; batches are not sent to a cluster.)
+    let (Some(build), Some((host, port))) = (
+        calls.build,
+        ask.redirect_node()
+            .and_then(|(addr, _)| addr.rsplit_once(':'))
+            .and_then(|(h, p)| Some((h.to_string(), p.parse::<u16>().ok()?))),
+    ) else {
         return Err(ask.clone());
     };
     let route = || SingleNodeRoutingInfo::ByAddress {
@@ -1496,22 +1695,22 @@ async fn follow_ask(
         p.cmd("ASKING").add_command(cmd);
         p
     };
-    let once = |v: Vec<redis::Value>| -> Result<Vec<u8>, RedisError> {
+    let once = |v: Vec<redis::Value>| -> Result<redis::Value, RedisError> {
         let v = v.into_iter().next().ok_or_else(|| {
             RedisError::from((
                 redis::ErrorKind::Client,
                 "no reply to an ASK-redirected call",
             ))
         })?;
-        Ok(redis::from_redis_value(v.extract_error()?)?)
+        v.extract_error()
     };
     match c
-        .route_pipeline(asking(calls.evalsha()), 1, 1, route())
+        .route_pipeline(asking(build("EVALSHA", calls.sha)), 1, 1, route())
         .await
         .and_then(once)
     {
         Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => c
-            .route_pipeline(asking(calls.eval()), 1, 1, route())
+            .route_pipeline(asking(build("EVAL", script::SOURCE)), 1, 1, route())
             .await
             .and_then(once),
         r => r,

@@ -1,5 +1,5 @@
 //! Store-level behaviour on real Redis: concurrency (exact admission under 64 concurrent
-//! callers, time from Redis), key layout (TTLs, injection), NOSCRIPT recovery, restarts,
+//! callers, time from Redis; one-item checks coalesced into batches decide as one at a time), key layout (TTLs, injection), NOSCRIPT recovery, restarts,
 //! timeouts, AUTH and redaction, unsupported algorithms.
 
 mod support;
@@ -97,6 +97,14 @@ async fn concurrent_callers_admit_exactly_the_limit() {
         5000,
     )
     .await;
+    // The one-item checks of the counting algorithms went to Redis in batches.
+    let c = store.coalescing();
+    assert!(
+        c.requests == 10_000 && c.calls < c.requests,
+        "{} requests in {} calls",
+        c.requests,
+        c.calls
+    );
     let gcra = hammer(&store, "gcra", per_minute(Algorithm::Gcra), 64, 5000).await;
     let bucket_q = per_minute(Algorithm::TokenBucket).with_burst(1000);
     let bucket = hammer(&store, "bucket", bucket_q, 64, 5000).await;
@@ -683,6 +691,76 @@ async fn a_foreign_value_at_a_counter_key_is_an_error_naming_it() {
                 "{alg}: {text}"
             );
         }
+    }
+    support::delete_prefix(shared_url(), &prefix);
+}
+
+/// One-item checks that arrive while calls are in flight go to Redis as one batch, and the
+/// batch decides them as the memory store decides the same requests one at a time in arrival
+/// order (keys repeat in it; costs vary; a shadow limit), while a request whose key holds a
+/// value tollgate did not write fails alone. (On a current-thread runtime the requests of one
+/// `join_all` all join the line before its sender runs: one batch, in order.)
+#[tokio::test]
+async fn a_batch_decides_as_one_request_at_a_time_and_a_bad_key_fails_alone() {
+    use tollgate_core::{MemoryStore, Store};
+    let store = RedisStore::connect(shared_url(), options("batch"))
+        .await
+        .unwrap();
+    let prefix = store.options().prefix.clone();
+    let mut con = redis::Client::open(shared_url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let now: Micros = 1_795_000_000 * 1_000_000 + 123_456;
+    for alg in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter] {
+        let mem = MemoryStore::with_seed(1000, 7, 11);
+        let q = Quota::new(7, Unit::Minute).with_algorithm(alg);
+        let keys: Vec<String> = (0..40).map(|i| format!("{alg}-{}", i % 3)).collect();
+        let bad = format!("{alg}-bad");
+        let (bad_name, _) = counter_keys(&prefix, &bad, &q);
+        let _: () = redis::cmd("HSET")
+            .arg(&bad_name)
+            .arg("f")
+            .arg("v")
+            .query(&mut con)
+            .unwrap();
+        let requests: Vec<CheckItem<'_>> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| {
+                let key = if i == 17 { bad.as_str() } else { k.as_str() };
+                CheckItem {
+                    shadow: i % 11 == 5,
+                    ..item(key, &q, (i % 3) as u64)
+                }
+            })
+            .collect();
+        let before = store.coalescing();
+        let got = futures_util::future::join_all(
+            requests
+                .iter()
+                .map(|r| store.check(Some(now), std::slice::from_ref(r))),
+        )
+        .await;
+        let after = store.coalescing();
+        assert_eq!(
+            (after.calls - before.calls, after.requests - before.requests),
+            (1, 40),
+            "{alg}: one batch of 40"
+        );
+        for (i, (r, got)) in requests.iter().zip(got).enumerate() {
+            if i == 17 {
+                let e = got.unwrap_err();
+                assert!(
+                    matches!(&e, StoreError::Failed { kind, .. } if *kind == tollgate_core::FaultKind::WrongType),
+                    "{alg}: {e}"
+                );
+                continue;
+            }
+            let want = mem.check(now, std::slice::from_ref(r)).unwrap();
+            assert_eq!(got.unwrap(), want, "{alg}: request {i}");
+        }
+        assert!(store.is_healthy(), "one bad key is not an outage");
     }
     support::delete_prefix(shared_url(), &prefix);
 }

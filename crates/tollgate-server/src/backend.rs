@@ -243,7 +243,7 @@ fn render_stores(out: &mut String, stores: &[(Option<&str>, &Guarded)], rules: &
     let lease = |g: &Guarded, f: fn(&tollgate_redis::lease::LeaseStats) -> &AtomicU64| {
         f(g.lease_stats().0).load(Relaxed)
     };
-    let counters: [Counter<'_>; 8] = [
+    let counters: [Counter<'_>; 10] = [
         (
             "tollgate_lease_grants_total",
             "Leases (shares of a window's count) Redis granted to this instance (sync: lease).",
@@ -268,6 +268,16 @@ fn render_stores(out: &mut String, stores: &[(Option<&str>, &Guarded)], rules: &
             "tollgate_lease_local_decisions_total",
             "Requests decided from leases without a Redis call.",
             &|g| lease(g, |s| &s.local_decisions),
+        ),
+        (
+            "tollgate_redis_batched_calls_total",
+            "Calls of the batched one-item check (one-item checks that arrived while others were in flight go together).",
+            &|g| g.store().coalescing().calls,
+        ),
+        (
+            "tollgate_redis_batched_requests_total",
+            "One-item checks decided by batched calls; over tollgate_redis_batched_calls_total: checks per call.",
+            &|g| g.store().coalescing().requests,
         ),
         (
             "tollgate_redis_slow_calls_total",

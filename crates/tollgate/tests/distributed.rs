@@ -133,6 +133,15 @@ fn four_instances_admit_exactly_the_limit() {
             "{m}"
         );
     }
+    // The one-item checks of the counting algorithms (fw, sc) went to Redis in batched calls,
+    // several checks per call.
+    let batched = |name: &str| -> u64 { bases.iter().map(|b| metric_sum(b, name)).sum() };
+    let (calls, checks) = (
+        batched("tollgate_redis_batched_calls_total"),
+        batched("tollgate_redis_batched_requests_total"),
+    );
+    assert_eq!(checks, 10_000, "fw and sc: every check batched");
+    assert!(calls < checks, "{checks} checks in {calls} calls");
     assert!(assert_every_key_has_a_ttl(SHARED_URL, &prefix) >= 5);
     delete_prefix(SHARED_URL, &prefix);
 }
