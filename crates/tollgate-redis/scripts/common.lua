@@ -214,13 +214,30 @@ end
 --
 -- The stored value of p.keys[1] if it is `len` bytes; nil when there is none; an error (the
 -- key's name and size) when it is a string of another size, which no tollgate writes there.
+-- p.pre, when set, is the value already read (fast.lua reads a batch's keys with one MGET;
+-- false: none).
 local function bin_load(p, len)
-  local v = rcall('GET', p.keys[1])
+  local v = p.pre
+  if v == nil then v = rcall('GET', p.keys[1]) end
   if not v then return nil end
   if #v ~= len then
     error('tollgate: ' .. p.keys[1] .. ' holds ' .. #v .. ' bytes, not a counter state of ' .. len)
   end
   return v
+end
+
+-- Write the whole state `v` of p.keys[1] with a TTL of `ttl` ms. MGET (p.pre) answers "none"
+-- for a value of another type too, where GET fails with WRONGTYPE: a key read so and found
+-- empty is written only if it is still absent (NX), and is another type's otherwise. (A
+-- request that writes nothing there, a query of cost 0, answers as for an empty counter.)
+local function bin_set(p, v, ttl)
+  if p.pre == false then
+    if not rcall('SET', p.keys[1], v, 'NX', 'PX', fmt(ttl)) then
+      error('WRONGTYPE Operation against a key holding the wrong kind of value', 0)
+    end
+  else
+    rcall('SET', p.keys[1], v, 'PX', fmt(ttl))
+  end
 end
 
 -- Whether a write at `now` may keep the TTL set by the write at `t` (see above).

@@ -74,10 +74,21 @@ local function fast_many(KEYS, ARGV)
   local errs = nil
   local p = FP
   p.now = now
+  -- Every key read at once (one command, not one per request); a key repeated in the batch is
+  -- read again when its turn comes, after the requests before it wrote.
+  local values = rcall('MGET', unpack(KEYS))
+  local seen = {}
   for i = 1, n do
     local cost, limit, len, mult, unit, alg
     cost, limit, len, mult, unit, alg, pos = sunpack('<ddddBB', a, pos)
-    p.unit, p.mult, p.len, p.limit, p.keys[1] = unit, mult, len, limit, KEYS[i]
+    local key = KEYS[i]
+    p.unit, p.mult, p.len, p.limit, p.keys[1] = unit, mult, len, limit, key
+    if seen[key] then
+      p.pre = nil
+    else
+      p.pre = values[i]
+      seen[key] = true
+    end
     local step = FAST_STEP[alg]
     local ok, al, rem, reset, retry
     if step == nil then
@@ -101,6 +112,7 @@ local function fast_many(KEYS, ARGV)
     f = '<d' .. string.rep('dddd', n)
     FAST_FMT[n] = f
   end
+  p.pre = nil
   local packed = spack(f, unpack(out))
   if errs == nil then return packed end
   table.insert(errs, 1, packed)

@@ -81,11 +81,11 @@ local function fw_put(p, os, oc, ot, ns, nc, ttl)
   if os == ns then
     if oc == nc then return ot end
     if ttl_kept(ot, p.now) then
-      rcall('SETRANGE', p.keys[1], 8, spack('<d', nc))
+      rcall('SETRANGE', p.keys[1], '8', spack('<d', nc))
       return ot
     end
   end
-  rcall('SET', p.keys[1], spack('<ddd', ns, nc, p.now), 'PX', ttl)
+  bin_set(p, spack('<ddd', ns, nc, p.now), ttl)
   return p.now
 end
 
@@ -132,7 +132,7 @@ ALG[4] = {
     if c <= 0 then
       rcall('DEL', p.keys[1])
     else
-      rcall('SETRANGE', p.keys[1], 8, spack('<d', c))
+      rcall('SETRANGE', p.keys[1], '8', spack('<d', c))
     end
   end,
 }

@@ -103,11 +103,11 @@ local function sc_put(p, os, op, oc, ot, ns, np, nc, ttl)
   if os == ns and op == np then
     if oc == nc then return ot end
     if oc > 0 and ttl_kept(ot, p.now) then
-      rcall('SETRANGE', p.keys[1], 16, spack('<d', nc))
+      rcall('SETRANGE', p.keys[1], '16', spack('<d', nc))
       return ot
     end
   end
-  rcall('SET', p.keys[1], spack('<dddd', ns, np, nc, p.now), 'PX', ttl)
+  bin_set(p, spack('<dddd', ns, np, nc, p.now), ttl)
   return p.now
 end
 
@@ -153,7 +153,7 @@ ALG[6] = {
     if pr == 0 and c == 0 then
       rcall('DEL', p.keys[1])
     else
-      rcall('SETRANGE', p.keys[1], 16, spack('<d', c))
+      rcall('SETRANGE', p.keys[1], '16', spack('<d', c))
     end
   end,
 }
