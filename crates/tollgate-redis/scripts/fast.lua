@@ -4,16 +4,18 @@
 -- bookkeeping), because Redis runs this for nearly every request and every Lua operation costs
 -- it CPU. One call answers a batch of such requests, each on its own (the store coalesces the
 -- requests that arrive while a call is in flight, see coalesce.rs), so the call's fixed cost
--- (the FCALL, TIME, the reply) is paid once per batch. The algorithm itself is the one check.lua
+-- (the FCALL, TIME, reading the keys, the reply) is paid once per batch, and a key with several
+-- requests in the batch is read and written once. The algorithm itself is the one check.lua
 -- uses (`fw_core`, `sc_roll` and `sc_decide` on numbers; `fw_get`/`fw_put`, `sc_get`/`sc_put`
 -- for the state): one implementation. Only in the library loaded with FUNCTION LOAD (script.rs
 -- `library`), not in the EVAL form.
 --
--- KEYS: one counter key per request of the batch (a key may repeat: the requests are decided
--- in order, each seeing the ones before).
--- ARGV[1]: '<dd' now (-1 = Redis TIME), grace ms; then per key '<ddddBB' (struct.pack, see
---   script.rs `fast_item`): cost, limit, nominal period, multiplier, unit, algorithm (4 =
---   fixed_window, 6 = sliding_window_counter).
+-- KEYS: the batch's counter keys, each once.
+-- ARGV[1]: '<dd' now (-1 = Redis TIME), grace ms; then per request '<ddddBBH' (struct.pack, see
+--   script.rs `fast_item`, `fast_command`): cost, limit, nominal period, multiplier, unit,
+--   algorithm (4 = fixed_window, 6 = sliding_window_counter) plus 16 when its key has further
+--   requests in the batch and 32 on the last request of a key that has several, and its key's
+--   place in KEYS. A key's requests are decided in order, each seeing the ones before.
 -- Returns '<d' now, then '<dddd' per request: allowed (1/0; -1 = this request failed),
 -- remaining, reset_after, retry_after (-1 = none). Being the only item of its request, a request
 -- is blocked when it is denied and not shadow: the caller knows that. When some requests failed
@@ -31,6 +33,48 @@ local function fast_ttl(reset, grace)
   return ms + grace
 end
 
+-- A counter's state as numbers: start (nil: none), x, y and t (see `bin_load`); a fixed window's
+-- x is its count, a sliding counter's x and y its previous and current window's counts.
+local function fast_get(p, alg)
+  if alg == 4 then
+    local s, c, t = fw_get(p)
+    return s, c, 0, t
+  end
+  return sc_get(p)
+end
+
+-- One request of `cost` at `now` on the state (s, x, y): allowed (1/0), remaining, reset_after,
+-- retry_after (-1 = none) and the state after it (start nil: none). Arithmetic only.
+local function fast_decide(p, alg, s, x, y, now, cost)
+  if alg == 4 then
+    local allowed, rem, reset, retry, ks, kc = fw_core(p, s, x, now, cost)
+    if allowed then return 1, rem, reset, retry, ks, kc, 0 end
+    return 0, rem, reset, retry, ks, kc, 0
+  end
+  local now2, start, wend, prev, cur = sc_roll(p, s, x, y, now)
+  local allowed, rem, reset, retry = sc_decide(p, now2, start, wend, prev, cur, cost)
+  local a = 0
+  if allowed then
+    a = 1
+    cur = cur + cost
+  end
+  if prev == 0 and cur == 0 then start = nil end
+  return a, rem, reset, retry, start, prev, cur
+end
+
+-- Write the state (ns, nx, ny) over the stored one (os, ox, oy, ot), its TTL from `reset`.
+local function fast_put(p, alg, os, ox, oy, ot, ns, nx, ny, reset, grace)
+  if alg == 4 then
+    fw_put(p, os, ox, ot, ns, nx, fast_ttl(reset, grace))
+  elseif ns == nil then
+    sc_put(p, os, ox, oy, ot, nil, 0, 0, 0)
+  else
+    sc_put(p, os, ox, oy, ot, ns, nx, ny, fast_ttl(reset, grace))
+  end
+end
+
+-- One request alone on its key in the batch: read, decide, write (per algorithm, without the
+-- generic layers above: most requests take this path).
 local function fw_one(p, now, cost, grace)
   local s, c, t = fw_get(p)
   local allowed, rem, reset, retry, ks, kc = fw_core(p, s, c, now, cost)
@@ -56,7 +100,8 @@ local function sc_one(p, now0, cost, grace)
   return a, rem, reset, retry
 end
 
-local FAST_STEP = { [4] = fw_one, [6] = sc_one }
+local FAST_ONE = { [4] = fw_one, [6] = sc_one }
+
 -- The reply's format per batch size, built once.
 local FAST_FMT = {}
 
@@ -69,52 +114,89 @@ local function fast_many(KEYS, ARGV)
     local t = rcall('TIME')
     now = t[1] * 1000000 + t[2]
   end
-  local n = #KEYS
+  local n = (#a - 16) / 36
   local out = { now }
-  local errs = nil
   local p = FP
   p.now = now
-  -- Every key read at once (one command, not one per request); a key repeated in the batch is
-  -- read again when its turn comes, after the requests before it wrote.
+  -- Every key read at once (one command, not one per request).
   local values = rcall('MGET', unpack(KEYS))
-  local seen = {}
-  for i = 1, n do
-    local cost, limit, len, mult, unit, alg
-    cost, limit, len, mult, unit, alg, pos = sunpack('<ddddBB', a, pos)
-    local key = KEYS[i]
-    p.unit, p.mult, p.len, p.limit, p.keys[1] = unit, mult, len, limit, key
-    if seen[key] then
-      p.pre = nil
-    else
-      p.pre = values[i]
-      seen[key] = true
-    end
-    local step = FAST_STEP[alg]
-    local ok, al, rem, reset, retry
-    if step == nil then
-      ok, al = false, 'tollgate: no one-item check for algorithm ' .. alg
-    else
-      ok, al, rem, reset, retry = pcall(step, p, now, cost, grace)
-    end
+  -- A key with several requests in the batch (a hot key; the caller flags them) is read once,
+  -- its requests decided in turn on the state the one before left, and written once after its
+  -- last: the same decisions and the same stored state as one request at a time.
+  local shared = nil
+  local failed = nil
+  local function fail(i, e)
+    -- redis.call raises a table {err = ...}; error() a string.
+    if type(e) == 'table' then e = e.err end
+    failed = failed or {}
+    failed[i] = tostring(e)
     local j = 4 * i - 2
-    if ok then
-      out[j], out[j + 1], out[j + 2], out[j + 3] = al, rem, reset, retry
+    out[j], out[j + 1], out[j + 2], out[j + 3] = -1, 0, 0, -1
+  end
+  for i = 1, n do
+    local cost, limit, len, mult, unit, alg, k
+    cost, limit, len, mult, unit, alg, k, pos = sunpack('<ddddBBH', a, pos)
+    local key = KEYS[k]
+    p.unit, p.mult, p.len, p.limit, p.keys[1] = unit, mult, len, limit, key
+    local j = 4 * i - 2
+    -- The flags: 16, the key has more requests after this one; 32, this is its last of several.
+    local last = alg >= 32
+    local repeated = last or alg >= 16
+    if last then alg = alg - 32 elseif repeated then alg = alg - 16 end
+    local one = FAST_ONE[alg]
+    if one == nil then
+      fail(i, 'tollgate: no one-item check for algorithm ' .. alg)
+    elseif not repeated then
+      p.pre = values[k]
+      local ok, al, rem, reset, retry = pcall(one, p, now, cost, grace)
+      if ok then
+        out[j], out[j + 1], out[j + 2], out[j + 3] = al, rem, reset, retry
+      else
+        fail(i, al)
+      end
     else
-      -- redis.call raises a table {err = ...}; error() a string.
-      if type(al) == 'table' then al = al.err end
-      errs = errs or {}
-      errs[#errs + 1] = tostring(al)
-      out[j], out[j + 1], out[j + 2], out[j + 3] = -1, 0, 0, -1
+      shared = shared or {}
+      local e = shared[k]
+      if e == nil then
+        e = { pre = values[k], idx = {} }
+        shared[k] = e
+        p.pre = e.pre
+        local ok, s, x, y, t = pcall(fast_get, p, alg)
+        if ok then
+          e.os, e.ox, e.oy, e.ot, e.s, e.x, e.y = s, x, y, t, s, x, y
+        else
+          e.err = s
+        end
+      end
+      local idx = e.idx
+      idx[#idx + 1] = i
+      if e.err ~= nil then
+        fail(i, e.err)
+      else
+        local al, rem, reset, retry, ns, nx, ny = fast_decide(p, alg, e.s, e.x, e.y, now, cost)
+        out[j], out[j + 1], out[j + 2], out[j + 3] = al, rem, reset, retry
+        e.s, e.x, e.y, e.reset = ns, nx, ny, reset
+      end
+      if last and e.err == nil then
+        p.pre = e.pre
+        local ok, err = pcall(fast_put, p, alg, e.os, e.ox, e.oy, e.ot, e.s, e.x, e.y, e.reset, grace)
+        if not ok then
+          for _, r in ipairs(idx) do fail(r, err) end
+        end
+      end
     end
   end
+  p.pre = nil
   local f = FAST_FMT[n]
   if f == nil then
     f = '<d' .. string.rep('dddd', n)
     FAST_FMT[n] = f
   end
-  p.pre = nil
   local packed = spack(f, unpack(out))
-  if errs == nil then return packed end
-  table.insert(errs, 1, packed)
+  if failed == nil then return packed end
+  local errs = { packed }
+  for i = 1, n do
+    if failed[i] ~= nil then errs[#errs + 1] = failed[i] end
+  end
   return errs
 end

@@ -19,7 +19,7 @@ end
 
 -- The step on plain numbers: the stored window start `s` (nil: no state) and its count.
 -- Returns allowed, remaining, reset_after, retry_after (-1 = none), and the state to keep as
--- start and count (start nil: none). Shared by `fw_step` (check.lua) and `fw_one` (fast.lua).
+-- start and count (start nil: none). Shared by `fw_step` (check.lua) and fast.lua.
 local function fw_core(p, s, cnt, now, cost)
   local start, wend = window(p, now)
   local count = 0

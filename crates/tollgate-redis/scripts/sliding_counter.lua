@@ -48,7 +48,7 @@ local function sc_reset(c, prev, now, wend, next_end)
 end
 
 -- The decision on the rolled counts (sliding_counter.rs `decide`): allowed, remaining,
--- reset_after, retry_after (-1 = none). Shared by `sc_step` (check.lua) and `sc_fast`.
+-- reset_after, retry_after (-1 = none). Shared by `sc_step` (check.lua) and fast.lua.
 local function sc_decide(p, now, start, wend, prev, cur, cost)
   local limit = p.limit
   local estimate = sc_weighted(prev, now, start, wend) + cur

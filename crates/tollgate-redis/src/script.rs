@@ -291,7 +291,7 @@ pub fn fcall(name: &str, prefix: &str, item: &CheckItem<'_>, reqid: &str) -> red
 }
 
 /// Bytes of a batch's header for fast.lua (`'<dd'`: now, grace) and of each request in it
-/// (`'<ddddBB'`).
+/// (`'<ddddBB'`, then its key's place, added by [`fast_command`]).
 const FAST_HEADER_LEN: usize = 2 * 8;
 const FAST_ITEM_LEN: usize = 4 * 8 + 2;
 
@@ -345,21 +345,52 @@ pub fn fast_item(call: &Call<'_>, items: &[Entry<'_>]) -> Option<FastItem> {
     Some(packed)
 }
 
+/// fast.lua's flags on a request's algorithm byte: its key has further requests in the batch
+/// (`MORE`), or this is the last of several (`LAST`). Such a key is read and written once.
+const MORE: u8 = 16;
+const LAST: u8 = 32;
+
 /// The `FCALL` of fast.lua's function `function` for a batch of requests (their counter keys
-/// and packed requests, in order) sharing `header`.
+/// and packed requests, in order) sharing `header`. Each distinct key is sent once; each request
+/// names its key's place among them, and requests on a key that repeats in the batch are
+/// flagged.
 pub fn fast_command<'a>(
     function: &str,
     header: &FastHeader,
-    requests: impl IntoIterator<Item = (&'a String, &'a FastItem)> + Clone,
+    requests: impl IntoIterator<Item = (&'a String, &'a FastItem)>,
 ) -> redis::Cmd {
+    let requests: Vec<_> = requests.into_iter().collect();
+    let n = requests.len();
+    // Per distinct key: its place in KEYS and the last request on it so far.
+    let mut keys: std::collections::HashMap<&str, (u16, usize)> =
+        std::collections::HashMap::with_capacity(n);
+    let mut order: Vec<&str> = Vec::with_capacity(n);
+    let mut place = vec![0u16; n];
+    let mut flags = vec![0u8; n];
+    for (i, (key, _)) in requests.iter().enumerate() {
+        match keys.get_mut(key.as_str()) {
+            Some((k, last)) => {
+                flags[*last] = MORE;
+                flags[i] = LAST;
+                *last = i;
+                place[i] = *k;
+            }
+            None => {
+                order.push(key);
+                let k = order.len().min(u16::MAX as usize) as u16;
+                keys.insert(key, (k, i));
+                place[i] = k;
+            }
+        }
+    }
     let mut cmd = redis::cmd("FCALL");
-    let n = requests.clone().into_iter().count();
-    let mut packed = Vec::with_capacity(FAST_HEADER_LEN + FAST_ITEM_LEN * n);
+    cmd.arg(function).arg(order.len()).arg(&order);
+    let mut packed = Vec::with_capacity(FAST_HEADER_LEN + (FAST_ITEM_LEN + 2) * n);
     packed.extend_from_slice(header);
-    cmd.arg(function).arg(n);
-    for (key, item) in requests {
-        cmd.arg(key);
-        packed.extend_from_slice(item);
+    for (((_, item), flag), k) in requests.into_iter().zip(flags).zip(place) {
+        packed.extend_from_slice(&item[..FAST_ITEM_LEN - 1]);
+        packed.push(item[FAST_ITEM_LEN - 1] + flag);
+        packed.extend_from_slice(&k.to_le_bytes());
     }
     cmd.arg(packed);
     cmd

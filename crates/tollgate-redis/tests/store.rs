@@ -697,8 +697,9 @@ async fn a_foreign_value_at_a_counter_key_is_an_error_naming_it() {
 
 /// One-item checks that arrive while calls are in flight go to Redis as one batch, and the
 /// batch decides them as the memory store decides the same requests one at a time in arrival
-/// order (keys repeat in it; costs vary; a shadow limit), while a request whose key holds a
-/// value tollgate did not write fails alone. (On a current-thread runtime the requests of one
+/// order (keys repeat in it, each read and written once; costs vary; a shadow limit), and
+/// stores what one at a time would (the next batches decide on it), while a request whose key
+/// holds a value tollgate did not write fails alone. (On a current-thread runtime the requests of one
 /// `join_all` all join the line before its sender runs: one batch, in order.)
 #[tokio::test]
 async fn a_batch_decides_as_one_request_at_a_time_and_a_bad_key_fails_alone() {
@@ -728,38 +729,53 @@ async fn a_batch_decides_as_one_request_at_a_time_and_a_bad_key_fails_alone() {
             .iter()
             .enumerate()
             .map(|(i, k)| {
-                let key = if i == 17 { bad.as_str() } else { k.as_str() };
+                // The bad key twice: read once, written once after its last request.
+                let key = if i == 17 || i == 33 {
+                    bad.as_str()
+                } else {
+                    k.as_str()
+                };
                 CheckItem {
                     shadow: i % 11 == 5,
                     ..item(key, &q, (i % 3) as u64)
                 }
             })
             .collect();
-        let before = store.coalescing();
-        let got = futures_util::future::join_all(
-            requests
-                .iter()
-                .map(|r| store.check(Some(now), std::slice::from_ref(r))),
-        )
-        .await;
-        let after = store.coalescing();
-        assert_eq!(
-            (after.calls - before.calls, after.requests - before.requests),
-            (1, 40),
-            "{alg}: one batch of 40"
-        );
-        for (i, (r, got)) in requests.iter().zip(got).enumerate() {
-            if i == 17 {
-                let e = got.unwrap_err();
-                assert!(
-                    matches!(&e, StoreError::Failed { kind, .. } if *kind == tollgate_core::FaultKind::WrongType),
-                    "{alg}: {e}"
-                );
-                continue;
+        // Three batches: the second in the next minute (the sliding counter weighs the first
+        // minute's counts), the third in the same minute as the second. Each starts from what
+        // the one before stored.
+        for (round, at) in [now, now + 20_000_000, now + 25_000_000]
+            .into_iter()
+            .enumerate()
+        {
+            let before = store.coalescing();
+            let got = futures_util::future::join_all(
+                requests
+                    .iter()
+                    .map(|r| store.check(Some(at), std::slice::from_ref(r))),
+            )
+            .await;
+            let after = store.coalescing();
+            assert_eq!(
+                (after.calls - before.calls, after.requests - before.requests),
+                (1, 40),
+                "{alg}: one batch of 40"
+            );
+            for (i, (r, got)) in requests.iter().zip(got).enumerate() {
+                if i == 17 || i == 33 {
+                    let e = got.unwrap_err();
+                    assert!(
+                        matches!(&e, StoreError::Failed { kind, .. } if *kind == tollgate_core::FaultKind::WrongType),
+                        "{alg}: {e}"
+                    );
+                    continue;
+                }
+                let want = mem.check(at, std::slice::from_ref(r)).unwrap();
+                assert_eq!(got.unwrap(), want, "{alg}, round {round}: request {i}");
             }
-            let want = mem.check(now, std::slice::from_ref(r)).unwrap();
-            assert_eq!(got.unwrap(), want, "{alg}: request {i}");
         }
+        let _: () = redis::cmd("DEL").arg(&bad_name).query(&mut con).unwrap();
+        support::assert_every_key_has_a_ttl(shared_url(), &prefix);
         assert!(store.is_healthy(), "one bad key is not an outage");
     }
     support::delete_prefix(shared_url(), &prefix);
