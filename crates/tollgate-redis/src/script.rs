@@ -561,3 +561,41 @@ pub(crate) fn validate(items: &[CheckItem<'_>], now: Option<Micros>) -> Result<(
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batch names each distinct key once; each request carries its key's place and the flag
+    /// of a key that repeats (more to come, or the last of several).
+    #[test]
+    fn a_batch_sends_each_key_once_and_flags_repeats() {
+        let keys: Vec<String> = ["a", "b", "a", "c", "a"].map(String::from).to_vec();
+        let mut item = [0u8; FAST_ITEM_LEN];
+        item[FAST_ITEM_LEN - 1] = 6;
+        let cmd = fast_command("f", &fast_header(None, 0), keys.iter().map(|k| (k, &item)));
+        let args: Vec<Vec<u8>> = cmd
+            .args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => b.to_vec(),
+                _ => Vec::new(),
+            })
+            .collect();
+        assert_eq!(args[..6], [&b"FCALL"[..], b"f", b"3", b"a", b"b", b"c"]);
+        let packed = &args[6];
+        assert_eq!(packed.len(), FAST_HEADER_LEN + 5 * (FAST_ITEM_LEN + 2));
+        let tail: Vec<(u8, u16)> = packed[FAST_HEADER_LEN..]
+            .chunks_exact(FAST_ITEM_LEN + 2)
+            .map(|r| {
+                (
+                    r[FAST_ITEM_LEN - 1],
+                    u16::from_le_bytes([r[FAST_ITEM_LEN], r[FAST_ITEM_LEN + 1]]),
+                )
+            })
+            .collect();
+        assert_eq!(
+            tail,
+            [(6 + MORE, 1), (6, 2), (6 + MORE, 1), (6, 3), (6 + LAST, 1)]
+        );
+    }
+}
