@@ -3,10 +3,10 @@
 //!
 //! Redis runs one command at a time on one core, so what limits a fleet on one Redis is the CPU
 //! Redis spends per decision, and much of a one-item check's cost is the call itself (parsing
-//! the `FCALL`, `TIME`, the reply) rather than its key. A store sends a request at once while
-//! fewer than [`MAX_IN_FLIGHT`] batches are in flight; otherwise the request waits for the next
-//! batch, which leaves as soon as one in flight comes back, carrying every request that arrived
-//! meanwhile (at most [`MAX_BATCH`]). So an idle store adds no wait and a busy one pays the
+//! the `FCALL`, `TIME`, the reply) rather than its key. A store sends a request at once, from the
+//! caller's own task, while nothing waits and fewer than [`MAX_IN_FLIGHT`] calls are in flight;
+//! otherwise the request waits for the next batch, which a sender task sends as soon as a call
+//! in flight comes back, carrying every request that arrived meanwhile (at most [`MAX_BATCH`]). So an idle store adds no wait and a busy one pays the
 //! call's fixed cost once per batch. Each request is still decided on its own, in arrival order
 //! (a key may repeat in a batch: each request sees the ones before), and one request's failure
 //! (its key holds a value tollgate did not write) fails only that request.
@@ -40,9 +40,9 @@ pub(crate) enum Outcome {
     Answer(Micros, FastAnswer),
     /// The call failed, or Redis raised an error for this request.
     Failed(StoreError),
-    /// The batch could not be sent as one (the server cannot run the function): the request
-    /// goes on its own.
-    Alone,
+    /// The batch could not be sent (the server cannot run the function): the request goes by
+    /// the general check.
+    Unbatched,
 }
 
 /// One request waiting for its batch.
@@ -95,6 +95,34 @@ impl Coalescer {
             return Ok(true);
         }
         Ok(false)
+    }
+
+    /// Whether the caller may send its request at once, by itself: nothing waits and a slot is
+    /// free. It then holds that slot until [`Coalescer::release`].
+    pub(crate) fn try_alone(&self) -> bool {
+        let mut line = self.line.lock().unwrap_or_else(|e| e.into_inner());
+        if line.jobs.is_empty() && line.in_flight < MAX_IN_FLIGHT {
+            line.in_flight += 1;
+            return true;
+        }
+        false
+    }
+
+    /// A request sent by itself is done. `true`: requests wait, and the caller starts a sender,
+    /// which keeps the slot; `false`: the slot is free again.
+    pub(crate) fn release(&self) -> bool {
+        let mut line = self.line.lock().unwrap_or_else(|e| e.into_inner());
+        if line.jobs.is_empty() {
+            line.in_flight -= 1;
+            return false;
+        }
+        true
+    }
+
+    /// Give a slot back without starting a sender (no runtime to start one on).
+    pub(crate) fn give_back(&self) {
+        let mut line = self.line.lock().unwrap_or_else(|e| e.into_inner());
+        line.in_flight -= 1;
     }
 
     /// The next batch for a sender: the requests at the front of the line that share the first
@@ -165,6 +193,27 @@ mod tests {
         assert_eq!(c.push(j), Ok(true));
         let (j, _rx2) = job("k6", None);
         assert_eq!(c.push(j), Ok(false));
+    }
+
+    #[test]
+    fn an_idle_store_sends_alone_and_hands_its_slot_to_a_sender_when_others_wait() {
+        let c = Coalescer::default();
+        assert!(c.try_alone());
+        assert!(c.try_alone(), "two slots");
+        assert!(!c.try_alone(), "both slots taken");
+        // A request arriving now waits, and starts no sender (no slot free).
+        let (j, _rx) = job("k", None);
+        assert_eq!(c.push(j), Ok(false));
+        assert!(!c.try_alone(), "someone waits: join the line");
+        // The first one done: its slot goes to a sender for the waiting request.
+        assert!(c.release());
+        assert_eq!(c.next_batch().len(), 1);
+        assert!(c.next_batch().is_empty(), "that sender stops");
+        // The second one done: nothing waits, its slot is free.
+        assert!(!c.release());
+        assert!(c.try_alone());
+        c.give_back();
+        assert!(c.try_alone() && c.try_alone() && !c.try_alone());
     }
 
     #[test]

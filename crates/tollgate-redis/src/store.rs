@@ -148,6 +148,25 @@ struct Inner {
     fast_requests: AtomicU64,
 }
 
+/// A request sent by itself ([`Coalescer::try_alone`]) holds one of the store's sending slots
+/// until it is done or dropped: then the slot goes to a sender if requests wait meanwhile.
+struct Slot<'a>(&'a RedisStore);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        if self.0.inner.coalescer.release() {
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    rt.spawn(self.0.clone().drive());
+                }
+                // No runtime (shutting down): give the slot back; the next request starts a
+                // sender for those waiting.
+                Err(_) => self.0.inner.coalescer.give_back(),
+            }
+        }
+    }
+}
+
 /// How one-item checks were coalesced so far ([`RedisStore::coalescing`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -845,7 +864,7 @@ impl RedisStore {
                 match self.coalesced(bound, call.now, key, *item).await {
                     Outcome::Answer(now, a) => return Ok(a.reply(now, it)),
                     Outcome::Failed(e) => return Err(e),
-                    Outcome::Alone => {}
+                    Outcome::Unbatched => {}
                 }
             }
         }
@@ -924,6 +943,23 @@ impl RedisStore {
         key: &str,
         item: FastItem,
     ) -> Outcome {
+        let grace = self.inner.opts.ttl_grace.as_millis() as u64;
+        // Nothing in flight or waiting beyond the free slots: send it now, from this task (no
+        // hand-over to a sender, which would cost the caller two task wake-ups).
+        if self.inner.coalescer.try_alone() {
+            let _slot = Slot(self);
+            let key = key.to_owned();
+            let header = script::fast_header(now, grace);
+            return match self.send_batch(bound, &header, [(&key, &item)]).await {
+                Ok(None) => Outcome::Unbatched,
+                Ok(Some((now, mut answers))) => match answers.pop() {
+                    Some(Ok(a)) => Outcome::Answer(now, a),
+                    Some(Err(e)) => Outcome::Failed(item_error(&e, &self.inner.url)),
+                    None => Outcome::Failed(StoreError::Unavailable("an empty reply".into())),
+                },
+                Err(e) => Outcome::Failed(e),
+            };
+        }
         let (tx, rx) = tokio::sync::oneshot::channel();
         let job = Job {
             now,
@@ -957,10 +993,43 @@ impl RedisStore {
         }
     }
 
+    /// One call of the batched function for `requests` (counter key, packed request) sharing
+    /// `header`, bounded by `bound`. `None`: the server cannot run the function (the store knows
+    /// it now), or it was flushed again between its load and the call: each request must go on
+    /// its own.
+    async fn send_batch<'a>(
+        &self,
+        bound: Duration,
+        header: &script::FastHeader,
+        requests: impl IntoIterator<Item = (&'a String, &'a FastItem)>,
+    ) -> Result<Option<script::FastReply>, StoreError> {
+        let requests: Vec<_> = requests.into_iter().collect();
+        let n = requests.len();
+        let function = script::fast_function(&self.inner.function);
+        let mut calls = Calls {
+            fcall: Some(script::fast_command(&function, header, requests)),
+            function: &self.inner.function,
+            sha: self.script_sha(),
+            build: None,
+        };
+        self.inner.fast_calls.fetch_add(1, Ordering::Relaxed);
+        self.inner
+            .fast_requests
+            .fetch_add(n as u64, Ordering::Relaxed);
+        let sent = self
+            .bounded(bound, async {
+                match self.call(&mut calls).await {
+                    Err(e) if function_missing(&e) || functions_refused(&e) => Ok(None),
+                    r => r.map(Some),
+                }
+            })
+            .await?;
+        sent.map(|v| script::decode_fast(v, n)).transpose()
+    }
+
     /// Send the waiting line's batches until it is empty (one of the store's senders, see
     /// `coalesce.rs`).
     async fn drive(self) {
-        let function = script::fast_function(&self.inner.function);
         let grace = self.inner.opts.ttl_grace.as_millis() as u64;
         loop {
             let batch = self.inner.coalescer.next_batch();
@@ -977,45 +1046,21 @@ impl RedisStore {
             let bound = deadline
                 .saturating_duration_since(std::time::Instant::now())
                 .max(Duration::from_millis(1));
-            let mut calls = Calls {
-                fcall: Some(script::fast_command(
-                    &function,
-                    &header,
-                    batch.iter().map(|j| (&j.key, &j.item)),
-                )),
-                function: &self.inner.function,
-                sha: self.script_sha(),
-                build: None,
-            };
-            self.inner.fast_calls.fetch_add(1, Ordering::Relaxed);
-            self.inner
-                .fast_requests
-                .fetch_add(batch.len() as u64, Ordering::Relaxed);
-            // `None`: the server cannot run the function (the store knows it now), or it was
-            // flushed again between its load and the call: each request goes on its own.
-            let sent = self.bounded(bound, async {
-                match self.call(&mut calls).await {
-                    Err(e) if function_missing(&e) || functions_refused(&e) => Ok(None),
-                    r => r.map(Some),
-                }
-            });
-            let reply = match sent.await {
-                Ok(Some(v)) => script::decode_fast(v, batch.len()).map(Some),
-                Ok(None) => Ok(None),
-                Err(e) => Err(e),
-            };
+            let reply = self
+                .send_batch(bound, &header, batch.iter().map(|j| (&j.key, &j.item)))
+                .await;
             match reply {
-                Ok(None) => {
-                    for job in batch {
-                        let _ = job.tx.send(Outcome::Alone);
-                    }
-                }
                 Ok(Some((now, answers))) => {
                     for (job, a) in batch.into_iter().zip(answers) {
                         let _ = job.tx.send(match a {
                             Ok(a) => Outcome::Answer(now, a),
                             Err(e) => Outcome::Failed(item_error(&e, &self.inner.url)),
                         });
+                    }
+                }
+                Ok(None) => {
+                    for job in batch {
+                        let _ = job.tx.send(Outcome::Unbatched);
                     }
                 }
                 Err(e) => {

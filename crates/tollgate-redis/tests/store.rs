@@ -699,8 +699,9 @@ async fn a_foreign_value_at_a_counter_key_is_an_error_naming_it() {
 /// batch decides them as the memory store decides the same requests one at a time in arrival
 /// order (keys repeat in it, each read and written once; costs vary; a shadow limit), and
 /// stores what one at a time would (the next batches decide on it), while a request whose key
-/// holds a value tollgate did not write fails alone. (On a current-thread runtime the requests of one
-/// `join_all` all join the line before its sender runs: one batch, in order.)
+/// holds a value tollgate did not write fails alone. (On a current-thread runtime the first two
+/// requests of one `join_all` take the two free slots and go at once, the others all join the
+/// line before its sender runs: one batch, in order.)
 #[tokio::test]
 async fn a_batch_decides_as_one_request_at_a_time_and_a_bad_key_fails_alone() {
     use tollgate_core::{MemoryStore, Store};
@@ -758,8 +759,8 @@ async fn a_batch_decides_as_one_request_at_a_time_and_a_bad_key_fails_alone() {
             let after = store.coalescing();
             assert_eq!(
                 (after.calls - before.calls, after.requests - before.requests),
-                (1, 40),
-                "{alg}: one batch of 40"
+                (3, 40),
+                "{alg}: two sent alone (two free slots), then one batch of 38"
             );
             for (i, (r, got)) in requests.iter().zip(got).enumerate() {
                 if i == 17 || i == 33 {
