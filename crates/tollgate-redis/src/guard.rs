@@ -343,6 +343,8 @@ pub struct Guarded {
     owed: Owed,
     /// `sync: lease` limits' units in hand.
     leases: Leases,
+    /// Lease refills in flight (one per leased counter).
+    refills: crate::refill::Refills,
     /// `sync: batched` limits' local counts.
     batches: Batches,
     /// What each non-exact limit's mode did.
@@ -451,6 +453,7 @@ impl Guarded {
             condition: Condition::default(),
             owed: Owed::default(),
             leases: Leases::default(),
+            refills: Default::default(),
             batches: Batches::new(settings.flush_interval),
             limits: LimitStats::default(),
             caller_now: AtomicU64::new(0),
@@ -718,6 +721,30 @@ impl Guarded {
             self.limits.decided(items, false);
             return Ok(Outcome::store(decisions));
         }
+        // One refill per leased counter in flight: a one-item request that finds another
+        // request refilling its lease waits for that call once, then takes its units from hand
+        // or asks Redis itself (refill.rs).
+        let mut _refill = None;
+        if let [one] = items {
+            if one.cost > 0 && crate::counter::kept(one, tollgate_core::SyncMode::Lease) {
+                let key = crate::counter::map_key(one);
+                match self.refills.begin(key.clone()) {
+                    crate::refill::Begin::Lead(lead) => _refill = Some(lead),
+                    crate::refill::Begin::Wait(refill) => {
+                        self.refills.waited.fetch_add(1, Relaxed);
+                        let done = self.await_refill(&key, &refill, &breaker, now).await;
+                        if !done || breaker.state() == BreakerState::Open {
+                            self.limits.decided(items, false);
+                            return Ok(self.fallback(now, items, true, false));
+                        }
+                        if let Some(decisions) = self.leases.decide(now, items) {
+                            self.limits.decided(items, false);
+                            return Ok(Outcome::store(decisions));
+                        }
+                    }
+                }
+            }
+        }
         let wants = self.leases.wants(now, items);
         self.limits.decided(items, true);
         let mut started = std::time::Instant::now();
@@ -847,6 +874,47 @@ impl Guarded {
             r = &mut call => r.map_err(Some),
             () = &mut opened => Err(None),
         }
+    }
+
+    /// Wait for the refill `refill` of lease `key` (another request's call) as long as this
+    /// request's own call would have taken: `false` when the breaker opened or the patience
+    /// ran out first. A wait past the per-call timeout counts toward opening the breaker, as a
+    /// slow call does (see `call`), so a stalled Redis opens it as fast with one call in flight
+    /// per counter as with one per request.
+    async fn await_refill(
+        &self,
+        key: &str,
+        refill: &Arc<tokio::sync::Notify>,
+        breaker: &Breaker,
+        now: Micros,
+    ) -> bool {
+        let opts = self.store.options();
+        let done = self.refills.finished(key, refill);
+        tokio::pin!(done);
+        if tokio::time::timeout(opts.timeout, &mut done).await.is_ok() {
+            return true;
+        }
+        self.slow.fetch_add(1, Relaxed);
+        let opened = breaker.opened.notified();
+        tokio::pin!(opened);
+        opened.as_mut().enable();
+        breaker.failure(
+            FaultKind::Timeout,
+            now.saturating_add(opts.timeout.as_micros() as Micros),
+        );
+        if breaker.state() == BreakerState::Open {
+            return false;
+        }
+        tokio::select! {
+            () = &mut done => true,
+            () = &mut opened => false,
+            () = tokio::time::sleep(opts.patience) => false,
+        }
+    }
+
+    /// Requests that waited for another request's lease refill instead of calling Redis.
+    pub fn refill_waits(&self) -> u64 {
+        self.refills.waited.load(Relaxed)
     }
 
     /// What `sync: lease` limits' leases did, and the units held now.

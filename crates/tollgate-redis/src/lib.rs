@@ -27,6 +27,7 @@ pub mod guard;
 pub mod keys;
 pub mod lease;
 pub mod limits;
+mod refill;
 pub mod script;
 mod sentinel;
 mod single;

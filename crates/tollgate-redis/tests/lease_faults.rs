@@ -288,6 +288,7 @@ async fn stall_run(policy: Policy, alg: Algorithm, run: usize) {
                 );
                 // Every local admission is folded into Redis (by the probe, before traffic
                 // goes back to it, or by a later one).
+                eprintln!("instance {i}: local {local}, folded {:?}", g.folded());
                 until("the local admissions folded into Redis", || {
                     g.folded().1 == local
                 })
@@ -404,4 +405,86 @@ async fn restart_run(alg: Algorithm, run: usize) {
 async fn a_redis_restarted_empty_admits_at_most_the_limit_plus_units_held() {
     restart_run(Algorithm::FixedWindow, 0).await;
     restart_run(Algorithm::SlidingWindowCounter, 0).await;
+}
+
+/// Calls of the check functions Redis has run since its statistics were reset (`FCALL`, or
+/// `EVALSHA`/`EVAL` where functions are unavailable).
+fn check_calls(server: &RedisServer) -> u64 {
+    server
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .filter(|l| {
+            ["cmdstat_fcall:", "cmdstat_evalsha:", "cmdstat_eval:"]
+                .iter()
+                .any(|p| l.starts_with(p))
+        })
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// While Redis is frozen, the callers of one leased counter with nothing in hand send one call
+/// between them (the refill), not one each: the others wait for it, count toward opening the
+/// breaker as their own slow calls would, and are answered by the policy when it opens. After
+/// `SIGCONT` Redis has received that one call, and decides again by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_redis_gets_one_refill_per_counter_not_one_call_per_request() {
+    const WAITERS: usize = 64;
+    let server = RedisServer::start(&[]);
+    let g = instance(server.port, "lease-single-flight", Policy::Deny).await;
+    let q = quota(Algorithm::FixedWindow);
+    // The function is loaded and the connection up before the freeze (another counter).
+    g.check(wall_now(), &[CheckItem::hit("hot", "warm|up=1", &q)])
+        .await
+        .unwrap();
+    server.cli(&["CONFIG", "RESETSTAT"]);
+    signal(server.pid(), "-STOP");
+    let tasks: Vec<_> = (0..WAITERS)
+        .map(|_| {
+            let (g, q) = (g.clone(), q);
+            tokio::spawn(async move {
+                let out = g
+                    .check(wall_now(), &[CheckItem::hit("hot", KEY, &q)])
+                    .await
+                    .unwrap();
+                (out.degraded.is_some(), out.decisions[0].allowed)
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(t.await.unwrap());
+    }
+    assert!(
+        answers
+            .iter()
+            .all(|&(degraded, allowed)| degraded && !allowed),
+        "every request answered by the deny policy: {answers:?}"
+    );
+    assert_eq!(g.state(), BreakerState::Open);
+    let waited = g.refill_waits();
+    signal(server.pid(), "-CONT");
+    until("Redis deciding again", || {
+        g.state() == BreakerState::Healthy
+    })
+    .await;
+    let calls = check_calls(&server);
+    eprintln!("{WAITERS} requests during the freeze: {waited} waited for a refill, Redis got {calls} check calls");
+    assert!(
+        calls <= 3,
+        "one refill per counter (and at most a call per breaker failure), not {calls}"
+    );
+    assert!(waited >= (WAITERS - 3) as u64, "{waited} waited");
+    // Decided by Redis again, exactly.
+    let out = g
+        .check(wall_now(), &[CheckItem::hit("hot", KEY, &q)])
+        .await
+        .unwrap();
+    assert!(out.degraded.is_none() && out.decisions[0].allowed);
 }

@@ -243,7 +243,7 @@ fn render_stores(out: &mut String, stores: &[(Option<&str>, &Guarded)], rules: &
     let lease = |g: &Guarded, f: fn(&tollgate_redis::lease::LeaseStats) -> &AtomicU64| {
         f(g.lease_stats().0).load(Relaxed)
     };
-    let counters: [Counter<'_>; 10] = [
+    let counters: [Counter<'_>; 11] = [
         (
             "tollgate_lease_grants_total",
             "Leases (shares of a window's count) Redis granted to this instance (sync: lease).",
@@ -268,6 +268,11 @@ fn render_stores(out: &mut String, stores: &[(Option<&str>, &Guarded)], rules: &
             "tollgate_lease_local_decisions_total",
             "Requests decided from leases without a Redis call.",
             &|g| lease(g, |s| &s.local_decisions),
+        ),
+        (
+            "tollgate_lease_refill_waits_total",
+            "Requests that waited for another request's lease refill (one call per leased counter in flight) instead of calling Redis.",
+            &|g| g.refill_waits(),
         ),
         (
             "tollgate_redis_batched_calls_total",
