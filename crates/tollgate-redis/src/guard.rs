@@ -1327,8 +1327,22 @@ impl Owed {
         self.pending.store(true, Relaxed);
     }
 
+    /// A fold that failed: owed again, added to what was admitted locally since it was taken
+    /// (a local admission during the fold made a new entry for the key).
     fn put_back(&self, key: String, o: OwedKey) {
-        self.lock().entry(key).or_insert(o);
+        let mut map = self.lock();
+        match map.get_mut(&key) {
+            Some(e) if e.quota == o.quota => {
+                e.cost = e.cost.saturating_add(o.cost);
+                e.until = e.until.max(o.until);
+            }
+            // The rule changed meanwhile: the newer entry is what counts now (as in `add`).
+            Some(_) => {}
+            None => {
+                map.insert(key, o);
+            }
+        }
+        drop(map);
         self.pending.store(true, Relaxed);
     }
 
@@ -1508,6 +1522,31 @@ impl DenyCache {
 mod tests {
     use super::*;
     use tollgate_core::Unit;
+
+    /// A fold that failed for a key while the policy admitted more on it (a new entry) used to
+    /// be put back only if the key had no entry: its cost was lost, never folded into Redis.
+    #[test]
+    fn a_failed_fold_keeps_what_was_admitted_during_it() {
+        let owed = Owed::default();
+        let q = Quota::new(100, Unit::Minute);
+        let hit = |cost| CheckItem {
+            cost,
+            ..CheckItem::hit("r", "k", &q)
+        };
+        let d = Decision {
+            allowed: true,
+            reset_after: 60_000_000,
+            ..Decision::default()
+        };
+        owed.add(1_000, &[hit(3)], &[d]);
+        let taken = owed.take();
+        owed.add(2_000, &[hit(2)], &[d]);
+        for (key, o) in taken {
+            owed.put_back(key, o);
+        }
+        let map = owed.take();
+        assert_eq!(map.values().map(|o| o.cost).sum::<u64>(), 5);
+    }
 
     #[test]
     fn divided_tiers_keep_what_the_rules_require() {
