@@ -43,16 +43,12 @@ local function fast_get(p, alg)
   return sc_get(p)
 end
 
--- One request of `cost` at `now` on the state (s, x, y): allowed (1/0), remaining, reset_after,
--- retry_after (-1 = none) and the state after it (start nil: none). Arithmetic only.
-local function fast_decide(p, alg, s, x, y, now, cost)
-  if alg == 4 then
-    local allowed, rem, reset, retry, ks, kc = fw_core(p, s, x, now, cost)
-    if allowed then return 1, rem, reset, retry, ks, kc, 0 end
-    return 0, rem, reset, retry, ks, kc, 0
-  end
-  local now2, start, wend, prev, cur = sc_roll(p, s, x, y, now)
-  local allowed, rem, reset, retry = sc_decide(p, now2, start, wend, prev, cur, cost)
+-- The sliding counter's request of `cost` at `now` on the stored start, prev and cur:
+-- allowed (1/0), remaining, reset_after, retry_after (-1 = none) and the state after it (start
+-- nil: none). Arithmetic only.
+local function sc_next(p, s, pr, c, now0, cost)
+  local now, start, wend, prev, cur = sc_roll(p, s, pr, c, now0)
+  local allowed, rem, reset, retry = sc_decide(p, now, start, wend, prev, cur, cost)
   local a = 0
   if allowed then
     a = 1
@@ -60,6 +56,16 @@ local function fast_decide(p, alg, s, x, y, now, cost)
   end
   if prev == 0 and cur == 0 then start = nil end
   return a, rem, reset, retry, start, prev, cur
+end
+
+-- One request of `cost` at `now` on the state (s, x, y), as `sc_next` for either algorithm.
+local function fast_decide(p, alg, s, x, y, now, cost)
+  if alg == 4 then
+    local allowed, rem, reset, retry, ks, kc = fw_core(p, s, x, now, cost)
+    if allowed then return 1, rem, reset, retry, ks, kc, 0 end
+    return 0, rem, reset, retry, ks, kc, 0
+  end
+  return sc_next(p, s, x, y, now, cost)
 end
 
 -- Write the state (ns, nx, ny) over the stored one (os, ox, oy, ot), its TTL from `reset`.
@@ -83,17 +89,11 @@ local function fw_one(p, now, cost, grace)
   return 0, rem, reset, retry
 end
 
-local function sc_one(p, now0, cost, grace)
+local function sc_one(p, now, cost, grace)
   local s, pr, c, t = sc_get(p)
-  local now, start, wend, prev, cur = sc_roll(p, s, pr, c, now0)
-  local allowed, rem, reset, retry = sc_decide(p, now, start, wend, prev, cur, cost)
-  local a = 0
-  if allowed then
-    a = 1
-    cur = cur + cost
-  end
-  if prev > 0 or cur > 0 then
-    sc_put(p, s, pr, c, t, start, prev, cur, fast_ttl(reset, grace))
+  local a, rem, reset, retry, ns, np, nc = sc_next(p, s, pr, c, now, cost)
+  if ns ~= nil then
+    sc_put(p, s, pr, c, t, ns, np, nc, fast_ttl(reset, grace))
   else
     sc_put(p, s, pr, c, t, nil, 0, 0, 0)
   end
