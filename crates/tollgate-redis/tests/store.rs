@@ -27,6 +27,14 @@ fn item<'a>(key: &'a str, quota: &'a Quota, cost: u64) -> CheckItem<'a> {
     }
 }
 
+/// A plain connection to the shared server, for reading and writing keys around the store.
+fn shared_connection() -> redis::Connection {
+    redis::Client::open(shared_url())
+        .unwrap()
+        .get_connection()
+        .unwrap()
+}
+
 fn redis_time(url: &str) -> Micros {
     let mut con = redis::Client::open(url).unwrap().get_connection().unwrap();
     let (s, us): (u64, u64) = redis::cmd("TIME").query(&mut con).unwrap();
@@ -165,10 +173,7 @@ async fn every_key_has_a_ttl_and_full_counters_are_deleted() {
     let short = Quota::new(1, Unit::Second).with_algorithm(Algorithm::Gcra);
     store.check(None, &[item("z", &short, 1)]).await.unwrap();
     let (zkey, _) = counter_keys(&store.options().prefix, "z", &short);
-    let mut con = redis::Client::open(shared_url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut con = shared_connection();
     let ttl: i64 = redis::cmd("PTTL").arg(&zkey).query(&mut con).unwrap();
     assert!((1..=1000).contains(&ttl), "1 s of backlog: PTTL {ttl}");
     tokio::time::sleep(Duration::from_millis(1100)).await;
@@ -588,10 +593,7 @@ async fn a_window_keeps_its_ttl_unless_the_clock_went_back() {
         .await
         .unwrap();
     let prefix = store.options().prefix.clone();
-    let mut con = redis::Client::open(shared_url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut con = shared_connection();
     let hour: Micros = 3_600_000_000;
     let minute: Micros = 60_000_000;
     let w = 1_795_000_000 * 1_000_000 / hour * hour;
@@ -668,10 +670,7 @@ async fn a_foreign_value_at_a_counter_key_is_an_error_naming_it() {
         .await
         .unwrap();
     let prefix = store.options().prefix.clone();
-    let mut con = redis::Client::open(shared_url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut con = shared_connection();
     for alg in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter] {
         let q = Quota::new(5, Unit::Minute).with_algorithm(alg);
         let (name, _) = counter_keys(&prefix, "k", &q);
@@ -709,10 +708,7 @@ async fn a_batch_decides_as_one_request_at_a_time_and_a_bad_key_fails_alone() {
         .await
         .unwrap();
     let prefix = store.options().prefix.clone();
-    let mut con = redis::Client::open(shared_url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut con = shared_connection();
     let now: Micros = 1_795_000_000 * 1_000_000 + 123_456;
     for alg in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter] {
         let mem = MemoryStore::with_seed(1000, 7, 11);
