@@ -818,7 +818,12 @@ pub(crate) fn rules_page(state: &AppState, query: &RulesQuery, full: bool) -> Va
         used = used.saturating_add(cost);
         let mut entry = json!({"domain": d.name, "file": d.file, "limit_count": limits.len()});
         if full {
-            entry["limits"] = limits.iter().map(limit_json).collect::<Vec<_>>().into();
+            let flush = state.backend().redis().map(|g| g.settings().flush_interval);
+            entry["limits"] = limits
+                .iter()
+                .map(|l| limit_json(l, flush))
+                .collect::<Vec<_>>()
+                .into();
         }
         domains.push(entry);
     }
@@ -871,8 +876,12 @@ pub(crate) fn rules_page(state: &AppState, query: &RulesQuery, full: bool) -> Va
     })
 }
 
-/// One limit as `GET /v1/rules` lists it.
-fn limit_json(l: &tollgate_core::rules::Limit) -> Value {
+/// One limit as `GET /v1/rules` lists it; `flush` is the store's default flush interval (a
+/// Redis store's `--sync-flush-interval`), shown for batched limits that name none.
+fn limit_json(l: &tollgate_core::rules::Limit, flush: Option<std::time::Duration>) -> Value {
+    let batched = l
+        .quota
+        .filter(|q| q.sync() == tollgate_core::SyncMode::Batched);
     json!({
         "id": l.id,
         "name": l.name,
@@ -885,6 +894,9 @@ fn limit_json(l: &tollgate_core::rules::Limit) -> Value {
         "unlimited": l.is_unlimited(),
         "algorithm": l.quota.map(|q| q.algorithm().as_str()),
         "sync": l.quota.map(|q| q.sync().as_str()),
+        "flush_interval_ms": batched
+            .and_then(|q| q.flush_interval().or(flush))
+            .map(|d| d.as_millis() as u64),
         "shadow_mode": l.shadow_mode,
         "message": l.message,
         "replaces": l.replaces,
