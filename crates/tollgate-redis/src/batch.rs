@@ -15,7 +15,7 @@
 //! interval since the epoch) rather than an interval after its first request: counters of
 //! one interval are due together, so a flush tick sends every due counter in one call however
 //! many there are, and a 50 ms counter meets a 100 ms one on every second tick
-//! ([`Batches::take`], [`Batches::next_due`]).
+//! (`Batches::take`, `Batches::next_due`).
 //!
 //! What keeps it bounded:
 //! - a counter is decided locally only from a count learned recently (two of its flush
