@@ -1054,6 +1054,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_batched_limit_lists_its_flush_interval() {
+        use std::time::Duration;
+        use tollgate_core::{Quota, SyncMode, Unit};
+        let q = Quota::new(5, Unit::Second).with_sync(SyncMode::Batched);
+        let own = tollgate_core::rules::Limit::new(
+            "d|k",
+            "d",
+            Some(q.with_flush_interval(Some(Duration::from_millis(20)))),
+        );
+        let default = Some(Duration::from_millis(100));
+        assert_eq!(limit_json(&own, default)["flush_interval_ms"], 20);
+        let named_none = tollgate_core::rules::Limit::new("d|k", "d", Some(q));
+        assert_eq!(limit_json(&named_none, default)["flush_interval_ms"], 100);
+        let exact =
+            tollgate_core::rules::Limit::new("d|k", "d", Some(q.with_sync(SyncMode::Exact)));
+        assert!(limit_json(&exact, default)["flush_interval_ms"].is_null());
+    }
+
+    #[test]
     fn header_values_are_written_as_for_each_gives_them() {
         let cases = [
             HeaderValues {
