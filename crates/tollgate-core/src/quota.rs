@@ -333,6 +333,9 @@ pub struct Quota {
     algorithm: Algorithm,
     sketch: SketchSize,
     sync: SyncMode,
+    /// `sync: batched` only: how often this limit's counts are flushed, in ms (0: the store's
+    /// default). Milliseconds in 32 bits keep the quota small; rules allow 1 ms to 60 s.
+    flush_ms: u32,
     /// `emission_interval_of(period, limit)`: derived, so equality and hashing are unaffected.
     emission: Micros,
 }
@@ -358,6 +361,7 @@ impl Quota {
             algorithm: Algorithm::default(),
             sketch: SketchSize::default(),
             sync: SyncMode::Exact,
+            flush_ms: 0,
             emission: emission_interval_of(period, limit),
         }
     }
@@ -391,6 +395,21 @@ impl Quota {
     #[inline]
     pub fn sync(&self) -> SyncMode {
         self.sync
+    }
+
+    /// The same quota flushed every `interval` when batched (whole milliseconds, at least 1;
+    /// `None`: the store's default interval). Only `sync: batched` reads it.
+    pub fn with_flush_interval(mut self, interval: Option<std::time::Duration>) -> Self {
+        self.flush_ms = interval.map_or(0, |d| {
+            u32::try_from(d.as_millis()).unwrap_or(u32::MAX).max(1)
+        });
+        self
+    }
+
+    /// How often this quota's counts are flushed when batched; `None`: the store's default.
+    #[inline]
+    pub fn flush_interval(&self) -> Option<std::time::Duration> {
+        (self.flush_ms > 0).then(|| std::time::Duration::from_millis(u64::from(self.flush_ms)))
     }
 
     /// The same quota with another sketch size ([`Algorithm::CountMinSketch`] only).

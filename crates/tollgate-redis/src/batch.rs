@@ -10,10 +10,17 @@
 //! that is the over-admission, bounded per window by `(N − 1) × rate × (4 × interval + flush
 //! round trip)` (see `docs/distributed.md`).
 //!
+//! The interval is the limit's own (`flush_interval` in the rule, [`Quota::flush_interval`]),
+//! or the store's default. A counter is due on its interval's grid (the multiples of the
+//! interval since the epoch) rather than an interval after its first request: counters of
+//! one interval are due together, so a flush tick sends every due counter in one call however
+//! many there are, and a 50 ms counter meets a 100 ms one on every second tick
+//! (`Batches::take`, `Batches::next_due`).
+//!
 //! What keeps it bounded:
-//! - a counter is decided locally only from a count learned recently ([`Batches::stale_after`]:
-//!   two flush intervals); a counter seen for the first time, or not refreshed since, goes to
-//!   Redis (an exact check) and learns the count from its answer;
+//! - a counter is decided locally only from a count learned recently (two of its flush
+//!   intervals, [`Batches::stale_after`]); a counter seen for the first time, or not refreshed
+//!   since, goes to Redis (an exact check) and learns the count from its answer;
 //! - a flush is applied at most once: it carries the instance's id and a sequence number that
 //!   Redis remembers per counter and instance; a flush that failed is sent again as it was (same
 //!   sequence, same units) before anything newer, so a retry after a timeout Redis had applied
@@ -64,9 +71,29 @@ struct Tracked {
     /// The excess over the limit already reported for the learned window (overshoot metric).
     excess: (Micros, u64),
     used_at: Micros,
+    /// Its flush interval (µs) and the local time its next flush is due (a grid point of it).
+    every: Micros,
+    due: Micros,
+}
+
+/// The first multiple of `every` after `now`: counters of one interval are due together.
+fn next_tick(now: Micros, every: Micros) -> Micros {
+    (now / every + 1) * every
 }
 
 impl Tracked {
+    /// Take a (reloaded) quota at `now`: a new interval starts on its own grid, pending units
+    /// kept. Returns the new due time when the interval changed.
+    fn set_quota(&mut self, quota: Quota, every: Micros, now: Micros) -> Option<Micros> {
+        self.quota = quota;
+        if self.every == every {
+            return None;
+        }
+        self.every = every;
+        self.due = next_tick(now, every);
+        Some(self.due)
+    }
+
     /// The state the algorithm steps from at `now`: the learned fleet state rolled to `now`'s
     /// window, plus the units in flight and pending; `limit` is the quota's limit now (a reload
     /// may have changed it).
@@ -146,7 +173,11 @@ pub struct Batches {
     seq: AtomicU64,
     /// One flush at a time.
     pub(crate) flushing: tokio::sync::Mutex<()>,
+    /// The interval of limits that name none.
     interval: Duration,
+    /// Wakes the flusher when a counter is due before the time it sleeps until (`planned`).
+    pub(crate) wake: std::sync::Arc<tokio::sync::Notify>,
+    pub(crate) planned: AtomicU64,
     /// What the batches did.
     pub stats: BatchStats,
 }
@@ -169,18 +200,39 @@ impl Batches {
             seq: AtomicU64::new(0),
             flushing: tokio::sync::Mutex::const_new(()),
             interval: interval.max(Duration::from_millis(1)),
+            wake: std::sync::Arc::default(),
+            planned: AtomicU64::new(0),
             stats: BatchStats::default(),
         }
     }
 
-    /// The flush interval.
+    /// The flush interval of limits that name none.
     pub fn interval(&self) -> Duration {
         self.interval
     }
 
-    /// A learned count older than this is not decided from (two flush intervals).
-    pub fn stale_after(&self) -> Micros {
-        2 * self.interval.as_micros() as Micros
+    /// `quota`'s flush interval in µs: its own, or the default.
+    fn every(&self, quota: &Quota) -> Micros {
+        let d = quota.flush_interval().unwrap_or(self.interval);
+        (d.as_micros() as Micros).max(1_000)
+    }
+
+    /// A learned count of `quota`'s older than this is not decided from (two of its flush
+    /// intervals).
+    pub fn stale_after(&self, quota: &Quota) -> Micros {
+        2 * self.every(quota)
+    }
+
+    /// A counter is due at `due`: wake the flusher if it sleeps past it.
+    fn due_at(&self, due: Micros) {
+        if due < self.planned.load(Relaxed) {
+            self.wake.notify_one();
+        }
+    }
+
+    /// The local time the next counter is due to flush (`None`: nothing tracked).
+    pub(crate) fn next_due(&self) -> Option<Micros> {
+        self.lock().values().map(|t| t.due).min()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Tracked>> {
@@ -195,9 +247,9 @@ impl Batches {
         }
         let keys: Vec<String> = items.iter().map(map_key).collect();
         let mut map = self.lock();
-        let stale = self.stale_after();
-        for k in &keys {
+        for (item, k) in items.iter().zip(&keys) {
             let t = map.get(k)?;
+            let stale = self.stale_after(item.quota);
             if now.saturating_sub(t.learned_at) > stale || t.learned_at > now.saturating_add(stale)
             {
                 return None;
@@ -214,7 +266,9 @@ impl Batches {
         for ((item, k), d) in items.iter().zip(&keys).zip(out.iter_mut()) {
             let Some(t) = map.get_mut(k) else { continue };
             t.used_at = now;
-            t.quota = *item.quota;
+            if let Some(due) = t.set_quota(*item.quota, self.every(item.quota), now) {
+                self.due_at(due);
+            }
             if !d.allowed || item.cost == 0 {
                 continue;
             }
@@ -249,18 +303,27 @@ impl Batches {
             }
             let start = window(item.quota.period(), now).0;
             let count = item.quota.limit().saturating_sub(d.remaining);
-            let t = map.entry(k).or_insert_with(|| Tracked {
-                rule: item.rule.to_owned(),
-                key: item.key.to_owned(),
-                quota: *item.quota,
-                learned: (start, 0, 0),
-                learned_at: now,
-                pending: Vec::new(),
-                inflight: None,
-                excess: (start, 0),
-                used_at: now,
+            let every = self.every(item.quota);
+            let t = map.entry(k).or_insert_with(|| {
+                let due = next_tick(now, every);
+                self.due_at(due);
+                Tracked {
+                    rule: item.rule.to_owned(),
+                    key: item.key.to_owned(),
+                    quota: *item.quota,
+                    learned: (start, 0, 0),
+                    learned_at: now,
+                    pending: Vec::new(),
+                    inflight: None,
+                    excess: (start, 0),
+                    used_at: now,
+                    every,
+                    due,
+                }
             });
-            t.quota = *item.quota;
+            if let Some(due) = t.set_quota(*item.quota, every, now) {
+                self.due_at(due);
+            }
             // Units this instance has not had confirmed are not in Redis' count (or are, if a
             // failed flush was applied: counted twice here, the safe side).
             t.learned = (start, 0, count);
@@ -269,10 +332,11 @@ impl Batches {
         }
     }
 
-    /// The next flush's entries at `now`: every counter's failed batch again, or its pending
-    /// units under a new sequence number. Forgets counters idle since their window ended and
-    /// units whose window is over.
-    pub(crate) fn take(&self, now: Micros, grace_ms: u64) -> Vec<(String, FlushEntry)> {
+    /// The next flush's entries at `now`: of every counter due (every counter when `all`), its
+    /// failed batch again, or its pending units under a new sequence number; a due counter is
+    /// next due at its interval's next grid point. Forgets counters idle since their window
+    /// ended and units whose window is over.
+    pub(crate) fn take(&self, now: Micros, grace_ms: u64, all: bool) -> Vec<(String, FlushEntry)> {
         let mut map = self.lock();
         let mut out = Vec::new();
         map.retain(|k, t| {
@@ -292,16 +356,22 @@ impl Batches {
                     t.inflight = None;
                 }
             }
-            if t.inflight.is_none() && !t.pending.is_empty() {
+            let due = all || t.due <= now;
+            if due {
+                t.due = next_tick(now, t.every);
+            }
+            if due && t.inflight.is_none() && !t.pending.is_empty() {
                 let seq = self.seq.fetch_add(1, Relaxed) + 1;
                 t.inflight = Some(Inflight {
                     seq,
                     windows: std::mem::take(&mut t.pending),
                 });
             }
-            let Some(f) = &t.inflight else {
-                // Nothing to send: kept while its window lasts.
-                return live(window(period, t.used_at).0);
+            let Some(f) = t.inflight.as_ref().filter(|_| due) else {
+                // Nothing to send now: kept while its window lasts, or while units wait.
+                return t.inflight.is_some()
+                    || !t.pending.is_empty()
+                    || live(window(period, t.used_at).0);
             };
             let ttl_end = f
                 .windows
@@ -424,15 +494,65 @@ mod tests {
         }
         assert!(!b.decide(T0 + 1, &items).unwrap()[0].allowed, "4 + 6 = 10");
         assert_eq!(b.unconfirmed(), 6);
-        let first = b.take(T0 + 2, 0);
+        let first = b.take(T0 + 2, 0, true);
         assert_eq!(first.len(), 1);
         assert_eq!(first[0].1.windows[0].3, 6);
         // No answer came: the same batch, same sequence, nothing newer mixed in.
-        let again = b.take(T0 + 3, 0);
+        let again = b.take(T0 + 3, 0, true);
         assert_eq!(again[0].1.seq, first[0].1.seq);
         assert_eq!(again[0].1.windows[0].3, 6);
         // Stale after two intervals: Redis decides again.
-        assert!(b.decide(T0 + 1 + b.stale_after() + 1, &items).is_none());
+        assert!(b.decide(T0 + 1 + b.stale_after(&q) + 1, &items).is_none());
+    }
+
+    #[test]
+    fn each_counter_is_flushed_on_its_own_interval_and_a_reload_keeps_its_units() {
+        let slow = Quota::new(100, Unit::Day)
+            .with_algorithm(Algorithm::FixedWindow)
+            .with_sync(SyncMode::Batched)
+            .with_flush_interval(Some(Duration::from_millis(100)));
+        let fast = slow.with_flush_interval(Some(Duration::from_millis(50)));
+        let b = Batches::new(Duration::from_secs(1));
+        let items = [
+            CheckItem::hit("s", "a", &slow),
+            CheckItem::hit("f", "b", &fast),
+        ];
+        b.learn(T0, &items, &[answer(10), answer(10)]);
+        assert_eq!(b.next_due(), Some(T0 + 50_000), "T0 is on both grids");
+        let ms = 1_000;
+        let sent = |at: Micros| -> Vec<String> {
+            b.decide(at - 1, &items).expect("fresh");
+            let mut keys: Vec<String> = b.take(at, 0, false).into_iter().map(|e| e.1.key).collect();
+            keys.sort();
+            // Answered: the next batch gets a new sequence.
+            for e in b.lock().values_mut() {
+                e.inflight = None;
+                e.learned_at = at;
+            }
+            keys
+        };
+        assert_eq!(sent(T0 + 20 * ms), Vec::<String>::new(), "nothing due");
+        assert_eq!(sent(T0 + 50 * ms), ["b"]);
+        assert_eq!(sent(T0 + 100 * ms), ["a", "b"], "one call for both");
+        assert_eq!(sent(T0 + 150 * ms), ["b"]);
+        // A late tick sends what is due, and the next one is back on the grid.
+        assert_eq!(sent(T0 + 230 * ms), ["a", "b"]);
+        assert_eq!(sent(T0 + 250 * ms), ["b"]);
+        // Reloaded to flush every second: the units admitted under 50 ms wait for it.
+        let reloaded = fast.with_flush_interval(Some(Duration::from_secs(1)));
+        let reloaded_items = [CheckItem::hit("f", "b", &reloaded)];
+        b.decide(T0 + 260 * ms, &reloaded_items).expect("fresh");
+        assert!(b
+            .take(T0 + 300 * ms, 0, false)
+            .iter()
+            .all(|e| e.1.key != "b"));
+        let at_second = b.take(T0 + 1_000 * ms, 0, false);
+        let e = at_second
+            .iter()
+            .find(|e| e.1.key == "b")
+            .expect("due at the second");
+        assert_eq!(e.1.windows[0].3, 1);
+        assert_eq!(b.stale_after(&reloaded), 2_000_000);
     }
 
     #[test]

@@ -922,16 +922,20 @@ impl Guarded {
         (&self.leases.stats, self.leases.held())
     }
 
-    /// Flush the batched counters at local time `now` (the server calls it every flush
-    /// interval; tests call it to drive the protocol step by step): one script call (one per
-    /// hash slot on a Cluster), the counts learned back. Returns the number of counters
-    /// flushed, or the store's error (the units are sent again, under the same sequence, by the
-    /// next flush).
+    /// Flush every batched counter at local time `now` (at shutdown; tests call it to drive the
+    /// protocol step by step): one script call (one per hash slot on a Cluster), the counts
+    /// learned back. Returns the number of counters flushed, or the store's error (the units
+    /// are sent again, under the same sequence, by the next flush). The background flusher
+    /// sends only the counters whose own interval is due.
     pub async fn flush(&self, now: Micros) -> Result<usize, StoreError> {
+        self.flush_some(now, true).await
+    }
+
+    async fn flush_some(&self, now: Micros, all: bool) -> Result<usize, StoreError> {
         let b = &self.batches;
         let _one = b.flushing.lock().await;
         let opts = self.store().options();
-        let sent = b.take(now, opts.ttl_grace.as_millis() as u64);
+        let sent = b.take(now, opts.ttl_grace.as_millis() as u64, all);
         if sent.is_empty() {
             return Ok(0);
         }
@@ -1234,24 +1238,38 @@ async fn probe(g: Weak<Guarded>) {
     }
 }
 
-/// Flush the `sync: batched` counts every flush interval while the breaker is not open (an
-/// open breaker's probe finds Redis back first); stop when the backend is dropped. A final flush
-/// is [`Guarded::flush`] at shutdown.
+/// Flush the `sync: batched` counts when a counter's own interval is due (every due counter in
+/// one flush) while the breaker is not open (an open breaker's probe finds Redis back first);
+/// stop when the backend is dropped. A final flush is [`Guarded::flush`] at shutdown.
 async fn flusher(g: Weak<Guarded>) {
-    let interval = match g.upgrade() {
-        Some(g) => g.batches.interval(),
+    let (default, wake) = match g.upgrade() {
+        Some(g) => (g.batches.interval(), g.batches.wake.clone()),
         None => return,
     };
-    let mut tick = tokio::time::interval(interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tick.tick().await;
+        let Some(strong) = g.upgrade() else { return };
+        let now = crate::store::wall_micros();
+        // Until the next counter is due, or sooner when a counter due earlier appears; at most
+        // a default interval (a clock that stepped back wakes the flusher all the same).
+        let open = strong.breaker.state() == BreakerState::Open;
+        let most = now.saturating_add(default.as_micros() as Micros);
+        let until = match strong.batches.next_due() {
+            Some(due) if !open => due.min(most),
+            _ => most,
+        };
+        strong.batches.planned.store(until, Relaxed);
+        drop(strong);
+        let wait = Duration::from_micros(until.saturating_sub(now)).max(Duration::from_millis(1));
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = wake.notified() => continue,
+        }
         let Some(g) = g.upgrade() else { return };
         if g.breaker.state() == BreakerState::Open || g.batches.tracked() == 0 {
             continue;
         }
-        // Failures are counted and logged by the flush; its units go again next time.
-        let _ = g.flush(crate::store::wall_micros()).await;
+        // Failures are counted and logged by the flush; its units go again when next due.
+        let _ = g.flush_some(crate::store::wall_micros(), false).await;
     }
 }
 

@@ -170,7 +170,9 @@ impl Builder {
     /// instances (docs/distributed.md). Call `Guarded::return_leases` at shutdown to give the
     /// unspent shares back at once (otherwise they go back after half a second unused).
     /// Limits that say `sync: batched` are counted in this process and sent to Redis every
-    /// `RedisSettings::flush_interval` (approximate, with a bounded overshoot); call
+    /// flush interval: the limit's own (a rules file's `rate_limit.flush_interval`, or
+    /// `Quota::with_flush_interval`), else `RedisSettings::flush_interval` (approximate, with a
+    /// bounded overshoot); call
     /// `Guarded::flush` at shutdown to send the last counts.
     #[cfg(feature = "redis")]
     pub fn redis(mut self, guarded: Arc<tollgate_redis::Guarded>) -> Self {

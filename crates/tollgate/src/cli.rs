@@ -296,9 +296,9 @@ struct CountingArgs {
     /// docs/distributed.md.
     #[arg(long, env = "TOLLGATE_SYNC_DEFAULT", default_value = "exact")]
     sync_default: tollgate_core::SyncMode,
-    /// Redis: how often `sync: batched` limits send the counts admitted locally to Redis (and
-    /// learn the fleet's back): the over-admission bound grows with it. From 1ms to 60s. See
-    /// docs/distributed.md.
+    /// Redis: how often `sync: batched` limits that name no `flush_interval` send the counts
+    /// admitted locally to Redis (and learn the fleet's back): the over-admission bound grows
+    /// with it. From 1ms to 60s. See docs/distributed.md.
     #[arg(long, env = "TOLLGATE_SYNC_FLUSH_INTERVAL", default_value = "100ms",
           value_parser = flush_interval)]
     sync_flush_interval: Duration,

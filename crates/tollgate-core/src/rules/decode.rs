@@ -50,6 +50,7 @@ const RATE_LIMIT_FIELDS: &[&str] = &[
     "sketch_width",
     "sketch_depth",
     "sync",
+    "flush_interval",
 ];
 const REPLACES_FIELDS: &[&str] = &["name"];
 
@@ -358,6 +359,7 @@ fn rate_limit(node: &Node, errors: &mut Errors) -> Option<RateLimitSpec> {
             "burst",
             "sketch_width",
             "sketch_depth",
+            "flush_interval",
         ] {
             if let Some(n) = fields.get(field) {
                 errors.push((
@@ -439,6 +441,21 @@ fn rate_limit(node: &Node, errors: &mut Errors) -> Option<RateLimitSpec> {
             ));
         }
     }
+    // `flush_interval` paces batches: a rule naming another mode is wrong whatever the defaults;
+    // one naming none is checked once the default mode is known (`RuleSet::unleasable`).
+    let flush = fields.get("flush_interval").map(|n| {
+        let d = super::queue::duration(n, "flush_interval", errors);
+        if let Some(m) = sync.filter(|&m| fields.get("sync").is_some() && m != SyncMode::Batched) {
+            errors.push((
+                n.pos,
+                format!(
+                    "`flush_interval` applies only to `sync: batched` (how often its counts are \
+                     sent to the store); this limit is `sync: {m}`"
+                ),
+            ));
+        }
+        d
+    });
     let burst = fields
         .get("burst")
         // At most u32::MAX like `requests_per_unit`: the memory store keeps counts in 32 bits.
@@ -490,7 +507,8 @@ fn rate_limit(node: &Node, errors: &mut Errors) -> Option<RateLimitSpec> {
         .with_burst(burst.and_then(|(_, b)| b))
         .with_algorithm(algorithm)
         .with_sketch(sketch)
-        .with_sync(sync);
+        .with_sync(sync)
+        .with_flush_interval(flush.flatten().map(std::time::Duration::from_micros));
     // Bounds that keep the algorithms' arithmetic exact (see `MAX_PERIOD`; `nominal` saturates).
     if quota.period().nominal() > MAX_PERIOD {
         let at = fields.get("unit_multiplier").map_or(node.pos, |n| n.pos);

@@ -529,21 +529,39 @@ impl RuleSet {
         self
     }
 
-    /// The limits that name a sync mode their algorithm (a default one) cannot keep, as
-    /// `file:line: message`: a shared store refuses such rules.
+    /// The limits that name a sync mode their algorithm (a default one) cannot keep, and those
+    /// with a `flush_interval` that the defaults left unbatched, as `file:line: message`: a
+    /// shared store refuses such rules.
     pub fn unleasable(&self) -> Vec<String> {
         self.limits
             .iter()
             .filter_map(|l| {
                 let q = l.quota?;
-                (!q.sync().supports(q.algorithm())).then(|| {
-                    format!(
+                if !q.sync().supports(q.algorithm()) {
+                    return Some(format!(
                         "{}:{}: `sync: {}` needs algorithm fixed_window or sliding_window_counter, \
                          not {} (the default algorithm; name one in the rule)",
                         l.file,
                         l.line,
                         q.sync(),
                         q.algorithm()
+                    ));
+                }
+                // A rule naming another mode is refused when decoded; this one names none.
+                (q.flush_interval().is_some() && q.sync() != SyncMode::Batched).then(|| {
+                    let why = if l.tiers.is_some() {
+                        "a tiered rule is never batched".to_string()
+                    } else if self.defaults.sync == SyncMode::Batched {
+                        format!("its algorithm {} cannot be batched", q.algorithm())
+                    } else {
+                        format!("the default sync mode is {}", self.defaults.sync)
+                    };
+                    format!(
+                        "{}:{}: `flush_interval` applies only to `sync: batched`, and this limit \
+                         is `sync: {}` ({why}; name `sync: batched` or drop `flush_interval`)",
+                        l.file,
+                        l.line,
+                        q.sync()
                     )
                 })
             })
@@ -794,6 +812,7 @@ fn why(p: &Path, e: &std::io::Error) -> String {
 mod tests {
     use super::*;
     use crate::quota::{Algorithm, Unit};
+    use std::time::Duration;
 
     #[test]
     fn merged_parts_resolve_as_the_files_parsed_together() {
@@ -1256,6 +1275,67 @@ descriptors:
                 "{fields}: {e:?}"
             );
         }
+    }
+
+    #[test]
+    fn flush_interval_per_limit() {
+        let one = |fields: &str| {
+            format!(
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: 9, {fields}}}\n"
+            )
+        };
+        let q = |s: &RuleSet| s.limits().next().and_then(|l| l.quota).expect("quota");
+        let fast = set(&one("sync: batched, flush_interval: 50ms"));
+        assert_eq!(q(&fast).flush_interval(), Some(Duration::from_millis(50)));
+        assert_eq!(
+            q(&set(&one("sync: batched, flush_interval: 1.5s"))).flush_interval(),
+            Some(Duration::from_millis(1_500))
+        );
+        assert_eq!(q(&set(&one("sync: batched"))).flush_interval(), None);
+        // On line 4, the `rate_limit` line.
+        for (fields, want) in [
+            ("sync: batched, flush_interval: soon", "`flush_interval` must be a duration such as `500ms` or `2s`, found"),
+            ("sync: batched, flush_interval: 0ms", "`flush_interval` must be from 1ms to 60s, found 0ms"),
+            ("sync: batched, flush_interval: 61s", "`flush_interval` must be from 1ms to 60s, found 61s"),
+            ("sync: batched, flush_interval: [1s]", "`flush_interval` must be a duration"),
+            ("sync: lease, flush_interval: 1s", "`flush_interval` applies only to `sync: batched` (how often its counts are sent to the store); this limit is `sync: lease`"),
+            ("sync: exact, flush_interval: 1s", "this limit is `sync: exact`"),
+        ] {
+            let e = errors(&one(fields));
+            assert!(e.iter().all(|e| e.line == 4), "{fields}: {e:?}");
+            assert!(e.iter().any(|e| e.message.contains(want)), "{fields}: {e:?}");
+            assert!(e[0].to_string().starts_with("t.yaml:4:"), "{e:?}");
+        }
+        let unlimited = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, flush_interval: 1s}\n";
+        assert!(errors(unlimited)[0]
+            .message
+            .contains("cannot be combined with `flush_interval`"));
+        // Naming no mode: it is batched when `--sync-default` makes it so, refused otherwise.
+        let unnamed = set(&one("algorithm: fixed_window, flush_interval: 20ms"));
+        let batched = unnamed.clone().with_defaults(RuleDefaults {
+            sync: SyncMode::Batched,
+            ..RuleDefaults::default()
+        });
+        assert_eq!(q(&batched).sync(), SyncMode::Batched);
+        assert_eq!(
+            q(&batched).flush_interval(),
+            Some(Duration::from_millis(20))
+        );
+        assert!(batched.unleasable().is_empty());
+        let exact = unnamed.with_defaults(RuleDefaults::default());
+        assert_eq!(
+            exact.unleasable(),
+            [
+                "t.yaml:3: `flush_interval` applies only to `sync: batched`, and this limit is \
+              `sync: exact` (the default sync mode is exact; name `sync: batched` or drop \
+              `flush_interval`)"
+            ]
+        );
+        let gcra = set(&one("algorithm: gcra, flush_interval: 20ms")).with_defaults(RuleDefaults {
+            sync: SyncMode::Batched,
+            ..RuleDefaults::default()
+        });
+        assert!(gcra.unleasable()[0].contains("its algorithm gcra cannot be batched"));
     }
 
     #[test]

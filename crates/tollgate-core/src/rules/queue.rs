@@ -88,7 +88,7 @@ pub(super) fn decode(
             "how many requests may wait per counter, e.g. `100`",
         );
     }
-    let max_wait = wait_node.and_then(|n| duration(n, errors));
+    let max_wait = wait_node.and_then(|n| duration(n, "max_wait", errors));
     let max_length = length_node
         .and_then(|n| integer(n, "max_length", 1, MAX_LENGTH as u64, errors))
         .map(|n| n as usize);
@@ -112,8 +112,10 @@ pub(super) fn decode(
     QueuePolicy::new(max_wait?, max_length?)
 }
 
-/// `500ms`, `2s`, `1.5s`: a duration from [`MIN_WAIT`] to [`MAX_WAIT`], whole milliseconds.
-fn duration(node: &Node, errors: &mut Errors) -> Option<Micros> {
+/// `500ms`, `2s`, `1.5s`: a duration from [`MIN_WAIT`] to [`MAX_WAIT`] (1 ms to 60 s), whole
+/// milliseconds; `field` names it in errors. Shared by the rules' durations (`max_wait`,
+/// `flush_interval`).
+pub(super) fn duration(node: &Node, field: &str, errors: &mut Errors) -> Option<Micros> {
     let text = match &node.kind {
         Kind::Scalar { text, .. } => text.trim(),
         _ => "",
@@ -132,7 +134,7 @@ fn duration(node: &Node, errors: &mut Errors) -> Option<Micros> {
         errors.push((
             node.pos,
             format!(
-                "`max_wait` must be a duration such as `500ms` or `2s`, found {}",
+                "`{field}` must be a duration such as `500ms` or `2s`, found {}",
                 node.describe()
             ),
         ));
@@ -141,7 +143,7 @@ fn duration(node: &Node, errors: &mut Errors) -> Option<Micros> {
     if !(MIN_WAIT..=MAX_WAIT).contains(&wait) {
         errors.push((
             node.pos,
-            format!("`max_wait` must be from 1ms to 60s, found {text}"),
+            format!("`{field}` must be from 1ms to 60s, found {text}"),
         ));
         return None;
     }

@@ -818,7 +818,12 @@ pub(crate) fn rules_page(state: &AppState, query: &RulesQuery, full: bool) -> Va
         used = used.saturating_add(cost);
         let mut entry = json!({"domain": d.name, "file": d.file, "limit_count": limits.len()});
         if full {
-            entry["limits"] = limits.iter().map(limit_json).collect::<Vec<_>>().into();
+            let flush = state.backend().redis().map(|g| g.settings().flush_interval);
+            entry["limits"] = limits
+                .iter()
+                .map(|l| limit_json(l, flush))
+                .collect::<Vec<_>>()
+                .into();
         }
         domains.push(entry);
     }
@@ -871,8 +876,12 @@ pub(crate) fn rules_page(state: &AppState, query: &RulesQuery, full: bool) -> Va
     })
 }
 
-/// One limit as `GET /v1/rules` lists it.
-fn limit_json(l: &tollgate_core::rules::Limit) -> Value {
+/// One limit as `GET /v1/rules` lists it; `flush` is the store's default flush interval (a
+/// Redis store's `--sync-flush-interval`), shown for batched limits that name none.
+fn limit_json(l: &tollgate_core::rules::Limit, flush: Option<std::time::Duration>) -> Value {
+    let batched = l
+        .quota
+        .filter(|q| q.sync() == tollgate_core::SyncMode::Batched);
     json!({
         "id": l.id,
         "name": l.name,
@@ -885,6 +894,9 @@ fn limit_json(l: &tollgate_core::rules::Limit) -> Value {
         "unlimited": l.is_unlimited(),
         "algorithm": l.quota.map(|q| q.algorithm().as_str()),
         "sync": l.quota.map(|q| q.sync().as_str()),
+        "flush_interval_ms": batched
+            .and_then(|q| q.flush_interval().or(flush))
+            .map(|d| d.as_millis() as u64),
         "shadow_mode": l.shadow_mode,
         "message": l.message,
         "replaces": l.replaces,
@@ -1040,6 +1052,25 @@ impl IntoResponse for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batched_limit_lists_its_flush_interval() {
+        use std::time::Duration;
+        use tollgate_core::{Quota, SyncMode, Unit};
+        let q = Quota::new(5, Unit::Second).with_sync(SyncMode::Batched);
+        let own = tollgate_core::rules::Limit::new(
+            "d|k",
+            "d",
+            Some(q.with_flush_interval(Some(Duration::from_millis(20)))),
+        );
+        let default = Some(Duration::from_millis(100));
+        assert_eq!(limit_json(&own, default)["flush_interval_ms"], 20);
+        let named_none = tollgate_core::rules::Limit::new("d|k", "d", Some(q));
+        assert_eq!(limit_json(&named_none, default)["flush_interval_ms"], 100);
+        let exact =
+            tollgate_core::rules::Limit::new("d|k", "d", Some(q.with_sync(SyncMode::Exact)));
+        assert!(limit_json(&exact, default)["flush_interval_ms"].is_null());
+    }
 
     #[test]
     fn header_values_are_written_as_for_each_gives_them() {

@@ -6,8 +6,8 @@
 //!  "request_rejection_message": "retry-with-exponential-backoff"}
 //! ```
 //!
-//! `rate` may also name an `algorithm` and a `sync` mode (`exact`, `lease`, `batched`), as a rule
-//! file's `rate_limit` does:
+//! `rate` may also name an `algorithm`, a `sync` mode (`exact`, `lease`, `batched`) and a batched
+//! limit's `flush_interval`, as a rule file's `rate_limit` does:
 //!
 //! ```json
 //! {"field": "tenant", "rate": {"requests_per_unit": 10000, "unit": "second",
@@ -41,11 +41,14 @@ struct ServiceRule {
 struct Rate {
     requests_per_unit: u64,
     unit: String,
-    /// `algorithm` and `sync` of the rule (validated with the rest of the converted rules).
+    /// `algorithm`, `sync` and `flush_interval` of the rule (validated with the rest of the
+    /// converted rules).
     #[serde(default)]
     algorithm: Option<String>,
     #[serde(default)]
     sync: Option<String>,
+    #[serde(default)]
+    flush_interval: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -112,6 +115,9 @@ pub(crate) fn to_rules(domain: &str, body: &str) -> Result<String, RegistryError
             if let Some(m) = r.rate.sync {
                 d["rate_limit"]["sync"] = Value::String(m);
             }
+            if let Some(f) = r.rate.flush_interval {
+                d["rate_limit"]["flush_interval"] = Value::String(f);
+            }
             if let Some(m) = r.request_rejection_message {
                 d["message"] = Value::String(m);
             }
@@ -150,6 +156,18 @@ mod tests {
         let set =
             RuleSet::from_sources(&[("body".into(), to_rules("svc", &list).unwrap())]).unwrap();
         assert_eq!(set.limits().count(), 2);
+    }
+
+    #[test]
+    fn a_batched_rate_keeps_its_flush_interval() {
+        let body = r#"{"field": "u", "rate": {"requests_per_unit": 5, "unit": "second", "algorithm": "fixed_window", "sync": "batched", "flush_interval": "20ms"}}"#;
+        let set =
+            RuleSet::from_sources(&[("body".into(), to_rules("svc", body).unwrap())]).unwrap();
+        let q = set.limits().next().and_then(|l| l.quota).unwrap();
+        assert_eq!(
+            q.flush_interval(),
+            Some(std::time::Duration::from_millis(20))
+        );
     }
 
     #[test]
