@@ -199,23 +199,23 @@ RUSTFLAGS='-C target-feature=+crt-static' cargo build --profile image --locked \
   -p tollgate --bin tollgate --target x86_64-unknown-linux-gnu >"$image_log" 2>&1 &
 image_pid=$!
 
-# Every target of the workspace but crates/tollgate/tests/image.rs, which runs below once the
-# image's binary exists. The tollgate crate's tests are named one by one from tests/*.rs: a
-# [[test]] section in its Cargo.toml would escape that list, so there must be none.
-! grep -q '^\[\[test\]\]' crates/tollgate/Cargo.toml \
-  || die "crates/tollgate/Cargo.toml declares [[test]] targets: name them in scripts/test.sh too"
-tollgate_tests=()
-for f in crates/tollgate/tests/*.rs; do
-  name=$(basename "$f" .rs)
-  [ "$name" = image ] || tollgate_tests+=(--test "$name")
-done
+# Every target of the workspace but the image test (crates/tollgate/tests/image.rs), which runs
+# below once the image's binary exists. Both runs select the whole workspace, so cargo resolves
+# the same features as the build above and recompiles nothing. The integration tests are named
+# from `cargo metadata` (tests/*.rs and any [[test]] section alike).
+test_targets=()
+while IFS= read -r name; do test_targets+=(--test "$name"); done < <(
+  cargo metadata --no-deps --locked --format-version 1 | python3 -c '
+import json, sys
+names = {t["name"] for p in json.load(sys.stdin)["packages"] for t in p["targets"] if "test" in t["kind"]}
+print("\n".join(sorted(names - {"image"})))')
+[ "${#test_targets[@]}" -gt 0 ] || die "cargo metadata listed no integration tests"
 
 phase "tests"
 # Benches are compiled and run once each in test mode (fast) so they cannot rot.
 # --no-fail-fast: one run reports every failing test binary, not only the first.
 tests_status=0
-cargo test --workspace --exclude tollgate --all-targets --locked --no-fail-fast || tests_status=$?
-cargo test -p tollgate --bins --examples --benches "${tollgate_tests[@]}" --locked \
+cargo test --workspace --lib --bins --examples --benches "${test_targets[@]}" --locked \
   --no-fail-fast || tests_status=$?
 phase "tests: waiting for the image's binary"
 image_status=0
@@ -223,7 +223,7 @@ wait "$image_pid" || image_status=$?
 cat "$image_log"
 [ "$image_status" = 0 ] || die "the image build (profile image) failed: see above"
 phase "tests: the container image (crates/tollgate/tests/image.rs)"
-cargo test -p tollgate --test image --locked --no-fail-fast || tests_status=$?
+cargo test --workspace --test image --locked --no-fail-fast || tests_status=$?
 [ "$tests_status" = 0 ] || die "tests failed: see above"
 phase "doc tests"
 cargo test --workspace --doc --locked
