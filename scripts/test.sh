@@ -188,15 +188,43 @@ cargo build --workspace --all-targets --locked
 # The container image's binary (crates/tollgate/tests/image.rs builds the image from it): glibc
 # linked statically, so the image is `FROM scratch`. --target keeps RUSTFLAGS off build scripts
 # and proc-macros. The `image` profile (Cargo.toml) is the release build, stripped (cold: minutes,
-# see BENCHMARKS.md).
-phase "build: static binary for the container image (profile image)"
+# see BENCHMARKS.md). It builds in the background while the tests run (most of their time is
+# spent waiting on servers, not on the CPU); it uses its own build directories
+# (target/image, target/x86_64-unknown-linux-gnu), so neither cargo waits for the other's lock.
+# Only the image test needs it: that one runs after the build has finished.
+phase "build: static binary for the container image (profile image), in the background"
+image_log=target/image-build.log
+mkdir -p target
 RUSTFLAGS='-C target-feature=+crt-static' cargo build --profile image --locked \
-  -p tollgate --bin tollgate --target x86_64-unknown-linux-gnu
+  -p tollgate --bin tollgate --target x86_64-unknown-linux-gnu >"$image_log" 2>&1 &
+image_pid=$!
+
+# Every target of the workspace but the image test (crates/tollgate/tests/image.rs), which runs
+# below once the image's binary exists. Both runs select the whole workspace, so cargo resolves
+# the same features as the build above and recompiles nothing. The integration tests are named
+# from `cargo metadata` (tests/*.rs and any [[test]] section alike).
+test_targets=()
+while IFS= read -r name; do test_targets+=(--test "$name"); done < <(
+  cargo metadata --no-deps --locked --format-version 1 | python3 -c '
+import json, sys
+names = {t["name"] for p in json.load(sys.stdin)["packages"] for t in p["targets"] if "test" in t["kind"]}
+print("\n".join(sorted(names - {"image"})))')
+[ "${#test_targets[@]}" -gt 0 ] || die "cargo metadata listed no integration tests"
 
 phase "tests"
 # Benches are compiled and run once each in test mode (fast) so they cannot rot.
 # --no-fail-fast: one run reports every failing test binary, not only the first.
-cargo test --workspace --all-targets --locked --no-fail-fast
+tests_status=0
+cargo test --workspace --lib --bins --examples --benches "${test_targets[@]}" --locked \
+  --no-fail-fast || tests_status=$?
+phase "tests: waiting for the image's binary"
+image_status=0
+wait "$image_pid" || image_status=$?
+cat "$image_log"
+[ "$image_status" = 0 ] || die "the image build (profile image) failed: see above"
+phase "tests: the container image (crates/tollgate/tests/image.rs)"
+cargo test --workspace --test image --locked --no-fail-fast || tests_status=$?
+[ "$tests_status" = 0 ] || die "tests failed: see above"
 phase "doc tests"
 cargo test --workspace --doc --locked
 
