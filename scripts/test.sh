@@ -241,11 +241,13 @@ valkey_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1
 for _ in $(seq 50); do redis-cli -p "$valkey_port" ping >/dev/null 2>&1 && break; sleep 0.1; done
 redis-cli -p "$valkey_port" ping >/dev/null 2>&1 || die "valkey-server did not answer on 127.0.0.1:$valkey_port"
 valkey_status=0
+# --workspace, not -p: selecting one package resolves other dependency features and rebuilds
+# dozens of crates; the test names are the workspace's own (each in one package).
 TOLLGATE_TEST_REDIS_URL="redis://127.0.0.1:$valkey_port" TOLLGATE_TEST_REDIS_SERVER="$TOLLGATE_VALKEY_SERVER" \
-  cargo test --locked --no-fail-fast -p tollgate-redis \
+  cargo test --workspace --locked --no-fail-fast \
     --test conformance --test lua --test store --test sliding_log --test envoy_keys --test faults --test cluster \
   && TOLLGATE_TEST_REDIS_SERVER="$TOLLGATE_VALKEY_SERVER" \
-  cargo test --locked --no-fail-fast -p tollgate --test redis_faults --test store_faults \
+  cargo test --workspace --locked --no-fail-fast --test redis_faults --test store_faults \
   || valkey_status=$?
 kill "$(cat "$valkey_dir/valkey.pid" 2>/dev/null)" 2>/dev/null || true
 rm -rf "$valkey_dir"
