@@ -281,7 +281,7 @@ pub fn fcall(name: &str, prefix: &str, item: &CheckItem<'_>, reqid: &str) -> red
         return fast_command(
             &fast_function(name),
             &fast_header(None, 0),
-            [(&keys.0, &fast)],
+            [(keys.0.as_str(), &fast)],
         );
     }
     let (k, packed) = arguments(&call, &entries);
@@ -357,7 +357,7 @@ const LAST: u8 = 32;
 pub fn fast_command<'a>(
     function: &str,
     header: &FastHeader,
-    requests: impl IntoIterator<Item = (&'a String, &'a FastItem)>,
+    requests: impl IntoIterator<Item = (&'a str, &'a FastItem)>,
 ) -> redis::Cmd {
     let requests: Vec<_> = requests.into_iter().collect();
     let n = requests.len();
@@ -368,7 +368,7 @@ pub fn fast_command<'a>(
     let mut place = vec![0u16; n];
     let mut flags = vec![0u8; n];
     for (i, (key, _)) in requests.iter().enumerate() {
-        match keys.get_mut(key.as_str()) {
+        match keys.get_mut(key) {
             Some((k, last)) => {
                 flags[*last] = MORE;
                 flags[i] = LAST;
@@ -573,7 +573,11 @@ mod tests {
         let keys: Vec<String> = ["a", "b", "a", "c", "a"].map(String::from).to_vec();
         let mut item = [0u8; FAST_ITEM_LEN];
         item[FAST_ITEM_LEN - 1] = 6;
-        let cmd = fast_command("f", &fast_header(None, 0), keys.iter().map(|k| (k, &item)));
+        let cmd = fast_command(
+            "f",
+            &fast_header(None, 0),
+            keys.iter().map(|k| (&**k, &item)),
+        );
         let args: Vec<Vec<u8>> = cmd
             .args_iter()
             .map(|a| match a {

@@ -135,6 +135,8 @@ struct Inner {
     script: Script,
     /// The Redis Function's name (see `script::function_name`).
     function: String,
+    /// Its batched one-item check's name (`script::fast_function`), made once.
+    fast_function: String,
     /// Whether to try the function (cleared for good when the server cannot run functions).
     functions: AtomicBool,
     healthy: AtomicBool,
@@ -506,12 +508,14 @@ impl RedisStore {
                 e => e,
             })?;
         let rs = std::collections::hash_map::RandomState::new();
+        let function = script::library_name();
         let store = RedisStore {
             inner: Arc::new(Inner {
                 conn,
                 url: redact(url),
                 opts,
-                function: script::library_name(),
+                fast_function: script::fast_function(&function),
+                function,
                 functions: AtomicBool::new(true),
                 script: script::script(),
                 healthy: AtomicBool::new(!lazy),
@@ -880,11 +884,12 @@ impl RedisStore {
         };
         // A one-item check of a counting algorithm goes to the batched function (fast.lua) as a
         // batch of one; the script forms, where functions cannot run, answer it with `check`.
-        let header = script::fast_header(call.now, call.grace_ms);
-        let fast_name = script::fast_function(&self.inner.function);
         let mut calls = Calls {
             fcall: self.uses_function().then(|| match &fast {
-                Some(f) => script::fast_command(&fast_name, &header, [(&keys[0], f)]),
+                Some(f) => {
+                    let header = script::fast_header(call.now, call.grace_ms);
+                    script::fast_command(&self.inner.fast_function, &header, [(&*keys[0], f)])
+                }
                 None => cmd("FCALL", &self.inner.function),
             }),
             function: &self.inner.function,
@@ -948,9 +953,8 @@ impl RedisStore {
         // hand-over to a sender, which would cost the caller two task wake-ups).
         if self.inner.coalescer.try_alone() {
             let _slot = Slot(self);
-            let key = key.to_owned();
             let header = script::fast_header(now, grace);
-            return match self.send_batch(bound, &header, [(&key, &item)]).await {
+            return match self.send_batch(bound, &header, [(key, &item)]).await {
                 Ok(None) => Outcome::Unbatched,
                 Ok(Some((now, mut answers))) => match answers.pop() {
                     Some(Ok(a)) => Outcome::Answer(now, a),
@@ -1001,13 +1005,16 @@ impl RedisStore {
         &self,
         bound: Duration,
         header: &script::FastHeader,
-        requests: impl IntoIterator<Item = (&'a String, &'a FastItem)>,
+        requests: impl IntoIterator<Item = (&'a str, &'a FastItem)>,
     ) -> Result<Option<script::FastReply>, StoreError> {
         let requests: Vec<_> = requests.into_iter().collect();
         let n = requests.len();
-        let function = script::fast_function(&self.inner.function);
         let mut calls = Calls {
-            fcall: Some(script::fast_command(&function, header, requests)),
+            fcall: Some(script::fast_command(
+                &self.inner.fast_function,
+                header,
+                requests,
+            )),
             function: &self.inner.function,
             sha: self.script_sha(),
             build: None,
@@ -1047,7 +1054,11 @@ impl RedisStore {
                 .saturating_duration_since(std::time::Instant::now())
                 .max(Duration::from_millis(1));
             let reply = self
-                .send_batch(bound, &header, batch.iter().map(|j| (&j.key, &j.item)))
+                .send_batch(
+                    bound,
+                    &header,
+                    batch.iter().map(|j| (j.key.as_str(), &j.item)),
+                )
                 .await;
             match reply {
                 Ok(Some((now, answers))) => {
