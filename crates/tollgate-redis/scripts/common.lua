@@ -4,9 +4,13 @@
 -- (microsecond timestamps, counts, emission intervals) is an integer below 2^53, where doubles
 -- are exact, and the Rust side rejects quotas that could leave that range (see keys.rs). What
 -- is NOT exact in doubles is division and the few products that can pass 2^53, so:
---   * idiv(a, b) = floor(a / b) is computed as (a - fmod(a, b)) / b. fmod is exact in IEEE
---     arithmetic, a - r is an exact multiple of b, and dividing an exact multiple is exact.
---     (math.floor(a / b) can round a quotient just below an integer up to it.)
+--   * idiv(a, b) = floor(a / b) is computed as (a - a % b) / b: the remainder is exact, a - r
+--     is an exact multiple of b, and dividing an exact multiple is exact. Lua's `%` is
+--     a - floor(a / b) * b, exact for integers 0 <= a, 0 < b with a + b <= 2^53: a quotient
+--     just below an integer n is at least 1 / b below it, more than half the spacing of
+--     doubles there (at most n / 2^53, and n * b < a + b). Beyond that only fmod is exact
+--     (`imod`); the hot paths test the bound inline instead of calling a function, since a call
+--     of math.fmod costs Redis far more than the operator.
 --   * muldiv(a, b, c) = floor(a * b / c) and the remainder, exactly, even when a * b >= 2^53.
 --   * numbers are written with sformat('%d') (tostring keeps only 14 digits).
 -- This file is concatenated in front of the algorithm files and check.lua (see script.rs).
@@ -24,8 +28,14 @@ end
 local TWO53 = 9007199254740992
 local DAY = 86400000000
 
+-- a mod b for integers 0 <= a < 2^53, 0 < b < 2^53 (see above).
+local function imod(a, b)
+  if a + b <= TWO53 then return a % b end
+  return fmod(a, b)
+end
+
 local function idiv(a, b)
-  return (a - fmod(a, b)) / b
+  return (a - imod(a, b)) / b
 end
 
 local function fmt(x)
@@ -43,7 +53,8 @@ end
 local function muldiv(a, b, c)
   local p = a * b
   if p < TWO53 then
-    local r = fmod(p, c)
+    local r
+    if p + c <= TWO53 then r = p % c else r = fmod(p, c) end
     return (p - r) / c, r
   end
   local bq = idiv(b, c)
@@ -51,7 +62,7 @@ local function muldiv(a, b, c)
   local bits = {}
   local x = a
   while x > 0 do
-    local bit = fmod(x, 2)
+    local bit = x % 2
     bits[#bits + 1] = bit
     x = (x - bit) / 2
   end
@@ -117,24 +128,26 @@ end
 local function window(p, now)
   local unit, m = p.unit, p.mult
   if unit <= 3 then
-    local start = now - fmod(now, p.len)
-    return start, start + p.len
+    local len = p.len
+    local start
+    if now + len <= TWO53 then start = now - now % len else start = now - fmod(now, len) end
+    return start, start + len
   elseif unit == 4 then
     -- 1970-01-01 was a Thursday; Monday 1969-12-29 is day -3.
     local day = idiv(now, DAY) + 3
     local week = idiv(day, 7)
-    local first = week - fmod(week, m)
+    local first = week - imod(week, m)
     local start_day = first * 7 - 3
     return day_start(start_day), day_start(start_day + 7 * m)
   else
     local y, mo = civil_from_days(idiv(now, DAY))
     if unit == 5 then
       local index = (y - 1970) * 12 + (mo - 1)
-      local first = index - fmod(index, m)
+      local first = index - imod(index, m)
       return month_start(first), month_start(first + m)
     end
     local index = y - 1970
-    local first = index - fmod(index, m)
+    local first = index - imod(index, m)
     return month_start(first * 12), month_start((first + m) * 12)
   end
 end
@@ -209,8 +222,8 @@ end
 -- alone can be rewritten in place (SETRANGE, which keeps the TTL). The last number, t, is the
 -- time of the write that set the TTL: a later write in the same window keeps that TTL only if
 -- its time is not before t (the clock did not go back), since the TTL set at t covers the window
--- as seen from t. A state written without a time (flush.lua) has t = 2^53: the next write sets
--- the TTL.
+-- as seen from t (the writers test `t ~= nil and t <= now`). A state written without a time
+-- (flush.lua) has t = 2^53: the next write sets the TTL.
 --
 -- The stored value of p.keys[1] if it is `len` bytes; nil when there is none; an error (the
 -- key's name and size) when it is a string of another size, which no tollgate writes there.
@@ -238,11 +251,6 @@ local function bin_set(p, v, ttl)
   else
     rcall('SET', p.keys[1], v, 'PX', fmt(ttl))
   end
-end
-
--- Whether a write at `now` may keep the TTL set by the write at `t` (see above).
-local function ttl_kept(t, now)
-  return t ~= nil and t <= now
 end
 
 local ALG = {}

@@ -27,8 +27,10 @@
 local FP = { keys = {} }
 
 -- A TTL for `reset` µs: whole milliseconds rounded up, at least 1, plus the grace (check.lua).
+-- (reset + 999 is far below 2^53: `%` is exact, see common.lua.)
 local function fast_ttl(reset, grace)
-  local ms = idiv(reset + 999, 1000)
+  local ms = reset + 999
+  ms = (ms - ms % 1000) / 1000
   if ms < 1 then ms = 1 end
   return ms + grace
 end
@@ -43,29 +45,15 @@ local function fast_get(p, alg)
   return sc_get(p)
 end
 
--- The sliding counter's request of `cost` at `now` on the stored start, prev and cur:
--- allowed (1/0), remaining, reset_after, retry_after (-1 = none) and the state after it (start
--- nil: none). Arithmetic only.
-local function sc_next(p, s, pr, c, now0, cost)
-  local now, start, wend, prev, cur = sc_roll(p, s, pr, c, now0)
-  local allowed, rem, reset, retry = sc_decide(p, now, start, wend, prev, cur, cost)
-  local a = 0
-  if allowed then
-    a = 1
-    cur = cur + cost
-  end
-  if prev == 0 and cur == 0 then start = nil end
-  return a, rem, reset, retry, start, prev, cur
-end
-
--- One request of `cost` at `now` on the state (s, x, y), as `sc_next` for either algorithm.
+-- One request of `cost` at `now` on the state (s, x, y), as `sc_core` returns it, for either
+-- algorithm.
 local function fast_decide(p, alg, s, x, y, now, cost)
   if alg == 4 then
     local allowed, rem, reset, retry, ks, kc = fw_core(p, s, x, now, cost)
     if allowed then return 1, rem, reset, retry, ks, kc, 0 end
     return 0, rem, reset, retry, ks, kc, 0
   end
-  return sc_next(p, s, x, y, now, cost)
+  return sc_core(p, s, x, y, now, cost)
 end
 
 -- Write the state (ns, nx, ny) over the stored one (os, ox, oy, ot), its TTL from `reset`.
@@ -81,22 +69,25 @@ end
 
 -- One request alone on its key in the batch: read, decide, write (per algorithm, without the
 -- generic layers above: most requests take this path).
+-- (The TTL is `fast_ttl` written out: a call costs Redis more than the arithmetic.)
 local function fw_one(p, now, cost, grace)
   local s, c, t = fw_get(p)
   local allowed, rem, reset, retry, ks, kc = fw_core(p, s, c, now, cost)
-  fw_put(p, s, c, t, ks, kc, fast_ttl(reset, grace))
+  local ms = reset + 999
+  ms = (ms - ms % 1000) / 1000
+  if ms < 1 then ms = 1 end
+  fw_put(p, s, c, t, ks, kc, ms + grace)
   if allowed then return 1, rem, reset, retry end
   return 0, rem, reset, retry
 end
 
 local function sc_one(p, now, cost, grace)
   local s, pr, c, t = sc_get(p)
-  local a, rem, reset, retry, ns, np, nc = sc_next(p, s, pr, c, now, cost)
-  if ns ~= nil then
-    sc_put(p, s, pr, c, t, ns, np, nc, fast_ttl(reset, grace))
-  else
-    sc_put(p, s, pr, c, t, nil, 0, 0, 0)
-  end
+  local a, rem, reset, retry, ns, np, nc = sc_core(p, s, pr, c, now, cost)
+  local ms = reset + 999
+  ms = (ms - ms % 1000) / 1000
+  if ms < 1 then ms = 1 end
+  sc_put(p, s, pr, c, t, ns, np, nc, ms + grace)
   return a, rem, reset, retry
 end
 
@@ -104,6 +95,10 @@ local FAST_ONE = { [4] = fw_one, [6] = sc_one }
 
 -- The reply's format per batch size, built once.
 local FAST_FMT = {}
+
+-- The reply's numbers, one table reused by every call (`unpack` takes the call's share): a new
+-- table per call, grown as it fills, costs Redis more than the checks' arithmetic.
+local FAST_OUT = {}
 
 local function fast_many(KEYS, ARGV)
   bind()
@@ -115,7 +110,8 @@ local function fast_many(KEYS, ARGV)
     now = t[1] * 1000000 + t[2]
   end
   local n = (#a - 16) / 36
-  local out = { now }
+  local out = FAST_OUT
+  out[1] = now
   local p = FP
   p.now = now
   -- Every key read at once (one command, not one per request).
@@ -192,7 +188,7 @@ local function fast_many(KEYS, ARGV)
     f = '<d' .. string.rep('dddd', n)
     FAST_FMT[n] = f
   end
-  local packed = spack(f, unpack(out))
+  local packed = spack(f, unpack(out, 1, 4 * n + 1))
   if failed == nil then return packed end
   local errs = { packed }
   for i = 1, n do

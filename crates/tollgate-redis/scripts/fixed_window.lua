@@ -21,7 +21,15 @@ end
 -- Returns allowed, remaining, reset_after, retry_after (-1 = none), and the state to keep as
 -- start and count (start nil: none). Shared by `fw_step` (check.lua) and fast.lua.
 local function fw_core(p, s, cnt, now, cost)
-  local start, wend = window(p, now)
+  -- The window written out for seconds to days (common.lua `window`): a call costs Redis more.
+  local len = p.len
+  local start, wend
+  if p.unit <= 3 and now + len <= TWO53 then
+    start = now - now % len
+    wend = start + len
+  else
+    start, wend = window(p, now)
+  end
   local count = 0
   if s ~= nil then
     if s == start then
@@ -37,7 +45,8 @@ local function fw_core(p, s, cnt, now, cost)
   end
   local limit = p.limit
   local reset = 0
-  if count > 0 then reset = sat_sub(wend, now) end
+  -- (now is in [start, wend), so wend - now > 0.)
+  if count > 0 then reset = wend - now end
   if limit == 0 or cost > limit then
     local rem = 0
     if count < limit then rem = limit - count end
@@ -45,10 +54,10 @@ local function fw_core(p, s, cnt, now, cost)
   end
   if count + cost <= limit then
     count = count + cost
-    if count > 0 then return true, limit - count, sat_sub(wend, now), -1, start, count end
+    if count > 0 then return true, limit - count, wend - now, -1, start, count end
     return true, limit, 0, -1, nil, 0
   end
-  return false, limit - count, reset, sat_sub(wend, now), s, cnt
+  return false, limit - count, reset, wend - now, s, cnt
 end
 
 local function fw_step(st, now, cost, p)
@@ -65,8 +74,11 @@ end
 
 -- The stored state: start (nil: none), count and t, packed '<ddd' (see `bin_load`).
 local function fw_get(p)
-  local v = bin_load(p, 24)
-  if v == nil then return nil, 0, nil end
+  local v = p.pre
+  if not v or #v ~= 24 then
+    v = bin_load(p, 24)
+    if v == nil then return nil, 0, nil end
+  end
   return sunpack('<ddd', v)
 end
 
@@ -80,7 +92,7 @@ local function fw_put(p, os, oc, ot, ns, nc, ttl)
   end
   if os == ns then
     if oc == nc then return ot end
-    if ttl_kept(ot, p.now) then
+    if ot ~= nil and ot <= p.now then
       rcall('SETRANGE', p.keys[1], '8', spack('<d', nc))
       return ot
     end

@@ -4,23 +4,6 @@
 -- for the retry instant -- go through muldiv (common.lua), which computes floor(a * b / c)
 -- exactly by long multiplication; everything else is a sum or difference of values below 2^53.
 
--- Counts as seen from now, for a stored state of window start `s` (nil: none) and counts `prev`,
--- `cur`: returns now (clamped forward if the clock went backwards), window start, window end,
--- prev, cur.
-local function sc_roll(p, s, prev, cur, now)
-  local ws, we = window(p, now)
-  if s == nil then return now, ws, we, 0, 0 end
-  if s == ws then return now, ws, we, prev, cur end
-  if s > ws then
-    -- The clock went back: clamped to the next window (sliding_counter.rs).
-    if s > we then s = we end
-    local ws2, we2 = window(p, s)
-    return s, ws2, we2, prev, cur
-  end
-  if s == previous_start(p, ws) then return now, ws, we, cur, 0 end
-  return now, ws, we, 0, 0
-end
-
 -- floor(prev * (end - now) / (end - start)), exactly.
 local function sc_weighted(prev, now, start, wend)
   local len = wend - start
@@ -47,18 +30,11 @@ local function sc_reset(c, prev, now, wend, next_end)
   return 0
 end
 
--- The decision on the rolled counts (sliding_counter.rs `decide`): allowed, remaining,
--- reset_after, retry_after (-1 = none). Shared by `sc_step` (check.lua) and fast.lua.
-local function sc_decide(p, now, start, wend, prev, cur, cost)
-  local limit = p.limit
-  local estimate = sc_weighted(prev, now, start, wend) + cur
-  local ne = next_end(p, wend)
-  if limit == 0 or cost > limit then
-    return false, sat_sub(limit, estimate), sc_reset(cur, prev, now, wend, ne), -1
-  end
-  if estimate + cost <= limit then
-    return true, limit - estimate - cost, sc_reset(cur + cost, prev, now, wend, ne), -1
-  end
+-- The denial of `cost` on the rolled counts, estimate being the weighted count
+-- (sliding_counter.rs `decide`): remaining, reset_after, retry_after (-1 = none).
+local function sc_denied(limit, now, start, wend, ne, prev, cur, cost, estimate)
+  local reset = sc_reset(cur, prev, now, wend, ne)
+  if limit == 0 or cost > limit then return sat_sub(limit, estimate), reset, -1 end
   local retry_at
   if cur + cost <= limit then
     retry_at = sc_earliest(prev, limit - cur - cost, start, wend)
@@ -67,25 +43,85 @@ local function sc_decide(p, now, start, wend, prev, cur, cost)
   end
   local retry = sat_sub(retry_at, now)
   if retry < 1 then retry = 1 end
-  return false, sat_sub(limit, estimate), sc_reset(cur, prev, now, wend, ne), retry
+  return sat_sub(limit, estimate), reset, retry
 end
 
-local function sc_step(st, now0, cost, p)
+-- The step on plain numbers (sliding_counter.rs): a request of `cost` at `now` on the stored
+-- window start `s` (nil: no state) and counts `prev`, `cur`. Returns allowed (1/0), remaining,
+-- reset_after, retry_after (-1 = none) and the state after it: start (nil: none), prev, cur.
+-- Shared by `sc_step` (check.lua) and fast.lua. Redis runs this for nearly every request, so
+-- the common case is written out here (windows of seconds to days, the weighted count when
+-- its product stays below 2^53, the admission) rather than through the helpers, each of whose
+-- calls costs Redis more than the arithmetic it does; the helpers take the rest.
+local function sc_core(p, s, prev, cur, now, cost)
+  local unit, len = p.unit, p.len
+  local start, wend
+  if unit <= 3 and now + len <= TWO53 then
+    start = now - now % len
+    wend = start + len
+  else
+    start, wend = window(p, now)
+  end
+  if s == nil then
+    prev, cur = 0, 0
+  elseif s ~= start then
+    if s > start then
+      -- The clock went back: clamped to the next window (sliding_counter.rs).
+      if s > wend then s = wend end
+      now = s
+      start, wend = window(p, s)
+    elseif (unit <= 3 and s == start - len) or (unit > 3 and s == previous_start(p, start)) then
+      prev, cur = cur, 0
+    else
+      prev, cur = 0, 0
+    end
+  end
+  -- The estimate: floor(prev * (end - now) / (end - start)) + cur (sc_weighted).
+  local estimate = cur
+  if prev > 0 then
+    local span = wend - start
+    if span < 1 then span = 1 end
+    local left = wend - now
+    if left < 0 then left = 0 end
+    local x = prev * left
+    if x + span <= TWO53 then
+      estimate = estimate + (x - x % span) / span
+    else
+      estimate = estimate + muldiv(prev, left, span)
+    end
+  end
+  local ne
+  if unit <= 3 then ne = wend + len else ne = next_end(p, wend) end
+  local limit = p.limit
+  if limit > 0 and cost <= limit and estimate + cost <= limit then
+    cur = cur + cost
+    local reset = 0
+    if cur > 0 then reset = ne - now elseif prev > 0 then reset = wend - now end
+    if prev == 0 and cur == 0 then start = nil end
+    return 1, limit - estimate - cost, reset, -1, start, prev, cur
+  end
+  local rem, reset, retry = sc_denied(limit, now, start, wend, ne, prev, cur, cost, estimate)
+  if prev == 0 and cur == 0 then start = nil end
+  return 0, rem, reset, retry, start, prev, cur
+end
+
+local function sc_step(st, now, cost, p)
   local s, pr, c = nil, 0, 0
   if st ~= nil then s, pr, c = st[1], st[2], st[3] end
-  local now, start, wend, prev, cur = sc_roll(p, s, pr, c, now0)
-  local allowed, rem, reset, retry = sc_decide(p, now, start, wend, prev, cur, cost)
+  local a, rem, reset, retry, ns, np, nc = sc_core(p, s, pr, c, now, cost)
   if retry < 0 then retry = nil end
-  if allowed then cur = cur + cost end
   local keep = nil
-  if prev > 0 or cur > 0 then keep = { start, prev, cur } end
-  return decision(allowed, p.limit, rem, reset, retry, 0), keep
+  if ns ~= nil then keep = { ns, np, nc } end
+  return decision(a == 1, p.limit, rem, reset, retry, 0), keep
 end
 
 -- The stored state: start (nil: none), prev, cur and t, packed '<dddd' (see `bin_load`).
 local function sc_get(p)
-  local v = bin_load(p, 32)
-  if v == nil then return nil, 0, 0, nil end
+  local v = p.pre
+  if not v or #v ~= 32 then
+    v = bin_load(p, 32)
+    if v == nil then return nil, 0, 0, nil end
+  end
   return sunpack('<dddd', v)
 end
 
@@ -102,7 +138,7 @@ local function sc_put(p, os, op, oc, ot, ns, np, nc, ttl)
   end
   if os == ns and op == np then
     if oc == nc then return ot end
-    if oc > 0 and ttl_kept(ot, p.now) then
+    if oc > 0 and ot ~= nil and ot <= p.now then
       rcall('SETRANGE', p.keys[1], '16', spack('<d', nc))
       return ot
     end
