@@ -129,58 +129,69 @@ local function fast_many(KEYS, ARGV)
     local j = 4 * i - 2
     out[j], out[j + 1], out[j + 2], out[j + 3] = -1, 0, 0, -1
   end
-  for i = 1, n do
-    local cost, limit, len, mult, unit, alg, k
-    cost, limit, len, mult, unit, alg, k, pos = sunpack('<ddddBBH', a, pos)
-    local key = KEYS[k]
-    p.unit, p.mult, p.len, p.limit, p.keys[1] = unit, mult, len, limit, key
-    local j = 4 * i - 2
-    -- The flags: 16, the key has more requests after this one; 32, this is its last of several.
-    local last = alg >= 32
-    local repeated = last or alg >= 16
-    if last then alg = alg - 32 elseif repeated then alg = alg - 16 end
-    local one = FAST_ONE[alg]
-    if one == nil then
-      fail(i, 'tollgate: no one-item check for algorithm ' .. alg)
-    elseif not repeated then
-      p.pre = values[k]
-      local ok, al, rem, reset, retry = pcall(one, p, now, cost, grace)
-      if ok then
-        out[j], out[j + 1], out[j + 2], out[j + 3] = al, rem, reset, retry
+  -- The requests are decided in one protected run, not one `pcall` each (a call each would
+  -- cost Redis more than a request's arithmetic): a request that raises an error (its key holds
+  -- a value tollgate did not write, its write was refused) ends the run there, fails alone, and
+  -- the next run goes on after it. A request raises only before or in its own write, so what it
+  -- wrote is nothing or all.
+  local i = 0
+  local function run()
+    -- (Locals, not the enclosing call's upvalues: cheaper to read in the loop.)
+    local a, p, out, values, keys, now, grace, n = a, p, out, values, KEYS, now, grace, n
+    local kp = p.keys
+    while i < n do
+      i = i + 1
+      local cost, limit, len, mult, unit, alg, k
+      cost, limit, len, mult, unit, alg, k, pos = sunpack('<ddddBBH', a, pos)
+      p.unit, p.mult, p.len, p.limit, kp[1] = unit, mult, len, limit, keys[k]
+      local j = 4 * i - 2
+      -- The flags: 16, the key has more requests after this one; 32, this is its last of
+      -- several.
+      if alg < 16 then
+        local one = FAST_ONE[alg]
+        if one == nil then error('tollgate: no one-item check for algorithm ' .. alg) end
+        p.pre = values[k]
+        out[j], out[j + 1], out[j + 2], out[j + 3] = one(p, now, cost, grace)
       else
-        fail(i, al)
-      end
-    else
-      shared = shared or {}
-      local e = shared[k]
-      if e == nil then
-        e = { pre = values[k], idx = {} }
-        shared[k] = e
-        p.pre = e.pre
-        local ok, s, x, y, t = pcall(fast_get, p, alg)
-        if ok then
-          e.os, e.ox, e.oy, e.ot, e.s, e.x, e.y = s, x, y, t, s, x, y
-        else
-          e.err = s
+        local last = alg >= 32
+        if last then alg = alg - 32 else alg = alg - 16 end
+        if FAST_ONE[alg] == nil then error('tollgate: no one-item check for algorithm ' .. alg) end
+        shared = shared or {}
+        local e = shared[k]
+        if e == nil then
+          e = { pre = values[k], idx = {} }
+          shared[k] = e
+          p.pre = e.pre
+          local ok, s, x, y, t = pcall(fast_get, p, alg)
+          if ok then
+            e.os, e.ox, e.oy, e.ot, e.s, e.x, e.y = s, x, y, t, s, x, y
+          else
+            e.err = s
+          end
         end
-      end
-      local idx = e.idx
-      idx[#idx + 1] = i
-      if e.err ~= nil then
-        fail(i, e.err)
-      else
-        local al, rem, reset, retry, ns, nx, ny = fast_decide(p, alg, e.s, e.x, e.y, now, cost)
-        out[j], out[j + 1], out[j + 2], out[j + 3] = al, rem, reset, retry
-        e.s, e.x, e.y, e.reset = ns, nx, ny, reset
-      end
-      if last and e.err == nil then
-        p.pre = e.pre
-        local ok, err = pcall(fast_put, p, alg, e.os, e.ox, e.oy, e.ot, e.s, e.x, e.y, e.reset, grace)
-        if not ok then
-          for _, r in ipairs(idx) do fail(r, err) end
+        local idx = e.idx
+        idx[#idx + 1] = i
+        if e.err ~= nil then
+          fail(i, e.err)
+        else
+          local al, rem, reset, retry, ns, nx, ny = fast_decide(p, alg, e.s, e.x, e.y, now, cost)
+          out[j], out[j + 1], out[j + 2], out[j + 3] = al, rem, reset, retry
+          e.s, e.x, e.y, e.reset = ns, nx, ny, reset
+        end
+        if last and e.err == nil then
+          p.pre = e.pre
+          local ok, err = pcall(fast_put, p, alg, e.os, e.ox, e.oy, e.ot, e.s, e.x, e.y, e.reset, grace)
+          if not ok then
+            for _, r in ipairs(idx) do fail(r, err) end
+          end
         end
       end
     end
+  end
+  while true do
+    local ok, err = pcall(run)
+    if ok then break end
+    fail(i, err)
   end
   p.pre = nil
   local f = FAST_FMT[n]

@@ -722,15 +722,33 @@ async fn a_batch_decides_as_one_request_at_a_time_and_a_bad_key_fails_alone() {
             .arg("v")
             .query(&mut con)
             .unwrap();
+        // Two bad keys with one request each, in the middle of the batch: another type, and a
+        // string that is no counter state. The requests after them are still decided.
+        let once = format!("{alg}-bad-once");
+        let (once_name, _) = counter_keys(&prefix, &once, &q);
+        let _: () = redis::cmd("HSET")
+            .arg(&once_name)
+            .arg("f")
+            .arg("v")
+            .query(&mut con)
+            .unwrap();
+        let junk = format!("{alg}-junk");
+        let (junk_name, _) = counter_keys(&prefix, &junk, &q);
+        let _: () = redis::cmd("SET")
+            .arg(&junk_name)
+            .arg("junk!")
+            .query(&mut con)
+            .unwrap();
         let requests: Vec<CheckItem<'_>> = keys
             .iter()
             .enumerate()
             .map(|(i, k)| {
                 // The bad key twice: read once, written once after its last request.
-                let key = if i == 17 || i == 33 {
-                    bad.as_str()
-                } else {
-                    k.as_str()
+                let key = match i {
+                    17 | 33 => bad.as_str(),
+                    22 => once.as_str(),
+                    26 => junk.as_str(),
+                    _ => k.as_str(),
                 };
                 CheckItem {
                     shadow: i % 11 == 5,
@@ -759,7 +777,12 @@ async fn a_batch_decides_as_one_request_at_a_time_and_a_bad_key_fails_alone() {
                 "{alg}: two sent alone (two free slots), then one batch of 38"
             );
             for (i, (r, got)) in requests.iter().zip(got).enumerate() {
-                if i == 17 || i == 33 {
+                if i == 26 {
+                    let e = got.unwrap_err();
+                    assert!(e.to_string().contains("not a counter state"), "{alg}: {e}");
+                    continue;
+                }
+                if i == 17 || i == 22 || i == 33 {
                     let e = got.unwrap_err();
                     assert!(
                         matches!(&e, StoreError::Failed { kind, .. } if *kind == tollgate_core::FaultKind::WrongType),
@@ -771,7 +794,12 @@ async fn a_batch_decides_as_one_request_at_a_time_and_a_bad_key_fails_alone() {
                 assert_eq!(got.unwrap(), want, "{alg}, round {round}: request {i}");
             }
         }
-        let _: () = redis::cmd("DEL").arg(&bad_name).query(&mut con).unwrap();
+        let _: () = redis::cmd("DEL")
+            .arg(&bad_name)
+            .arg(&once_name)
+            .arg(&junk_name)
+            .query(&mut con)
+            .unwrap();
         support::assert_every_key_has_a_ttl(shared_url(), &prefix);
         assert!(store.is_healthy(), "one bad key is not an outage");
     }
