@@ -182,6 +182,16 @@ done
 python3 scripts/modgraph.py --check --acyclic tollgate-core --acyclic tollgate-server --acyclic tollgate-redis \
   --acyclic tollgate-tower --only-imported-by tollgate-server:envoy=serve "${core_rules[@]}"
 
+# The instruction-count harness of BENCHMARKS.md ("The counting step written out"), run without
+# callgrind so it cannot rot: the library assembled from the Lua files loads on a private
+# redis-server and answers batches of distinct keys and of repeated keys, both algorithms.
+phase "scripts: the batched function replayed standalone (scripts/bench-redis-batch.py)"
+for alg in sliding_window_counter fixed_window; do
+  python3 scripts/bench-redis-batch.py --no-callgrind --algorithm "$alg" --warm 0 --batches 100
+  python3 scripts/bench-redis-batch.py --no-callgrind --algorithm "$alg" --warm 0 --batches 100 \
+    --keys 5 --batch 32
+done
+
 phase "build: every crate, test and bench (cold: minutes, see BENCHMARKS.md; warm: seconds)"
 cargo build --workspace --all-targets --locked
 
