@@ -11,10 +11,14 @@
 # --callgrind runs redis-server under valgrind's callgrind and reports, instead of CPU time,
 # the instructions redis-server executed per decision (repeatable, whatever the load; the
 # server runs about 50 times slower, so use a short --duration).
+# --pin runs redis-server on the last CPU and tollgate and the load generator on the others
+# (taskset), so that Redis' CPU time is not shared with their cache and context switches: its
+# figure varies less from round to round on a small machine (and the rate is lower).
 #
 # Usage: scripts/bench-redis-cost.sh [--bin LABEL=PATH]... [--runs N] [--duration 10s]
 #                                    [--rules FILE] [--keys N] [--stores memory,redis]
-#                                    [--redis-server PATH] [--callgrind] [-- EXTRA SERVE ARGS]
+#                                    [--redis-server PATH] [--callgrind] [--pin]
+#                                    [-- EXTRA SERVE ARGS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,6 +30,7 @@ KEYS=10000
 STORES="memory,redis"
 REDIS_SERVER=redis-server
 CALLGRIND=0
+PIN=0
 EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -37,8 +42,9 @@ while [ $# -gt 0 ]; do
     --stores) STORES=$2; shift ;;
     --redis-server) REDIS_SERVER=$2; shift ;;
     --callgrind) CALLGRIND=1 ;;
+    --pin) PIN=1 ;;
     --) shift; EXTRA=("$@"); break ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "scripts/bench-redis-cost.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -60,9 +66,17 @@ TICK=$(getconf CLK_TCK)
 
 REDIS_PORT=$(free_port)
 RUNNER=()
+SIDE=()
+if [ "$PIN" = 1 ]; then
+  command -v taskset >/dev/null || { echo "--pin needs taskset" >&2; exit 1; }
+  last=$(($(nproc) - 1))
+  [ "$last" -ge 1 ] || { echo "--pin needs two CPUs" >&2; exit 1; }
+  RUNNER=(taskset -c "$last")
+  SIDE=(taskset -c "0-$((last - 1))")
+fi
 if [ "$CALLGRIND" = 1 ]; then
   command -v valgrind >/dev/null || { echo "--callgrind needs valgrind" >&2; exit 1; }
-  RUNNER=(valgrind --tool=callgrind --callgrind-out-file="$OUT/callgrind.%p")
+  RUNNER+=(valgrind --tool=callgrind --callgrind-out-file="$OUT/callgrind.%p")
 fi
 "${RUNNER[@]}" "$REDIS_SERVER" --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
   --daemonize no >"$OUT/redis.log" 2>&1 &
@@ -84,7 +98,7 @@ instructions() {
 start() {
   local label=$1 bin=$2 store=$3 args=()
   [ "$store" = redis ] && args+=(--store "redis://127.0.0.1:$REDIS_PORT")
-  "$bin" serve --http-addr 127.0.0.1:0 --grpc-addr 127.0.0.1:0 --rules "$RULES" "${args[@]}" \
+  "${SIDE[@]}" "$bin" serve --http-addr 127.0.0.1:0 --grpc-addr 127.0.0.1:0 --rules "$RULES" "${args[@]}" \
     "${EXTRA[@]}" >"$OUT/$label-$store.out" 2>"$OUT/$label-$store.err" &
   SERVER_PID=$!
   PIDS+=("$SERVER_PID")
@@ -100,12 +114,12 @@ start() {
 
 GEN=${BINS[0]#*=}
 bench() {
-  "$GEN" bench "grpc://$1" --domain bench --descriptor 'user=user_{key}' --keys "$KEYS" \
+  "${SIDE[@]}" "$GEN" bench "grpc://$1" --domain bench --descriptor 'user=user_{key}' --keys "$KEYS" \
     --concurrency 64 --json "${@:2}"
 }
 
 echo "# $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg), $($REDIS_SERVER --version | cut -d' ' -f1-3)"
-echo "# rules $RULES, $RUNS rounds of $DURATION, 64 callers, $KEYS keys${EXTRA[*]:+, serve ${EXTRA[*]}}"
+echo "# rules $RULES, $RUNS rounds of $DURATION, 64 callers, $KEYS keys${EXTRA[*]:+, serve ${EXTRA[*]}}$([ "$PIN" = 1 ] && echo ', pinned')"
 for round in $(seq "$RUNS"); do
   for spec in "${BINS[@]}"; do
     label=${spec%%=*}; bin=${spec#*=}
