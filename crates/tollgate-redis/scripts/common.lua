@@ -62,7 +62,7 @@ local function muldiv(a, b, c)
   local bits = {}
   local x = a
   while x > 0 do
-    local bit = x % 2
+    local bit = x % 2 -- (exact: x / 2 is exact in doubles)
     bits[#bits + 1] = bit
     x = (x - bit) / 2
   end
