@@ -4,10 +4,13 @@
 //! Redis runs one command at a time on one core, so what limits a fleet on one Redis is the CPU
 //! Redis spends per decision, and much of a one-item check's cost is the call itself (parsing
 //! the `FCALL`, `TIME`, the reply) rather than its key. A store sends a request at once, from the
-//! caller's own task, while nothing waits and fewer than [`MAX_IN_FLIGHT`] calls are in flight;
-//! otherwise the request waits for the next batch, which a sender task sends as soon as a call
-//! in flight comes back, carrying every request that arrived meanwhile (at most [`MAX_BATCH`]). So an idle store adds no wait and a busy one pays the
-//! call's fixed cost once per batch. Each request is still decided on its own, in arrival order
+//! caller's own task, while nothing waits and no call is in flight; otherwise the request waits
+//! for the next batch, which a sender task sends as soon as the call in flight comes back,
+//! carrying every request that arrived meanwhile (at most [`MAX_BATCH`]). A second call goes out
+//! beside the first only when the line grows long ([`SECOND_SLOT_AT`]) or a request has waited
+//! [`SECOND_SLOT_AFTER`] (a Redis far away, a slow call): so an idle store adds no wait, a busy
+//! one pays a call's fixed cost (and Redis' wake-up and socket work) once per large batch, and a
+//! far one still keeps two calls in flight. Each request is still decided on its own, in arrival order
 //! (a key may repeat in a batch: each request sees the ones before), and one request's failure
 //! (its key holds a value tollgate did not write) fails only that request.
 //!
@@ -19,13 +22,22 @@
 use crate::script::{FastAnswer, FastItem};
 use std::collections::VecDeque;
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use tollgate_core::{Micros, StoreError};
 
 /// Batches in flight at once, per store. Two keep Redis busy while a reply travels back and the
-/// next batch forms; more only splits the line into smaller batches.
+/// next batch forms; more only splits the line into smaller batches. The second is opened only
+/// as [`SECOND_SLOT_AT`] and [`SECOND_SLOT_AFTER`] say: on a near Redis, waiting for the call in
+/// flight and sending one larger batch costs Redis less per request than a second small call.
 pub(crate) const MAX_IN_FLIGHT: usize = 2;
+/// Requests waiting that open the second slot at once: they arrive faster than one call at a
+/// time carries them.
+pub(crate) const SECOND_SLOT_AT: usize = MAX_BATCH / 2;
+/// How long a request waits for the call in flight before it opens the second slot: a near
+/// Redis answers a batch well within it, so the line waits for that call; a far one does not,
+/// and its requests go out beside it after this long, not after a whole round trip.
+pub(crate) const SECOND_SLOT_AFTER: Duration = Duration::from_millis(1);
 /// Requests in one call at most (the call's keys and reply grow with it, and Redis runs a call
 /// without interruption).
 pub(crate) const MAX_BATCH: usize = 64;
@@ -77,9 +89,11 @@ pub(crate) struct Coalescer {
 pub(crate) struct Full;
 
 impl Coalescer {
-    /// Put `job` in the line. `Ok(true)`: fewer than [`MAX_IN_FLIGHT`] batches are in flight, so
-    /// the caller starts a sender (which counts as in flight until [`Coalescer::next_batch`]
-    /// returns nothing to it). `Err(Full)`: [`MAX_WAITING`] requests wait already.
+    /// Put `job` in the line. `Ok(true)`: no batch is in flight, or one is and the line has
+    /// reached [`SECOND_SLOT_AT`]: the caller starts a sender (which counts as in flight until
+    /// [`Coalescer::next_batch`] returns nothing to it). `Ok(false)`: the job waits for a sender;
+    /// after [`SECOND_SLOT_AFTER`] its caller may [`Coalescer::open_second`]. `Err(Full)`:
+    /// [`MAX_WAITING`] requests wait already.
     pub(crate) fn push(&self, job: Job) -> Result<bool, Full> {
         let mut line = self.line.lock().unwrap_or_else(|e| e.into_inner());
         if line.jobs.len() >= MAX_WAITING {
@@ -90,18 +104,31 @@ impl Coalescer {
             }
         }
         line.jobs.push_back(job);
-        if line.in_flight < MAX_IN_FLIGHT {
+        if line.in_flight == 0
+            || (line.in_flight < MAX_IN_FLIGHT && line.jobs.len() >= SECOND_SLOT_AT)
+        {
             line.in_flight += 1;
             return Ok(true);
         }
         Ok(false)
     }
 
-    /// Whether the caller may send its request at once, by itself: nothing waits and a slot is
-    /// free. It then holds that slot until [`Coalescer::release`].
+    /// Whether the caller may send its request at once, by itself: nothing waits and nothing is
+    /// in flight. It then holds that slot until [`Coalescer::release`].
     pub(crate) fn try_alone(&self) -> bool {
         let mut line = self.line.lock().unwrap_or_else(|e| e.into_inner());
-        if line.jobs.is_empty() && line.in_flight < MAX_IN_FLIGHT {
+        if line.jobs.is_empty() && line.in_flight == 0 {
+            line.in_flight += 1;
+            return true;
+        }
+        false
+    }
+
+    /// A request has waited [`SECOND_SLOT_AFTER`]: `true` when requests still wait and a slot is
+    /// free, which the caller then hands to a new sender.
+    pub(crate) fn open_second(&self) -> bool {
+        let mut line = self.line.lock().unwrap_or_else(|e| e.into_inner());
+        if !line.jobs.is_empty() && line.in_flight < MAX_IN_FLIGHT {
             line.in_flight += 1;
             return true;
         }
@@ -178,42 +205,71 @@ mod tests {
     fn an_idle_line_sends_at_once_and_a_busy_one_batches() {
         let c = Coalescer::default();
         let mut rxs = Vec::new();
-        for (i, expect) in [true, true, false, false, false].into_iter().enumerate() {
+        for (i, expect) in [true, false, false, false, false].into_iter().enumerate() {
             let (j, rx) = job(&format!("k{i}"), None);
             rxs.push(rx);
             assert_eq!(c.push(j), Ok(expect), "request {i}");
         }
-        // Both senders take what is there: the first takes all five, in order.
+        // The one sender takes what is there: all five, in order.
         let b = c.next_batch();
         let keys: Vec<_> = b.iter().map(|j| j.key.as_str()).collect();
         assert_eq!(keys, ["k0", "k1", "k2", "k3", "k4"]);
-        assert!(c.next_batch().is_empty(), "the second sender stops");
-        // The first still counts as in flight: a newcomer starts one sender, not two.
+        // Its call in flight: a newcomer waits for it, starting no sender...
         let (j, _rx) = job("k5", None);
-        assert_eq!(c.push(j), Ok(true));
-        let (j, _rx2) = job("k6", None);
         assert_eq!(c.push(j), Ok(false));
+        // ...until it has waited long enough: then it opens the second slot, once.
+        assert!(c.open_second());
+        assert!(!c.open_second(), "two in flight at most");
+        assert_eq!(c.next_batch().len(), 1);
+        assert!(c.next_batch().is_empty(), "the second sender stops");
+        assert!(!c.open_second(), "nothing waits");
+        assert!(c.next_batch().is_empty(), "the first sender stops");
+        assert!(c.try_alone(), "idle again");
+    }
+
+    #[test]
+    fn a_long_line_opens_the_second_slot_at_once() {
+        let c = Coalescer::default();
+        let mut rxs = Vec::new();
+        let (j, rx) = job("first", None);
+        rxs.push(rx);
+        assert_eq!(c.push(j), Ok(true));
+        assert_eq!(c.next_batch().len(), 1, "the first call leaves");
+        for i in 1..=SECOND_SLOT_AT {
+            let (j, rx) = job(&i.to_string(), None);
+            rxs.push(rx);
+            assert_eq!(c.push(j), Ok(i == SECOND_SLOT_AT), "waiting: {i}");
+        }
+        // Both slots taken now: the line waits for either.
+        let (j, rx) = job("more", None);
+        rxs.push(rx);
+        assert_eq!(c.push(j), Ok(false));
+        assert!(!c.open_second());
+        assert_eq!(c.next_batch().len(), SECOND_SLOT_AT + 1);
     }
 
     #[test]
     fn an_idle_store_sends_alone_and_hands_its_slot_to_a_sender_when_others_wait() {
         let c = Coalescer::default();
         assert!(c.try_alone());
-        assert!(c.try_alone(), "two slots");
-        assert!(!c.try_alone(), "both slots taken");
-        // A request arriving now waits, and starts no sender (no slot free).
+        assert!(
+            !c.try_alone(),
+            "a call in flight: the next request joins the line"
+        );
+        // A request arriving now waits, and starts no sender (the call in flight will carry on).
         let (j, _rx) = job("k", None);
         assert_eq!(c.push(j), Ok(false));
         assert!(!c.try_alone(), "someone waits: join the line");
-        // The first one done: its slot goes to a sender for the waiting request.
+        // The one sent alone is done: its slot goes to a sender for the waiting request.
         assert!(c.release());
         assert_eq!(c.next_batch().len(), 1);
         assert!(c.next_batch().is_empty(), "that sender stops");
-        // The second one done: nothing waits, its slot is free.
-        assert!(!c.release());
+        // Idle again: one alone, its slot given back, one alone again.
         assert!(c.try_alone());
         c.give_back();
-        assert!(c.try_alone() && c.try_alone() && !c.try_alone());
+        assert!(c.try_alone() && !c.try_alone());
+        assert!(!c.release(), "nothing waits: the slot is free");
+        assert!(c.try_alone());
     }
 
     #[test]

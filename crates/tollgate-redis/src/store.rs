@@ -150,6 +150,15 @@ struct Inner {
     fast_requests: AtomicU64,
 }
 
+/// What a request that waited for its batch learned (the sender dropped: its task ended).
+fn waited(r: Result<Outcome, tokio::sync::oneshot::error::RecvError>) -> Outcome {
+    r.unwrap_or_else(|_| {
+        Outcome::Failed(StoreError::Unavailable(
+            "the batch carrying this check was dropped".into(),
+        ))
+    })
+}
+
 /// A request sent by itself ([`Coalescer::try_alone`]) holds one of the store's sending slots
 /// until it is done or dropped: then the slot goes to a sender if requests wait meanwhile.
 struct Slot<'a>(&'a RedisStore);
@@ -949,8 +958,8 @@ impl RedisStore {
         item: FastItem,
     ) -> Outcome {
         let grace = self.inner.opts.ttl_grace.as_millis() as u64;
-        // Nothing in flight or waiting beyond the free slots: send it now, from this task (no
-        // hand-over to a sender, which would cost the caller two task wake-ups).
+        // Nothing in flight or waiting: send it now, from this task (no hand-over to a sender,
+        // which would cost the caller two task wake-ups).
         if self.inner.coalescer.try_alone() {
             let _slot = Slot(self);
             let header = script::fast_header(now, grace);
@@ -972,7 +981,8 @@ impl RedisStore {
             deadline: std::time::Instant::now() + bound,
             tx,
         };
-        match self.inner.coalescer.push(job) {
+        let deadline = tokio::time::Instant::now() + bound;
+        let sending = match self.inner.coalescer.push(job) {
             Err(coalesce::Full) => {
                 return Outcome::Failed(StoreError::Failed {
                     kind: FaultKind::Busy,
@@ -985,15 +995,28 @@ impl RedisStore {
             }
             Ok(true) => {
                 tokio::spawn(self.clone().drive());
+                true
             }
-            Ok(false) => {}
+            Ok(false) => false,
+        };
+        let mut rx = rx;
+        if !sending {
+            // Waiting for the call in flight to come back and carry it. A near Redis answers
+            // well within SECOND_SLOT_AFTER; if this one has not, the second slot opens (a
+            // sender for the line, this request in it).
+            let first = coalesce::SECOND_SLOT_AFTER.min(bound);
+            match tokio::time::timeout(first, &mut rx).await {
+                Ok(r) => return waited(r),
+                Err(_) => {
+                    if self.inner.coalescer.open_second() {
+                        tokio::spawn(self.clone().drive());
+                    }
+                }
+            }
         }
-        match tokio::time::timeout(bound, rx).await {
+        match tokio::time::timeout_at(deadline, rx).await {
             Err(_) => Outcome::Failed(StoreError::Timeout(bound.as_millis() as u64)),
-            Ok(Err(_)) => Outcome::Failed(StoreError::Unavailable(
-                "the batch carrying this check was dropped".into(),
-            )),
-            Ok(Ok(o)) => o,
+            Ok(r) => waited(r),
         }
     }
 

@@ -127,3 +127,67 @@ async fn wrongtype_is_a_fault_of_one_key_and_oom_of_writes() {
         .unwrap();
     assert!(ttl > 0, "the probe key has a TTL: {ttl}");
 }
+
+/// Polls `cond` until it holds (generous deadline: an event, not a timing).
+async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !cond() {
+        assert!(std::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("run kill")
+        .success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
+/// One-item checks wait for the call in flight and go together when it returns; a call that
+/// does not come back soon (a Redis far away, or here one frozen) must not hold them for its
+/// whole round trip: after a millisecond a waiting request opens the second call. Then, both
+/// calls out, the next requests wait for either, and each gets its own answer when Redis wakes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_does_not_come_back_opens_the_second_one() {
+    let server = RedisServer::start(&[]);
+    let opts = RedisOptions {
+        timeout: Duration::from_secs(30),
+        ..options("second-slot")
+    };
+    let store = RedisStore::connect(&server.url(), opts).await.unwrap();
+    let q = Quota::new(100, Unit::Hour).with_algorithm(Algorithm::SlidingWindowCounter);
+    // The function loaded and the connection up before the freeze.
+    store
+        .check(None, &[CheckItem::hit("d", "warm", &q)])
+        .await
+        .unwrap();
+    let base = store.coalescing();
+    signal(server.pid(), "-STOP");
+    let spawn = |key: &'static str| {
+        let (store, q) = (store.clone(), q);
+        tokio::spawn(async move { store.check(None, &[CheckItem::hit("d", key, &q)]).await })
+    };
+    let calls = || store.coalescing().calls - base.calls;
+    // Nothing in flight: the first goes at once, alone.
+    let a = spawn("a");
+    until("the first call sent", || calls() == 1).await;
+    // The second waits for it, then opens the second call (Redis is frozen: it never returns).
+    let b = spawn("b");
+    until("the second call sent while the first is out", || {
+        calls() == 2
+    })
+    .await;
+    // Both out: the next ones wait for either (or, if Redis is back first, go as usual).
+    let (c, d) = (spawn("c"), spawn("d"));
+    signal(server.pid(), "-CONT");
+    for t in [a, b, c, d] {
+        let got = t.await.unwrap().expect("decided once Redis is back");
+        assert!(got[0].allowed && got[0].remaining < 100, "{got:?}");
+    }
+    let after = store.coalescing();
+    assert_eq!(after.requests - base.requests, 4);
+    assert!(after.calls - base.calls <= 4);
+}

@@ -773,8 +773,9 @@ async fn a_batch_decides_as_one_request_at_a_time_and_a_bad_key_fails_alone() {
             let after = store.coalescing();
             assert_eq!(
                 (after.calls - before.calls, after.requests - before.requests),
-                (3, 40),
-                "{alg}: two sent alone (two free slots), then one batch of 38"
+                (2, 40),
+                "{alg}: one sent alone (nothing in flight), then one batch of 39 (the second slot \
+                 opened by the long line, its sender running once all 39 wait)"
             );
             for (i, (r, got)) in requests.iter().zip(got).enumerate() {
                 if i == 26 {
