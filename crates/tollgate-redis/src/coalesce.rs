@@ -10,9 +10,9 @@
 //! beside the first only when the line grows long ([`SECOND_SLOT_AT`]) or a request has waited
 //! [`SECOND_SLOT_AFTER`] (a Redis far away, a slow call): so an idle store adds no wait, a busy
 //! one pays a call's fixed cost (and Redis' wake-up and socket work) once per large batch, and a
-//! far one still keeps two calls in flight. Each request is still decided on its own, in arrival order
-//! (a key may repeat in a batch: each request sees the ones before), and one request's failure
-//! (its key holds a value tollgate did not write) fails only that request.
+//! far one still keeps two calls in flight. Each request is still decided on its own, in
+//! arrival order (a key may repeat in a batch: each request sees the ones before), and one
+//! request's failure (its key holds a value tollgate did not write) fails only that request.
 //!
 //! Requests of one batch share the time they are decided at: Redis `TIME` once per call, or the
 //! caller's time when the store decides at the caller's clock (only requests bringing the same
