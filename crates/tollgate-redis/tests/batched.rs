@@ -12,7 +12,7 @@ mod support;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use support::RedisServer;
+use support::{signal, RedisServer};
 use tollgate_core::{Algorithm, CheckItem, Micros, Quota, SyncMode, Unit};
 use tollgate_redis::guard::Policy;
 use tollgate_redis::keys::counter_keys;
@@ -224,15 +224,6 @@ async fn three_instances_stay_within_the_stated_bound() {
             }
         }
     }
-}
-
-fn signal(pid: u32, sig: &str) {
-    let ok = std::process::Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .expect("kill")
-        .success();
-    assert!(ok, "kill {sig} {pid}");
 }
 
 /// A flush Redis applies but whose answer never arrives (Redis stopped while it is on the

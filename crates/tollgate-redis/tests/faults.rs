@@ -6,7 +6,7 @@
 mod support;
 
 use std::time::Duration;
-use support::RedisServer;
+use support::{signal, RedisServer};
 use tollgate_core::{Algorithm, CheckItem, FaultKind, Quota, StoreError, Unit};
 use tollgate_redis::keys::counter_keys;
 use tollgate_redis::{RedisOptions, RedisStore};
@@ -135,15 +135,6 @@ async fn until(what: &str, mut cond: impl FnMut() -> bool) {
         assert!(std::time::Instant::now() < deadline, "never: {what}");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-}
-
-fn signal(pid: u32, sig: &str) {
-    let ok = std::process::Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .expect("run kill")
-        .success();
-    assert!(ok, "kill {sig} {pid}");
 }
 
 /// One-item checks wait for the call in flight and go together when it returns; a call that

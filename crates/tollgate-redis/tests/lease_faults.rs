@@ -18,11 +18,10 @@
 
 mod support;
 
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::RedisServer;
+use support::{signal, RedisServer};
 use tollgate_core::{Algorithm, CheckItem, Micros, Quota, SyncMode, Unit};
 use tollgate_redis::guard::BreakerState;
 use tollgate_redis::{Guarded, Policy, RedisOptions, RedisSettings, RedisStore};
@@ -51,15 +50,6 @@ fn quota(alg: Algorithm) -> Quota {
     Quota::new(LIMIT, Unit::Day)
         .with_algorithm(alg)
         .with_sync(SyncMode::Lease)
-}
-
-fn signal(pid: u32, sig: &str) {
-    let ok = Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .expect("run kill")
-        .success();
-    assert!(ok, "kill {sig} {pid}");
 }
 
 async fn instance(port: u16, prefix: &str, policy: Policy) -> Arc<Guarded> {

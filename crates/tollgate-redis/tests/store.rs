@@ -714,36 +714,27 @@ async fn a_batch_decides_as_one_request_at_a_time_and_a_bad_key_fails_alone() {
         let mem = MemoryStore::with_seed(1000, 7, 11);
         let q = Quota::new(7, Unit::Minute).with_algorithm(alg);
         let keys: Vec<String> = (0..40).map(|i| format!("{alg}-{}", i % 3)).collect();
-        let bad = format!("{alg}-bad");
-        let (bad_name, _) = counter_keys(&prefix, &bad, &q);
-        let _: () = redis::cmd("HSET")
-            .arg(&bad_name)
-            .arg("f")
-            .arg("v")
-            .query(&mut con)
-            .unwrap();
-        // Two bad keys with one request each, in the middle of the batch: another type, and a
-        // string that is no counter state. The requests after them are still decided.
-        let once = format!("{alg}-bad-once");
-        let (once_name, _) = counter_keys(&prefix, &once, &q);
-        let _: () = redis::cmd("HSET")
-            .arg(&once_name)
-            .arg("f")
-            .arg("v")
-            .query(&mut con)
-            .unwrap();
-        let junk = format!("{alg}-junk");
-        let (junk_name, _) = counter_keys(&prefix, &junk, &q);
-        let _: () = redis::cmd("SET")
-            .arg(&junk_name)
-            .arg("junk!")
-            .query(&mut con)
-            .unwrap();
+        // A bad key with two requests (read once, written once after its last), and two bad
+        // keys with one request each, in the middle of the batch: another type, and a string
+        // that is no counter state. The requests after them are still decided.
+        let (bad, once, junk) = (
+            format!("{alg}-bad"),
+            format!("{alg}-bad-once"),
+            format!("{alg}-junk"),
+        );
+        let name = |k: &str| counter_keys(&prefix, k, &q).0;
+        let (bad_name, once_name, junk_name) = (name(&bad), name(&once), name(&junk));
+        for plant in [
+            redis::cmd("HSET").arg(&bad_name).arg("f").arg("v").clone(),
+            redis::cmd("HSET").arg(&once_name).arg("f").arg("v").clone(),
+            redis::cmd("SET").arg(&junk_name).arg("junk!").clone(),
+        ] {
+            let _: () = plant.query(&mut con).unwrap();
+        }
         let requests: Vec<CheckItem<'_>> = keys
             .iter()
             .enumerate()
             .map(|(i, k)| {
-                // The bad key twice: read once, written once after its last request.
                 let key = match i {
                     17 | 33 => bad.as_str(),
                     22 => once.as_str(),
