@@ -91,12 +91,6 @@ local function check(KEYS, ARGV)
     items[i] = p
   end
 
-  local function ttl_ms(reset)
-    local ms = idiv(reset + 999, 1000)
-    if ms < 1 then ms = 1 end
-    return ms + grace
-  end
-
   local out = { now, 0 }
   local function reply()
     return spack('<' .. string.rep('d', #out), unpack(out))
@@ -130,7 +124,7 @@ local function check(KEYS, ARGV)
     local d, nx = a.step(old, now, p.cost, p)
     if not d.allowed and not p.shadow then out[2] = 1 end
     if p.lease > 0 and d.allowed then nx = grant(p, d, nx, now) end
-    a.save(p, old, nx, ttl_ms(d.reset))
+    a.save(p, old, nx, ttl_ms(d.reset, grace))
     emit(1, d)
     return reply()
   end
@@ -157,7 +151,7 @@ local function check(KEYS, ARGV)
     local c = a.clamp(stored[name], now, p)
     if c == nil then return end
     local d, nx = a.step(c, now, 0, p)
-    a.save(p, stored[name], nx, ttl_ms(d.reset))
+    a.save(p, stored[name], nx, ttl_ms(d.reset, grace))
     stored[name] = nx
   end
 
@@ -195,7 +189,7 @@ local function check(KEYS, ARGV)
       nexts[i] = grant(p, decisions[i], nexts[i], now)
     end
     if single or commit[i] then
-      ALG[p.alg].save(p, stored[name], nexts[i], ttl_ms(decisions[i].reset))
+      ALG[p.alg].save(p, stored[name], nexts[i], ttl_ms(decisions[i].reset, grace))
       stored[name] = nexts[i]
     else
       keep_clamp(p)

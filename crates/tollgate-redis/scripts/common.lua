@@ -42,6 +42,15 @@ local function fmt(x)
   return sformat('%d', x)
 end
 
+-- The TTL of a state `reset` µs from its reset: whole milliseconds rounded up, at least 1, plus
+-- the grace (ms). (reset + 999 is far below 2^53: `%` is exact.)
+local function ttl_ms(reset, grace)
+  local ms = reset + 999
+  ms = (ms - ms % 1000) / 1000
+  if ms < 1 then ms = 1 end
+  return ms + grace
+end
+
 -- floor(a * b / c) and (a * b) mod c for integers 0 <= a, b < 2^53, 0 < c < 2^53, assuming the
 -- quotient is below 2^53. Fast path: a double product below 2^53 is exact (and a true product at
 -- or above 2^53 rounds to at least 2^53, so the test cannot be fooled). Slow path: long

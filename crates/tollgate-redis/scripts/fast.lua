@@ -26,15 +26,6 @@
 -- The item, reused by every request: a table per request would cost more than the fields.
 local FP = { keys = {} }
 
--- A TTL for `reset` µs: whole milliseconds rounded up, at least 1, plus the grace (check.lua).
--- (reset + 999 is far below 2^53: `%` is exact, see common.lua.)
-local function fast_ttl(reset, grace)
-  local ms = reset + 999
-  ms = (ms - ms % 1000) / 1000
-  if ms < 1 then ms = 1 end
-  return ms + grace
-end
-
 -- A counter's state as numbers: start (nil: none), x, y and t (see `bin_load`); a fixed window's
 -- x is its count, a sliding counter's x and y its previous and current window's counts.
 local function fast_get(p, alg)
@@ -59,24 +50,20 @@ end
 -- Write the state (ns, nx, ny) over the stored one (os, ox, oy, ot), its TTL from `reset`.
 local function fast_put(p, alg, os, ox, oy, ot, ns, nx, ny, reset, grace)
   if alg == 4 then
-    fw_put(p, os, ox, ot, ns, nx, fast_ttl(reset, grace))
+    fw_put(p, os, ox, ot, ns, nx, ttl_ms(reset, grace))
   elseif ns == nil then
     sc_put(p, os, ox, oy, ot, nil, 0, 0, 0)
   else
-    sc_put(p, os, ox, oy, ot, ns, nx, ny, fast_ttl(reset, grace))
+    sc_put(p, os, ox, oy, ot, ns, nx, ny, ttl_ms(reset, grace))
   end
 end
 
 -- One request alone on its key in the batch: read, decide, write (per algorithm, without the
 -- generic layers above: most requests take this path).
--- (The TTL is `fast_ttl` written out: a call costs Redis more than the arithmetic.)
 local function fw_one(p, now, cost, grace)
   local s, c, t = fw_get(p)
   local allowed, rem, reset, retry, ks, kc = fw_core(p, s, c, now, cost)
-  local ms = reset + 999
-  ms = (ms - ms % 1000) / 1000
-  if ms < 1 then ms = 1 end
-  fw_put(p, s, c, t, ks, kc, ms + grace)
+  fw_put(p, s, c, t, ks, kc, ttl_ms(reset, grace))
   if allowed then return 1, rem, reset, retry end
   return 0, rem, reset, retry
 end
@@ -84,10 +71,7 @@ end
 local function sc_one(p, now, cost, grace)
   local s, pr, c, t = sc_get(p)
   local a, rem, reset, retry, ns, np, nc = sc_core(p, s, pr, c, now, cost)
-  local ms = reset + 999
-  ms = (ms - ms % 1000) / 1000
-  if ms < 1 then ms = 1 end
-  sc_put(p, s, pr, c, t, ns, np, nc, ms + grace)
+  sc_put(p, s, pr, c, t, ns, np, nc, ttl_ms(reset, grace))
   return a, rem, reset, retry
 end
 
@@ -147,15 +131,15 @@ local function fast_many(KEYS, ARGV)
       local j = 4 * i - 2
       -- The flags: 16, the key has more requests after this one; 32, this is its last of
       -- several.
-      if alg < 16 then
-        local one = FAST_ONE[alg]
-        if one == nil then error('tollgate: no one-item check for algorithm ' .. alg) end
+      local flags = alg - alg % 16
+      alg = alg - flags
+      local one = FAST_ONE[alg]
+      if one == nil then error('tollgate: no one-item check for algorithm ' .. alg) end
+      if flags == 0 then
         p.pre = values[k]
         out[j], out[j + 1], out[j + 2], out[j + 3] = one(p, now, cost, grace)
       else
-        local last = alg >= 32
-        if last then alg = alg - 32 else alg = alg - 16 end
-        if FAST_ONE[alg] == nil then error('tollgate: no one-item check for algorithm ' .. alg) end
+        local last = flags == 32
         shared = shared or {}
         local e = shared[k]
         if e == nil then

@@ -974,14 +974,14 @@ impl RedisStore {
             };
         }
         let (tx, rx) = tokio::sync::oneshot::channel();
+        let deadline = std::time::Instant::now() + bound;
         let job = Job {
             now,
             key: key.to_owned(),
             item,
-            deadline: std::time::Instant::now() + bound,
+            deadline,
             tx,
         };
-        let deadline = tokio::time::Instant::now() + bound;
         let sending = match self.inner.coalescer.push(job) {
             Err(coalesce::Full) => {
                 return Outcome::Failed(StoreError::Failed {
@@ -1014,7 +1014,7 @@ impl RedisStore {
                 }
             }
         }
-        match tokio::time::timeout_at(deadline, rx).await {
+        match tokio::time::timeout_at(deadline.into(), rx).await {
             Err(_) => Outcome::Failed(StoreError::Timeout(bound.as_millis() as u64)),
             Ok(r) => waited(r),
         }
