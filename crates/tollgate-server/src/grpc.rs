@@ -52,11 +52,18 @@
 //! answering (`Replayed::hold_or_defer`): with many calls in flight, one `writev` carries the
 //! answers of a whole turn instead of one each.
 //!
-//! That is the inline engine, the default. `--grpc-engine plain` ([`GrpcEngine::Plain`]) serves
+//! That is the inline engine ([`GrpcEngine::Inline`]), which the `tollgate` binary runs by
+//! default. The plain engine ([`GrpcEngine::Plain`], `--grpc-engine plain`) serves
 //! `ShouldRateLimit` through tonic's routes like the other methods, each stream a task spawned
 //! by hyper-util's `TokioExecutor`, writes as h2 makes them: more instructions per call
 //! (BENCHMARKS.md has both), and it rests only on what hyper, h2 and tonic document. The two
 //! share the listener, the limits, the timeouts and the panic handling below.
+//!
+//! The library's default ([`GrpcLimits::default`]) is the plain engine: a crate that embeds
+//! this one resolves hyper and h2 with its own `Cargo.lock`, which may hold versions nobody
+//! audited. The binary opts into the inline engine, and its manifest pins hyper and h2 to the
+//! audited versions exactly, so `cargo install` resolves those too. An embedder whose lock
+//! file resolves the versions named in [`GrpcEngine::Inline`] may opt in the same way.
 //!
 //! # What the inline engine relies on
 //!
@@ -65,8 +72,9 @@
 //! 1.12.0 and h2 0.4.20 (`hyper/src/proto/h2/server.rs`, `h2/src/server.rs`,
 //! `h2/src/proto/streams/streams.rs`, `h2/src/codec/framed_write.rs`). A test fails when
 //! `Cargo.lock` resolves other versions (`audited_hyper_and_h2` in `tests/grpc_inline.rs`): read
-//! these again against the new sources, then update the versions there. If one no longer
-//! holds, run `--grpc-engine plain` until the inline engine is fixed.
+//! these again against the new sources, then update the versions there and the binary's pins
+//! (`crates/tollgate/Cargo.toml`, checked by the same test). If one no longer holds, run
+//! `--grpc-engine plain` until the inline engine is fixed.
 //!
 //! - **I1, no lock across `execute`.** hyper's `Serving::poll_server` calls the executor for a
 //!   stream after `h2::server::Connection::poll_accept` returned it, from inside the
@@ -629,7 +637,8 @@ pub struct GrpcLimits {
     pub connection_window_bytes: u32,
     /// `SETTINGS_MAX_FRAME_SIZE`, 16 KiB (the protocol's minimum).
     pub max_frame_bytes: u32,
-    /// How `ShouldRateLimit` is served (`--grpc-engine`, default [`GrpcEngine::Inline`]).
+    /// How `ShouldRateLimit` is served (`--grpc-engine`). The library's default is
+    /// [`GrpcEngine::Plain`]; the `tollgate` binary chooses [`GrpcEngine::Inline`].
     pub engine: GrpcEngine,
 }
 
@@ -640,12 +649,13 @@ pub struct GrpcLimits {
 pub enum GrpcEngine {
     /// Answered on hyper's stream inside the connection's poll, streams polled once inline and
     /// writes coalesced: the fast path, resting on the hyper and h2 behaviour written down in
-    /// the module docs (audited for the versions in `Cargo.lock`).
-    #[default]
+    /// the module docs, audited for hyper 1.12.0 and h2 0.4.20 only. Choose it only where the
+    /// build resolves exactly those (the `tollgate` binary pins them).
     Inline,
     /// Through tonic's routes like every other method, each stream a spawned task, writes as
-    /// h2 makes them: only what hyper and tonic document. The fallback if a hyper or h2 update
-    /// breaks the inline engine's assumptions.
+    /// h2 makes them: only what hyper and tonic document. The library's default, and the
+    /// fallback if a hyper or h2 update breaks the inline engine's assumptions.
+    #[default]
     Plain,
 }
 
@@ -703,7 +713,7 @@ impl Default for GrpcLimits {
             stream_window_bytes: 64 * 1024,
             connection_window_bytes: 1024 * 1024,
             max_frame_bytes: 16 * 1024,
-            engine: GrpcEngine::Inline,
+            engine: GrpcEngine::Plain,
         }
     }
 }

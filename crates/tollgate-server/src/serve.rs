@@ -413,7 +413,7 @@ pub async fn serve(
     };
 
     let grpc_addr = grpc.as_ref().and_then(|(_, addr)| *addr);
-    if grpc.is_some() && config.grpc_limits.engine != crate::grpc::GrpcEngine::default() {
+    if grpc.is_some() && config.grpc_limits.engine == crate::grpc::GrpcEngine::Plain {
         tracing::info!(
             "gRPC engine {}: ShouldRateLimit through tonic's ordinary path, a task per call",
             config.grpc_limits.engine

@@ -289,6 +289,30 @@ fn audited_hyper_and_h2() {
     }
 }
 
+/// The binary, whose default is the inline engine, pins the audited versions exactly in its
+/// manifest, so a build outside this workspace's lock file (`cargo install`) resolves them too.
+#[test]
+fn the_binary_pins_the_audited_hyper_and_h2() {
+    let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../tollgate/Cargo.toml");
+    let manifest = std::fs::read_to_string(manifest).expect("crates/tollgate/Cargo.toml");
+    for (name, audited) in AUDITED {
+        let pin = format!("{name} = {{ version = \"={audited}\"");
+        assert!(
+            manifest.lines().any(|l| l.starts_with(&pin)),
+            "crates/tollgate/Cargo.toml must pin {name} to ={audited} (the inline gRPC engine's \
+             audited version): no line starts with `{pin}`"
+        );
+    }
+}
+
+/// A crate that embeds the library gets the engine that rests only on documented behaviour;
+/// the inline one is chosen by the binary (or an embedder whose lock holds the audited versions).
+#[test]
+fn the_library_defaults_to_the_plain_engine() {
+    assert_eq!(GrpcLimits::default().engine, GrpcEngine::Plain);
+    assert_eq!(GrpcEngine::default(), GrpcEngine::Plain);
+}
+
 /// The versions of package `name` in a `Cargo.lock` (`[[package]]` tables, `name` then
 /// `version` lines).
 fn locked_versions<'a>(lock: &'a str, name: &str) -> Vec<&'a str> {
