@@ -265,7 +265,7 @@ tollgate_testsupport::test_each!([inline = GrpcEngine::Inline, plain = GrpcEngin
 );
 
 /// The versions of hyper and h2 whose sources the inline engine's invariants were checked
-/// against (the module docs of `tollgate_server::grpc`, "What the inline engine relies on").
+/// against (the docs of `tollgate_server::grpc`'s `engine` module, "What the inline engine relies on").
 const AUDITED: &[(&str, &str)] = &[("hyper", "1.12.0"), ("h2", "0.4.20")];
 
 /// Fails when `Cargo.lock` resolves hyper or h2 to a version other than the audited one (a
@@ -281,7 +281,7 @@ fn audited_hyper_and_h2() {
             resolved == [*audited],
             "Cargo.lock resolves {name} {resolved:?}, but the inline gRPC engine was audited \
              against {name} {audited} only. Re-audit the invariants in the module docs of \
-             crates/tollgate-server/src/grpc.rs (\"What the inline engine relies on\": I1 to I4) \
+             crates/tollgate-server/src/grpc/engine.rs (\"What the inline engine relies on\": I1 to I4) \
              against the new {name} sources, then update AUDITED in {}. Until then, \
              `--grpc-engine plain` does not depend on them.",
             file!()
