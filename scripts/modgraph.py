@@ -10,7 +10,14 @@ a top-level file, `use y::` inside lib.rs does not count), and prints:
 - the number of public items per crate: `pub` fn/struct/enum/trait/type/const/static/mod/use
   declarations, not `pub(crate)` or `pub(super)` ones (a text count, close to what rustdoc shows).
 
-`--check` exits 1 when a crate named with `--acyclic CRATE` has a cycle, when a module named
+With `--files`, it also draws the graph file by file (every module file of every crate, the
+binary's too: `crate::a::b::Item` and `super::x` resolved to the file that defines the module,
+through `pub use` re-exports; `mod x;` declarations, re-exports themselves and `#[cfg(test)]`
+modules are no edges)
+and lists the cycles between files.
+
+`--check` exits 1 when a crate named with `--acyclic CRATE` has a cycle (between top-level
+modules, or with `--files` between files), when a module named
 with `--only-imported-by CRATE:MODULE=ROOT` is imported by any module other than ROOT, or when
 a module named with `--no-crate CRATE:MODULE=DEP[,DEP...]` names one of those dependencies
 (`DEP::`, `use DEP`) in its code (comments aside). Read-only:
@@ -59,6 +66,136 @@ def crate_graph(src):
                 if ref in mods and ref != m:
                     edges[m].add(ref)
     return edges
+
+
+USE_STMT = re.compile(r"\b(?:pub(?:\([a-z]+\))?\s+)?use\s+([^;]+);", re.S)
+INLINE_PATH = re.compile(r"\b((?:crate|super|self)(?:::(?:super|[A-Za-z_][A-Za-z0-9_]*))+)")
+
+
+def expand_use(tree):
+    """`a::{b, c::{d, e}}` -> ['a::b', 'a::c::d', 'a::c::e'] (aliases and globs dropped)."""
+    tree = re.sub(r"\s+", "", tree)
+    out = []
+
+    def walk(prefix, t):
+        depth, start, parts = 0, 0, []
+        if "{" not in t:
+            t = t.split("as")[0] if re.search(r"\bas\b", t) else t
+            t = re.sub(r"as[A-Za-z_][A-Za-z0-9_]*$", "", t) if "as_" not in t else t
+            out.append(prefix + t)
+            return
+        i = t.index("{")
+        head, body = t[:i], t[i + 1:t.rindex("}")]
+        for j, ch in enumerate(body):
+            if ch == "{":
+                depth += 1
+            elif ch == "}":
+                depth -= 1
+            elif ch == "," and depth == 0:
+                parts.append(body[start:j])
+                start = j + 1
+        parts.append(body[start:])
+        for part in parts:
+            if part and part != "self":
+                walk(prefix + head, part)
+            elif part == "self":
+                out.append((prefix + head).rstrip(":"))
+
+    walk("", tree)
+    return [p.rstrip(":*").rstrip(":") for p in out if p]
+
+
+def module_files(src):
+    """Module path (tuple) -> file, for every module file below src (lib.rs/main.rs is ())."""
+    mods = {}
+    for root, _, files in os.walk(src):
+        for f in files:
+            if not f.endswith(".rs"):
+                continue
+            rel = os.path.relpath(os.path.join(root, f), src)[:-3].split(os.sep)
+            if rel in (["lib"], ["main"]):
+                key = ()
+            elif rel[-1] == "mod":
+                key = tuple(rel[:-1])
+            else:
+                key = tuple(rel)
+            mods[key] = os.path.join(root, f)
+    return mods
+
+
+def file_graph(src):
+    """Edges between the module files of one crate (see --files)."""
+    mods = module_files(src)
+    texts = {}
+    for key, path in mods.items():
+        with open(path, encoding="utf-8") as fh:
+            text = strip_comments(fh.read())
+        cut = re.search(r"#\[cfg\(test\)\]\s*(?:pub(?:\([a-z]+\))?\s+)?mod\s+\w+\s*\{", text)
+        texts[key] = text[:cut.start()] if cut else text
+    # Names each module re-exports: name -> the absolute path it stands for.
+    reexports = {}
+    for key, text in texts.items():
+        table = {}
+        for m in USE_STMT.finditer(text):
+            if not re.match(r"\s*pub", text[m.start():m.start() + 4]):
+                continue
+            for path in expand_use(m.group(1)):
+                absolute = absolute_path(key, path)
+                if absolute is not None:
+                    table[absolute[-1]] = absolute
+        reexports[key] = table
+
+    def resolve(path, seen=0):
+        """The module that defines what `path` (absolute, a tuple) names."""
+        at = ()
+        for i, seg in enumerate(path):
+            nxt = at + (seg,)
+            if nxt in mods:
+                at = nxt
+                continue
+            target = reexports.get(at, {}).get(seg)
+            if target is not None and seen < 8 and target != path[: i + 1]:
+                return resolve(target + tuple(path[i + 1:]), seen + 1)
+            break
+        return at
+
+    edges = {key: set() for key in mods}
+    for key, text in texts.items():
+        paths = []
+        for m in USE_STMT.finditer(text):
+            # A re-export (`pub use`) names an item for the module's users and makes no use of
+            # it: it is followed when resolving paths, but is no edge of its own.
+            if not re.match(r"pub", text[m.start():m.start() + 3]):
+                paths += expand_use(m.group(1))
+        uses = set(m.span() for m in USE_STMT.finditer(text))
+        inline = [m for m in INLINE_PATH.finditer(text) if not any(a <= m.start() < b for a, b in uses)]
+        paths += [m.group(1) for m in inline]
+        for path in paths:
+            absolute = absolute_path(key, path)
+            if absolute is None:
+                continue
+            target = resolve(absolute)
+            if target != key and target in mods:
+                edges[key].add(target)
+    return {"::".join(k) or "crate": {"::".join(t) or "crate" for t in v} for k, v in edges.items()}
+
+
+def absolute_path(key, path):
+    """`crate::a::b` / `super::x` / `self::y` seen in module `key` -> an absolute tuple, or None
+    for a path into another crate."""
+    segs = path.split("::")
+    if segs[0] == "crate":
+        return tuple(segs[1:])
+    if segs[0] in ("super", "self"):
+        at = list(key)
+        while segs and segs[0] in ("super", "self"):
+            if segs[0] == "super":
+                if not at:
+                    return None
+                at.pop()
+            segs = segs[1:]
+        return tuple(at + segs)
+    return None
 
 
 def public_items(crate_dir):
@@ -117,6 +254,7 @@ def main():
     ap.add_argument("--acyclic", action="append", default=[], metavar="CRATE")
     ap.add_argument("--only-imported-by", action="append", default=[], metavar="CRATE:MODULE=ROOT")
     ap.add_argument("--no-crate", action="append", default=[], metavar="CRATE:MODULE=DEP[,DEP]")
+    ap.add_argument("--files", action="store_true", help="also check cycles between files, every crate")
     args = ap.parse_args()
 
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -146,6 +284,20 @@ def main():
                 dot.append(f'    "{crate}::{m}" -> "{crate}::{t}";')
         dot.append("  }")
     dot.append("}")
+
+    if args.files:
+        for crate in sorted(os.listdir(CRATES)):
+            src = os.path.join(CRATES, crate, "src")
+            if not os.path.isdir(src):
+                continue
+            edges = file_graph(src)
+            cycles = sccs(edges)
+            print(f"{crate} (files): {len(edges)} files, {sum(len(e) for e in edges.values())} edges, "
+                  f"{'no cycle' if not cycles else str(len(cycles)) + ' cycle(s)'}")
+            for c in cycles:
+                print(f"  cycle: {' <-> '.join(c)}")
+            if cycles and crate in args.acyclic:
+                failed = True
 
     for rule in args.only_imported_by:
         target, _, allowed = rule.partition("=")

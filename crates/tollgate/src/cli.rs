@@ -1,7 +1,7 @@
 //! Command-line surface: raw arguments here, validated and dispatched to
 //! one module per subcommand.
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, Parser, Subcommand};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,6 +11,8 @@ use tollgate_server::envoy::EnvoyConfig;
 use tollgate_server::grpc::GrpcLimits;
 use tollgate_server::serve::ServeConfig;
 use tollgate_server::RequestLimits;
+
+use crate::durations::{AnyDuration, PositiveDuration};
 
 /// tollgate: a rate limiter (library, HTTP JSON + Envoy RLS gRPC service, and this CLI).
 #[derive(Debug, Parser)]
@@ -505,18 +507,6 @@ fn listen_addr(text: &str) -> Result<ListenAddr, String> {
         .ok_or_else(|| format!("'{text}' resolves to no address"))
 }
 
-/// A duration flag such as `10s`, `500ms`, `2m` or `0s` ([`crate::bench::parse_duration`]).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct AnyDuration(pub(crate) Duration);
-
-impl std::str::FromStr for AnyDuration {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Self, String> {
-        crate::bench::parse_duration(text).map(AnyDuration)
-    }
-}
-
 /// `--sync-flush-interval`: a duration from 1 ms to 60 s.
 fn flush_interval(text: &str) -> Result<Duration, String> {
     let AnyDuration(d) = text.parse()?;
@@ -526,24 +516,6 @@ fn flush_interval(text: &str) -> Result<Duration, String> {
         ));
     }
     Ok(d)
-}
-
-/// A duration flag as [`AnyDuration`], not zero.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct PositiveDuration(pub(crate) Duration);
-
-impl std::str::FromStr for PositiveDuration {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Self, String> {
-        let AnyDuration(d) = text.parse()?;
-        if d.is_zero() {
-            return Err(format!(
-                "'{text}' is zero: use a positive duration such as 10s"
-            ));
-        }
-        Ok(PositiveDuration(d))
-    }
 }
 
 /// One `--trusted-proxies` item: an address block, or nothing for an empty item (so that
@@ -700,8 +672,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bench(args) => crate::bench::run(&args),
         Command::Rules(args) => crate::registry::run(args),
         Command::BenchCeiling(args) => crate::bench::ceiling::run(&args),
-        Command::Completions { shell } => crate::manual::completions(shell),
-        Command::Man { dir } => crate::manual::man(dir.as_deref()),
+        Command::Completions { shell } => crate::manual::completions(shell, Cli::command()),
+        Command::Man { dir } => crate::manual::man(Cli::command(), dir.as_deref()),
     }
 }
 

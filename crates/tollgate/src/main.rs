@@ -5,6 +5,7 @@ mod bench;
 mod check;
 mod cli;
 mod client;
+mod durations;
 mod human;
 mod manual;
 mod registry;

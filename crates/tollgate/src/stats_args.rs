@@ -2,7 +2,7 @@
 //! Prometheus page with its metric names), kept apart from `cli.rs` so the surface stays small
 //! there. See `tollgate_server::envoy::stats`.
 
-use crate::cli::PositiveDuration;
+use crate::durations::PositiveDuration;
 use std::net::SocketAddr;
 use tollgate_server::envoy::stats::{
     parse_extra_tags, EnvoyStats, PrometheusSettings, StatsdProtocol, StatsdSettings,
