@@ -501,243 +501,312 @@ pub fn translate_with(
     base: ServeConfig,
     explicit: Explicit,
 ) -> Result<Translation, ProfileError> {
-    let env = Env { vars };
-    // The first of `names` that is set, when the flag is given and the values differ.
-    let clash = |given: bool,
-                 differ: bool,
-                 names: &[&str],
-                 flag: &str|
-     -> Result<(), ProfileError> {
-        match names.iter().find(|n| env.get(n).is_some()) {
-            Some(name) if given && differ => Err(env.error(
+    let mut t = Translator {
+        env: Env { vars },
+        config: base.clone(),
+        base,
+        explicit,
+        warnings: Vec::new(),
+    };
+    t.unknown_variables();
+    t.listeners()?;
+    let (log_level, log_json) = t.logs()?;
+    t.rules()?;
+    t.store()?;
+    t.counting()?;
+    let stats = t.statistics()?;
+    let mode = t.behaviour()?;
+    Ok(Translation {
+        config: t.config,
+        envoy: super::EnvoyConfig {
+            mode: Some(mode),
+            stats,
+        },
+        log_level,
+        log_json,
+        warnings: t.warnings,
+    })
+}
+
+/// One translation under way: the environment, tollgate's own settings (`base`, with the flags
+/// given explicitly), the settings being made, and the warnings so far. Each step below
+/// translates one group of envoyproxy/ratelimit's variables.
+struct Translator<'a> {
+    env: Env<'a>,
+    base: ServeConfig,
+    explicit: Explicit,
+    config: ServeConfig,
+    warnings: Vec<String>,
+}
+
+impl Translator<'_> {
+    /// An error when a flag was `given` explicitly, one of envoy's `names` is set, and the two
+    /// `differ`: the operator said two different things.
+    fn clash(
+        &self,
+        given: bool,
+        differ: bool,
+        names: &[&str],
+        flag: &str,
+    ) -> Result<(), ProfileError> {
+        match names.iter().find(|n| self.env.get(n).is_some()) {
+            Some(name) if given && differ => Err(self.env.error(
                 name,
                 format!(
-                    "conflicts with {flag}: the flag and envoyproxy/ratelimit's variable say                      different things; keep one"
+                    "conflicts with {flag}: the flag and envoyproxy/ratelimit's variable say \
+                     different things; keep one"
                 ),
             )),
             _ => Ok(()),
         }
-    };
-    let mut config = base.clone();
-    // The statistics and Redis translations take the environment as a `HashMap`.
-    let map: std::collections::HashMap<String, String> =
-        vars.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-    let mut warnings = Vec::new();
-
-    for (name, value) in vars {
-        if value.trim().is_empty() {
-            continue;
-        }
-        match VARIABLES.iter().find(|(n, _)| n == name) {
-            Some((_, Unsupported(why))) => warnings.push(format!(
-                "{name} is set but not supported by tollgate's envoy profile ({why}); ignored"
-            )),
-            Some(_) => {}
-            None if looks_like_envoys(name) => warnings.push(format!(
-                "{name} is set but is not an envoyproxy/ratelimit setting tollgate knows; ignored"
-            )),
-            None => {}
-        }
     }
 
-    // Listeners.
-    let http_addr = Some(env.addr("HOST", "PORT", 8080)?);
-    clash(
-        explicit.http_addr,
-        http_addr != base.listeners.http_addr,
-        &["HOST", "PORT"],
-        "--http-addr (TOLLGATE_HTTP_ADDR)",
-    )?;
-    if !explicit.http_addr {
-        config.listeners.http_addr = http_addr;
+    /// The environment as a `HashMap`, which the statistics and Redis translations take.
+    fn map(&self) -> std::collections::HashMap<String, String> {
+        self.env
+            .vars
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
     }
-    config.listeners.grpc_addr = Some(env.addr("GRPC_HOST", "GRPC_PORT", 8081)?);
-    // As envoy: a socket path replaces the gRPC host and port.
-    config.listeners.grpc_uds = env.get("GRPC_UDS").map(PathBuf::from);
-    config.grpc_limits.max_connection_age =
-        env.duration_or("GRPC_MAX_CONNECTION_AGE", Duration::from_secs(24 * 3600))?;
-    config.grpc_limits.max_connection_age_grace =
-        env.duration_or("GRPC_MAX_CONNECTION_AGE_GRACE", Duration::from_secs(3600))?;
-    if env.bool_or("GRPC_SERVER_USE_TLS", false)? {
-        let (Some(cert), Some(key)) = (
-            env.get("GRPC_SERVER_TLS_CERT"),
-            env.get("GRPC_SERVER_TLS_KEY"),
-        ) else {
-            return Err(env.error(
-                "GRPC_SERVER_USE_TLS",
-                "needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY",
-            ));
-        };
-        config.listeners.grpc_tls = Some(crate::grpc::GrpcTls {
-            cert: cert.into(),
-            key: key.into(),
-            client_ca: env.get("GRPC_CLIENT_TLS_CACERT").map(PathBuf::from),
-        });
-        if env.get("GRPC_CLIENT_TLS_SAN").is_some() {
-            warnings.push(
-                "GRPC_CLIENT_TLS_SAN is set but not supported: client certificates are verified \
-                 against GRPC_CLIENT_TLS_CACERT only, whatever their SAN"
-                    .to_owned(),
-            );
-        }
-    } else {
-        for name in [
-            "GRPC_SERVER_TLS_CERT",
-            "GRPC_SERVER_TLS_KEY",
-            "GRPC_CLIENT_TLS_CACERT",
-            "GRPC_CLIENT_TLS_SAN",
-        ] {
-            if env.get(name).is_some() {
-                warnings.push(format!(
-                    "{name} is set but GRPC_SERVER_USE_TLS is not: ignored, as envoyproxy/ratelimit does"
-                ));
+
+    /// A warning for each variable set that is not honoured: unsupported, or unknown with an
+    /// envoy-like name.
+    fn unknown_variables(&mut self) {
+        for (name, value) in self.env.vars {
+            if value.trim().is_empty() {
+                continue;
+            }
+            match VARIABLES.iter().find(|(n, _)| n == name) {
+                Some((_, Unsupported(why))) => self.warnings.push(format!(
+                    "{name} is set but not supported by tollgate's envoy profile ({why}); ignored"
+                )),
+                Some(_) => {}
+                None if looks_like_envoys(name) => self.warnings.push(format!(
+                    "{name} is set but is not an envoyproxy/ratelimit setting tollgate knows; ignored"
+                )),
+                None => {}
             }
         }
     }
 
-    // envoy's debug port: /rlconfig and /stats (`super::debug`).
-    config.listeners.debug_addr = Some(env.addr("DEBUG_HOST", "DEBUG_PORT", 6070)?);
-
-    // Logs.
-    let log_level = log_level(&env)?;
-    let log_json = env
-        .str_or("LOG_FORMAT", "text")
-        .eq_ignore_ascii_case("json");
-
-    // Rules.
-    match env.str_or("CONFIG_TYPE", "FILE").as_str() {
-        "FILE" => {}
-        "GRPC_XDS_SOTW" => {
-            return Err(env.error(
-                "CONFIG_TYPE",
-                "rules from an xDS server are not supported; use FILE",
-            ))
+    /// HTTP, gRPC (address, socket, connection age, TLS) and the debug port.
+    fn listeners(&mut self) -> Result<(), ProfileError> {
+        let env = &self.env;
+        let http_addr = Some(env.addr("HOST", "PORT", 8080)?);
+        self.clash(
+            self.explicit.http_addr,
+            http_addr != self.base.listeners.http_addr,
+            &["HOST", "PORT"],
+            "--http-addr (TOLLGATE_HTTP_ADDR)",
+        )?;
+        let config = &mut self.config;
+        if !self.explicit.http_addr {
+            config.listeners.http_addr = http_addr;
         }
-        _ => return Err(env.error("CONFIG_TYPE", "expected FILE")),
-    }
-    let (rules, mut listing) = runtime(&env)?;
-    listing.merge_domains = env.bool_or("MERGE_DOMAIN_CONFIG", false)?;
-    clash(
-        explicit.rules,
-        rules != base.rules.path,
-        &[
-            "RUNTIME_ROOT",
-            "RUNTIME_SUBDIRECTORY",
-            "RUNTIME_APPDIRECTORY",
-        ],
-        "--rules (TOLLGATE_RULES)",
-    )?;
-    if !explicit.rules {
-        config.rules.path = rules;
-        config.rules.origin = Some(runtime_origin(&env));
-    }
-    config.rules.listing = listing;
-
-    // Store.
-    match env
-        .str_or("BACKEND_TYPE", "redis")
-        .to_ascii_lowercase()
-        .as_str()
-    {
-        // REDIS_* -> the store URL and its settings. With none of its variables set the store
-        // stays tollgate's --store (TOLLGATE_STORE, default memory), where envoyproxy/ratelimit
-        // would try its default socket /var/run/nutcracker/ratelimit.sock.
-        "redis" if crate::envoy::redis::known_variables().any(|k| vars.contains_key(k)) => {
-            let redis = crate::envoy::redis::redis_from_env(&map)
-                .map_err(|e| env.error(&e.var, e.reason))?;
-            redis.apply_to(&mut config);
-            warnings.extend(
-                redis
-                    .warnings
-                    .iter()
-                    .map(|(var, why)| format!("{var}: {why}")),
-            );
+        config.listeners.grpc_addr = Some(env.addr("GRPC_HOST", "GRPC_PORT", 8081)?);
+        // As envoy: a socket path replaces the gRPC host and port.
+        config.listeners.grpc_uds = env.get("GRPC_UDS").map(PathBuf::from);
+        config.grpc_limits.max_connection_age =
+            env.duration_or("GRPC_MAX_CONNECTION_AGE", Duration::from_secs(24 * 3600))?;
+        config.grpc_limits.max_connection_age_grace =
+            env.duration_or("GRPC_MAX_CONNECTION_AGE_GRACE", Duration::from_secs(3600))?;
+        if env.bool_or("GRPC_SERVER_USE_TLS", false)? {
+            let (Some(cert), Some(key)) = (
+                env.get("GRPC_SERVER_TLS_CERT"),
+                env.get("GRPC_SERVER_TLS_KEY"),
+            ) else {
+                return Err(env.error(
+                    "GRPC_SERVER_USE_TLS",
+                    "needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY",
+                ));
+            };
+            config.listeners.grpc_tls = Some(crate::grpc::GrpcTls {
+                cert: cert.into(),
+                key: key.into(),
+                client_ca: env.get("GRPC_CLIENT_TLS_CACERT").map(PathBuf::from),
+            });
+            if env.get("GRPC_CLIENT_TLS_SAN").is_some() {
+                self.warnings.push(
+                    "GRPC_CLIENT_TLS_SAN is set but not supported: client certificates are \
+                     verified against GRPC_CLIENT_TLS_CACERT only, whatever their SAN"
+                        .to_owned(),
+                );
+            }
+        } else {
+            for name in [
+                "GRPC_SERVER_TLS_CERT",
+                "GRPC_SERVER_TLS_KEY",
+                "GRPC_CLIENT_TLS_CACERT",
+                "GRPC_CLIENT_TLS_SAN",
+            ] {
+                if env.get(name).is_some() {
+                    self.warnings.push(format!(
+                        "{name} is set but GRPC_SERVER_USE_TLS is not: ignored, as \
+                         envoyproxy/ratelimit does"
+                    ));
+                }
+            }
         }
-        "redis" => {}
-        "memcache" => {
-            return Err(env.error(
+        // envoy's debug port: /rlconfig and /stats (`super::debug`).
+        self.config.listeners.debug_addr = Some(env.addr("DEBUG_HOST", "DEBUG_PORT", 6070)?);
+        Ok(())
+    }
+
+    /// `LOG_LEVEL` and `LOG_FORMAT`.
+    fn logs(&self) -> Result<(LevelFilter, bool), ProfileError> {
+        let log_json = self
+            .env
+            .str_or("LOG_FORMAT", "text")
+            .eq_ignore_ascii_case("json");
+        Ok((log_level(&self.env)?, log_json))
+    }
+
+    /// Where the rules come from: `CONFIG_TYPE` and the `RUNTIME_*` directory.
+    fn rules(&mut self) -> Result<(), ProfileError> {
+        let env = &self.env;
+        match env.str_or("CONFIG_TYPE", "FILE").as_str() {
+            "FILE" => {}
+            "GRPC_XDS_SOTW" => {
+                return Err(env.error(
+                    "CONFIG_TYPE",
+                    "rules from an xDS server are not supported; use FILE",
+                ))
+            }
+            _ => return Err(env.error("CONFIG_TYPE", "expected FILE")),
+        }
+        let (rules, mut listing) = runtime(env)?;
+        listing.merge_domains = env.bool_or("MERGE_DOMAIN_CONFIG", false)?;
+        self.clash(
+            self.explicit.rules,
+            rules != self.base.rules.path,
+            &[
+                "RUNTIME_ROOT",
+                "RUNTIME_SUBDIRECTORY",
+                "RUNTIME_APPDIRECTORY",
+            ],
+            "--rules (TOLLGATE_RULES)",
+        )?;
+        if !self.explicit.rules {
+            self.config.rules.path = rules;
+            self.config.rules.origin = Some(runtime_origin(env));
+        }
+        self.config.rules.listing = listing;
+        Ok(())
+    }
+
+    /// `BACKEND_TYPE` and the `REDIS_*` variables. With none of those set the store stays
+    /// tollgate's `--store` (`TOLLGATE_STORE`, default memory), where envoyproxy/ratelimit would
+    /// try its default socket /var/run/nutcracker/ratelimit.sock.
+    fn store(&mut self) -> Result<(), ProfileError> {
+        let env = &self.env;
+        match env
+            .str_or("BACKEND_TYPE", "redis")
+            .to_ascii_lowercase()
+            .as_str()
+        {
+            "redis" if crate::envoy::redis::known_variables().any(|k| env.vars.contains_key(k)) => {
+                let redis = crate::envoy::redis::redis_from_env(&self.map())
+                    .map_err(|e| env.error(&e.var, e.reason))?;
+                redis.apply_to(&mut self.config);
+                self.warnings.extend(
+                    redis
+                        .warnings
+                        .iter()
+                        .map(|(var, why)| format!("{var}: {why}")),
+                );
+                Ok(())
+            }
+            "redis" => Ok(()),
+            "memcache" => Err(env.error(
                 "BACKEND_TYPE",
                 "the memcache backend is not supported; use BACKEND_TYPE=redis",
-            ))
+            )),
+            _ => Err(env.error("BACKEND_TYPE", "expected redis")),
         }
-        _ => return Err(env.error("BACKEND_TYPE", "expected redis")),
     }
-    // Counting as envoyproxy/ratelimit counts: its fixed windows for rules that name no
-    // algorithm, denied hits counted unless STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT, and on a
-    // standalone Redis its key layout, so that its pods and tollgate's share counters.
-    config.rules.default_algorithm = Some(tollgate_core::Algorithm::EnvoyFixedWindow);
-    config.rules.count_denied_hits =
-        !env.bool_or("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", false)?;
-    let on_cluster = |url: &str| url.contains("+cluster");
-    if on_cluster(&config.store.url)
-        || config
-            .store
-            .per_second_url
-            .as_deref()
-            .is_some_and(on_cluster)
-    {
-        // envoy's keys carry no hash tag: a multi-key script cannot run on a cluster.
-        if vars.contains_key("CACHE_KEY_PREFIX") {
-            warnings.push(
-                "CACHE_KEY_PREFIX: on a Redis Cluster tollgate keeps its own key layout, so \
-                 counters are not shared with envoyproxy/ratelimit pods"
-                    .to_owned(),
-            );
+
+    /// Counting as envoyproxy/ratelimit counts: its fixed windows for rules that name no
+    /// algorithm, denied hits counted unless `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, and on a
+    /// standalone Redis its key layout (`CACHE_KEY_PREFIX`, the expiry jitter), so that its pods
+    /// and tollgate's share counters.
+    fn counting(&mut self) -> Result<(), ProfileError> {
+        let env = &self.env;
+        self.config.rules.default_algorithm = Some(tollgate_core::Algorithm::EnvoyFixedWindow);
+        self.config.rules.count_denied_hits =
+            !env.bool_or("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", false)?;
+        let on_cluster = |url: &str| url.contains("+cluster");
+        let store = &self.config.store;
+        if on_cluster(&store.url) || store.per_second_url.as_deref().is_some_and(on_cluster) {
+            // envoy's keys carry no hash tag: a multi-key script cannot run on a cluster.
+            if env.vars.contains_key("CACHE_KEY_PREFIX") {
+                self.warnings.push(
+                    "CACHE_KEY_PREFIX: on a Redis Cluster tollgate keeps its own key layout, so \
+                     counters are not shared with envoyproxy/ratelimit pods"
+                        .to_owned(),
+                );
+            }
+            return Ok(());
         }
-    } else {
-        config.store.key_layout = tollgate_redis::KeyLayout::Envoy;
+        self.config.store.key_layout = tollgate_redis::KeyLayout::Envoy;
         let prefix = env.str_or("CACHE_KEY_PREFIX", "");
-        clash(
-            explicit.redis_prefix,
-            prefix != base.store.prefix,
+        self.clash(
+            self.explicit.redis_prefix,
+            prefix != self.base.store.prefix,
             &["CACHE_KEY_PREFIX"],
             "--redis-prefix (TOLLGATE_REDIS_PREFIX)",
         )?;
-        if !explicit.redis_prefix {
-            config.store.prefix = prefix;
+        if !self.explicit.redis_prefix {
+            self.config.store.prefix = prefix;
         }
         let jitter = env.str_or("EXPIRATION_JITTER_MAX_SECONDS", "300");
-        config.store.expiration_jitter = Duration::from_secs(jitter.parse().map_err(|_| {
-            env.error(
-                "EXPIRATION_JITTER_MAX_SECONDS",
-                "expected a whole number of seconds",
-            )
-        })?);
+        self.config.store.expiration_jitter =
+            Duration::from_secs(jitter.parse().map_err(|_| {
+                env.error(
+                    "EXPIRATION_JITTER_MAX_SECONDS",
+                    "expected a whole number of seconds",
+                )
+            })?);
+        Ok(())
     }
-    // Statistics: envoy's stat names on statsd (default) or a Prometheus page.
-    let stats =
-        crate::envoy::stats::stats_from_env(&map).map_err(|e| env.error(&e.var, e.reason))?;
-    config.near_limit_ratio = crate::envoy::stats::near_limit_ratio_from_env(&map)
-        .map_err(|e| env.error(&e.var, e.reason))?;
 
-    // Service behaviour.
-    let headers_on = env.bool_or("LIMIT_RESPONSE_HEADERS_ENABLED", false)?;
-    clash(
-        explicit.response_headers,
-        !headers_on,
-        &["LIMIT_RESPONSE_HEADERS_ENABLED"],
-        "--response-headers (TOLLGATE_RESPONSE_HEADERS)",
-    )?;
-    let headers = (headers_on || explicit.response_headers).then(|| HeaderNames {
-        limit: env.str_or("LIMIT_LIMIT_HEADER", "RateLimit-Limit"),
-        remaining: env.str_or("LIMIT_REMAINING_HEADER", "RateLimit-Remaining"),
-        reset: env.str_or("LIMIT_RESET_HEADER", "RateLimit-Reset"),
-    });
-    let mode = Some(EnvoyMode {
-        shadow_mode: env.bool_or("SHADOW_MODE", false)?,
-        quota_mode: env.bool_or("QUOTA_MODE", false)?,
-        headers,
-        dynamic_metadata: env.bool_or("RESPONSE_DYNAMIC_METADATA", false)?,
-        healthy_needs_config: env.bool_or("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", false)?,
-        force_start: env.bool_or("FORCE_START_WITHOUT_INITIAL_CONFIG", false)?,
-    });
-    Ok(Translation {
-        config,
-        envoy: super::EnvoyConfig { mode, stats },
-        log_level,
-        log_json,
-        warnings,
-    })
+    /// Statistics: envoy's stat names on statsd (default) or a Prometheus page, and the
+    /// near-limit ratio.
+    fn statistics(&mut self) -> Result<super::stats::EnvoyStats, ProfileError> {
+        let map = self.map();
+        let env = &self.env;
+        let stats =
+            crate::envoy::stats::stats_from_env(&map).map_err(|e| env.error(&e.var, e.reason))?;
+        self.config.near_limit_ratio = crate::envoy::stats::near_limit_ratio_from_env(&map)
+            .map_err(|e| env.error(&e.var, e.reason))?;
+        Ok(stats)
+    }
+
+    /// The service's behaviour: response headers, shadow and quota modes, dynamic metadata,
+    /// health.
+    fn behaviour(&self) -> Result<EnvoyMode, ProfileError> {
+        let env = &self.env;
+        let headers_on = env.bool_or("LIMIT_RESPONSE_HEADERS_ENABLED", false)?;
+        self.clash(
+            self.explicit.response_headers,
+            !headers_on,
+            &["LIMIT_RESPONSE_HEADERS_ENABLED"],
+            "--response-headers (TOLLGATE_RESPONSE_HEADERS)",
+        )?;
+        let headers = (headers_on || self.explicit.response_headers).then(|| HeaderNames {
+            limit: env.str_or("LIMIT_LIMIT_HEADER", "RateLimit-Limit"),
+            remaining: env.str_or("LIMIT_REMAINING_HEADER", "RateLimit-Remaining"),
+            reset: env.str_or("LIMIT_RESET_HEADER", "RateLimit-Reset"),
+        });
+        Ok(EnvoyMode {
+            shadow_mode: env.bool_or("SHADOW_MODE", false)?,
+            quota_mode: env.bool_or("QUOTA_MODE", false)?,
+            headers,
+            dynamic_metadata: env.bool_or("RESPONSE_DYNAMIC_METADATA", false)?,
+            healthy_needs_config: env.bool_or("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", false)?,
+            force_start: env.bool_or("FORCE_START_WITHOUT_INITIAL_CONFIG", false)?,
+        })
+    }
 }
 
 /// Seconds until the end of the current epoch-aligned window of `unit`, as envoyproxy/ratelimit
