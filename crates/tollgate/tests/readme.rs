@@ -641,3 +641,38 @@ fn the_migration_guide_and_swap_manifest_keep_the_debug_port() {
     assert!(manifest.contains("containerPort: 6070"), "{manifest}");
     assert!(!manifest.contains("debug port 6070 is gone"), "{manifest}");
 }
+
+/// Regression: docs/distributed.md said `GET /v1/rules` shows each limit's sync mode; without
+/// the admin token it is a summary listing no limit. The page says where the mode shows for
+/// whom, and the service does as it says.
+#[test]
+fn the_distributed_guide_says_who_sees_each_limits_sync_mode() {
+    let page = std::fs::read_to_string(repo().join("docs/distributed.md")).unwrap();
+    let intro = page.split("\n\n").nth(1).expect("the opening paragraph");
+    assert!(intro.contains("GET /v1/rules"), "{intro}");
+    assert!(
+        intro.contains("with the admin token") && intro.contains("summary"),
+        "docs/distributed.md's opening paragraph promises each limit's mode in GET /v1/rules \
+         without saying it needs the admin token:\n{intro}"
+    );
+    assert!(intro.contains("tollgate_rule_limit"), "{intro}");
+
+    use support::client::Method;
+    let server = support::serve_rules(
+        &repo().join("examples/rules").display().to_string(),
+        &[],
+        "sync-mode-summary",
+    );
+    let rules: serde_json::Value =
+        serde_json::from_str(&support::http(&server.base, Method::GET, "/v1/rules", None).body)
+            .unwrap();
+    assert_eq!(rules["detail"], "summary", "{rules}");
+    assert!(!rules.to_string().contains("\"sync\""), "{rules}");
+    let metrics = support::http(&server.base, Method::GET, "/metrics", None).body;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("tollgate_rule_limit{") && l.contains("sync=\"exact\"")),
+        "{metrics}"
+    );
+}
