@@ -22,6 +22,15 @@ use tollgate_testsupport::free_port;
 
 const MARKER: &str = "<!-- distributed-setup:";
 
+/// The port of the suite's Redis (`TOLLGATE_TEST_REDIS_URL`, else 6379).
+fn shared_redis_port() -> u16 {
+    let url = tollgate_testsupport::shared_url();
+    url.rsplit(':')
+        .next()
+        .and_then(|p| p.trim_end_matches('/').parse().ok())
+        .unwrap_or_else(|| panic!("no port in {url}"))
+}
+
 /// The ```sh block after the marker comment.
 fn distributed_block() -> String {
     let page = std::fs::read_to_string(repo().join("docs/operations.md")).unwrap();
@@ -103,6 +112,8 @@ fn readme_distributed_setup_runs_as_written() {
     );
     let bin_dir = Path::new(env!("CARGO_BIN_EXE_tollgate")).parent().unwrap();
     let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap());
+    // The suite's Redis (scripts/test.sh starts its own) plays the one on 6379.
+    let script = script.replace("6379", &shared_redis_port().to_string());
     // The documented ports where free; all moved when one was lost to another process (the
     // script's services cannot bind port 0 and say where they are).
     let mut documented = true;
@@ -122,6 +133,7 @@ fn readme_distributed_setup_runs_as_written() {
                 }
             }
             let mut child = cmd
+                .arg("-e")
                 .arg("-c")
                 .arg(&script)
                 .env("PATH", &path)
@@ -674,5 +686,132 @@ fn the_distributed_guide_says_who_sees_each_limits_sync_mode() {
             .lines()
             .any(|l| l.starts_with("tollgate_rule_limit{") && l.contains("sync=\"exact\"")),
         "{metrics}"
+    );
+}
+
+/// Every port a docs block may name, moved together when a block is run on other ports.
+const DOC_PORTS: [u16; 9] = [8080, 8081, 6070, 9080, 9081, 9180, 9181, 8000, 9000];
+
+/// The requests a `tollgate serve` answered (decisions and refused requests alike), from its
+/// `/metrics`.
+fn requests_answered(base: &str) -> u64 {
+    support::http(base, support::client::Method::GET, "/metrics", None)
+        .body
+        .lines()
+        .filter(|l| {
+            l.starts_with("tollgate_requests_total{")
+                || l.starts_with("tollgate_request_errors_total{")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Regression: with the quick start's `serve` still on 8080, docs/dashboard.md's block printed
+/// `Address already in use`, its readiness wait succeeded against the old server, and every
+/// check went to that one. Each block that starts `tollgate serve` in the background is run
+/// here with its HTTP port held by another `tollgate serve`: it must stop with an error (its
+/// serve's own reason on stderr) and send that other server nothing.
+#[test]
+fn a_block_whose_server_cannot_start_stops_there() {
+    let mut files = vec![repo().join("README.md")];
+    for e in std::fs::read_dir(repo().join("docs")).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|e| e == "md") {
+            files.push(p);
+        }
+    }
+    files.sort();
+    let holder = support::Server::start(
+        &["--http-addr", "0.0.0.0:0", "--grpc-addr", "off"],
+        &repo(),
+        "doc-blocks-port-holder",
+    );
+    let held = holder.port();
+    let mut tried = Vec::new();
+    let mut failures = Vec::new();
+    for path in &files {
+        let name = path
+            .strip_prefix(repo())
+            .unwrap_or(path)
+            .display()
+            .to_string();
+        let text = std::fs::read_to_string(path).unwrap();
+        for block in shell_blocks(&name, &text) {
+            let background = block.text.split("tollgate serve").skip(1).any(|after| {
+                after.split("\n").next().is_some_and(|l| l.contains('&')) || {
+                    // A command continued over lines (`\` at their ends).
+                    let mut cont = after.lines();
+                    let mut line = cont.next().unwrap_or("");
+                    while line.trim_end().ends_with('\\') {
+                        line = cont.next().unwrap_or("");
+                    }
+                    line.contains('&')
+                }
+            });
+            if !background || matches!(block.how, Some(How::NotRun(_))) {
+                continue;
+            }
+            // Its HTTP port: the first of the ports a block's serve takes.
+            let Some(http) = [8080u16, 9080]
+                .into_iter()
+                .filter_map(|p| block.text.find(&p.to_string()).map(|at| (at, p)))
+                .min()
+                .map(|(_, p)| p)
+            else {
+                continue;
+            };
+            let at = format!("{}:{}", block.file, block.line);
+            tried.push(at.clone());
+            let mut moved: Vec<(u16, u16)> = DOC_PORTS
+                .iter()
+                .map(|&p| (p, if p == http { held } else { free_port() }))
+                .collect();
+            moved.push((6379, shared_redis_port()));
+            let mut script = commands(&block.text);
+            for (from, to) in &moved {
+                script = script.replace(&from.to_string(), &to.to_string());
+            }
+            let to = |p: u16| moved.iter().find(|(f, _)| *f == p).unwrap().1;
+            let env = Env {
+                path: Env::new([0; 3], false).path,
+                ports: vec![(8080, to(8080)), (8081, to(8081)), (6070, to(6070))],
+            };
+            let before = requests_answered(&holder.base);
+            let mut child = env.command(&script).spawn().unwrap();
+            let status = wait_then_stop(&mut child, Duration::from_secs(60));
+            let out = child.wait_with_output().unwrap();
+            let (stdout, stderr) = (
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr),
+            );
+            let sent = requests_answered(&holder.base) - before;
+            let why = match status {
+                None => Some("did not stop within 60 s".to_owned()),
+                Some(s) if s.success() => Some("ended with status 0".to_owned()),
+                Some(_) if sent > 0 => Some(format!(
+                    "sent {sent} request(s) to the server already on its port"
+                )),
+                Some(_) if !stderr.contains("in use") => {
+                    Some("did not show its serve's reason (address in use)".to_owned())
+                }
+                Some(_) => None,
+            };
+            if let Some(why) = why {
+                failures.push(format!("{at}: {why}\nstdout:\n{stdout}\nstderr:\n{stderr}"));
+            }
+        }
+    }
+    eprintln!("blocks run with their port held: {tried:?}");
+    assert!(
+        tried.len() >= 4,
+        "only {} blocks start a server in the background: {tried:?}",
+        tried.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} of {} blocks went on with another server on their port:\n\n{}",
+        failures.len(),
+        tried.len(),
+        failures.join("\n\n")
     );
 }
