@@ -18,18 +18,9 @@ use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 use support::{on_free_ports, port_is_free, repo};
-use tollgate_testsupport::free_port;
+use tollgate_testsupport::{free_port, shared_port};
 
 const MARKER: &str = "<!-- distributed-setup:";
-
-/// The port of the suite's Redis (`TOLLGATE_TEST_REDIS_URL`, else 6379).
-fn shared_redis_port() -> u16 {
-    let url = tollgate_testsupport::shared_url();
-    url.rsplit(':')
-        .next()
-        .and_then(|p| p.trim_end_matches('/').parse().ok())
-        .unwrap_or_else(|| panic!("no port in {url}"))
-}
 
 /// The ```sh block after the marker comment.
 fn distributed_block() -> String {
@@ -113,7 +104,7 @@ fn readme_distributed_setup_runs_as_written() {
     let bin_dir = Path::new(env!("CARGO_BIN_EXE_tollgate")).parent().unwrap();
     let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap());
     // The suite's Redis (scripts/test.sh starts its own) plays the one on 6379.
-    let script = script.replace("6379", &shared_redis_port().to_string());
+    let script = script.replace("6379", &shared_port().to_string());
     // The documented ports where free; all moved when one was lost to another process (the
     // script's services cannot bind port 0 and say where they are).
     let mut documented = true;
@@ -308,9 +299,10 @@ impl Env {
         self.ports.iter().find(|(f, _)| *f == fixed).unwrap().1
     }
 
-    /// `text` with every moved port replaced.
+    /// `text` with every moved port replaced, and the suite's Redis (`TOLLGATE_TEST_REDIS_URL`,
+    /// scripts/test.sh's own) in place of the one on 6379 a block names.
     fn script(&self, text: &str) -> String {
-        let mut s = text.to_owned();
+        let mut s = text.replace("127.0.0.1:6379", &format!("127.0.0.1:{}", shared_port()));
         for (fixed, port) in &self.ports {
             if fixed != port {
                 s = s.replace(&fixed.to_string(), &port.to_string());
@@ -766,7 +758,7 @@ fn a_block_whose_server_cannot_start_stops_there() {
                 .iter()
                 .map(|&p| (p, if p == http { held } else { free_port() }))
                 .collect();
-            moved.push((6379, shared_redis_port()));
+            moved.push((6379, shared_port()));
             let mut script = commands(&block.text);
             for (from, to) in &moved {
                 script = script.replace(&from.to_string(), &to.to_string());

@@ -204,3 +204,59 @@ fn it_says_what_it_will_install_before_installing() {
         assert!(!dir.join("apt-get-called").exists());
     }
 }
+
+/// The `.rs` files under `dir`, at every depth.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|e| e == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// Regression: tests and benches talked to whatever Redis answered on 127.0.0.1:6379 (a
+/// server that may hold someone's data), some by the port itself, some through the constant
+/// that ignored `TOLLGATE_TEST_REDIS_URL`. Every one goes through `shared_url()` (or
+/// `shared_port()`, `shared_addr()`): scripts/test.sh points it at its own server. Only
+/// comments, and the docs test that maps the docs' 6379 onto that server, name the port.
+#[test]
+fn no_test_talks_to_the_redis_on_6379() {
+    let mut files = Vec::new();
+    for krate in std::fs::read_dir(repo().join("crates")).unwrap() {
+        let krate = krate.unwrap().path();
+        if krate.ends_with("tollgate-testsupport") {
+            continue;
+        }
+        rust_files(&krate.join("tests"), &mut files);
+        rust_files(&krate.join("benches"), &mut files);
+    }
+    assert!(files.len() > 20, "{files:?}");
+    let mut found = Vec::new();
+    for f in &files {
+        if f.ends_with("tests/readme.rs") || f.ends_with("tests/test_script.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(f).unwrap();
+        for (i, line) in text.lines().enumerate() {
+            let code = line.trim_start();
+            if code.starts_with("//") {
+                continue;
+            }
+            let port = line.replace("26379", "").contains("6379");
+            if port || line.contains("SHARED_URL") {
+                found.push(format!("{}:{}: {}", f.display(), i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "use tollgate_testsupport::shared_url() (TOLLGATE_TEST_REDIS_URL):\n{}",
+        found.join("\n")
+    );
+}
