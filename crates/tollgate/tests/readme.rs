@@ -5,11 +5,16 @@
 //! for what its output must show; an unmarked block fails the run.
 //!
 //! docs/operations.md's two-instance Redis setup, run as written (extracted from the page, so
-//! the two cannot drift): on a machine that already runs the quick start's `serve` and a Redis on 6379, the
+//! the two cannot drift; the suite's Redis, `TOLLGATE_TEST_REDIS_URL`, in place of the one on
+//! 6379): on a machine that already runs the quick start's `serve` and a Redis, the
 //! block starts no second Redis, collides with no port, and both instances share one limit
 //! (`limit_remaining` goes down by one per request across them). `tollgate` is the built binary,
 //! first on `PATH` as after `cargo install`. Its fixed ports are replaced by free ones only when
 //! something else holds them (so a busy machine cannot make this flaky).
+//!
+//! A block that starts `tollgate serve` in the background is run once more with its HTTP port
+//! held by another serve: it must stop there, with its serve's reason, and send the other
+//! server nothing.
 
 mod support;
 
@@ -729,16 +734,10 @@ fn a_block_whose_server_cannot_start_stops_there() {
             .to_string();
         let text = std::fs::read_to_string(path).unwrap();
         for block in shell_blocks(&name, &text) {
-            let background = block.text.split("tollgate serve").skip(1).any(|after| {
-                after.split("\n").next().is_some_and(|l| l.contains('&')) || {
-                    // A command continued over lines (`\` at their ends).
-                    let mut cont = after.lines();
-                    let mut line = cont.next().unwrap_or("");
-                    while line.trim_end().ends_with('\\') {
-                        line = cont.next().unwrap_or("");
-                    }
-                    line.contains('&')
-                }
+            // A `tollgate serve` sent to the background (`&`, not `&&`), over continued lines.
+            let joined = block.text.replace("\\\n", " ");
+            let background = joined.lines().any(|l| {
+                l.contains("tollgate serve") && l.replace("&&", "").replace(">&", "").contains('&')
             });
             if !background || matches!(block.how, Some(How::NotRun(_))) {
                 continue;
