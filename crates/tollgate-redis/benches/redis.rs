@@ -3,7 +3,8 @@
 //! prepared once and sent by 64 tasks on one connection (no store work around it).
 //!
 //! `cargo bench -p tollgate-redis --bench redis` runs it (5 s per level; `BENCH_SECS` to change,
-//! `TOLLGATE_BENCH_REDIS` for another server than redis://127.0.0.1:6379). Under `cargo test`
+//! `TOLLGATE_BENCH_REDIS` for another server than the suite's, `TOLLGATE_TEST_REDIS_URL`, else
+//! redis://127.0.0.1:6379). Under `cargo test`
 //! (no `--bench` argument) it makes a few calls per level so it cannot rot.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -15,7 +16,7 @@ use tollgate_redis::{script, RedisOptions, RedisStore};
 fn main() {
     let bench = std::env::args().any(|a| a == "--bench");
     let url = std::env::var("TOLLGATE_BENCH_REDIS")
-        .unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+        .unwrap_or_else(|_| tollgate_testsupport::shared_url().to_owned());
     let secs: f64 = std::env::var("BENCH_SECS")
         .ok()
         .and_then(|s| s.parse().ok())

@@ -355,7 +355,8 @@ pub struct Guarded {
 }
 
 /// The store's current failure, logged once per change: set by a failure of another kind than
-/// the current one, cleared by a success [`QUIET`] after the last failure.
+/// the current one, cleared by a success [`QUIET`] after the last failure or by a probe that
+/// reached Redis.
 #[derive(Default)]
 struct Condition {
     failing: std::sync::atomic::AtomicBool,
@@ -403,6 +404,19 @@ impl Condition {
             _ => {}
         }
         false
+    }
+
+    /// The probe's write went through on every breaker it tried: the failure is over, whether
+    /// or not a request came since (the probe has no clock to time a quiet period with).
+    fn cleared(&self) {
+        if !self.failing.load(Relaxed) {
+            return;
+        }
+        let mut cur = self.lock();
+        if let Some((kind, _)) = cur.take() {
+            tracing::info!(was = kind.as_str(), "Redis store answers again");
+        }
+        self.failing.store(false, Relaxed);
     }
 
     fn get(&self) -> Option<FaultKind> {
@@ -1190,6 +1204,7 @@ async fn probe(g: Weak<Guarded>) {
             g.refresh_slots().await;
         }
         let due = g.to_probe();
+        let mut all_answered = !due.is_empty();
         for (b, ranges) in &due {
             let r = match ranges {
                 None => g.store.probe().await,
@@ -1215,10 +1230,16 @@ async fn probe(g: Weak<Guarded>) {
                 // Logged when its kind changes (e.g. Redis is back but out of memory); the probe
                 // has no clock, so a success clears it at once.
                 Err(e) => {
+                    all_answered = false;
                     b.streak.store(0, Relaxed);
                     g.condition.failed(&e, 0, g.store.url());
                 }
             }
+        }
+        if all_answered {
+            // The probe writes: Redis is back for writes too, so `/readyz` stops naming the
+            // failure now rather than at the next request.
+            g.condition.cleared();
         }
         if due.is_empty() && g.owed.pending.load(Relaxed) {
             // Admitted locally while half-open, or left over by a failed fold.

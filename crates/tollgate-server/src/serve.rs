@@ -325,6 +325,8 @@ pub struct Bound {
     pub store: String,
     /// envoy's debug port, when on and bound.
     pub debug: Option<SocketAddr>,
+    /// A `/v1/check` body that a loaded rule limits ([`example_check`]), for the hint.
+    pub example: Option<String>,
 }
 
 /// A `watch` channel that turns `true` once, at shutdown. Clone the receiver for each task.
@@ -506,6 +508,7 @@ pub async fn serve(
         grpc_uds: config.listeners.grpc_uds.clone(),
         store: state.store_label(),
         debug,
+        example: example_check(&state.rules().set),
     });
 
     // The API service itself, not `HttpApi::router`'s `Router` around it (which would route every
@@ -620,14 +623,77 @@ fn bind_unix(path: &std::path::Path) -> anyhow::Result<tokio::net::UnixListener>
         .with_context(|| format!("cannot listen for gRPC on unix socket {}", path.display()))
 }
 
-/// The start-up line: where to send a request.
+/// The value the hint sends where a rule takes any value.
+const EXAMPLE_VALUE: &str = "alice";
+
+/// A `/v1/check` body (JSON) that one of `rules`' limits decides, for the start line's hint:
+/// the first rule with a limit (one not in shadow mode when there is one), with the values it
+/// names (a pattern's `*` matching nothing) and [`EXAMPLE_VALUE`] where it takes any value.
+/// `None` when no rule limits anything.
+pub fn example_check(rules: &tollgate_core::rules::RuleSet) -> Option<String> {
+    let limited = || rules.limits().filter(|l| l.quota.is_some());
+    let limit = limited()
+        .find(|l| !l.shadow_mode)
+        .or_else(|| limited().next())?;
+    // The id is the domain, then `key` or `key=value` per level, joined by `|`; `\` escapes
+    // `\`, `|` and `=` in each part.
+    let mut parts: Vec<(String, Option<String>)> = Vec::new();
+    let mut chars = limit.id.chars();
+    let mut part = (String::new(), None::<String>);
+    let mut first = true;
+    let mut end = |part: &mut (String, Option<String>), first: &mut bool| {
+        let done = std::mem::take(part);
+        if !std::mem::replace(first, false) {
+            parts.push(done);
+        }
+    };
+    while let Some(c) = chars.next() {
+        let c = match c {
+            '\\' => chars.next().unwrap_or('\\'),
+            '|' => {
+                end(&mut part, &mut first);
+                continue;
+            }
+            '=' if part.1.is_none() => {
+                part.1 = Some(String::new());
+                continue;
+            }
+            c => c,
+        };
+        match &mut part.1 {
+            Some(v) => v.push(c),
+            None => part.0.push(c),
+        }
+    }
+    end(&mut part, &mut first);
+    let entries: Vec<serde_json::Value> = parts
+        .into_iter()
+        .map(|(key, value)| {
+            let value = value.map_or_else(|| EXAMPLE_VALUE.to_owned(), |v| v.replace('*', ""));
+            serde_json::json!({"key": key, "value": value})
+        })
+        .collect();
+    (!entries.is_empty()).then(|| {
+        serde_json::json!({"domain": limit.domain, "descriptors": [{"entries": entries}]})
+            .to_string()
+    })
+}
+
+/// The start-up line: where to send a request (with a request a loaded rule limits, when one
+/// does).
 pub fn listening_message(bound: &Bound) -> String {
     let mut parts = Vec::new();
     if let Some(http) = bound.http {
         let port = http.port();
-        parts.push(format!(
-            "HTTP http://{http} (try: curl -s localhost:{port}/v1/check -H 'content-type: application/json' -d '{{\"domain\":\"api\",\"descriptors\":[{{\"entries\":[{{\"key\":\"user\",\"value\":\"alice\"}}]}}]}}')"
-        ));
+        parts.push(match &bound.example {
+            // Shell-quoted: inside '...' only `'` needs care. JSON already escapes control
+            // characters, so the line carries none.
+            Some(body) => format!(
+                "HTTP http://{http} (try: curl -s localhost:{port}/v1/check -H 'content-type: application/json' -d '{}')",
+                body.replace('\'', "'\\''")
+            ),
+            None => format!("HTTP http://{http}"),
+        });
     }
     match (&bound.grpc, &bound.grpc_uds) {
         (Some(grpc), _) => parts.push(format!("gRPC {grpc}")),
@@ -793,7 +859,36 @@ pub fn shutdown_signal() -> impl Future<Output = ()> + Send {
 
 #[cfg(test)]
 mod tests {
-    use super::fit_connections;
+    use super::{example_check, fit_connections};
+    use tollgate_core::rules::RuleSet;
+
+    fn example(yaml: &str) -> Option<serde_json::Value> {
+        let rules = RuleSet::from_sources(&[("r.yaml".into(), yaml.into())]).unwrap();
+        example_check(&rules).map(|b| serde_json::from_str(&b).unwrap())
+    }
+
+    #[test]
+    fn the_hint_names_a_rule_that_limits() {
+        // Unlimited and shadow-mode rules are passed over; nested values are kept, separators
+        // in them unescaped, a pattern's `*` matching nothing.
+        let yaml = "domain: 'a|b'\ndescriptors:\n  - key: free\n    rate_limit: {unlimited: true}\n  \
+                    - key: watched\n    shadow_mode: true\n    rate_limit: {unit: second, requests_per_unit: 1}\n  \
+                    - key: 'p=ath'\n    value: 'x|y=z*'\n    descriptors:\n      - key: ip\n        \
+                    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+        assert_eq!(
+            example(yaml).unwrap(),
+            serde_json::json!({"domain": "a|b", "descriptors": [{"entries": [
+                {"key": "p=ath", "value": "x|y=z"}, {"key": "ip", "value": "alice"}]}]})
+        );
+        let shadow_only = "domain: s\ndescriptors:\n  - key: k\n    shadow_mode: true\n    \
+                           rate_limit: {unit: second, requests_per_unit: 1}\n";
+        assert_eq!(
+            example(shadow_only).unwrap()["descriptors"][0]["entries"][0]["key"],
+            "k"
+        );
+        let unlimited = "domain: u\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true}\n";
+        assert_eq!(example(unlimited), None);
+    }
 
     #[test]
     fn the_default_cap_fits_the_open_files_limit_silently() {

@@ -350,11 +350,11 @@ impl AppState {
             .map(|p| format!(", per-second limits on {}", p.store().url()))
             .unwrap_or_default();
         match self.backend().redis() {
-            Some(g) => format!(
-                "{} (prefix {}){per_second}",
-                g.store().url(),
-                g.store().options().prefix
-            ),
+            Some(g) => match g.store().options().prefix.as_str() {
+                // The envoy profile's default: keys as envoyproxy/ratelimit writes them.
+                "" => format!("{} (no key prefix){per_second}", g.store().url()),
+                prefix => format!("{} (prefix {prefix}){per_second}", g.store().url()),
+            },
             None => "memory".into(),
         }
     }

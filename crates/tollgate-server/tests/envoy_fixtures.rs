@@ -29,7 +29,7 @@ use tollgate_core::ManualClock;
 use tollgate_redis::{RedisOptions, RedisStore};
 use tollgate_server::backend::{Guarded, RedisSettings};
 use tollgate_server::{router, AppState, LoadedRules};
-use tollgate_testsupport::{delete_prefix, unique_prefix, SHARED_URL};
+use tollgate_testsupport::{delete_prefix, shared_url, unique_prefix};
 use tower::ServiceExt;
 
 /// 2023-11-14T22:14:00Z: a whole minute, in µs.
@@ -65,7 +65,7 @@ async fn redis_app(set: RuleSet) -> (Router, String) {
         prefix: prefix.clone(),
         ..RedisOptions::default()
     };
-    let store = RedisStore::connect_lazy(SHARED_URL, opts)
+    let store = RedisStore::connect_lazy(shared_url(), opts)
         .await
         .expect("redis store");
     let guarded = Guarded::start(store, RedisSettings::default()).await;
@@ -145,7 +145,7 @@ async fn over_limit_reports_zero_remaining_on_v1_check_and_json() {
 async fn over_limit_reports_zero_remaining_on_redis() {
     let (app, prefix) = redis_app(fixture_set(&["config/basic_config.yaml"])).await;
     over_limit_reports_zero_remaining(&app).await;
-    delete_prefix(SHARED_URL, &prefix);
+    delete_prefix(shared_url(), &prefix);
 }
 
 async fn over_limit_reports_zero_remaining(app: &Router) {
@@ -241,7 +241,7 @@ async fn quota_mode_limits_block_only_together() {
 async fn quota_mode_limits_block_only_together_on_redis() {
     let (app, prefix) = redis_app(quota_set()).await;
     quota_mode(&app).await;
-    delete_prefix(SHARED_URL, &prefix);
+    delete_prefix(shared_url(), &prefix);
 }
 
 async fn quota_mode(app: &Router) {

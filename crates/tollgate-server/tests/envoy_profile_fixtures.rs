@@ -59,7 +59,7 @@ use tollgate_server::envoy::profile::{reset_secs, translate};
 use tollgate_server::envoy::stats::envoy_counters;
 use tollgate_server::serve::{build_state_with_clock, ServeConfig};
 use tollgate_server::AppState;
-use tollgate_testsupport::{delete_prefix, unique_prefix, SHARED_URL};
+use tollgate_testsupport::{delete_prefix, shared_url, unique_prefix};
 use tower::ServiceExt;
 
 fn fixture(rel: &str) -> PathBuf {
@@ -92,7 +92,7 @@ impl Drop for Profile {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.root);
         if let Some(prefix) = &self.prefix {
-            delete_prefix(SHARED_URL, prefix);
+            delete_prefix(shared_url(), prefix);
         }
     }
 }
@@ -131,7 +131,10 @@ async fn profile_of(store: Store, files: &[(String, String)], extra: &[(&str, &s
         Store::Memory => None,
         Store::Redis => {
             vars.insert("REDIS_SOCKET_TYPE".into(), "tcp".into());
-            vars.insert("REDIS_URL".into(), "127.0.0.1:6379".into());
+            vars.insert(
+                "REDIS_URL".into(),
+                tollgate_testsupport::shared_addr().into(),
+            );
             vars.insert("CACHE_KEY_PREFIX".into(), format!("{name}:"));
             Some(name)
         }
@@ -827,7 +830,7 @@ fn differences_store_settings() {
     // REDIS_TIMEOUT unset: tollgate's 50 ms, not envoy's 10 s.
     let t = translated(&[
         ("REDIS_SOCKET_TYPE", "tcp"),
-        ("REDIS_URL", "127.0.0.1:6379"),
+        ("REDIS_URL", tollgate_testsupport::shared_addr()),
     ]);
     assert_eq!(t.config.store.timeout, Duration::from_millis(50));
     assert_eq!(t.config.store.key_layout, tollgate_redis::KeyLayout::Envoy);

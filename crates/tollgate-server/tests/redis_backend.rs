@@ -14,7 +14,7 @@ use tollgate_server::backend::{BreakerState, Guarded, Policy, RedisSettings};
 use tollgate_server::check::DENIED_BY_POLICY;
 use tollgate_server::{router, AppState, LoadedRules};
 use tollgate_testsupport::{
-    assert_every_key_has_a_ttl, delete_prefix, unique_prefix, RedisServer, SHARED_URL,
+    assert_every_key_has_a_ttl, delete_prefix, shared_url, unique_prefix, RedisServer,
 };
 use tower::ServiceExt;
 
@@ -145,8 +145,8 @@ async fn until_healthy(app: &App) -> Duration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_share_one_redis_counter() {
     let prefix = unique_prefix("backend-shared");
-    let a = app(SHARED_URL, &prefix, 2000, settings(Policy::Local)).await;
-    let b = app(SHARED_URL, &prefix, 2000, settings(Policy::Local)).await;
+    let a = app(shared_url(), &prefix, 2000, settings(Policy::Local)).await;
+    let b = app(shared_url(), &prefix, 2000, settings(Policy::Local)).await;
     let mut admitted = 0;
     for i in 0..6 {
         let app = if i % 2 == 0 { &a } else { &b };
@@ -172,8 +172,8 @@ async fn two_instances_share_one_redis_counter() {
     );
     assert!(text.contains("tollgate_degraded_decisions_total{policy=\"local\"} 0"));
     // The counter and the start probe's key (a write with a TTL, under the prefix).
-    assert_eq!(assert_every_key_has_a_ttl(SHARED_URL, &prefix), 2);
-    delete_prefix(SHARED_URL, &prefix);
+    assert_eq!(assert_every_key_has_a_ttl(shared_url(), &prefix), 2);
+    delete_prefix(shared_url(), &prefix);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -267,13 +267,13 @@ async fn deny_cache_answers_denied_keys_without_redis() {
         deny_cache: true,
         ..settings(Policy::Local)
     };
-    let app = app(SHARED_URL, &prefix, 2000, s).await;
+    let app = app(shared_url(), &prefix, 2000, s).await;
     assert_eq!(check(&app, "log", "dave").await.0, StatusCode::OK);
     assert_eq!(check(&app, "log", "dave").await.0, StatusCode::OK);
     let (s, denied) = check(&app, "log", "dave").await;
     assert_eq!(s, StatusCode::TOO_MANY_REQUESTS);
     // Forget the counter in Redis: only the cache can still deny.
-    assert!(delete_prefix(SHARED_URL, &prefix) > 0);
+    assert!(delete_prefix(shared_url(), &prefix) > 0);
     let (s, cached) = check(&app, "log", "dave").await;
     assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "{cached}");
     let retry = |b: &Value| b["statuses"][0]["retry_after_ms"].as_u64().unwrap();
@@ -282,7 +282,7 @@ async fn deny_cache_answers_denied_keys_without_redis() {
     assert!(m.contains("tollgate_deny_cache_hits_total 1"), "{m}");
     // Other keys still go to Redis.
     assert_eq!(check(&app, "log", "erin").await.0, StatusCode::OK);
-    delete_prefix(SHARED_URL, &prefix);
+    delete_prefix(shared_url(), &prefix);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -347,7 +347,7 @@ async fn a_batched_limit_is_flushed_and_reported_per_limit() {
             flush_interval: Duration::from_secs(3600),
             ..settings(Policy::Deny)
         };
-        app_on(set, SHARED_URL, &prefix, 2000, s).await
+        app_on(set, shared_url(), &prefix, 2000, s).await
     };
     let (a, b) = (make().await, make().await);
     for _ in 0..6 {
@@ -372,5 +372,5 @@ async fn a_batched_limit_is_flushed_and_reported_per_limit() {
     ] {
         assert!(text.contains(line), "{line} in:\n{text}");
     }
-    delete_prefix(SHARED_URL, &prefix);
+    delete_prefix(shared_url(), &prefix);
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tollgate_redis::{RedisOptions, RedisStore};
 use tollgate_server::registry::storage::redis::RedisRegistry;
 use tollgate_server::registry::storage::{Expect, Refused, Version};
-use tollgate_testsupport::{cli, unique_prefix, SHARED_URL};
+use tollgate_testsupport::{cli, shared_url, unique_prefix};
 
 fn version(rules: &str) -> Version {
     Version {
@@ -31,11 +31,11 @@ impl Keys {
     /// Every registry key gone, as after a `FLUSHALL`.
     fn lose_all(&self) {
         let keys = cli(
-            6379,
+            tollgate_testsupport::shared_port(),
             &["--scan", "--pattern", &format!("{{{}:registry}}*", self.0)],
         );
         for k in keys.lines().filter(|k| !k.is_empty()) {
-            cli(6379, &["DEL", k]);
+            cli(tollgate_testsupport::shared_port(), &["DEL", k]);
         }
     }
 }
@@ -55,7 +55,7 @@ async fn lost_registries_are_refused_written_back_once_and_repaired() {
         timeout: Duration::from_secs(2),
         ..RedisOptions::default()
     };
-    let store = RedisStore::connect(SHARED_URL, opts).await.unwrap();
+    let store = RedisStore::connect(shared_url(), opts).await.unwrap();
     let reg = RedisRegistry::new(store);
 
     // A new registry: nothing known, nothing stored.
@@ -121,7 +121,14 @@ async fn lost_registries_are_refused_written_back_once_and_repaired() {
     newer.domains.remove("b");
     assert_eq!(reg.restore(&newer).await.unwrap(), Some(3));
     assert_eq!(reg.load().await.unwrap().as_ref(), Some(&newer));
-    assert_eq!(cli(6379, &["EXISTS", &keys.key("history:b")]).trim(), "0");
+    assert_eq!(
+        cli(
+            tollgate_testsupport::shared_port(),
+            &["EXISTS", &keys.key("history:b")]
+        )
+        .trim(),
+        "0"
+    );
     assert_eq!(
         reg.put("c", &version("C"), Expect::Any, 10, 5, 5)
             .await
@@ -132,7 +139,10 @@ async fn lost_registries_are_refused_written_back_once_and_repaired() {
 
     // Only the revision key lost (evicted): the domains hash shows Redis is not behind an
     // older snapshot; the key comes back, nothing is overwritten.
-    cli(6379, &["DEL", &keys.key("revision")]);
+    cli(
+        tollgate_testsupport::shared_port(),
+        &["DEL", &keys.key("revision")],
+    );
     assert_eq!(reg.restore(&newer).await.unwrap(), None);
     assert_eq!(reg.revision().await.unwrap(), Some(6));
     assert_eq!(reg.load().await.unwrap().unwrap().domains.len(), 2);
@@ -151,7 +161,10 @@ async fn lost_registries_are_refused_written_back_once_and_repaired() {
             .map(|w| w.version),
         Ok(9)
     );
-    cli(6379, &["DEL", &keys.key("history:d")]);
+    cli(
+        tollgate_testsupport::shared_port(),
+        &["DEL", &keys.key("history:d")],
+    );
     let e = reg.load().await.unwrap_err().to_string();
     assert!(e.contains("`d`"), "{e}");
 }

@@ -19,7 +19,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// The shared Redis every test may use (with its own prefix).
+/// The shared Redis when `TOLLGATE_TEST_REDIS_URL` is not set. Tests use [`shared_url`], never
+/// this: scripts/test.sh runs its own server on a free port.
 pub const SHARED_URL: &str = "redis://127.0.0.1:6379";
 
 /// The shared server of this run: `TOLLGATE_TEST_REDIS_URL` when set (scripts/test.sh runs the
@@ -29,6 +30,23 @@ pub fn shared_url() -> &'static str {
     URL.get_or_init(|| {
         std::env::var("TOLLGATE_TEST_REDIS_URL").unwrap_or_else(|_| SHARED_URL.to_string())
     })
+}
+
+/// The port of [`shared_url`] (`redis://HOST:PORT`).
+pub fn shared_port() -> u16 {
+    shared_addr()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in TOLLGATE_TEST_REDIS_URL={}", shared_url()))
+}
+
+/// `HOST:PORT` of [`shared_url`], as envoyproxy/ratelimit's `REDIS_URL` takes it.
+pub fn shared_addr() -> &'static str {
+    let url = shared_url();
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+    rest.split('/').next().unwrap_or(rest)
 }
 
 /// The server binary the throwaway servers run: `TOLLGATE_TEST_REDIS_SERVER` when set (a

@@ -11,7 +11,7 @@
 //!   (`PeerIpKeyExtractor`), every request admitted, its default (no headers on allowed
 //!   responses); `tower_governor_headers`: with its `use_headers()` (on allowed responses two
 //!   headers, `x-ratelimit-limit` and `x-ratelimit-remaining`);
-//! - `tollgate_redis`: throughput of the layer on the Redis store (127.0.0.1:6379), 32 requests
+//! - `tollgate_redis`: throughput of the layer on the Redis store (the suite's, `TOLLGATE_TEST_REDIS_URL`, else 127.0.0.1:6379), 32 requests
 //!   in flight on a two-thread runtime: one round trip per request.
 //!
 //! Requests come from 1,000 client addresses in turn (`ConnectInfo`, as axum's
@@ -134,9 +134,9 @@ fn redis(c: &mut Criterion) {
             timeout: Duration::from_secs(1),
             ..RedisOptions::default()
         };
-        let store = RedisStore::connect("redis://127.0.0.1:6379", opts)
+        let store = RedisStore::connect(tollgate_testsupport::shared_url(), opts)
             .await
-            .expect("a Redis on 127.0.0.1:6379 (scripts/test.sh starts one)");
+            .expect("the suite's Redis (TOLLGATE_TEST_REDIS_URL; scripts/test.sh starts one)");
         let guarded = Guarded::start(store, RedisSettings::default()).await;
         router().layer(tollgate(admit_all()).redis(guarded).build().unwrap())
     });
@@ -160,7 +160,7 @@ fn redis(c: &mut Criterion) {
         })
     });
     g.finish();
-    tollgate_testsupport::delete_prefix("redis://127.0.0.1:6379", &prefix);
+    tollgate_testsupport::delete_prefix(tollgate_testsupport::shared_url(), &prefix);
 }
 
 criterion_group!(benches, per_request, redis);

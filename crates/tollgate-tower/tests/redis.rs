@@ -1,5 +1,5 @@
 //! The Redis backend: two application instances (two layers, two stores, two breakers) on one
-//! real Redis (127.0.0.1:6379) enforce one limit between them; and with Redis gone, the failure
+//! real Redis (the suite's shared one) enforce one limit between them; and with Redis gone, the failure
 //! policy decides (a Redis started for the test, then killed).
 
 use axum::body::Body;
@@ -13,8 +13,6 @@ use tollgate_redis::{Guarded, Policy, RedisOptions, RedisSettings, RedisStore};
 use tollgate_testsupport::{delete_prefix, unique_prefix, RedisServer};
 use tollgate_tower::{Key, Quota, RateLimitLayer, RuleSet, Unit};
 use tower::ServiceExt as _;
-
-const SHARED: &str = "redis://127.0.0.1:6379";
 
 async fn guarded(url: &str, prefix: &str, policy: Policy) -> Arc<Guarded> {
     let opts = RedisOptions {
@@ -57,8 +55,8 @@ async fn two_instances_sharing_redis_enforce_one_limit() {
             .build()
             .unwrap())
     };
-    let a = instance(guarded(SHARED, &prefix, Policy::Local).await);
-    let b = instance(guarded(SHARED, &prefix, Policy::Local).await);
+    let a = instance(guarded(tollgate_testsupport::shared_url(), &prefix, Policy::Local).await);
+    let b = instance(guarded(tollgate_testsupport::shared_url(), &prefix, Policy::Local).await);
     let mut seen = Vec::new();
     for i in 0..8 {
         let app = if i % 2 == 0 { &a } else { &b };
@@ -86,7 +84,7 @@ async fn two_instances_sharing_redis_enforce_one_limit() {
     // Another client is untouched.
     let r = b.clone().oneshot(from([192, 0, 2, 2])).await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);
-    delete_prefix(SHARED, &prefix);
+    delete_prefix(tollgate_testsupport::shared_url(), &prefix);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

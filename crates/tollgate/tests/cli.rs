@@ -59,13 +59,16 @@ fn simulate_replays_traces_exactly() {
 #[test]
 fn simulate_on_redis_equals_memory() {
     let leftovers = || {
-        tollgate_testsupport::cli(6379, &["--scan", "--pattern", "tollgate-simulate-*"])
-            .lines()
-            .count()
+        tollgate_testsupport::cli(
+            tollgate_testsupport::shared_port(),
+            &["--scan", "--pattern", "tollgate-simulate-*"],
+        )
+        .lines()
+        .count()
     };
     let before = leftovers();
     for trace in traces() {
-        let out = simulate(&trace, tollgate_testsupport::SHARED_URL);
+        let out = simulate(&trace, tollgate_testsupport::shared_url());
         assert!(out.status.success(), "{trace}: {}", text(&out.stderr));
         assert_eq!(
             text(&out.stdout),

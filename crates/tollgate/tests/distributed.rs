@@ -19,8 +19,8 @@ use support::{http, serve_store as serve, temp_dir, tollgate, RefusedPort, Serve
 use tollgate_core::{Algorithm, Quota, Unit};
 use tollgate_redis::keys::{counter_keys, slot};
 use tollgate_testsupport::{
-    assert_every_key_has_a_ttl, delete_prefix, runtime, unique_prefix, Cluster, RedisServer,
-    SHARED_URL,
+    assert_every_key_has_a_ttl, delete_prefix, runtime, shared_url, unique_prefix, Cluster,
+    RedisServer,
 };
 
 const LIMIT: u64 = 1000;
@@ -99,7 +99,7 @@ fn four_instances_admit_exactly_the_limit() {
     // calls to the local fallback, which is not what this test measures.
     let extra = ["--redis-prefix", &prefix, "--redis-timeout-ms", "5000"];
     let servers: Vec<Server> = (0..4)
-        .map(|i| serve(&rules, SHARED_URL, &extra, &format!("exact{i}")))
+        .map(|i| serve(&rules, shared_url(), &extra, &format!("exact{i}")))
         .collect();
     let bases: Vec<String> = servers.iter().map(|s| s.base.clone()).collect();
     let rt = runtime();
@@ -142,8 +142,8 @@ fn four_instances_admit_exactly_the_limit() {
     );
     assert_eq!(checks, 10_000, "fw and sc: every check batched");
     assert!(calls < checks, "{checks} checks in {calls} calls");
-    assert!(assert_every_key_has_a_ttl(SHARED_URL, &prefix) >= 5);
-    delete_prefix(SHARED_URL, &prefix);
+    assert!(assert_every_key_has_a_ttl(shared_url(), &prefix) >= 5);
+    delete_prefix(shared_url(), &prefix);
 }
 
 /// `/readyz`'s `store_state`.
@@ -543,7 +543,7 @@ fn count_min_sketch_with_redis_is_refused_at_start() {
         "--rules",
         &dir.display().to_string(),
         "--store",
-        SHARED_URL,
+        shared_url(),
         "--http-addr",
         "127.0.0.1:0",
     ]);
@@ -556,7 +556,7 @@ fn count_min_sketch_with_redis_is_refused_at_start() {
         "--rules",
         &dir.display().to_string(),
         "--store",
-        SHARED_URL,
+        shared_url(),
         "--input",
         "/dev/null",
     ]);

@@ -13,8 +13,6 @@ mod support;
 use support::*;
 use tollgate_testsupport::envoy_incr;
 
-const REDIS: &str = "redis://127.0.0.1:6379";
-
 const RULES: &str = "domain: shared
 descriptors:
   - key: user
@@ -53,7 +51,7 @@ fn envoy_counting_and_keys_shared_with_envoy_pods() {
     let prefix = format!("tgtest-envoycount-{}:", std::process::id());
     let server = serve_store(
         &rules,
-        REDIS,
+        tollgate_testsupport::shared_url(),
         &[
             "--redis-timeout-ms",
             "3000",
@@ -69,7 +67,7 @@ fn envoy_counting_and_keys_shared_with_envoy_pods() {
         ],
         "envoy-counting",
     );
-    let mut c = redis::Client::open(REDIS)
+    let mut c = redis::Client::open(tollgate_testsupport::shared_url())
         .unwrap()
         .get_connection()
         .unwrap();

@@ -983,6 +983,13 @@ fn unhealthy_until_redis_has_answered() {
         &[("REDIS_SOCKET_TYPE", "tcp"), ("REDIS_URL", &url)],
         "envoy-profile-redis",
     );
+    // Regression: envoy's empty CACHE_KEY_PREFIX printed `(prefix )` in the start line.
+    assert!(
+        s.line
+            .contains(&format!("store redis://127.0.0.1:{port} (no key prefix)")),
+        "{}",
+        s.line
+    );
     let h = http(&s.base, Method::GET, "/healthcheck", None);
     assert_eq!(h.status, 500, "{}", h.body);
     assert_eq!(

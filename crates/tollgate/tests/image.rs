@@ -402,7 +402,10 @@ fn image_runs_the_redis_pod_with_the_url_from_the_secret() {
     let prefix = tollgate_testsupport::unique_prefix("image");
     let mut env = listeners();
     // What the user puts in the Secret; `localhost` is resolved in the container (/etc/hosts).
-    env.push(("TOLLGATE_STORE", "redis://localhost:6379".to_string()));
+    env.push((
+        "TOLLGATE_STORE",
+        format!("redis://localhost:{}", tollgate_testsupport::shared_port()),
+    ));
     env.push(("TOLLGATE_REDIS_PREFIX", prefix.clone()));
     let mut c = Container::run(&manifest, &cm, &env, "redis");
     c.wait_ready(&manifest.probe_path("readinessProbe"));
@@ -414,7 +417,7 @@ fn image_runs_the_redis_pod_with_the_url_from_the_secret() {
     let second = check(&base, "api", &[("user", "carol")]);
     assert_eq!(first["statuses"][0]["limit_remaining"], 99, "{first}");
     assert_eq!(second["statuses"][0]["limit_remaining"], 98, "{second}");
-    let keys = tollgate_testsupport::delete_prefix("redis://127.0.0.1:6379", &prefix);
+    let keys = tollgate_testsupport::delete_prefix(tollgate_testsupport::shared_url(), &prefix);
     assert!(keys > 0, "no counter under {prefix} in Redis");
     c.signal("TERM");
     assert_eq!(c.wait_exit(), 0, "{}", c.logs());
@@ -447,7 +450,10 @@ fn image_swaps_in_for_envoy_ratelimit_keeping_its_environment() {
         ("PORT", "0".to_string()),
         ("GRPC_HOST", "127.0.0.1".to_string()),
         ("GRPC_PORT", "0".to_string()),
-        ("REDIS_URL", "localhost:6379".to_string()),
+        (
+            "REDIS_URL",
+            format!("localhost:{}", tollgate_testsupport::shared_port()),
+        ),
         ("CACHE_KEY_PREFIX", format!("{prefix}:")),
     ];
     let mut c = Container::run(&manifest, &cm, &extra, "envoy");
@@ -469,7 +475,7 @@ fn image_swaps_in_for_envoy_ratelimit_keeping_its_environment() {
         statuses.push(r.status);
     }
     assert_eq!(statuses, [200, 429]);
-    let keys = tollgate_testsupport::delete_prefix("redis://127.0.0.1:6379", &prefix);
+    let keys = tollgate_testsupport::delete_prefix(tollgate_testsupport::shared_url(), &prefix);
     assert!(keys > 0, "no counter under {prefix}: in Redis");
     let hc = get(&base, "/healthcheck").unwrap();
     assert_eq!((hc.status, hc.body.trim()), (200, "OK"), "{hc:?}");

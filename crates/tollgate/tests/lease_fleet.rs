@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use support::client::Method;
 use support::conn::Conn;
 use support::{http, serve_store as serve, temp_dir, Server};
-use tollgate_testsupport::{delete_prefix, runtime, unique_prefix, SHARED_URL};
+use tollgate_testsupport::{delete_prefix, runtime, shared_url, unique_prefix};
 
 const LIMIT: u64 = 600;
 const CALLERS: usize = 32;
@@ -87,7 +87,14 @@ fn run(rules: &str, run: usize) -> Option<u64> {
         "5000",
     ];
     let servers: Vec<Server> = (0..3)
-        .map(|i| serve(rules, SHARED_URL, &extra, &format!("lease-fleet{run}-{i}")))
+        .map(|i| {
+            serve(
+                rules,
+                shared_url(),
+                &extra,
+                &format!("lease-fleet{run}-{i}"),
+            )
+        })
         .collect();
     let bases: Vec<String> = servers.iter().map(|s| s.base.clone()).collect();
     let hour = utc_hour();
@@ -130,7 +137,7 @@ fn run(rules: &str, run: usize) -> Option<u64> {
         .iter()
         .map(|b| metric(b, "tollgate_lease_local_decisions_total"))
         .sum();
-    delete_prefix(SHARED_URL, &prefix);
+    delete_prefix(shared_url(), &prefix);
     if utc_hour() != hour {
         eprintln!("run {run}: the hour turned during the run; running it again");
         return None;

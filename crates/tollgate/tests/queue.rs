@@ -18,7 +18,7 @@ use support::client::Method;
 use support::gateway::{get, Gateway, Resp, Upstream};
 use support::registry::metric;
 use support::{http, serve_store, temp_dir, tollgate, Server};
-use tollgate_testsupport::{delete_prefix, unique_prefix, SHARED_URL};
+use tollgate_testsupport::{delete_prefix, shared_url, unique_prefix};
 
 const RULES: &str = r#"domain: web
 http:
@@ -263,7 +263,7 @@ fn on_redis_paid_waiters_are_served_before_earlier_free_ones() {
     let prefix = unique_prefix("queue-redis");
     let server = serve_store(
         rules.to_str().unwrap(),
-        SHARED_URL,
+        shared_url(),
         &["--redis-prefix", &prefix],
         "queue-redis",
     );
@@ -302,7 +302,7 @@ fn on_redis_paid_waiters_are_served_before_earlier_free_ones() {
         2
     );
     drop(server);
-    delete_prefix(SHARED_URL, &prefix);
+    delete_prefix(shared_url(), &prefix);
 }
 
 /// The example rules of docs/rules.md's "Queueing" section validate as written.

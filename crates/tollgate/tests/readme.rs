@@ -5,11 +5,16 @@
 //! for what its output must show; an unmarked block fails the run.
 //!
 //! docs/operations.md's two-instance Redis setup, run as written (extracted from the page, so
-//! the two cannot drift): on a machine that already runs the quick start's `serve` and a Redis on 6379, the
+//! the two cannot drift; the suite's Redis, `TOLLGATE_TEST_REDIS_URL`, in place of the one on
+//! 6379): on a machine that already runs the quick start's `serve` and a Redis, the
 //! block starts no second Redis, collides with no port, and both instances share one limit
 //! (`limit_remaining` goes down by one per request across them). `tollgate` is the built binary,
 //! first on `PATH` as after `cargo install`. Its fixed ports are replaced by free ones only when
 //! something else holds them (so a busy machine cannot make this flaky).
+//!
+//! A block that starts `tollgate serve` in the background is run once more with its HTTP port
+//! held by another serve: it must stop there, with its serve's reason, and send the other
+//! server nothing.
 
 mod support;
 
@@ -18,7 +23,7 @@ use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 use support::{on_free_ports, port_is_free, repo};
-use tollgate_testsupport::free_port;
+use tollgate_testsupport::{free_port, shared_port};
 
 const MARKER: &str = "<!-- distributed-setup:";
 
@@ -103,6 +108,8 @@ fn readme_distributed_setup_runs_as_written() {
     );
     let bin_dir = Path::new(env!("CARGO_BIN_EXE_tollgate")).parent().unwrap();
     let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap());
+    // The suite's Redis (scripts/test.sh starts its own) plays the one on 6379.
+    let script = script.replace("6379", &shared_port().to_string());
     // The documented ports where free; all moved when one was lost to another process (the
     // script's services cannot bind port 0 and say where they are).
     let mut documented = true;
@@ -122,6 +129,7 @@ fn readme_distributed_setup_runs_as_written() {
                 }
             }
             let mut child = cmd
+                .arg("-e")
                 .arg("-c")
                 .arg(&script)
                 .env("PATH", &path)
@@ -296,9 +304,10 @@ impl Env {
         self.ports.iter().find(|(f, _)| *f == fixed).unwrap().1
     }
 
-    /// `text` with every moved port replaced.
+    /// `text` with every moved port replaced, and the suite's Redis (`TOLLGATE_TEST_REDIS_URL`,
+    /// scripts/test.sh's own) in place of the one on 6379 a block names.
     fn script(&self, text: &str) -> String {
-        let mut s = text.to_owned();
+        let mut s = text.replace("127.0.0.1:6379", &format!("127.0.0.1:{}", shared_port()));
         for (fixed, port) in &self.ports {
             if fixed != port {
                 s = s.replace(&fixed.to_string(), &port.to_string());
@@ -640,4 +649,160 @@ fn the_migration_guide_and_swap_manifest_keep_the_debug_port() {
             .unwrap();
     assert!(manifest.contains("containerPort: 6070"), "{manifest}");
     assert!(!manifest.contains("debug port 6070 is gone"), "{manifest}");
+}
+
+/// Regression: docs/distributed.md said `GET /v1/rules` shows each limit's sync mode; without
+/// the admin token it is a summary listing no limit. The page says where the mode shows for
+/// whom, and the service does as it says.
+#[test]
+fn the_distributed_guide_says_who_sees_each_limits_sync_mode() {
+    let page = std::fs::read_to_string(repo().join("docs/distributed.md")).unwrap();
+    let intro = page.split("\n\n").nth(1).expect("the opening paragraph");
+    assert!(intro.contains("GET /v1/rules"), "{intro}");
+    assert!(
+        intro.contains("with the admin token") && intro.contains("summary"),
+        "docs/distributed.md's opening paragraph promises each limit's mode in GET /v1/rules \
+         without saying it needs the admin token:\n{intro}"
+    );
+    assert!(intro.contains("tollgate_rule_limit"), "{intro}");
+
+    use support::client::Method;
+    let server = support::serve_rules(
+        &repo().join("examples/rules").display().to_string(),
+        &[],
+        "sync-mode-summary",
+    );
+    let rules: serde_json::Value =
+        serde_json::from_str(&support::http(&server.base, Method::GET, "/v1/rules", None).body)
+            .unwrap();
+    assert_eq!(rules["detail"], "summary", "{rules}");
+    assert!(!rules.to_string().contains("\"sync\""), "{rules}");
+    let metrics = support::http(&server.base, Method::GET, "/metrics", None).body;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("tollgate_rule_limit{") && l.contains("sync=\"exact\"")),
+        "{metrics}"
+    );
+}
+
+/// Every port a docs block may name, moved together when a block is run on other ports.
+const DOC_PORTS: [u16; 9] = [8080, 8081, 6070, 9080, 9081, 9180, 9181, 8000, 9000];
+
+/// The requests a `tollgate serve` answered (decisions and refused requests alike), from its
+/// `/metrics`.
+fn requests_answered(base: &str) -> u64 {
+    support::http(base, support::client::Method::GET, "/metrics", None)
+        .body
+        .lines()
+        .filter(|l| {
+            l.starts_with("tollgate_requests_total{")
+                || l.starts_with("tollgate_request_errors_total{")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Regression: with the quick start's `serve` still on 8080, docs/dashboard.md's block printed
+/// `Address already in use`, its readiness wait succeeded against the old server, and every
+/// check went to that one. Each block that starts `tollgate serve` in the background is run
+/// here with its HTTP port held by another `tollgate serve`: it must stop with an error (its
+/// serve's own reason on stderr) and send that other server nothing.
+#[test]
+fn a_block_whose_server_cannot_start_stops_there() {
+    let mut files = vec![repo().join("README.md")];
+    for e in std::fs::read_dir(repo().join("docs")).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|e| e == "md") {
+            files.push(p);
+        }
+    }
+    files.sort();
+    let holder = support::Server::start(
+        &["--http-addr", "0.0.0.0:0", "--grpc-addr", "off"],
+        &repo(),
+        "doc-blocks-port-holder",
+    );
+    let held = holder.port();
+    let mut tried = Vec::new();
+    let mut failures = Vec::new();
+    for path in &files {
+        let name = path
+            .strip_prefix(repo())
+            .unwrap_or(path)
+            .display()
+            .to_string();
+        let text = std::fs::read_to_string(path).unwrap();
+        for block in shell_blocks(&name, &text) {
+            // A `tollgate serve` sent to the background (`&`, not `&&`), over continued lines.
+            let joined = block.text.replace("\\\n", " ");
+            let background = joined.lines().any(|l| {
+                l.contains("tollgate serve") && l.replace("&&", "").replace(">&", "").contains('&')
+            });
+            if !background || matches!(block.how, Some(How::NotRun(_))) {
+                continue;
+            }
+            // Its HTTP port: the first of the ports a block's serve takes.
+            let Some(http) = [8080u16, 9080]
+                .into_iter()
+                .filter_map(|p| block.text.find(&p.to_string()).map(|at| (at, p)))
+                .min()
+                .map(|(_, p)| p)
+            else {
+                continue;
+            };
+            let at = format!("{}:{}", block.file, block.line);
+            tried.push(at.clone());
+            let mut moved: Vec<(u16, u16)> = DOC_PORTS
+                .iter()
+                .map(|&p| (p, if p == http { held } else { free_port() }))
+                .collect();
+            moved.push((6379, shared_port()));
+            let mut script = commands(&block.text);
+            for (from, to) in &moved {
+                script = script.replace(&from.to_string(), &to.to_string());
+            }
+            let to = |p: u16| moved.iter().find(|(f, _)| *f == p).unwrap().1;
+            let env = Env {
+                path: Env::new([0; 3], false).path,
+                ports: vec![(8080, to(8080)), (8081, to(8081)), (6070, to(6070))],
+            };
+            let before = requests_answered(&holder.base);
+            let mut child = env.command(&script).spawn().unwrap();
+            let status = wait_then_stop(&mut child, Duration::from_secs(60));
+            let out = child.wait_with_output().unwrap();
+            let (stdout, stderr) = (
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr),
+            );
+            let sent = requests_answered(&holder.base) - before;
+            let why = match status {
+                None => Some("did not stop within 60 s".to_owned()),
+                Some(s) if s.success() => Some("ended with status 0".to_owned()),
+                Some(_) if sent > 0 => Some(format!(
+                    "sent {sent} request(s) to the server already on its port"
+                )),
+                Some(_) if !stderr.contains("in use") => {
+                    Some("did not show its serve's reason (address in use)".to_owned())
+                }
+                Some(_) => None,
+            };
+            if let Some(why) = why {
+                failures.push(format!("{at}: {why}\nstdout:\n{stdout}\nstderr:\n{stderr}"));
+            }
+        }
+    }
+    eprintln!("blocks run with their port held: {tried:?}");
+    assert!(
+        tried.len() >= 4,
+        "only {} blocks start a server in the background: {tried:?}",
+        tried.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} of {} blocks went on with another server on their port:\n\n{}",
+        failures.len(),
+        tried.len(),
+        failures.join("\n\n")
+    );
 }

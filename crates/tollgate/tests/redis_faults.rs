@@ -276,6 +276,53 @@ fn out_of_memory_is_reported_and_the_breaker_does_not_flap() {
     }
 }
 
+/// Regression: after an outage, `/readyz` went back to `store_state: healthy` (the probe) but
+/// kept `store_condition: connection_refused` until the next request. The probe's write
+/// reaching Redis clears it: no request is sent once Redis is back.
+#[test]
+fn readyz_clears_the_store_condition_when_redis_is_back() {
+    let mut redis = RedisServer::start(&[]);
+    let port = redis.port;
+    let rules = rules_dir("faults-condition");
+    let prefix = unique_prefix("condition");
+    let s = serve(
+        &rules,
+        &redis.url(),
+        &["--redis-prefix", &prefix],
+        "condition",
+    );
+    assert_eq!(check(&s.base, "fw", "before").0, 200);
+    assert_eq!(readyz(&s.base)["store_condition"], "ok");
+    redis.kill();
+    let started = Instant::now();
+    while readyz(&s.base)["store_state"] != "open" {
+        check(&s.base, "fw", "outage");
+        assert!(started.elapsed() < HANG, "never opened");
+    }
+    let r = readyz(&s.base);
+    assert_eq!(r["store_condition"], "connection_refused", "{r}");
+    let _redis = RedisServer::start_on(port, &[]);
+    // Only `/readyz` from here on: the probe alone brings the breaker back.
+    let started = Instant::now();
+    let r = loop {
+        let r = readyz(&s.base);
+        if r["store_state"] == "healthy" {
+            break r;
+        }
+        assert!(started.elapsed() < HANG, "never recovered: {r}");
+        std::thread::sleep(Duration::from_millis(25));
+    };
+    assert_eq!(r["status"], "ready", "{r}");
+    assert_eq!(r["store_condition"], "ok", "{r}");
+    // The last failure stays on record.
+    assert_eq!(r["store_error"]["kind"], "connection_refused", "{r}");
+    assert!(
+        s.stderr().contains("Redis store answers again"),
+        "{}",
+        s.stderr()
+    );
+}
+
 /// `attempts` checks of `key=value` from 64 callers per instance: (admitted, denied, other).
 async fn hammer(bases: &[String], key: &str, value: &str, attempts: u64) -> [u64; 3] {
     let next = Arc::new(AtomicU64::new(0));

@@ -350,6 +350,36 @@ fn refusals_change_nothing() {
     );
 }
 
+/// Regression: an admin token alone (set for the dashboard) logged a WARN that the registry is
+/// kept in memory. That is said at info on start; the WARN comes with the first registration.
+#[test]
+fn an_admin_token_alone_warns_of_a_memory_registry_only_once_it_is_used() {
+    let dir = temp_dir("registry-memory-warn");
+    let rules = dir.join("rules.yaml");
+    std::fs::write(&rules, FILE_RULES).unwrap();
+    let server = serve_registry(&dir, &rules, &[], "registry-memory-warn");
+    let warnings = |log: &str| -> Vec<String> {
+        log.lines()
+            .filter(|l| l.contains(" WARN "))
+            .map(str::to_owned)
+            .collect()
+    };
+    let log = server.stderr();
+    assert_eq!(warnings(&log), Vec::<String>::new(), "{log}");
+    assert!(log.contains("registry kept in memory only"), "{log}");
+    for value in ["shop", "shop2"] {
+        let r = put(&server.base, value, &user_limit(value, 2), None);
+        assert!(r.status < 300, "{}: {}", r.status, r.body);
+    }
+    let log = server.stderr();
+    let warned = warnings(&log);
+    assert_eq!(warned.len(), 1, "once: {log}");
+    assert!(
+        warned[0].contains("registry kept in memory only") && warned[0].contains("shop"),
+        "{log}"
+    );
+}
+
 #[test]
 fn the_registry_is_closed_without_a_token() {
     let dir = temp_dir("registry-off");

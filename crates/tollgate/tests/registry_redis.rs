@@ -48,13 +48,13 @@ struct Cleanup(String);
 impl Drop for Cleanup {
     fn drop(&mut self) {
         let keys = cli(
-            6379,
+            tollgate_testsupport::shared_port(),
             &["--scan", "--pattern", &format!("{{{}:registry}}*", self.0)],
         );
         for k in keys.lines().filter(|k| !k.is_empty()) {
-            cli(6379, &["DEL", k]);
+            cli(tollgate_testsupport::shared_port(), &["DEL", k]);
         }
-        tollgate_testsupport::delete_prefix("redis://127.0.0.1:6379", &self.0);
+        tollgate_testsupport::delete_prefix(tollgate_testsupport::shared_url(), &self.0);
     }
 }
 
@@ -68,7 +68,7 @@ fn three_instances_share_the_registry() {
     let prefix = unique_prefix("registry3");
     let _cleanup = Cleanup(prefix.clone());
     let dir = temp_dir("registry-3");
-    let store = "redis://127.0.0.1:6379";
+    let store = tollgate_testsupport::shared_url();
     let a = instance(&dir, store, &prefix, "snap-a", "registry-3a");
     let b = instance(&dir, store, &prefix, "snap-b", "registry-3b");
     let c = instance(&dir, store, &prefix, "snap-c", "registry-3c");
@@ -168,7 +168,10 @@ fn three_instances_share_the_registry() {
         412
     );
     // Registry keys have no TTL.
-    let ttl = cli(6379, &["TTL", &format!("{{{prefix}:registry}}:revision")]);
+    let ttl = cli(
+        tollgate_testsupport::shared_port(),
+        &["TTL", &format!("{{{prefix}:registry}}:revision")],
+    );
     assert_eq!(ttl.trim(), "-1");
 }
 
@@ -179,7 +182,7 @@ fn a_change_whose_message_was_missed_is_polled() {
     let dir = temp_dir("registry-poll");
     let a = instance(
         &dir,
-        "redis://127.0.0.1:6379",
+        tollgate_testsupport::shared_url(),
         &prefix,
         "snap",
         "registry-poll",
@@ -193,7 +196,10 @@ fn a_change_whose_message_was_missed_is_polled() {
     // writer changes all three in one script), and must not see the new revision before the
     // version it names exists.
     let tag = format!("{{{prefix}:registry}}");
-    let rev = cli(6379, &["GET", &format!("{tag}:revision")]);
+    let rev = cli(
+        tollgate_testsupport::shared_port(),
+        &["GET", &format!("{tag}:revision")],
+    );
     let rev = rev.trim().parse::<u64>().unwrap() + 1;
     let version = serde_json::json!({
         "version": rev,
@@ -202,7 +208,7 @@ fn a_change_whose_message_was_missed_is_polled() {
         "rules": user_limit("shop", 42),
     });
     cli(
-        6379,
+        tollgate_testsupport::shared_port(),
         &[
             "LPUSH",
             &format!("{tag}:history:shop"),
@@ -210,10 +216,13 @@ fn a_change_whose_message_was_missed_is_polled() {
         ],
     );
     cli(
-        6379,
+        tollgate_testsupport::shared_port(),
         &["HSET", &format!("{tag}:domains"), "shop", &rev.to_string()],
     );
-    cli(6379, &["SET", &format!("{tag}:revision"), &rev.to_string()]);
+    cli(
+        tollgate_testsupport::shared_port(),
+        &["SET", &format!("{tag}:revision"), &rev.to_string()],
+    );
     let waited = wait_for(PROPAGATION_WAIT, || {
         current_limit(&a.base, "shop", "ann") == Some(42)
     });
@@ -532,7 +541,7 @@ fn concurrent_puts_each_answer_for_their_own_write() {
     let dir = temp_dir("registry-redis-races");
     let prefix = unique_prefix("regrace");
     let _cleanup = Cleanup(prefix.clone());
-    let store = "redis://127.0.0.1:6379";
+    let store = tollgate_testsupport::shared_url();
     let a = instance(&dir, store, &prefix, "snap-a", "registry-race-a");
     let b = instance(&dir, store, &prefix, "snap-b", "registry-race-b");
     let writers = 20u64;

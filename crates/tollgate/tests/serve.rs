@@ -240,6 +240,57 @@ fn readme_quick_start_serve_without_arguments() {
     assert_eq!(r.status, 200);
 }
 
+/// The hint's command as printed (`curl ... -d '...'`), run by a shell.
+fn run_hint(line: &str) -> Value {
+    let from = line.find("(try: ").expect("a hint") + "(try: ".len();
+    let to = line.rfind("')").expect("the hint's end") + 1;
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(&line[from..to])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{line}");
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {line}"))
+}
+
+/// Regression: the start line's hint was the example rules' request (`api`, `user=alice`)
+/// whatever was loaded, and answered `"current_limit":null` with other rules. It names a
+/// request a loaded rule limits, and there is none when no rule limits anything.
+#[test]
+fn the_start_hint_is_a_request_the_loaded_rules_limit() {
+    let dir = temp_dir("hint");
+    std::fs::write(
+        dir.join("shop.yaml"),
+        "domain: shop\ndescriptors:\n  - key: free\n    rate_limit: {unlimited: true}\n  \
+         - key: path\n    value: /checkout\n    descriptors:\n      - key: tenant\n        \
+         rate_limit: {unit: minute, requests_per_unit: 7}\n",
+    )
+    .unwrap();
+    let server = serve_rules(&dir.display().to_string(), &[], "hint");
+    let b = run_hint(&server.line);
+    assert_eq!(b["overall_code"], "OK", "{b}\n{}", server.line);
+    assert_eq!(
+        b["statuses"][0]["current_limit"]["requests_per_unit"], 7,
+        "{b}\n{}",
+        server.line
+    );
+    assert_eq!(b["statuses"][0]["limit_remaining"], 6, "{b}");
+
+    let none = temp_dir("hint-none");
+    std::fs::write(
+        none.join("free.yaml"),
+        "domain: free\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true}\n",
+    )
+    .unwrap();
+    let server = serve_rules(&none.display().to_string(), &[], "hint-none");
+    assert!(
+        server.line.starts_with("listening: HTTP http://"),
+        "{}",
+        server.line
+    );
+    assert!(!server.line.contains("try:"), "{}", server.line);
+}
+
 #[test]
 fn check_command_exits_0_then_1_then_2() {
     let dir = temp_dir("check");

@@ -208,6 +208,8 @@ pub struct Registry {
     counters: Counters,
     /// Redis: whether the last look at Redis failed (a WARN is logged on each transition).
     redis_down: AtomicBool,
+    /// Kept in memory only: whether the first registration warned that it is lost on restart.
+    warned_memory: AtomicBool,
 }
 
 /// How a `PUT` went (or would go, on a dry run).
@@ -359,6 +361,7 @@ impl Registry {
             files: std::sync::Mutex::new(None),
             counters: Counters::default(),
             redis_down: AtomicBool::new(false),
+            warned_memory: AtomicBool::new(false),
         }
     }
 
@@ -692,6 +695,15 @@ impl Registry {
                 })?;
                 let v = next.revision;
                 self.install(state, next).await;
+                if matches!(self.backing, Backing::Memory)
+                    && !self.warned_memory.swap(true, Relaxed)
+                {
+                    tracing::warn!(
+                        domain,
+                        "registry kept in memory only (no --registry-dir): registered domains \
+                         are lost on restart"
+                    );
+                }
                 PutOutcome {
                     version: Some(v),
                     ..old
@@ -1074,7 +1086,9 @@ pub async fn start(
                 (Backing::Dir(d), s)
             }
             None => {
-                tracing::warn!(
+                // Said again as a WARN when a domain is first registered: an admin token set
+                // for the dashboard alone is no registry in use.
+                tracing::info!(
                     "registry kept in memory only (no --registry-dir): registered domains are \
                      lost on restart"
                 );

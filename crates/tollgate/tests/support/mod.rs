@@ -80,11 +80,6 @@ impl Server {
             "{}",
             server.line
         );
-        assert!(
-            server.line.contains("curl -s localhost:"),
-            "{}",
-            server.line
-        );
         Ok(server)
     }
 
