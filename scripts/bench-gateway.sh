@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Forward-auth cost (BENCHMARKS.md "Forward-auth behind nginx"), side by side in one run:
+# Forward-auth cost (BENCHMARKS-HISTORY.md "Forward-auth behind nginx"), side by side in one run:
 #   A  nginx -> API                      (a plain reverse proxy)
 #   B  nginx -> tollgate -> API          (examples/nginx/nginx.conf: auth_request to tollgate)
 #   C  tollgate's /v1/forward-auth alone (what nginx asks in B, sent directly)

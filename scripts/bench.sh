@@ -8,7 +8,7 @@
 #   optional: --core (tollgate-core vs governor, short, plus paired rounds), --redis (Redis store vs redis-benchmark)
 # Every scenario uses the same settings (64 connections, 10,000 keys uniform, 1 s warm-up) and
 # runs --runs times (default 3); the median is reported. Raw JSON goes to --out (default
-# target/bench-results/<date>). See BENCHMARKS.md "Service: HTTP and gRPC against their ceilings".
+# target/bench-results/<date>). See BENCHMARKS-HISTORY.md "Service: HTTP and gRPC against their ceilings".
 #
 # --callgrind instead counts the server's instructions per request under valgrind (ceiling and
 # tollgate, HTTP and gRPC): slow, but repeatable on a noisy machine where req/s are not.
@@ -704,14 +704,14 @@ LOADED_RSS=$(rss_kb "$T_PID")
 stop_all
 
 if [ "$CORE" = 1 ]; then
-  echo "== tollgate-core vs governor (short; BENCHMARKS.md has the full run)"
+  echo "== tollgate-core vs governor (short; BENCHMARKS-HISTORY.md has the full run)"
   cargo bench --locked -p tollgate-core --bench core -- --warm-up-time 1 --measurement-time 2 \
     'single_key/admit/' 2>&1 | grep -E '^(single|keys|threads|step)|time:' | tee "$OUT/core.txt"
   echo "== GCRA vs governor, paired interleaved rounds (the figure for the <= 1.0x target)"
   cargo run --locked --release -q -p tollgate-core --example versus -- 100 20000 | tee "$OUT/versus.txt"
 fi
 if [ "$REDIS" = 1 ]; then
-  echo "== Redis store vs redis-benchmark EVALSHA (BENCHMARKS.md 'Redis store')"
+  echo "== Redis store vs redis-benchmark EVALSHA (BENCHMARKS-HISTORY.md 'Redis store')"
   BENCH_SECS=5 cargo bench --locked -p tollgate-redis --bench redis 2>&1 | tee "$OUT/redis.txt" | tail -n 20
 fi
 

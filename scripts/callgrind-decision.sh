@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Instructions per decision (callgrind) of `tollgate serve`, gRPC, memory store, 64 callers: the
-# gRPC row's callgrind pass of BENCHMARKS.md, for one or more binaries side by side. Instruction
+# gRPC row's callgrind pass of BENCHMARKS-HISTORY.md, for one or more binaries side by side. Instruction
 # counts do not depend on the machine's load, so binaries built at different commits compare.
 #
 # Usage: scripts/callgrind-decision.sh [--bin LABEL=PATH]... [--rules FILE] [--keys N]

@@ -253,13 +253,13 @@ chmod +x "$TOLLGATE_VALKEY_SERVER" 2>/dev/null || true
 
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 # One build of everything gains nothing from incremental compilation's saved state, which was
-# the largest part of target/ (BENCHMARKS.md, "Build time and size"). Set CARGO_INCREMENTAL=1 to
+# the largest part of target/ (BENCHMARKS-HISTORY.md, "Build time and size"). Set CARGO_INCREMENTAL=1 to
 # keep it (cargo rebuilds the workspace's own crates when the setting changes between runs).
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 export RUST_BACKTRACE=1
 
 # Each phase says when it starts and how long it took; cargo's own progress (one line per crate
-# compiled) shows while it builds: a cold build takes minutes (see BENCHMARKS.md).
+# compiled) shows while it builds: a cold build takes minutes (see BENCHMARKS-HISTORY.md).
 started=$SECONDS
 phase() { echo "== $* ($(date +%H:%M:%S), $((SECONDS - started)) s so far)"; }
 
@@ -273,7 +273,7 @@ done
 python3 scripts/modgraph.py --check --acyclic tollgate-core --acyclic tollgate-server --acyclic tollgate-redis \
   --acyclic tollgate-tower --only-imported-by tollgate-server:envoy=serve "${core_rules[@]}"
 
-# The instruction-count harness of BENCHMARKS.md ("The counting step written out"), run without
+# The instruction-count harness of BENCHMARKS-HISTORY.md ("The counting step written out"), run without
 # callgrind so it cannot rot: the library assembled from the Lua files loads on a private
 # redis-server and answers batches of distinct keys and of repeated keys, both algorithms.
 phase "scripts: the batched function replayed standalone (scripts/bench-redis-batch.py)"
@@ -283,13 +283,13 @@ for alg in sliding_window_counter fixed_window; do
     --keys 5 --batch 32
 done
 
-phase "build: every crate, test and bench (cold: minutes, see BENCHMARKS.md; warm: seconds)"
+phase "build: every crate, test and bench (cold: minutes, see BENCHMARKS-HISTORY.md; warm: seconds)"
 cargo build --workspace --all-targets --locked
 
 # The container image's binary (crates/tollgate/tests/image.rs builds the image from it): glibc
 # linked statically, so the image is `FROM scratch`. --target keeps RUSTFLAGS off build scripts
 # and proc-macros. The `image` profile (Cargo.toml) is the release build, stripped (cold: minutes,
-# see BENCHMARKS.md). It builds in the background while the tests run (most of their time is
+# see BENCHMARKS-HISTORY.md). It builds in the background while the tests run (most of their time is
 # spent waiting on servers, not on the CPU); it uses its own build directories
 # (target/image, target/x86_64-unknown-linux-gnu), so neither cargo waits for the other's lock.
 # Only the image test needs it: that one runs after the build has finished.

@@ -2,7 +2,7 @@
 //! store, 10,000 keys and a limit so high every request passes. No network: what is measured is
 //! the request's work in the service (parsing, rules, store, metrics, response building). The
 //! same stack without the rate limiting is `tollgate bench-ceiling http`, measured over sockets
-//! (BENCHMARKS.md).
+//! (BENCHMARKS-HISTORY.md).
 //!
 //! - `cargo bench -p tollgate-server --bench http`: criterion, ns per request.
 //! - Instructions per request, repeatable on a noisy machine: `ITERS=N TARGET=tollgate`

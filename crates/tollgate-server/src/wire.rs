@@ -2,7 +2,7 @@
 //!
 //! Why not a `serde_json::Value` tree walked afterwards: the tree costs an allocation per
 //! object, per key and per string, then a copy of every string we keep and a drop of the whole
-//! tree, a large share of an HTTP check's work (BENCHMARKS.md). Why not a derived
+//! tree, a large share of an HTTP check's work (BENCHMARKS-HISTORY.md). Why not a derived
 //! struct: every mistake would become one generic serde message, and users are owed a code and
 //! a message per mistake (never a 500).
 //!
