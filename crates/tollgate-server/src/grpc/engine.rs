@@ -12,8 +12,8 @@
 //! default. The plain engine ([`GrpcEngine::Plain`], `--grpc-engine plain`) serves
 //! `ShouldRateLimit` through tonic's routes like the other methods, each stream a task spawned
 //! by hyper-util's `TokioExecutor`, writes as h2 makes them: more instructions per call
-//! (BENCHMARKS-HISTORY.md has both), and it rests only on what hyper, h2 and tonic document. The two
-//! share the listener, the limits, the timeouts and the panic handling below.
+//! (BENCHMARKS-HISTORY.md has both), and it rests only on what hyper, h2 and tonic document.
+//! The two share the listener, the limits, the timeouts and the panic handling.
 //!
 //! The library's default ([`GrpcLimits::default`]) is the plain engine: a crate that embeds
 //! this one resolves hyper and h2 with its own `Cargo.lock`, which may hold versions nobody
