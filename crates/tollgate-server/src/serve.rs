@@ -628,7 +628,7 @@ const EXAMPLE_VALUE: &str = "alice";
 
 /// A `/v1/check` body (JSON) that one of `rules`' limits decides, for the start line's hint:
 /// the first rule with a limit (one not in shadow mode when there is one), with the values it
-/// names (a pattern's `*` matching nothing) and [`EXAMPLE_VALUE`] where it takes any value.
+/// names (a pattern's `*` matching nothing) and `alice` where it takes any value.
 /// `None` when no rule limits anything.
 pub fn example_check(rules: &tollgate_core::rules::RuleSet) -> Option<String> {
     let limited = || rules.limits().filter(|l| l.quota.is_some());
