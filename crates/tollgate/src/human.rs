@@ -61,7 +61,7 @@ impl<W: std::fmt::Write> std::fmt::Write for Escaping<'_, W> {
             };
             self.0.write_str(&s[run..i])?;
             if escaped.is_empty() {
-                std::fmt::Write::write_fmt(self.0, format_args!( "\\u{{{:x}}}", c as u32))?;
+                std::fmt::Write::write_fmt(self.0, format_args!("\\u{{{:x}}}", c as u32))?;
             } else {
                 self.0.write_str(escaped)?;
             }
@@ -74,9 +74,9 @@ impl<W: std::fmt::Write> std::fmt::Write for Escaping<'_, W> {
 /// Control characters (C0, DEL, C1), the line and paragraph separators and the bidirectional
 /// embeddings, overrides and isolates: what can break a line or change how a terminal shows it.
 pub fn needs_escape(c: char) -> bool {
-    c.is_control() || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    c.is_control()
+        || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -6,8 +6,8 @@ use super::stats::{
     human_at_least, percentile, Group, Part, BURST_MIN, BURST_RATIO, HEAVY_FAIR, HEAVY_SHARE,
     SMALL_SAMPLE,
 };
-use crate::human::escaped;
 use super::{AdviseArgs, Measured};
+use crate::human::escaped;
 use serde_json::{json, Value};
 use std::fmt::Write;
 
@@ -275,7 +275,14 @@ impl Report {
         let files: Vec<String> = m
             .files
             .iter()
-            .map(|f| format!("{} ({}, {} lines)", escaped(&f.name), f.format.name(), f.lines))
+            .map(|f| {
+                format!(
+                    "{} ({}, {} lines)",
+                    escaped(&f.name),
+                    f.format.name(),
+                    f.lines
+                )
+            })
             .collect();
         let _ = writeln!(
             out,
