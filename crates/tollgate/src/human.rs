@@ -80,7 +80,7 @@ pub fn needs_escape(c: char) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::human_duration;
+    use super::{escaped, human_duration};
 
     #[test]
     fn durations() {
@@ -92,5 +92,15 @@ mod tests {
         assert_eq!(human_duration(4_544_976), "1h 15m 44s");
         assert_eq!(human_duration(4_545_000), "1h 15m 45s");
         assert_eq!(human_duration(90_061_000), "1d 1h 1m 1s");
+    }
+
+    #[test]
+    fn control_characters_are_escaped_and_the_rest_kept() {
+        assert_eq!(escaped("user=alice é/ü"), "user=alice é/ü");
+        assert!(matches!(escaped("plain"), std::borrow::Cow::Borrowed(_)));
+        assert_eq!(
+            escaped("a\nb\r\t\x1b]0;t\x07\u{9b}2J\u{7f}\u{202e}x"),
+            "a\\nb\\r\\t\\u{1b}]0;t\\u{7}\\u{9b}2J\\u{7f}\\u{202e}x"
+        );
     }
 }

@@ -6,6 +6,8 @@
 //! One pass over the input; memory is bounded by `--max-clients` per key (see [`stats`]), the
 //! replay's stores and fixed-size timelines, whatever the input's length.
 
+#[cfg(test)]
+mod fuzz;
 pub(crate) mod generate;
 mod html;
 mod json;

@@ -477,4 +477,21 @@ mod tests {
         // Too few to speak of a burst.
         assert!(!is_bursty(3, 1_000_000, 3, 60_000_000));
     }
+
+    #[test]
+    fn long_keys_keep_their_start_and_a_hash() {
+        let mut short = "a".repeat(MAX_KEY);
+        bounded_key(&mut short);
+        assert_eq!(short, "a".repeat(MAX_KEY));
+        let long = |end: &str| {
+            let mut k = format!("{}{end}", "é".repeat(5000));
+            bounded_key(&mut k);
+            k
+        };
+        let (a, b) = (long("1"), long("2"));
+        assert!(a.len() <= MAX_KEY, "{} bytes", a.len());
+        assert!(a.starts_with(&"é".repeat(KEPT / 2)), "{a}");
+        assert_ne!(a, b);
+        assert_eq!(a, long("1"));
+    }
 }
