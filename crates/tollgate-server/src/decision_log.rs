@@ -167,7 +167,9 @@ pub(crate) fn record(domain: &str, statuses: &[Status<'_>], descriptors: &[Descr
             domain,
             rule = %limit.id,
             name = limit.name.as_deref().unwrap_or(""),
-            key = %key_text(&desc.entries),
+            // As a string, not displayed: the text format quotes and escapes it (its values
+            // are the client's), the JSON format writes it as a JSON string.
+            key = key_text(&desc.entries).as_str(),
             outcome,
             shadow = limit.shadow_mode,
             hits = desc.hits.unwrap_or(hits),

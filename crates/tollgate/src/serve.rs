@@ -43,7 +43,8 @@ fn init_logging_at(format: LogFormat, level: LevelFilter) {
             .with(
                 tracing_subscriber::fmt::layer()
                     .with_writer(std::io::stderr)
-                    .with_ansi(false),
+                    .with_ansi(false)
+                    .fmt_fields(escaped_fields()),
             )
             .try_init(),
         LogFormat::Json => registry
@@ -54,6 +55,28 @@ fn init_logging_at(format: LogFormat, level: LevelFilter) {
             )
             .try_init(),
     };
+}
+
+/// The text format's fields as the default formatter writes them (the message bare, then
+/// `name=value` separated by spaces; strings quoted), with every control character (line
+/// breaks, ESC, C1 codes) and bidirectional override escaped: a value that came from a client
+/// (a descriptor value, a domain, a header, a path, an error quoting one) can neither start a
+/// log line of its own nor reach the operator's terminal as an escape sequence. The JSON
+/// format escapes as JSON does.
+fn escaped_fields() -> impl for<'w> tracing_subscriber::fmt::FormatFields<'w> + 'static {
+    use std::fmt::Write as _;
+    use tracing_subscriber::field::MakeExt;
+    tracing_subscriber::fmt::format::debug_fn(|w, field, value| {
+        let mut out = crate::human::Escaping(w);
+        match field.name() {
+            "message" => write!(out, "{value:?}"),
+            name => {
+                let name = name.strip_prefix("r#").unwrap_or(name);
+                write!(out, "{name}={value:?}")
+            }
+        }
+    })
+    .delimited(" ")
 }
 
 /// `serve --profile`: `base` (the flags) with the profile's environment variables applied over

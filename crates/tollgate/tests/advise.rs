@@ -357,3 +357,165 @@ fn simulate_plots_are_the_pictures_in_the_docs_and_show_the_boundary_burst() {
         "{tiers:?}"
     );
 }
+
+/// Regression: one JSON line of 65,000 `[` (under the 64 KiB line cap) overflowed the
+/// reader's stack and aborted the process (exit 134), losing the whole report. Nesting is
+/// bounded: the line is reported as malformed and the lines after it are read.
+#[test]
+fn a_deeply_nested_json_line_is_malformed_not_a_crash() {
+    let dir = temp_dir("advise-deep");
+    let log = dir.join("deep.jsonl");
+    let deep = format!("{{\"ts\":1,\"x\":{}", "[".repeat(65_000));
+    let object = format!(
+        "{{\"ts\":1,\"y\":{}1{}}}",
+        "{\"a\":".repeat(40_000),
+        "}".repeat(40_000)
+    );
+    let header = format!(
+        "{{\"ts\":1,\"request\":{{\"client_ip\":\"192.0.2.9\",\"headers\":{{\"K\":{}\"v\"{}}}}}}}",
+        "[".repeat(30_000),
+        "]".repeat(30_000)
+    );
+    std::fs::write(
+        &log,
+        format!(
+            "{deep}\n{{\"ts\":2,\"request\":{{\"client_ip\":\"192.0.2.1\"}}}}\n{object}\n{header}\n\
+             {{\"ts\":3,\"request\":{{\"client_ip\":\"192.0.2.2\"}}}}\n"
+        ),
+    )
+    .unwrap();
+    let out = tollgate(&["advise", log.to_str().unwrap(), "--json"]);
+    assert!(
+        out.status.success(),
+        "exit {:?}: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["malformed"]["count"], 3, "{v:#}");
+    assert_eq!(v["requests"], 2, "{v:#}");
+    assert_eq!(v["keys"][0]["clients"], 2, "{v:#}");
+    let first = v["malformed"]["first"][0].as_str().unwrap();
+    assert!(
+        first.contains(":1: not JSON: nested deeper than"),
+        "{first}"
+    );
+}
+
+/// Regression: a key was kept whole, so long client keys (a 60 KB header) cost 60 KB per
+/// client (the documented figure is about 150 bytes). A key longer than 64 bytes is kept as
+/// its start and a hash of the whole: bounded, and distinct keys stay distinct clients.
+#[test]
+fn long_client_keys_are_kept_within_64_bytes_and_stay_distinct() {
+    let dir = temp_dir("advise-long-keys");
+    let log = dir.join("long.log");
+    let mut text = String::new();
+    for i in 0..200 {
+        // The same long prefix for all: only the end tells them apart.
+        let agent = format!("{}{i:04}", "A".repeat(20_000));
+        text.push_str(&format!(
+            "192.0.2.1 - - [01/Jan/2026:10:00:{:02} +0000] \"GET / HTTP/1.1\" 200 1 \"-\" \"{agent}\"\n",
+            i % 60
+        ));
+    }
+    std::fs::write(&log, text).unwrap();
+    let v = json(&[
+        "advise",
+        log.to_str().unwrap(),
+        "--json",
+        "--key",
+        "header:User-Agent",
+    ]);
+    let key = &v["keys"][0];
+    assert_eq!(key["clients"], 200, "{key:#}");
+    for client in key["busiest"].as_array().unwrap() {
+        let c = client["client"].as_str().unwrap();
+        assert!(c.len() <= 64, "{} bytes kept: {}...", c.len(), &c[..80]);
+        assert!(c.starts_with("AAAA"), "{c}");
+    }
+}
+
+/// Regression: values from the log reached the terminal raw, ESC sequences included (a
+/// client key, a malformed line's excerpt). The table escapes them; the excerpt is cut short.
+#[test]
+fn log_values_reach_the_terminal_escaped() {
+    let dir = temp_dir("advise-escape");
+    let log = dir.join("esc.log");
+    std::fs::write(
+        &log,
+        "192.0.2.1 - - [01/Jan/2026:10:00:00 +0000] \"GET / HTTP/1.1\" 200 1 \"-\" \"\x1b]0;owned\x07\x1b[2J\"\n\
+         192.0.2.1 - - [\x1b[31m\u{9b}2J] \"GET / HTTP/1.1\" 200 1 \"-\" \"-\"\n",
+    )
+    .unwrap();
+    let table = ok(&[
+        "advise",
+        log.to_str().unwrap(),
+        "--key",
+        "header:User-Agent",
+    ]);
+    assert!(
+        !table.contains(['\x1b', '\x07', '\u{9b}']),
+        "raw control characters in:\n{}",
+        table.escape_debug()
+    );
+    assert!(table.contains("\\u{1b}]0;owned\\u{7}"), "{table}");
+    assert!(table.contains("malformed lines: 1"), "{table}");
+    assert!(table.contains("\\u{1b}[31m\\u{9b}2J"), "{table}");
+}
+
+/// Regression: with few clients the 99th percentile of the peaks was the abuser's own peak
+/// (21 clients, one sending 80 % of the requests): the suggested limit denied no one. Heavy
+/// hitters are named apart and left out of the percentile, and the report says the sample is
+/// small.
+#[test]
+fn with_few_clients_the_abuser_is_a_heavy_hitter_and_is_denied() {
+    let dir = temp_dir("advise-few");
+    let log = dir.join("few.log");
+    let mut lines: Vec<(u64, String, &str)> = Vec::new();
+    // 20 clients, 90 requests each over the hour: page loads of three requests in a second.
+    for c in 0..20u64 {
+        for j in 0..30u64 {
+            let t = (j * 120 + c * 7 + (j * j * 13 + c * 31) % 60) % 3600;
+            for path in ["/", "/api/items", "/login"] {
+                lines.push((t, format!("10.0.0.{}", c + 1), path));
+            }
+        }
+    }
+    // The abuser: 7,232 requests to /login, two a second.
+    for i in 0..7_232u64 {
+        lines.push((i / 2 % 3600, ABUSER.to_owned(), "/login"));
+    }
+    lines.sort();
+    let text: String = lines
+        .iter()
+        .map(|(t, ip, path)| {
+            format!(
+                "{ip} - - [01/Jan/2026:00:{:02}:{:02} +0000] \"GET {path} HTTP/1.1\" 200 1\n",
+                t / 60,
+                t % 60
+            )
+        })
+        .collect();
+    std::fs::write(&log, text).unwrap();
+    let v = json(&["advise", log.to_str().unwrap(), "--json"]);
+    assert_eq!(v["requests"], 9_032);
+    let ip = &v["keys"][0];
+    assert_eq!(ip["clients"], 21);
+    let s = &ip["suggestion"];
+    assert_eq!(s["clients_over"], 1, "{s:#}");
+    assert_eq!(s["over"][0], ABUSER, "{s:#}");
+    let heavy = &s["heavy_hitters"];
+    assert_eq!(heavy["clients"], 1, "{s:#}");
+    assert_eq!(heavy["named"][0]["client"], ABUSER, "{s:#}");
+    assert_eq!(heavy["percent"], 80.1, "{s:#}");
+    assert_eq!(s["p99_over_clients"], 20, "{s:#}");
+    assert_eq!(s["small_sample"], true, "{s:#}");
+    let table = ok(&["advise", log.to_str().unwrap()]);
+    assert!(
+        table.contains(&format!(
+            "heavy hitters: 1 client(s) send 80 % of requests (7232 of 9032): {ABUSER}"
+        )),
+        "{table}"
+    );
+    assert!(table.contains("a small sample: 20 client(s)"), "{table}");
+}

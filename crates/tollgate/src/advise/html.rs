@@ -110,16 +110,39 @@ pub(crate) fn page(report: &Report, m: &Measured) -> String {
             s.p99,
             report.headroom,
             s.clients_over,
-            match &s.bursty {
-                Some(b) => format!(
-                    " Bursty: {} client(s) peak at up to {} requests in {}: a token bucket with \
-                     burst {} fits better than a window.",
-                    b.count,
-                    b.largest,
-                    esc(&b.short),
-                    s.burst.unwrap_or(0)
-                ),
-                None => String::new(),
+            {
+                let mut notes = String::new();
+                if let Some(h) = &s.heavy {
+                    let names: Vec<String> = h.named.iter().map(|(k, _)| esc(k)).collect();
+                    let _ = write!(
+                        notes,
+                        " Heavy hitters (left out of the p99): {} client(s) send {:.0} % of \
+                         requests: {}.",
+                        h.count,
+                        h.percent,
+                        names.join(", ")
+                    );
+                }
+                if s.sample < super::stats::SMALL_SAMPLE {
+                    let _ = write!(
+                        notes,
+                        " A small sample ({} clients): the p99 is the busiest one's peak; \
+                         take the limit as a first guess.",
+                        s.sample
+                    );
+                }
+                if let Some(b) = &s.bursty {
+                    let _ = write!(
+                        notes,
+                        " Bursty: {} client(s) peak at up to {} requests in {}: a token bucket \
+                         with burst {} fits better than a window.",
+                        b.count,
+                        b.largest,
+                        esc(&b.short),
+                        s.burst.unwrap_or(0)
+                    );
+                }
+                notes
             },
             bar_chart(
                 &format!("Clients by peak requests per {}", s.window),

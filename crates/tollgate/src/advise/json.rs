@@ -50,9 +50,16 @@ impl Found {
 /// Deepest object nesting read (deeper values are skipped as a whole).
 const MAX_DEPTH: usize = 16;
 
+/// Deepest nesting of arrays and objects a line may hold (as `serde_json`'s default): a
+/// deeper line is malformed. The reader descends by recursion, so this bounds its stack
+/// whatever the line.
+pub(crate) const MAX_NESTING: usize = 128;
+
 struct Scan<'a> {
     b: &'a [u8],
     i: usize,
+    /// Arrays and objects open at `i`.
+    depth: usize,
 }
 
 type R<T> = Result<T, String>;
@@ -62,6 +69,25 @@ impl Scan<'_> {
         while self.i < self.b.len() && matches!(self.b[self.i], b' ' | b'\t' | b'\r' | b'\n') {
             self.i += 1;
         }
+    }
+
+    /// Into an array or object (at its opening bracket, which is consumed).
+    fn open(&mut self) -> R<()> {
+        if self.depth >= MAX_NESTING {
+            return Err(format!(
+                "not JSON: nested deeper than {MAX_NESTING} levels at byte {}",
+                self.i + 1
+            ));
+        }
+        self.depth += 1;
+        self.i += 1;
+        Ok(())
+    }
+
+    /// Out of an array or object (at its closing bracket, which is consumed).
+    fn close(&mut self) {
+        self.depth -= 1;
+        self.i += 1;
     }
 
     fn peek(&mut self) -> Option<u8> {
@@ -182,9 +208,9 @@ impl Scan<'_> {
             Some(b'"') => self.string(None),
             Some(open @ (b'{' | b'[')) => {
                 let close = if open == b'{' { b'}' } else { b']' };
-                self.i += 1;
+                self.open()?;
                 if self.peek() == Some(close) {
-                    self.i += 1;
+                    self.close();
                     return Ok(());
                 }
                 loop {
@@ -196,7 +222,7 @@ impl Scan<'_> {
                     match self.peek() {
                         Some(b',') => self.i += 1,
                         Some(c) if c == close => {
-                            self.i += 1;
+                            self.close();
                             return Ok(());
                         }
                         _ => {
@@ -224,9 +250,9 @@ impl Scan<'_> {
                 Ok(true)
             }
             Some(b'[') => {
-                self.i += 1;
+                self.open()?;
                 if self.peek() == Some(b']') {
-                    self.i += 1;
+                    self.close();
                     return Ok(false);
                 }
                 let is_string = self.text(out)?;
@@ -235,6 +261,7 @@ impl Scan<'_> {
                     self.skip()?;
                 }
                 self.expect(b']')?;
+                self.depth -= 1;
                 Ok(is_string)
             }
             Some(b'{') => self.skip().map(|_| false),
@@ -259,8 +286,10 @@ impl Scan<'_> {
         found: &mut Found,
     ) -> R<()> {
         self.expect(b'{')?;
+        self.i -= 1;
+        self.open()?;
         if self.peek() == Some(b'}') {
-            self.i += 1;
+            self.close();
             return Ok(());
         }
         let mut key = String::new();
@@ -313,6 +342,7 @@ impl Scan<'_> {
                 None => self.skip()?,
             }
             if self.object_ends()? {
+                self.depth -= 1;
                 return Ok(());
             }
         }
@@ -321,8 +351,10 @@ impl Scan<'_> {
     /// A headers object: each member's name and value (the first of a list).
     fn headers(&mut self, found: &mut Found) -> R<()> {
         self.expect(b'{')?;
+        self.i -= 1;
+        self.open()?;
         if self.peek() == Some(b'}') {
-            self.i += 1;
+            self.close();
             return Ok(());
         }
         let mut name = String::new();
@@ -343,6 +375,7 @@ impl Scan<'_> {
                 found.headers_len += 1;
             }
             if self.object_ends()? {
+                self.depth -= 1;
                 return Ok(());
             }
         }
@@ -364,6 +397,7 @@ pub(crate) fn scan(
     let mut s = Scan {
         b: line.as_bytes(),
         i: 0,
+        depth: 0,
     };
     let live = if wanted.len() >= 64 {
         u64::MAX

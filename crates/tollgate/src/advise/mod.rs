@@ -6,6 +6,8 @@
 //! One pass over the input; memory is bounded by `--max-clients` per key (see [`stats`]), the
 //! replay's stores and fixed-size timelines, whatever the input's length.
 
+#[cfg(test)]
+mod fuzz;
 pub(crate) mod generate;
 mod html;
 mod json;
@@ -33,6 +35,9 @@ const MAX_LINE: usize = 64 * 1024;
 /// How many malformed lines are shown with their file and line number (all are counted).
 const SHOWN_MALFORMED: usize = 5;
 
+/// Most bytes of a malformed line's description kept (it may quote the line).
+const SHOWN_WHY: usize = 200;
+
 /// `tollgate advise` flags.
 #[derive(Debug, clap::Args)]
 pub struct AdviseArgs {
@@ -51,8 +56,8 @@ pub struct AdviseArgs {
     /// the burst check compares the shortest with it.
     #[arg(long, default_value = "1s,1m,1h", value_delimiter = ',')]
     window: Vec<Window>,
-    /// Suggested limit = the 99th percentile of the clients' peaks, plus this many percent,
-    /// rounded up to a round number.
+    /// Suggested limit = the 99th percentile of the clients' peaks (heavy hitters left out),
+    /// plus this many percent, rounded up to a round number.
     #[arg(long, default_value_t = 50)]
     headroom: u64,
     /// Replay the traffic through these rules (file or directory) and report what each rule
@@ -66,8 +71,9 @@ pub struct AdviseArgs {
     /// The domain name of the suggested rules.
     #[arg(long, default_value = "advised")]
     domain: String,
-    /// Most distinct clients tracked exactly per key (about 150 bytes each with three windows); requests of
-    /// further clients count in the totals only, and the report says how many.
+    /// Most distinct clients tracked exactly per key (about 150 bytes each with three windows,
+    /// keys longer than 64 bytes kept as their start and a hash); requests of further clients
+    /// count in the totals only, and the report says how many.
     #[arg(long, default_value_t = 500_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     max_clients: u64,
     /// Print the report as JSON instead of a table.
@@ -348,9 +354,17 @@ fn read_line(reader: &mut dyn BufRead, buf: &mut Vec<u8>) -> std::io::Result<(us
     }
 }
 
-fn malformed(m: &mut Measured, file: &FileSummary, why: String) {
+fn malformed(m: &mut Measured, file: &FileSummary, mut why: String) {
     m.malformed += 1;
     if m.malformed_shown.len() < SHOWN_MALFORMED {
+        if why.len() > SHOWN_WHY {
+            let mut cut = SHOWN_WHY;
+            while !why.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            why.truncate(cut);
+            why.push('…');
+        }
         m.malformed_shown
             .push(format!("{}:{}: {why}", file.name, file.lines));
     }

@@ -2,8 +2,12 @@
 //! (the HTML page adds plots, in [`super::html`]).
 
 use super::replay::COMPARED;
-use super::stats::{human_at_least, percentile, Group, Part, BURST_MIN, BURST_RATIO};
+use super::stats::{
+    human_at_least, percentile, Group, Part, BURST_MIN, BURST_RATIO, HEAVY_FAIR, HEAVY_SHARE,
+    SMALL_SAMPLE,
+};
 use super::{AdviseArgs, Measured};
+use crate::human::escaped;
 use serde_json::{json, Value};
 use std::fmt::Write;
 
@@ -25,10 +29,24 @@ pub(crate) struct Bursty {
     pub examples: Vec<(String, u32)>,
 }
 
+/// The heavy hitters of a key: named apart, and left out of the percentile.
+pub(crate) struct Heavy {
+    /// Their keys and requests, most first (at most [`NAMED`]).
+    pub named: Vec<(String, u64)>,
+    pub count: usize,
+    pub requests: u64,
+    /// Their share of the requests tracked per client, in percent.
+    pub percent: f64,
+}
+
 pub(crate) struct Suggestion {
     pub window: String,
     pub window_index: usize,
+    /// The 99th percentile of the peaks of the clients other than the heavy hitters.
     pub p99: u32,
+    /// How many clients that percentile is over.
+    pub sample: usize,
+    pub heavy: Option<Heavy>,
     pub limit: u64,
     pub clients_over: usize,
     pub requests_over: u64,
@@ -178,7 +196,19 @@ impl Report {
                         }
                     })
                     .collect();
-                let p99 = stats[primary].p99;
+                let heavy = g.heavy();
+                let skip: Vec<u32> = heavy.iter().map(|h| h.2).collect();
+                let sample_peaks = g.peaks_without(primary, &skip);
+                let p99 = percentile(&sample_peaks, 99);
+                let heavy = (!heavy.is_empty()).then(|| {
+                    let requests: u64 = heavy.iter().map(|h| h.1).sum();
+                    Heavy {
+                        count: heavy.len(),
+                        requests,
+                        percent: requests as f64 * 100.0 / g.tracked().max(1) as f64,
+                        named: heavy.into_iter().take(NAMED).map(|h| (h.0, h.1)).collect(),
+                    }
+                });
                 let limit = human_at_least(f64::from(p99) * (100 + args.headroom) as f64 / 100.0);
                 let (over, clients_over, requests_over) = g.over(primary, limit, NAMED);
                 let bursty = short.and_then(|s| {
@@ -218,6 +248,8 @@ impl Report {
                         window: windows[primary].name.clone(),
                         window_index: primary,
                         p99,
+                        sample: sample_peaks.len(),
+                        heavy,
                         limit,
                         clients_over,
                         requests_over,
@@ -243,7 +275,14 @@ impl Report {
         let files: Vec<String> = m
             .files
             .iter()
-            .map(|f| format!("{} ({}, {} lines)", f.name, f.format.name(), f.lines))
+            .map(|f| {
+                format!(
+                    "{} ({}, {} lines)",
+                    escaped(&f.name),
+                    f.format.name(),
+                    f.lines
+                )
+            })
             .collect();
         let _ = writeln!(
             out,
@@ -256,14 +295,16 @@ impl Report {
         if m.malformed > 0 {
             let _ = writeln!(out, "malformed lines: {} (skipped)", m.malformed);
             for l in &m.malformed_shown {
-                let _ = writeln!(out, "  {l}");
+                let _ = writeln!(out, "  {}", escaped(l));
             }
         }
         for g in &self.groups {
             let _ = writeln!(
                 out,
                 "\nkey {}: {} clients, {} requests",
-                g.key, g.clients, g.requests
+                escaped(&g.key),
+                g.clients,
+                g.requests
             );
             if g.untracked > 0 {
                 let _ = writeln!(
@@ -294,14 +335,41 @@ impl Report {
                     .collect();
                 let _ = writeln!(
                     out,
-                    "    {k:<32} {n:>10} requests, peaks {}",
+                    "    {:<32} {n:>10} requests, peaks {}",
+                    escaped(k),
                     peaks.join(" ")
                 );
             }
             let s = &g.suggestion;
+            if let Some(h) = &s.heavy {
+                let names: Vec<String> = h
+                    .named
+                    .iter()
+                    .map(|(k, n)| format!("{} ({n})", escaped(k)))
+                    .collect();
+                let _ = writeln!(
+                    out,
+                    "  heavy hitters: {} client(s) send {:.0} % of requests ({} of {}): {}",
+                    h.count,
+                    h.percent,
+                    h.requests,
+                    g.requests - g.untracked,
+                    names.join(", ")
+                );
+                let _ = writeln!(
+                    out,
+                    "    (each sends at least {HEAVY_SHARE} % of requests and {HEAVY_FAIR}x an even \
+                     share): left out of the percentile below, so that they do not set their own limit"
+                );
+            }
+            let whose = if s.heavy.is_some() {
+                format!("the other {} clients' peaks", s.sample)
+            } else {
+                "the clients' peaks".to_string()
+            };
             let _ = writeln!(
                 out,
-                "  suggested limit: {} per {} (p99 of the clients' peaks, {}, plus {}%, rounded up)",
+                "  suggested limit: {} per {} (p99 of {whose}, {}, plus {}%, rounded up)",
                 s.limit, s.window, s.p99, self.headroom
             );
             let _ = writeln!(
@@ -312,14 +380,24 @@ impl Report {
                 if s.over.is_empty() {
                     String::new()
                 } else {
-                    format!(": {}", s.over.join(", "))
+                    let over: Vec<_> = s.over.iter().map(|k| escaped(k)).collect();
+                    format!(": {}", over.join(", "))
                 }
             );
+            if s.sample < SMALL_SAMPLE {
+                let _ = writeln!(
+                    out,
+                    "    a small sample: {} client(s), fewer than {SMALL_SAMPLE}, so their 99th \
+                     percentile is the busiest one's peak; take the limit as a first guess and \
+                     check it with --rules",
+                    s.sample
+                );
+            }
             if let Some(b) = &s.bursty {
                 let names: Vec<String> = b
                     .examples
                     .iter()
-                    .map(|(k, n)| format!("{k} ({n})"))
+                    .map(|(k, n)| format!("{} ({n})", escaped(k)))
                     .collect();
                 let _ = writeln!(
                     out,
@@ -345,7 +423,7 @@ impl Report {
             let _ = writeln!(
                 out,
                 "\nreplay through {}: denied requests / distinct clients denied, per algorithm",
-                self.rules_path.as_deref().unwrap_or("the rules")
+                escaped(self.rules_path.as_deref().unwrap_or("the rules"))
             );
             if r.unmatched() > 0 {
                 let _ = writeln!(out, "  descriptors no rule limits: {}", r.unmatched());
@@ -403,6 +481,15 @@ impl Report {
                     "suggestion": {
                         "window": s.window,
                         "p99": s.p99,
+                        "p99_over_clients": s.sample,
+                        "small_sample": s.sample < SMALL_SAMPLE,
+                        "heavy_hitters": s.heavy.as_ref().map(|h| json!({
+                            "clients": h.count,
+                            "requests": h.requests,
+                            "percent": (h.percent * 10.0).round() / 10.0,
+                            "criterion": format!(">= {HEAVY_SHARE} % of requests and >= {HEAVY_FAIR}x an even share; left out of the percentile"),
+                            "named": h.named.iter().map(|(k, n)| json!({"client": k, "requests": n})).collect::<Vec<_>>(),
+                        })),
                         "headroom_percent": self.headroom,
                         "limit": s.limit,
                         "clients_over": s.clients_over,

@@ -4,7 +4,9 @@
 //!
 //! Memory is bounded: a key group tracks at most `max_clients` distinct clients exactly (a
 //! hash map from the client's key to a few counters per window); requests of clients beyond
-//! the cap are counted in the totals only and reported as untracked. Windows are aligned to
+//! the cap are counted in the totals only and reported as untracked. A client's key is kept
+//! whole up to [`MAX_KEY`] bytes; a longer one as its start and a hash of the whole (see
+//! [`bounded_key`]), so that a log of long keys costs no more per client than one of short ones. Windows are aligned to
 //! the epoch and a client's counters keep only its current window and its peak, so a line up
 //! to one window out of order counts in the window at hand.
 
@@ -98,6 +100,34 @@ impl KeySpec {
     }
 }
 
+/// Most bytes of a client's key kept as written.
+pub(crate) const MAX_KEY: usize = 64;
+/// Of a longer key: the bytes kept from its start (the rest of [`MAX_KEY`] holds `…#` and the
+/// hash).
+const KEPT: usize = 44;
+
+/// `key` within [`MAX_KEY`] bytes: itself when it fits, else its first [`KEPT`] bytes (cut at
+/// a character boundary), `…#` and 16 hex digits of a 64-bit hash of the whole key. Two
+/// distinct long keys stay distinct but for a hash collision (about one chance in 2^64 per
+/// pair); the start still tells a reader what the key was.
+pub(crate) fn bounded_key(key: &mut String) {
+    if key.len() <= MAX_KEY {
+        return;
+    }
+    use std::hash::{Hash, Hasher};
+    // SipHash with fixed keys: the same key gives the same hash in every run.
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut h);
+    let hash = h.finish();
+    let mut cut = KEPT;
+    while !key.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    key.truncate(cut);
+    use std::fmt::Write as _;
+    let _ = write!(key, "…#{hash:016x}");
+}
+
 /// A window length in microseconds with its name as given (`1s`, `1m`, `1h`, `10s`, `1d`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Window {
@@ -184,6 +214,7 @@ impl Group {
         self.total += hits;
         let mut key = std::mem::take(&mut self.scratch);
         self.spec.write(r, &mut key);
+        bounded_key(&mut key);
         let id = match self.index.get(key.as_str()) {
             Some(&id) => id as usize,
             None if self.requests.len() >= self.max_clients => {
@@ -220,6 +251,46 @@ impl Group {
     /// Every client's peak count in window `w` (by index), sorted ascending.
     pub(crate) fn peaks(&self, w: usize) -> Vec<u32> {
         let mut v: Vec<u32> = (0..self.clients())
+            .map(|i| self.counts[i * self.nwin + w].peak)
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The heavy hitters: clients that each sent at least [`HEAVY_SHARE`] percent of the
+    /// requests tracked per client and at least [`HEAVY_FAIR`] times an even share of them.
+    /// Their keys, requests and ids, most requests first.
+    pub(crate) fn heavy(&self) -> Vec<(String, u64, u32)> {
+        let tracked: u64 = self.requests.iter().sum();
+        let clients = self.clients() as u64;
+        if tracked == 0 {
+            return Vec::new();
+        }
+        // requests / tracked >= SHARE / 100 and >= FAIR / clients, in integers.
+        let heavy = |n: u64| {
+            u128::from(n) * 100 >= u128::from(HEAVY_SHARE) * u128::from(tracked)
+                && u128::from(n) * u128::from(clients)
+                    >= u128::from(HEAVY_FAIR) * u128::from(tracked)
+        };
+        let mut found: Vec<(String, u64, u32)> = self
+            .index
+            .iter()
+            .filter(|(_, &i)| heavy(self.requests[i as usize]))
+            .map(|(k, &i)| (k.to_string(), self.requests[i as usize], i))
+            .collect();
+        found.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        found
+    }
+
+    /// The requests tracked per client (the total less the untracked).
+    pub(crate) fn tracked(&self) -> u64 {
+        self.requests.iter().sum()
+    }
+
+    /// [`Group::peaks`] of every client but those of `skip` (ids).
+    pub(crate) fn peaks_without(&self, w: usize, skip: &[u32]) -> Vec<u32> {
+        let mut v: Vec<u32> = (0..self.clients())
+            .filter(|i| !skip.contains(&(*i as u32)))
             .map(|i| self.counts[i * self.nwin + w].peak)
             .collect();
         v.sort_unstable();
@@ -308,6 +379,16 @@ impl Group {
     }
 }
 
+/// A heavy hitter sends at least this percentage of a key's requests...
+pub(crate) const HEAVY_SHARE: u64 = 5;
+/// ...and at least this many times an even share of them (with 21 clients, 24 %; with
+/// fewer than 6 clients no one can be told apart from the rest).
+pub(crate) const HEAVY_FAIR: u64 = 5;
+
+/// Below this many clients (heavy hitters left out) the 99th percentile is the busiest
+/// client's peak: a suggestion from so few is a first guess.
+pub(crate) const SMALL_SAMPLE: usize = 100;
+
 /// Fewest requests in the short window for a burst to count.
 pub(crate) const BURST_MIN: u32 = 10;
 /// How many times its long-window average rate a client's short-window peak must be.
@@ -395,5 +476,22 @@ mod tests {
         assert!(!is_bursty(40, 1_000_000, 1700, 60_000_000));
         // Too few to speak of a burst.
         assert!(!is_bursty(3, 1_000_000, 3, 60_000_000));
+    }
+
+    #[test]
+    fn long_keys_keep_their_start_and_a_hash() {
+        let mut short = "a".repeat(MAX_KEY);
+        bounded_key(&mut short);
+        assert_eq!(short, "a".repeat(MAX_KEY));
+        let long = |end: &str| {
+            let mut k = format!("{}{end}", "é".repeat(5000));
+            bounded_key(&mut k);
+            k
+        };
+        let (a, b) = (long("1"), long("2"));
+        assert!(a.len() <= MAX_KEY, "{} bytes", a.len());
+        assert!(a.starts_with(&"é".repeat(KEPT / 2)), "{a}");
+        assert_ne!(a, b);
+        assert_eq!(a, long("1"));
     }
 }
