@@ -17,7 +17,7 @@ const ABUSER: &str = "203.0.113.66";
 const BURSTY: &str = "198.51.100.7";
 
 /// Lines of the generated log: the largest that keeps this test well under 20 s in a debug
-/// build with the replay under seven stores (BENCHMARKS.md has the 1,000,000-line figures).
+/// build with the replay under seven stores (BENCHMARKS-HISTORY.md has the 1,000,000-line figures).
 const LINES: &str = "200000";
 
 fn ok(args: &[&str]) -> String {
