@@ -4,7 +4,8 @@
 //! once they have grown). Structural errors are reported; the content of skipped values is
 //! only scanned, not validated.
 
-use super::parse::MAX_HEADERS;
+/// Most headers one record carries (the rest are ignored).
+pub(crate) const MAX_HEADERS: usize = 16;
 
 /// What a wanted path fills.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,12 +5,9 @@
 //! allocation and no regular expression per line, since `advise` is meant to read logs of
 //! millions of lines. JSON lines go through `serde_json` into buffers reused from line to line.
 
-use super::json::{scan, Found, Target};
+use super::json::{scan, Found, Target, MAX_HEADERS};
 use crate::trace::{parse_line, Event};
 use tollgate_core::internals::days_from_civil;
-
-/// Most headers one record carries (the rest are ignored).
-pub(crate) const MAX_HEADERS: usize = 16;
 
 /// The input formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
