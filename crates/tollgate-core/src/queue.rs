@@ -358,6 +358,11 @@ impl<K: Hash + Eq + Clone> Waitlist<K> {
         self.lock().waiting()
     }
 
+    /// The most that may wait, in all lines together.
+    pub fn max_waiting(&self) -> usize {
+        self.lock().max_waiting
+    }
+
     /// Whether a waiter of `priority` or higher waits in `key`'s line.
     pub fn ahead_of(&self, key: &K, priority: Priority) -> bool {
         self.lock().ahead_of(key, priority)

@@ -329,3 +329,249 @@ fn the_documented_queue_example_validates() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The hostile cases' rules (no gateway: `POST /v1/check`, forward-auth over HTTP/2). GCRA
+/// limits: after one admission the next request's wait is one emission interval, so it joins
+/// its line as the head and waits for that long; later ones wait behind it.
+const HOSTILE_RULES: &str = r#"domain: web
+http:
+  - actions:
+      - request_headers: {header_name: x-lane, descriptor_key: lane}
+descriptors:
+  - key: lane
+    value: flood
+    rate_limit: {unit: second, unit_multiplier: 20, requests_per_unit: 1, algorithm: gcra}
+    queue: {max_wait: 40s, max_length: 100000}
+  - key: lane
+    value: victim
+    rate_limit: {unit: second, requests_per_unit: 1, algorithm: gcra}
+    queue: {max_wait: 20s, max_length: 10}
+  - key: lane
+    value: line
+    rate_limit: {unit: second, unit_multiplier: 20, requests_per_unit: 1, algorithm: gcra}
+    queue: {max_wait: 40s, max_length: 10}
+  - key: lane
+    value: plain
+    rate_limit: {unit: second, requests_per_unit: 1000000}
+  - key: lane
+    value: h2
+    rate_limit: {unit: second, unit_multiplier: 2, requests_per_unit: 1, algorithm: gcra}
+    queue: {max_wait: 3s, max_length: 1000}
+"#;
+
+/// `tollgate serve` with [`HOSTILE_RULES`] on `store` and `extra` flags.
+fn start_hostile(name: &str, store: &str, extra: &[&str]) -> Server {
+    let dir = temp_dir(name);
+    std::fs::write(dir.join("web.yaml"), HOSTILE_RULES).unwrap();
+    let mut args = vec![
+        "--rules",
+        "web.yaml",
+        "--store",
+        store,
+        "--http-addr",
+        "127.0.0.1:0",
+        "--grpc-addr",
+        "127.0.0.1:0",
+    ];
+    args.extend(extra);
+    Server::start(&args, &dir, name)
+}
+
+/// The `/v1/check` body for `lane`, with `hits_addend` when given.
+fn lane_body(lane: &str, hits: Option<u64>) -> serde_json::Value {
+    let mut b = serde_json::json!({"domain": "web", "descriptors": [{"entries": [
+        {"key": "lane", "value": lane}]}]});
+    if let Some(h) = hits {
+        b["hits_addend"] = h.into();
+    }
+    b
+}
+
+/// `POST /v1/check` for `lane`: the response and how long it took.
+fn timed_check(
+    base: &str,
+    lane: &str,
+    hits: Option<u64>,
+) -> (support::client::HttpResponse, Duration) {
+    let t = std::time::Instant::now();
+    let r = http(base, Method::POST, "/v1/check", Some(lane_body(lane, hits)));
+    (r, t.elapsed())
+}
+
+/// A waiter left in its line: a raw `POST /v1/check` for `lane` whose answer is never read (the
+/// connection stays open until the stream is dropped).
+fn hold(base: &str, lane: &str) -> TcpStream {
+    let addr = base.trim_start_matches("http://");
+    let mut s = TcpStream::connect(addr).unwrap();
+    let body = lane_body(lane, None).to_string();
+    write!(
+        s,
+        "POST /v1/check HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    s
+}
+
+fn ratio(a: Duration, b: Duration) -> f64 {
+    a.as_secs_f64() / b.as_secs_f64().max(1e-6)
+}
+
+/// One counter's flood fills the process's cap (`--queue-max-waiting 20`, the flooding rule's
+/// `max_length` far above it, which is warned about at load): a request on another counter
+/// still gets a place (the flooding line's last waiter is turned away) and is served when its
+/// own counter admits it, instead of an immediate 429.
+#[test]
+fn one_counters_flood_cannot_keep_another_counters_request_out_of_the_queue() {
+    let server = start_hostile("queue-flood", "memory", &["--queue-max-waiting", "20"]);
+    server.wait_for_log("queue max_length is above --queue-max-waiting");
+    let base = server.base.clone();
+    let (r, normal) = timed_check(&base, "plain", None);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (r, _) = timed_check(&base, "flood", None);
+    assert_eq!(r.status, 200, "{}", r.body);
+    // 20 waiters on the flooding counter: the whole cap.
+    let flood: Vec<TcpStream> = (0..20).map(|_| hold(&base, "flood")).collect();
+    until_metric(&base, "tollgate_queue_waiting", "flood", "", 20);
+    // One more on the same counter is turned away at once: its line is the longest.
+    let (r, _) = timed_check(&base, "flood", None);
+    assert_eq!(r.status, 429, "{}", r.body);
+    // The victim: admitted, then denied for about a second, which it waits.
+    let (r, _) = timed_check(&base, "victim", None);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (r, waited) = timed_check(&base, "victim", None);
+    println!(
+        "victim under a flood: {} after {waited:?} = {:.1}x a normal request ({normal:?}): {}",
+        r.status,
+        ratio(waited, normal),
+        r.body
+    );
+    assert_eq!(r.status, 200, "the victim waited its turn: {}", r.body);
+    assert_eq!(
+        queue_metric(&base, "tollgate_queue_served_total", "victim", ""),
+        1
+    );
+    // It took the place of the flood's last waiter.
+    assert_eq!(
+        queue_metric(
+            &base,
+            "tollgate_queue_dropped_total",
+            "flood",
+            ",reason=\"full\""
+        ),
+        2
+    );
+    drop(flood);
+}
+
+/// On a counter with a waiter in line, a query (`hits_addend: 0`) and a request that can never
+/// pass (a cost above the limit) are answered at once: before the waiter ahead is served.
+#[test]
+fn a_query_and_a_request_that_can_never_pass_do_not_wait_behind_the_line() {
+    let server = start_hostile("queue-nowait", "memory", &[]);
+    let base = server.base.clone();
+    let (r, normal) = timed_check(&base, "plain", None);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (r, _) = timed_check(&base, "line", None);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let waiter = hold(&base, "line");
+    until_metric(&base, "tollgate_queue_waiting", "line", "", 1);
+    let (query, q_took) = timed_check(&base, "line", Some(0));
+    let (never, n_took) = timed_check(&base, "line", Some(5));
+    println!(
+        "behind a waiter: query {} in {q_took:?} = {:.1}x, cost above the limit {} in \
+         {n_took:?} = {:.1}x a normal request ({normal:?})",
+        query.status,
+        ratio(q_took, normal),
+        never.status,
+        ratio(n_took, normal)
+    );
+    // Answered while the waiter ahead still waits (it is served 20 s after the admission).
+    assert_eq!(
+        queue_metric(&base, "tollgate_queue_served_total", "line", ""),
+        0
+    );
+    assert_eq!(queue_metric(&base, "tollgate_queue_waiting", "line", ""), 1);
+    assert_eq!(query.status, 200, "{}", query.body);
+    assert_eq!(never.status, 429, "{}", never.body);
+    assert!(
+        never.body.contains("retrying will not help"),
+        "{}",
+        never.body
+    );
+    drop(waiter);
+}
+
+/// With Redis frozen (SIGSTOP) while a request waits at the head of its line, the store call it
+/// makes when its turn comes hangs; it is answered at its deadline (`max_wait`), not when the
+/// Redis call times out.
+#[test]
+fn a_head_waiter_is_answered_at_its_deadline_while_redis_is_frozen() {
+    let redis = tollgate_testsupport::RedisServer::start(&[]);
+    let dir = temp_dir("queue-frozen");
+    // The victim's rule waits 3 s after an admission, and at most 4 s.
+    let rules = HOSTILE_RULES.replace(
+        "{unit: second, requests_per_unit: 1, algorithm: gcra}\n    queue: {max_wait: 20s",
+        "{unit: second, unit_multiplier: 3, requests_per_unit: 1, algorithm: gcra}\n    queue: {max_wait: 4s",
+    );
+    assert!(rules.contains("max_wait: 4s"));
+    std::fs::write(dir.join("web.yaml"), rules).unwrap();
+    let server = Server::start(
+        &[
+            "--rules",
+            "web.yaml",
+            "--store",
+            &redis.url(),
+            "--redis-timeout-ms",
+            "8000",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "127.0.0.1:0",
+        ],
+        &dir,
+        "queue-frozen",
+    );
+    let base = server.base.clone();
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &redis.pid().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig}");
+    };
+    let (r, normal) = timed_check(&base, "victim", None);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let head = {
+        let base = base.clone();
+        std::thread::spawn(move || timed_check(&base, "victim", None))
+    };
+    until_metric(&base, "tollgate_queue_waiting", "victim", "", 1);
+    signal("-STOP");
+    let (r, took) = head.join().unwrap();
+    signal("-CONT");
+    println!(
+        "head waiter with Redis frozen: {} after {took:?} = {:.1}x a normal request ({normal:?}), \
+         max_wait 4 s, Redis timeout 8 s: {}",
+        r.status,
+        ratio(took, normal),
+        r.body
+    );
+    // Its deadline, not the Redis call's timeout: a refusal for waiting too long.
+    assert_eq!(r.status, 429, "{}", r.body);
+    assert_eq!(
+        queue_metric(
+            &base,
+            "tollgate_queue_dropped_total",
+            "victim",
+            ",reason=\"timeout\""
+        ),
+        1
+    );
+    assert!(
+        took < Duration::from_secs(8),
+        "waited for the Redis timeout: {took:?}"
+    );
+}
