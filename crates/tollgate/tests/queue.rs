@@ -575,3 +575,102 @@ fn a_head_waiter_is_answered_at_its_deadline_while_redis_is_frozen() {
         "waited for the Redis timeout: {took:?}"
     );
 }
+
+/// One raw HTTP/2 frame: (type, flags, stream, payload).
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len() as u32;
+    let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
+    f.extend_from_slice(&(stream & 0x7fff_ffff).to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// Read one frame: (type, flags, stream, payload); `None` at the end of the connection.
+fn h2_read(s: &mut TcpStream) -> Option<(u8, u8, u32, Vec<u8>)> {
+    use std::io::Read;
+    let mut head = [0u8; 9];
+    s.read_exact(&mut head).ok()?;
+    let len = (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
+    let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+    let mut payload = vec![0u8; len];
+    s.read_exact(&mut payload).ok()?;
+    Some((head[3], head[4], stream, payload))
+}
+
+/// Prior-knowledge HTTP/2 (h2c) on the HTTP port, one TCP connection: 40 forward-auth requests
+/// on a queued counter at once. The connection carries at most 16 requests at once (the server
+/// refuses the other streams with REFUSED_STREAM, which a client may retry), so at most 16 of
+/// them ever wait: `--max-connections` bounds the waiters over HTTP/2 too.
+#[test]
+fn one_http2_connection_holds_at_most_16_requests_and_so_16_waiters() {
+    const STREAMS: u32 = 40;
+    let server = start_hostile("queue-h2", "memory", &[]);
+    let base = server.base.clone();
+    let (r, normal) = timed_check(&base, "plain", None);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let mut s = TcpStream::connect(base.trim_start_matches("http://")).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(h2_frame(4, 0, 0, &[]));
+    // Literal header fields without indexing, new names, no Huffman coding.
+    let mut block = Vec::new();
+    for (k, v) in [
+        (":method", "GET"),
+        (":scheme", "http"),
+        (":path", "/v1/forward-auth/web"),
+        (":authority", "127.0.0.1"),
+        ("x-lane", "h2"),
+    ] {
+        block.push(0);
+        block.push(k.len() as u8);
+        block.extend_from_slice(k.as_bytes());
+        block.push(v.len() as u8);
+        block.extend_from_slice(v.as_bytes());
+    }
+    for i in 0..STREAMS {
+        // END_STREAM | END_HEADERS
+        out.extend(h2_frame(1, 0x5, 1 + 2 * i, &block));
+    }
+    let sent = std::time::Instant::now();
+    s.write_all(&out).unwrap();
+    // Every stream ends: refused, or answered (the first at once, the waiters at their deadline).
+    let (mut refused, mut answered) = (0u32, 0u32);
+    let mut ended = std::collections::HashSet::new();
+    while ended.len() < STREAMS as usize {
+        let Some((kind, flags, stream, payload)) = h2_read(&mut s) else {
+            panic!("connection closed after {refused} refused, {answered} answered");
+        };
+        match kind {
+            // SETTINGS (not an ACK): acknowledge.
+            4 if flags & 1 == 0 => s.write_all(&h2_frame(4, 1, 0, &[])).unwrap(),
+            // PING: answer.
+            6 if flags & 1 == 0 => s.write_all(&h2_frame(6, 1, 0, &payload)).unwrap(),
+            7 => panic!("GOAWAY after {refused} refused, {answered} answered: {payload:?}"),
+            3 if ended.insert(stream) => {
+                assert_eq!(payload, 7u32.to_be_bytes(), "REFUSED_STREAM");
+                refused += 1;
+            }
+            0 | 1 if flags & 1 == 1 && ended.insert(stream) => answered += 1,
+            _ => {}
+        }
+    }
+    let took = sent.elapsed();
+    let waited = queue_metric(&base, "tollgate_queue_served_total", "h2", "")
+        + queue_metric(
+            &base,
+            "tollgate_queue_dropped_total",
+            "h2",
+            ",reason=\"timeout\"",
+        );
+    println!(
+        "{STREAMS} streams on one HTTP/2 connection: {refused} refused, {answered} answered \
+         ({waited} of them waited) in {took:?} = {:.0}x a normal request ({normal:?})",
+        ratio(took, normal)
+    );
+    assert!(
+        answered <= 16,
+        "{answered} requests in flight on one connection"
+    );
+    assert!(waited <= 15, "{waited} waiters on one connection");
+    assert_eq!(refused + answered, STREAMS);
+}
