@@ -28,6 +28,9 @@
 //!   complete within it fails with `BodyTimedOut`; the handler reading it answers 408 in JSON
 //!   (`http::read_body`) and closes the connection. A body that came with its head costs no
 //!   timer: one is only armed when the body has to be waited for;
+//! - at most `MAX_HTTP2_STREAMS` requests in flight on one HTTP/2 connection (the others are
+//!   refused with REFUSED_STREAM), so that a request waiting in a queue holds a connection's
+//!   share as over HTTP/1.1, and `--max-connections` bounds the waiters;
 //! - a strict request head: a bare LF line ending in an HTTP/1.1 head is refused with 400 and
 //!   the connection closed. hyper's parser takes a bare LF as a line end, so
 //!   `X-Forwarded-For: a\nX-Forwarded-For: b` would be two headers to tollgate and one to a
