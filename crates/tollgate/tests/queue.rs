@@ -5,6 +5,11 @@
 //! its line, and its place is taken by the next request. The upstream sees the requests in the
 //! order they were served. On the Redis store, `POST /v1/check` keeps the same order.
 //!
+//! Then the hostile cases, straight to `tollgate serve`: one counter's flood at the process cap
+//! does not keep another counter's request from waiting; a query and a request that can never
+//! pass are answered at once behind a line; a head waiter is answered at its deadline with its
+//! own Redis server frozen; one HTTP/2 connection carries at most 16 requests (so waiters).
+//!
 //! Each step waits for an event: a response, or a queue gauge on `/metrics`. The limits are one
 //! request per 4-second fixed window (aligned to the Unix epoch), and a scenario starts early
 //! in a window so that its waiters all join before the window ends.
