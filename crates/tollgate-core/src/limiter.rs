@@ -260,23 +260,43 @@ impl<'r> Plan<'r> {
     /// The counters of this request whose rule has a `queue`, in descriptor order: where the
     /// request waits when they deny it, and where it must wait behind others before deciding.
     /// Empty (no allocation) when the rule set has no queue.
+    ///
+    /// A request that needs no wait has no spot there: a counter it costs nothing (a query,
+    /// `hits_addend: 0`) is skipped, and a request that can never pass (its cost above what a
+    /// limit ever admits) has none at all. Both are answered at once, not behind the line.
     pub fn queue_spots(&self) -> Vec<QueueSpot<'r>> {
-        self.resolved
-            .iter()
-            .enumerate()
-            .filter_map(|(descriptor, r)| match r {
-                Resolved::Limited {
-                    limit, key, tier, ..
-                } => limit.queue.map(|policy| QueueSpot {
-                    descriptor,
-                    limit,
-                    counter_key: key.clone(),
-                    policy,
-                    priority: tier.unwrap_or(crate::rules::LOWEST),
-                }),
-                _ => None,
-            })
-            .collect()
+        let mut spots = Vec::new();
+        for (descriptor, r) in self.resolved.iter().enumerate() {
+            let Resolved::Limited {
+                limit,
+                key,
+                tier,
+                cost,
+            } = r
+            else {
+                continue;
+            };
+            let blocks = !(limit.shadow_mode || limit.quota_mode);
+            if blocks
+                && limit
+                    .quota
+                    .as_ref()
+                    .is_some_and(|q| *cost > q.limit().max(q.capacity()))
+            {
+                return Vec::new();
+            }
+            let Some(policy) = limit.queue.filter(|_| *cost > 0) else {
+                continue;
+            };
+            spots.push(QueueSpot {
+                descriptor,
+                limit,
+                counter_key: key.clone(),
+                policy,
+                priority: tier.unwrap_or(crate::rules::LOWEST),
+            });
+        }
+        spots
     }
 
     /// Combine the store's decisions (one per [`Plan::items`] entry, in order) into a verdict.

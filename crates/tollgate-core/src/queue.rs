@@ -13,7 +13,7 @@
 //! so there are never more lines than waiters, and never more waiters than the global cap.
 
 use crate::clock::Micros;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
@@ -142,7 +142,8 @@ impl<T> Queue<T> {
 pub struct Joined<T> {
     /// Its place.
     pub ticket: Ticket,
-    /// The lower-priority waiter whose place it took in a full line.
+    /// The waiter whose place it took: a lower-priority one in its full line, or the last of
+    /// the longest line when the process's cap is reached ([`Queues::join`]).
     pub evicted: Option<(Ticket, T)>,
 }
 
@@ -151,6 +152,8 @@ pub struct Joined<T> {
 #[derive(Debug)]
 pub struct Queues<K, T> {
     lines: HashMap<K, Queue<T>>,
+    /// The keys of the lines by length: the longest is where a full process makes room.
+    by_len: BTreeMap<usize, HashSet<K>>,
     next: u64,
     waiting: usize,
     max_waiting: usize,
@@ -161,6 +164,7 @@ impl<K: Hash + Eq + Clone, T> Queues<K, T> {
     pub fn new(max_waiting: usize) -> Self {
         Self {
             lines: HashMap::new(),
+            by_len: BTreeMap::new(),
             next: 0,
             waiting: 0,
             max_waiting,
@@ -187,6 +191,11 @@ impl<K: Hash + Eq + Clone, T> Queues<K, T> {
     /// that waiter's place (returned in [`Joined::evicted`]): a full line of low-priority
     /// requests does not keep a higher-priority one out; a newcomer of the same or a lower
     /// priority is refused.
+    ///
+    /// The process's cap is shared fairly among lines: when it is reached, a newcomer whose
+    /// line would still be shorter than the longest line takes the place of that line's last
+    /// waiter (returned in [`Joined::evicted`]), so that one counter's flood cannot keep the
+    /// requests of another counter out; otherwise it is refused.
     pub fn join(
         &mut self,
         key: &K,
@@ -198,19 +207,21 @@ impl<K: Hash + Eq + Clone, T> Queues<K, T> {
         if max_length == 0 {
             return Err(Refused::Full);
         }
+        let len = self.lines.get(key).map_or(0, Queue::len);
         let mut evicted = None;
-        match self.lines.get_mut(key) {
-            Some(line) if line.len() >= max_length => {
-                let tail = line.tail().filter(|t| t.priority > priority);
-                let Some(tail) = tail else {
-                    return Err(Refused::Full);
-                };
-                evicted = line.remove(tail).map(|v| (tail, v));
-                self.waiting -= 1;
-            }
-            _ if self.waiting >= self.max_waiting => return Err(Refused::TooManyWaiting),
-            _ => {}
+        if len >= max_length {
+            let line = self.lines.get_mut(key).ok_or(Refused::Full)?;
+            let tail = line.tail().filter(|t| t.priority > priority);
+            let Some(tail) = tail else {
+                return Err(Refused::Full);
+            };
+            evicted = line.remove(tail).map(|v| (tail, v));
+            self.waiting -= 1;
+            self.relink(key, len, len - 1);
+        } else if self.waiting >= self.max_waiting {
+            evicted = Some(self.evict_longest(len).ok_or(Refused::TooManyWaiting)?);
         }
+        let len = self.lines.get(key).map_or(0, Queue::len);
         let ticket = Ticket {
             priority,
             seq: self.next,
@@ -221,7 +232,42 @@ impl<K: Hash + Eq + Clone, T> Queues<K, T> {
             .or_default()
             .insert(ticket, deadline, value);
         self.waiting += 1;
+        self.relink(key, len, len + 1);
         Ok(Joined { ticket, evicted })
+    }
+
+    /// Make room for a newcomer to a line of `len` waiters: remove the last waiter of the
+    /// longest line when that line has at least two more waiters than the newcomer's would.
+    fn evict_longest(&mut self, len: usize) -> Option<(Ticket, T)> {
+        let (&longest, keys) = self.by_len.last_key_value()?;
+        if longest <= len + 1 {
+            return None;
+        }
+        let key = keys.iter().next()?.clone();
+        let line = self.lines.get_mut(&key)?;
+        let tail = line.tail()?;
+        let value = line.remove(tail)?;
+        self.waiting -= 1;
+        self.relink(&key, longest, longest - 1);
+        Some((tail, value))
+    }
+
+    /// Move `key` in the index by length from `from` waiters to `to` (0: not indexed).
+    fn relink(&mut self, key: &K, from: usize, to: usize) {
+        if from == to {
+            return;
+        }
+        if from > 0 {
+            if let Some(keys) = self.by_len.get_mut(&from) {
+                keys.remove(key);
+                if keys.is_empty() {
+                    self.by_len.remove(&from);
+                }
+            }
+        }
+        if to > 0 {
+            self.by_len.entry(to).or_default().insert(key.clone());
+        }
     }
 
     /// Leave the line of `key`: the value when `ticket` was waiting, and the new head when the
@@ -231,10 +277,11 @@ impl<K: Hash + Eq + Clone, T> Queues<K, T> {
         let was_head = line.head() == Some(ticket);
         let value = line.remove(ticket)?;
         self.waiting -= 1;
-        let head = line.head();
+        let (head, len) = (line.head(), line.len());
         if line.is_empty() {
             self.lines.remove(key);
         }
+        self.relink(key, len + 1, len);
         Some((value, head.filter(|_| was_head)))
     }
 
@@ -245,9 +292,11 @@ impl<K: Hash + Eq + Clone, T> Queues<K, T> {
         };
         let gone = line.expire(now);
         self.waiting -= gone.len();
+        let len = line.len();
         if line.is_empty() {
             self.lines.remove(key);
         }
+        self.relink(key, len + gone.len(), len);
         gone
     }
 
@@ -307,6 +356,11 @@ impl<K: Hash + Eq + Clone> Waitlist<K> {
     /// How many wait, in all lines.
     pub fn waiting(&self) -> usize {
         self.lock().waiting()
+    }
+
+    /// The most that may wait, in all lines together.
+    pub fn max_waiting(&self) -> usize {
+        self.lock().max_waiting
     }
 
     /// Whether a waiter of `priority` or higher waits in `key`'s line.
@@ -663,7 +717,25 @@ pub async fn serve<D: Driver>(
                 };
             }
         }
-        match driver.decide().await {
+        // A waiter's decision is raced with its deadline: a store that hangs must not keep it
+        // past `max_wait`. A decision given up may still be counted by the store: a unit it
+        // admitted is then lost to the limit, never given twice.
+        let decided = match held.as_mut() {
+            None => driver.decide().await,
+            Some(h) => match race(driver.decide(), driver.sleep_until(h.deadline)).await {
+                Either::Left(decided) => decided,
+                Either::Right(()) => {
+                    h.left = Some(Err(Dropped::Timeout));
+                    let spot = h.spot;
+                    drop(held);
+                    return match last {
+                        Some(a) => a,
+                        None => driver.refusal(spot, Dropped::Timeout).await,
+                    };
+                }
+            },
+        };
+        match decided {
             Attempt::Done(answer, allowed) => {
                 if let Some(h) = held.as_mut() {
                     h.left = Some(if allowed {
@@ -747,11 +819,48 @@ mod tests {
         // Only higher priorities: the same one is refused.
         assert_eq!(q.join(&"a", 2, 0, 1, ()).unwrap_err(), Refused::Full);
         q.join(&"b", 2, 0, 1, ()).unwrap();
+        // The cap is reached: the longest line makes room once, then the lines are even.
+        assert!(q.join(&"c", 2, 0, 1, ()).unwrap().evicted.is_some());
         assert_eq!(
-            q.join(&"c", 2, 0, 1, ()).unwrap_err(),
+            q.join(&"d", 2, 0, 1, ()).unwrap_err(),
             Refused::TooManyWaiting
         );
         assert_eq!(q.join(&"c", 0, 0, 1, ()).unwrap_err(), Refused::Full);
+    }
+
+    #[test]
+    fn one_line_cannot_keep_the_others_out_of_a_full_process() {
+        let mut q: Queues<&str, u32> = Queues::new(4);
+        for i in 0..4 {
+            q.join(&"flood", 100, 1, 1, i).unwrap();
+        }
+        // The cap is reached by one line: a newcomer elsewhere takes its last place.
+        let victim = q.join(&"victim", 100, 1, 1, 10).unwrap();
+        assert_eq!(victim.evicted.map(|e| e.1), Some(3));
+        assert_eq!(q.waiting(), 4);
+        // The flooding line cannot take it back: it is the longest.
+        assert_eq!(
+            q.join(&"flood", 100, 0, 1, 4).unwrap_err(),
+            Refused::TooManyWaiting
+        );
+        let other = q.join(&"other", 100, 1, 1, 20).unwrap();
+        assert_eq!(other.evicted.map(|e| e.1), Some(2));
+        // Lines of 2, 1 and 1: a second waiter of a line of one would not be fairer.
+        assert_eq!(
+            q.join(&"victim", 100, 1, 1, 11).unwrap_err(),
+            Refused::TooManyWaiting
+        );
+        assert_eq!(
+            q.join(&"new", 100, 1, 1, 30).unwrap().evicted.map(|e| e.1),
+            Some(1)
+        );
+        // Four lines of one: the cap is shared evenly, nobody more makes room.
+        assert_eq!(
+            q.join(&"newer", 100, 1, 1, 40).unwrap_err(),
+            Refused::TooManyWaiting
+        );
+        assert_eq!(q.by_len.keys().copied().collect::<Vec<_>>(), [1]);
+        assert_eq!((q.waiting(), q.lines()), (4, 4));
     }
 
     #[test]
@@ -848,7 +957,21 @@ mod tests {
                                 _ => prop_assert_eq!(got.unwrap_err(), Refused::Full),
                             }
                         } else if model.len() >= max_waiting {
-                            prop_assert_eq!(got.unwrap_err(), Refused::TooManyWaiting);
+                            // The cap is shared: the last waiter of a longest line makes room
+                            // when that line is at least two longer than this one would be.
+                            let longest = (0..3u8).map(|k| model.iter().filter(|m| m.0 == k).count()).max().unwrap_or(0);
+                            if longest > in_line + 1 {
+                                let joined = got.unwrap();
+                                let (t, _) = joined.evicted.unwrap();
+                                let i = model.iter().position(|m| m.4 == t).unwrap();
+                                let k = model[i].0;
+                                prop_assert!(k != key && model.iter().filter(|m| m.0 == k).count() == longest);
+                                prop_assert_eq!(Some(t), model.iter().filter(|m| m.0 == k).map(|m| m.4).max());
+                                model.remove(i);
+                                model.push((key, priority, arrival, deadline, joined.ticket));
+                            } else {
+                                prop_assert_eq!(got.unwrap_err(), Refused::TooManyWaiting);
+                            }
                         } else {
                             model.push((key, priority, arrival, deadline, got.unwrap().ticket));
                         }
@@ -872,6 +995,13 @@ mod tests {
                 }
                 prop_assert_eq!(q.waiting(), model.len());
                 prop_assert!(q.waiting() <= max_waiting);
+                let indexed: usize = q.by_len.iter().map(|(n, keys)| n * keys.len()).sum();
+                prop_assert_eq!(indexed, q.waiting());
+                for (n, keys) in &q.by_len {
+                    for k in keys {
+                        prop_assert_eq!(q.line(k).map(Queue::len), Some(*n));
+                    }
+                }
                 for key in 0..3u8 {
                     let mut expected: Vec<(u8, u64)> = model.iter().filter(|m| m.0 == key).map(|m| (m.1, m.2)).collect();
                     expected.sort_unstable();

@@ -28,6 +28,9 @@
 //!   complete within it fails with `BodyTimedOut`; the handler reading it answers 408 in JSON
 //!   (`http::read_body`) and closes the connection. A body that came with its head costs no
 //!   timer: one is only armed when the body has to be waited for;
+//! - at most `MAX_HTTP2_STREAMS` requests in flight on one HTTP/2 connection (the others are
+//!   refused with REFUSED_STREAM), so that a request waiting in a queue holds a connection's
+//!   share as over HTTP/1.1, and `--max-connections` bounds the waiters;
 //! - a strict request head: a bare LF line ending in an HTTP/1.1 head is refused with 400 and
 //!   the connection closed. hyper's parser takes a bare LF as a line end, so
 //!   `X-Forwarded-For: a\nX-Forwarded-For: b` would be two headers to tollgate and one to a
@@ -104,6 +107,9 @@ impl Default for ConnLimits {
 /// Largest request head (HTTP/1.1 read buffer, HTTP/2 header list) a connection may send.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
 
+/// Most requests in flight at once on one HTTP/2 connection (hyper's default is 200).
+pub const MAX_HTTP2_STREAMS: u32 = 16;
+
 /// Lingering close: the longest a closed connection is drained in all.
 const LINGER_TIME: Duration = Duration::from_secs(5);
 /// Lingering close: the longest wait for the client's next bytes (or its close).
@@ -168,6 +174,10 @@ pub async fn serve<M, S>(
     // gigabytes. 64 KiB is 8 times what nginx accepts by default; beyond it: 431.
     builder.http1().max_buf_size(MAX_HEAD_BYTES);
     builder.http2().max_header_list_size(MAX_HEAD_BYTES as u32);
+    // Each request in flight may be a queue waiter: an HTTP/2 connection carries at most this
+    // many at once (a client sending more has the extra streams refused, REFUSED_STREAM, safe
+    // to retry), so that `--max-connections` bounds the waiters as it does over HTTP/1.1.
+    builder.http2().max_concurrent_streams(MAX_HTTP2_STREAMS);
     let builder = Arc::new(builder);
     let counters = metrics.clone();
     let serve_one = move |stream, peer, close| {

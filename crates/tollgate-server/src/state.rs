@@ -225,6 +225,7 @@ impl AppStateBuilder {
         // The first load is the first entry of the reload ring.
         stats.reloaded(self.clock.now(), self.rules.generation, &[]);
         let queued = self.rules.set.has_queues();
+        warn_longer_than_the_cap(&self.rules.set, self.queue_max_waiting);
         AppState(Arc::new(Shared {
             rules: ArcSwap::from_pointee(self.rules),
             last_reload_error: Mutex::new(None),
@@ -278,6 +279,7 @@ impl AppState {
 
     /// Swap in new rules atomically and clear the last reload error.
     pub(crate) fn swap_rules(&self, rules: LoadedRules) {
+        warn_longer_than_the_cap(&rules.set, self.0.queue.max_waiting());
         self.0.metrics.rules_loaded(&rules.set);
         self.0.stats.rules_loaded(&rules.set);
         self.0
@@ -312,6 +314,7 @@ impl AppState {
     /// Swap in new rules atomically, keeping the last reload error (a registry change: the
     /// files are as broken as they were).
     pub(crate) fn replace_rules(&self, rules: LoadedRules) {
+        warn_longer_than_the_cap(&rules.set, self.0.queue.max_waiting());
         self.0.metrics.rules_loaded(&rules.set);
         self.0.stats.rules_loaded(&rules.set);
         self.0
@@ -423,5 +426,25 @@ impl AppState {
     /// Whether shutdown has begun.
     pub(crate) fn shutting_down(&self) -> bool {
         self.0.shutting_down.load(Ordering::Relaxed)
+    }
+}
+
+/// A WARN for each rule whose `queue.max_length` is above the process's cap on waiters
+/// (`--queue-max-waiting`): its line can never be that long, and holds a fair share of the cap
+/// only while other lines wait too.
+fn warn_longer_than_the_cap(rules: &RuleSet, max_waiting: usize) {
+    if !rules.has_queues() {
+        return;
+    }
+    for limit in rules.limits() {
+        if let Some(q) = limit.queue.filter(|q| q.max_length > max_waiting) {
+            tracing::warn!(
+                rule = %limit.id,
+                max_length = q.max_length,
+                queue_max_waiting = max_waiting,
+                "queue max_length is above --queue-max-waiting: the line holds at most the \
+                 process's cap, and only its fair share of it while other lines wait"
+            );
+        }
     }
 }

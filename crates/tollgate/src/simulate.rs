@@ -89,9 +89,14 @@ pub fn run(
         let descriptors = [ev.descriptor];
         let verdict = store.decide(&rules, now, &ev.domain, &descriptors, ev.hits, None)?;
         let (remaining, retry, reset, delay) = match verdict.statuses.first() {
-            Some(Status::Limited { decision: d, .. }) => (
+            Some(s @ Status::Limited { decision: d, .. }) => (
                 d.remaining.to_string(),
-                d.retry_after.map(|r| ms(r).to_string()).unwrap_or_default(),
+                // As the HTTP and gRPC answers: only a denial that blocks says when to retry
+                // (a shadow-mode denial is answered as allowed).
+                d.retry_after
+                    .filter(|_| s.blocks())
+                    .map(|r| ms(r).to_string())
+                    .unwrap_or_default(),
                 ms(d.reset_after).to_string(),
                 if d.allowed {
                     ms(d.delay).to_string()

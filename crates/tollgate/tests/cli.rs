@@ -117,6 +117,78 @@ fn simulate_reports_bad_trace_line_with_position() {
     );
 }
 
+/// A shadow-mode denial is answered as allowed, so no surface tells the client when to retry:
+/// `simulate` leaves `retry_after_ms` empty as `/v1/check` leaves it out, for the same rule
+/// and the same requests (and gives it for a real denial, as `/v1/check` does).
+#[test]
+fn simulate_and_http_agree_on_retry_after_for_a_shadow_mode_denial() {
+    let dir = temp_dir("cli-shadow");
+    let rules = dir.join("shadow.yaml");
+    std::fs::write(
+        &rules,
+        "domain: s\ndescriptors:\n  - key: user\n    shadow_mode: true\n    \
+         rate_limit: {unit: minute, requests_per_unit: 1, algorithm: fixed_window}\n  \
+         - key: team\n    \
+         rate_limit: {unit: minute, requests_per_unit: 1, algorithm: fixed_window}\n",
+    )
+    .unwrap();
+    let trace = dir.join("t.csv");
+    std::fs::write(
+        &trace,
+        "0,s,user=a,1\n1,s,user=a,1\n0,s,team=a,1\n1,s,team=a,1\n",
+    )
+    .unwrap();
+    let rules_path = rules.to_str().unwrap();
+    let out = tollgate(&[
+        "simulate",
+        "--rules",
+        rules_path,
+        "--input",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines: Vec<Vec<String>> = text(&out.stdout)
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').map(str::to_owned).collect())
+        .collect();
+    // t_ms,domain,descriptor,hits,allowed,remaining,retry_after_ms,...
+    let simulated: Vec<(&str, &str)> = lines
+        .iter()
+        .map(|l| (l[4].as_str(), l[6].as_str()))
+        .collect();
+    let server = support::serve_rules(rules_path, &[], "cli-shadow");
+    let answered: Vec<(String, Option<u64>)> =
+        [("user", "a"), ("user", "a"), ("team", "a"), ("team", "a")]
+            .iter()
+            .map(|(k, v)| {
+                let (_, body) = support::check(&server.base, "s", k, v);
+                (
+                    body["overall_code"].as_str().unwrap_or_default().to_owned(),
+                    body["statuses"][0]["retry_after_ms"].as_u64(),
+                )
+            })
+            .collect();
+    println!("simulate: {simulated:?}\nHTTP: {answered:?}");
+    for ((allowed, retry), (code, http_retry)) in simulated.iter().zip(&answered) {
+        assert_eq!(
+            *allowed == "true",
+            code == "OK",
+            "{simulated:?} {answered:?}"
+        );
+        assert_eq!(
+            retry.is_empty(),
+            http_retry.is_none(),
+            "{simulated:?} {answered:?}"
+        );
+    }
+    assert_eq!(simulated[1], ("true", ""), "the shadow-mode denial");
+    assert!(
+        !simulated[3].1.is_empty(),
+        "a real denial says when to retry"
+    );
+}
+
 #[test]
 fn validate_accepts_examples_and_rejects_broken_rules() {
     let ok = tollgate(&["validate", "examples/rules"]);

@@ -5,6 +5,11 @@
 //! its line, and its place is taken by the next request. The upstream sees the requests in the
 //! order they were served. On the Redis store, `POST /v1/check` keeps the same order.
 //!
+//! Then the hostile cases, straight to `tollgate serve`: one counter's flood at the process cap
+//! does not keep another counter's request from waiting; a query and a request that can never
+//! pass are answered at once behind a line; a head waiter is answered at its deadline with its
+//! own Redis server frozen; one HTTP/2 connection carries at most 16 requests (so waiters).
+//!
 //! Each step waits for an event: a response, or a queue gauge on `/metrics`. The limits are one
 //! request per 4-second fixed window (aligned to the Unix epoch), and a scenario starts early
 //! in a window so that its waiters all join before the window ends.
@@ -328,4 +333,368 @@ fn the_documented_queue_example_validates() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// The hostile cases' rules (no gateway: `POST /v1/check`, forward-auth over HTTP/2). GCRA
+/// limits: after one admission the next request's wait is one emission interval, so it joins
+/// its line as the head and waits for that long; later ones wait behind it.
+const HOSTILE_RULES: &str = r#"domain: web
+http:
+  - actions:
+      - request_headers: {header_name: x-lane, descriptor_key: lane}
+descriptors:
+  - key: lane
+    value: flood
+    rate_limit: {unit: second, unit_multiplier: 20, requests_per_unit: 1, algorithm: gcra}
+    queue: {max_wait: 40s, max_length: 100000}
+  - key: lane
+    value: victim
+    rate_limit: {unit: second, requests_per_unit: 1, algorithm: gcra}
+    queue: {max_wait: 20s, max_length: 10}
+  - key: lane
+    value: line
+    rate_limit: {unit: second, unit_multiplier: 5, requests_per_unit: 1, algorithm: gcra}
+    queue: {max_wait: 10s, max_length: 10}
+  - key: lane
+    value: plain
+    rate_limit: {unit: second, requests_per_unit: 1000000}
+  - key: lane
+    value: h2
+    rate_limit: {unit: second, unit_multiplier: 2, requests_per_unit: 1, algorithm: gcra}
+    queue: {max_wait: 3s, max_length: 1000}
+"#;
+
+/// `tollgate serve` with [`HOSTILE_RULES`] on `store` and `extra` flags.
+fn start_hostile(name: &str, store: &str, extra: &[&str]) -> Server {
+    let dir = temp_dir(name);
+    std::fs::write(dir.join("web.yaml"), HOSTILE_RULES).unwrap();
+    let mut args = vec![
+        "--rules",
+        "web.yaml",
+        "--store",
+        store,
+        "--http-addr",
+        "127.0.0.1:0",
+        "--grpc-addr",
+        "127.0.0.1:0",
+    ];
+    args.extend(extra);
+    Server::start(&args, &dir, name)
+}
+
+/// The `/v1/check` body for `lane`, with `hits_addend` when given.
+fn lane_body(lane: &str, hits: Option<u64>) -> serde_json::Value {
+    let mut b = serde_json::json!({"domain": "web", "descriptors": [{"entries": [
+        {"key": "lane", "value": lane}]}]});
+    if let Some(h) = hits {
+        b["hits_addend"] = h.into();
+    }
+    b
+}
+
+/// `POST /v1/check` for `lane`: the response and how long it took.
+fn timed_check(
+    base: &str,
+    lane: &str,
+    hits: Option<u64>,
+) -> (support::client::HttpResponse, Duration) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let body = lane_body(lane, hits).to_string();
+    let t = std::time::Instant::now();
+    // A timeout above every wait here: a request that waits too long is measured, not cut off.
+    let r = rt
+        .block_on(support::client::send(
+            base,
+            Method::POST,
+            "/v1/check",
+            Some(body),
+            Duration::from_secs(30),
+        ))
+        .expect("HTTP request");
+    (r, t.elapsed())
+}
+
+/// A waiter left in its line: a raw `POST /v1/check` for `lane` whose answer is never read (the
+/// connection stays open until the stream is dropped).
+fn hold(base: &str, lane: &str) -> TcpStream {
+    let addr = base.trim_start_matches("http://");
+    let mut s = TcpStream::connect(addr).unwrap();
+    let body = lane_body(lane, None).to_string();
+    write!(
+        s,
+        "POST /v1/check HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    s
+}
+
+fn ratio(a: Duration, b: Duration) -> f64 {
+    a.as_secs_f64() / b.as_secs_f64().max(1e-6)
+}
+
+/// One counter's flood fills the process's cap (`--queue-max-waiting 20`, the flooding rule's
+/// `max_length` far above it, which is warned about at load): a request on another counter
+/// still gets a place (the flooding line's last waiter is turned away) and is served when its
+/// own counter admits it, instead of an immediate 429.
+#[test]
+fn one_counters_flood_cannot_keep_another_counters_request_out_of_the_queue() {
+    let server = start_hostile("queue-flood", "memory", &["--queue-max-waiting", "20"]);
+    let base = server.base.clone();
+    let (r, normal) = timed_check(&base, "plain", None);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (r, _) = timed_check(&base, "flood", None);
+    assert_eq!(r.status, 200, "{}", r.body);
+    // 20 waiters on the flooding counter: the whole cap.
+    let flood: Vec<TcpStream> = (0..20).map(|_| hold(&base, "flood")).collect();
+    until_metric(&base, "tollgate_queue_waiting", "flood", "", 20);
+    // One more on the same counter is turned away at once: its line is the longest.
+    let (r, _) = timed_check(&base, "flood", None);
+    assert_eq!(r.status, 429, "{}", r.body);
+    // The victim: admitted, then denied for about a second, which it waits.
+    let (r, _) = timed_check(&base, "victim", None);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (r, waited) = timed_check(&base, "victim", None);
+    println!(
+        "victim under a flood: {} after {waited:?} = {:.1}x a normal request ({normal:?}): {}",
+        r.status,
+        ratio(waited, normal),
+        r.body
+    );
+    assert_eq!(r.status, 200, "the victim waited its turn: {}", r.body);
+    assert_eq!(
+        queue_metric(&base, "tollgate_queue_served_total", "victim", ""),
+        1
+    );
+    // It took the place of the flood's last waiter.
+    assert_eq!(
+        queue_metric(
+            &base,
+            "tollgate_queue_dropped_total",
+            "flood",
+            ",reason=\"full\""
+        ),
+        2
+    );
+    drop(flood);
+    server.wait_for_log("queue max_length is above --queue-max-waiting");
+}
+
+/// On a counter with a waiter in line, a query (`hits_addend: 0`) and a request that can never
+/// pass (a cost above the limit) are answered at once: before the waiter ahead is served.
+#[test]
+fn a_query_and_a_request_that_can_never_pass_do_not_wait_behind_the_line() {
+    let server = start_hostile("queue-nowait", "memory", &[]);
+    let base = server.base.clone();
+    let (r, normal) = timed_check(&base, "plain", None);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (r, _) = timed_check(&base, "line", None);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let waiter = hold(&base, "line");
+    until_metric(&base, "tollgate_queue_waiting", "line", "", 1);
+    // Both at once, each on a thread of its own: each finds the waiter in line.
+    let send = |hits: u64| {
+        let base = base.clone();
+        std::thread::spawn(move || timed_check(&base, "line", Some(hits)))
+    };
+    let (query, never) = (send(0), send(5));
+    let ((query, q_took), (never, n_took)) = (query.join().unwrap(), never.join().unwrap());
+    println!(
+        "behind a waiter: query {} in {q_took:?} = {:.1}x, cost above the limit {} in \
+         {n_took:?} = {:.1}x a normal request ({normal:?})",
+        query.status,
+        ratio(q_took, normal),
+        never.status,
+        ratio(n_took, normal)
+    );
+    // Answered while the waiter ahead still waits (it is served 5 s after the admission).
+    assert_eq!(
+        queue_metric(&base, "tollgate_queue_served_total", "line", ""),
+        0
+    );
+    assert_eq!(queue_metric(&base, "tollgate_queue_waiting", "line", ""), 1);
+    assert_eq!(query.status, 200, "{}", query.body);
+    assert_eq!(never.status, 429, "{}", never.body);
+    assert!(
+        never.body.contains("retrying will not help"),
+        "{}",
+        never.body
+    );
+    drop(waiter);
+}
+
+/// With Redis frozen (SIGSTOP) while a request waits at the head of its line, the store call it
+/// makes when its turn comes hangs; it is answered at its deadline (`max_wait`), not when the
+/// Redis call times out.
+#[test]
+fn a_head_waiter_is_answered_at_its_deadline_while_redis_is_frozen() {
+    let redis = tollgate_testsupport::RedisServer::start(&[]);
+    let dir = temp_dir("queue-frozen");
+    // The victim's rule waits 2 s after an admission, and at most 2.5 s.
+    let rules = HOSTILE_RULES.replace(
+        "{unit: second, requests_per_unit: 1, algorithm: gcra}\n    queue: {max_wait: 20s",
+        "{unit: second, unit_multiplier: 2, requests_per_unit: 1, algorithm: gcra}\n    queue: {max_wait: 2500ms",
+    );
+    assert!(rules.contains("max_wait: 2500ms"));
+    std::fs::write(dir.join("web.yaml"), rules).unwrap();
+    let server = Server::start(
+        &[
+            "--rules",
+            "web.yaml",
+            "--store",
+            &redis.url(),
+            "--redis-timeout-ms",
+            "6000",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "127.0.0.1:0",
+        ],
+        &dir,
+        "queue-frozen",
+    );
+    let base = server.base.clone();
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &redis.pid().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig}");
+    };
+    let (r, normal) = timed_check(&base, "victim", None);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let head = {
+        let base = base.clone();
+        std::thread::spawn(move || timed_check(&base, "victim", None))
+    };
+    until_metric(&base, "tollgate_queue_waiting", "victim", "", 1);
+    signal("-STOP");
+    let (r, took) = head.join().unwrap();
+    signal("-CONT");
+    println!(
+        "head waiter with Redis frozen: {} after {took:?} = {:.1}x a normal request ({normal:?}), \
+         max_wait 2.5 s, Redis timeout 6 s: {}",
+        r.status,
+        ratio(took, normal),
+        r.body
+    );
+    // Its deadline, not the Redis call's timeout: a refusal for waiting too long.
+    assert_eq!(r.status, 429, "{}", r.body);
+    assert_eq!(
+        queue_metric(
+            &base,
+            "tollgate_queue_dropped_total",
+            "victim",
+            ",reason=\"timeout\""
+        ),
+        1
+    );
+    assert!(
+        took < Duration::from_secs(6),
+        "waited for the Redis timeout: {took:?}"
+    );
+}
+
+/// One raw HTTP/2 frame: (type, flags, stream, payload).
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len() as u32;
+    let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
+    f.extend_from_slice(&(stream & 0x7fff_ffff).to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// Read one frame: (type, flags, stream, payload); `None` at the end of the connection.
+fn h2_read(s: &mut TcpStream) -> Option<(u8, u8, u32, Vec<u8>)> {
+    use std::io::Read;
+    let mut head = [0u8; 9];
+    s.read_exact(&mut head).ok()?;
+    let len = (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
+    let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+    let mut payload = vec![0u8; len];
+    s.read_exact(&mut payload).ok()?;
+    Some((head[3], head[4], stream, payload))
+}
+
+/// Prior-knowledge HTTP/2 (h2c) on the HTTP port, one TCP connection: 40 forward-auth requests
+/// on a queued counter at once. The connection carries at most 16 requests at once (the server
+/// refuses the other streams with REFUSED_STREAM, which a client may retry), so at most 16 of
+/// them ever wait: `--max-connections` bounds the waiters over HTTP/2 too.
+#[test]
+fn one_http2_connection_holds_at_most_16_requests_and_so_16_waiters() {
+    const STREAMS: u32 = 40;
+    let server = start_hostile("queue-h2", "memory", &[]);
+    let base = server.base.clone();
+    let (r, normal) = timed_check(&base, "plain", None);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let mut s = TcpStream::connect(base.trim_start_matches("http://")).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(h2_frame(4, 0, 0, &[]));
+    // Literal header fields without indexing, new names, no Huffman coding.
+    let mut block = Vec::new();
+    for (k, v) in [
+        (":method", "GET"),
+        (":scheme", "http"),
+        (":path", "/v1/forward-auth/web"),
+        (":authority", "127.0.0.1"),
+        ("x-lane", "h2"),
+    ] {
+        block.push(0);
+        block.push(k.len() as u8);
+        block.extend_from_slice(k.as_bytes());
+        block.push(v.len() as u8);
+        block.extend_from_slice(v.as_bytes());
+    }
+    for i in 0..STREAMS {
+        // END_STREAM | END_HEADERS
+        out.extend(h2_frame(1, 0x5, 1 + 2 * i, &block));
+    }
+    let sent = std::time::Instant::now();
+    s.write_all(&out).unwrap();
+    // Every stream ends: refused, or answered (the first at once, the waiters at their deadline).
+    let (mut refused, mut answered) = (0u32, 0u32);
+    let mut ended = std::collections::HashSet::new();
+    while ended.len() < STREAMS as usize {
+        let Some((kind, flags, stream, payload)) = h2_read(&mut s) else {
+            panic!("connection closed after {refused} refused, {answered} answered");
+        };
+        match kind {
+            // SETTINGS (not an ACK): acknowledge.
+            4 if flags & 1 == 0 => s.write_all(&h2_frame(4, 1, 0, &[])).unwrap(),
+            // PING: answer.
+            6 if flags & 1 == 0 => s.write_all(&h2_frame(6, 1, 0, &payload)).unwrap(),
+            7 => panic!("GOAWAY after {refused} refused, {answered} answered: {payload:?}"),
+            3 if ended.insert(stream) => {
+                assert_eq!(payload, 7u32.to_be_bytes(), "REFUSED_STREAM");
+                refused += 1;
+            }
+            0 | 1 if flags & 1 == 1 && ended.insert(stream) => answered += 1,
+            _ => {}
+        }
+    }
+    let took = sent.elapsed();
+    let waited = queue_metric(&base, "tollgate_queue_served_total", "h2", "")
+        + queue_metric(
+            &base,
+            "tollgate_queue_dropped_total",
+            "h2",
+            ",reason=\"timeout\"",
+        );
+    println!(
+        "{STREAMS} streams on one HTTP/2 connection: {refused} refused, {answered} answered \
+         ({waited} of them waited) in {took:?} = {:.0}x a normal request ({normal:?})",
+        ratio(took, normal)
+    );
+    assert!(
+        answered <= 16,
+        "{answered} requests in flight on one connection"
+    );
+    assert!(waited <= 15, "{waited} waiters on one connection");
+    assert_eq!(refused + answered, STREAMS);
 }
