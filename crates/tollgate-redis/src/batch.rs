@@ -445,6 +445,26 @@ impl Batches {
         }
     }
 
+    /// Units of `item`'s counter admitted locally in `now`'s window and not confirmed by Redis
+    /// (pending or in a flush not answered): what this instance took from the fleet's count
+    /// since it last learned it. 0 for an item not batched or not tracked.
+    pub(crate) fn unsent(&self, now: Micros, item: &CheckItem<'_>) -> u64 {
+        if !batched(item) {
+            return 0;
+        }
+        let map = self.lock();
+        let Some(t) = map.get(&map_key(item)) else {
+            return 0;
+        };
+        let start = window(t.quota.period(), now).0;
+        t.pending
+            .iter()
+            .chain(t.inflight.iter().flat_map(|f| f.windows.iter()))
+            .filter(|(w, _)| *w == start)
+            .map(|(_, u)| u)
+            .sum()
+    }
+
     /// Counters tracked now.
     pub fn tracked(&self) -> usize {
         self.lock().len()

@@ -259,7 +259,10 @@ fn run(mode: Mode, policy: &str, fault: Fault) -> Option<Run> {
     until_state(&servers, "healthy", "recovery");
     let back = resumed.elapsed();
     let after = rt.block_on(drive(&bases, Until::Denied, open));
-    let allowed_by_policy = sum(&servers, "tollgate_degraded_decisions_total{policy=\"allow\"}");
+    let allowed_by_policy = sum(
+        &servers,
+        "tollgate_degraded_decisions_total{policy=\"allow\"}",
+    );
     drop(redis);
     if utc_day() != day {
         eprintln!("{name}: the day turned during the run; running it again");
@@ -284,19 +287,30 @@ fn bound(mode: Mode, policy: &str, fault: Fault, run: &Run) -> u64 {
         Mode::Batched => ((N - 1) as f64 * r * (4.0 * FLUSH_S + ROUND_TRIP_S)).ceil() as u64,
         _ => 0,
     };
-    // Requests in flight when the fault began: counted by Redis, possibly admitted by the
-    // policy too.
-    let in_flight = N * CALLERS;
+    // `local`: the requests in flight when the fault began (counted by Redis, possibly admitted
+    // by the policy too), and with `lease` what Redis granted the other instances after this
+    // one's last refill: one grant each, at most an eighth of the limit.
+    let local = N * CALLERS
+        + match mode {
+            Mode::Lease => (N - 1) * LIMIT.div_ceil(8),
+            _ => 0,
+        };
     let outage = match policy {
         "deny" => 0,
         "allow" => run.allowed_by_policy,
-        _ => in_flight,
+        _ => local,
     };
-    // A restarted Redis lost what it had counted; units the instances held are spent without
-    // the new Redis counting them.
-    let lost = match fault {
-        Fault::Frozen => 0,
-        Fault::RestartedEmpty => run.before + run.held,
+    // A restarted Redis lost what it had counted: what was admitted before, and the lease
+    // units the instances held (spent during the outage, or still held when Redis came back:
+    // the new Redis never counts them). The `local` policy's fold restores the count of the
+    // keys it decided, all but the units still held.
+    let lost = match (fault, policy) {
+        (Fault::Frozen, _) => 0,
+        (Fault::RestartedEmpty, "local") => run.held,
+        (Fault::RestartedEmpty, _) => {
+            let from_hand = run.during - run.allowed_by_policy;
+            run.before + from_hand + run.held
+        }
     };
     LIMIT + overshoot + outage + lost
 }
