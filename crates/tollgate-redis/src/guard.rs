@@ -27,7 +27,9 @@
 //! last `remaining` Redis reported per key (a bounded ledger) and never lets its fallback grant
 //! more than that share (divided by [`RedisSettings::expected_instances`]), charging a timed-out
 //! call's cost as possibly consumed: a slow Redis cannot turn into a fresh local budget per
-//! instance.
+//! instance. A `sync: batched` counter decides without Redis, so its report is the fleet's count
+//! each flush learns, and the units this instance admitted since and has not sent come off its
+//! share too.
 //!
 //! On a Redis Cluster there is one breaker per master (found by the slot of a request's
 //! counters, from `CLUSTER SLOTS`, refreshed every second), each with its own probe (a write
@@ -39,7 +41,9 @@
 //! answering again folds it into the shared counters before traffic goes back to Redis (at most
 //! two script calls per key touched during the outage: the cost owed, or, when that no longer
 //! fits, what is left), so a window admits little more than its limit across an outage instead
-//! of its limit again on top of the local shares (see docs/operations.md for the bound).
+//! of its limit again on top of the local shares (see docs/operations.md for the bound). When
+//! Redis then counts less than the key had when this instance last heard (it restarted empty),
+//! the fold also restores that count, so a lost Redis does not hand out a fresh window.
 //!
 //! The optional deny cache ([`RedisSettings::deny_cache`]) answers keys Redis reported as denied
 //! until the time Redis said they could pass again; see docs/operations.md for where that is
