@@ -526,6 +526,25 @@ mod tests {
     }
 
     #[test]
+    fn unsent_counts_pending_and_inflight_units_of_the_current_window_only() {
+        let q = Quota::new(10, Unit::Hour)
+            .with_algorithm(Algorithm::FixedWindow)
+            .with_sync(SyncMode::Batched);
+        let b = Batches::new(Duration::from_millis(100));
+        let items = [CheckItem::hit("r", "k", &q)];
+        assert_eq!(b.unsent(T0, &items[0]), 0, "not tracked");
+        b.learn(T0, &items, &[answer(8)]);
+        b.decide(T0 + 1, &items).unwrap();
+        b.take(T0 + 2, 0, true);
+        b.decide(T0 + 3, &items).unwrap();
+        assert_eq!(b.unsent(T0 + 4, &items[0]), 2, "one in flight, one pending");
+        let next_hour = window(q.period(), T0).1;
+        assert_eq!(b.unsent(next_hour, &items[0]), 0, "another window");
+        let exact = Quota::new(10, Unit::Hour);
+        assert_eq!(b.unsent(T0 + 4, &CheckItem::hit("r", "k", &exact)), 0);
+    }
+
+    #[test]
     fn each_counter_is_flushed_on_its_own_interval_and_a_reload_keeps_its_units() {
         let slow = Quota::new(100, Unit::Day)
             .with_algorithm(Algorithm::FixedWindow)
