@@ -445,6 +445,26 @@ impl Batches {
         }
     }
 
+    /// Units of `item`'s counter admitted locally in `now`'s window and not confirmed by Redis
+    /// (pending or in a flush not answered): what this instance took from the fleet's count
+    /// since it last learned it. 0 for an item not batched or not tracked.
+    pub(crate) fn unsent(&self, now: Micros, item: &CheckItem<'_>) -> u64 {
+        if !batched(item) {
+            return 0;
+        }
+        let map = self.lock();
+        let Some(t) = map.get(&map_key(item)) else {
+            return 0;
+        };
+        let start = window(t.quota.period(), now).0;
+        t.pending
+            .iter()
+            .chain(t.inflight.iter().flat_map(|f| f.windows.iter()))
+            .filter(|(w, _)| *w == start)
+            .map(|(_, u)| u)
+            .sum()
+    }
+
     /// Counters tracked now.
     pub fn tracked(&self) -> usize {
         self.lock().len()
@@ -503,6 +523,25 @@ mod tests {
         assert_eq!(again[0].1.windows[0].3, 6);
         // Stale after two intervals: Redis decides again.
         assert!(b.decide(T0 + 1 + b.stale_after(&q) + 1, &items).is_none());
+    }
+
+    #[test]
+    fn unsent_counts_pending_and_inflight_units_of_the_current_window_only() {
+        let q = Quota::new(10, Unit::Hour)
+            .with_algorithm(Algorithm::FixedWindow)
+            .with_sync(SyncMode::Batched);
+        let b = Batches::new(Duration::from_millis(100));
+        let items = [CheckItem::hit("r", "k", &q)];
+        assert_eq!(b.unsent(T0, &items[0]), 0, "not tracked");
+        b.learn(T0, &items, &[answer(8)]);
+        b.decide(T0 + 1, &items).unwrap();
+        b.take(T0 + 2, 0, true);
+        b.decide(T0 + 3, &items).unwrap();
+        assert_eq!(b.unsent(T0 + 4, &items[0]), 2, "one in flight, one pending");
+        let next_hour = window(q.period(), T0).1;
+        assert_eq!(b.unsent(next_hour, &items[0]), 0, "another window");
+        let exact = Quota::new(10, Unit::Hour);
+        assert_eq!(b.unsent(T0 + 4, &CheckItem::hit("r", "k", &exact)), 0);
     }
 
     #[test]

@@ -27,7 +27,9 @@
 //! last `remaining` Redis reported per key (a bounded ledger) and never lets its fallback grant
 //! more than that share (divided by [`RedisSettings::expected_instances`]), charging a timed-out
 //! call's cost as possibly consumed: a slow Redis cannot turn into a fresh local budget per
-//! instance.
+//! instance. A `sync: batched` counter decides without Redis, so its report is the fleet's count
+//! each flush learns, and the units this instance admitted since and has not sent come off its
+//! share too.
 //!
 //! On a Redis Cluster there is one breaker per master (found by the slot of a request's
 //! counters, from `CLUSTER SLOTS`, refreshed every second), each with its own probe (a write
@@ -39,7 +41,9 @@
 //! answering again folds it into the shared counters before traffic goes back to Redis (at most
 //! two script calls per key touched during the outage: the cost owed, or, when that no longer
 //! fits, what is left), so a window admits little more than its limit across an outage instead
-//! of its limit again on top of the local shares (see docs/operations.md for the bound).
+//! of its limit again on top of the local shares (see docs/operations.md for the bound). When
+//! Redis then counts less than the key had when this instance last heard (it restarted empty),
+//! the fold also restores that count, so a lost Redis does not hand out a fresh window.
 //!
 //! The optional deny cache ([`RedisSettings::deny_cache`]) answers keys Redis reported as denied
 //! until the time Redis said they could pass again; see docs/operations.md for where that is
@@ -54,6 +58,7 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
+use tollgate_core::internals::window;
 use tollgate_core::quota::Algorithm;
 use tollgate_core::rules::{RuleSet, TierLevel};
 use tollgate_core::store::{blocks, Tier};
@@ -645,6 +650,11 @@ impl Guarded {
         (self.owed.keys.load(Relaxed), self.owed.cost.load(Relaxed))
     }
 
+    /// Units folds restored to counters Redis had lost (restarted empty) so far.
+    pub fn restored(&self) -> u64 {
+        self.owed.restored.load(Relaxed)
+    }
+
     /// Fold what the `local` policy admitted into Redis' counters (see the module docs): for
     /// each key, consume the cost owed, or, when it no longer fits, what is left of the limit.
     /// Entries whose window has ended are dropped. Returns false when Redis failed (what was
@@ -677,6 +687,13 @@ impl Guarded {
                 self.owed.put_back(key, o);
                 continue;
             }
+            // The count this instance last knew the key had, before what it admitted locally.
+            let known = self.ledger.as_ref().and_then(|l| {
+                l.lock()
+                    .get(&key)
+                    .filter(|s| s.until > last && s.quota == o.quota && o.tier.is_none())
+                    .map(|s| s.count)
+            });
             let r = match self.store.check_within(bound, at, &[item]).await {
                 Ok(d) if !d[0].allowed && d[0].remaining > 0 => {
                     let rest = CheckItem {
@@ -687,6 +704,29 @@ impl Guarded {
                         .check_within(bound, at, &[rest])
                         .await
                         .map(|_| ())
+                }
+                // Redis counts less than this instance knew it had plus what it just folded:
+                // it lost its counts (restarted empty). Restore what was known, at most what is
+                // left (on a Redis that kept its counts, only a refilled bucket or a weighted
+                // window that slid meets this: the safe side).
+                Ok(d) if d[0].allowed => {
+                    let count = o.quota.limit().saturating_sub(d[0].remaining);
+                    let missing = known
+                        .map_or(0, |k| k.saturating_add(o.cost).saturating_sub(count))
+                        .min(d[0].remaining);
+                    if missing == 0 {
+                        Ok(())
+                    } else {
+                        let restore = CheckItem {
+                            cost: missing,
+                            ..item
+                        };
+                        let r = self.store.check_within(bound, at, &[restore]).await;
+                        if r.is_ok() {
+                            self.owed.restored.fetch_add(missing, Relaxed);
+                        }
+                        r.map(|_| ())
+                    }
                 }
                 r => r.map(|_| ()),
             };
@@ -965,6 +1005,15 @@ impl Guarded {
         };
         b.stats.flushes.fetch_add(1, Relaxed);
         b.merge(now, &sent, &states, &self.limits);
+        if let Some(ledger) = &self.ledger {
+            // What the fleet has counted, for the fallback should Redis fail before the next
+            // flush: its share starts from there, not from a fresh limit.
+            for ((_, e), st) in sent.iter().zip(&states) {
+                let until = window(e.quota.period(), st[0]).1;
+                let n = self.settings.expected_instances;
+                ledger.learn_count(now, &e.key, &e.quota, st[2], until, n);
+            }
+        }
         Ok(sent.len())
     }
 
@@ -1117,12 +1166,17 @@ impl Guarded {
         };
         let mut map = ledger.lock();
         // The ledger's share of each item (None: Redis told us nothing current about it).
+        // A batched counter's units admitted since its last flush came out of what the fleet had
+        // left too.
         let shares: Vec<Option<(u64, Micros)>> = items
             .iter()
             .map(|i| {
                 map.get(&*ledger_key(i))
                     .filter(|s| s.until > now && s.quota == *i.quota)
-                    .map(|s| (s.share, s.until))
+                    .map(|s| {
+                        let unsent = self.batches.unsent(now, i);
+                        (s.share.saturating_sub(unsent), s.until)
+                    })
             })
             .collect();
         let short = |i: &CheckItem<'_>, s: &Option<(u64, Micros)>| {
@@ -1154,7 +1208,8 @@ impl Guarded {
             for (i, d) in items.iter().zip(decisions.iter_mut()) {
                 if let Some(s) = map.get_mut(&*ledger_key(i)).filter(|s| s.until > now) {
                     s.share = s.share.saturating_sub(i.cost);
-                    d.remaining = d.remaining.min(s.share);
+                    let unsent = self.batches.unsent(now, i);
+                    d.remaining = d.remaining.min(s.share.saturating_sub(unsent));
                 }
             }
         }
@@ -1327,6 +1382,8 @@ struct Owed {
     last_now: AtomicU64,
     keys: AtomicU64,
     cost: AtomicU64,
+    /// Units a fold restored to a counter Redis had lost.
+    restored: AtomicU64,
 }
 
 impl Owed {
@@ -1394,6 +1451,10 @@ impl Owed {
 /// What Redis last reported for a key, for the `local` policy's fallback.
 struct Seen {
     quota: Quota,
+    /// The key's count in the window as Redis last reported it (the limit less `remaining`; for
+    /// a `sync: batched` counter, the fleet's count its last flush learned): what a fold restores
+    /// when Redis comes back without it (restarted empty).
+    count: u64,
     /// This instance's share of the key's remaining (remaining / `--expected-instances`),
     /// less what the fallback granted or timed-out calls may have consumed since.
     share: u64,
@@ -1423,6 +1484,41 @@ impl Ledger {
         self.map.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The fleet's count of a `sync: batched` counter, learned by a flush at `now`: the share is
+    /// `n`th of what the window has left (this instance's units admitted since are taken off it
+    /// when the fallback decides, see [`Batches::unsent`]).
+    fn learn_count(
+        &self,
+        now: Micros,
+        key: &str,
+        quota: &Quota,
+        count: u64,
+        until: Micros,
+        n: u64,
+    ) {
+        if until <= now {
+            return;
+        }
+        let seen = Seen {
+            quota: *quota,
+            count,
+            share: quota.limit().saturating_sub(count) / n.max(1),
+            until,
+        };
+        let mut map = self.lock();
+        if let Some(s) = map.get_mut(key) {
+            *s = seen;
+            return;
+        }
+        if map.len() >= LEDGER_MAX {
+            map.retain(|_, s| s.until > now);
+            if map.len() >= LEDGER_MAX {
+                return;
+            }
+        }
+        map.insert(key.to_owned(), seen);
+    }
+
     fn learn(&self, now: Micros, items: &[CheckItem<'_>], decisions: &[Decision], n: u64) {
         let n = n.max(1);
         let mut map = self.lock();
@@ -1434,6 +1530,7 @@ impl Ledger {
             }
             let seen = Seen {
                 quota: *i.quota,
+                count: i.quota.limit().saturating_sub(d.remaining),
                 share: d.remaining / n,
                 until: now.saturating_add(d.reset_after),
             };

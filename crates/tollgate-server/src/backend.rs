@@ -243,7 +243,7 @@ fn render_stores(out: &mut String, stores: &[(Option<&str>, &Guarded)], rules: &
     let lease = |g: &Guarded, f: fn(&tollgate_redis::lease::LeaseStats) -> &AtomicU64| {
         f(g.lease_stats().0).load(Relaxed)
     };
-    let counters: [Counter<'_>; 11] = [
+    let counters: [Counter<'_>; 12] = [
         (
             "tollgate_lease_grants_total",
             "Leases (shares of a window's count) Redis granted to this instance (sync: lease).",
@@ -298,6 +298,11 @@ fn render_stores(out: &mut String, stores: &[(Option<&str>, &Guarded)], rules: &
             "tollgate_store_folded_cost_total",
             "Hits admitted locally during an outage and folded into Redis when it answered again.",
             &|g| g.folded().1,
+        ),
+        (
+            "tollgate_store_restored_units_total",
+            "Units a fold restored to counters a restarted Redis had lost.",
+            &|g| g.restored(),
         ),
     ];
     for (name, help, f) in counters {
