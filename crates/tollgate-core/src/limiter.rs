@@ -411,12 +411,14 @@ impl<'r> Verdict<'r> {
 
     /// The limit that governs the response headers: when denied, the blocking limit with the
     /// longest wait (a limit that can never pass counts as longest); otherwise the (non-shadow)
-    /// limit with the least remaining.
+    /// limit with the least remaining. A `shadowban` limit never governs them: its limit is
+    /// never advertised, so that a shadowbanned client's fake success carries what a real one
+    /// does (`None` when only `shadowban` limits denied).
     pub fn binding(&self) -> Option<(&'r Limit, Decision)> {
         let limited = self.statuses.iter().filter_map(|s| match s {
             Status::Limited {
                 limit, decision, ..
-            } if !limit.shadow_mode => Some((*limit, *decision)),
+            } if !limit.shadow_mode && !limit.shadowban => Some((*limit, *decision)),
             _ => None,
         });
         if self.allowed() {

@@ -389,6 +389,60 @@ impl HttpActions {
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
+
+    /// An entry that ends with a header or query parameter naming a tier (its `descriptor_key`
+    /// is the `tiers.key` of one of the domain's rules) skips that action when the request lacks
+    /// it, as with `skip_if_absent`: the descriptor is then the tiered rule's without a tier
+    /// entry, in its lowest level. Dropping the whole descriptor would leave every request that
+    /// names no tier unlimited.
+    pub(crate) fn skip_absent_tiers(&mut self, tier_keys: &[&str]) {
+        for e in &mut self.entries {
+            if e.actions.len() < 2 {
+                continue;
+            }
+            if let Some(
+                Action::RequestHeaders {
+                    descriptor_key,
+                    skip_if_absent,
+                    ..
+                }
+                | Action::QueryParameters {
+                    descriptor_key,
+                    skip_if_absent,
+                    ..
+                },
+            ) = e.actions.last_mut()
+            {
+                if tier_keys.contains(&descriptor_key.as_str()) {
+                    *skip_if_absent = true;
+                }
+            }
+        }
+    }
+
+    /// Where each entry takes a value straight from the request (`request_headers`, or
+    /// `query_parameters` as `?name`): its descriptor key and the header name, in entry order.
+    pub fn plain_request_values(&self) -> Vec<(&str, String)> {
+        let mut out = Vec::new();
+        for e in &self.entries {
+            for a in &e.actions {
+                match a {
+                    Action::RequestHeaders {
+                        header_name,
+                        descriptor_key,
+                        ..
+                    } => out.push((descriptor_key.as_str(), header_name.clone())),
+                    Action::QueryParameters {
+                        name,
+                        descriptor_key,
+                        ..
+                    } => out.push((descriptor_key.as_str(), format!("?{name}"))),
+                    _ => {}
+                }
+            }
+        }
+        out
+    }
 }
 
 /// An IPv4-mapped IPv6 address (`::ffff:a.b.c.d`, what a dual-stack socket reports for an IPv4

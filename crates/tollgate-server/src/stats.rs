@@ -152,6 +152,9 @@ struct ReloadEvent {
     ok: bool,
     generation: u64,
     errors: Vec<String>,
+    /// What made the generation: `files` (a load of the rule files) or `registry` (the
+    /// registry's domains applied).
+    source: &'static str,
 }
 
 /// A recent registry change.
@@ -341,6 +344,21 @@ impl Stats {
                     .take(5)
                     .map(|e| cut(e.clone(), MAX_ERROR_BYTES))
                     .collect(),
+                source: "files",
+            },
+        );
+    }
+
+    /// The registry's domains were applied beside the files' rules, making `generation`.
+    pub(crate) fn registry_applied(&self, at: Micros, generation: u64) {
+        push_bounded(
+            &self.reloads,
+            ReloadEvent {
+                at,
+                ok: true,
+                generation,
+                errors: Vec::new(),
+                source: "registry",
             },
         );
     }
@@ -391,7 +409,7 @@ impl Stats {
             .iter()
             .rev()
             .map(|e| {
-                json!({"at_ms": ms(e.at), "ok": e.ok, "generation": e.generation, "errors": e.errors})
+                json!({"at_ms": ms(e.at), "ok": e.ok, "generation": e.generation, "errors": e.errors, "source": e.source})
             })
             .collect();
         let changes: Vec<Value> = lock(&self.changes)

@@ -365,3 +365,33 @@ fn reloads_and_registry_changes_are_listed() {
         .iter()
         .any(|r| r["domain"] == "reg"));
 }
+
+/// With an admin token the registry runs and applies its (empty) domains at start: a rules
+/// generation of its own, which the reload list shows (before: the header said generation 2,
+/// the list only 1). The page's script is allowed by its hash, never `'unsafe-inline'`.
+#[test]
+fn every_generation_is_in_the_reload_list_and_no_inline_script_is_allowed() {
+    let server = start("dash-generation", true);
+    let s = stats(&server.base);
+    let generation = &s["rules_generation"];
+    assert_eq!(&s["reloads"][0]["generation"], generation, "{s:#}");
+    assert_eq!(s["reloads"][0]["source"], "registry", "{s:#}");
+    assert_eq!(
+        s["reloads"].as_array().unwrap().last().unwrap()["source"],
+        "files"
+    );
+    let page = get(&server.base, "/dashboard", Some(&bearer()));
+    assert_eq!(page.status, 200);
+    let csp = page
+        .headers
+        .iter()
+        .find(|(k, _)| k == "content-security-policy")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default();
+    let script_src = csp
+        .split(';')
+        .find(|d| d.trim().starts_with("script-src"))
+        .unwrap_or_else(|| panic!("no script-src: {csp}"));
+    assert!(!script_src.contains("unsafe-inline"), "{csp}");
+    assert!(script_src.contains("'sha256-"), "{csp}");
+}

@@ -123,6 +123,24 @@ def main():
         logs = [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
         assert not logs, logs
         driver.save_screenshot(args.screenshot)
+
+        # Opened with the credentials in the URL, as curl users write it (no header added):
+        # the page still reads /v1/stats (it fetches from its origin, which has none), and its
+        # script runs under a policy without 'unsafe-inline'. The generation in the header is
+        # one the reload list shows.
+        driver.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {}})
+        host = args.base.split("://", 1)[1]
+        driver.get(f"http://admin:{args.token}@{host}/dashboard")
+        wait(driver, "the rules, read with the URL's credentials",
+             lambda d: figure(d, "user", "denied") == "7")
+        assert driver.find_element(By.ID, "notice").is_displayed() is False, \
+            driver.find_element(By.ID, "notice").text
+        meta = driver.find_element(By.ID, "meta").text
+        generation = meta.split("generation ")[1].split()[0]
+        reloads = driver.find_element(By.ID, "reloads").text
+        assert f"generation {generation}" in reloads, (meta, reloads)
+        logs = [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
+        assert not logs, logs
         print("dashboard ok")
     finally:
         driver.quit()

@@ -446,12 +446,20 @@ impl RuleSet {
         for (file, spec) in specs {
             let start = set.limits.len();
             let tree = Tree::build(&spec.name, file, spec.descriptors, &mut set.limits);
+            let mut http = spec.http;
+            if let Some(h) = &mut http {
+                let tier_keys: Vec<&str> = set.limits[start..]
+                    .iter()
+                    .filter_map(|l| l.tiers.as_ref().map(|t| t.key.as_str()))
+                    .collect();
+                h.skip_absent_tiers(&tier_keys);
+            }
             set.by_name.insert(spec.name.clone(), set.domains.len());
             set.domains.push(Domain {
                 name: spec.name,
                 file: file.to_string(),
                 tree,
-                http: spec.http,
+                http,
                 limits: start..set.limits.len(),
             });
         }

@@ -128,6 +128,16 @@ pub(super) fn decode(node: &Node, cx: Context<'_>, errors: &mut Errors) -> Optio
             }
         }),
     };
+    if let (Some(key), Some(n)) = (&key, fields.get("key")) {
+        if key == cx.rule {
+            errors.push((
+                n.pos,
+                format!(
+                    "`tiers.key` `{key}` is the tiered descriptor's own key: the tier is named by the request entry after `{key}`, which needs a key of its own (`plan`, `tier`)"
+                ),
+            ));
+        }
+    }
     if let Some(key) = &key {
         for (child, pos) in &cx.children {
             if child == key {
@@ -209,7 +219,7 @@ pub(super) fn decode(node: &Node, cx: Context<'_>, errors: &mut Errors) -> Optio
         ));
     }
     let mut out = Vec::with_capacity(levels.len());
-    for (i, (level, at)) in levels.into_iter().enumerate() {
+    for (level, at) in levels {
         let ceiling = level.ceiling.unwrap_or(limit);
         if ceiling > limit {
             errors.push((
@@ -236,7 +246,7 @@ pub(super) fn decode(node: &Node, cx: Context<'_>, errors: &mut Errors) -> Optio
                     level.value, level.reserve
                 ),
             ));
-        } else if i == 0 && level.reserve > 0 {
+        } else if at.first && level.reserve > 0 {
             errors.push((
                 at.reserve,
                 format!(
@@ -267,6 +277,8 @@ struct Raw {
 struct At {
     ceiling: Pos,
     reserve: Pos,
+    /// The first level of the list (the highest priority).
+    first: bool,
 }
 
 fn levels(node: &Node, errors: &mut Errors) -> Option<Vec<(Raw, At)>> {
@@ -290,10 +302,9 @@ fn levels(node: &Node, errors: &mut Errors) -> Option<Vec<(Raw, At)>> {
         ));
         return None;
     }
-    let before = errors.len();
     let mut out: Vec<(Raw, At)> = Vec::with_capacity(items.len());
     let mut seen: Vec<(String, usize)> = Vec::new();
-    for item in items {
+    for (i, item) in items.iter().enumerate() {
         let Some(fields) = Fields::new(item, "a tier level", LEVEL_FIELDS, errors) else {
             continue;
         };
@@ -345,6 +356,7 @@ fn levels(node: &Node, errors: &mut Errors) -> Option<Vec<(Raw, At)>> {
         let at = At {
             ceiling: fields.get("ceiling").map_or(item.pos, |n| n.pos),
             reserve: fields.get("reserve").map_or(item.pos, |n| n.pos),
+            first: i == 0,
         };
         let (Some(value), Some(guaranteed), Some(ceiling), Some(reserve)) = (
             value,
@@ -364,7 +376,10 @@ fn levels(node: &Node, errors: &mut Errors) -> Option<Vec<(Raw, At)>> {
             at,
         ));
     }
-    (errors.len() == before).then_some(out)
+    // The readable levels, even when others were not: the checks against the rule's limit
+    // still run on them, so every error of the file is reported (the caller keeps no tiers
+    // when any error was recorded).
+    Some(out)
 }
 
 #[cfg(test)]

@@ -57,6 +57,10 @@ pub(crate) async fn forward_auth(
         Ok(s) => s,
         Err(e) => return fail(&state, e),
     };
+    let ban_delay = match shadowban_delay(req.uri().query()) {
+        Ok(d) => d,
+        Err(e) => return fail(&state, e),
+    };
     let headers = req.headers();
     let rules = state.rules();
     let Some(d) = rules.set.domain(&domain) else {
@@ -101,15 +105,143 @@ pub(crate) async fn forward_auth(
         return StatusCode::OK.into_response();
     }
     let check = CheckRequest::new(domain, descriptors);
-    let decided = if state.has_queues() {
-        decide_queued(&state, &check).await
-    } else {
-        decide(&state, &check).await
+    let decided = decide_any(&state, &check).await;
+    let resp = match decided {
+        Ok(resp) => resp,
+        Err(e) => return e.into_response(),
     };
-    match decided {
-        Ok(resp) => answer(&resp, deny_status, wants_json),
-        Err(e) => e.into_response(),
+    if !resp.shadowbanned {
+        return answer(&resp, deny_status, wants_json);
     }
+    // Shadowbanned: the client is to get a success it cannot tell from a real one, so the
+    // request is decided again without its `shadowban` descriptors, as a request that went
+    // through would be: it counts against the client's other limits, and the headers the
+    // gateway copies into the fake success are those a real success would carry now. (Another
+    // limit may deny it then: the client gets that honest denial, as a real request would.)
+    let rest = CheckRequest {
+        descriptors: check
+            .descriptors
+            .iter()
+            .zip(&resp.statuses)
+            .filter(|(_, s)| s.code == crate::model::Code::Ok)
+            .map(|(d, _)| d.clone())
+            .collect(),
+        ..check
+    };
+    let as_served = if rest.descriptors.is_empty() {
+        None
+    } else {
+        match decide_any(&state, &rest).await {
+            Ok(r) if !r.allowed => return answer(&r, deny_status, wants_json),
+            Ok(r) => Some(r),
+            Err(e) => return e.into_response(),
+        }
+    };
+    if let Some(delay) = ban_delay.pick() {
+        tokio::time::sleep(delay).await;
+    }
+    shadowbanned(as_served.as_ref(), deny_status)
+}
+
+async fn decide_any(state: &AppState, check: &CheckRequest) -> Result<CheckResponse, ApiError> {
+    if state.has_queues() {
+        decide_queued(state, check).await
+    } else {
+        decide(state, check).await
+    }
+}
+
+/// The answer to a shadowbanned request: the denial status the gateway turns into its fake
+/// success, marked [`SHADOWBAN_HEADER`], with the rate-limit headers of `as_served` (the
+/// request decided as served, without its `shadowban` descriptors; `None` when it had no
+/// others): exactly what a real success would carry, and no `Retry-After`, no message.
+fn shadowbanned(as_served: Option<&CheckResponse>, deny_status: StatusCode) -> Response {
+    let mut r = Response::new(Body::empty());
+    *r.status_mut() = deny_status;
+    let h = r.headers_mut();
+    if let Some(resp) = as_served {
+        add_headers(h, resp);
+    }
+    h.insert(SHADOWBAN_HEADER.clone(), HeaderValue::from_static("true"));
+    r
+}
+
+/// `?shadowban_delay=`: how long to hold a shadowbanned request's answer, so that the fake
+/// success takes about as long as a real one (which the upstream serves): a duration (`80ms`,
+/// `1.5s`) or a range (`40ms-120ms`, a uniformly random wait in it), at most 10 s. None by
+/// default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct BanDelay {
+    min: std::time::Duration,
+    max: std::time::Duration,
+}
+
+/// The longest `?shadowban_delay=`.
+const MAX_BAN_DELAY: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl BanDelay {
+    /// The wait for one answer, `None` for no wait.
+    fn pick(self) -> Option<std::time::Duration> {
+        if self.max.is_zero() {
+            return None;
+        }
+        let span = (self.max - self.min).as_micros() as u64;
+        if span == 0 {
+            return Some(self.min);
+        }
+        // Uniform enough for a jitter, without a random number crate: a fresh SipHash key per
+        // call (std's RandomState) over the current time.
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        Some(self.min + std::time::Duration::from_micros(h.finish() % (span + 1)))
+    }
+}
+
+fn shadowban_delay(query: Option<&str>) -> Result<BanDelay, ApiError> {
+    let Some(v) = query
+        .unwrap_or("")
+        .split('&')
+        .find_map(|p| p.strip_prefix("shadowban_delay="))
+    else {
+        return Ok(BanDelay::default());
+    };
+    let bad = || {
+        ApiError::invalid(
+            "invalid_shadowban_delay",
+            format!(
+                "`shadowban_delay` must be a duration such as `80ms` or `1.5s`, or a range such as `40ms-120ms`, at most 10s; got {v:?}"
+            ),
+        )
+    };
+    let (lo, hi) = v.split_once('-').unwrap_or((v, v));
+    let (min, max) = (
+        parse_delay(lo).ok_or_else(bad)?,
+        parse_delay(hi).ok_or_else(bad)?,
+    );
+    if min > max || max > MAX_BAN_DELAY {
+        return Err(bad());
+    }
+    Ok(BanDelay { min, max })
+}
+
+/// `80ms`, `1.5s`, `0s`.
+fn parse_delay(text: &str) -> Option<std::time::Duration> {
+    let (number, scale) = if let Some(n) = text.strip_suffix("ms") {
+        (n, 1e-3)
+    } else {
+        (text.strip_suffix('s')?, 1.0)
+    };
+    if number.is_empty() || !number.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        return None;
+    }
+    let secs = number.parse::<f64>().ok()? * scale;
+    (secs.is_finite() && secs <= MAX_BAN_DELAY.as_secs_f64())
+        .then(|| std::time::Duration::from_secs_f64(secs))
 }
 
 fn fail(state: &AppState, e: ApiError) -> Response {
@@ -190,15 +322,60 @@ fn answer(resp: &CheckResponse, deny_status: StatusCode, json: bool) -> Response
     if let Ok(v) = HeaderValue::from_str(&message) {
         h.insert(MESSAGE_HEADER.clone(), v);
     }
-    if resp.shadowbanned {
-        h.insert(SHADOWBAN_HEADER.clone(), HeaderValue::from_static("true"));
-    }
     r
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shadowban_delay_values() {
+        use std::time::Duration;
+        let ms = Duration::from_millis;
+        assert_eq!(shadowban_delay(None).unwrap(), BanDelay::default());
+        assert_eq!(BanDelay::default().pick(), None);
+        let d = shadowban_delay(Some("deny_status=403&shadowban_delay=80ms")).unwrap();
+        assert_eq!(
+            (d, d.pick()),
+            (
+                BanDelay {
+                    min: ms(80),
+                    max: ms(80)
+                },
+                Some(ms(80))
+            )
+        );
+        let d = shadowban_delay(Some("shadowban_delay=40ms-1.5s")).unwrap();
+        assert_eq!(
+            d,
+            BanDelay {
+                min: ms(40),
+                max: ms(1500)
+            }
+        );
+        for _ in 0..100 {
+            let p = d.pick().unwrap();
+            assert!((ms(40)..=ms(1500)).contains(&p), "{p:?}");
+        }
+        for bad in [
+            "1",
+            "ms",
+            "-1ms",
+            "11s",
+            "2s-1s",
+            "1e3ms",
+            "nan s",
+            "5m",
+            "shadowban_delay=",
+        ] {
+            let q = format!(
+                "shadowban_delay={}",
+                bad.trim_start_matches("shadowban_delay=")
+            );
+            assert!(shadowban_delay(Some(&q)).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn deny_status_values() {

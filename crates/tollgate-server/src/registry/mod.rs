@@ -601,6 +601,8 @@ impl Registry {
             loaded_at: SystemClock.now(),
             file_sources: running.file_sources.clone(),
         });
+        // The new generation is listed with the reloads, where the dashboard looks for it.
+        state.stats().registry_applied(state.now(), generation);
         true
     }
 

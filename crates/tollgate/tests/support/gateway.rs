@@ -266,10 +266,20 @@ impl Gateway {
 
     /// Caddy from `examples/caddy/Caddyfile` (its admin endpoint moved to a free port).
     pub fn caddy(name: &str, tollgate_port: u16, upstream: u16) -> Gateway {
+        Self::caddy_with(name, tollgate_port, upstream, |c| c)
+    }
+
+    /// [`Gateway::caddy`]; `edit` may change the config further (e.g. fill the plan table).
+    pub fn caddy_with(
+        name: &str,
+        tollgate_port: u16,
+        upstream: u16,
+        edit: impl Fn(String) -> String,
+    ) -> Gateway {
         need("caddy", "caddy");
         // Caddy exits when it loses either port (its listener's, its admin endpoint's).
         on_free_ports("caddy", |[port, admin]| {
-            Self::try_caddy(name, port, admin, tollgate_port, upstream)
+            Self::try_caddy(name, port, admin, tollgate_port, upstream, &edit)
         })
     }
 
@@ -281,10 +291,16 @@ impl Gateway {
         admin: u16,
         tollgate_port: u16,
         upstream: u16,
+        edit: &impl Fn(String) -> String,
     ) -> Option<Gateway> {
         let dir = temp_dir(name);
         let conf = dir.join("Caddyfile");
-        let text = Self::config("examples/caddy/Caddyfile", port, tollgate_port, upstream);
+        let text = edit(Self::config(
+            "examples/caddy/Caddyfile",
+            port,
+            tollgate_port,
+            upstream,
+        ));
         assert!(text.contains("localhost:2019"));
         let text = text.replace("localhost:2019", &format!("localhost:{admin}"));
         std::fs::write(&conf, text).unwrap();
