@@ -263,15 +263,17 @@ export RUST_BACKTRACE=1
 started=$SECONDS
 phase() { echo "== $* ($(date +%H:%M:%S), $((SECONDS - started)) s so far)"; }
 
-# The architecture (docs/architecture.md): no module cycle in the service crates, Envoy
-# compatibility imported by the composition root only, no transport in the service core.
+# The architecture (docs/architecture.md): no import cycle between modules nor between files
+# in any crate, Envoy compatibility imported by the composition root only, no transport in the
+# service core.
 phase "architecture: the module graph (scripts/modgraph.py)"
 core_rules=()
 for m in model error metrics backend decision_log policy state check stats; do
   core_rules+=(--no-crate "tollgate-server:$m=axum,hyper,hyper_util,h2,tonic,tower,tower_http,tollgate_proto")
 done
-python3 scripts/modgraph.py --check --acyclic tollgate-core --acyclic tollgate-server --acyclic tollgate-redis \
-  --acyclic tollgate-tower --only-imported-by tollgate-server:envoy=serve "${core_rules[@]}"
+python3 scripts/modgraph.py --check --files --acyclic tollgate --acyclic tollgate-core \
+  --acyclic tollgate-server --acyclic tollgate-redis --acyclic tollgate-tower --acyclic tollgate-proto \
+  --acyclic tollgate-testsupport --only-imported-by tollgate-server:envoy=serve "${core_rules[@]}"
 
 # The instruction-count harness of BENCHMARKS-HISTORY.md ("The counting step written out"), run without
 # callgrind so it cannot rot: the library assembled from the Lua files loads on a private

@@ -10,7 +10,7 @@
 //! going through: the transports mark those denials so that a gateway or a middleware can
 //! serve a fake success. The decision logic is here; how each transport answers is theirs.
 
-use super::decode::{integer, Errors, Fields};
+use super::fields::{integer, Errors, Fields};
 use super::yaml::{Kind, Node};
 use crate::decision::Decision;
 use crate::quota::Quota;

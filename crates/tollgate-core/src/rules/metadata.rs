@@ -6,7 +6,7 @@
 //! unquoted `true`/`yes`/`on`... are booleans, `~`/`null`/nothing is null, integers and floats
 //! are numbers (protobuf `Struct` numbers are doubles), anything else or quoted is a string.
 
-use super::decode::Errors;
+use super::fields::Errors;
 use super::yaml::{Kind, Node};
 use std::collections::BTreeMap;
 
@@ -54,7 +54,7 @@ fn value(node: &Node, errors: &mut Errors) -> Option<MetaValue> {
         Kind::Scalar { text, .. } => {
             if node.is_null() {
                 MetaValue::Null
-            } else if let Some(b) = super::decode::parse_bool(text) {
+            } else if let Some(b) = super::fields::parse_bool(text) {
                 MetaValue::Bool(b)
             } else if let Some(n) = number(text) {
                 if !n.is_finite() {

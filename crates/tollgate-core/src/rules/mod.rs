@@ -37,6 +37,7 @@
 mod decode;
 mod degrade;
 mod error;
+mod fields;
 mod http;
 mod metadata;
 mod queue;
@@ -45,9 +46,9 @@ mod tiers;
 mod tree;
 mod yaml;
 
-pub use decode::{edit_distance, nearest};
 pub use degrade::DegradeThreshold;
 pub use error::{RuleError, RuleErrors};
+pub use fields::{edit_distance, nearest};
 pub use metadata::MetaValue;
 pub use queue::{
     Priority, QueuePolicy, LOWEST, MAX_LENGTH as MAX_QUEUE_LENGTH, MAX_WAIT as MAX_QUEUE_WAIT,
@@ -373,7 +374,7 @@ impl RuleSet {
         let mut seen: HashMap<String, &str> = HashMap::new();
         for (file, text) in files {
             let parsed = yaml::parse(text);
-            let mut file_errors: decode::Errors = parsed
+            let mut file_errors: fields::Errors = parsed
                 .errors
                 .into_iter()
                 .map(|e| (e.pos, e.message))

@@ -7,7 +7,7 @@
 //! meaning on rules that never deny (`shadow_mode`, `unlimited`), nor on `quota_mode` (whose
 //! denials depend on other limits) or `shadowban` (whose denials are answered as successes).
 
-use super::decode::{integer, Errors, Fields};
+use super::fields::{integer, Errors, Fields};
 use super::yaml::{Kind, Node};
 use crate::clock::{Micros, SECOND};
 

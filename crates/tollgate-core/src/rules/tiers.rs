@@ -11,7 +11,7 @@
 //! What is checked here keeps the step's invariant reachable: the guarantees add up to at most
 //! the limit, so every tier's unused guarantee can always be kept free for it.
 
-use super::decode::{bounded, integer, string, Errors, Fields};
+use super::fields::{bounded, integer, string, Errors, Fields};
 use super::yaml::{Kind, Node, Pos};
 use crate::quota::{Algorithm, Quota, SyncMode};
 

@@ -2,7 +2,7 @@
 //! [`HttpActions`], with an error at the line and column of every problem (unknown action or
 //! field, bad regex, bad mask length, missing field) and decoding carried on past each one.
 
-use super::decode::{bounded, flag, integer, string, Errors, Fields};
+use super::fields::{bounded, flag, integer, string, Errors, Fields};
 use super::yaml::{Kind, Node};
 use crate::request::{
     Action, HeaderMatcher, HttpActions, MatchRule, QueryMatcher, RateLimitEntry, StringMatch,
