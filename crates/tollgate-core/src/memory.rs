@@ -45,6 +45,7 @@ use crate::algorithm::{
 };
 use crate::clock::{Micros, SECOND};
 use crate::decision::Decision;
+use crate::doorkeeper::{self, DoorkeeperStats, Gate, Seen};
 use crate::fingerprint::{sip13_128, sip13_64, tail};
 use crate::quota::{Algorithm, Quota};
 use crate::store::{blocks, consumes, CheckItem, Store, StoreError};
@@ -613,6 +614,8 @@ pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
     max_keys: usize,
     sketches: RwLock<HashMap<u128, Arc<Mutex<Sketch>>>>,
+    /// Doorkeepers by limit, with the limit's rule name (for metrics).
+    gates: RwLock<HashMap<u128, (Arc<str>, Arc<Mutex<Gate>>)>>,
 }
 
 impl std::fmt::Debug for MemoryStore {
@@ -661,6 +664,7 @@ impl MemoryStore {
             shards,
             max_keys,
             sketches: RwLock::new(HashMap::new()),
+            gates: RwLock::new(HashMap::new()),
         }
     }
 
@@ -694,6 +698,88 @@ impl MemoryStore {
             .entry(id)
             .or_insert_with(|| Arc::new(Mutex::new(Sketch::new(q.sketch()))))
             .clone()
+    }
+
+    /// The doorkeeper of `rule`'s limit `q` (which has one).
+    fn gate(&self, rule: &str, q: &Quota) -> Arc<Mutex<Gate>> {
+        let size = q
+            .doorkeeper()
+            .unwrap_or(crate::quota::Doorkeeper::new(1, 0.5).expect("valid"));
+        let period = (q.period().unit as u128) << 32 | u128::from(q.period().multiplier);
+        let shape = (q.algorithm() as u128) << 40
+            | u128::from(size.expected_keys()) << 64
+            | u128::from((size.fp_rate() * 1e9) as u64) << 96;
+        // As in `sketch`: the shape XORed in, injectively.
+        let id = self.hash(rule.as_bytes()) ^ !(shape | period);
+        let found = self.gates.read().get(&id).map(|(_, g)| g.clone());
+        if let Some(g) = found {
+            return g;
+        }
+        self.gates
+            .write()
+            .entry(id)
+            .or_insert_with(|| (Arc::from(rule), Arc::new(Mutex::new(Gate::new(size)))))
+            .1
+            .clone()
+    }
+
+    /// Each doorkeeper's rule and figures (limits with a doorkeeper that have seen a request).
+    pub fn doorkeepers(&self) -> Vec<(Arc<str>, DoorkeeperStats)> {
+        let mut v: Vec<_> = self
+            .gates
+            .read()
+            .values()
+            .map(|(r, g)| (r.clone(), lock(g).stats()))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// A check of the counter `h` of a limit with a doorkeeper (see the `doorkeeper` module):
+    /// a key with a counter is stepped as usual; one without has its state rebuilt from the
+    /// filter, and a first request in the window that is admitted is recorded there only.
+    #[inline(never)]
+    fn step_gated(
+        &self,
+        mut shard: MutexGuard<'_, Shard>,
+        now: Micros,
+        h: Key,
+        rule: &str,
+        quota: &Quota,
+        cost: u64,
+    ) -> Decision {
+        if shard.contains(h) {
+            return shard.step(h, now, cost, quota);
+        }
+        let gate = self.gate(rule, quota);
+        let mut gate = lock(&gate);
+        let start = gate.rotate(now, quota);
+        let seen = gate.seen(h.wide());
+        let (d, next) = algorithm::step(doorkeeper::prior(seen, start, quota), now, cost, quota);
+        if doorkeeper::holds_back(seen, cost, d.allowed) {
+            gate.hold_back(h.wide());
+        } else if cost > 0 && next.is_some() {
+            shard.set(h, next, now + d.reset_after, d.remaining == 0, now);
+        }
+        d
+    }
+
+    /// A count-min-sketch check with a doorkeeper: the key's first admitted request of cost 1 in
+    /// a window goes to the filter, the rest to the sketch; estimates add the filter's bits.
+    fn sketch_gated(&self, now: Micros, h: Key, rule: &str, quota: &Quota, cost: u64) -> Decision {
+        let sketch = self.sketch(rule, quota);
+        let mut sketch = lock(&sketch);
+        let gate = self.gate(rule, quota);
+        let mut gate = lock(&gate);
+        gate.rotate(now, quota);
+        let seen = gate.seen(h.wide());
+        let d = sketch.evaluate_seen(h.wide(), now, cost, quota, seen);
+        if doorkeeper::holds_back(seen, cost, d.allowed) {
+            gate.hold_back(h.wide());
+        } else if d.allowed {
+            sketch.record(h.wide(), cost);
+        }
+        d
     }
 
     fn shard_of(&self, h: Key) -> usize {
@@ -741,9 +827,16 @@ impl MemoryStore {
     #[inline(always)]
     fn step_hashed(&self, now: Micros, h: Key, rule: &str, quota: &Quota, cost: u64) -> Decision {
         if quota.algorithm() == Algorithm::CountMinSketch {
+            if quota.doorkeeper().is_some() {
+                return self.sketch_gated(now, h, rule, quota, cost);
+            }
             return lock(&self.sketch(rule, quota)).check(h.wide(), now, cost, quota);
         }
-        lock(&self.shards[self.shard_of(h)]).step(h, now, cost, quota)
+        let mut shard = lock(&self.shards[self.shard_of(h)]);
+        if quota.doorkeeper().is_some() {
+            return self.step_gated(shard, now, h, rule, quota, cost);
+        }
+        shard.step(h, now, cost, quota)
     }
 
     /// Check one counter of `rule` (cost `cost`, like a one-item [`Store::check_one`]) named by
@@ -811,6 +904,41 @@ impl MemoryStore {
             .iter()
             .map(|a| (Arc::as_ptr(a), lock(a)))
             .collect();
+        // Doorkeepers last, by address. A multi-key check never holds a request back: a key
+        // without a counter gets one, its state rebuilt from the filter.
+        let gates: Vec<Option<Arc<Mutex<Gate>>>> = items
+            .iter()
+            .map(|i| {
+                (i.quota.doorkeeper().is_some() && i.tier.is_none())
+                    .then(|| self.gate(i.rule, i.quota))
+            })
+            .collect();
+        let mut gate_refs: Vec<&Arc<Mutex<Gate>>> = gates.iter().flatten().collect();
+        gate_refs.sort_by_key(|a| Arc::as_ptr(a) as usize);
+        gate_refs.dedup_by(|a, b| Arc::ptr_eq(a, b));
+        let mut gate_guards: Vec<(*const Mutex<Gate>, MutexGuard<'_, Gate>)> = gate_refs
+            .iter()
+            .map(|a| (Arc::as_ptr(a), lock(a)))
+            .collect();
+        // What each gated item's filter says of its key, and its window's start.
+        let seen: Vec<(Seen, Micros)> = items
+            .iter()
+            .zip(&gates)
+            .zip(&hashes)
+            .map(|((item, g), h)| match g {
+                Some(g) => {
+                    let g = locked(&mut gate_guards, Arc::as_ptr(g));
+                    let start = g.rotate(now, item.quota);
+                    (g.seen(h.wide()), start)
+                }
+                None => (Seen::default(), 0),
+            })
+            .collect();
+        // A stored state, or for a gated key without one, what the filter implies.
+        let stored = |shard: &Shard, i: usize, h: Key| match shard.get(h) {
+            None if gates[i].is_some() => doorkeeper::prior(seen[i].0, seen[i].1, items[i].quota),
+            s => s,
+        };
 
         // Evaluate in order; a key appearing twice sees the earlier item's tentative state. Slot
         // states are small and copied per item. A sliding-window log is neither copied nor
@@ -844,7 +972,8 @@ impl MemoryStore {
                     .filter(|((e, d), eh)| **eh == h && d.allowed && e.rule == item.rule)
                     .map(|((e, _), _)| e.cost)
                     .sum();
-                let mut d = g.evaluate(h.wide(), now, earlier + item.cost, item.quota);
+                let mut d =
+                    g.evaluate_seen(h.wide(), now, earlier + item.cost, item.quota, seen[i].0);
                 d.remaining = d.remaining.min(item.quota.limit());
                 d
             } else if h.layout().is_none() {
@@ -873,7 +1002,7 @@ impl MemoryStore {
                 let shard = locked(&mut guards, self.shard_of(h));
                 let current = match pending.iter().rev().find(|(ph, _)| *ph == h) {
                     Some((_, s)) => s.clone(),
-                    None => shard.get(h),
+                    None => stored(shard, i, h),
                 };
                 let (d, next) = algorithm::step(current, now, item.cost, item.quota);
                 pending.push((h, next));
@@ -908,13 +1037,13 @@ impl MemoryStore {
                     tiers::step(state, now, 0, item.quota, tier.levels, tier.index).0
                 } else if let Some(sk) = &sketches[i] {
                     let g = locked(&mut sketch_guards, Arc::as_ptr(sk));
-                    g.evaluate(h.wide(), now, 0, item.quota)
+                    g.evaluate_seen(h.wide(), now, 0, item.quota, seen[i].0)
                 } else if h.layout().is_none() {
                     let shard = locked(&mut guards, self.shard_of(h));
                     sliding_log::peek(shard.log(h), 0, now, 0, item.quota)
                 } else {
                     let shard = locked(&mut guards, self.shard_of(h));
-                    let state = shard.get(h);
+                    let state = stored(shard, i, h);
                     algorithm::step(state, now, 0, item.quota).0
                 };
             }
