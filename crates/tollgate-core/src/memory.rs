@@ -1609,4 +1609,153 @@ mod tests {
             .unwrap();
         assert!(!d[0].allowed);
     }
+
+    const GATED: [Algorithm; 3] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowCounter,
+        Algorithm::CountMinSketch,
+    ];
+
+    fn gated(q: Quota, keys: u64, fp: f64) -> Quota {
+        q.with_doorkeeper(crate::quota::Doorkeeper::new(keys, fp).ok())
+    }
+
+    #[test]
+    fn doorkeeper_limit_of_one_still_denies_the_second_request() {
+        for alg in GATED {
+            let s = MemoryStore::with_seed(1000, 1, 2);
+            let q = gated(Quota::new(1, Unit::Minute).with_algorithm(alg), 1000, 0.01);
+            let t = 60 * SECOND * 10;
+            let first = s.check_one(t, &item("k", &q, 1)).unwrap();
+            assert!(first.allowed, "{alg}");
+            assert_eq!(s.len(), 0, "{alg}: the first request costs no counter");
+            assert!(
+                !s.check_one(t + 1, &item("k", &q, 1)).unwrap().allowed,
+                "{alg}"
+            );
+            assert!(
+                !s.check_one(t + 2, &item("k", &q, 1)).unwrap().allowed,
+                "{alg}"
+            );
+            assert_eq!(s.doorkeepers()[0].1.held_back, 1, "{alg}");
+        }
+    }
+
+    #[test]
+    fn doorkeeper_off_is_the_plain_store() {
+        let q = Quota::new(1, Unit::Minute).with_algorithm(Algorithm::Gcra);
+        // A rule cannot give GCRA a doorkeeper; a quota built in code that does has none.
+        assert_eq!(gated(q, 10, 0.01).doorkeeper(), None);
+        let s = MemoryStore::with_seed(1000, 1, 2);
+        s.check_one(SECOND, &item("k", &gated(q, 10, 0.01), 1))
+            .unwrap();
+        assert_eq!(s.len(), 1);
+        assert!(s.doorkeepers().is_empty());
+    }
+
+    /// A filter far too small for its keys: false positives are frequent, and each one costs
+    /// its key at most one request of its window's allowance, never grants one.
+    #[test]
+    fn doorkeeper_false_positives_only_ever_deny_one_early() {
+        for alg in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter] {
+            let exact = MemoryStore::with_seed(1 << 16, 1, 2);
+            let door = MemoryStore::with_seed(1 << 16, 1, 2);
+            let q = Quota::new(3, Unit::Minute).with_algorithm(alg);
+            let g = gated(q, 64, 0.5);
+            let t = 60 * SECOND * 10;
+            let (mut admitted_exact, mut admitted_door, mut short) = (0u64, 0u64, 0u64);
+            for k in 0..2000 {
+                let key = format!("k{k}");
+                let (mut a, mut b) = (0, 0);
+                for i in 0..5 {
+                    a += u64::from(exact.check_one(t + i, &item(&key, &q, 1)).unwrap().allowed);
+                    b += u64::from(door.check_one(t + i, &item(&key, &g, 1)).unwrap().allowed);
+                }
+                assert!(b <= a && a - b <= 1, "{alg} {key}: {a} vs {b}");
+                short += a - b;
+                admitted_exact += a;
+                admitted_door += b;
+            }
+            assert_eq!(admitted_exact, 3 * 2000);
+            assert_eq!(admitted_door + short, admitted_exact);
+            assert!(
+                short > 0,
+                "{alg}: an overfull filter must show false positives"
+            );
+        }
+    }
+
+    /// A flood of one-request keys beside clients at their limits, `max_keys` far below the
+    /// flood: with a doorkeeper the clients' decisions are those of a run without the flood and
+    /// nothing is evicted; without it, the flood evicts.
+    #[test]
+    fn doorkeeper_keeps_a_flood_of_one_shot_keys_out_of_the_key_table() {
+        let run = |flood: u64, door: bool| {
+            let s = MemoryStore::with_seed(4096, 3, 4);
+            let mut q = Quota::new(10, Unit::Minute);
+            if door {
+                q = gated(q, 60_000, 0.01);
+            }
+            let t0 = 60 * SECOND * 100;
+            let (clients, real) = (300u64, 300 * 24);
+            let mut decisions = Vec::new();
+            let mut sent = 0;
+            for r in 0..real {
+                let now = t0 + r * 120 * SECOND / real;
+                while sent < (r + 1) * flood / real {
+                    s.check_one(now, &item(&format!("flood{sent}"), &q, 1))
+                        .unwrap();
+                    sent += 1;
+                }
+                decisions.push(
+                    s.check_one(now, &item(&format!("c{}", r % clients), &q, 1))
+                        .unwrap(),
+                );
+            }
+            (decisions, s.evictions(), s.len())
+        };
+        let (baseline, _, _) = run(0, false);
+        let (with_door, evicted, held) = run(60_000, true);
+        assert_eq!(with_door, baseline);
+        assert_eq!(evicted, 0);
+        assert!(held < 4096, "{held}");
+        let (_, evicted, _) = run(60_000, false);
+        assert!(evicted > 0);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(96))]
+
+        /// With a filter that tells the truth (sized far beyond the keys), a limit with a
+        /// doorkeeper decides every request, single or in a multi-key check, exactly as the
+        /// plain store: the first request of a key in a window included.
+        #[test]
+        fn doorkeeper_decisions_equal_the_exact_store(
+            alg in 0usize..3,
+            limit in 1u64..5,
+            ops in proptest::collection::vec(
+                (0u64..6, 0u64..3, 0u64..40_000_000, proptest::option::of((0u64..6, 0u64..3))),
+                1..200,
+            ),
+        ) {
+            let q = Quota::new(limit, Unit::Minute).with_algorithm(GATED[alg])
+                .with_sketch(crate::quota::SketchSize { width: 1 << 16, depth: 4 });
+            let g = gated(q, 100_000, 1e-6);
+            let exact = MemoryStore::with_seed(1 << 12, 9, 9);
+            let door = MemoryStore::with_seed(1 << 12, 9, 9);
+            let mut now = 60 * SECOND * 1000;
+            for (key, cost, gap, other) in ops {
+                now += gap;
+                let k = format!("k{key}");
+                let d = |s: &MemoryStore, q: &Quota| match other {
+                    None => vec![s.check_one(now, &item(&k, q, cost)).unwrap()],
+                    Some((o, c)) => {
+                        let ok = format!("k{o}");
+                        s.check(now, &[item(&k, q, cost), item(&ok, q, c)]).unwrap()
+                    }
+                };
+                proptest::prop_assert_eq!(d(&door, &g), d(&exact, &q));
+            }
+        }
+    }
 }

@@ -506,10 +506,12 @@ impl Quota {
         self
     }
 
-    /// The doorkeeper, if any.
+    /// The doorkeeper, if any (never for an algorithm that cannot take one, see
+    /// [`Algorithm::takes_doorkeeper`]).
     #[inline]
     pub fn doorkeeper(&self) -> Option<Doorkeeper> {
         self.doorkeeper
+            .filter(|_| self.algorithm.takes_doorkeeper())
     }
 
     /// Requests (cost units) per period. 0 denies everything.

@@ -413,6 +413,8 @@ fn extensions_are_decoded() {
     let ip = limit(&set, "ext|ip").quota.expect("quota");
     assert_eq!(ip.algorithm(), Algorithm::CountMinSketch);
     assert_eq!((ip.sketch().width, ip.sketch().depth), (4096, 5));
+    let door = ip.doorkeeper().expect("doorkeeper");
+    assert_eq!((door.expected_keys(), door.fp_rate()), (1_000_000, 0.01));
     let any = limit(&set, "ext|path=*").quota.expect("quota");
     assert_eq!(
         (any.algorithm(), any.period().unit),
@@ -581,6 +583,16 @@ const BAD: &[(&str, usize, &str)] = &[
         "sketch_without_count_min_sketch.yaml",
         8,
         "`sketch_width` only applies to algorithm count_min_sketch, not gcra",
+    ),
+    (
+        "doorkeeper_needs_windowed_algorithm.yaml",
+        8,
+        "`doorkeeper` needs algorithm fixed_window, sliding_window_counter or count_min_sketch, not gcra",
+    ),
+    (
+        "doorkeeper_bad_fp_rate.yaml",
+        9,
+        "`fp_rate` must be a number between 0.000001 and 0.5, found 2",
     ),
     (
         "replaces_without_name.yaml",
