@@ -592,7 +592,7 @@ const BAD: &[(&str, usize, &str)] = &[
     (
         "doorkeeper_bad_fp_rate.yaml",
         9,
-        "`fp_rate` must be a number between 0.000001 and 0.5, found 2",
+        "`fp_rate` must be a number between 0.000001 and 0.5, found `2`",
     ),
     (
         "replaces_without_name.yaml",
