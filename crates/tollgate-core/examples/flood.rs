@@ -43,30 +43,28 @@ fn run(mode: &str, flood: u64, clients: u64) {
     let start = 1_700_000_040 * SECOND; // a minute boundary
     let span = WINDOWS * 60 * SECOND;
     let mut key = String::with_capacity(32);
-    let (mut event, mut sent, mut admitted, mut digest) =
-        (0u64, 0u64, 0u64, 0xcbf2_9ce4_8422_2325u64);
+    let (mut sent, mut admitted, mut digest) = (0u64, 0u64, 0xcbf2_9ce4_8422_2325u64);
     let began = std::time::Instant::now();
     for r in 0..real {
         // The flood keys due before this real request.
+        // Real requests at the same instants in every mode; the flood keys due before one are
+        // sent at its instant.
+        let now = start + r * span / real;
         let due = (r + 1) * flood / real;
         while sent < due {
-            let now = start + event * span / total;
             key.clear();
             use std::fmt::Write;
             let _ = write!(key, "flood-{sent}");
             let item = CheckItem::hit("api", &key, &quota);
             let _ = store.check_one(now, &item);
             sent += 1;
-            event += 1;
         }
-        let now = start + event * span / total;
         key.clear();
         use std::fmt::Write;
         let _ = write!(key, "client-{}", r % clients);
         let d = store
             .check_one(now, &CheckItem::hit("api", &key, &quota))
             .expect("memory");
-        event += 1;
         admitted += u64::from(d.allowed);
         for v in [u64::from(d.allowed), d.remaining, d.reset_after] {
             digest = (digest ^ v).wrapping_mul(0x0100_0000_01b3);

@@ -969,3 +969,29 @@ fn the_docs_tiers_example_holds() {
     // Unknown plans are free traffic.
     assert_eq!(count("gold", t0 + 1_000_000, 200), 10);
 }
+
+/// docs/rules.md's doorkeeper example loads, and its limit of 1 admits a key's first request
+/// (held back: no counter) and denies the second.
+#[test]
+fn the_docs_doorkeeper_example_holds() {
+    use tollgate_core::limiter::{check, Descriptor};
+    let page = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/rules.md"),
+    )
+    .unwrap();
+    let section = &page[page
+        .find("<!-- doorkeeper example -->")
+        .expect("the marker")..];
+    let start = section.find("```yaml\n").expect("a yaml block") + "```yaml\n".len();
+    let yaml = &section[start..start + section[start..].find("```").unwrap()];
+    let rules = RuleSet::from_sources(&[("rules.md".to_string(), yaml.to_string())]).unwrap();
+    let store = tollgate_core::MemoryStore::default();
+    let t0 = 1_795_305_600_000_000;
+    let d = [Descriptor::new([("user_id", "u1")])];
+    let allowed = |now| check(&rules, &store, now, "api", &d, 1).unwrap().allowed();
+    assert!(allowed(t0));
+    assert!(store.is_empty(), "the first request costs no counter");
+    assert!(!allowed(t0 + 1));
+    assert_eq!(store.len(), 1);
+    assert!(allowed(t0 + 60_000_000), "a new minute");
+}
