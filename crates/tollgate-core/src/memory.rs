@@ -446,6 +446,19 @@ impl Shard {
     /// and binary keys): a call here costs measurably more on the hot path (BENCHMARKS.md).
     #[inline(always)]
     fn step(&mut self, h: Key, now: Micros, cost: u64, quota: &Quota) -> Decision {
+        if let Some(d) = self.step_held(h, now, cost, quota) {
+            return d;
+        }
+        let (d, next) = algorithm::step(None, now, cost, quota);
+        if next.is_some() {
+            self.set(h, next, now + d.reset_after, d.remaining == 0, now);
+        }
+        d
+    }
+
+    /// [`Shard::step`] for a key this shard holds; `None` (nothing done) for one it does not.
+    #[inline(always)]
+    fn step_held(&mut self, h: Key, now: Micros, cost: u64, quota: &Quota) -> Option<Decision> {
         match h.layout() {
             Some(layout) => {
                 if let Some(slot) = self.slots.get_mut(&h) {
@@ -453,7 +466,7 @@ impl Shard {
                     if !keep {
                         self.slots.remove(&h);
                     }
-                    return d;
+                    return Some(d);
                 }
             }
             None => {
@@ -468,15 +481,11 @@ impl Shard {
                             self.logs.remove(&h);
                         }
                     }
-                    return d;
+                    return Some(d);
                 }
             }
         }
-        let (d, next) = algorithm::step(None, now, cost, quota);
-        if next.is_some() {
-            self.set(h, next, now + d.reset_after, d.remaining == 0, now);
-        }
-        d
+        None
     }
 
     /// `h`'s log; `None` when untracked.
@@ -748,8 +757,8 @@ impl MemoryStore {
         quota: &Quota,
         cost: u64,
     ) -> Decision {
-        if shard.contains(h) {
-            return shard.step(h, now, cost, quota);
+        if let Some(d) = shard.step_held(h, now, cost, quota) {
+            return d;
         }
         let gate = self.gate(rule, quota);
         let mut gate = lock(&gate);

@@ -925,6 +925,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn doorkeeper_families_render_one_row_per_limit() {
+        use tollgate_core::{CheckItem, Doorkeeper, MemoryStore, Quota, Store, Unit};
+        let store = MemoryStore::new(100);
+        let q = Quota::new(1, Unit::Minute).with_doorkeeper(Doorkeeper::new(1000, 0.01).ok());
+        for key in ["a", "b", "a"] {
+            store
+                .check_one(1, &CheckItem::hit("d|k=\"x\"", key, &q))
+                .unwrap();
+        }
+        let mut out = String::new();
+        render_doorkeepers(&mut out, &store.doorkeepers());
+        assert!(
+            out.contains("tollgate_memory_doorkeeper_held_back_total{rule=\"d|k=\\\"x\\\"\"} 2\n"),
+            "{out}"
+        );
+        assert!(out.contains("# TYPE tollgate_memory_doorkeeper_fill_ratio gauge"));
+        assert!(out.contains("tollgate_memory_doorkeeper_false_positive_rate{rule="));
+        let mut none = String::new();
+        render_doorkeepers(&mut none, &MemoryStore::new(1).doorkeepers());
+        assert!(none.is_empty());
+    }
+
+    #[test]
     fn renders_and_escapes() {
         let m = Metrics::new();
         m.rule("d", "d|k=\"x\"", "d|k")
