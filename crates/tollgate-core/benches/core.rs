@@ -207,5 +207,44 @@ fn step_benches(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, store_benches, step_benches);
+/// The doorkeeper's cost per decision (sliding window counter, 100 per second): `off` and `on`
+/// over 100,000 keys that all hold counters (the lookup finds the counter: the doorkeeper is one
+/// branch), and over keys never seen before (`one_shot_*`: off, a counter is inserted and the
+/// table evicts; on, the request is held back in the Bloom filter).
+fn doorkeeper_benches(c: &mut Criterion) {
+    let mut g = c.benchmark_group("doorkeeper");
+    let q = Quota::new(100, Unit::Second);
+    let on = q.with_doorkeeper(tollgate_core::Doorkeeper::new(1_000_000, 0.01).ok());
+    let ks = keys(KEYS);
+    for (name, quota) in [("off", q), ("on", on)] {
+        let store = MemoryStore::new(1 << 20);
+        // Every key seen twice: each holds a counter.
+        for k in ks.iter().chain(&ks) {
+            check(&store, &quota, k, BASE);
+        }
+        g.bench_function(format!("keys_100k/{name}"), |b| {
+            let mut i = 0;
+            b.iter(|| {
+                i = (i + 1) % KEYS;
+                black_box(check(&store, &quota, &ks[i], BASE + 1))
+            })
+        });
+        let store = MemoryStore::new(1 << 16);
+        let mut key = String::new();
+        g.bench_function(format!("one_shot/{name}"), |b| {
+            let mut n = 0u64;
+            b.iter(|| {
+                use std::fmt::Write;
+                n += 1;
+                key.clear();
+                let _ = write!(key, "one-shot-{n}");
+                // A window a second: the filter rotates as in production.
+                black_box(check(&store, &quota, &key, BASE + n))
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, store_benches, step_benches, doorkeeper_benches);
 criterion_main!(benches);

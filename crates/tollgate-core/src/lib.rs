@@ -50,6 +50,7 @@
 mod algorithm;
 pub mod clock;
 pub mod decision;
+mod doorkeeper;
 mod fingerprint;
 pub mod headers;
 pub mod limiter;
@@ -69,8 +70,9 @@ pub mod internals;
 
 pub use clock::{Clock, ManualClock, Micros, MonotonicWallClock, SystemClock};
 pub use decision::Decision;
+pub use doorkeeper::DoorkeeperStats;
 pub use headers::{HeaderFamilies, HeaderValues};
 pub use memory::MemoryStore;
-pub use quota::{Algorithm, Period, Quota, SketchSize, SyncMode, Unit, MAX_PERIOD};
+pub use quota::{Algorithm, Doorkeeper, Period, Quota, SketchSize, SyncMode, Unit, MAX_PERIOD};
 pub use rules::{Domain, Limit, Resolution, RuleDefaults, RuleError, RuleErrors, RuleSet};
 pub use store::{CheckItem, FaultKind, Store, StoreError};

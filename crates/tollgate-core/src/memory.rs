@@ -45,6 +45,7 @@ use crate::algorithm::{
 };
 use crate::clock::{Micros, SECOND};
 use crate::decision::Decision;
+use crate::doorkeeper::{self, DoorkeeperStats, Gate, Seen};
 use crate::fingerprint::{sip13_128, sip13_64, tail};
 use crate::quota::{Algorithm, Quota};
 use crate::store::{blocks, consumes, CheckItem, Store, StoreError};
@@ -445,6 +446,19 @@ impl Shard {
     /// and binary keys): a call here costs measurably more on the hot path (BENCHMARKS.md).
     #[inline(always)]
     fn step(&mut self, h: Key, now: Micros, cost: u64, quota: &Quota) -> Decision {
+        if let Some(d) = self.step_held(h, now, cost, quota) {
+            return d;
+        }
+        let (d, next) = algorithm::step(None, now, cost, quota);
+        if next.is_some() {
+            self.set(h, next, now + d.reset_after, d.remaining == 0, now);
+        }
+        d
+    }
+
+    /// [`Shard::step`] for a key this shard holds; `None` (nothing done) for one it does not.
+    #[inline(always)]
+    fn step_held(&mut self, h: Key, now: Micros, cost: u64, quota: &Quota) -> Option<Decision> {
         match h.layout() {
             Some(layout) => {
                 if let Some(slot) = self.slots.get_mut(&h) {
@@ -452,7 +466,7 @@ impl Shard {
                     if !keep {
                         self.slots.remove(&h);
                     }
-                    return d;
+                    return Some(d);
                 }
             }
             None => {
@@ -467,15 +481,11 @@ impl Shard {
                             self.logs.remove(&h);
                         }
                     }
-                    return d;
+                    return Some(d);
                 }
             }
         }
-        let (d, next) = algorithm::step(None, now, cost, quota);
-        if next.is_some() {
-            self.set(h, next, now + d.reset_after, d.remaining == 0, now);
-        }
-        d
+        None
     }
 
     /// `h`'s log; `None` when untracked.
@@ -613,6 +623,8 @@ pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
     max_keys: usize,
     sketches: RwLock<HashMap<u128, Arc<Mutex<Sketch>>>>,
+    /// Doorkeepers by limit, with the limit's rule name (for metrics).
+    gates: RwLock<HashMap<u128, (Arc<str>, Arc<Mutex<Gate>>)>>,
 }
 
 impl std::fmt::Debug for MemoryStore {
@@ -661,6 +673,7 @@ impl MemoryStore {
             shards,
             max_keys,
             sketches: RwLock::new(HashMap::new()),
+            gates: RwLock::new(HashMap::new()),
         }
     }
 
@@ -694,6 +707,88 @@ impl MemoryStore {
             .entry(id)
             .or_insert_with(|| Arc::new(Mutex::new(Sketch::new(q.sketch()))))
             .clone()
+    }
+
+    /// The doorkeeper of `rule`'s limit `q` (which has one).
+    fn gate(&self, rule: &str, q: &Quota) -> Arc<Mutex<Gate>> {
+        let size = q
+            .doorkeeper()
+            .unwrap_or(crate::quota::Doorkeeper::new(1, 0.5).expect("valid"));
+        let period = (q.period().unit as u128) << 32 | u128::from(q.period().multiplier);
+        let shape = (q.algorithm() as u128) << 40
+            | u128::from(size.expected_keys()) << 64
+            | u128::from((size.fp_rate() * 1e9) as u64) << 96;
+        // As in `sketch`: the shape XORed in, injectively.
+        let id = self.hash(rule.as_bytes()) ^ !(shape | period);
+        let found = self.gates.read().get(&id).map(|(_, g)| g.clone());
+        if let Some(g) = found {
+            return g;
+        }
+        self.gates
+            .write()
+            .entry(id)
+            .or_insert_with(|| (Arc::from(rule), Arc::new(Mutex::new(Gate::new(size)))))
+            .1
+            .clone()
+    }
+
+    /// Each doorkeeper's rule and figures (limits with a doorkeeper that have seen a request).
+    pub fn doorkeepers(&self) -> Vec<(Arc<str>, DoorkeeperStats)> {
+        let mut v: Vec<_> = self
+            .gates
+            .read()
+            .values()
+            .map(|(r, g)| (r.clone(), lock(g).stats()))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// A check of the counter `h` of a limit with a doorkeeper (see the `doorkeeper` module):
+    /// a key with a counter is stepped as usual; one without has its state rebuilt from the
+    /// filter, and a first request in the window that is admitted is recorded there only.
+    #[inline(never)]
+    fn step_gated(
+        &self,
+        mut shard: MutexGuard<'_, Shard>,
+        now: Micros,
+        h: Key,
+        rule: &str,
+        quota: &Quota,
+        cost: u64,
+    ) -> Decision {
+        if let Some(d) = shard.step_held(h, now, cost, quota) {
+            return d;
+        }
+        let gate = self.gate(rule, quota);
+        let mut gate = lock(&gate);
+        let start = gate.rotate(now, quota);
+        let seen = gate.seen(h.wide());
+        let (d, next) = algorithm::step(doorkeeper::prior(seen, start, quota), now, cost, quota);
+        if doorkeeper::holds_back(seen, cost, d.allowed) {
+            gate.hold_back(h.wide());
+        } else if cost > 0 && next.is_some() {
+            shard.set(h, next, now + d.reset_after, d.remaining == 0, now);
+        }
+        d
+    }
+
+    /// A count-min-sketch check with a doorkeeper: the key's first admitted request of cost 1 in
+    /// a window goes to the filter, the rest to the sketch; estimates add the filter's bits.
+    fn sketch_gated(&self, now: Micros, h: Key, rule: &str, quota: &Quota, cost: u64) -> Decision {
+        let sketch = self.sketch(rule, quota);
+        let mut sketch = lock(&sketch);
+        let gate = self.gate(rule, quota);
+        let mut gate = lock(&gate);
+        gate.rotate(now, quota);
+        let seen = gate.seen(h.wide());
+        let d = sketch.evaluate_seen(h.wide(), now, cost, quota, seen);
+        if doorkeeper::holds_back(seen, cost, d.allowed) {
+            gate.hold_back(h.wide());
+        } else if d.allowed {
+            sketch.record(h.wide(), cost);
+        }
+        d
     }
 
     fn shard_of(&self, h: Key) -> usize {
@@ -741,9 +836,16 @@ impl MemoryStore {
     #[inline(always)]
     fn step_hashed(&self, now: Micros, h: Key, rule: &str, quota: &Quota, cost: u64) -> Decision {
         if quota.algorithm() == Algorithm::CountMinSketch {
+            if quota.doorkeeper().is_some() {
+                return self.sketch_gated(now, h, rule, quota, cost);
+            }
             return lock(&self.sketch(rule, quota)).check(h.wide(), now, cost, quota);
         }
-        lock(&self.shards[self.shard_of(h)]).step(h, now, cost, quota)
+        let mut shard = lock(&self.shards[self.shard_of(h)]);
+        if quota.doorkeeper().is_some() {
+            return self.step_gated(shard, now, h, rule, quota, cost);
+        }
+        shard.step(h, now, cost, quota)
     }
 
     /// Check one counter of `rule` (cost `cost`, like a one-item [`Store::check_one`]) named by
@@ -811,6 +913,41 @@ impl MemoryStore {
             .iter()
             .map(|a| (Arc::as_ptr(a), lock(a)))
             .collect();
+        // Doorkeepers last, by address. A multi-key check never holds a request back: a key
+        // without a counter gets one, its state rebuilt from the filter.
+        let gates: Vec<Option<Arc<Mutex<Gate>>>> = items
+            .iter()
+            .map(|i| {
+                (i.quota.doorkeeper().is_some() && i.tier.is_none())
+                    .then(|| self.gate(i.rule, i.quota))
+            })
+            .collect();
+        let mut gate_refs: Vec<&Arc<Mutex<Gate>>> = gates.iter().flatten().collect();
+        gate_refs.sort_by_key(|a| Arc::as_ptr(a) as usize);
+        gate_refs.dedup_by(|a, b| Arc::ptr_eq(a, b));
+        let mut gate_guards: Vec<(*const Mutex<Gate>, MutexGuard<'_, Gate>)> = gate_refs
+            .iter()
+            .map(|a| (Arc::as_ptr(a), lock(a)))
+            .collect();
+        // What each gated item's filter says of its key, and its window's start.
+        let seen: Vec<(Seen, Micros)> = items
+            .iter()
+            .zip(&gates)
+            .zip(&hashes)
+            .map(|((item, g), h)| match g {
+                Some(g) => {
+                    let g = locked(&mut gate_guards, Arc::as_ptr(g));
+                    let start = g.rotate(now, item.quota);
+                    (g.seen(h.wide()), start)
+                }
+                None => (Seen::default(), 0),
+            })
+            .collect();
+        // A stored state, or for a gated key without one, what the filter implies.
+        let stored = |shard: &Shard, i: usize, h: Key| match shard.get(h) {
+            None if gates[i].is_some() => doorkeeper::prior(seen[i].0, seen[i].1, items[i].quota),
+            s => s,
+        };
 
         // Evaluate in order; a key appearing twice sees the earlier item's tentative state. Slot
         // states are small and copied per item. A sliding-window log is neither copied nor
@@ -844,7 +981,8 @@ impl MemoryStore {
                     .filter(|((e, d), eh)| **eh == h && d.allowed && e.rule == item.rule)
                     .map(|((e, _), _)| e.cost)
                     .sum();
-                let mut d = g.evaluate(h.wide(), now, earlier + item.cost, item.quota);
+                let mut d =
+                    g.evaluate_seen(h.wide(), now, earlier + item.cost, item.quota, seen[i].0);
                 d.remaining = d.remaining.min(item.quota.limit());
                 d
             } else if h.layout().is_none() {
@@ -873,7 +1011,7 @@ impl MemoryStore {
                 let shard = locked(&mut guards, self.shard_of(h));
                 let current = match pending.iter().rev().find(|(ph, _)| *ph == h) {
                     Some((_, s)) => s.clone(),
-                    None => shard.get(h),
+                    None => stored(shard, i, h),
                 };
                 let (d, next) = algorithm::step(current, now, item.cost, item.quota);
                 pending.push((h, next));
@@ -908,13 +1046,13 @@ impl MemoryStore {
                     tiers::step(state, now, 0, item.quota, tier.levels, tier.index).0
                 } else if let Some(sk) = &sketches[i] {
                     let g = locked(&mut sketch_guards, Arc::as_ptr(sk));
-                    g.evaluate(h.wide(), now, 0, item.quota)
+                    g.evaluate_seen(h.wide(), now, 0, item.quota, seen[i].0)
                 } else if h.layout().is_none() {
                     let shard = locked(&mut guards, self.shard_of(h));
                     sliding_log::peek(shard.log(h), 0, now, 0, item.quota)
                 } else {
                     let shard = locked(&mut guards, self.shard_of(h));
-                    let state = shard.get(h);
+                    let state = stored(shard, i, h);
                     algorithm::step(state, now, 0, item.quota).0
                 };
             }
@@ -1479,5 +1617,154 @@ mod tests {
             .check(SECOND + 5_000, &[item(&keys[4_999], &q, 1)])
             .unwrap();
         assert!(!d[0].allowed);
+    }
+
+    const GATED: [Algorithm; 3] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowCounter,
+        Algorithm::CountMinSketch,
+    ];
+
+    fn gated(q: Quota, keys: u64, fp: f64) -> Quota {
+        q.with_doorkeeper(crate::quota::Doorkeeper::new(keys, fp).ok())
+    }
+
+    #[test]
+    fn doorkeeper_limit_of_one_still_denies_the_second_request() {
+        for alg in GATED {
+            let s = MemoryStore::with_seed(1000, 1, 2);
+            let q = gated(Quota::new(1, Unit::Minute).with_algorithm(alg), 1000, 0.01);
+            let t = 60 * SECOND * 10;
+            let first = s.check_one(t, &item("k", &q, 1)).unwrap();
+            assert!(first.allowed, "{alg}");
+            assert_eq!(s.len(), 0, "{alg}: the first request costs no counter");
+            assert!(
+                !s.check_one(t + 1, &item("k", &q, 1)).unwrap().allowed,
+                "{alg}"
+            );
+            assert!(
+                !s.check_one(t + 2, &item("k", &q, 1)).unwrap().allowed,
+                "{alg}"
+            );
+            assert_eq!(s.doorkeepers()[0].1.held_back, 1, "{alg}");
+        }
+    }
+
+    #[test]
+    fn doorkeeper_off_is_the_plain_store() {
+        let q = Quota::new(1, Unit::Minute).with_algorithm(Algorithm::Gcra);
+        // A rule cannot give GCRA a doorkeeper; a quota built in code that does has none.
+        assert_eq!(gated(q, 10, 0.01).doorkeeper(), None);
+        let s = MemoryStore::with_seed(1000, 1, 2);
+        s.check_one(SECOND, &item("k", &gated(q, 10, 0.01), 1))
+            .unwrap();
+        assert_eq!(s.len(), 1);
+        assert!(s.doorkeepers().is_empty());
+    }
+
+    /// A filter far too small for its keys: false positives are frequent, and each one costs
+    /// its key at most one request of its window's allowance, never grants one.
+    #[test]
+    fn doorkeeper_false_positives_only_ever_deny_one_early() {
+        for alg in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter] {
+            let exact = MemoryStore::with_seed(1 << 16, 1, 2);
+            let door = MemoryStore::with_seed(1 << 16, 1, 2);
+            let q = Quota::new(3, Unit::Minute).with_algorithm(alg);
+            let g = gated(q, 64, 0.5);
+            let t = 60 * SECOND * 10;
+            let (mut admitted_exact, mut admitted_door, mut short) = (0u64, 0u64, 0u64);
+            for k in 0..2000 {
+                let key = format!("k{k}");
+                let (mut a, mut b) = (0, 0);
+                for i in 0..5 {
+                    a += u64::from(exact.check_one(t + i, &item(&key, &q, 1)).unwrap().allowed);
+                    b += u64::from(door.check_one(t + i, &item(&key, &g, 1)).unwrap().allowed);
+                }
+                assert!(b <= a && a - b <= 1, "{alg} {key}: {a} vs {b}");
+                short += a - b;
+                admitted_exact += a;
+                admitted_door += b;
+            }
+            assert_eq!(admitted_exact, 3 * 2000);
+            assert_eq!(admitted_door + short, admitted_exact);
+            assert!(
+                short > 0,
+                "{alg}: an overfull filter must show false positives"
+            );
+        }
+    }
+
+    /// A flood of one-request keys beside clients at their limits, `max_keys` far below the
+    /// flood: with a doorkeeper the clients' decisions are those of a run without the flood and
+    /// nothing is evicted; without it, the flood evicts.
+    #[test]
+    fn doorkeeper_keeps_a_flood_of_one_shot_keys_out_of_the_key_table() {
+        let run = |flood: u64, door: bool| {
+            let s = MemoryStore::with_seed(4096, 3, 4);
+            let mut q = Quota::new(10, Unit::Minute);
+            if door {
+                q = gated(q, 60_000, 0.01);
+            }
+            let t0 = 60 * SECOND * 100;
+            let (clients, real) = (300u64, 300 * 24);
+            let mut decisions = Vec::new();
+            let mut sent = 0;
+            for r in 0..real {
+                let now = t0 + r * 120 * SECOND / real;
+                while sent < (r + 1) * flood / real {
+                    s.check_one(now, &item(&format!("flood{sent}"), &q, 1))
+                        .unwrap();
+                    sent += 1;
+                }
+                decisions.push(
+                    s.check_one(now, &item(&format!("c{}", r % clients), &q, 1))
+                        .unwrap(),
+                );
+            }
+            (decisions, s.evictions(), s.len())
+        };
+        let (baseline, _, _) = run(0, false);
+        let (with_door, evicted, held) = run(60_000, true);
+        assert_eq!(with_door, baseline);
+        assert_eq!(evicted, 0);
+        assert!(held < 4096, "{held}");
+        let (_, evicted, _) = run(60_000, false);
+        assert!(evicted > 0);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(96))]
+
+        /// With a filter that tells the truth (sized far beyond the keys), a limit with a
+        /// doorkeeper decides every request, single or in a multi-key check, exactly as the
+        /// plain store: the first request of a key in a window included.
+        #[test]
+        fn doorkeeper_decisions_equal_the_exact_store(
+            alg in 0usize..3,
+            limit in 1u64..5,
+            ops in proptest::collection::vec(
+                (0u64..6, 0u64..3, 0u64..40_000_000, proptest::option::of((0u64..6, 0u64..3))),
+                1..200,
+            ),
+        ) {
+            let q = Quota::new(limit, Unit::Minute).with_algorithm(GATED[alg])
+                .with_sketch(crate::quota::SketchSize { width: 1 << 16, depth: 4 });
+            let g = gated(q, 100_000, 1e-6);
+            let exact = MemoryStore::with_seed(1 << 12, 9, 9);
+            let door = MemoryStore::with_seed(1 << 12, 9, 9);
+            let mut now = 60 * SECOND * 1000;
+            for (key, cost, gap, other) in ops {
+                now += gap;
+                let k = format!("k{key}");
+                let d = |s: &MemoryStore, q: &Quota| match other {
+                    None => vec![s.check_one(now, &item(&k, q, cost)).unwrap()],
+                    Some((o, c)) => {
+                        let ok = format!("k{o}");
+                        s.check(now, &[item(&k, q, cost), item(&ok, q, c)]).unwrap()
+                    }
+                };
+                proptest::prop_assert_eq!(d(&door, &g), d(&exact, &q));
+            }
+        }
     }
 }

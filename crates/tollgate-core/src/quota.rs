@@ -199,6 +199,15 @@ impl Algorithm {
         }
     }
 
+    /// Whether a [`Doorkeeper`] can stand in front of this algorithm: the windowed counters,
+    /// whose state after a key's first request in a window is known from one bit.
+    pub const fn takes_doorkeeper(self) -> bool {
+        matches!(
+            self,
+            Algorithm::FixedWindow | Algorithm::SlidingWindowCounter | Algorithm::CountMinSketch
+        )
+    }
+
     /// Whether `burst` means something for this algorithm.
     pub const fn uses_burst(self) -> bool {
         matches!(
@@ -319,6 +328,76 @@ impl Default for SketchSize {
     }
 }
 
+/// A doorkeeper in front of a limit's counters: a Bloom filter per window that records a key's
+/// first request, so that keys seen once cost a few bits instead of a counter (see the
+/// `doorkeeper` module docs for what it admits). Windowed algorithms only (fixed window,
+/// sliding window counter, count-min sketch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Doorkeeper {
+    expected_keys: u32,
+    /// The target false-positive rate in parts per billion.
+    fp_ppb: u32,
+}
+
+impl Doorkeeper {
+    /// Most keys a doorkeeper may be sized for.
+    pub const MAX_EXPECTED_KEYS: u64 = 1 << 28;
+    /// Smallest target false-positive rate.
+    pub const MIN_FP_RATE: f64 = 1e-6;
+    /// Largest target false-positive rate.
+    pub const MAX_FP_RATE: f64 = 0.5;
+
+    /// A filter sized for `expected_keys` distinct keys per window at a false-positive rate of
+    /// `fp_rate` (in `[1e-6, 0.5]`); `expected_keys` in `1..=2^28`.
+    pub fn new(expected_keys: u64, fp_rate: f64) -> Result<Self, String> {
+        if !(1..=Self::MAX_EXPECTED_KEYS).contains(&expected_keys) {
+            return Err(format!(
+                "expected_keys must be between 1 and {}, got {expected_keys}",
+                Self::MAX_EXPECTED_KEYS
+            ));
+        }
+        if !(Self::MIN_FP_RATE..=Self::MAX_FP_RATE).contains(&fp_rate) {
+            return Err(format!(
+                "fp_rate must be between {} and {}, got {fp_rate}",
+                Self::MIN_FP_RATE,
+                Self::MAX_FP_RATE
+            ));
+        }
+        Ok(Self {
+            expected_keys: u32::try_from(expected_keys).unwrap_or(u32::MAX),
+            fp_ppb: (fp_rate * 1e9).round() as u32,
+        })
+    }
+
+    /// Distinct keys per window the filter is sized for.
+    pub fn expected_keys(&self) -> u64 {
+        u64::from(self.expected_keys)
+    }
+
+    /// The target false-positive rate at `expected_keys` keys.
+    pub fn fp_rate(&self) -> f64 {
+        f64::from(self.fp_ppb) / 1e9
+    }
+
+    /// Bits of one generation: `-n ln p / (ln 2)^2`, rounded up to whole 64-bit words.
+    pub fn bits(&self) -> u64 {
+        let n = self.expected_keys() as f64;
+        let m = (-n * self.fp_rate().ln() / (std::f64::consts::LN_2.powi(2))).ceil() as u64;
+        m.max(64).div_ceil(64) * 64
+    }
+
+    /// Hash functions: `(m / n) ln 2`, rounded, between 1 and 30.
+    pub fn hashes(&self) -> u32 {
+        let k = (self.bits() as f64 / self.expected_keys() as f64 * std::f64::consts::LN_2).round();
+        (k as u32).clamp(1, 30)
+    }
+
+    /// Bytes both generations hold.
+    pub fn memory(&self) -> u64 {
+        2 * self.bits() / 8
+    }
+}
+
 /// How much a limit allows: `limit` per `period`, with an algorithm, a burst and (count-min
 /// sketch only) a sketch size.
 ///
@@ -332,6 +411,7 @@ pub struct Quota {
     burst: Option<u64>,
     algorithm: Algorithm,
     sketch: SketchSize,
+    doorkeeper: Option<Doorkeeper>,
     sync: SyncMode,
     /// `sync: batched` only: how often this limit's counts are flushed, in ms (0: the store's
     /// default). Milliseconds in 32 bits keep the quota small; rules allow 1 ms to 60 s.
@@ -360,6 +440,7 @@ impl Quota {
             burst: None,
             algorithm: Algorithm::default(),
             sketch: SketchSize::default(),
+            doorkeeper: None,
             sync: SyncMode::Exact,
             flush_ms: 0,
             emission: emission_interval_of(period, limit),
@@ -416,6 +497,21 @@ impl Quota {
     pub fn with_sketch(mut self, sketch: SketchSize) -> Self {
         self.sketch = sketch;
         self
+    }
+
+    /// The same quota with a doorkeeper in front of its counters (memory store; windowed
+    /// algorithms only, see [`Doorkeeper`]), or none.
+    pub fn with_doorkeeper(mut self, doorkeeper: Option<Doorkeeper>) -> Self {
+        self.doorkeeper = doorkeeper;
+        self
+    }
+
+    /// The doorkeeper, if any (never for an algorithm that cannot take one, see
+    /// [`Algorithm::takes_doorkeeper`]).
+    #[inline]
+    pub fn doorkeeper(&self) -> Option<Doorkeeper> {
+        self.doorkeeper
+            .filter(|_| self.algorithm.takes_doorkeeper())
     }
 
     /// Requests (cost units) per period. 0 denies everything.

@@ -413,6 +413,8 @@ fn extensions_are_decoded() {
     let ip = limit(&set, "ext|ip").quota.expect("quota");
     assert_eq!(ip.algorithm(), Algorithm::CountMinSketch);
     assert_eq!((ip.sketch().width, ip.sketch().depth), (4096, 5));
+    let door = ip.doorkeeper().expect("doorkeeper");
+    assert_eq!((door.expected_keys(), door.fp_rate()), (1_000_000, 0.01));
     let any = limit(&set, "ext|path=*").quota.expect("quota");
     assert_eq!(
         (any.algorithm(), any.period().unit),
@@ -581,6 +583,16 @@ const BAD: &[(&str, usize, &str)] = &[
         "sketch_without_count_min_sketch.yaml",
         8,
         "`sketch_width` only applies to algorithm count_min_sketch, not gcra",
+    ),
+    (
+        "doorkeeper_needs_windowed_algorithm.yaml",
+        8,
+        "`doorkeeper` needs algorithm fixed_window, sliding_window_counter or count_min_sketch, not gcra",
+    ),
+    (
+        "doorkeeper_bad_fp_rate.yaml",
+        9,
+        "`fp_rate` must be a number between 0.000001 and 0.5, found `2`",
     ),
     (
         "replaces_without_name.yaml",
@@ -956,4 +968,30 @@ fn the_docs_tiers_example_holds() {
     assert_eq!(count("paid", t0 + 1_000_000, 200), 90);
     // Unknown plans are free traffic.
     assert_eq!(count("gold", t0 + 1_000_000, 200), 10);
+}
+
+/// docs/rules.md's doorkeeper example loads, and its limit of 1 admits a key's first request
+/// (held back: no counter) and denies the second.
+#[test]
+fn the_docs_doorkeeper_example_holds() {
+    use tollgate_core::limiter::{check, Descriptor};
+    let page = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/rules.md"),
+    )
+    .unwrap();
+    let section = &page[page
+        .find("<!-- doorkeeper example -->")
+        .expect("the marker")..];
+    let start = section.find("```yaml\n").expect("a yaml block") + "```yaml\n".len();
+    let yaml = &section[start..start + section[start..].find("```").unwrap()];
+    let rules = RuleSet::from_sources(&[("rules.md".to_string(), yaml.to_string())]).unwrap();
+    let store = tollgate_core::MemoryStore::default();
+    let t0 = 1_795_305_600_000_000;
+    let d = [Descriptor::new([("user_id", "u1")])];
+    let allowed = |now| check(&rules, &store, now, "api", &d, 1).unwrap().allowed();
+    assert!(allowed(t0));
+    assert!(store.is_empty(), "the first request costs no counter");
+    assert!(!allowed(t0 + 1));
+    assert_eq!(store.len(), 1);
+    assert!(allowed(t0 + 60_000_000), "a new minute");
 }

@@ -694,6 +694,44 @@ pub(crate) fn render_evictions(out: &mut String, evictions: u64) {
     );
 }
 
+/// Append the memory store's doorkeeper families, one row per limit with a doorkeeper:
+/// requests held back (recorded in the filter only, no counter created), the current
+/// generation's fill ratio and the false-positive rate that fill implies.
+pub(crate) fn render_doorkeepers(
+    out: &mut String,
+    gates: &[(std::sync::Arc<str>, tollgate_core::DoorkeeperStats)],
+) {
+    if gates.is_empty() {
+        return;
+    }
+    let families: [(&str, &str, &str, fn(&tollgate_core::DoorkeeperStats) -> String); 3] = [
+        (
+            "tollgate_memory_doorkeeper_held_back_total",
+            "counter",
+            "Requests the memory store's doorkeeper recorded in its Bloom filter only (first requests of a key in a window: no counter created).",
+            |s| s.held_back.to_string(),
+        ),
+        (
+            "tollgate_memory_doorkeeper_fill_ratio",
+            "gauge",
+            "Share of the bits set in the doorkeeper's current generation.",
+            |s| format!("{:.6}", s.fill_ratio),
+        ),
+        (
+            "tollgate_memory_doorkeeper_false_positive_rate",
+            "gauge",
+            "False-positive rate the doorkeeper's current fill implies (fill ^ hashes): the chance a key's first request in the window is counted as a second.",
+            |s| format!("{:.6}", s.fp_estimate),
+        ),
+    ];
+    for (name, kind, help, value) in families {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (rule, s) in gates {
+            let _ = writeln!(out, "{name}{{rule=\"{}\"}} {}", escape(rule), value(s));
+        }
+    }
+}
+
 /// The `tollgate_rule_limit` and `tollgate_rule_limit_per_second` families of `set`: one row
 /// per configured rule with a quota (an `unlimited` rule has no limit to show), labelled with
 /// the `domain` and `rule` of the rule's own hit counters so that the two join on
@@ -885,6 +923,29 @@ impl QueueMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn doorkeeper_families_render_one_row_per_limit() {
+        use tollgate_core::{CheckItem, Doorkeeper, MemoryStore, Quota, Store, Unit};
+        let store = MemoryStore::new(100);
+        let q = Quota::new(1, Unit::Minute).with_doorkeeper(Doorkeeper::new(1000, 0.01).ok());
+        for key in ["a", "b", "a"] {
+            store
+                .check_one(1, &CheckItem::hit("d|k=\"x\"", key, &q))
+                .unwrap();
+        }
+        let mut out = String::new();
+        render_doorkeepers(&mut out, &store.doorkeepers());
+        assert!(
+            out.contains("tollgate_memory_doorkeeper_held_back_total{rule=\"d|k=\\\"x\\\"\"} 2\n"),
+            "{out}"
+        );
+        assert!(out.contains("# TYPE tollgate_memory_doorkeeper_fill_ratio gauge"));
+        assert!(out.contains("tollgate_memory_doorkeeper_false_positive_rate{rule="));
+        let mut none = String::new();
+        render_doorkeepers(&mut none, &MemoryStore::new(1).doorkeepers());
+        assert!(none.is_empty());
+    }
 
     #[test]
     fn renders_and_escapes() {

@@ -96,6 +96,22 @@ impl Sketch {
         decide(quota.period(), quota.limit(), now, ws, we, prev, cur, cost)
     }
 
+    /// [`Sketch::evaluate`] for a limit with a doorkeeper: the key's first request of each
+    /// window lives in the filter, not the sketch, so each estimate adds its bit.
+    pub(crate) fn evaluate_seen(
+        &mut self,
+        hash: u128,
+        now: Micros,
+        cost: u64,
+        quota: &Quota,
+        seen: crate::doorkeeper::Seen,
+    ) -> Decision {
+        let (now, ws, we) = self.rotate(now, quota);
+        let prev = self.estimate(&self.prev, hash) + u64::from(seen.prev);
+        let cur = self.estimate(&self.cur, hash) + u64::from(seen.cur);
+        decide(quota.period(), quota.limit(), now, ws, we, prev, cur, cost)
+    }
+
     /// Record `cost` for the key (conservative update). Call after an admitting [`evaluate`].
     ///
     /// [`evaluate`]: Sketch::evaluate

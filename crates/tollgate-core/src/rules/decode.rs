@@ -9,7 +9,7 @@
 use super::fields::{bounded, flag, integer, string, Errors, Fields, MAX_LEN};
 use super::metadata::MetaValue;
 use super::yaml::{Kind, Node, Pos};
-use crate::quota::{Algorithm, Period, Quota, SketchSize, SyncMode, Unit, MAX_PERIOD};
+use crate::quota::{Algorithm, Doorkeeper, Period, Quota, SketchSize, SyncMode, Unit, MAX_PERIOD};
 use std::collections::BTreeMap;
 
 /// Deepest descriptor nesting accepted (a request descriptor has at most this many entries).
@@ -48,9 +48,11 @@ const RATE_LIMIT_FIELDS: &[&str] = &[
     "burst",
     "sketch_width",
     "sketch_depth",
+    "doorkeeper",
     "sync",
     "flush_interval",
 ];
+const DOORKEEPER_FIELDS: &[&str] = &["expected_keys", "fp_rate"];
 const REPLACES_FIELDS: &[&str] = &["name"];
 
 /// One file's domain, validated.
@@ -355,6 +357,7 @@ fn rate_limit(node: &Node, errors: &mut Errors) -> Option<RateLimitSpec> {
             "burst",
             "sketch_width",
             "sketch_depth",
+            "doorkeeper",
             "flush_interval",
         ] {
             if let Some(n) = fields.get(field) {
@@ -490,6 +493,9 @@ fn rate_limit(node: &Node, errors: &mut Errors) -> Option<RateLimitSpec> {
             }
         }
     }
+    let door = fields
+        .get("doorkeeper")
+        .and_then(|n| doorkeeper(n, algorithm, errors));
     if errors.len() != before {
         return None;
     }
@@ -503,6 +509,7 @@ fn rate_limit(node: &Node, errors: &mut Errors) -> Option<RateLimitSpec> {
         .with_burst(burst.and_then(|(_, b)| b))
         .with_algorithm(algorithm)
         .with_sketch(sketch)
+        .with_doorkeeper(door)
         .with_sync(sync)
         .with_flush_interval(flush.flatten().map(std::time::Duration::from_micros));
     // Bounds that keep the algorithms' arithmetic exact (see `MAX_PERIOD`; `nominal` saturates).
@@ -536,6 +543,71 @@ fn rate_limit(node: &Node, errors: &mut Errors) -> Option<RateLimitSpec> {
         algorithm_named: fields.get("algorithm").is_some(),
         sync_named: fields.get("sync").is_some(),
     })
+}
+
+/// `doorkeeper: {expected_keys, fp_rate}` (both required) for a windowed algorithm.
+fn doorkeeper(
+    node: &Node,
+    algorithm: Option<Algorithm>,
+    errors: &mut Errors,
+) -> Option<Doorkeeper> {
+    let fields = Fields::new(node, "doorkeeper", DOORKEEPER_FIELDS, errors)?;
+    if let Some(a) = algorithm.filter(|a| !a.takes_doorkeeper()) {
+        errors.push((
+            node.pos,
+            format!(
+                "`doorkeeper` needs algorithm fixed_window, sliding_window_counter or \
+                 count_min_sketch, not {a} (only a windowed counter's state after one request \
+                 is known from the filter's bits)"
+            ),
+        ));
+    }
+    let keys = match fields.get("expected_keys") {
+        None => {
+            errors.push((
+                node.pos,
+                "doorkeeper is missing required field `expected_keys`".to_string(),
+            ));
+            None
+        }
+        Some(n) => integer(n, "expected_keys", 1, Doorkeeper::MAX_EXPECTED_KEYS, errors),
+    };
+    let rate = match fields.get("fp_rate") {
+        None => {
+            errors.push((
+                node.pos,
+                "doorkeeper is missing required field `fp_rate` (e.g. 0.01)".to_string(),
+            ));
+            None
+        }
+        Some(n) => {
+            let parsed = match &n.kind {
+                Kind::Scalar {
+                    text,
+                    quoted: false,
+                } => text.parse::<f64>().ok(),
+                _ => None,
+            };
+            match parsed {
+                Some(r) if (Doorkeeper::MIN_FP_RATE..=Doorkeeper::MAX_FP_RATE).contains(&r) => {
+                    Some(r)
+                }
+                _ => {
+                    errors.push((
+                        n.pos,
+                        format!(
+                            "`fp_rate` must be a number between {} and {}, found {}",
+                            Doorkeeper::MIN_FP_RATE,
+                            Doorkeeper::MAX_FP_RATE,
+                            n.describe()
+                        ),
+                    ));
+                    None
+                }
+            }
+        }
+    };
+    Doorkeeper::new(keys?, rate?).ok()
 }
 
 fn replaces(node: &Node, own_name: Option<&str>, errors: &mut Errors) -> Vec<String> {

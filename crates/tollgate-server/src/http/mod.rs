@@ -894,6 +894,11 @@ fn limit_json(l: &tollgate_core::rules::Limit, flush: Option<std::time::Duration
         "unlimited": l.is_unlimited(),
         "algorithm": l.quota.map(|q| q.algorithm().as_str()),
         "sync": l.quota.map(|q| q.sync().as_str()),
+        "doorkeeper": l.quota.and_then(|q| q.doorkeeper()).map(|d| json!({
+            "expected_keys": d.expected_keys(),
+            "fp_rate": d.fp_rate(),
+            "bytes": d.memory(),
+        })),
         "flush_interval_ms": batched
             .and_then(|q| q.flush_interval().or(flush))
             .map(|d| d.as_millis() as u64),
@@ -978,6 +983,7 @@ async fn metrics(State(state): State<HttpState>) -> Response {
     let mut text = state.metrics().render(&extra);
     if let Some(m) = state.memory_store() {
         crate::metrics::render_evictions(&mut text, m.evictions());
+        crate::metrics::render_doorkeepers(&mut text, &m.doorkeepers());
     }
     crate::backend::render_backend_metrics(&mut text, state.backend(), &state.rules().set);
     if let Some(r) = &state.registry {
