@@ -36,6 +36,7 @@ pub mod serve;
 pub mod state;
 pub mod stats;
 pub mod wire;
+pub mod xds;
 
 pub use check::decide;
 pub use error::{ApiError, ErrorClass};

@@ -154,6 +154,15 @@ pub struct ServeArgs {
     /// --profile envoy: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY).
     #[arg(long, env = "TOLLGATE_RULES")]
     rules: Option<PathBuf>,
+    /// Take the rules from an xDS management server instead of files: `xds://HOST:PORT`
+    /// (envoyproxy/ratelimit's RateLimitConfig resources over ADS). Not ready until the first
+    /// rules arrive; the rule registry cannot run beside it. See docs/rules.md.
+    #[arg(long, env = "TOLLGATE_RULES_FROM", value_parser = rules_from,
+          conflicts_with_all = ["rules", "admin_token_file"])]
+    rules_from: Option<String>,
+    /// The node id sent to the xDS server of --rules-from (the server keys its snapshots by it).
+    #[arg(long, env = "TOLLGATE_XDS_NODE_ID", default_value = "tollgate")]
+    xds_node_id: String,
     #[command(flatten)]
     store: StoreArg,
     /// Redis: a call slower than this (milliseconds) counts toward opening the breaker; the
@@ -578,6 +587,11 @@ impl ServeArgs {
             .clone()
             .unwrap_or_else(|| crate::simulate::DEFAULT_RULES.into());
         c.rules.reload_interval = Duration::from_millis(self.reload_interval_ms.max(10));
+        c.rules.xds = self.rules_from.as_ref().map(|server| {
+            let mut x = tollgate_server::xds::XdsConfig::new(server, &self.xds_node_id);
+            x.backoff = tollgate_server::xds::Backoff::native();
+            x
+        });
         c.rules.default_algorithm = self.counting.default_algorithm;
         c.rules.count_denied_hits = self.counting.count_denied_hits;
         c.rules.sync_default = self.counting.sync_default;
@@ -710,5 +724,16 @@ mod tests {
             count += 1;
         }
         assert!(count >= 40, "only {count} serve flags seen");
+    }
+}
+
+/// `--rules-from`: `xds://HOST:PORT`, as the `HOST:PORT` to dial.
+fn rules_from(s: &str) -> Result<String, String> {
+    match s.split_once("://") {
+        Some(("xds", rest)) if !rest.is_empty() && !rest.contains('/') => Ok(rest.to_owned()),
+        Some(("xdss", _)) => {
+            Err("xdss:// (TLS to the xDS server) is not supported yet; use xds://HOST:PORT".into())
+        }
+        _ => Err("expected xds://HOST:PORT".into()),
     }
 }

@@ -930,6 +930,16 @@ async fn healthz() -> Response {
 /// `store_error` the last one (kind, message, `at_ms`). With a per-second Redis, `per_second`
 /// reports it the same way, and `status` is `degraded` while either breaker is not closed.
 async fn readyz(State(state): State<AppState>) -> Response {
+    if let Some(x) = state.xds().filter(|x| !x.ready()) {
+        // Rules come from an xDS server and none have arrived: no traffic yet.
+        let body = json!({
+            "status": "not_ready",
+            "reason": "no rules from the xDS server yet",
+            "xds_server": x.server(),
+            "xds_connected": x.connected(),
+        });
+        return (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
+    }
     match state.backend() {
         Backend::Redis(g) | Backend::RedisSplit(g, _) => {
             let s = g.state();
@@ -982,6 +992,9 @@ async fn metrics(State(state): State<HttpState>) -> Response {
     crate::backend::render_backend_metrics(&mut text, state.backend(), &state.rules().set);
     if let Some(r) = &state.registry {
         r.render_metrics(&mut text);
+    }
+    if let Some(x) = state.xds() {
+        x.render_metrics(&mut text);
     }
     state.policy().render_metrics(&mut text);
     (
