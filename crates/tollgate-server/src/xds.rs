@@ -13,6 +13,7 @@
 use crate::metrics::RuleSlots;
 use crate::state::{AppState, LoadedRules};
 use std::fmt::Write as _;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -49,6 +50,22 @@ pub struct XdsConfig {
     /// Ready before the first configuration arrives (envoy's
     /// `FORCE_START_WITHOUT_INITIAL_CONFIG`).
     pub force_start: bool,
+    /// TLS to the server (`None`: plain gRPC).
+    pub tls: Option<XdsTls>,
+}
+
+/// TLS to the management server.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct XdsTls {
+    /// CA bundle the server's certificate must chain to (`None`: the system's,
+    /// /etc/ssl/certs/ca-certificates.crt).
+    pub ca: Option<PathBuf>,
+    /// Client certificate chain (PEM), sent when the server asks for one.
+    pub cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    pub key: Option<PathBuf>,
+    /// The name the server's certificate must carry (`None`: the host of the server address).
+    pub server_name: Option<String>,
 }
 
 impl XdsConfig {
@@ -64,6 +81,7 @@ impl XdsConfig {
             backoff: Backoff::default(),
             max_message_size: None,
             force_start: false,
+            tls: None,
         }
     }
 }
@@ -261,7 +279,14 @@ async fn session(
             Ok(e) => e.connect_timeout(config.connect_timeout),
             Err(e) => return format!("bad server address {}: {e}", config.server),
         };
-    let channel = match endpoint.connect().await {
+    let connected = match &config.tls {
+        None => endpoint.connect().await,
+        Some(tls) => match tls_connector(&config.server, tls) {
+            Ok(connector) => endpoint.connect_with_connector(connector).await,
+            Err(e) => return format!("TLS settings: {e}"),
+        },
+    };
+    let channel = match connected {
         Ok(c) => c,
         Err(e) => return format!("cannot connect: {}", error_chain(&e)),
     };
@@ -341,6 +366,84 @@ async fn session(
             return "the request stream closed".into();
         }
     }
+}
+
+/// A connector that dials `server` and speaks TLS (ALPN `h2`) as `tls` says.
+fn tls_connector(
+    server: &str,
+    tls: &XdsTls,
+) -> Result<
+    impl tower::Service<
+            tonic::codegen::http::Uri,
+            Response = hyper_util::rt::TokioIo<
+                tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+            >,
+            Error = std::io::Error,
+            Future = impl Send,
+        > + Send
+        + 'static,
+    String,
+> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    let read_certs = |path: &std::path::Path| -> Result<Vec<CertificateDer<'static>>, String> {
+        let certs = CertificateDer::pem_file_iter(path)
+            .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        if certs.is_empty() {
+            return Err(format!("{}: no PEM certificate", path.display()));
+        }
+        Ok(certs)
+    };
+    let ca = tls
+        .ca
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("/etc/ssl/certs/ca-certificates.crt"));
+    let mut roots = rustls::RootCertStore::empty();
+    for c in read_certs(&ca)? {
+        roots.add(c).map_err(|e| format!("{}: {e}", ca.display()))?;
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?
+    .with_root_certificates(roots);
+    let mut client = match (&tls.cert, &tls.key) {
+        (Some(cert), Some(key)) => {
+            let key =
+                PrivateKeyDer::from_pem_file(key).map_err(|e| format!("{}: {e}", key.display()))?;
+            builder
+                .with_client_auth_cert(read_certs(cert)?, key)
+                .map_err(|e| format!("client certificate: {e}"))?
+        }
+        (None, None) => builder.with_no_client_auth(),
+        _ => return Err("a client certificate needs both its file and its key".into()),
+    };
+    client.alpn_protocols = vec![b"h2".to_vec()];
+    let host = match &tls.server_name {
+        Some(name) => name.clone(),
+        None => server
+            .rsplit_once(':')
+            .map_or(server, |(h, _)| h)
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned(),
+    };
+    let name = ServerName::try_from(host.clone())
+        .map_err(|e| format!("{host}: not a valid server name: {e}"))?;
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+    let server = server.to_owned();
+    Ok(tower::service_fn(move |_uri| {
+        let connector = connector.clone();
+        let name = name.clone();
+        let server = server.clone();
+        async move {
+            let tcp = tokio::net::TcpStream::connect(&server).await?;
+            let stream = connector.connect(name, tcp).await?;
+            Ok(hyper_util::rt::TokioIo::new(stream))
+        }
+    }))
 }
 
 fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
