@@ -166,3 +166,220 @@ fn a_killed_server_leaves_the_last_rules_deciding_and_the_stream_resumes() {
     let m = metrics(&s.base);
     assert!(m.contains("tollgate_xds_streams_total 2"), "{m}");
 }
+
+/// `tollgate serve --profile envoy` with `CONFIG_TYPE=GRPC_XDS_SOTW` and `vars`, listeners on
+/// loopback ports of its choosing.
+fn serve_envoy_xds(server_url: &str, vars: &[(&str, &str)], name: &str) -> Server {
+    let mut env: Vec<(&str, &str)> = vec![
+        ("HOST", "127.0.0.1"),
+        ("PORT", "0"),
+        ("GRPC_HOST", "127.0.0.1"),
+        ("GRPC_PORT", "0"),
+        ("DEBUG_HOST", "127.0.0.1"),
+        ("DEBUG_PORT", "0"),
+        ("USE_STATSD", "false"),
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+        ("CONFIG_GRPC_XDS_SERVER_URL", server_url),
+        // The test server comes back at once: no need for envoy's 10 s.
+        ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "100ms"),
+    ];
+    env.extend_from_slice(vars);
+    Server::start_env(&["--profile", "envoy"], &env, &repo(), name)
+}
+
+fn healthcheck(base: &str) -> u16 {
+    http(base, Method::GET, "/healthcheck", None).status
+}
+
+/// envoy's JSON endpoint: the overall code for one descriptor of `entries`.
+fn json_code(base: &str, domain: &str, entries: &[(&str, &str)]) -> String {
+    let entries: Vec<Value> = entries
+        .iter()
+        .map(|(k, v)| serde_json::json!({"key": k, "value": v}))
+        .collect();
+    let r = http(
+        base,
+        Method::POST,
+        "/json",
+        Some(serde_json::json!({"domain": domain, "descriptors": [{"entries": entries}]})),
+    );
+    let body: Value = serde_json::from_str(&r.body).unwrap_or(Value::Null);
+    body["overallCode"].as_str().unwrap_or(&r.body).to_owned()
+}
+
+#[test]
+fn envoy_profile_is_not_healthy_before_the_first_config_unless_forced() {
+    let xds = XdsServer::start(0);
+    let waiting = serve_envoy_xds(
+        &xds.addr,
+        &[
+            ("CONFIG_GRPC_XDS_NODE_ID", "gateway"),
+            ("CONFIG_GRPC_XDS_NODE_METADATA", "team=edge,zone=a"),
+            ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "x-tenant:blue"),
+        ],
+        "xds-envoy-wait",
+    );
+    let forced = serve_envoy_xds(
+        &xds.addr,
+        &[
+            ("CONFIG_GRPC_XDS_NODE_ID", "forced"),
+            ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+        ],
+        "xds-envoy-forced",
+    );
+    let sub = xds.wait_for("gateway's subscription", |r| r.node == "gateway");
+    assert_eq!(
+        sub.metadata.get("x-tenant").map(String::as_str),
+        Some("blue")
+    );
+    assert_eq!(
+        sub.node_metadata.get("team").map(String::as_str),
+        Some("edge")
+    );
+    assert_eq!(sub.node_metadata.get("zone").map(String::as_str), Some("a"));
+    xds.wait_for("forced's subscription", |r| r.node == "forced");
+    assert_eq!(healthcheck(&waiting.base), 500);
+    assert_eq!(ready(&waiting.base).0, 503);
+    assert_eq!(healthcheck(&forced.base), 200);
+    assert_eq!(ready(&forced.base).0, 200);
+    // Forced and without rules: every domain is unknown, so nothing is limited.
+    assert_eq!(json_code(&forced.base, "edge", &[("user", "a")]), "OK");
+
+    xds.set("gateway", "1", vec![config("edge", &[("user", Minute, 1)])]);
+    xds.wait_ack("1");
+    assert_eq!(healthcheck(&waiting.base), 200);
+    assert_eq!(ready(&waiting.base).0, 200);
+    assert_eq!(json_code(&waiting.base, "edge", &[("user", "a")]), "OK");
+    assert_eq!(
+        json_code(&waiting.base, "edge", &[("user", "a")]),
+        "OVER_LIMIT"
+    );
+}
+
+#[test]
+fn envoy_profile_over_tls_with_a_client_certificate() {
+    let dir = temp_dir("xds-tls");
+    xds_server::certificates(&dir);
+    let xds = XdsServer::start_tls(0, xds_server::mutual_tls(&dir));
+    xds.set(
+        "tls-node",
+        "7",
+        vec![config("secure", &[("user", Minute, 1)])],
+    );
+    let file = |f: &str| dir.join(f).display().to_string();
+    let (ca, cert, key) = (file("ca.pem"), file("client.pem"), file("client.key"));
+    let tls = [
+        ("CONFIG_GRPC_XDS_NODE_ID", "tls-node"),
+        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", ca.as_str()),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "localhost"),
+    ];
+    let mut with_cert = tls.to_vec();
+    with_cert.extend([
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", cert.as_str()),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", key.as_str()),
+    ]);
+    let s = serve_envoy_xds(&xds.addr, &with_cert, "xds-tls-cert");
+    xds.wait_ack("7");
+    assert_eq!(json_code(&s.base, "secure", &[("user", "u")]), "OK");
+    assert_eq!(json_code(&s.base, "secure", &[("user", "u")]), "OVER_LIMIT");
+
+    // Without the client certificate the server refuses the handshake: no rules, not healthy.
+    let refused = serve_envoy_xds(&xds.addr, &tls, "xds-tls-no-cert");
+    refused.wait_for_log("xDS stream to the rules server ended");
+    assert_eq!(healthcheck(&refused.base), 500);
+    assert_eq!(
+        xds.seen().len(),
+        2,
+        "only the client with a certificate got through"
+    );
+}
+
+/// envoyproxy/ratelimit's xDS integration expectations (`xds_sotw_integration_test.go`): its
+/// snapshot "1" (domains `basic` and `another`) decides as its file does; snapshot "2" adds the
+/// `reload` domain, whose `block` key (0 per second) then denies; snapshot "3" restores "1" and
+/// `reload` is unknown again.
+#[test]
+fn envoy_ratelimit_xds_integration_expectations() {
+    let xds = XdsServer::start(0);
+    let initial = || {
+        vec![
+            config(
+                "basic",
+                &[
+                    ("key1", Second, 50),
+                    ("key1_local", Second, 50),
+                    ("one_per_minute", Minute, 1),
+                ],
+            ),
+            {
+                let mut c = config(
+                    "another",
+                    &[
+                        ("key2", Minute, 20),
+                        ("key3", Hour, 10),
+                        ("key2_local", Minute, 20),
+                        ("key3_local", Hour, 10),
+                        ("key4", Day, 20),
+                        ("key4_local", Day, 20),
+                    ],
+                );
+                c.name = "another".into();
+                c
+            },
+        ]
+    };
+    xds.set("init-test-node", "1", initial());
+    let s = serve_envoy_xds(
+        &xds.addr,
+        &[("CONFIG_GRPC_XDS_NODE_ID", "init-test-node")],
+        "xds-envoy-replay",
+    );
+    xds.wait_ack("1");
+    // basic: one_per_minute allows one, then denies.
+    assert_eq!(
+        json_code(&s.base, "basic", &[("one_per_minute", "x")]),
+        "OK"
+    );
+    assert_eq!(
+        json_code(&s.base, "basic", &[("one_per_minute", "x")]),
+        "OVER_LIMIT"
+    );
+    // another: key2 20 per minute: 20 OK then over.
+    for _ in 0..20 {
+        assert_eq!(json_code(&s.base, "another", &[("key2", "v")]), "OK");
+    }
+    assert_eq!(
+        json_code(&s.base, "another", &[("key2", "v")]),
+        "OVER_LIMIT"
+    );
+    // An unknown key or domain is not limited.
+    assert_eq!(json_code(&s.base, "basic", &[("nope", "v")]), "OK");
+    assert_eq!(json_code(&s.base, "reload", &[("block", "v")]), "OK");
+
+    let mut reload = initial();
+    reload.push(config(
+        "reload",
+        &[
+            ("key1", Second, 50),
+            ("block", Second, 0),
+            ("one_per_minute", Minute, 1),
+        ],
+    ));
+    xds.set("init-test-node", "2", reload);
+    xds.wait_ack("2");
+    assert_eq!(
+        json_code(&s.base, "reload", &[("block", "v")]),
+        "OVER_LIMIT"
+    );
+    assert_eq!(json_code(&s.base, "reload", &[("key1", "v")]), "OK");
+
+    xds.set("init-test-node", "3", initial());
+    xds.wait_ack("3");
+    assert_eq!(json_code(&s.base, "reload", &[("block", "v")]), "OK");
+    // basic's counters were kept across the reloads.
+    assert_eq!(
+        json_code(&s.base, "basic", &[("one_per_minute", "x")]),
+        "OVER_LIMIT"
+    );
+}

@@ -61,6 +61,16 @@ pub struct XdsServer {
 impl XdsServer {
     /// Serve plain gRPC on `127.0.0.1:port` (0: a free port).
     pub fn start(port: u16) -> XdsServer {
+        Self::start_with(port, None)
+    }
+
+    /// Serve gRPC over TLS (`tls`: the server's settings, e.g. requiring a client certificate)
+    /// on `127.0.0.1:port`.
+    pub fn start_tls(port: u16, tls: rustls::ServerConfig) -> XdsServer {
+        Self::start_with(port, Some(Arc::new(tls)))
+    }
+
+    fn start_with(port: u16, tls: Option<Arc<rustls::ServerConfig>>) -> XdsServer {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -77,11 +87,36 @@ impl XdsServer {
             changes: changes.clone(),
         };
         runtime.spawn(async move {
-            let incoming = tonic::codegen::tokio_stream::wrappers::TcpListenerStream::new(listener);
-            let _ = tonic::transport::Server::builder()
-                .add_service(svc)
-                .serve_with_incoming(incoming)
-                .await;
+            match tls {
+                None => {
+                    let incoming =
+                        tonic::codegen::tokio_stream::wrappers::TcpListenerStream::new(listener);
+                    let _ = tonic::transport::Server::builder()
+                        .add_service(svc)
+                        .serve_with_incoming(incoming)
+                        .await;
+                }
+                Some(tls) => {
+                    // Handshakes here; only the connections that pass reach the gRPC server.
+                    let (tx, rx) = mpsc::channel(16);
+                    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+                    tokio::spawn(async move {
+                        while let Ok((tcp, _)) = listener.accept().await {
+                            let acceptor = acceptor.clone();
+                            let tx = tx.clone();
+                            tokio::spawn(async move {
+                                if let Ok(stream) = acceptor.accept(tcp).await {
+                                    let _ = tx.send(Ok::<_, std::io::Error>(Tls(stream))).await;
+                                }
+                            });
+                        }
+                    });
+                    let _ = tonic::transport::Server::builder()
+                        .add_service(svc)
+                        .serve_with_incoming(ReceiverStream::new(rx))
+                        .await;
+                }
+            }
         });
         XdsServer {
             addr,
@@ -147,6 +182,77 @@ impl Drop for XdsServer {
             rt.shutdown_background();
         }
     }
+}
+
+/// A TLS connection as tonic's server takes one.
+struct Tls(tokio_rustls::server::TlsStream<tokio::net::TcpStream>);
+
+impl tonic::transport::server::Connected for Tls {
+    type ConnectInfo = ();
+    fn connect_info(&self) -> Self::ConnectInfo {}
+}
+
+impl tokio::io::AsyncRead for Tls {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Tls {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+/// Server TLS for `dir`'s `server.pem` / `server.key`, requiring a client certificate signed by
+/// `ca.pem`, speaking `h2`.
+pub fn mutual_tls(dir: &std::path::Path) -> rustls::ServerConfig {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(dir.join("ca.pem")).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()
+    .unwrap();
+    let certs = CertificateDer::pem_file_iter(dir.join("server.pem"))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(dir.join("server.key")).unwrap();
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(certs, key)
+        .unwrap();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    config
 }
 
 #[derive(Clone)]
@@ -396,4 +502,80 @@ fn unit(name: &str) -> i32 {
     .into_iter()
     .find(|u| u.as_str_name() == name)
     .map_or(0, |u| u as i32)
+}
+
+/// `openssl` with `args` in `dir`.
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl (needed to make test certificates)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// In `dir`: a CA (`ca.pem`), a server certificate for `localhost` and a client certificate
+/// (`server.pem`/`.key`, `client.pem`/`.key`), both signed by the CA.
+pub fn certificates(dir: &std::path::Path) {
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let mut ca = vec!["req", "-x509"];
+    ca.extend_from_slice(&ec);
+    ca.extend_from_slice(&[
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=xds-test-ca",
+    ]);
+    openssl(dir, &ca);
+    for (name, usage) in [("server", "serverAuth"), ("client", "clientAuth")] {
+        std::fs::write(
+            dir.join(format!("{name}.ext")),
+            format!("subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage={usage}\n"),
+        )
+        .unwrap();
+        let (key, csr, pem, ext) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.pem"),
+            format!("{name}.ext"),
+        );
+        let mut req = vec!["req"];
+        req.extend_from_slice(&ec);
+        req.extend_from_slice(&["-keyout", &key, "-out", &csr, "-subj", "/CN=localhost"]);
+        openssl(dir, &req);
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &pem,
+                "-days",
+                "2",
+                "-extfile",
+                &ext,
+            ],
+        );
+    }
 }
