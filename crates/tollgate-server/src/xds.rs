@@ -574,11 +574,17 @@ fn descriptor(d: &RateLimitDescriptor) -> serde_json::Value {
     }
     if let Some(p) = &d.rate_limit {
         let mut r = serde_json::Map::new();
-        let unit = tollgate_proto::pb::envoy::r#type::v3::RateLimitUnit::try_from(p.unit)
-            .map(|u| u.as_str_name().to_ascii_lowercase())
-            .unwrap_or_else(|_| p.unit.to_string());
-        r.insert("unit".into(), unit.into());
-        r.insert("requests_per_unit".into(), p.requests_per_unit.into());
+        // Proto3 has no "unset": unit 0 (UNKNOWN) is no unit, and a count of 0 beside
+        // `unlimited` is no count, as envoyproxy/ratelimit reads them.
+        if p.unit != 0 {
+            let unit = tollgate_proto::pb::envoy::r#type::v3::RateLimitUnit::try_from(p.unit)
+                .map(|u| u.as_str_name().to_ascii_lowercase())
+                .unwrap_or_else(|_| p.unit.to_string());
+            r.insert("unit".into(), unit.into());
+        }
+        if !(p.unlimited && p.requests_per_unit == 0) {
+            r.insert("requests_per_unit".into(), p.requests_per_unit.into());
+        }
         if p.unlimited {
             r.insert("unlimited".into(), true.into());
         }
@@ -606,6 +612,9 @@ fn descriptor(d: &RateLimitDescriptor) -> serde_json::Value {
             m.insert(flag.into(), true.into());
         }
     }
+    if let Some(meta) = &d.metadata {
+        m.insert("metadata".into(), struct_json(meta));
+    }
     if !d.descriptors.is_empty() {
         m.insert(
             "descriptors".into(),
@@ -617,6 +626,27 @@ fn descriptor(d: &RateLimitDescriptor) -> serde_json::Value {
         );
     }
     m.into()
+}
+
+fn struct_json(s: &Struct) -> serde_json::Value {
+    s.fields
+        .iter()
+        .map(|(k, v)| (k.clone(), value_json(v)))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+fn value_json(v: &Value) -> serde_json::Value {
+    match &v.kind {
+        None | Some(Kind::NullValue(_)) => serde_json::Value::Null,
+        Some(Kind::NumberValue(n)) => {
+            serde_json::Number::from_f64(*n).map_or(serde_json::Value::Null, Into::into)
+        }
+        Some(Kind::StringValue(s)) => s.clone().into(),
+        Some(Kind::BoolValue(b)) => (*b).into(),
+        Some(Kind::StructValue(s)) => struct_json(s),
+        Some(Kind::ListValue(l)) => l.values.iter().map(value_json).collect::<Vec<_>>().into(),
+    }
 }
 
 /// The rules a server starts with before the first configuration: none.

@@ -383,3 +383,119 @@ fn envoy_ratelimit_xds_integration_expectations() {
         "OVER_LIMIT"
     );
 }
+
+fn envoy_fixtures() -> std::path::PathBuf {
+    repo().join("crates/tollgate-core/tests/fixtures/envoy-ratelimit")
+}
+
+/// `/rlconfig` (envoy's dump of the loaded limits) of a profile server, sorted.
+fn rlconfig(s: &Server) -> Vec<String> {
+    let debug = format!("http://{}", s.addr("debug http://"));
+    let mut lines: Vec<String> = http(&debug, Method::GET, "/rlconfig", None)
+        .body
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    lines.sort();
+    lines
+}
+
+/// envoyproxy/ratelimit's own rule files, served as RateLimitConfig resources, load the same
+/// limits as the files do (envoy's `/rlconfig` dump compared line for line), and its invalid
+/// ones that a RateLimitConfig can carry are NACKed naming the domain.
+#[test]
+fn envoy_fixtures_over_xds_load_as_the_files_do() {
+    let dir = envoy_fixtures();
+    let mut files: Vec<std::path::PathBuf> = [
+        "config/basic_config.yaml",
+        "config/shadowmode_config.yaml",
+        "config/wildcard.yaml",
+        "integration/config/basic.yaml",
+        "integration/config/another.yaml",
+    ]
+    .iter()
+    .map(|f| dir.join(f))
+    .collect();
+    let mut readme: Vec<_> = std::fs::read_dir(dir.join("readme"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    readme.sort();
+    files.extend(readme);
+    let xds = XdsServer::start(0);
+    let s = serve_envoy_xds(
+        &xds.addr,
+        &[("CONFIG_GRPC_XDS_NODE_ID", "fixtures")],
+        "xds-fixtures",
+    );
+    let mut compared = 0;
+    for (i, file) in files.iter().enumerate() {
+        let text = std::fs::read_to_string(file).unwrap();
+        // A RateLimitConfig has no share_threshold: those files have no xDS form.
+        if text.contains("share_threshold") {
+            continue;
+        }
+        let version = format!("f{i}");
+        xds.set(
+            "fixtures",
+            &version,
+            vec![xds_server::config_from_yaml(&text)],
+        );
+        xds.wait_ack(&version);
+        let path = file.display().to_string();
+        let from_file = Server::start_env(
+            &["--profile", "envoy", "--rules", &path],
+            &[
+                ("HOST", "127.0.0.1"),
+                ("PORT", "0"),
+                ("GRPC_HOST", "127.0.0.1"),
+                ("GRPC_PORT", "0"),
+                ("DEBUG_HOST", "127.0.0.1"),
+                ("DEBUG_PORT", "0"),
+                ("USE_STATSD", "false"),
+            ],
+            &repo(),
+            "xds-fixtures-file",
+        );
+        let (want, got) = (rlconfig(&from_file), rlconfig(&s));
+        assert!(!want.is_empty(), "{path}: no limits loaded from the file");
+        assert_eq!(got, want, "{path}: xDS and file differ");
+        compared += 1;
+    }
+    assert!(compared >= 15, "only {compared} fixtures compared");
+
+    // Invalid rules: NACKed, naming the domain and the problem; the last good rules stay.
+    let before = rlconfig(&s);
+    let invalid = [
+        "config/bad_limit_unit.yaml",
+        "config/duplicate_key.yaml",
+        "config/empty_key.yaml",
+        "config/replaces_self.yaml",
+        "config/replaces_empty.yaml",
+        "config/unlimited_with_unit.yaml",
+    ];
+    for (i, f) in invalid.iter().enumerate() {
+        let text = std::fs::read_to_string(dir.join(f)).unwrap();
+        let c = xds_server::config_from_yaml(&text);
+        let domain = c.domain.clone();
+        xds.set("fixtures", &format!("bad{i}"), vec![c]);
+        let nack = xds.wait_for(&format!("NACK of {f}"), |r| {
+            r.error.is_some() && r.nonce == (compared + i + 1).to_string()
+        });
+        let error = nack.error.unwrap();
+        assert!(
+            error.contains(&format!("domain \"{domain}\"")),
+            "{f}: {error}"
+        );
+    }
+    // Two resources for one domain (without MERGE_DOMAIN_CONFIG), and an empty domain.
+    let text = std::fs::read_to_string(dir.join("config/basic_config.yaml")).unwrap();
+    let one = xds_server::config_from_yaml(&text);
+    xds.set("fixtures", "dup", vec![one.clone(), one]);
+    let n = compared + invalid.len() + 1;
+    let dup = xds.wait_for("NACK of a duplicate domain", |r| {
+        r.error.is_some() && r.nonce == n.to_string()
+    });
+    assert!(dup.error.unwrap().contains("test-domain"));
+    assert_eq!(rlconfig(&s), before, "the last good rules stay");
+}
