@@ -691,9 +691,20 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// `--rules-from`: `xds://HOST:PORT`, as the `HOST:PORT` to dial.
+fn rules_from(s: &str) -> Result<String, String> {
+    match s.split_once("://") {
+        Some(("xds", rest)) if !rest.is_empty() && !rest.contains('/') => Ok(rest.to_owned()),
+        Some(("xdss", _)) => {
+            Err("xdss:// (TLS to the xDS server) is not supported yet; use xds://HOST:PORT".into())
+        }
+        _ => Err("expected xds://HOST:PORT".into()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::Cli;
+    use super::{rules_from, Cli};
     use clap::CommandFactory;
 
     /// Every `serve` setting can be given by environment (containers, systemd environment files,
@@ -725,15 +736,15 @@ mod tests {
         }
         assert!(count >= 40, "only {count} serve flags seen");
     }
-}
 
-/// `--rules-from`: `xds://HOST:PORT`, as the `HOST:PORT` to dial.
-fn rules_from(s: &str) -> Result<String, String> {
-    match s.split_once("://") {
-        Some(("xds", rest)) if !rest.is_empty() && !rest.contains('/') => Ok(rest.to_owned()),
-        Some(("xdss", _)) => {
-            Err("xdss:// (TLS to the xDS server) is not supported yet; use xds://HOST:PORT".into())
-        }
-        _ => Err("expected xds://HOST:PORT".into()),
+    #[test]
+    fn rules_from_takes_xds_urls_only() {
+        assert_eq!(rules_from("xds://cp:18000").unwrap(), "cp:18000");
+        assert!(rules_from("xdss://cp:18000")
+            .unwrap_err()
+            .contains("not supported yet"));
+        assert!(rules_from("http://cp:18000").is_err());
+        assert!(rules_from("xds://").is_err());
+        assert!(rules_from("xds://cp:1/path").is_err());
     }
 }

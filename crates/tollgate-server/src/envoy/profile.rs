@@ -1198,4 +1198,89 @@ mod tests {
         assert_eq!(reset_secs(Unit::Hour, 3600), 3600);
         assert_eq!(reset_secs(Unit::Month, 30 * 86_400 + 10), 30 * 86_400 - 10);
     }
+
+    #[test]
+    fn grpc_xds_sotw_reads_every_xds_variable_with_envoys_defaults() {
+        let t = tr(&[("CONFIG_TYPE", "GRPC_XDS_SOTW")]);
+        let x = t.config.rules.xds.expect("xDS on");
+        assert_eq!(x.server, "localhost:18000");
+        assert_eq!(x.node_id, "default");
+        assert_eq!(x.connect_timeout, Duration::from_secs(3));
+        assert_eq!(x.backoff, crate::xds::Backoff::default());
+        assert_eq!(x.max_message_size, None);
+        assert!(!x.force_start);
+        assert_eq!(x.tls, None);
+        assert!(t.warnings.is_empty(), "{:?}", t.warnings);
+
+        let t = tr(&[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"),
+            ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
+            ("CONFIG_GRPC_XDS_NODE_METADATA", "a=1,junk,b=x=y"),
+            ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "x-a:1, x-b:2"),
+            ("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "500ms"),
+            ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "1s"),
+            ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "5s"),
+            ("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "2"),
+            ("XDS_CLIENT_BACKOFF_JITTER", "false"),
+            ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "1048576"),
+            ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/certs/tls.crt"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key"),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "eg.local"),
+        ]);
+        let x = t.config.rules.xds.expect("xDS on");
+        assert_eq!(x.server, "envoy-gateway:18001");
+        assert_eq!(x.node_id, "envoy-ratelimit");
+        let pairs = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+            v.iter().map(|(a, b)| ((*a).into(), (*b).into())).collect()
+        };
+        assert_eq!(x.node_metadata, pairs(&[("a", "1"), ("b", "x=y")]));
+        assert_eq!(x.headers, pairs(&[("x-a", "1"), ("x-b", "2")]));
+        assert_eq!(x.connect_timeout, Duration::from_millis(500));
+        assert_eq!(
+            x.backoff,
+            crate::xds::Backoff {
+                initial: Duration::from_secs(1),
+                max: Duration::from_secs(5),
+                factor: 2.0,
+                jitter: false,
+            }
+        );
+        assert_eq!(x.max_message_size, Some(1 << 20));
+        assert!(x.force_start);
+        let tls = x.tls.expect("TLS");
+        assert_eq!(tls.cert, Some(PathBuf::from("/certs/tls.crt")));
+        assert_eq!(tls.key, Some(PathBuf::from("/certs/tls.key")));
+        assert_eq!(tls.ca, Some(PathBuf::from("/certs/ca.crt")));
+        assert_eq!(tls.server_name.as_deref(), Some("eg.local"));
+        assert!(t.warnings.is_empty(), "{:?}", t.warnings);
+
+        for (name, value) in [
+            ("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "-1"),
+            ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "big"),
+            ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "novalue"),
+            ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "soon"),
+        ] {
+            assert_eq!(
+                err(&[("CONFIG_TYPE", "GRPC_XDS_SOTW"), (name, value)]).name,
+                name
+            );
+        }
+    }
+
+    #[test]
+    fn no_xds_variable_is_unsupported() {
+        for (name, support) in VARIABLES {
+            if name.starts_with("CONFIG_GRPC_XDS_")
+                || name.starts_with("XDS_CLIENT_")
+                || *name == "CONFIG_TYPE"
+                || *name == "FORCE_START_WITHOUT_INITIAL_CONFIG"
+            {
+                assert_eq!(*support, Applied, "{name}");
+            }
+        }
+    }
 }
