@@ -37,6 +37,7 @@ pub mod state;
 pub mod stats;
 pub mod wire;
 pub mod xds;
+pub mod xds_status;
 
 pub use check::decide;
 pub use error::{ApiError, ErrorClass};

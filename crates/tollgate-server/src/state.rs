@@ -120,7 +120,7 @@ struct Shared {
     /// blocking thread ([`AppState::admin_work`]).
     admin: tokio::sync::Semaphore,
     /// The xDS subscription's state, when rules come from an xDS server.
-    xds: std::sync::OnceLock<Arc<crate::xds::XdsStatus>>,
+    xds: std::sync::OnceLock<Arc<crate::xds_status::XdsStatus>>,
 }
 
 /// The state every handler and background task shares. Clone freely.
@@ -291,12 +291,12 @@ impl AppState {
     }
 
     /// The xDS subscription's state, when rules come from an xDS server.
-    pub fn xds(&self) -> Option<&Arc<crate::xds::XdsStatus>> {
+    pub fn xds(&self) -> Option<&Arc<crate::xds_status::XdsStatus>> {
         self.0.xds.get()
     }
 
     /// Rules come from an xDS server, whose subscription reports to `status`.
-    pub(crate) fn set_xds(&self, status: Arc<crate::xds::XdsStatus>) {
+    pub(crate) fn set_xds(&self, status: Arc<crate::xds_status::XdsStatus>) {
         let _ = self.0.xds.set(status);
     }
 

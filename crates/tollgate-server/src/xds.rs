@@ -12,10 +12,11 @@
 
 use crate::metrics::RuleSlots;
 use crate::state::{AppState, LoadedRules};
+pub use crate::xds_status::XdsStatus;
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tollgate_core::clock::{Clock, SystemClock};
@@ -135,91 +136,6 @@ impl Backoff {
     }
 }
 
-/// What the subscription has done, for `/readyz` and `/metrics`.
-#[derive(Debug, Default)]
-pub struct XdsStatus {
-    server: String,
-    force_start: bool,
-    connected: AtomicBool,
-    has_config: AtomicBool,
-    version: Mutex<String>,
-    applied: AtomicU64,
-    rejected: AtomicU64,
-    streams: AtomicU64,
-}
-
-impl XdsStatus {
-    fn new(config: &XdsConfig) -> Self {
-        Self {
-            server: config.server.clone(),
-            force_start: config.force_start,
-            ..Self::default()
-        }
-    }
-
-    /// Whether the service may take traffic: once a configuration has arrived, or at once with
-    /// `force_start`.
-    pub fn ready(&self) -> bool {
-        self.force_start || self.has_config.load(Relaxed)
-    }
-
-    /// Whether a configuration has been applied.
-    pub fn has_config(&self) -> bool {
-        self.has_config.load(Relaxed)
-    }
-
-    /// Whether the stream is open.
-    pub fn connected(&self) -> bool {
-        self.connected.load(Relaxed)
-    }
-
-    /// The version last applied (empty before the first).
-    pub fn version(&self) -> String {
-        self.version
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    /// The management server's address.
-    pub fn server(&self) -> &str {
-        &self.server
-    }
-
-    /// Append the subscription's metrics to a Prometheus page.
-    pub fn render_metrics(&self, out: &mut String) {
-        let version = self
-            .version()
-            .replace('\\', "\\\\")
-            .replace('"', "\\\"")
-            .replace('\n', "\\n");
-        let _ = write!(
-            out,
-            "# HELP tollgate_xds_connected Whether the stream to the xDS server is open.\n\
-             # TYPE tollgate_xds_connected gauge\n\
-             tollgate_xds_connected {}\n\
-             # HELP tollgate_xds_config_received Whether rules have arrived from the xDS server.\n\
-             # TYPE tollgate_xds_config_received gauge\n\
-             tollgate_xds_config_received {}\n\
-             # HELP tollgate_xds_config_info The version of the rules applied from the xDS server.\n\
-             # TYPE tollgate_xds_config_info gauge\n\
-             tollgate_xds_config_info{{version=\"{version}\"}} 1\n\
-             # HELP tollgate_xds_updates_total xDS responses applied (ACKed) and rejected (NACKed).\n\
-             # TYPE tollgate_xds_updates_total counter\n\
-             tollgate_xds_updates_total{{result=\"applied\"}} {}\n\
-             tollgate_xds_updates_total{{result=\"rejected\"}} {}\n\
-             # HELP tollgate_xds_streams_total Streams opened to the xDS server.\n\
-             # TYPE tollgate_xds_streams_total counter\n\
-             tollgate_xds_streams_total {}\n",
-            u8::from(self.connected()),
-            u8::from(self.has_config()),
-            self.applied.load(Relaxed),
-            self.rejected.load(Relaxed),
-            self.streams.load(Relaxed),
-        );
-    }
-}
-
 /// Attach the subscription's status to `state` (so `/readyz` and `/metrics` see it) and return
 /// the task that keeps the subscription until `shutdown` turns true.
 pub fn start(
@@ -227,7 +143,7 @@ pub fn start(
     config: XdsConfig,
     shutdown: watch::Receiver<bool>,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
-    let status = Arc::new(XdsStatus::new(&config));
+    let status = Arc::new(XdsStatus::new(config.server.clone(), config.force_start));
     state.set_xds(status.clone());
     run(state.clone(), config, status, shutdown)
 }
