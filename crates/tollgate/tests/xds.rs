@@ -499,3 +499,62 @@ fn envoy_fixtures_over_xds_load_as_the_files_do() {
     assert!(dup.error.unwrap().contains("test-domain"));
     assert_eq!(rlconfig(&s), before, "the last good rules stay");
 }
+
+#[test]
+fn native_xdss_with_a_client_certificate() {
+    let dir = temp_dir("xds-native-tls");
+    xds_server::certificates(&dir);
+    let xds = XdsServer::start_tls(0, xds_server::mutual_tls(&dir));
+    xds.set("edge", "t1", vec![config("tls", &[("user", Minute, 1)])]);
+    let port = xds.addr.rsplit(':').next().unwrap();
+    // The server's certificate names localhost: the URL's host is what is verified.
+    let url = format!("xdss://localhost:{port}");
+    let file = |f: &str| dir.join(f).display().to_string();
+    let (ca, cert, key) = (file("ca.pem"), file("client.pem"), file("client.key"));
+    let s = Server::start(
+        &[
+            "--http-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--rules-from",
+            &url,
+            "--xds-node-id",
+            "edge",
+            "--xds-tls-ca",
+            &ca,
+            "--xds-tls-cert",
+            &cert,
+            "--xds-tls-key",
+            &key,
+        ],
+        &repo(),
+        "xds-native-tls",
+    );
+    xds.wait_ack("t1");
+    assert_eq!(status(&s.base, "tls", "user", "u"), 200);
+    assert_eq!(status(&s.base, "tls", "user", "u"), 429);
+}
+
+#[test]
+fn the_registry_and_rule_files_cannot_run_beside_xds() {
+    let token = temp_dir("xds-registry").join("token");
+    std::fs::write(&token, "0123456789abcdef0123456789abcdef").unwrap();
+    let token = token.display().to_string();
+    for extra in [
+        ["--admin-token-file", token.as_str()],
+        ["--rules", "examples/rules"],
+    ] {
+        let mut args = vec!["serve", "--rules-from", "xds://127.0.0.1:1"];
+        args.extend(extra);
+        let out = tollgate(&args);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("--rules-from") && err.contains(extra[0]),
+            "{err}"
+        );
+    }
+    let out = tollgate(&["serve", "--rules-from", "http://cp:1"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("expected xds://HOST:PORT"));
+}
