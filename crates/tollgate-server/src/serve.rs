@@ -456,15 +456,24 @@ pub async fn serve(
     };
 
     let rules = state.rules();
-    tracing::info!(
-        rules = %config.rules.path.display(),
-        version = %rules.hash,
-        domains = rules.set.domains().count(),
-        limits = rules.set.limits().count(),
-        store = %state.store_label(),
-        "rules loaded"
-    );
-    if rules.set.is_empty() {
+    if let Some(xds) = &config.rules.xds {
+        tracing::info!(
+            server = %xds.server,
+            node = %xds.node_id.escape_debug(),
+            store = %state.store_label(),
+            "rules from an xDS server: none until it sends them"
+        );
+    } else {
+        tracing::info!(
+            rules = %config.rules.path.display(),
+            version = %rules.hash,
+            domains = rules.set.domains().count(),
+            limits = rules.set.limits().count(),
+            store = %state.store_label(),
+            "rules loaded"
+        );
+    }
+    if rules.set.is_empty() && config.rules.xds.is_none() {
         // A typo in --rules (an empty or wrong directory) must not pass for "no limits" unseen.
         tracing::warn!(
             rules = %config.rules.path.display(),

@@ -558,3 +558,49 @@ fn the_registry_and_rule_files_cannot_run_beside_xds() {
     let out = tollgate(&["serve", "--rules-from", "http://cp:1"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("expected xds://HOST:PORT"));
 }
+
+/// Updates swap the rules under traffic: every request of a steady stream is answered (allowed
+/// or denied, never an error) while the server pushes one version after another.
+#[test]
+fn updates_under_traffic_drop_no_decision() {
+    let xds = XdsServer::start(0);
+    xds.set(
+        "busy",
+        "0",
+        vec![config("live", &[("user", Minute, 1_000_000)])],
+    );
+    let s = serve_xds(&xds, "busy", "xds-traffic");
+    xds.wait_ack("0");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let workers: Vec<_> = (0..2)
+        .map(|w| {
+            let (base, stop) = (s.base.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut answered = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let code = status(&base, "live", "user", &format!("w{w}"));
+                    assert!(code == 200 || code == 429, "answer {code}");
+                    answered += 1;
+                }
+                answered
+            })
+        })
+        .collect();
+    for v in 1..=20u32 {
+        let version = v.to_string();
+        xds.set(
+            "busy",
+            &version,
+            vec![config("live", &[("user", Minute, 1_000_000 + v)])],
+        );
+        xds.wait_ack(&version);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let answered: usize = workers.into_iter().map(|w| w.join().unwrap()).sum();
+    assert!(answered > 0);
+    let m = metrics(&s.base);
+    assert!(
+        m.contains("tollgate_xds_updates_total{result=\"applied\"} 21"),
+        "{m}"
+    );
+}
