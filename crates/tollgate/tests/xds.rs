@@ -604,3 +604,39 @@ fn updates_under_traffic_drop_no_decision() {
         "{m}"
     );
 }
+
+/// Not a check (`--ignored`): how long an update takes from the server's push to tollgate's
+/// ACK (validation and swap included), for configurations of 1 and 500 domains.
+#[test]
+#[ignore = "a measurement, not a check: run with --ignored --nocapture"]
+fn measure_update_to_ack() {
+    let xds = XdsServer::start(0);
+    xds.set("m", "0", vec![config("d0", &[("k", Minute, 1)])]);
+    let s = serve_xds(&xds, "m", "xds-measure");
+    xds.wait_ack("0");
+    for domains in [1usize, 500] {
+        let mut times = Vec::new();
+        for round in 0..20 {
+            let configs = (0..domains)
+                .map(|d| {
+                    config(
+                        &format!("d{d}"),
+                        &[("k", Minute, 1 + round), ("j", Hour, 5)],
+                    )
+                })
+                .collect();
+            let version = format!("{domains}-{round}");
+            let t = std::time::Instant::now();
+            xds.set("m", &version, configs);
+            xds.wait_ack(&version);
+            times.push(t.elapsed());
+        }
+        times.sort();
+        println!(
+            "{domains} domain(s): median {:?}, max {:?} from push to ACK",
+            times[times.len() / 2],
+            times[times.len() - 1]
+        );
+    }
+    drop(s);
+}
