@@ -44,7 +44,10 @@ pub struct XdsConfig {
     pub headers: Vec<(String, String)>,
     /// How long one connection attempt may take.
     pub connect_timeout: Duration,
-    /// Backoff between attempts.
+    /// The wait between attempts to connect (jittered by ±50 %), as envoyproxy/ratelimit's
+    /// dialer retries (`CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL`).
+    pub connect_retry: Duration,
+    /// The wait before opening again a stream that was open and was lost.
     pub backoff: Backoff,
     /// Largest response accepted, in bytes (`None`: tonic's 4 MiB).
     pub max_message_size: Option<usize>,
@@ -78,7 +81,8 @@ impl XdsConfig {
             node_id: node_id.into(),
             node_metadata: Vec::new(),
             headers: Vec::new(),
-            connect_timeout: Duration::from_secs(3),
+            connect_timeout: Duration::from_secs(10),
+            connect_retry: Duration::from_secs(3),
             backoff: Backoff::default(),
             max_message_size: None,
             force_start: false,
@@ -157,22 +161,30 @@ async fn run(
     let mut attempt = 0u32;
     let mut seed = SystemClock.now().max(1);
     loop {
+        let mut opened = false;
         let ended = tokio::select! {
             _ = shutdown.wait_for(|s| *s) => return,
-            r = session(&state, &config, &status, &mut attempt) => r,
+            r = session(&state, &config, &status, &mut attempt, &mut opened) => r,
         };
         status.connected.store(false, Relaxed);
         // xorshift: jitter needs no more than this.
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;
-        let delay = config
-            .backoff
-            .delay(attempt, (seed % 10_000) as f64 / 10_000.0);
-        attempt = attempt.saturating_add(1);
+        let random = (seed % 10_000) as f64 / 10_000.0;
+        let delay = if opened {
+            // A stream that was open and was lost: the backoff.
+            let d = config.backoff.delay(attempt, random);
+            attempt = attempt.saturating_add(1);
+            d
+        } else {
+            // Not connected: try again after the retry interval, ±50 %.
+            config.connect_retry.mul_f64(0.5 + random)
+        };
         tracing::warn!(
             server = %config.server,
             error = %ended,
+            was_open = opened,
             retry_in = ?delay,
             "xDS stream to the rules server ended; reconnecting"
         );
@@ -189,6 +201,7 @@ async fn session(
     config: &XdsConfig,
     status: &XdsStatus,
     attempt: &mut u32,
+    opened: &mut bool,
 ) -> String {
     let endpoint =
         match tonic::transport::Endpoint::from_shared(format!("http://{}", config.server)) {
@@ -238,6 +251,7 @@ async fn session(
     };
     status.connected.store(true, Relaxed);
     status.streams.fetch_add(1, Relaxed);
+    *opened = true;
     tracing::info!(server = %config.server, node = %config.node_id.escape_debug(), "xDS stream to the rules server open");
     loop {
         let response = match responses.message().await {
@@ -260,7 +274,14 @@ async fn session(
                 .await;
             continue;
         }
-        let reply = match apply(state, &response) {
+        // Validation and the swap are CPU work: off the runtime's threads, as a file reload.
+        let applied = {
+            let (state, response) = (state.clone(), response.clone());
+            tokio::task::spawn_blocking(move || apply(&state, &response))
+                .await
+                .unwrap_or_else(|e| Err(format!("rules could not be applied: {e}")))
+        };
+        let reply = match applied {
             Ok(()) => {
                 *status.version.lock().unwrap_or_else(|e| e.into_inner()) =
                     response.version_info.clone();

@@ -601,6 +601,7 @@ impl ServeArgs {
         c.rules.xds = self.rules_from.as_ref().map(|from| {
             let mut x = tollgate_server::xds::XdsConfig::new(&from.server, &self.xds_node_id);
             x.backoff = tollgate_server::xds::Backoff::native();
+            x.connect_retry = Duration::from_secs(1);
             if from.tls {
                 x.tls = Some(tollgate_server::xds::XdsTls {
                     ca: self.xds_tls_ca.clone(),

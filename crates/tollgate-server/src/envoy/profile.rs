@@ -445,7 +445,7 @@ fn xds(env: &Env<'_>) -> Result<crate::xds::XdsConfig, ProfileError> {
         };
         x.headers.push((k.trim().to_owned(), v.trim().to_owned()));
     }
-    x.connect_timeout = env.duration_or(
+    x.connect_retry = env.duration_or(
         "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
         Duration::from_secs(3),
     )?;
@@ -1205,7 +1205,7 @@ mod tests {
         let x = t.config.rules.xds.expect("xDS on");
         assert_eq!(x.server, "localhost:18000");
         assert_eq!(x.node_id, "default");
-        assert_eq!(x.connect_timeout, Duration::from_secs(3));
+        assert_eq!(x.connect_retry, Duration::from_secs(3));
         assert_eq!(x.backoff, crate::xds::Backoff::default());
         assert_eq!(x.max_message_size, None);
         assert!(!x.force_start);
@@ -1239,7 +1239,7 @@ mod tests {
         };
         assert_eq!(x.node_metadata, pairs(&[("a", "1"), ("b", "x=y")]));
         assert_eq!(x.headers, pairs(&[("x-a", "1"), ("x-b", "2")]));
-        assert_eq!(x.connect_timeout, Duration::from_millis(500));
+        assert_eq!(x.connect_retry, Duration::from_millis(500));
         assert_eq!(
             x.backoff,
             crate::xds::Backoff {
