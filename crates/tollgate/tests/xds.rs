@@ -60,7 +60,8 @@ fn rules_arrive_update_and_a_nack_keeps_the_running_rules() {
     assert_eq!(sub.node_metadata.len(), 0);
     let (code, body) = ready(&s.base);
     assert_eq!(code, 503, "{body}");
-    assert_eq!(body["reason"], "no rules from the xDS server yet");
+    assert_eq!(body["error"]["code"], "rules_not_loaded", "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains(&xds.addr), "{body}");
 
     xds.set("node-a", "v1", vec![config("shop", &[("user", Minute, 2)])]);
     xds.wait_ack("v1");

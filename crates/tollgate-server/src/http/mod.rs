@@ -932,12 +932,14 @@ async fn healthz() -> Response {
 async fn readyz(State(state): State<AppState>) -> Response {
     if let Some(x) = state.xds().filter(|x| !x.ready()) {
         // Rules come from an xDS server and none have arrived: no traffic yet.
-        let body = json!({
-            "status": "not_ready",
-            "reason": "no rules from the xDS server yet",
-            "xds_server": x.server(),
-            "xds_connected": x.connected(),
-        });
+        let body = json!({"error": {
+            "code": "rules_not_loaded",
+            "message": format!(
+                "no rules from the xDS server {} yet (stream {})",
+                x.server(),
+                if x.connected() { "open" } else { "not open" }
+            ),
+        }});
         return (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
     }
     match state.backend() {
