@@ -156,10 +156,11 @@ pub struct ServeArgs {
     rules: Option<PathBuf>,
     /// Take the rules from an xDS management server instead of files: `xds://HOST:PORT`, or
     /// `xdss://HOST:PORT` over TLS (envoyproxy/ratelimit's RateLimitConfig resources over ADS).
-    /// Not ready until the first rules arrive; the rule registry cannot run beside it. See
+    /// Not ready until the first rules arrive; the rule registry cannot run beside it, and
+    /// --rules cannot be given with it (TOLLGATE_RULES, which the image sets, is not read). See
     /// docs/rules.md.
     #[arg(long, env = "TOLLGATE_RULES_FROM", value_parser = rules_from,
-          conflicts_with_all = ["rules", "admin_token_file"])]
+          conflicts_with = "admin_token_file")]
     rules_from: Option<RulesFrom>,
     /// The node id sent to the xDS server of --rules-from (the server keys its snapshots by it).
     #[arg(long, env = "TOLLGATE_XDS_NODE_ID", default_value = "tollgate")]
@@ -684,6 +685,11 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 grpc_uds: args.grpc.grpc_unix_socket.clone(),
                 debug_addr: args.debug_addr.map(|a| a.0),
             };
+            if args.rules_from.is_some() && args.explicit().rules {
+                anyhow::bail!(
+                    "--rules and --rules-from both say where the rules come from: give one"
+                );
+            }
             let mut config = args.config();
             let stats = args.stats.settings().map_err(anyhow::Error::msg)?;
             config.near_limit_ratio = args.stats.near_limit_ratio;

@@ -61,7 +61,13 @@ fn rules_arrive_update_and_a_nack_keeps_the_running_rules() {
     let (code, body) = ready(&s.base);
     assert_eq!(code, 503, "{body}");
     assert_eq!(body["error"]["code"], "rules_not_loaded", "{body}");
-    assert!(body["error"]["message"].as_str().unwrap().contains(&xds.addr), "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&xds.addr),
+        "{body}"
+    );
 
     xds.set("node-a", "v1", vec![config("shop", &[("user", Minute, 2)])]);
     xds.wait_ack("v1");
@@ -558,6 +564,32 @@ fn the_registry_and_rule_files_cannot_run_beside_xds() {
     }
     let out = tollgate(&["serve", "--rules-from", "http://cp:1"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("expected xds://HOST:PORT"));
+
+    // TOLLGATE_RULES in the environment (the image sets it) gives way to --rules-from.
+    let xds = XdsServer::start(0);
+    xds.set("img", "1", vec![config("img", &[("user", Minute, 1)])]);
+    let url = format!("xds://{}", xds.addr);
+    let s = Server::start_env(
+        &[
+            "--http-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--rules-from",
+            &url,
+            "--xds-node-id",
+            "img",
+        ],
+        &[("TOLLGATE_RULES", "examples/rules")],
+        &repo(),
+        "xds-image-env",
+    );
+    xds.wait_ack("1");
+    assert_eq!(status(&s.base, "img", "user", "u"), 200);
+    assert_eq!(status(&s.base, "img", "user", "u"), 429);
+    // The files' domains are not loaded: `api` is unknown.
+    let (_, body) = check(&s.base, "api", "user", "u");
+    assert_eq!(body["overall_code"], "OK", "{body}");
 }
 
 /// Updates swap the rules under traffic: every request of a steady stream is answered (allowed
