@@ -198,6 +198,13 @@ async fn build_state_at(
         );
     }
     let state = builder.build();
+    if let Some(xds) = &config.rules.xds {
+        // Before any listener serves: `/readyz` must never see "no xDS" for a moment.
+        state.set_xds(Arc::new(crate::xds_status::XdsStatus::new(
+            xds.server.clone(),
+            xds.force_start,
+        )));
+    }
     state
         .metrics()
         .set_near_limit_ratio(config.near_limit_ratio);

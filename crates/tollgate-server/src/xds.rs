@@ -140,15 +140,21 @@ impl Backoff {
     }
 }
 
-/// Attach the subscription's status to `state` (so `/readyz` and `/metrics` see it) and return
-/// the task that keeps the subscription until `shutdown` turns true.
+/// The task that keeps the subscription until `shutdown` turns true, reporting to the status
+/// held in `state` (attached here if the server did not attach it when it built the state).
 pub fn start(
     state: &AppState,
     config: XdsConfig,
     shutdown: watch::Receiver<bool>,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
-    let status = Arc::new(XdsStatus::new(config.server.clone(), config.force_start));
-    state.set_xds(status.clone());
+    let status = match state.xds() {
+        Some(s) => s.clone(),
+        None => {
+            let s = Arc::new(XdsStatus::new(config.server.clone(), config.force_start));
+            state.set_xds(s.clone());
+            s
+        }
+    };
     run(state.clone(), config, status, shutdown)
 }
 
