@@ -11,7 +11,7 @@
 //! is opened again after a backoff and subscribes with the last version applied.
 
 use crate::metrics::RuleSlots;
-use crate::state::{AppState, LoadedRules};
+use crate::state::{AppState, LoadedRules, ReloadError};
 pub use crate::xds_status::XdsStatus;
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -297,6 +297,12 @@ async fn session(
             }
             Err(detail) => {
                 status.rejected.fetch_add(1, Relaxed);
+                // As a failed file reload: shown by `GET /v1/rules`, counted as a failed reload.
+                state.set_reload_error(ReloadError {
+                    at: SystemClock.now(),
+                    errors: vec![detail.clone()],
+                });
+                state.metrics().reload(false);
                 tracing::error!(
                     version = %response.version_info.escape_debug(),
                     error = %detail.escape_debug(),

@@ -127,6 +127,13 @@ fn rules_arrive_update_and_a_nack_keeps_the_running_rules() {
         "{m}"
     );
     assert!(s.stderr().contains("NACK"), "{}", s.stderr());
+    let rules: Value =
+        serde_json::from_str(&http(&s.base, Method::GET, "/v1/rules", None).body).unwrap();
+    assert_eq!(rules["version"], "v2", "{rules}");
+    assert_eq!(rules["xds"]["version"], "v2", "{rules}");
+    assert_eq!(rules["path"], Value::Null, "{rules}");
+    let errors = rules["last_reload_error"]["errors"].to_string();
+    assert!(errors.contains("shop-rules"), "{rules}");
 
     // Fixed: applied.
     xds.set(

@@ -864,7 +864,15 @@ pub(crate) fn rules_page(state: &AppState, query: &RulesQuery, full: bool) -> Va
         "version": rules.hash,
         "generation": rules.generation,
         "loaded_at_ms": rules.loaded_at / 1000,
-        "path": state.rules_path().map(|p| p.display().to_string()),
+        "path": state
+            .rules_path()
+            .filter(|_| state.xds().is_none())
+            .map(|p| p.display().to_string()),
+        "xds": state.xds().map(|x| json!({
+            "server": x.server(),
+            "connected": x.connected(),
+            "version": x.has_config().then(|| x.version()),
+        })),
         "store": store,
         "detail": if full { "full" } else { "summary" },
         "detail_hint": (!full).then_some(SUMMARY_HINT),
