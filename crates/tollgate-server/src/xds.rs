@@ -189,7 +189,8 @@ async fn run(
         };
         tracing::warn!(
             server = %config.server,
-            error = %ended,
+            // What the server said is its text, not ours: escaped.
+            error = %ended.escape_debug(),
             was_open = opened,
             retry_in = ?delay,
             "xDS stream to the rules server ended; reconnecting"
