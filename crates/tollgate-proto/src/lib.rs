@@ -1,5 +1,6 @@
 //! The protobuf messages and the gRPC client and server of Envoy's rate-limit service
-//! (`envoy.service.ratelimit.v3.RateLimitService`), and nothing else of Envoy's API.
+//! (`envoy.service.ratelimit.v3.RateLimitService`), and the xDS subscription to rate-limit rules
+//! (see `xds.rs`); nothing else of Envoy's API.
 //!
 //! Written by hand with `prost` derives and tonic's codegen helpers, so a build needs neither
 //! protoc nor the code generated for all of Envoy's API (thousands of messages tollgate never
@@ -15,6 +16,7 @@
 
 mod client;
 mod server;
+mod xds;
 
 /// Protobuf packages, one module per package segment.
 pub mod pb {
@@ -24,8 +26,11 @@ pub mod pb {
         pub mod config {
             /// `envoy.config.core.*`
             pub mod core {
-                /// `envoy.config.core.v3`: the header type the RLS response carries.
+                /// `envoy.config.core.v3`: the header type the RLS response carries, and the
+                /// node an xDS client names itself with.
                 pub mod v3 {
+                    pub use crate::xds::Node;
+
                     /// A header to add (`envoy.config.core.v3.HeaderValue`).
                     #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
                     pub struct HeaderValue {
@@ -149,6 +154,20 @@ pub mod pb {
 
         /// `envoy.service.*`
         pub mod service {
+            /// `envoy.service.discovery.*`
+            pub mod discovery {
+                /// `envoy.service.discovery.v3`: the aggregated discovery service's
+                /// state-of-the-world messages and its client.
+                pub mod v3 {
+                    pub use crate::xds::{DiscoveryRequest, DiscoveryResponse};
+
+                    /// The gRPC client.
+                    pub mod aggregated_discovery_service_client {
+                        pub use crate::xds::AggregatedDiscoveryServiceClient;
+                    }
+                }
+            }
+
             /// `envoy.service.ratelimit.*`
             pub mod ratelimit {
                 /// `envoy.service.ratelimit.v3`: the rate-limit service.
@@ -317,10 +336,34 @@ pub mod pb {
         }
     }
 
+    /// envoyproxy/ratelimit's packages.
+    pub mod ratelimit {
+        /// `ratelimit.config.*`
+        pub mod config {
+            /// `ratelimit.config.ratelimit.*`
+            pub mod ratelimit {
+                /// `ratelimit.config.ratelimit.v3`: one domain's rules as an xDS resource.
+                pub mod v3 {
+                    pub use crate::xds::{
+                        RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitReplace,
+                        RATE_LIMIT_CONFIG_TYPE,
+                    };
+                }
+            }
+        }
+    }
+
     /// Google's packages.
     pub mod google {
+        /// `google.rpc`: the error a NACK carries.
+        pub mod rpc {
+            pub use crate::xds::Status;
+        }
+
         /// `google.protobuf`: the well-known types the RLS messages use.
         pub mod protobuf {
+            pub use crate::xds::Any;
+
             /// `google.protobuf.Timestamp`.
             #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
             pub struct Timestamp {

@@ -160,6 +160,8 @@ pub struct RulesConfig {
     pub count_denied_hits: bool,
     /// `--sync-default`: how a shared store keeps the counters of rules that name no `sync`.
     pub sync_default: tollgate_core::SyncMode,
+    /// `--rules-from xds://..`: rules come from an xDS management server instead of `path`.
+    pub xds: Option<crate::xds::XdsConfig>,
 }
 
 impl Default for RulesConfig {
@@ -172,6 +174,7 @@ impl Default for RulesConfig {
             default_algorithm: None,
             count_denied_hits: false,
             sync_default: tollgate_core::SyncMode::Exact,
+            xds: None,
         }
     }
 }

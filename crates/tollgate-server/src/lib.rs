@@ -36,6 +36,8 @@ pub mod serve;
 pub mod state;
 pub mod stats;
 pub mod wire;
+pub mod xds;
+pub mod xds_status;
 
 pub use check::decide;
 pub use error::{ApiError, ErrorClass};

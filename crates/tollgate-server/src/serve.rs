@@ -64,7 +64,8 @@ async fn build_state_at(
         bail!("--max-keys must be at least 1");
     }
     let force_start = envoy.mode.as_ref().is_some_and(|m| m.force_start);
-    if !force_start && !config.rules.path.exists() {
+    let from_xds = config.rules.xds.is_some();
+    if !force_start && !from_xds && !config.rules.path.exists() {
         let cwd = std::env::current_dir()
             .map(|d| d.display().to_string())
             .unwrap_or_else(|_| "?".into());
@@ -83,7 +84,14 @@ async fn build_state_at(
         count_denied_hits: config.rules.count_denied_hits,
         sync: config.rules.sync_default,
     };
-    let rules = match reload::load_with(&config.rules.path, config.rules.listing, 1, defaults) {
+    let loaded = if from_xds {
+        // The xDS subscription brings the rules; until then there are none (and `/readyz`
+        // says so).
+        Ok(crate::xds::initial_rules(defaults))
+    } else {
+        reload::load_with(&config.rules.path, config.rules.listing, 1, defaults)
+    };
+    let rules = match loaded {
         Ok(rules) => rules,
         Err(e) if force_start => {
             // FORCE_START_WITHOUT_INITIAL_CONFIG: start with no rules; the watcher loads them
@@ -190,6 +198,13 @@ async fn build_state_at(
         );
     }
     let state = builder.build();
+    if let Some(xds) = &config.rules.xds {
+        // Before any listener serves: `/readyz` must never see "no xDS" for a moment.
+        state.set_xds(Arc::new(crate::xds_status::XdsStatus::new(
+            xds.server.clone(),
+            xds.force_start,
+        )));
+    }
     state
         .metrics()
         .set_near_limit_ratio(config.near_limit_ratio);
@@ -448,15 +463,24 @@ pub async fn serve(
     };
 
     let rules = state.rules();
-    tracing::info!(
-        rules = %config.rules.path.display(),
-        version = %rules.hash,
-        domains = rules.set.domains().count(),
-        limits = rules.set.limits().count(),
-        store = %state.store_label(),
-        "rules loaded"
-    );
-    if rules.set.is_empty() {
+    if let Some(xds) = &config.rules.xds {
+        tracing::info!(
+            server = %xds.server,
+            node = %xds.node_id.escape_debug(),
+            store = %state.store_label(),
+            "rules from an xDS server: none until it sends them"
+        );
+    } else {
+        tracing::info!(
+            rules = %config.rules.path.display(),
+            version = %rules.hash,
+            domains = rules.set.domains().count(),
+            limits = rules.set.limits().count(),
+            store = %state.store_label(),
+            "rules loaded"
+        );
+    }
+    if rules.set.is_empty() && config.rules.xds.is_none() {
         // A typo in --rules (an empty or wrong directory) must not pass for "no limits" unseen.
         tracing::warn!(
             rules = %config.rules.path.display(),
@@ -466,16 +490,19 @@ pub async fn serve(
     }
     drop(rules);
 
-    let watcher = tokio::spawn(reload::watch(
-        state.clone(),
-        config.rules.path.clone(),
-        WatchOptions {
-            interval: config.rules.reload_interval,
-            registry: registry.clone(),
-            ..WatchOptions::default()
-        },
-        rx.clone(),
-    ));
+    let watcher = match &config.rules.xds {
+        Some(xds) => tokio::spawn(crate::xds::start(&state, xds.clone(), rx.clone())),
+        None => tokio::spawn(reload::watch(
+            state.clone(),
+            config.rules.path.clone(),
+            WatchOptions {
+                interval: config.rules.reload_interval,
+                registry: registry.clone(),
+                ..WatchOptions::default()
+            },
+            rx.clone(),
+        )),
+    };
     let sweeper = tokio::spawn(sweep(
         state.clone(),
         config.store.sweep_interval,

@@ -119,6 +119,8 @@ struct Shared {
     /// One permit: admin work (rule compilation, large listings) runs one at a time on a
     /// blocking thread ([`AppState::admin_work`]).
     admin: tokio::sync::Semaphore,
+    /// The xDS subscription's state, when rules come from an xDS server.
+    xds: std::sync::OnceLock<Arc<crate::xds_status::XdsStatus>>,
 }
 
 /// The state every handler and background task shares. Clone freely.
@@ -243,6 +245,7 @@ impl AppStateBuilder {
             queue: Arc::new(Waitlist::new(self.queue_max_waiting)),
             rules_update: Mutex::new(()),
             admin: tokio::sync::Semaphore::new(1),
+            xds: std::sync::OnceLock::new(),
         }))
     }
 }
@@ -287,6 +290,16 @@ impl AppState {
             .store(rules.set.has_queues(), Ordering::Relaxed);
         self.0.rules.store(Arc::new(rules));
         *self.lock_error() = None;
+    }
+
+    /// The xDS subscription's state, when rules come from an xDS server.
+    pub fn xds(&self) -> Option<&Arc<crate::xds_status::XdsStatus>> {
+        self.0.xds.get()
+    }
+
+    /// Rules come from an xDS server, whose subscription reports to `status`.
+    pub(crate) fn set_xds(&self, status: Arc<crate::xds_status::XdsStatus>) {
+        let _ = self.0.xds.set(status);
     }
 
     /// Hold this while computing rules from the running ones and swapping them in (file reload,

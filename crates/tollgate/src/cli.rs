@@ -154,6 +154,27 @@ pub struct ServeArgs {
     /// --profile envoy: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY).
     #[arg(long, env = "TOLLGATE_RULES")]
     rules: Option<PathBuf>,
+    /// Take the rules from an xDS management server instead of files: `xds://HOST:PORT`, or
+    /// `xdss://HOST:PORT` over TLS (envoyproxy/ratelimit's RateLimitConfig resources over ADS).
+    /// Not ready until the first rules arrive; the rule registry cannot run beside it, and
+    /// --rules cannot be given with it (TOLLGATE_RULES, which the image sets, is not read). See
+    /// docs/rules.md.
+    #[arg(long, env = "TOLLGATE_RULES_FROM", value_parser = rules_from,
+          conflicts_with = "admin_token_file")]
+    rules_from: Option<RulesFrom>,
+    /// The node id sent to the xDS server of --rules-from (the server keys its snapshots by it).
+    #[arg(long, env = "TOLLGATE_XDS_NODE_ID", default_value = "tollgate")]
+    xds_node_id: String,
+    /// xdss://: the CA bundle (PEM) the server's certificate must chain to (default: the
+    /// system's, /etc/ssl/certs/ca-certificates.crt).
+    #[arg(long, env = "TOLLGATE_XDS_TLS_CA")]
+    xds_tls_ca: Option<PathBuf>,
+    /// xdss://: a client certificate chain (PEM) to present (with --xds-tls-key).
+    #[arg(long, env = "TOLLGATE_XDS_TLS_CERT", requires = "xds_tls_key")]
+    xds_tls_cert: Option<PathBuf>,
+    /// xdss://: the client certificate's private key (PEM).
+    #[arg(long, env = "TOLLGATE_XDS_TLS_KEY", requires = "xds_tls_cert")]
+    xds_tls_key: Option<PathBuf>,
     #[command(flatten)]
     store: StoreArg,
     /// Redis: a call slower than this (milliseconds) counts toward opening the breaker; the
@@ -578,6 +599,20 @@ impl ServeArgs {
             .clone()
             .unwrap_or_else(|| crate::simulate::DEFAULT_RULES.into());
         c.rules.reload_interval = Duration::from_millis(self.reload_interval_ms.max(10));
+        c.rules.xds = self.rules_from.as_ref().map(|from| {
+            let mut x = tollgate_server::xds::XdsConfig::new(&from.server, &self.xds_node_id);
+            x.backoff = tollgate_server::xds::Backoff::native();
+            x.connect_retry = Duration::from_secs(1);
+            if from.tls {
+                x.tls = Some(tollgate_server::xds::XdsTls {
+                    ca: self.xds_tls_ca.clone(),
+                    cert: self.xds_tls_cert.clone(),
+                    key: self.xds_tls_key.clone(),
+                    server_name: None,
+                });
+            }
+            x
+        });
         c.rules.default_algorithm = self.counting.default_algorithm;
         c.rules.count_denied_hits = self.counting.count_denied_hits;
         c.rules.sync_default = self.counting.sync_default;
@@ -650,6 +685,11 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 grpc_uds: args.grpc.grpc_unix_socket.clone(),
                 debug_addr: args.debug_addr.map(|a| a.0),
             };
+            if args.rules_from.is_some() && args.explicit().rules {
+                anyhow::bail!(
+                    "--rules and --rules-from both say where the rules come from: give one"
+                );
+            }
             let mut config = args.config();
             let stats = args.stats.settings().map_err(anyhow::Error::msg)?;
             config.near_limit_ratio = args.stats.near_limit_ratio;
@@ -677,9 +717,33 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// `--rules-from`: the xDS server to dial, and whether over TLS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct RulesFrom {
+    server: String,
+    tls: bool,
+}
+
+/// `--rules-from`: `xds://HOST:PORT` or `xdss://HOST:PORT`.
+fn rules_from(s: &str) -> Result<RulesFrom, String> {
+    let (scheme, rest) = s.split_once("://").unwrap_or(("", s));
+    let tls = match scheme {
+        "xds" => false,
+        "xdss" => true,
+        _ => return Err("expected xds://HOST:PORT or xdss://HOST:PORT".into()),
+    };
+    if rest.is_empty() || rest.contains('/') || !rest.contains(':') {
+        return Err("expected xds://HOST:PORT or xdss://HOST:PORT".into());
+    }
+    Ok(RulesFrom {
+        server: rest.to_owned(),
+        tls,
+    })
+}
+
 #[cfg(test)]
 mod tests {
-    use super::Cli;
+    use super::{rules_from, Cli};
     use clap::CommandFactory;
 
     /// Every `serve` setting can be given by environment (containers, systemd environment files,
@@ -710,5 +774,16 @@ mod tests {
             count += 1;
         }
         assert!(count >= 40, "only {count} serve flags seen");
+    }
+
+    #[test]
+    fn rules_from_takes_xds_urls_only() {
+        let from = rules_from("xds://cp:18000").unwrap();
+        assert_eq!((from.server.as_str(), from.tls), ("cp:18000", false));
+        assert!(rules_from("xdss://cp:18000").unwrap().tls);
+        assert!(rules_from("xds://cp").is_err());
+        assert!(rules_from("http://cp:18000").is_err());
+        assert!(rules_from("xds://").is_err());
+        assert!(rules_from("xds://cp:1/path").is_err());
     }
 }

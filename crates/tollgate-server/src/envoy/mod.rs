@@ -195,7 +195,13 @@ impl Health {
     /// Healthy now.
     pub fn healthy(&self) -> bool {
         let waiting_for_config = self.needs_config && self.state.rules().set.is_empty();
-        !(self.state.shutting_down() || waiting_for_config || self.waiting_for_redis())
+        // Rules from xDS: envoyproxy/ratelimit does not serve until the first configuration
+        // (unless FORCE_START_WITHOUT_INITIAL_CONFIG), so health says no until then.
+        let waiting_for_xds = self.state.xds().is_some_and(|x| !x.ready());
+        !(self.state.shutting_down()
+            || waiting_for_xds
+            || waiting_for_config
+            || self.waiting_for_redis())
     }
 
     /// Whether Redis is the store and has not answered yet (its start-up probe failed and the

@@ -88,7 +88,6 @@ pub(crate) enum Support {
 use Support::{Applied, Elsewhere, Unsupported};
 
 const NO_DOGSTATSD: &str = "DogStatsD is not supported";
-const NO_XDS: &str = "rules come from RUNTIME_* files only";
 const NO_TRACING: &str = "tollgate has no OpenTelemetry tracing; use RUST_LOG for request logs";
 const NO_MEMCACHE: &str = "the memcache backend is not supported";
 const NO_REDIS_TUNING: &str = "tollgate's Redis client has no such setting";
@@ -114,27 +113,21 @@ pub(crate) const VARIABLES: &[(&str, Support)] = &[
     ("LOG_FORMAT", Applied),
     ("CONFIG_TYPE", Applied),
     ("FORCE_START_WITHOUT_INITIAL_CONFIG", Applied),
-    ("CONFIG_GRPC_XDS_NODE_ID", Unsupported(NO_XDS)),
-    ("CONFIG_GRPC_XDS_NODE_METADATA", Unsupported(NO_XDS)),
-    ("CONFIG_GRPC_XDS_SERVER_URL", Unsupported(NO_XDS)),
-    (
-        "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
-        Unsupported(NO_XDS),
-    ),
-    (
-        "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
-        Unsupported(NO_XDS),
-    ),
-    ("CONFIG_GRPC_XDS_SERVER_USE_TLS", Unsupported(NO_XDS)),
-    ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", Unsupported(NO_XDS)),
-    ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", Unsupported(NO_XDS)),
-    ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", Unsupported(NO_XDS)),
-    ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", Unsupported(NO_XDS)),
-    ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", Unsupported(NO_XDS)),
-    ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", Unsupported(NO_XDS)),
-    ("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", Unsupported(NO_XDS)),
-    ("XDS_CLIENT_BACKOFF_JITTER", Unsupported(NO_XDS)),
-    ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", Unsupported(NO_XDS)),
+    ("CONFIG_GRPC_XDS_NODE_ID", Applied),
+    ("CONFIG_GRPC_XDS_NODE_METADATA", Applied),
+    ("CONFIG_GRPC_XDS_SERVER_URL", Applied),
+    ("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", Applied),
+    ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", Applied),
+    ("CONFIG_GRPC_XDS_SERVER_USE_TLS", Applied),
+    ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", Applied),
+    ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", Applied),
+    ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", Applied),
+    ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", Applied),
+    ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", Applied),
+    ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", Applied),
+    ("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", Applied),
+    ("XDS_CLIENT_BACKOFF_JITTER", Applied),
+    ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", Applied),
     ("USE_DOG_STATSD", Unsupported(NO_DOGSTATSD)),
     ("USE_DOG_STATSD_MOGRIFIERS", Unsupported(NO_DOGSTATSD)),
     // Statistics variables, read by `envoy_stats::stats_from_env`.
@@ -428,6 +421,81 @@ fn log_level(env: &Env<'_>) -> Result<LevelFilter, ProfileError> {
 /// The rules directory of envoy's runtime layout: `RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/
 /// RUNTIME_APPDIRECTORY`. Every file in it and its subdirectories is a rule file whatever its
 /// extension, dot files too unless `RUNTIME_IGNOREDOTFILES`.
+/// `CONFIG_TYPE=GRPC_XDS_SOTW`: the xDS subscription, with envoyproxy/ratelimit's defaults.
+fn xds(env: &Env<'_>) -> Result<crate::xds::XdsConfig, ProfileError> {
+    let mut x = crate::xds::XdsConfig::new(
+        env.str_or("CONFIG_GRPC_XDS_SERVER_URL", "localhost:18000"),
+        env.str_or("CONFIG_GRPC_XDS_NODE_ID", "default"),
+    );
+    // `k1=v1,k2=v2`; an entry without `=` is skipped, as envoy does.
+    x.node_metadata = env
+        .str_or("CONFIG_GRPC_XDS_NODE_METADATA", "")
+        .split(',')
+        .filter_map(|e| e.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    // `k1:v1,k2:v2` (a Go map setting).
+    let headers = env.str_or("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "");
+    for entry in headers.split(',').filter(|e| !e.trim().is_empty()) {
+        let Some((k, v)) = entry.split_once(':') else {
+            return Err(env.error(
+                "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+                format!("{entry:?}: expected key:value pairs separated by commas"),
+            ));
+        };
+        x.headers.push((k.trim().to_owned(), v.trim().to_owned()));
+    }
+    x.connect_retry = env.duration_or(
+        "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+        Duration::from_secs(3),
+    )?;
+    x.backoff = crate::xds::Backoff {
+        initial: env.duration_or(
+            "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+            Duration::from_secs(10),
+        )?,
+        max: env.duration_or("XDS_CLIENT_BACKOFF_MAX_INTERVAL", Duration::from_secs(60))?,
+        factor: match env.get("XDS_CLIENT_BACKOFF_RANDOM_FACTOR") {
+            None => 0.5,
+            Some(v) => v
+                .parse::<f64>()
+                .ok()
+                .filter(|f| f.is_finite() && *f >= 0.0)
+                .ok_or_else(|| {
+                    env.error("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "expected a number >= 0")
+                })?,
+        },
+        jitter: env.bool_or("XDS_CLIENT_BACKOFF_JITTER", true)?,
+    };
+    x.max_message_size = match env.get("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES") {
+        None => None,
+        Some(v) => match v.parse::<usize>() {
+            Ok(0) => None,
+            Ok(n) => Some(n),
+            Err(_) => {
+                return Err(env.error(
+                    "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
+                    "expected a whole number of bytes",
+                ))
+            }
+        },
+    };
+    x.force_start = env.bool_or("FORCE_START_WITHOUT_INITIAL_CONFIG", false)?;
+    if env.bool_or("CONFIG_GRPC_XDS_SERVER_USE_TLS", false)? {
+        x.tls = Some(crate::xds::XdsTls {
+            ca: env
+                .get("CONFIG_GRPC_XDS_SERVER_TLS_CACERT")
+                .map(PathBuf::from),
+            cert: env
+                .get("CONFIG_GRPC_XDS_CLIENT_TLS_CERT")
+                .map(PathBuf::from),
+            key: env.get("CONFIG_GRPC_XDS_CLIENT_TLS_KEY").map(PathBuf::from),
+            server_name: env.get("CONFIG_GRPC_XDS_SERVER_TLS_SAN").map(str::to_owned),
+        });
+    }
+    Ok(x)
+}
+
 fn runtime(env: &Env<'_>) -> Result<(PathBuf, LoadOptions), ProfileError> {
     let root = env.str_or("RUNTIME_ROOT", "/srv/runtime_data/current");
     let sub = env.str_or("RUNTIME_SUBDIRECTORY", "");
@@ -668,12 +736,18 @@ impl Translator<'_> {
         match env.str_or("CONFIG_TYPE", "FILE").as_str() {
             "FILE" => {}
             "GRPC_XDS_SOTW" => {
-                return Err(env.error(
-                    "CONFIG_TYPE",
-                    "rules from an xDS server are not supported; use FILE",
-                ))
+                if self.explicit.rules {
+                    return Err(env.error(
+                        "CONFIG_TYPE",
+                        "conflicts with --rules (TOLLGATE_RULES): rules come from the xDS server",
+                    ));
+                }
+                self.config.rules.xds = Some(xds(env)?);
+                self.config.rules.listing.merge_domains =
+                    env.bool_or("MERGE_DOMAIN_CONFIG", false)?;
+                return Ok(());
             }
-            _ => return Err(env.error("CONFIG_TYPE", "expected FILE")),
+            _ => return Err(env.error("CONFIG_TYPE", "expected FILE or GRPC_XDS_SOTW")),
         }
         let (rules, mut listing) = runtime(env)?;
         listing.merge_domains = env.bool_or("MERGE_DOMAIN_CONFIG", false)?;
@@ -1096,7 +1170,7 @@ mod tests {
             e.to_string().contains("memcache backend is not supported"),
             "{e}"
         );
-        assert_eq!(err(&[("CONFIG_TYPE", "GRPC_XDS_SOTW")]).name, "CONFIG_TYPE");
+        assert_eq!(err(&[("CONFIG_TYPE", "XDS")]).name, "CONFIG_TYPE");
         assert_eq!(
             err(&[("GRPC_SERVER_USE_TLS", "true")]).name,
             "GRPC_SERVER_USE_TLS"
@@ -1123,5 +1197,90 @@ mod tests {
         assert_eq!(reset_secs(Unit::Minute, 125), 55);
         assert_eq!(reset_secs(Unit::Hour, 3600), 3600);
         assert_eq!(reset_secs(Unit::Month, 30 * 86_400 + 10), 30 * 86_400 - 10);
+    }
+
+    #[test]
+    fn grpc_xds_sotw_reads_every_xds_variable_with_envoys_defaults() {
+        let t = tr(&[("CONFIG_TYPE", "GRPC_XDS_SOTW")]);
+        let x = t.config.rules.xds.expect("xDS on");
+        assert_eq!(x.server, "localhost:18000");
+        assert_eq!(x.node_id, "default");
+        assert_eq!(x.connect_retry, Duration::from_secs(3));
+        assert_eq!(x.backoff, crate::xds::Backoff::default());
+        assert_eq!(x.max_message_size, None);
+        assert!(!x.force_start);
+        assert_eq!(x.tls, None);
+        assert!(t.warnings.is_empty(), "{:?}", t.warnings);
+
+        let t = tr(&[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"),
+            ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
+            ("CONFIG_GRPC_XDS_NODE_METADATA", "a=1,junk,b=x=y"),
+            ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "x-a:1, x-b:2"),
+            ("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "500ms"),
+            ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "1s"),
+            ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "5s"),
+            ("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "2"),
+            ("XDS_CLIENT_BACKOFF_JITTER", "false"),
+            ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "1048576"),
+            ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/certs/tls.crt"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key"),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "eg.local"),
+        ]);
+        let x = t.config.rules.xds.expect("xDS on");
+        assert_eq!(x.server, "envoy-gateway:18001");
+        assert_eq!(x.node_id, "envoy-ratelimit");
+        let pairs = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+            v.iter().map(|(a, b)| ((*a).into(), (*b).into())).collect()
+        };
+        assert_eq!(x.node_metadata, pairs(&[("a", "1"), ("b", "x=y")]));
+        assert_eq!(x.headers, pairs(&[("x-a", "1"), ("x-b", "2")]));
+        assert_eq!(x.connect_retry, Duration::from_millis(500));
+        assert_eq!(
+            x.backoff,
+            crate::xds::Backoff {
+                initial: Duration::from_secs(1),
+                max: Duration::from_secs(5),
+                factor: 2.0,
+                jitter: false,
+            }
+        );
+        assert_eq!(x.max_message_size, Some(1 << 20));
+        assert!(x.force_start);
+        let tls = x.tls.expect("TLS");
+        assert_eq!(tls.cert, Some(PathBuf::from("/certs/tls.crt")));
+        assert_eq!(tls.key, Some(PathBuf::from("/certs/tls.key")));
+        assert_eq!(tls.ca, Some(PathBuf::from("/certs/ca.crt")));
+        assert_eq!(tls.server_name.as_deref(), Some("eg.local"));
+        assert!(t.warnings.is_empty(), "{:?}", t.warnings);
+
+        for (name, value) in [
+            ("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "-1"),
+            ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "big"),
+            ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "novalue"),
+            ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "soon"),
+        ] {
+            assert_eq!(
+                err(&[("CONFIG_TYPE", "GRPC_XDS_SOTW"), (name, value)]).name,
+                name
+            );
+        }
+    }
+
+    #[test]
+    fn no_xds_variable_is_unsupported() {
+        for (name, support) in VARIABLES {
+            if name.starts_with("CONFIG_GRPC_XDS_")
+                || name.starts_with("XDS_CLIENT_")
+                || *name == "CONFIG_TYPE"
+                || *name == "FORCE_START_WITHOUT_INITIAL_CONFIG"
+            {
+                assert_eq!(*support, Applied, "{name}");
+            }
+        }
     }
 }

@@ -864,7 +864,15 @@ pub(crate) fn rules_page(state: &AppState, query: &RulesQuery, full: bool) -> Va
         "version": rules.hash,
         "generation": rules.generation,
         "loaded_at_ms": rules.loaded_at / 1000,
-        "path": state.rules_path().map(|p| p.display().to_string()),
+        "path": state
+            .rules_path()
+            .filter(|_| state.xds().is_none())
+            .map(|p| p.display().to_string()),
+        "xds": state.xds().map(|x| json!({
+            "server": x.server(),
+            "connected": x.connected(),
+            "version": x.has_config().then(|| x.version()),
+        })),
         "store": store,
         "detail": if full { "full" } else { "summary" },
         "detail_hint": (!full).then_some(SUMMARY_HINT),
@@ -935,6 +943,18 @@ async fn healthz() -> Response {
 /// `store_error` the last one (kind, message, `at_ms`). With a per-second Redis, `per_second`
 /// reports it the same way, and `status` is `degraded` while either breaker is not closed.
 async fn readyz(State(state): State<AppState>) -> Response {
+    if let Some(x) = state.xds().filter(|x| !x.ready()) {
+        // Rules come from an xDS server and none have arrived: no traffic yet.
+        let body = json!({"error": {
+            "code": "rules_not_loaded",
+            "message": format!(
+                "no rules from the xDS server {} yet (stream {})",
+                x.server(),
+                if x.connected() { "open" } else { "not open" }
+            ),
+        }});
+        return (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
+    }
     match state.backend() {
         Backend::Redis(g) | Backend::RedisSplit(g, _) => {
             let s = g.state();
@@ -988,6 +1008,9 @@ async fn metrics(State(state): State<HttpState>) -> Response {
     crate::backend::render_backend_metrics(&mut text, state.backend(), &state.rules().set);
     if let Some(r) = &state.registry {
         r.render_metrics(&mut text);
+    }
+    if let Some(x) = state.xds() {
+        x.render_metrics(&mut text);
     }
     state.policy().render_metrics(&mut text);
     (
