@@ -624,8 +624,11 @@ pub struct MemoryStore {
     max_keys: usize,
     sketches: RwLock<HashMap<u128, Arc<Mutex<Sketch>>>>,
     /// Doorkeepers by limit, with the limit's rule name (for metrics).
-    gates: RwLock<HashMap<u128, (Arc<str>, Arc<Mutex<Gate>>)>>,
+    gates: RwLock<HashMap<u128, NamedGate>>,
 }
+
+/// A limit's doorkeeper and the name of its rule.
+type NamedGate = (Arc<str>, Arc<Mutex<Gate>>);
 
 impl std::fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

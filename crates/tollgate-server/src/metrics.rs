@@ -704,7 +704,14 @@ pub(crate) fn render_doorkeepers(
     if gates.is_empty() {
         return;
     }
-    let families: [(&str, &str, &str, fn(&tollgate_core::DoorkeeperStats) -> String); 3] = [
+    /// (name, type, help, reading)
+    type Family = (
+        &'static str,
+        &'static str,
+        &'static str,
+        fn(&tollgate_core::DoorkeeperStats) -> String,
+    );
+    let families: [Family; 3] = [
         (
             "tollgate_memory_doorkeeper_held_back_total",
             "counter",

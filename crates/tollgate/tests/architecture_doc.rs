@@ -160,7 +160,11 @@ fn module_path(span: &str) -> Option<&str> {
         .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
         .unwrap_or(span.len());
     let path = span[..end].trim_end_matches(':');
-    (path.contains("::") && !path.contains(":::")).then_some(path)
+    // `crate::a::b` and `super::x` are the page explaining paths, not naming a module.
+    let relative = ["crate::", "super::", "self::"]
+        .iter()
+        .any(|p| path.starts_with(p));
+    (path.contains("::") && !path.contains(":::") && !relative).then_some(path)
 }
 
 /// A span that names a file or folder of the repository: `tests/grpc_inline.rs`,

@@ -68,7 +68,15 @@ fn start(name: &str) -> (Server, Gateway, Upstream) {
     let upstream = Upstream::start();
     let nginx = Gateway::nginx(&format!("{name}-ngx"), port, upstream.port, |c| {
         assert!(c.contains("proxy_read_timeout 5s;"));
+        // The plan comes from nginx's table keyed by the API key (a client's own X-Plan is
+        // replaced): one key per plan.
+        let table = "        default \"\";\n";
+        assert!(c.contains(table), "the plan table moved");
         c.replace("proxy_read_timeout 5s;", "proxy_read_timeout 15s;")
+            .replace(
+                table,
+                "        default \"\";\n        key-paid paid;\n        key-free free;\n",
+            )
     });
     (server, nginx, upstream)
 }
@@ -118,7 +126,10 @@ fn send(
     std::thread::spawn(move || {
         let mut headers = vec![("X-Lane", lane), ("X-Id", id)];
         if let Some(p) = plan {
-            headers.push(("X-Plan", p));
+            headers.push((
+                "X-Api-Key",
+                if p == "paid" { "key-paid" } else { "key-free" },
+            ));
         }
         get("127.0.0.1", port, &format!("/{id}"), &headers)
     })
