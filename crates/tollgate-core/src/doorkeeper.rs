@@ -127,6 +127,13 @@ pub(crate) struct Seen {
     pub cur: bool,
 }
 
+impl Seen {
+    /// (seen in the previous window, seen in the current one), as the sketch takes them.
+    pub(crate) fn pair(self) -> (bool, bool) {
+        (self.prev, self.cur)
+    }
+}
+
 /// A limit's doorkeeper: two generations of a Bloom filter over its aligned windows.
 #[derive(Debug, Clone)]
 pub(crate) struct Gate {

@@ -785,7 +785,7 @@ impl MemoryStore {
         let mut gate = lock(&gate);
         gate.rotate(now, quota);
         let seen = gate.seen(h.wide());
-        let d = sketch.evaluate_seen(h.wide(), now, cost, quota, seen);
+        let d = sketch.evaluate_seen(h.wide(), now, cost, quota, seen.pair());
         if doorkeeper::holds_back(seen, cost, d.allowed) {
             gate.hold_back(h.wide());
         } else if d.allowed {
@@ -985,7 +985,7 @@ impl MemoryStore {
                     .map(|((e, _), _)| e.cost)
                     .sum();
                 let mut d =
-                    g.evaluate_seen(h.wide(), now, earlier + item.cost, item.quota, seen[i].0);
+                    g.evaluate_seen(h.wide(), now, earlier + item.cost, item.quota, seen[i].0.pair());
                 d.remaining = d.remaining.min(item.quota.limit());
                 d
             } else if h.layout().is_none() {
@@ -1049,7 +1049,7 @@ impl MemoryStore {
                     tiers::step(state, now, 0, item.quota, tier.levels, tier.index).0
                 } else if let Some(sk) = &sketches[i] {
                     let g = locked(&mut sketch_guards, Arc::as_ptr(sk));
-                    g.evaluate_seen(h.wide(), now, 0, item.quota, seen[i].0)
+                    g.evaluate_seen(h.wide(), now, 0, item.quota, seen[i].0.pair())
                 } else if h.layout().is_none() {
                     let shard = locked(&mut guards, self.shard_of(h));
                     sliding_log::peek(shard.log(h), 0, now, 0, item.quota)

@@ -97,18 +97,19 @@ impl Sketch {
     }
 
     /// [`Sketch::evaluate`] for a limit with a doorkeeper: the key's first request of each
-    /// window lives in the filter, not the sketch, so each estimate adds its bit.
+    /// window lives in the filter, not the sketch, so each estimate adds its bit (`seen`: seen
+    /// in the previous window, seen in the current one).
     pub(crate) fn evaluate_seen(
         &mut self,
         hash: u128,
         now: Micros,
         cost: u64,
         quota: &Quota,
-        seen: crate::doorkeeper::Seen,
+        seen: (bool, bool),
     ) -> Decision {
         let (now, ws, we) = self.rotate(now, quota);
-        let prev = self.estimate(&self.prev, hash) + u64::from(seen.prev);
-        let cur = self.estimate(&self.cur, hash) + u64::from(seen.cur);
+        let prev = self.estimate(&self.prev, hash) + u64::from(seen.0);
+        let cur = self.estimate(&self.cur, hash) + u64::from(seen.1);
         decide(quota.period(), quota.limit(), now, ws, we, prev, cur, cost)
     }
 
