@@ -984,8 +984,13 @@ impl MemoryStore {
                     .filter(|((e, d), eh)| **eh == h && d.allowed && e.rule == item.rule)
                     .map(|((e, _), _)| e.cost)
                     .sum();
-                let mut d =
-                    g.evaluate_seen(h.wide(), now, earlier + item.cost, item.quota, seen[i].0.pair());
+                let mut d = g.evaluate_seen(
+                    h.wide(),
+                    now,
+                    earlier + item.cost,
+                    item.quota,
+                    seen[i].0.pair(),
+                );
                 d.remaining = d.remaining.min(item.quota.limit());
                 d
             } else if h.layout().is_none() {
