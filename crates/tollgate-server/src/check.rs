@@ -201,6 +201,13 @@ macro_rules! decide_with {
         decide_with!($state, $req, None, |$now, $items| $ask)
     };
     ($state:ident, $req:ident, $wait:expr, |$now:ident, $items:ident| $ask:expr) => {{
+        let decided = decide_with!(@untraced $state, $req, $wait, |$now, $items| $ask);
+        if let Some(tracing) = $state.tracing() {
+            crate::otel::decided(tracing, $req, &decided);
+        }
+        decided
+    }};
+    (@untraced $state:ident, $req:ident, $wait:expr, |$now:ident, $items:ident| $ask:expr) => {{
         let started = Instant::now();
         match admitted($state, $req) {
             Err(e) => Err(e),
@@ -211,12 +218,30 @@ macro_rules! decide_with {
                 let plan = Plan::with_overrides(&rules.set, &overrides, domain, descriptors, hits);
                 let $now = $state.now();
                 let $items = plan.items();
-                let outcome = if $items.is_empty() { None } else { Some($ask) };
+                let outcome = if $items.is_empty() {
+                    None
+                } else {
+                    // The store call as a span of its own when traced (one branch when not).
+                    let traced = crate::otel::StoreTimer::start($state.tracing());
+                    let asked = $ask;
+                    if let (Some(timer), Some(tracing)) = (traced, $state.tracing()) {
+                        timer.end(tracing, store_name($state), $items.len(), &asked);
+                    }
+                    Some(asked)
+                };
                 drop($items);
                 conclude($state, $req, &rules, plan, $now, outcome, started, $wait)
             }
         }
     }};
+}
+
+/// The store a traced store call went to.
+fn store_name(state: &AppState) -> &'static str {
+    match state.backend() {
+        crate::backend::Backend::Local(_) => "memory",
+        _ => "redis",
+    }
 }
 
 /// Decide a request with the state's current rules, store and clock.

@@ -46,6 +46,9 @@ pub struct ServeConfig {
     /// `--queue-max-waiting`: most requests waiting at once in the queues of rules with a
     /// `queue` option.
     pub queue_max_waiting: usize,
+    /// `--otlp-endpoint` and the rest: the traces of decisions ([`crate::otel`]); `None`
+    /// (the default) makes none.
+    pub tracing: Option<std::sync::Arc<crate::otel::Tracing>>,
 }
 
 impl Default for ServeConfig {
@@ -64,6 +67,7 @@ impl Default for ServeConfig {
             decision_log: crate::decision_log::DecisionLogConfig::default(),
             live_stats: true,
             queue_max_waiting: tollgate_core::queue::DEFAULT_MAX_WAITING,
+            tracing: None,
         }
     }
 }

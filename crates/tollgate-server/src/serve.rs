@@ -115,6 +115,7 @@ async fn build_state_at(
         .limits(config.limits)
         .live_stats(config.live_stats)
         .queue_max_waiting(config.queue_max_waiting)
+        .tracing(config.tracing.clone())
         .rules_path(config.rules.path.clone());
     if let Some(policy) = envoy.policy() {
         builder = builder.policy(policy);

@@ -121,6 +121,8 @@ struct Shared {
     admin: tokio::sync::Semaphore,
     /// The xDS subscription's state, when rules come from an xDS server.
     xds: std::sync::OnceLock<Arc<crate::xds_status::XdsStatus>>,
+    /// The tracer of the decisions, when traces are on ([`crate::otel`]).
+    tracing: Option<Arc<crate::otel::Tracing>>,
 }
 
 /// The state every handler and background task shares. Clone freely.
@@ -148,6 +150,7 @@ pub struct AppStateBuilder {
     policy: Arc<dyn DecisionPolicy>,
     live_stats: bool,
     queue_max_waiting: usize,
+    tracing: Option<Arc<crate::otel::Tracing>>,
 }
 
 impl AppStateBuilder {
@@ -218,6 +221,11 @@ impl AppStateBuilder {
         self.queue_max_waiting = n;
         self
     }
+    /// Trace the decisions with this tracer (default: no traces).
+    pub fn tracing(mut self, tracing: Option<Arc<crate::otel::Tracing>>) -> Self {
+        self.tracing = tracing;
+        self
+    }
     /// The state.
     pub fn build(self) -> AppState {
         let metrics = Metrics::new();
@@ -246,6 +254,7 @@ impl AppStateBuilder {
             rules_update: Mutex::new(()),
             admin: tokio::sync::Semaphore::new(1),
             xds: std::sync::OnceLock::new(),
+            tracing: self.tracing,
         }))
     }
 }
@@ -266,6 +275,7 @@ impl AppState {
             policy: Arc::new(TollgatePolicy),
             live_stats: true,
             queue_max_waiting: tollgate_core::queue::DEFAULT_MAX_WAITING,
+            tracing: None,
         }
     }
 
@@ -389,6 +399,12 @@ impl AppState {
     /// Current time from the state's clock.
     pub fn now(&self) -> Micros {
         self.0.clock.now()
+    }
+
+    /// The tracer of the decisions; `None` when traces are off.
+    #[inline]
+    pub fn tracing(&self) -> Option<&crate::otel::Tracing> {
+        self.0.tracing.as_deref()
     }
 
     /// Metrics.

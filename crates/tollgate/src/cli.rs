@@ -276,6 +276,8 @@ pub struct ServeArgs {
     stats: crate::stats_args::StatsArgs,
     #[command(flatten)]
     registry: RegistryArgs,
+    #[command(flatten)]
+    tracing: crate::otel::TraceArgs,
     /// Read another rate limiter's settings: `envoy` reads envoyproxy/ratelimit's environment
     /// variables (`PORT`, `GRPC_PORT`, `RUNTIME_ROOT`, `SHADOW_MODE`, ...) and behaves as it does;
     /// the flags above fill in what it has no variable for.
@@ -695,10 +697,19 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             config.near_limit_ratio = args.stats.near_limit_ratio;
             native.apply_to(&mut config);
             match args.profile {
-                None => crate::serve::run(config, EnvoyConfig::with_stats(stats), args.log_format),
-                Some(profile) => {
-                    crate::serve::run_profile(profile, config, args.explicit(), native)
-                }
+                None => crate::serve::run(
+                    config,
+                    EnvoyConfig::with_stats(stats),
+                    args.log_format,
+                    &args.tracing,
+                ),
+                Some(profile) => crate::serve::run_profile(
+                    profile,
+                    config,
+                    args.explicit(),
+                    native,
+                    &args.tracing,
+                ),
             }
         }
         Command::Check {

@@ -8,6 +8,7 @@ mod client;
 mod durations;
 mod human;
 mod manual;
+mod otel;
 mod registry;
 mod serve;
 mod simulate;

@@ -87,6 +87,7 @@ pub fn run_profile(
     base: ServeConfig,
     explicit: tollgate_server::envoy::profile::Explicit,
     native: NativeListeners,
+    trace: &crate::otel::TraceArgs,
 ) -> anyhow::Result<ExitCode> {
     let Profile::Envoy = profile;
     let vars: BTreeMap<String, String> = std::env::vars().collect();
@@ -104,7 +105,9 @@ pub fn run_profile(
     for w in &t.warnings {
         tracing::warn!("--profile envoy: {w}");
     }
-    serve_until_signal(t.config, t.envoy)
+    let traces = crate::otel::plan(trace, t.tracing.as_ref(), &|k| std::env::var(k).ok())
+        .map_err(|e| anyhow::anyhow!("--profile envoy: {e}"))?;
+    serve_until_signal(t.config, t.envoy, traces)
 }
 
 /// The listener settings of `serve`'s own flags that envoy's variables also set (gRPC TLS, the
@@ -191,12 +194,18 @@ pub fn run(
     config: ServeConfig,
     envoy: EnvoyConfig,
     log_format: LogFormat,
+    trace: &crate::otel::TraceArgs,
 ) -> anyhow::Result<ExitCode> {
     init_logging(log_format);
-    serve_until_signal(config, envoy)
+    let traces = crate::otel::plan(trace, None, &|k| std::env::var(k).ok())?;
+    serve_until_signal(config, envoy, traces)
 }
 
-fn serve_until_signal(config: ServeConfig, envoy: EnvoyConfig) -> anyhow::Result<ExitCode> {
+fn serve_until_signal(
+    mut config: ServeConfig,
+    envoy: EnvoyConfig,
+    traces: Option<crate::otel::TracePlan>,
+) -> anyhow::Result<ExitCode> {
     let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
     let workers_set = std::env::var_os("TOKIO_WORKER_THREADS").is_some();
     let single = one_thread(cpus, workers_set);
@@ -226,9 +235,19 @@ fn serve_until_signal(config: ServeConfig, envoy: EnvoyConfig) -> anyhow::Result
         "runtime"
     );
     runtime.block_on(async {
+        // Inside the runtime: the exporter's connection and export task live there.
+        let tracer = match &traces {
+            Some(plan) => {
+                let tracer = std::sync::Arc::new(plan.build()?);
+                tracing::info!(collector = %plan.describe(), "sending traces of decisions");
+                Some(tracer)
+            }
+            None => None,
+        };
+        config.tracing = tracer.clone();
         // Inside the runtime: the signal handlers are installed before anything is bound.
         let shutdown = shutdown_signal();
-        serve(config, envoy, shutdown, |bound| {
+        let served = serve(config, envoy, shutdown, |bound| {
             let msg = listening_message(&bound);
             let off = || "off".to_string();
             tracing::info!(
@@ -238,7 +257,13 @@ fn serve_until_signal(config: ServeConfig, envoy: EnvoyConfig) -> anyhow::Result
             );
             println!("{msg}");
         })
-        .await
+        .await;
+        if let Some(tracer) = tracer {
+            // The spans still queued, sent within a bound (a dead collector does not hold up
+            // the exit).
+            tracer.shutdown(std::time::Duration::from_secs(2)).await;
+        }
+        served
     })?;
     Ok(ExitCode::SUCCESS)
 }

@@ -46,6 +46,8 @@ async fn healthcheck(health: Arc<Health>) -> Response {
 }
 
 async fn envoy_json(state: HttpState, mode: Option<Arc<EnvoyMode>>, req: Request) -> Response {
+    // The trace headers only, kept for the span (the request is consumed by reading its body).
+    let parts_headers = crate::otel::trace_headers(state.tracing(), req.headers());
     let result = async {
         // Any content type: envoyproxy/ratelimit's clients (`curl --data`) send none or a form type.
         let body = read_body(&state, req, state.limits().max_body_bytes).await?;
@@ -56,7 +58,10 @@ async fn envoy_json(state: HttpState, mode: Option<Arc<EnvoyMode>>, req: Request
         Ok(c) => c,
         Err(e) => return fail(&state, e),
     };
-    let resp = match decide(&state, &check).await {
+    let traced = state
+        .tracing()
+        .map(|t| t.start(crate::otel::JSON_SPAN, &parts_headers));
+    let resp = match crate::otel::in_context(traced, decide(&state, &check)).await {
         Ok(resp) => resp,
         Err(e) => return e.into_response(),
     };

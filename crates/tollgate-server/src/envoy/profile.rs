@@ -57,9 +57,28 @@ pub struct Translation {
     pub log_level: LevelFilter,
     /// `LOG_FORMAT=json`.
     pub log_json: bool,
+    /// `TRACING_ENABLED`: the traces' settings (the exporter's endpoint comes from the
+    /// standard `OTEL_EXPORTER_OTLP_*` variables, read where the exporter is built).
+    pub tracing: Option<EnvoyTracing>,
     /// One line per variable set but not honoured (unsupported, or unknown with an envoy
     /// prefix), to log as WARN once the logger is up.
     pub warnings: Vec<String>,
+}
+
+/// envoyproxy/ratelimit's `TRACING_*` settings, with its defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EnvoyTracing {
+    /// `TRACING_EXPORTER_PROTOCOL`: `http` (OTLP http/protobuf, the default) or `grpc`.
+    pub grpc: bool,
+    /// `TRACING_SERVICE_NAME` (default `RateLimit`).
+    pub service_name: String,
+    /// `TRACING_SERVICE_NAMESPACE` (default none).
+    pub service_namespace: Option<String>,
+    /// `TRACING_SERVICE_INSTANCE_ID` (default: a random id, made where the exporter is built).
+    pub service_instance_id: Option<String>,
+    /// `TRACING_SAMPLING_RATE` (default 1): the ratio of traces sampled when the caller has not
+    /// decided (a caller's sampled flag is followed).
+    pub sampling_rate: f64,
 }
 
 /// A variable whose value cannot be honoured.
@@ -88,7 +107,6 @@ pub(crate) enum Support {
 use Support::{Applied, Elsewhere, Unsupported};
 
 const NO_DOGSTATSD: &str = "DogStatsD is not supported";
-const NO_TRACING: &str = "tollgate has no OpenTelemetry tracing; use RUST_LOG for request logs";
 const NO_MEMCACHE: &str = "the memcache backend is not supported";
 const NO_REDIS_TUNING: &str = "tollgate's Redis client has no such setting";
 const FIXED: &str = "fixed in tollgate";
@@ -233,12 +251,12 @@ pub(crate) const VARIABLES: &[(&str, Support)] = &[
     ("QUOTA_MODE", Applied),
     ("RESPONSE_DYNAMIC_METADATA", Applied),
     ("MERGE_DOMAIN_CONFIG", Applied),
-    ("TRACING_ENABLED", Unsupported(NO_TRACING)),
-    ("TRACING_SERVICE_NAME", Unsupported(NO_TRACING)),
-    ("TRACING_SERVICE_NAMESPACE", Unsupported(NO_TRACING)),
-    ("TRACING_SERVICE_INSTANCE_ID", Unsupported(NO_TRACING)),
-    ("TRACING_EXPORTER_PROTOCOL", Unsupported(NO_TRACING)),
-    ("TRACING_SAMPLING_RATE", Unsupported(NO_TRACING)),
+    ("TRACING_ENABLED", Applied),
+    ("TRACING_SERVICE_NAME", Applied),
+    ("TRACING_SERVICE_NAMESPACE", Applied),
+    ("TRACING_SERVICE_INSTANCE_ID", Applied),
+    ("TRACING_EXPORTER_PROTOCOL", Applied),
+    ("TRACING_SAMPLING_RATE", Applied),
     ("GOMAXPROCS", Unsupported(FIXED)),
 ];
 
@@ -584,7 +602,9 @@ pub fn translate_with(
     t.counting()?;
     let stats = t.statistics()?;
     let mode = t.behaviour()?;
+    let tracing = t.tracing()?;
     Ok(Translation {
+        tracing,
         config: t.config,
         envoy: super::EnvoyConfig {
             mode: Some(mode),
@@ -627,6 +647,45 @@ impl Translator<'_> {
             )),
             _ => Ok(()),
         }
+    }
+
+    /// `TRACING_*`, read only when `TRACING_ENABLED` is true (as envoy does).
+    fn tracing(&self) -> Result<Option<EnvoyTracing>, ProfileError> {
+        let env = &self.env;
+        if !env.bool_or("TRACING_ENABLED", false)? {
+            return Ok(None);
+        }
+        let grpc = match env.str_or("TRACING_EXPORTER_PROTOCOL", "http").as_str() {
+            "http" => false,
+            "grpc" => true,
+            _ => {
+                return Err(env.error(
+                    "TRACING_EXPORTER_PROTOCOL",
+                    "expected http (OTLP over HTTP) or grpc",
+                ))
+            }
+        };
+        let sampling_rate = match env.get("TRACING_SAMPLING_RATE") {
+            None => 1.0,
+            Some(v) => v
+                .parse::<f64>()
+                .ok()
+                .filter(|r| r.is_finite())
+                .ok_or_else(|| {
+                    env.error(
+                        "TRACING_SAMPLING_RATE",
+                        "expected a number (0 samples none, 1 or more all)",
+                    )
+                })?
+                .clamp(0.0, 1.0),
+        };
+        Ok(Some(EnvoyTracing {
+            grpc,
+            service_name: env.str_or("TRACING_SERVICE_NAME", "RateLimit"),
+            service_namespace: env.get("TRACING_SERVICE_NAMESPACE").map(str::to_owned),
+            service_instance_id: env.get("TRACING_SERVICE_INSTANCE_ID").map(str::to_owned),
+            sampling_rate,
+        }))
     }
 
     /// The environment as a `HashMap`, which the statistics and Redis translations take.
@@ -1038,7 +1097,7 @@ mod tests {
     fn unsupported_and_unknown_variables_warn_once_each() {
         let t = tr(&[
             ("USE_DOG_STATSD", "true"),
-            ("TRACING_ENABLED", "true"),
+            ("MEMCACHE_SRV", "x"),
             ("REDIS_URLS", "x"),
             ("GRPC_PORTT", "1"),
             ("PATH", "/bin"),
@@ -1047,7 +1106,7 @@ mod tests {
         let w = t.warnings.join("\n");
         for name in [
             "USE_DOG_STATSD",
-            "TRACING_ENABLED",
+            "MEMCACHE_SRV",
             "REDIS_URLS",
             "GRPC_PORTT",
             "GRPC_CLIENT_TLS_SAN",
@@ -1282,5 +1341,46 @@ mod tests {
                 assert_eq!(*support, Applied, "{name}");
             }
         }
+    }
+
+    #[test]
+    fn tracing_variables_with_envoys_defaults() {
+        assert_eq!(tr(&[("TRACING_SERVICE_NAME", "rl")]).tracing, None);
+        let t = tr(&[("TRACING_ENABLED", "true")]).tracing.unwrap();
+        assert_eq!(
+            t,
+            EnvoyTracing {
+                grpc: false,
+                service_name: "RateLimit".into(),
+                service_namespace: None,
+                service_instance_id: None,
+                sampling_rate: 1.0,
+            }
+        );
+        let t = tr(&[
+            ("TRACING_ENABLED", "1"),
+            ("TRACING_EXPORTER_PROTOCOL", "grpc"),
+            ("TRACING_SERVICE_NAME", "rl"),
+            ("TRACING_SERVICE_NAMESPACE", "gw"),
+            ("TRACING_SERVICE_INSTANCE_ID", "pod-1"),
+            ("TRACING_SAMPLING_RATE", "0.25"),
+        ]);
+        assert!(t.warnings.is_empty(), "{:?}", t.warnings);
+        let t = t.tracing.unwrap();
+        assert!(t.grpc);
+        assert_eq!(t.service_name, "rl");
+        assert_eq!(t.service_namespace.as_deref(), Some("gw"));
+        assert_eq!(t.service_instance_id.as_deref(), Some("pod-1"));
+        assert_eq!(t.sampling_rate, 0.25);
+        let e = err(&[
+            ("TRACING_ENABLED", "true"),
+            ("TRACING_EXPORTER_PROTOCOL", "zipkin"),
+        ]);
+        assert_eq!(e.name, "TRACING_EXPORTER_PROTOCOL");
+        let e = err(&[
+            ("TRACING_ENABLED", "true"),
+            ("TRACING_SAMPLING_RATE", "half"),
+        ]);
+        assert_eq!(e.name, "TRACING_SAMPLING_RATE");
     }
 }

@@ -107,6 +107,11 @@ pub(super) fn should_rate_limit(
 ) -> Answer {
     let answer = std::panic::catch_unwind(AssertUnwindSafe(|| {
         let (parts, body) = req.into_parts();
+        // The call's span when traces are on (one branch when off).
+        let traced = rls
+            .state
+            .tracing()
+            .map(|t| t.start(crate::otel::RLS_SPAN, &parts.headers));
         if let Some(status) = encoding_refused(&parts.headers) {
             return Answer::Now(Some(trailers_only(status)));
         }
@@ -124,6 +129,7 @@ pub(super) fn should_rate_limit(
                     };
                     unary_response(rls.respond_encoded(request).await)
                 };
+                let call = crate::otel::in_context(traced, call);
                 let timeout = call_timeout(&parts.headers, request_timeout);
                 return Answer::Later(Box::pin(within(timeout, call)));
             }
@@ -133,10 +139,12 @@ pub(super) fn should_rate_limit(
             Err(status) => return Answer::Now(Some(trailers_only(status))),
         };
         if rls.answers_now() {
+            let _current = traced.map(opentelemetry::Context::attach);
             return Answer::Now(Some(unary_response(rls.respond_encoded_now(request))));
         }
         let rls = Arc::clone(rls);
         let call = async move { unary_response(rls.respond_encoded(request).await) };
+        let call = crate::otel::in_context(traced, call);
         let timeout = call_timeout(&parts.headers, request_timeout);
         Answer::Later(Box::pin(within(timeout, call)))
     }));

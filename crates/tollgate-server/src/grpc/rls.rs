@@ -181,7 +181,13 @@ impl RateLimitService for RateLimitGrpc {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        self.respond(request.into_inner()).await.map(Response::new)
+        let traced = self
+            .state
+            .tracing()
+            .map(|t| t.start(crate::otel::RLS_SPAN, request.metadata().as_ref()));
+        crate::otel::in_context(traced, self.respond(request.into_inner()))
+            .await
+            .map(Response::new)
     }
 }
 

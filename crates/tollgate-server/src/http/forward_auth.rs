@@ -62,6 +62,9 @@ pub(crate) async fn forward_auth(
         Err(e) => return fail(&state, e),
     };
     let headers = req.headers();
+    let traced = state
+        .tracing()
+        .map(|t| t.start(crate::otel::FORWARD_AUTH_SPAN, headers));
     let rules = state.rules();
     let Some(d) = rules.set.domain(&domain) else {
         return fail(
@@ -105,7 +108,7 @@ pub(crate) async fn forward_auth(
         return StatusCode::OK.into_response();
     }
     let check = CheckRequest::new(domain, descriptors);
-    let decided = decide_any(&state, &check).await;
+    let decided = crate::otel::in_context(traced.clone(), decide_any(&state, &check)).await;
     let resp = match decided {
         Ok(resp) => resp,
         Err(e) => return e.into_response(),
@@ -131,7 +134,7 @@ pub(crate) async fn forward_auth(
     let as_served = if rest.descriptors.is_empty() {
         None
     } else {
-        match decide_any(&state, &rest).await {
+        match crate::otel::in_context(traced, decide_any(&state, &rest)).await {
             Ok(r) if !r.allowed => return answer(&r, deny_status, wants_json),
             Ok(r) => Some(r),
             Err(e) => return e.into_response(),

@@ -417,6 +417,7 @@ where
     B: HttpBody<Data = Bytes>,
     B::Error: Into<axum::BoxError>,
 {
+    let trace_headers = crate::otel::trace_headers(state.tracing(), req.headers());
     let result = async {
         check_content_type(req.headers())?;
         let body = read_body(&state, req, state.limits().max_body_bytes).await?;
@@ -428,7 +429,19 @@ where
         Err(e) => return fail(&state, e),
     };
     // Only with a `queue` in the rules does a decision go through the queue's driver.
-    let decided = if state.has_queues() {
+    let decided = if let Some(traced) = state
+        .tracing()
+        .map(|t| t.start(crate::otel::CHECK_SPAN, &trace_headers))
+    {
+        let decide = async {
+            if state.has_queues() {
+                crate::queue::decide_queued(&state, &check).await
+            } else {
+                crate::check::decide(&state, &check).await
+            }
+        };
+        crate::otel::in_context(Some(traced), decide).await
+    } else if state.has_queues() {
         crate::queue::decide_queued(&state, &check).await
     } else {
         crate::check::decide(&state, &check).await
@@ -1013,6 +1026,9 @@ async fn metrics(State(state): State<HttpState>) -> Response {
         x.render_metrics(&mut text);
     }
     state.policy().render_metrics(&mut text);
+    if let Some(t) = state.tracing() {
+        t.render_metrics(&mut text);
+    }
     (
         [(
             header::CONTENT_TYPE,
