@@ -549,9 +549,9 @@ impl Guarded {
         // A slot whose breaker changes, from one that was not healthy.
         let moved = old.iter().any(|(first, last, _, was)| {
             was.state() != BreakerState::Healthy
-                && slots.iter().any(|(a, b, _, now)| {
-                    *a <= *last && *first <= *b && !Arc::ptr_eq(was, now)
-                })
+                && slots
+                    .iter()
+                    .any(|(a, b, _, now)| *a <= *last && *first <= *b && !Arc::ptr_eq(was, now))
         });
         *old = slots;
         moved

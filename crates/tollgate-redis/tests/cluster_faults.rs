@@ -145,6 +145,10 @@ impl Load {
                         }
                         slow.fetch_max(started.elapsed().as_micros() as u64, Relaxed);
                         done.fetch_add(1, Relaxed);
+                        // A decision by the policy awaits nothing: without this, callers
+                        // would keep the runtime's workers from the probe (a server's
+                        // requests wait on their sockets).
+                        tokio::task::yield_now().await;
                     }
                 })
             })
@@ -248,7 +252,9 @@ fn repeated_slot_migrations_under_load_never_wedge_a_breaker() {
         if !frozen {
             let degraded = g.degraded_decisions(Policy::Local) - before;
             let slowest = load.slowest_us.load(Relaxed);
-            eprintln!("move {round}: {degraded} decisions by the policy, slowest call {slowest} us");
+            eprintln!(
+                "move {round}: {degraded} decisions by the policy, slowest call {slowest} us"
+            );
             plain_moves.push(degraded);
         }
         std::mem::swap(&mut src, &mut dst);
@@ -324,9 +330,7 @@ fn a_failover_sends_no_healthy_masters_key_to_the_policy() {
         || node_state(&g, &victim_addr) == Some(BreakerState::Open),
     );
     support::wait_for(Duration::from_secs(60), "the replica's promotion", || {
-        cluster.nodes[replica]
-            .cli(&["ROLE"])
-            .starts_with("master")
+        cluster.nodes[replica].cli(&["ROLE"]).starts_with("master")
     });
     support::wait_for(
         Duration::from_secs(60),
@@ -348,7 +352,10 @@ fn a_failover_sends_no_healthy_masters_key_to_the_policy() {
     // The dead master's breaker is closed (it serves no slot), not open for good.
     let stats = g.node_stats();
     let dead = stats.iter().find(|n| n.node == victim_addr).unwrap();
-    assert!(!dead.serves_slots && dead.state == BreakerState::Healthy, "{dead:?}");
+    assert!(
+        !dead.serves_slots && dead.state == BreakerState::Healthy,
+        "{dead:?}"
+    );
     assert!(dead.degraded > 0, "{dead:?}");
     assert_eq!(g.state(), BreakerState::Healthy);
 }
