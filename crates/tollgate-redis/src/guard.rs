@@ -518,9 +518,14 @@ impl Guarded {
     }
 
     /// Learn which master serves which slots (a cluster only; kept as it was on a failure).
-    /// The breaker of a master that serves no slot now is closed (nothing probes it). Returns
-    /// whether slots moved away from a breaker that was not healthy: their keys' local
-    /// admissions are then folded at once, not left to the next outage's recovery.
+    ///
+    /// Slots that move away from a master whose breaker is not healthy keep going through the
+    /// recovery every outage ends with (probes, then the local admissions folded back): a
+    /// master that served no slot before (a promoted replica) starts with its breaker open, so
+    /// its probe folds and settles as after any outage; a master that already served slots (a
+    /// migration's target, healthy) keeps its breaker, and the moved keys' admissions are
+    /// folded at once (the return value: true then). The breaker of a master that serves no
+    /// slot now is closed, since nothing would probe it.
     async fn refresh_slots(&self) -> bool {
         let Some(nodes) = &self.nodes else {
             return false;
@@ -539,22 +544,33 @@ impl Guarded {
                 (a, b, Arc::from(addr), breaker)
             })
             .collect();
+        let mut old = nodes.slots.write().unwrap_or_else(|e| e.into_inner());
+        let mut fold = false;
+        for (first, last, _, now) in &slots {
+            let inherits = old.iter().any(|(a, b, _, was)| {
+                *a <= *last
+                    && *first <= *b
+                    && !Arc::ptr_eq(was, now)
+                    && was.state() != BreakerState::Healthy
+            });
+            if !inherits {
+                continue;
+            }
+            let served = old.iter().any(|(_, _, _, was)| Arc::ptr_eq(was, now));
+            if !served && now.state() == BreakerState::Healthy {
+                now.streak.store(0, Relaxed);
+                now.transition(BreakerState::Healthy, BreakerState::Open);
+            } else {
+                fold = true;
+            }
+        }
         for (addr, b) in by_addr.iter() {
             if !slots.iter().any(|(_, _, _, s)| Arc::ptr_eq(s, b)) {
                 b.retire(addr);
             }
         }
-        drop(by_addr);
-        let mut old = nodes.slots.write().unwrap_or_else(|e| e.into_inner());
-        // A slot whose breaker changes, from one that was not healthy.
-        let moved = old.iter().any(|(first, last, _, was)| {
-            was.state() != BreakerState::Healthy
-                && slots
-                    .iter()
-                    .any(|(a, b, _, now)| *a <= *last && *first <= *b && !Arc::ptr_eq(was, now))
-        });
         *old = slots;
-        moved
+        fold
     }
 
     /// The breaker that decides for `items`: on a cluster, the breaker of the master serving

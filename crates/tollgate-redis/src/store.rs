@@ -350,6 +350,16 @@ pub(crate) fn classify(e: &RedisError, url: &str) -> StoreError {
             FaultKind::ConnectionLost,
             format!("the Redis Cluster at {url} cannot serve: {}", first_line(&text)),
         ),
+        // The cluster client's retries ran out on redirects: the node the slot's owner is said
+        // to be cannot be reached (killed, not failed over yet), or the slot map is in flux.
+        // An outage of that master, not a fault of the request.
+        (K::Server(S::Moved | S::Ask), _) => failed(
+            FaultKind::ConnectionLost,
+            format!(
+                "the Redis Cluster at {url} keeps redirecting to a node it cannot reach (a master down, its slots not failed over yet): {}",
+                first_line(&text)
+            ),
+        ),
         (K::Server(S::TryAgain), _) | (_, "BUSY") => failed(
             FaultKind::Busy,
             format!(
@@ -763,8 +773,9 @@ impl RedisStore {
     /// [`RedisStore::probe`] of the cluster master at `addr` (`host:port`, as
     /// [`RedisStore::slot_owners`] names it), sent to that node whatever the cluster client's
     /// own slot map says: the same write, on a key in a slot of `ranges` (the slots the caller
-    /// believes that node serves). A redirect (`MOVED`, `ASK`) is an answer too: the node is up
-    /// and no longer serves the slot, which the caller's next slot-map refresh learns.
+    /// believes that node serves). A redirect (`MOVED`) fails the probe: the caller's slot map
+    /// is stale (its next refresh learns where the slots went), or the cluster client could not
+    /// reach the node and sent the write elsewhere.
     pub(crate) async fn probe_node(
         &self,
         addr: &str,
@@ -787,19 +798,7 @@ impl RedisStore {
         let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
         let opts = &self.inner.opts;
         self.bounded(opts.connect_timeout + opts.timeout, async move {
-            match c.route_command(cmd, route).await {
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        redis::ErrorKind::Server(
-                            redis::ServerErrorKind::Moved | redis::ServerErrorKind::Ask
-                        )
-                    ) =>
-                {
-                    Ok(redis::Value::Okay)
-                }
-                r => r,
-            }
+            c.route_command(cmd, route).await
         })
         .await
         .map(|_| ())
