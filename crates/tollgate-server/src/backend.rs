@@ -347,6 +347,9 @@ fn render_stores(out: &mut String, stores: &[(Option<&str>, &Guarded)], rules: &
     }
 }
 
+/// A per-master counter: its name, help text and reading.
+type NodeCounter<'a> = (&'a str, &'a str, fn(&tollgate_redis::guard::NodeStats) -> u64);
+
 /// A Redis Cluster's per-master series (`node="host:port"`, at most
 /// [`tollgate_redis::guard::NODES_MAX`] masters per store): which master's breaker is open,
 /// and what the failure policy decided and folded back for its keys. Nothing for a single
@@ -400,7 +403,7 @@ fn render_nodes(out: &mut String, stores: &[(Option<&str>, &Guarded)]) {
                 .to_vec()
         }),
     );
-    let plain: [(&str, &str, fn(&tollgate_redis::guard::NodeStats) -> u64); 3] = [
+    let plain: [NodeCounter<'_>; 3] = [
         (
             "tollgate_store_node_degraded_decisions_total",
             "Requests on a Redis Cluster master's keys decided by the failure policy.",
