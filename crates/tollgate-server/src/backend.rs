@@ -348,7 +348,11 @@ fn render_stores(out: &mut String, stores: &[(Option<&str>, &Guarded)], rules: &
 }
 
 /// A per-master counter: its name, help text and reading.
-type NodeCounter<'a> = (&'a str, &'a str, fn(&tollgate_redis::guard::NodeStats) -> u64);
+type NodeCounter<'a> = (
+    &'a str,
+    &'a str,
+    fn(&tollgate_redis::guard::NodeStats) -> u64,
+);
 
 /// A Redis Cluster's per-master series (`node="host:port"`, at most
 /// [`tollgate_redis::guard::NODES_MAX`] masters per store): which master's breaker is open,
