@@ -253,6 +253,11 @@ struct Breaker {
     /// An open breaker's successful probes in a row (each folded the local admissions): with
     /// the `local` policy over several instances, the [`SETTLE_PROBES`]th half-opens it.
     streak: AtomicU8,
+    /// Decisions the failure policy made for this breaker's keys.
+    degraded: AtomicU64,
+    /// Keys and cost of local admissions folded into Redis through this breaker's master.
+    folded_keys: AtomicU64,
+    folded_cost: AtomicU64,
 }
 
 impl Breaker {
@@ -310,6 +315,23 @@ impl Breaker {
                 self.transition(BreakerState::Healthy, BreakerState::Open)
             }
             _ => {}
+        }
+    }
+
+    /// A cluster master's breaker whose master serves no slot any more (a failover promoted its
+    /// replica, or its slots moved away): nothing would probe it, so it closes here rather than
+    /// stay open for good.
+    fn retire(&self, addr: &str) {
+        self.failures.store(0, Relaxed);
+        self.since.store(0, Relaxed);
+        self.streak.store(0, Relaxed);
+        let from = self.state();
+        if from != BreakerState::Healthy {
+            tracing::info!(
+                node = %addr,
+                "store breaker of a former cluster master closed: it serves no slot now"
+            );
+            self.transition(from, BreakerState::Healthy);
         }
     }
 
@@ -496,21 +518,59 @@ impl Guarded {
     }
 
     /// Learn which master serves which slots (a cluster only; kept as it was on a failure).
-    async fn refresh_slots(&self) {
-        let Some(nodes) = &self.nodes else { return };
+    ///
+    /// Slots that move away from a master whose breaker is not healthy keep going through the
+    /// recovery every outage ends with (probes, then the local admissions folded back): a
+    /// master that served no slot before (a promoted replica) starts with its breaker open, so
+    /// its probe folds and settles as after any outage; a master that already served slots (a
+    /// migration's target, healthy) keeps its breaker, and the moved keys' admissions are
+    /// folded at once (the return value: true then). The breaker of a master that serves no
+    /// slot now is closed, since nothing would probe it.
+    async fn refresh_slots(&self) -> bool {
+        let Some(nodes) = &self.nodes else {
+            return false;
+        };
         let Ok(owners) = self.store.slot_owners().await else {
-            return;
+            return false;
         };
         if owners.is_empty() {
-            return;
+            return false;
         }
         let mut by_addr = nodes.by_addr.lock().unwrap_or_else(|e| e.into_inner());
-        let slots: Vec<(u16, u16, Arc<Breaker>)> = owners
+        let slots: Vec<NodeSlots> = owners
             .into_iter()
-            .map(|(a, b, addr)| (a, b, by_addr.entry(addr).or_default().clone()))
+            .map(|(a, b, addr)| {
+                let breaker = by_addr.entry(addr.clone()).or_default().clone();
+                (a, b, Arc::from(addr), breaker)
+            })
             .collect();
-        drop(by_addr);
-        *nodes.slots.write().unwrap_or_else(|e| e.into_inner()) = slots;
+        let mut old = nodes.slots.write().unwrap_or_else(|e| e.into_inner());
+        let mut fold = false;
+        for (first, last, _, now) in &slots {
+            let inherits = old.iter().any(|(a, b, _, was)| {
+                *a <= *last
+                    && *first <= *b
+                    && !Arc::ptr_eq(was, now)
+                    && was.state() != BreakerState::Healthy
+            });
+            if !inherits {
+                continue;
+            }
+            let served = old.iter().any(|(_, _, _, was)| Arc::ptr_eq(was, now));
+            if !served && now.state() == BreakerState::Healthy {
+                now.streak.store(0, Relaxed);
+                now.transition(BreakerState::Healthy, BreakerState::Open);
+            } else {
+                fold = true;
+            }
+        }
+        for (addr, b) in by_addr.iter() {
+            if !slots.iter().any(|(_, _, _, s)| Arc::ptr_eq(s, b)) {
+                b.retire(addr);
+            }
+        }
+        *old = slots;
+        fold
     }
 
     /// The breaker that decides for `items`: on a cluster, the breaker of the master serving
@@ -527,8 +587,8 @@ impl Guarded {
         let mut pick: Option<&Arc<Breaker>> = None;
         for item in items {
             let slot = self.store.slot_of(item);
-            let i = slots.partition_point(|(_, last, _)| *last < slot);
-            let Some((_, _, b)) = slots.get(i).filter(|(first, _, _)| *first <= slot) else {
+            let i = slots.partition_point(|(_, last, _, _)| *last < slot);
+            let Some((_, _, _, b)) = slots.get(i).filter(|(first, _, _, _)| *first <= slot) else {
                 continue;
             };
             if b.state() != BreakerState::Healthy {
@@ -539,26 +599,65 @@ impl Guarded {
         pick.unwrap_or(&self.breaker).clone()
     }
 
-    /// The breakers to probe now (not healthy), each with the slot ranges of its master (`None`:
-    /// the whole store).
-    #[allow(clippy::type_complexity)]
-    fn to_probe(&self) -> Vec<(Arc<Breaker>, Option<Vec<(u16, u16)>>)> {
+    /// The breakers to probe now (not healthy), each with its master's address and slot
+    /// ranges (`None`: the whole store).
+    fn to_probe(&self) -> Vec<(Arc<Breaker>, Option<ProbeTarget>)> {
         let mut due = Vec::new();
         if self.breaker.state() != BreakerState::Healthy {
             due.push((self.breaker.clone(), None));
         }
         let Some(nodes) = &self.nodes else { return due };
         let slots = nodes.slots.read().unwrap_or_else(|e| e.into_inner());
-        for (first, last, b) in slots.iter() {
+        for (first, last, addr, b) in slots.iter() {
             if b.state() == BreakerState::Healthy {
                 continue;
             }
             match due.iter_mut().find(|(d, _)| Arc::ptr_eq(d, b)) {
-                Some((_, Some(ranges))) => ranges.push((*first, *last)),
-                _ => due.push((b.clone(), Some(vec![(*first, *last)]))),
+                Some((_, Some((_, ranges)))) => ranges.push((*first, *last)),
+                _ => due.push((b.clone(), Some((addr.clone(), vec![(*first, *last)])))),
             }
         }
         due
+    }
+
+    /// Whether any breaker (the whole store's, a cluster master's) is not healthy.
+    fn any_unhealthy(&self) -> bool {
+        self.breakers()
+            .iter()
+            .any(|b| b.state() != BreakerState::Healthy)
+    }
+
+    /// Per cluster master (by address, sorted; empty for a single server or Sentinel): its
+    /// breaker's state and transitions, the decisions the failure policy made for its keys,
+    /// and the local admissions folded back into it. Bounded by [`NODES_MAX`] entries (masters
+    /// seen over the process's life, former ones included).
+    pub fn node_stats(&self) -> Vec<NodeStats> {
+        let Some(nodes) = &self.nodes else {
+            return Vec::new();
+        };
+        let serving: Vec<Arc<str>> = nodes
+            .slots
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(_, _, a, _)| a.clone())
+            .collect();
+        let by_addr = nodes.by_addr.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<NodeStats> = by_addr
+            .iter()
+            .map(|(addr, b)| NodeStats {
+                node: addr.clone(),
+                serves_slots: serving.iter().any(|a| **a == **addr),
+                state: b.state(),
+                transitions: BreakerState::ALL.map(|s| b.transitions[s as usize].load(Relaxed)),
+                degraded: b.degraded.load(Relaxed),
+                folded_keys: b.folded_keys.load(Relaxed),
+                folded_cost: b.folded_cost.load(Relaxed),
+            })
+            .collect();
+        out.sort_by(|a, b| a.node.cmp(&b.node));
+        out.truncate(NODES_MAX);
+        out
     }
 
     /// Every breaker: the whole store's, then a cluster's masters' (also former masters', whose
@@ -632,7 +731,7 @@ impl Guarded {
         let mut states = vec![self.breaker.state()];
         if let Some(nodes) = &self.nodes {
             let slots = nodes.slots.read().unwrap_or_else(|e| e.into_inner());
-            states.extend(slots.iter().map(|(_, _, b)| b.state()));
+            states.extend(slots.iter().map(|(_, _, _, b)| b.state()));
         }
         [BreakerState::Open, BreakerState::HalfOpen]
             .into_iter()
@@ -730,14 +829,25 @@ impl Guarded {
                 }
                 r => r.map(|_| ()),
             };
-            if r.is_err() {
-                // Owed again.
-                self.owed.put_back(key, o);
-                ok = false;
-                continue;
+            match r {
+                // Redis answered, but not for this key (a script or type error): it cannot be
+                // folded, and keeping it owed would keep the breaker open for good.
+                Err(e) if !e.kind().is_outage() => {
+                    self.count_error(&e, 0);
+                    continue;
+                }
+                Err(_) => {
+                    // Owed again.
+                    self.owed.put_back(key, o);
+                    ok = false;
+                    continue;
+                }
+                Ok(()) => {}
             }
             self.owed.keys.fetch_add(1, Relaxed);
             self.owed.cost.fetch_add(o.cost, Relaxed);
+            b.folded_keys.fetch_add(1, Relaxed);
+            b.folded_cost.fetch_add(o.cost, Relaxed);
         }
         ok
     }
@@ -769,6 +879,7 @@ impl Guarded {
         let breaker = self.breaker_for(items);
         if breaker.state() == BreakerState::Open {
             self.limits.decided(items, false);
+            breaker.degraded.fetch_add(1, Relaxed);
             return Ok(self.fallback(now, items, false, false));
         }
         if let Some(decisions) = self.batches.decide(now, items) {
@@ -789,6 +900,7 @@ impl Guarded {
                         let done = self.await_refill(&key, &refill, &breaker, now).await;
                         if !done || breaker.state() == BreakerState::Open {
                             self.limits.decided(items, false);
+                            breaker.degraded.fetch_add(1, Relaxed);
                             return Ok(self.fallback(now, items, true, false));
                         }
                         if let Some(decisions) = self.leases.decide(now, items) {
@@ -831,7 +943,10 @@ impl Guarded {
             }
         }
         match r {
-            Err(None) => Ok(self.fallback(now, items, true, true)),
+            Err(None) => {
+                breaker.degraded.fetch_add(1, Relaxed);
+                Ok(self.fallback(now, items, true, true))
+            }
             Ok((mut decisions, receipt)) => {
                 if let Some(wants) = &wants {
                     let answered = now.saturating_add(started.elapsed().as_micros() as Micros);
@@ -887,6 +1002,7 @@ impl Guarded {
                     breaker.success();
                 }
                 let possibly_consumed = kind == FaultKind::Timeout;
+                breaker.degraded.fetch_add(1, Relaxed);
                 Ok(self.fallback(now, items, true, possibly_consumed))
             }
         }
@@ -1254,16 +1370,20 @@ async fn probe(g: Weak<Guarded>) {
         tick.tick().await;
         let Some(g) = g.upgrade() else { return };
         ticks += 1;
-        if ticks % 4 == 0 {
-            // A cluster's masters change with failovers: once a second.
-            g.refresh_slots().await;
+        // A cluster's masters change with failovers and migrations: once a second, and at
+        // every probe while a breaker is not healthy (its master may be gone, or its slots
+        // elsewhere: the probe goes where the fresh map says).
+        if (ticks % 4 == 0 || g.any_unhealthy()) && g.refresh_slots().await {
+            // Slots moved away from a master whose breaker was not healthy: their keys go to
+            // another master's breaker now, through the same recovery (folded first).
+            g.fold(&g.breaker).await;
         }
         let due = g.to_probe();
         let mut all_answered = !due.is_empty();
-        for (b, ranges) in &due {
-            let r = match ranges {
+        for (b, target) in &due {
+            let r = match target {
                 None => g.store.probe().await,
-                Some(ranges) => g.store.probe_slots(ranges).await,
+                Some((addr, ranges)) => g.store.probe_node(addr, ranges).await,
             };
             match r {
                 // Redis answers: what was admitted locally meanwhile is folded into its
@@ -1349,12 +1469,42 @@ async fn flusher(g: Weak<Guarded>) {
     }
 }
 
+/// One slot range of a cluster: first slot, last slot, the address of the master serving
+/// them and its breaker.
+type NodeSlots = (u16, u16, Arc<str>, Arc<Breaker>);
+
+/// A master to probe: its address and the slot ranges it serves.
+type ProbeTarget = (Arc<str>, Vec<(u16, u16)>);
+
+/// Bound on the cluster masters [`Guarded::node_stats`] reports (addresses seen over the
+/// process's life, former masters included).
+pub const NODES_MAX: usize = 64;
+
+/// One cluster master's breaker and what the failure policy did for its keys
+/// ([`Guarded::node_stats`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeStats {
+    /// `host:port`, as `CLUSTER SLOTS` names it.
+    pub node: String,
+    /// Whether the master serves slots now (a former master's breaker is closed).
+    pub serves_slots: bool,
+    /// Its breaker's state.
+    pub state: BreakerState,
+    /// Transitions into each state ([`BreakerState::ALL`] order).
+    pub transitions: [u64; 3],
+    /// Decisions the failure policy made for its keys.
+    pub degraded: u64,
+    /// Keys whose local admissions were folded into it after an outage.
+    pub folded_keys: u64,
+    /// Cost of those admissions.
+    pub folded_cost: u64,
+}
+
 /// A Redis Cluster's per-master breakers.
 #[derive(Default)]
 struct Nodes {
-    /// (first slot, last slot, the breaker of the master serving them), sorted.
-    #[allow(clippy::type_complexity)]
-    slots: std::sync::RwLock<Vec<(u16, u16, Arc<Breaker>)>>,
+    /// The slot ranges, sorted.
+    slots: std::sync::RwLock<Vec<NodeSlots>>,
     /// Every master seen, by address.
     by_addr: Mutex<HashMap<String, Arc<Breaker>>>,
 }

@@ -350,6 +350,16 @@ pub(crate) fn classify(e: &RedisError, url: &str) -> StoreError {
             FaultKind::ConnectionLost,
             format!("the Redis Cluster at {url} cannot serve: {}", first_line(&text)),
         ),
+        // The cluster client's retries ran out on redirects: the node the slot's owner is said
+        // to be cannot be reached (killed, not failed over yet), or the slot map is in flux.
+        // An outage of that master, not a fault of the request.
+        (K::Server(S::Moved | S::Ask), _) => failed(
+            FaultKind::ConnectionLost,
+            format!(
+                "the Redis Cluster at {url} keeps redirecting to a node it cannot reach (a master down, its slots not failed over yet): {}",
+                first_line(&text)
+            ),
+        ),
         (K::Server(S::TryAgain), _) | (_, "BUSY") => failed(
             FaultKind::Busy,
             format!(
@@ -577,10 +587,18 @@ impl RedisStore {
     ) -> Result<Conn, StoreError> {
         let nodes = cluster_nodes(scheme, rest)?;
         let url = redact(&format!("{scheme}+cluster://{rest}"));
+        // Short waits between the cluster client's retries (on TRYAGAIN, CLUSTERDOWN, a
+        // reconnect): its default waits at least 1.28 s, longer than a call may take, so a slot
+        // migration or a failover elsewhere would time out every call in flight. These grow
+        // from 2 ms to at most CLUSTER_RETRY_MAX_WAIT_MS; the call's own bound still ends them.
         let client = ClusterClient::builder(nodes)
             .tcp_settings(single::tcp_settings())
             .connection_timeout(opts.connect_timeout)
             .response_timeout(opts.timeout + opts.patience)
+            .retries(CLUSTER_RETRIES)
+            .min_retry_wait(CLUSTER_RETRY_MIN_WAIT_MS)
+            .max_retry_wait(CLUSTER_RETRY_MAX_WAIT_MS)
+            .retry_wait_formula(2, 2)
             .build()
             .map_err(|e| classify(&e, &url))?;
         let conn = client
@@ -740,15 +758,7 @@ impl RedisStore {
     /// [`RedisStore::probe`] of the cluster node that serves `ranges` (inclusive slot ranges):
     /// the same write, on a key whose slot is in them.
     pub(crate) async fn probe_slots(&self, ranges: &[(u16, u16)]) -> Result<(), StoreError> {
-        let prefix = &self.inner.opts.prefix;
-        // About one in (16384 / slots served) tags lands in the ranges: a few tries.
-        let key = (0u32..1 << 20)
-            .map(|n| format!("{prefix}:{{probe-{n}}}"))
-            .find(|k| {
-                let s = keys::slot(k);
-                ranges.iter().any(|&(a, b)| (a..=b).contains(&s))
-            })
-            .ok_or_else(|| StoreError::Unsupported("no slot to probe".into()))?;
+        let key = probe_key(&self.inner.opts.prefix, ranges)?;
         let mut cmd = redis::cmd("SET");
         cmd.arg(key).arg(1).arg("PX").arg(10_000);
         let opts = &self.inner.opts;
@@ -756,6 +766,40 @@ impl RedisStore {
             opts.connect_timeout + opts.timeout,
             self.exec::<String>(&cmd),
         )
+        .await
+        .map(|_| ())
+    }
+
+    /// [`RedisStore::probe`] of the cluster master at `addr` (`host:port`, as
+    /// [`RedisStore::slot_owners`] names it), sent to that node whatever the cluster client's
+    /// own slot map says: the same write, on a key in a slot of `ranges` (the slots the caller
+    /// believes that node serves). A redirect (`MOVED`) fails the probe: the caller's slot map
+    /// is stale (its next refresh learns where the slots went), or the cluster client could not
+    /// reach the node and sent the write elsewhere.
+    pub(crate) async fn probe_node(
+        &self,
+        addr: &str,
+        ranges: &[(u16, u16)],
+    ) -> Result<(), StoreError> {
+        use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+        let Conn::Cluster(mut c) = self.inner.conn.clone() else {
+            return self.probe().await;
+        };
+        let (Some((host, port)), false) = (
+            addr.rsplit_once(':')
+                .and_then(|(h, p)| Some((h.to_string(), p.parse::<u16>().ok()?))),
+            ranges.is_empty(),
+        ) else {
+            return self.probe_slots(ranges).await;
+        };
+        let key = probe_key(&self.inner.opts.prefix, ranges)?;
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(key).arg(1).arg("PX").arg(10_000);
+        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+        let opts = &self.inner.opts;
+        self.bounded(opts.connect_timeout + opts.timeout, async move {
+            c.route_command(cmd, route).await
+        })
         .await
         .map(|_| ())
     }
@@ -1572,6 +1616,26 @@ impl RedisStore {
             })
             .collect())
     }
+}
+
+/// Retries of a cluster call by the cluster client (redirects, reconnects, TRYAGAIN,
+/// CLUSTERDOWN), within the call's bound.
+const CLUSTER_RETRIES: u32 = 16;
+/// The cluster client's first wait before a retry, in milliseconds.
+const CLUSTER_RETRY_MIN_WAIT_MS: u64 = 2;
+/// The cluster client's longest wait before a retry, in milliseconds.
+const CLUSTER_RETRY_MAX_WAIT_MS: u64 = 40;
+
+/// A probe key under `prefix` in a slot of `ranges` (inclusive slot ranges).
+fn probe_key(prefix: &str, ranges: &[(u16, u16)]) -> Result<String, StoreError> {
+    // About one in (16384 / slots served) tags lands in the ranges: a few tries.
+    (0u32..1 << 20)
+        .map(|n| format!("{prefix}:{{probe-{n}}}"))
+        .find(|k| {
+            let s = keys::slot(k);
+            ranges.iter().any(|&(a, b)| (a..=b).contains(&s))
+        })
+        .ok_or_else(|| StoreError::Unsupported("no slot to probe".into()))
 }
 
 /// The single-server and Sentinel master connection's settings.

@@ -236,6 +236,7 @@ fn render_stores(out: &mut String, stores: &[(Option<&str>, &Guarded)], rules: &
             FaultKind::ALL.map(|k| (k.as_str(), g.errors(k))).to_vec()
         }),
     );
+    render_nodes(out, stores);
     let plain = |g: &Guarded, store: &Option<&str>, f: &dyn Fn(&Guarded) -> u64| {
         let labels = store.map_or(String::new(), |s| format!("{{store=\"{s}\"}}"));
         (labels, f(g))
@@ -343,6 +344,93 @@ fn render_stores(out: &mut String, stores: &[(Option<&str>, &Guarded)], rules: &
         for (s, c) in &cached {
             let _ = writeln!(out, "tollgate_deny_cache_entries{} {}", tag(s), c.1);
         }
+    }
+}
+
+/// A per-master counter: its name, help text and reading.
+type NodeCounter<'a> = (
+    &'a str,
+    &'a str,
+    fn(&tollgate_redis::guard::NodeStats) -> u64,
+);
+
+/// A Redis Cluster's per-master series (`node="host:port"`, at most
+/// [`tollgate_redis::guard::NODES_MAX`] masters per store): which master's breaker is open,
+/// and what the failure policy decided and folded back for its keys. Nothing for a single
+/// server or Sentinel (the store-wide series say it all).
+fn render_nodes(out: &mut String, stores: &[(Option<&str>, &Guarded)]) {
+    let nodes: Vec<(String, tollgate_redis::guard::NodeStats)> = stores
+        .iter()
+        .flat_map(|(store, g)| {
+            let tag = store.map_or(String::new(), |s| format!("store=\"{s}\","));
+            g.node_stats().into_iter().map(move |n| {
+                // An address from CLUSTER SLOTS: escaped all the same.
+                let node = n.node.replace('\\', "\\\\").replace('"', "\\\"");
+                (format!("{tag}node=\"{node}\""), n)
+            })
+        })
+        .collect();
+    if nodes.is_empty() {
+        return;
+    }
+    let per = |f: &dyn Fn(&tollgate_redis::guard::NodeStats) -> Vec<(String, u64)>| {
+        nodes
+            .iter()
+            .flat_map(|(labels, n)| {
+                f(n).into_iter()
+                    .map(move |(extra, v)| (format!("{labels}{extra}"), v))
+            })
+            .collect::<Vec<_>>()
+    };
+    family(
+        out,
+        ("tollgate_store_node_state", "gauge"),
+        "Breaker state of each Redis Cluster master (1 = current).",
+        per(&|n| {
+            BreakerState::ALL
+                .map(|s| {
+                    (
+                        format!(",state=\"{}\"", s.as_str()),
+                        u64::from(s == n.state),
+                    )
+                })
+                .to_vec()
+        }),
+    );
+    family(
+        out,
+        ("tollgate_store_node_breaker_transitions_total", "counter"),
+        "Breaker transitions of each Redis Cluster master, by new state.",
+        per(&|n| {
+            BreakerState::ALL
+                .map(|s| (format!(",to=\"{}\"", s.as_str()), n.transitions[s as usize]))
+                .to_vec()
+        }),
+    );
+    let plain: [NodeCounter<'_>; 3] = [
+        (
+            "tollgate_store_node_degraded_decisions_total",
+            "Requests on a Redis Cluster master's keys decided by the failure policy.",
+            |n| n.degraded,
+        ),
+        (
+            "tollgate_store_node_folded_keys_total",
+            "Keys whose local admissions were folded into a Redis Cluster master when it answered again.",
+            |n| n.folded_keys,
+        ),
+        (
+            "tollgate_store_node_folded_cost_total",
+            "Hits admitted locally and folded into a Redis Cluster master when it answered again.",
+            |n| n.folded_cost,
+        ),
+    ];
+    for (name, help, f) in plain {
+        family(
+            out,
+            (name, "counter"),
+            help,
+            per(&|n| vec![(String::new(), f(n))]),
+        );
     }
 }
 

@@ -503,7 +503,15 @@ impl Cluster {
 
     /// [`Cluster::start`] with extra server arguments on every node.
     pub fn start_with(masters: usize, extra: &[&str]) -> Cluster {
-        let nodes: Vec<RedisServer> = (0..masters)
+        Self::start_replicated(masters, 0, extra)
+    }
+
+    /// A cluster of `masters` masters with `replicas` replicas each (`nodes`: the masters
+    /// first, as `redis-cli --cluster create` assigns them), extra server arguments on every
+    /// node (later arguments override earlier ones, e.g. `--cluster-node-timeout`). Waits for
+    /// `cluster_state:ok` on every node and, with replicas, for every replica's link.
+    pub fn start_replicated(masters: usize, replicas: usize, extra: &[&str]) -> Cluster {
+        let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
             .map(|_| {
                 let mut args = vec![
                     "--cluster-enabled",
@@ -523,7 +531,8 @@ impl Cluster {
             .collect();
         let mut args: Vec<&str> = vec!["--cluster", "create"];
         args.extend(addrs.iter().map(String::as_str));
-        args.extend(["--cluster-replicas", "0", "--cluster-yes"]);
+        let replicas_s = replicas.to_string();
+        args.extend(["--cluster-replicas", &replicas_s, "--cluster-yes"]);
         let out = Command::new("redis-cli")
             .args(&args)
             .output()
@@ -537,10 +546,13 @@ impl Cluster {
         let cluster = Cluster { nodes };
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let ok = cluster
-                .nodes
-                .iter()
-                .all(|n| n.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"));
+            let ok = cluster.nodes.iter().all(|n| {
+                n.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok")
+                    && (replicas == 0 || {
+                        let role = n.cli(&["INFO", "replication"]);
+                        role.contains("role:master") || role.contains("master_link_status:up")
+                    })
+            });
             if ok {
                 return cluster;
             }
