@@ -6,7 +6,8 @@
 //!   decision ([`check::decide`]) under a [`policy::DecisionPolicy`], the shared [`state`] (the
 //!   rules, swapped atomically on reload), the [`backend`] (memory, or Redis with a failure
 //!   policy), [`metrics`], the live [`stats`], the [`decision_log`], the [`error`] type and the
-//!   waiting of requests that rules with a `queue` hold ([`queue`]);
+//!   waiting of requests that rules with a `queue` hold ([`queue`]), and the quota server
+//!   behind Envoy's Rate Limit Quota Service ([`quota`]);
 //! - **rule sources** over the core: file reload ([`reload`]) and the rule [`registry`];
 //! - **transports** over those: one accept loop for every listener ([`listener`]), the HTTP API
 //!   with forward-auth and the registry's endpoints ([`http`], its JSON codec [`wire`]) and the
@@ -30,6 +31,7 @@ pub mod metrics;
 pub mod model;
 pub mod policy;
 pub mod queue;
+pub mod quota;
 pub mod registry;
 pub mod reload;
 pub mod serve;
