@@ -13,8 +13,8 @@
 //!   gives the shares of a limit between them. A client whose demand is not known yet (its
 //!   first report) asks for the whole limit: it gets an equal share at once.
 //! - [`TokenBucketShare::of`] turns a share (requests per period) into the token bucket a
-//!   client applies: a whole number of seconds between fills (at least 1 s: Envoy does not
-//!   limit with a shorter one), rounded so that the bucket never admits more than the share.
+//!   client applies: the share every period (whole seconds, at least 1 s: Envoy does not limit
+//!   with a shorter fill interval), at most one second of it held at once.
 
 use crate::Micros;
 use std::collections::BTreeMap;
@@ -74,14 +74,16 @@ pub fn max_min(limit: u64, demands: &[Option<u64>]) -> Vec<u64> {
 }
 
 /// A token bucket that admits at most a given share (requests per period): `tokens_per_fill`
-/// tokens every `fill_interval_secs` seconds, at most `max_tokens` held.
+/// tokens every `fill_interval_secs` seconds (filled continuously at that rate, as Envoy's
+/// token buckets are), at most `max_tokens` held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TokenBucketShare {
-    /// The bucket's size: the most a client admits at once. Equal to `tokens_per_fill`.
+    /// The bucket's size, and what it holds when a client starts it: one second of the share
+    /// (at least 1 token).
     pub max_tokens: u32,
-    /// Tokens added per fill.
+    /// Tokens per fill: the share itself.
     pub tokens_per_fill: u32,
-    /// Seconds between fills (at least 1).
+    /// Seconds between fills: the limit's period in whole seconds (at least 1).
     pub fill_interval_secs: u64,
 }
 
@@ -89,23 +91,23 @@ impl TokenBucketShare {
     /// The bucket for a share of `share` requests per `period` µs, or `None` for a share of 0
     /// (or a period of 0): the client admits nothing.
     ///
-    /// The fill interval is the smallest whole number of seconds in which the share earns at
-    /// least one token, and the tokens per fill are rounded down: the bucket's rate is at most
-    /// the share. Over any time `t` a client holding this bucket from full admits at most
-    /// `max_tokens + rate × t`.
+    /// The fill interval is the period itself (rounded up to whole seconds), the same for every
+    /// share of a limit: a client's bucket changes with its share through `tokens_per_fill` and
+    /// `max_tokens` only (Envoy keeps a token bucket whose interval alone changed). The rate is
+    /// then at most the share, with no rounding when the period is whole seconds. Over any
+    /// time `t` a client holding this bucket admits at most `max_tokens + share × t / period`.
     pub fn of(share: u64, period: Micros) -> Option<TokenBucketShare> {
         if share == 0 || period == 0 {
             return None;
         }
-        // Seconds for one token: ceil(period / (share × 1 s)).
-        let per_sec = u128::from(share) * u128::from(MICROS_PER_SEC);
-        let secs = u128::from(period).div_ceil(per_sec).max(1);
-        let tokens = (u128::from(share) * secs * u128::from(MICROS_PER_SEC) / u128::from(period))
-            .clamp(1, u128::from(u32::MAX)) as u32;
+        let secs = period.div_ceil(MICROS_PER_SEC).max(1);
+        let clamp = |v: u128| v.clamp(1, u128::from(u32::MAX)) as u32;
+        let one_second =
+            (u128::from(share) * u128::from(MICROS_PER_SEC)).div_ceil(u128::from(period));
         Some(TokenBucketShare {
-            max_tokens: tokens,
-            tokens_per_fill: tokens,
-            fill_interval_secs: u64::try_from(secs).unwrap_or(u64::MAX),
+            max_tokens: clamp(one_second),
+            tokens_per_fill: clamp(u128::from(share)),
+            fill_interval_secs: secs,
         })
     }
 
@@ -268,21 +270,25 @@ mod tests {
 
     #[test]
     fn token_buckets_never_exceed_the_share() {
-        // 100 per second: 100 tokens every second.
+        // 100 per second: 100 tokens every second, at most 100 held.
         let b = TokenBucketShare::of(100, SEC).unwrap();
         assert_eq!(
             (b.max_tokens, b.tokens_per_fill, b.fill_interval_secs),
             (100, 100, 1)
         );
-        // 6,000 a minute: 100 a second.
-        let b = TokenBucketShare::of(6_000, 60 * SEC).unwrap();
-        assert_eq!((b.tokens_per_fill, b.fill_interval_secs), (100, 1));
-        // 90 a minute: 1.5 a second, so 1 token a second (never more than the share).
-        let b = TokenBucketShare::of(90, 60 * SEC).unwrap();
-        assert_eq!((b.tokens_per_fill, b.fill_interval_secs), (1, 1));
-        // 10 an hour: one token every 360 s.
+        // 3,000 a minute: 3,000 every 60 s, at most one second's worth (50) held.
+        let b = TokenBucketShare::of(3_000, 60 * SEC).unwrap();
+        assert_eq!(
+            (b.max_tokens, b.tokens_per_fill, b.fill_interval_secs),
+            (50, 3_000, 60)
+        );
+        // 10 an hour: 10 every 3,600 s, at least one token held.
         let b = TokenBucketShare::of(10, 3_600 * SEC).unwrap();
-        assert_eq!((b.tokens_per_fill, b.fill_interval_secs), (1, 360));
+        assert_eq!(
+            (b.max_tokens, b.tokens_per_fill, b.fill_interval_secs),
+            (1, 10, 3_600)
+        );
+        assert_eq!(b.per_period(3_600 * SEC), 10);
         assert_eq!(TokenBucketShare::of(0, SEC), None);
     }
 
@@ -345,17 +351,18 @@ mod tests {
             }
         }
 
-        /// A token bucket admits no more than its share per period, and at least one token.
+        /// A token bucket admits no more than its share per period, exactly its share when the
+        /// period is whole seconds; its interval depends on the period alone.
         #[test]
-        fn token_bucket_rate_is_at_most_the_share(share in 1u64..10_000_000, secs in 1u64..86_400) {
-            let period = secs * SEC;
-            let b = TokenBucketShare::of(share, period).unwrap();
+        fn token_bucket_rate_is_the_share(share in 1u64..10_000_000, micros in 1u64..86_400_000_000) {
+            let b = TokenBucketShare::of(share, micros).unwrap();
             prop_assert!(b.fill_interval_secs >= 1);
-            prop_assert!(b.tokens_per_fill >= 1);
-            prop_assert!(b.per_period(period) <= share);
-            // Not much less either: rounding loses under one token per fill interval.
-            let lost = period / (b.fill_interval_secs * SEC) + 1;
-            prop_assert!(b.per_period(period) + lost >= share.min(u64::from(u32::MAX)));
+            prop_assert!(b.max_tokens >= 1);
+            prop_assert!(b.per_period(micros) <= share);
+            prop_assert_eq!(b.fill_interval_secs, TokenBucketShare::of(1, micros).unwrap().fill_interval_secs);
+            if micros % SEC == 0 {
+                prop_assert_eq!(b.per_period(micros), share);
+            }
         }
     }
 }
