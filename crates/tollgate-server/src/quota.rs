@@ -91,6 +91,8 @@ pub enum Assignment {
 /// One assignment to send: the bucket id, the assignment, its time to live.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QuotaAction {
+    /// The domain.
+    pub domain: String,
     /// The bucket id, as the client sent it.
     pub bucket: BTreeMap<String, String>,
     /// The assignment.
@@ -135,6 +137,15 @@ pub type StreamId = u64;
 
 type BucketKey = (String, BTreeMap<String, String>);
 
+/// Assignments to send, by stream, in two waves: `first` (shares that fall or stay, and the
+/// reporter's answer), then `later` (shares that grow), so that the shares sent never add up to
+/// more than the limit.
+#[derive(Debug, Default)]
+struct Pushes {
+    first: HashMap<StreamId, Vec<QuotaAction>>,
+    later: HashMap<StreamId, Vec<QuotaAction>>,
+}
+
 /// How a bucket is limited, from the rules of one generation.
 #[derive(Debug, Clone, PartialEq)]
 enum Policy {
@@ -155,7 +166,7 @@ struct Bucket {
     demands: Demands<StreamId>,
     /// The share (requests per period) last sent to each client.
     sent: HashMap<StreamId, u64>,
-    /// The metrics label: `k=v` entries in the rule's order, comma-separated.
+    /// The metrics label: `k=v` entries in key order, comma-separated.
     label: String,
 }
 
@@ -217,6 +228,7 @@ impl Quotas {
         );
         let n = inner.streams.len();
         self.metrics.set_streams(n);
+        tracing::debug!(stream = id, streams = n, "quota stream opened");
         Ok(id)
     }
 
@@ -229,7 +241,8 @@ impl Quotas {
         };
         let n = inner.streams.len();
         self.metrics.set_streams(n);
-        let mut pushes: HashMap<StreamId, Vec<QuotaAction>> = HashMap::new();
+        tracing::debug!(stream = id, streams = n, "quota stream closed");
+        let mut pushes = Pushes::default();
         for key in stream.buckets {
             let Some(bucket) = inner.buckets.get_mut(&key) else {
                 continue;
@@ -251,8 +264,8 @@ impl Quotas {
     }
 
     /// One report of stream `id` in `domain`: the demands it brings are taken, the buckets it
-    /// names divided again, and the reporter answered (returned); other clients whose share
-    /// moved are pushed theirs.
+    /// names divided again, and the reporter answered on its stream; other clients whose share
+    /// moved are pushed theirs (those whose share falls before those whose share grows).
     pub fn report(
         &self,
         id: StreamId,
@@ -261,7 +274,7 @@ impl Quotas {
         rules: &RuleSet,
         generation: u64,
         now: Micros,
-    ) -> Result<Vec<QuotaAction>, QuotaError> {
+    ) -> Result<(), QuotaError> {
         if domain.is_empty() {
             self.metrics.rejected("no_domain");
             return Err(QuotaError::NoDomain);
@@ -269,7 +282,7 @@ impl Quotas {
         self.metrics.report();
         let mut inner = self.lock();
         let inner = &mut *inner;
-        let mut pushes: HashMap<StreamId, Vec<QuotaAction>> = HashMap::new();
+        let mut pushes = Pushes::default();
         let mut seen: HashSet<BucketKey> = HashSet::new();
         for usage in usages {
             if let Some(reason) = self.invalid(&usage.bucket) {
@@ -327,9 +340,8 @@ impl Quotas {
             }
             self.divide(&key, bucket, Some(id), &mut pushes);
         }
-        let own = pushes.remove(&id).unwrap_or_default();
         send(inner, pushes);
-        Ok(own)
+        Ok(())
     }
 
     /// Why `bucket` is not a valid bucket id, if it is not.
@@ -358,12 +370,16 @@ impl Quotas {
         key: &BucketKey,
         bucket: &mut Bucket,
         reporter: Option<StreamId>,
-        pushes: &mut HashMap<StreamId, Vec<QuotaAction>>,
+        pushes: &mut Pushes,
     ) {
         let (limit, period, shadow) = match bucket.policy {
             Policy::Allow => {
                 if let Some(r) = reporter {
-                    pushes.entry(r).or_default().push(action(key, NO_RULE));
+                    pushes
+                        .first
+                        .entry(r)
+                        .or_default()
+                        .push(action(key, NO_RULE));
                 }
                 self.metrics.bucket(&key.0, &bucket.label, |r| {
                     r.clients = bucket.demands.len() as u64;
@@ -410,8 +426,12 @@ impl Quotas {
                     None => Assignment::DenyAll,
                 }
             };
-            pushes
-                .entry(*client)
+            let wave = if !own && previous.is_some_and(|p| sent > p) {
+                &mut pushes.later
+            } else {
+                &mut pushes.first
+            };
+            wave.entry(*client)
                 .or_default()
                 .push(action(key, assignment));
         }
@@ -447,21 +467,59 @@ fn stale_clients(bucket: &Bucket, now: Micros) -> Vec<StreamId> {
     bucket.demands.quiet_since(now.saturating_sub(STALE_AFTER))
 }
 
-/// Send each stream its pushes; a stream whose queue is full misses this push and gets its
-/// assignments with its next report.
-fn send(inner: &Inner, pushes: HashMap<StreamId, Vec<QuotaAction>>) {
-    for (id, actions) in pushes {
-        if actions.is_empty() {
-            continue;
+/// Send each stream its pushes, the first wave before the later one. A stream whose queue is
+/// full misses them and gets its assignments with its next report.
+fn send(inner: &Inner, pushes: Pushes) {
+    for wave in [pushes.first, pushes.later] {
+        for (id, actions) in wave {
+            if actions.is_empty() {
+                continue;
+            }
+            let Some(s) = inner.streams.get(&id) else {
+                continue;
+            };
+            let domain = actions
+                .first()
+                .map(|a| a.domain.clone())
+                .unwrap_or_default();
+            let log = tracing::enabled!(tracing::Level::DEBUG).then(|| actions.clone());
+            if s.tx.try_send(Push::Actions(actions)).is_ok() {
+                if let Some(actions) = log {
+                    log_actions(id, &domain, &actions);
+                }
+            }
         }
-        if let Some(s) = inner.streams.get(&id) {
-            let _ = s.tx.try_send(Push::Actions(actions));
-        }
+    }
+}
+
+/// Log (debug) each assignment sent to stream `id`: `quota assignment stream=.. bucket=..
+/// assignment=token_bucket max_tokens=.. tokens_per_fill=.. fill_interval_secs=..`.
+fn log_actions(id: StreamId, domain: &str, actions: &[QuotaAction]) {
+    if !tracing::enabled!(tracing::Level::DEBUG) {
+        return;
+    }
+    for a in actions {
+        let bucket = bucket_label_of(&(String::new(), a.bucket.clone()));
+        let assignment = match a.assignment {
+            Assignment::AllowAll => "allow_all".to_owned(),
+            Assignment::DenyAll => "deny_all".to_owned(),
+            Assignment::TokenBucket(b) => format!(
+                "token_bucket max_tokens={} tokens_per_fill={} fill_interval_secs={}",
+                b.max_tokens, b.tokens_per_fill, b.fill_interval_secs
+            ),
+        };
+        tracing::debug!(
+            stream = id,
+            domain = %domain.escape_debug(),
+            bucket = %bucket.escape_debug(),
+            "quota assignment {assignment}"
+        );
     }
 }
 
 fn action(key: &BucketKey, assignment: Assignment) -> QuotaAction {
     QuotaAction {
+        domain: key.0.clone(),
         bucket: key.1.clone(),
         assignment,
         ttl_secs: ASSIGNMENT_TTL_SECS,

@@ -3,7 +3,8 @@
 //! to and from the quota server ([`crate::quota`]), which decides.
 //!
 //! One task per stream reads the reports; the responses (each report's answer and the
-//! assignments pushed when other clients move the division) go out through one bounded queue.
+//! assignments pushed when other clients move the division) go out through one bounded queue,
+//! which the quota server fills.
 //! A report that is not valid protobuf ends the stream with INVALID_ARGUMENT (counted as
 //! `invalid_protobuf`); one larger than `--max-body-bytes` is refused by tonic (OUT_OF_RANGE).
 //! When the stream ends, either way, its shares go back to the other clients.
@@ -100,17 +101,9 @@ impl RateLimitQuotaService for QuotaGrpc {
                     rules.generation,
                     state.now(),
                 );
-                match answer {
-                    Ok(actions) if actions.is_empty() => {}
-                    Ok(actions) => {
-                        if tx.send(Push::Actions(actions)).await.is_err() {
-                            break;
-                        }
-                    }
-                    Err(e) => {
-                        let _ = tx.send(Push::Invalid(e.to_string())).await;
-                        break;
-                    }
+                if let Err(e) = answer {
+                    let _ = tx.send(Push::Invalid(e.to_string())).await;
+                    break;
                 }
             }
         });
