@@ -863,7 +863,7 @@ impl QuotaMetrics {
         update(rows.buckets.entry(key).or_default());
     }
 
-    fn render(&self, out: &mut String) {
+    pub(crate) fn render(&self, out: &mut String) {
         let rows = self.lock();
         let _ = writeln!(
             out,

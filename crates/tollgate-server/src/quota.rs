@@ -567,3 +567,208 @@ fn new_bucket(key: &BucketKey, rules: &RuleSet, generation: u64) -> Bucket {
         label: bucket_label_of(key),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEC: Micros = 1_000_000;
+
+    fn rules() -> RuleSet {
+        RuleSet::from_sources(&[(
+            "q.yaml".into(),
+            "domain: q\ndescriptors:\n  - key: tenant\n    value: acme\n    descriptors:\n      - key: method\n        rate_limit: {unit: second, requests_per_unit: 40}\n  - key: tier\n    value: open\n    rate_limit: {unlimited: true}\n  - key: tier\n    value: none\n    rate_limit: {unit: second, requests_per_unit: 0}\n  - key: tier\n    value: shadow\n    shadow_mode: true\n    rate_limit: {unit: second, requests_per_unit: 3}\n"
+                .into(),
+        )])
+        .unwrap()
+    }
+
+    fn bucket(entries: &[(&str, &str)]) -> BTreeMap<String, String> {
+        entries
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    fn usage(entries: &[(&str, &str)], allowed: u64, denied: u64) -> Usage {
+        Usage {
+            bucket: bucket(entries),
+            allowed,
+            denied,
+        }
+    }
+
+    fn quotas(bounds: Bounds) -> (Quotas, Arc<QuotaMetrics>) {
+        let metrics = Arc::new(QuotaMetrics::default());
+        (Quotas::new(bounds, Arc::clone(&metrics)), metrics)
+    }
+
+    /// Every assignment queued for a stream, latest last.
+    fn drain(rx: &mut mpsc::Receiver<Push>) -> Vec<QuotaAction> {
+        let mut out = Vec::new();
+        while let Ok(Push::Actions(a)) = rx.try_recv() {
+            out.extend(a);
+        }
+        out
+    }
+
+    fn share(actions: &[QuotaAction]) -> Option<u32> {
+        actions.iter().rev().find_map(|a| match a.assignment {
+            Assignment::TokenBucket(b) => Some(b.tokens_per_fill),
+            Assignment::DenyAll => Some(0),
+            Assignment::AllowAll => None,
+        })
+    }
+
+    const ACME: &[(&str, &str)] = &[("method", "get"), ("tenant", "acme")];
+
+    #[test]
+    fn the_rules_give_blanket_rules_and_token_buckets() {
+        let (q, _) = quotas(Bounds::default());
+        let (tx, mut rx) = mpsc::channel(16);
+        let id = q.open(tx).unwrap();
+        let r = rules();
+        let usages = vec![
+            usage(&[("tier", "open")], 1, 0),
+            usage(&[("tier", "none")], 1, 0),
+            usage(&[("tier", "shadow")], 1, 0),
+            usage(&[("tier", "other")], 1, 0),
+            usage(ACME, 1, 0),
+        ];
+        q.report(id, "q", usages, &r, 1, SEC).unwrap();
+        let got: Vec<(String, Assignment)> = drain(&mut rx)
+            .into_iter()
+            .map(|a| (bucket_label_of(&(String::new(), a.bucket)), a.assignment))
+            .collect();
+        let tb = TokenBucketShare::of(40, SEC).unwrap();
+        assert_eq!(
+            got,
+            vec![
+                ("tier=open".to_owned(), Assignment::AllowAll),
+                ("tier=none".to_owned(), Assignment::DenyAll),
+                ("tier=shadow".to_owned(), Assignment::AllowAll),
+                ("tier=other".to_owned(), NO_RULE),
+                (
+                    "method=get,tenant=acme".to_owned(),
+                    Assignment::TokenBucket(tb)
+                ),
+            ]
+        );
+        // An unknown domain: no rule.
+        q.report(id, "elsewhere", vec![usage(ACME, 1, 0)], &r, 1, SEC)
+            .unwrap();
+        assert_eq!(drain(&mut rx)[0].assignment, NO_RULE);
+    }
+
+    #[test]
+    fn shares_follow_demand_and_come_back_when_a_stream_ends() {
+        let (q, metrics) = quotas(Bounds::default());
+        let r = rules();
+        let (tx_a, mut rx_a) = mpsc::channel(16);
+        let (tx_b, mut rx_b) = mpsc::channel(16);
+        let a = q.open(tx_a).unwrap();
+        let b = q.open(tx_b).unwrap();
+        q.report(a, "q", vec![usage(ACME, 1, 0)], &r, 1, 0).unwrap();
+        assert_eq!(share(&drain(&mut rx_a)), Some(40));
+        // A newcomer gets an equal share at once; A's falls and is pushed.
+        q.report(b, "q", vec![usage(ACME, 1, 0)], &r, 1, SEC)
+            .unwrap();
+        assert_eq!(share(&drain(&mut rx_b)), Some(20));
+        assert_eq!(share(&drain(&mut rx_a)), Some(20));
+        // Demands measured: A 100/s, B 5/s over 5 s. B gets its demand, A the rest.
+        q.report(a, "q", vec![usage(ACME, 400, 100)], &r, 1, 5 * SEC)
+            .unwrap();
+        q.report(b, "q", vec![usage(ACME, 20, 0)], &r, 1, 5 * SEC)
+            .unwrap();
+        let (sa, sb) = (share(&drain(&mut rx_a)), share(&drain(&mut rx_b)));
+        assert_eq!((sa, sb), (Some(35), Some(5)));
+        assert_eq!(q.shares("q", &bucket(ACME)).unwrap(), vec![(a, 35), (b, 5)]);
+        // B leaves: A gets the whole limit, pushed.
+        q.close(b);
+        assert_eq!(share(&drain(&mut rx_a)), Some(40));
+        let mut text = String::new();
+        metrics.render(&mut text);
+        assert!(text.contains(
+            "tollgate_rlqs_bucket_clients{domain=\"q\",bucket=\"method=get,tenant=acme\"} 1"
+        ));
+        assert!(text.contains(
+            "tollgate_rlqs_bucket_denied_total{domain=\"q\",bucket=\"method=get,tenant=acme\"} 100"
+        ));
+    }
+
+    #[test]
+    fn malformed_and_excess_input_is_ignored_and_counted() {
+        let bounds = Bounds {
+            streams: 2,
+            buckets: 3,
+            buckets_per_stream: 2,
+            entries: 2,
+            entry_bytes: 8,
+        };
+        let (q, metrics) = quotas(bounds);
+        let r = rules();
+        let (tx, mut rx) = mpsc::channel(16);
+        let id = q.open(tx.clone()).unwrap();
+        assert_eq!(
+            q.report(id, "", vec![usage(ACME, 1, 0)], &r, 1, SEC),
+            Err(QuotaError::NoDomain)
+        );
+        let usages = vec![
+            usage(&[], 1, 0),
+            usage(&[("a", "1"), ("b", "2"), ("c", "3")], 1, 0),
+            usage(&[("a", "")], 1, 0),
+            usage(&[("a", "123456789")], 1, 0),
+            usage(&[("tier", "open")], 1, 0),
+            usage(&[("tier", "open")], 1, 0),
+            usage(&[("tier", "x")], 1, 0),
+            usage(&[("tier", "y")], 1, 0),
+        ];
+        q.report(id, "q", usages, &r, 1, SEC).unwrap();
+        assert_eq!(drain(&mut rx).len(), 2);
+        // The second stream fills the last bucket of all; the third is refused.
+        let (tx2, mut rx2) = mpsc::channel(16);
+        let id2 = q.open(tx2).unwrap();
+        q.report(
+            id2,
+            "q",
+            vec![usage(&[("tier", "z")], 1, 0), usage(&[("tier", "w")], 1, 0)],
+            &r,
+            1,
+            SEC,
+        )
+        .unwrap();
+        assert_eq!(drain(&mut rx2).len(), 1);
+        assert_eq!(q.open(tx), Err(QuotaError::TooManyStreams(2)));
+        let mut out = String::new();
+        metrics.render(&mut out);
+        for (reason, n) in [
+            ("no_domain", 1),
+            ("empty_bucket_id", 1),
+            ("bucket_id_entries", 1),
+            ("bucket_id_entry_size", 2),
+            ("duplicate_bucket", 1),
+            ("buckets_per_stream", 1),
+            ("buckets", 1),
+            ("too_many_streams", 1),
+        ] {
+            let line = format!("tollgate_rlqs_rejected_total{{reason=\"{reason}\"}} {n}\n");
+            assert!(out.contains(&line), "{line} in\n{out}");
+        }
+    }
+
+    #[test]
+    fn a_rules_reload_applies_to_the_next_report() {
+        let (q, _) = quotas(Bounds::default());
+        let (tx, mut rx) = mpsc::channel(16);
+        let id = q.open(tx).unwrap();
+        q.report(id, "q", vec![usage(ACME, 1, 0)], &rules(), 1, SEC)
+            .unwrap();
+        assert_eq!(share(&drain(&mut rx)), Some(40));
+        let none =
+            RuleSet::from_sources(&[("q.yaml".into(), "domain: q\ndescriptors: []\n".into())]);
+        let none = none.unwrap_or_default();
+        q.report(id, "q", vec![usage(ACME, 1, 0)], &none, 2, 2 * SEC)
+            .unwrap();
+        assert_eq!(drain(&mut rx)[0].assignment, NO_RULE);
+    }
+}
