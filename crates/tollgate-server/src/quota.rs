@@ -108,6 +108,8 @@ pub enum Push {
     Actions(Vec<QuotaAction>),
     /// The stream ends with INVALID_ARGUMENT and this message.
     Invalid(String),
+    /// The stream ends with OUT_OF_RANGE and this message (a report over the size limit).
+    TooLarge(String),
 }
 
 /// One usage report of one bucket, as received.
@@ -137,12 +139,13 @@ pub type StreamId = u64;
 
 type BucketKey = (String, BTreeMap<String, String>);
 
-/// Assignments to send, by stream, in two waves: `first` (shares that fall or stay, and the
-/// reporter's answer), then `later` (shares that grow), so that the shares sent never add up to
-/// more than the limit.
+/// Assignments to send, by stream, in three waves: `first` (other clients' shares that fall),
+/// then `own` (the reporter's answer), then `later` (other clients' shares that grow), so that
+/// the shares sent never add up to more than the limit.
 #[derive(Debug, Default)]
 struct Pushes {
     first: HashMap<StreamId, Vec<QuotaAction>>,
+    own: HashMap<StreamId, Vec<QuotaAction>>,
     later: HashMap<StreamId, Vec<QuotaAction>>,
 }
 
@@ -426,7 +429,9 @@ impl Quotas {
                     None => Assignment::DenyAll,
                 }
             };
-            let wave = if !own && previous.is_some_and(|p| sent > p) {
+            let wave = if own {
+                &mut pushes.own
+            } else if previous.is_some_and(|p| sent > p) {
                 &mut pushes.later
             } else {
                 &mut pushes.first
@@ -467,10 +472,10 @@ fn stale_clients(bucket: &Bucket, now: Micros) -> Vec<StreamId> {
     bucket.demands.quiet_since(now.saturating_sub(STALE_AFTER))
 }
 
-/// Send each stream its pushes, the first wave before the later one. A stream whose queue is
-/// full misses them and gets its assignments with its next report.
+/// Send each stream its pushes, wave by wave. A stream whose queue is full misses them and
+/// gets its assignments with its next report.
 fn send(inner: &Inner, pushes: Pushes) {
-    for wave in [pushes.first, pushes.later] {
+    for wave in [pushes.first, pushes.own, pushes.later] {
         for (id, actions) in wave {
             if actions.is_empty() {
                 continue;

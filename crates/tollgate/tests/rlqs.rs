@@ -435,60 +435,49 @@ fn buckets_get_blanket_rules_and_token_buckets_from_the_rules() {
         "admitted {admitted} > bound {bound}"
     );
 
-    // Malformed input never reaches a panic: garbage on the stream is INVALID_ARGUMENT.
-    let garbage = tollgate_status_of_garbage(&grpc);
-    assert_eq!(garbage, Some(3), "{}", server.stderr());
-    assert!(metric(
-        &server,
-        "tollgate_rlqs_rejected_total{reason=\"invalid_protobuf\"}"
-    )
-    .is_some());
+    // Bad input ends the stream with a status, counted: bytes that are not protobuf (a field
+    // of wire type 7) are INVALID_ARGUMENT, a message over --max-body-bytes (5 MiB announced)
+    // OUT_OF_RANGE.
+    let garbage: &[u8] = &[0, 0, 0, 0, 4, 0x0f, 0xff, 0xff, 0xff];
+    assert_eq!(
+        grpc_status_of(&grpc, garbage),
+        Some(3),
+        "{}",
+        server.stderr()
+    );
+    let huge: &[u8] = &[0, 0, 0x50, 0, 0, 0];
+    assert_eq!(grpc_status_of(&grpc, huge), Some(11), "{}", server.stderr());
+    for reason in ["invalid_protobuf", "message_too_large"] {
+        let series = format!("tollgate_rlqs_rejected_total{{reason=\"{reason}\"}}");
+        assert_eq!(metric(&server, &series), Some(1.0), "{series}");
+    }
 }
 
-/// The gRPC status code tollgate answers to a stream whose message is not protobuf.
-fn tollgate_status_of_garbage(grpc: &str) -> Option<u32> {
+/// The gRPC status tollgate ends a `StreamRateLimitQuotas` call with, when the client sends
+/// `body` (gRPC frames, as raw bytes) and ends its side.
+fn grpc_status_of(grpc: &str, body: &'static [u8]) -> Option<u32> {
+    use http_body_util::BodyExt;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async {
-        let mut conn = TcpStreamH2::connect(grpc).await;
-        conn.call_garbage().await
-    })
-}
-
-/// A minimal HTTP/2 gRPC call made with hyper's client: one request frame holding bytes that
-/// are not protobuf, answered by trailers.
-struct TcpStreamH2 {
-    send: hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>>,
-}
-
-impl TcpStreamH2 {
-    async fn connect(addr: &str) -> TcpStreamH2 {
-        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let (send, conn) = hyper::client::conn::http2::handshake(
+        let tcp = tokio::net::TcpStream::connect(grpc).await.unwrap();
+        let (mut send, conn) = hyper::client::conn::http2::handshake(
             hyper_util::rt::TokioExecutor::new(),
             hyper_util::rt::TokioIo::new(tcp),
         )
         .await
         .unwrap();
         tokio::spawn(conn);
-        TcpStreamH2 { send }
-    }
-
-    async fn call_garbage(&mut self) -> Option<u32> {
-        use http_body_util::BodyExt;
-        // A gRPC frame: not compressed, 4 bytes, an invalid protobuf (a field with wire type 7).
-        let body = bytes::Bytes::from_static(&[0, 0, 0, 0, 4, 0x0f, 0xff, 0xff, 0xff]);
-        let req = hyper::Request::post(format!(
-            "http://{}/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas",
-            "tollgate"
-        ))
+        let req = hyper::Request::post(
+            "http://tollgate/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas",
+        )
         .header("content-type", "application/grpc")
         .header("te", "trailers")
-        .body(http_body_util::Full::new(body))
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(body)))
         .unwrap();
-        let resp = self.send.send_request(req).await.ok()?;
+        let resp = send.send_request(req).await.ok()?;
         if let Some(s) = resp.headers().get("grpc-status") {
             return s.to_str().ok()?.parse().ok();
         }
@@ -500,7 +489,7 @@ impl TcpStreamH2 {
             .ok()?
             .parse()
             .ok()
-    }
+    })
 }
 
 /// A load on one Envoy's acme bucket: `rate` requests a second (paced), counted.

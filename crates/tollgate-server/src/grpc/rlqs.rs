@@ -6,7 +6,8 @@
 //! assignments pushed when other clients move the division) go out through one bounded queue,
 //! which the quota server fills.
 //! A report that is not valid protobuf ends the stream with INVALID_ARGUMENT (counted as
-//! `invalid_protobuf`); one larger than `--max-body-bytes` is refused by tonic (OUT_OF_RANGE).
+//! `invalid_protobuf`); one larger than `--max-body-bytes` ends it with OUT_OF_RANGE
+//! (`message_too_large`).
 //! When the stream ends, either way, its shares go back to the other clients.
 
 use crate::quota::{Assignment, Push, QuotaAction, Quotas, Usage};
@@ -74,11 +75,24 @@ impl RateLimitQuotaService for QuotaGrpc {
                     Ok(Some(r)) => r,
                     Ok(None) => break,
                     Err(status) => {
-                        if status.code() == tonic::Code::Internal
-                            && status.message().contains("decode")
-                        {
-                            state.metrics().quota.rejected("invalid_protobuf");
-                            let _ = tx.send(Push::Invalid(status.message().to_owned())).await;
+                        // tonic's prost codec reports a message that does not decode as
+                        // INTERNAL: the client's fault, answered INVALID_ARGUMENT. A message
+                        // over the size limit is OUT_OF_RANGE; anything else (the client reset
+                        // the stream) has nobody to answer.
+                        let message = status.message().to_owned();
+                        let end = match status.code() {
+                            tonic::Code::Internal if message.contains("decode") => {
+                                state.metrics().quota.rejected("invalid_protobuf");
+                                Some(Push::Invalid(message))
+                            }
+                            tonic::Code::OutOfRange => {
+                                state.metrics().quota.rejected("message_too_large");
+                                Some(Push::TooLarge(message))
+                            }
+                            _ => None,
+                        };
+                        if let Some(end) = end {
+                            let _ = tx.send(end).await;
                         }
                         break;
                     }
@@ -115,6 +129,9 @@ impl RateLimitQuotaService for QuotaGrpc {
                 Push::Actions(actions) => Some((Ok(response(actions)), (rx, false))),
                 Push::Invalid(message) => {
                     Some((Err(tonic::Status::invalid_argument(message)), (rx, true)))
+                }
+                Push::TooLarge(message) => {
+                    Some((Err(tonic::Status::out_of_range(message)), (rx, true)))
                 }
             }
         });
