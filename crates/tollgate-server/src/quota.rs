@@ -378,11 +378,7 @@ impl Quotas {
         let (limit, period, shadow) = match bucket.policy {
             Policy::Allow => {
                 if let Some(r) = reporter {
-                    pushes
-                        .first
-                        .entry(r)
-                        .or_default()
-                        .push(action(key, NO_RULE));
+                    pushes.own.entry(r).or_default().push(action(key, NO_RULE));
                 }
                 self.metrics.bucket(&key.0, &bucket.label, |r| {
                     r.clients = bucket.demands.len() as u64;
