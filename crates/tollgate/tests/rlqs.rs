@@ -6,8 +6,9 @@
 //! `shadow_mode` one and one no rule names are allowed (ALLOW_ALL); a bucket id given as a map
 //! (`{method: get, tenant: acme}`) finds its nested rule; the token bucket Envoy enforces
 //! admits no more than its bound; two Envoys with uneven load get shares that follow their
-//! demand, and follow it again when the load moves, the fleet admitting no more than the
-//! stated bound (docs/rlqs.md) all along.
+//! demand, and follow it again when the load moves, then split the limit evenly under even load,
+//! no one-second window admitting more than the stated bound (docs/rlqs.md), nor the whole run;
+//! malformed and oversized reports end the stream with a status, counted.
 //!
 //! Envoy reports every 5 s, so the shares take a few reports to follow the load: the test waits
 //! for the events (a report received, an assignment logged by tollgate at debug level), never
@@ -496,6 +497,8 @@ fn grpc_status_of(grpc: &str, body: &'static [u8]) -> Option<u32> {
 struct Load {
     rate: Arc<AtomicU64>,
     admitted: Arc<AtomicU64>,
+    /// When each admitted request was answered.
+    times: Arc<std::sync::Mutex<Vec<Instant>>>,
     sent: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -505,12 +508,18 @@ impl Load {
     fn start(envoy: &Envoy, rate: u64) -> Load {
         let rate = Arc::new(AtomicU64::new(rate));
         let admitted = Arc::new(AtomicU64::new(0));
+        let times = Arc::new(std::sync::Mutex::new(Vec::new()));
         let sent = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let mut client = envoy.client();
         let thread = {
-            let (rate, admitted, sent, stop) =
-                (rate.clone(), admitted.clone(), sent.clone(), stop.clone());
+            let (rate, admitted, times, sent, stop) = (
+                rate.clone(),
+                admitted.clone(),
+                times.clone(),
+                sent.clone(),
+                stop.clone(),
+            );
             std::thread::spawn(move || {
                 // Paced: the n-th request of the current rate goes at n / rate.
                 let mut since = Instant::now();
@@ -529,6 +538,7 @@ impl Load {
                     sent.fetch_add(1, Ordering::Relaxed);
                     if client.get("acme") == 200 {
                         admitted.fetch_add(1, Ordering::Relaxed);
+                        times.lock().unwrap().push(Instant::now());
                     }
                 }
             })
@@ -536,6 +546,7 @@ impl Load {
         Load {
             rate,
             admitted,
+            times,
             sent,
             stop,
             thread: Some(thread),
@@ -615,6 +626,61 @@ fn two_envoys_get_shares_that_follow_their_demand() {
         "load moved (A {light}/s, B {heavy}/s): shares {:?} after {converged_b:.1?}",
         latest_shares(&acme_assignments(&server))
     );
+    // Both busy: the limit is split evenly, and no one-second window admits more than the
+    // limit plus the tokens of the buckets held (one second of each share) and started in it.
+    load_a.set_rate(heavy);
+    let even = |server: &Server| {
+        let shares = latest_shares(&acme_assignments(server));
+        shares.len() == 2
+            && shares
+                .values()
+                .all(|s| *s >= ACME_PER_SECOND * 3 / 8 && *s <= ACME_PER_SECOND * 5 / 8)
+    };
+    let converged_even = wait_for("even shares under even load", || even(&server), ctx);
+    eprintln!(
+        "even load (A {heavy}/s, B {heavy}/s): shares {:?} after {converged_even:.1?}",
+        latest_shares(&acme_assignments(&server))
+    );
+    let held: u64 = {
+        let mut last: std::collections::HashMap<u64, u64> = Default::default();
+        for (stream, b) in acme_assignments(&server) {
+            last.insert(stream, b.max_tokens);
+        }
+        last.values().sum()
+    };
+    let (t0, before) = (Instant::now(), acme_assignments(&server));
+    // The measurement's length, not a synchronisation: admitted requests are counted over it.
+    std::thread::sleep(Duration::from_secs(3));
+    let (t1, after) = (Instant::now(), acme_assignments(&server));
+    let started_in = started_tokens(&after) - started_tokens(&before);
+    let mut times: Vec<Instant> = [&load_a, &load_b]
+        .iter()
+        .flat_map(|l| l.times.lock().unwrap().clone())
+        .filter(|t| *t >= t0 && *t <= t1)
+        .collect();
+    times.sort_unstable();
+    let mut worst = 0;
+    for (i, t) in times.iter().enumerate() {
+        let within = times[i..]
+            .iter()
+            .take_while(|u| u.duration_since(*t) < Duration::from_secs(1))
+            .count();
+        worst = worst.max(within);
+    }
+    let window_bound = ACME_PER_SECOND + held + started_in;
+    eprintln!(
+        "even load, {:.1} s measured: {} admitted ({:.1}/s), at most {worst} in any 1 s \
+         window; bound {window_bound} (limit {ACME_PER_SECOND} + {held} tokens held + \
+         {started_in} started)",
+        (t1 - t0).as_secs_f64(),
+        times.len(),
+        times.len() as f64 / (t1 - t0).as_secs_f64()
+    );
+    assert!(
+        worst as u64 <= window_bound,
+        "{worst} in 1 s > {window_bound}"
+    );
+
     let sent = load_a.sent.clone();
     let sent_b = load_b.sent.clone();
     let (admitted_a, admitted_b) = (load_a.admitted.clone(), load_b.admitted.clone());
