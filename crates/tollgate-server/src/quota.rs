@@ -22,8 +22,8 @@
 //!
 //! Everything is bounded: streams ([`Bounds::streams`]), buckets in all and per stream, the
 //! entries of a bucket id and their sizes. Input past a bound, or malformed, is ignored and
-//! counted in `tollgate_rlqs_rejected_total{reason}`; a report with no domain ends its stream
-//! (INVALID_ARGUMENT).
+//! counted in `tollgate_rlqs_rejected_total{reason}`; a report with no domain, or one over
+//! [`Bounds::entry_bytes`], ends its stream (INVALID_ARGUMENT).
 
 use crate::metrics::QuotaMetrics;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -61,7 +61,7 @@ pub struct Bounds {
     pub buckets_per_stream: usize,
     /// Entries of a bucket id.
     pub entries: usize,
-    /// Bytes of a bucket id's key or value.
+    /// Bytes of a bucket id's key or value, and of a report's domain.
     pub entry_bytes: usize,
 }
 
@@ -132,6 +132,9 @@ pub enum QuotaError {
     /// A report with an empty domain.
     #[error("a usage report must name its domain")]
     NoDomain,
+    /// A report whose domain is longer than [`Bounds::entry_bytes`].
+    #[error("the domain of a usage report is longer than {0} bytes")]
+    DomainTooLong(usize),
 }
 
 /// A stream's id.
@@ -282,6 +285,10 @@ impl Quotas {
             self.metrics.rejected("no_domain");
             return Err(QuotaError::NoDomain);
         }
+        if domain.len() > self.bounds.entry_bytes {
+            self.metrics.rejected("domain_size");
+            return Err(QuotaError::DomainTooLong(self.bounds.entry_bytes));
+        }
         self.metrics.report();
         let mut inner = self.lock();
         let inner = &mut *inner;
@@ -366,8 +373,8 @@ impl Quotas {
     }
 
     /// Divide `bucket` again: `reporter`'s assignment is always added to `pushes` (its report
-    /// is answered, renewing the time to live); another client's only when its share moved by
-    /// more than [`REBALANCE_FRACTION`].
+    /// is answered, renewing the time to live); another client's only when its share falls, or
+    /// grows by more than [`REBALANCE_FRACTION`].
     fn divide(
         &self,
         key: &BucketKey,
@@ -714,6 +721,10 @@ mod tests {
             q.report(id, "", vec![usage(ACME, 1, 0)], &r, 1, SEC),
             Err(QuotaError::NoDomain)
         );
+        assert_eq!(
+            q.report(id, "123456789", vec![usage(ACME, 1, 0)], &r, 1, SEC),
+            Err(QuotaError::DomainTooLong(8))
+        );
         let usages = vec![
             usage(&[], 1, 0),
             usage(&[("a", "1"), ("b", "2"), ("c", "3")], 1, 0),
@@ -744,6 +755,7 @@ mod tests {
         metrics.render(&mut out);
         for (reason, n) in [
             ("no_domain", 1),
+            ("domain_size", 1),
             ("empty_bucket_id", 1),
             ("bucket_id_entries", 1),
             ("bucket_id_entry_size", 2),
