@@ -717,3 +717,133 @@ fn two_envoys_get_shares_that_follow_their_demand() {
         assert!(sum <= ACME_PER_SECOND, "shares {current:?} over the limit");
     }
 }
+
+/// The server's CPU time so far (user + system, clock ticks of 10 ms), from /proc.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The fields after the command name (in parentheses, which may hold spaces).
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    // utime and stime are fields 14 and 15 of the whole line, 12 and 13 after the name.
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+/// Not a check (`--ignored`): the server's CPU per reported bucket, with 10 clients (standing in
+/// for Envoys) each reporting the same 1,000 buckets, 20 times a second each (100 times Envoy's
+/// rate), for 10 s.
+#[test]
+#[ignore = "a measurement, not a check: run with --ignored --nocapture"]
+fn measure_report_cost() {
+    use tollgate_proto::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+    use tollgate_proto::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+    use tollgate_proto::pb::envoy::service::rate_limit_quota::v3::{
+        BucketId, RateLimitQuotaUsageReports,
+    };
+    const CLIENTS: usize = 10;
+    const BUCKETS: usize = 1_000;
+    const PER_SECOND: u64 = 20;
+    const SECONDS: u64 = 10;
+    let dir = temp_dir("rlqs-cost");
+    // One rule per tenant value: every bucket is divided between the clients.
+    std::fs::write(
+        dir.join("cost.yaml"),
+        "domain: cost\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 1000}\n",
+    )
+    .unwrap();
+    let server = Server::start(
+        &[
+            "--rules",
+            dir.join("cost.yaml").to_str().unwrap(),
+            "--http-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "127.0.0.1:0",
+        ],
+        &dir,
+        "rlqs-cost",
+    );
+    let grpc = server.addr("gRPC ");
+    let pid = server.child.id();
+    let report = |n: u64| RateLimitQuotaUsageReports {
+        domain: "cost".into(),
+        bucket_quota_usages: (0..BUCKETS)
+            .map(|b| BucketQuotaUsage {
+                bucket_id: Some(BucketId {
+                    bucket: [("tenant".to_owned(), format!("t{b}"))].into(),
+                }),
+                time_elapsed: None,
+                num_requests_allowed: 10 + n % 7,
+                num_requests_denied: b as u64 % 3,
+            })
+            .collect(),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let responses = Arc::new(AtomicU64::new(0));
+    let sent = rt.block_on(async {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut senders = Vec::new();
+        for _ in 0..CLIENTS {
+            let (tx, rx) = tokio::sync::mpsc::channel(4);
+            let mut client = RateLimitQuotaServiceClient::new(channel.clone());
+            let mut inbound = client
+                .stream_rate_limit_quotas(
+                    tonic::codegen::tokio_stream::wrappers::ReceiverStream::new(rx),
+                )
+                .await
+                .unwrap()
+                .into_inner();
+            let responses = responses.clone();
+            tokio::spawn(async move {
+                while let Ok(Some(_)) = inbound.message().await {
+                    responses.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+            senders.push(tx);
+        }
+        // Reports built beforehand: the measurement is the server's, not the client's.
+        let prepared: Vec<RateLimitQuotaUsageReports> = (0..7).map(report).collect();
+        let before = cpu_ticks(pid);
+        let start = Instant::now();
+        let mut tick = tokio::time::interval(Duration::from_millis(1000 / PER_SECOND));
+        for n in 0..PER_SECOND * SECONDS {
+            tick.tick().await;
+            for tx in &senders {
+                tx.send(prepared[(n % 7) as usize].clone()).await.unwrap();
+            }
+        }
+        // The streams stay open (their senders are returned) until every report is taken.
+        (before, start, senders)
+    });
+    let (before, start, senders) = sent;
+    let expected = (CLIENTS as u64 * PER_SECOND * SECONDS) as f64;
+    let until = Instant::now() + Duration::from_secs(120);
+    while metric(&server, "tollgate_rlqs_reports_total").unwrap_or(0.0) < expected {
+        assert!(
+            Instant::now() < until,
+            "the server did not take every report"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (after, elapsed) = (cpu_ticks(pid), start.elapsed());
+    drop(senders);
+    let reports = metric(&server, "tollgate_rlqs_reports_total").unwrap_or(0.0);
+    let bucket_reports = reports * BUCKETS as f64;
+    let cpu = (after - before) as f64 / 100.0;
+    println!(
+        "{CLIENTS} clients x {BUCKETS} buckets, {reports} reports ({bucket_reports} bucket \
+         reports) in {elapsed:.1?}: server CPU {cpu:.2} s, {:.2} µs per reported bucket; \
+         {} responses. At Envoy's rate (every 5 s) that is {:.4} of a core for \
+         {CLIENTS} Envoys x {BUCKETS} buckets.",
+        cpu * 1e6 / bucket_reports,
+        responses.load(Ordering::Relaxed),
+        cpu / bucket_reports * (CLIENTS * BUCKETS) as f64 / 5.0
+    );
+}
