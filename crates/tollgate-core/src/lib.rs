@@ -59,6 +59,7 @@ pub mod queue;
 pub mod quota;
 pub mod request;
 pub mod rules;
+pub mod shares;
 pub mod store;
 mod window;
 

@@ -995,3 +995,39 @@ fn the_docs_doorkeeper_example_holds() {
     assert_eq!(store.len(), 1);
     assert!(allowed(t0 + 60_000_000), "a new minute");
 }
+
+/// A set of entries with no order (a quota bucket's id) finds the rule of the descriptor tree
+/// whatever order it is given in, and resolves as the ordered descriptor does.
+#[test]
+fn unordered_entries_take_the_tree_order() {
+    let set = RuleSet::from_sources(&[(
+        "q.yaml".into(),
+        "domain: q\ndescriptors:\n  - key: tenant\n    value: acme\n    descriptors:\n      - key: method\n        rate_limit: {unit: second, requests_per_unit: 40}\n  - key: method\n    value: get\n    rate_limit: {unit: second, requests_per_unit: 5}\n  - key: tier\n    rate_limit: {unlimited: true}\n"
+            .into(),
+    )])
+    .unwrap();
+    let limited = |r: &Resolution<'_>| match r {
+        Resolution::Limited { limit, .. } => Some(limit.quota.as_ref().unwrap().limit()),
+        _ => None,
+    };
+    for entries in [
+        [("method", "get"), ("tenant", "acme")],
+        [("tenant", "acme"), ("method", "get")],
+    ] {
+        let (ordered, r) = set.resolve_unordered("q", &entries);
+        assert_eq!(ordered, vec![("tenant", "acme"), ("method", "get")]);
+        assert_eq!(limited(&r), Some(40));
+        assert_eq!(r, set.resolve("q", &ordered));
+    }
+    // One entry: the top-level rule.
+    let (_, r) = set.resolve_unordered("q", &[("method", "get")]);
+    assert_eq!(limited(&r), Some(5));
+    let (_, r) = set.resolve_unordered("q", &[("tier", "x")]);
+    assert!(matches!(r, Resolution::Unlimited(_)));
+    // No order reaches a rule; an unknown domain.
+    let (_, r) = set.resolve_unordered("q", &[("tenant", "acme"), ("tier", "x")]);
+    assert_eq!(r, Resolution::NoMatch);
+    let (_, r) = set.resolve_unordered("nope", &[("tier", "x")]);
+    assert_eq!(r, Resolution::NoMatch);
+    assert_eq!(set.resolve_unordered("q", &[]).1, Resolution::NoMatch);
+}

@@ -1,6 +1,7 @@
 //! The protobuf messages and the gRPC client and server of Envoy's rate-limit service
-//! (`envoy.service.ratelimit.v3.RateLimitService`), and the xDS subscription to rate-limit rules
-//! (see `xds.rs`); nothing else of Envoy's API.
+//! (`envoy.service.ratelimit.v3.RateLimitService`), the xDS subscription to rate-limit rules
+//! (see `xds.rs`) and the Rate Limit Quota Service's stream (see `rlqs.rs`); nothing else of
+//! Envoy's API.
 //!
 //! Written by hand with `prost` derives and tonic's codegen helpers, so a build needs neither
 //! protoc nor the code generated for all of Envoy's API (thousands of messages tollgate never
@@ -15,6 +16,7 @@
 //! gRPC clients and grpcurl (through reflection) talk to these types in tollgate's tests.
 
 mod client;
+mod rlqs;
 mod server;
 mod xds;
 
@@ -50,8 +52,11 @@ pub mod pb {
 
         /// `envoy.type.*`
         pub mod r#type {
-            /// `envoy.type.v3`: the unit of a descriptor's limit override.
+            /// `envoy.type.v3`: the unit of a descriptor's limit override, and the strategies a
+            /// quota server assigns.
             pub mod v3 {
+                pub use crate::rlqs::{rate_limit_strategy, RateLimitStrategy, TokenBucket};
+
                 /// `envoy.type.v3.RateLimitUnit`.
                 #[derive(
                     Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration,
@@ -164,6 +169,30 @@ pub mod pb {
                     /// The gRPC client.
                     pub mod aggregated_discovery_service_client {
                         pub use crate::xds::AggregatedDiscoveryServiceClient;
+                    }
+                }
+            }
+
+            /// `envoy.service.rate_limit_quota.*`
+            pub mod rate_limit_quota {
+                /// `envoy.service.rate_limit_quota.v3`: the Rate Limit Quota Service (RLQS).
+                pub mod v3 {
+                    pub use crate::rlqs::{
+                        rate_limit_quota_response, rate_limit_quota_usage_reports, BucketId,
+                        RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+                    };
+
+                    /// The gRPC client.
+                    pub mod rate_limit_quota_service_client {
+                        pub use crate::rlqs::RateLimitQuotaServiceClient;
+                    }
+
+                    /// The gRPC server side.
+                    pub mod rate_limit_quota_service_server {
+                        pub use crate::rlqs::{
+                            QuotaCodec, RateLimitQuotaService, RateLimitQuotaServiceServer,
+                            SERVICE_NAME,
+                        };
                     }
                 }
             }
@@ -362,6 +391,7 @@ pub mod pb {
 
         /// `google.protobuf`: the well-known types the RLS messages use.
         pub mod protobuf {
+            pub use crate::rlqs::UInt32Value;
             pub use crate::xds::Any;
 
             /// `google.protobuf.Timestamp`.

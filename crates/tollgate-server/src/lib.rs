@@ -7,7 +7,7 @@
 //!   rules, swapped atomically on reload), the [`backend`] (memory, or Redis with a failure
 //!   policy), [`metrics`], the live [`stats`], the [`decision_log`], the [`error`] type and the
 //!   waiting of requests that rules with a `queue` hold ([`queue`]), the traces of decisions
-//!   ([`otel`]);
+//!   ([`otel`]), and the quota server behind Envoy's Rate Limit Quota Service ([`quota`]);
 //! - **rule sources** over the core: file reload ([`reload`]) and the rule [`registry`];
 //! - **transports** over those: one accept loop for every listener ([`listener`]), the HTTP API
 //!   with forward-auth and the registry's endpoints ([`http`], its JSON codec [`wire`]) and the
@@ -32,6 +32,7 @@ pub mod model;
 pub mod otel;
 pub mod policy;
 pub mod queue;
+pub mod quota;
 pub mod registry;
 pub mod reload;
 pub mod serve;

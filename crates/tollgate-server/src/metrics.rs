@@ -124,6 +124,8 @@ pub struct Metrics {
     pub grpc_connections: Arc<ConnectionMetrics>,
     /// The queues of rules with a `queue` option.
     pub(crate) queue: QueueMetrics,
+    /// The Envoy quota server's streams and buckets.
+    pub(crate) quota: Arc<QuotaMetrics>,
 }
 
 /// Bound on the series named by request values of `detailed_metric` / `value_to_metric` rules;
@@ -533,6 +535,7 @@ impl Metrics {
         );
         out.push_str(&self.limit_rows.read().unwrap_or_else(|e| e.into_inner()));
         self.queue.render(&mut out);
+        self.quota.render(&mut out);
         ConnectionMetrics::render(
             &mut out,
             &[
@@ -780,6 +783,152 @@ fn render_limits(set: &RuleSet) -> String {
         );
     }
     out
+}
+
+/// Buckets of the quota server given series of their own in `tollgate_rlqs_bucket_*`; the
+/// buckets past it share the series `bucket="_other"` (bucket ids are client input).
+pub(crate) const MAX_QUOTA_BUCKET_SERIES: usize = 500;
+
+/// The Envoy quota server's (RLQS) metrics: streams, reports, refused input, and per bucket
+/// its clients, demand, assigned rate, the counts clients reported and the rebalances.
+#[derive(Debug, Default)]
+pub(crate) struct QuotaMetrics {
+    rows: std::sync::Mutex<QuotaRows>,
+}
+
+#[derive(Debug, Default)]
+struct QuotaRows {
+    streams: u64,
+    reports: u64,
+    rejected: BTreeMap<&'static str, u64>,
+    buckets: BTreeMap<(String, String), QuotaBucketRow>,
+}
+
+/// One bucket's series.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct QuotaBucketRow {
+    /// Clients (Envoy streams) reporting it.
+    pub(crate) clients: u64,
+    /// Their demand, requests per second (known demands only).
+    pub(crate) demand_per_second: f64,
+    /// The rate assigned to them in total, requests per second.
+    pub(crate) assigned_per_second: f64,
+    /// Requests the clients reported allowed.
+    pub(crate) allowed: u64,
+    /// Requests the clients reported denied.
+    pub(crate) denied: u64,
+    /// Assignments pushed to a client because the division changed.
+    pub(crate) rebalances: u64,
+}
+
+impl QuotaMetrics {
+    fn lock(&self) -> std::sync::MutexGuard<'_, QuotaRows> {
+        self.rows.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Open streams now.
+    pub(crate) fn set_streams(&self, n: usize) {
+        self.lock().streams = n as u64;
+    }
+
+    /// A report received.
+    pub(crate) fn report(&self) {
+        self.lock().reports += 1;
+    }
+
+    /// Input refused or ignored, by reason.
+    pub(crate) fn rejected(&self, reason: &'static str) {
+        *self.lock().rejected.entry(reason).or_default() += 1;
+    }
+
+    /// Update the series of `bucket` in `domain` (labels bounded; past
+    /// [`MAX_QUOTA_BUCKET_SERIES`] buckets, the shared `_other` series).
+    pub(crate) fn bucket(
+        &self,
+        domain: &str,
+        bucket: &str,
+        update: impl FnOnce(&mut QuotaBucketRow),
+    ) {
+        let mut rows = self.lock();
+        let key = (
+            bounded_label(domain).into_owned(),
+            bounded_label(bucket).into_owned(),
+        );
+        let key = if rows.buckets.contains_key(&key) || rows.buckets.len() < MAX_QUOTA_BUCKET_SERIES
+        {
+            key
+        } else {
+            (key.0, "_other".to_owned())
+        };
+        update(rows.buckets.entry(key).or_default());
+    }
+
+    pub(crate) fn render(&self, out: &mut String) {
+        let rows = self.lock();
+        let _ = writeln!(
+            out,
+            "# HELP tollgate_rlqs_streams Open quota streams (Envoy rate_limit_quota clients).\n# TYPE tollgate_rlqs_streams gauge\ntollgate_rlqs_streams {}\n# HELP tollgate_rlqs_reports_total Usage reports received.\n# TYPE tollgate_rlqs_reports_total counter\ntollgate_rlqs_reports_total {}",
+            rows.streams, rows.reports
+        );
+        out.push_str("# HELP tollgate_rlqs_rejected_total Quota input refused or ignored, by reason.\n# TYPE tollgate_rlqs_rejected_total counter\n");
+        for (reason, n) in &rows.rejected {
+            let _ = writeln!(
+                out,
+                "tollgate_rlqs_rejected_total{{reason=\"{reason}\"}} {n}"
+            );
+        }
+        type Field = fn(&QuotaBucketRow) -> String;
+        let families: [(&str, &str, &str, Field); 6] = [
+            (
+                "tollgate_rlqs_bucket_clients",
+                "gauge",
+                "Clients reporting the bucket.",
+                |r| r.clients.to_string(),
+            ),
+            (
+                "tollgate_rlqs_bucket_demand_per_second",
+                "gauge",
+                "The clients' reported demand (allowed + denied), per second.",
+                |r| format!("{:.3}", r.demand_per_second),
+            ),
+            (
+                "tollgate_rlqs_bucket_assigned_per_second",
+                "gauge",
+                "The rate assigned to the clients in total, per second.",
+                |r| format!("{:.3}", r.assigned_per_second),
+            ),
+            (
+                "tollgate_rlqs_bucket_allowed_total",
+                "counter",
+                "Requests the clients reported allowed.",
+                |r| r.allowed.to_string(),
+            ),
+            (
+                "tollgate_rlqs_bucket_denied_total",
+                "counter",
+                "Requests the clients reported denied.",
+                |r| r.denied.to_string(),
+            ),
+            (
+                "tollgate_rlqs_bucket_rebalances_total",
+                "counter",
+                "Assignments pushed because the division of the limit changed.",
+                |r| r.rebalances.to_string(),
+            ),
+        ];
+        for (name, kind, help, field) in families {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for ((domain, bucket), row) in &rows.buckets {
+                let _ = writeln!(
+                    out,
+                    "{name}{{domain=\"{}\",bucket=\"{}\"}} {}",
+                    escape(domain),
+                    escape(bucket),
+                    field(row)
+                );
+            }
+        }
+    }
 }
 
 /// Escape a label value (`\`, `"`, newline).

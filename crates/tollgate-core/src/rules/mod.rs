@@ -612,6 +612,30 @@ impl RuleSet {
         }
     }
 
+    /// Resolves a descriptor given as a set of entries with no order (an Envoy quota bucket's
+    /// id, a map): the entries are put in the order of the domain's descriptor tree, found
+    /// depth first (at each level the entries whose key the level has, tried in the order
+    /// given; the first order that uses every entry and reaches a rule wins), then resolved as
+    /// [`RuleSet::resolve`] does. Returns the ordered entries with the resolution; no order
+    /// reaches a rule: [`Resolution::NoMatch`] and the entries as given.
+    pub fn resolve_unordered<'e>(
+        &self,
+        domain: &str,
+        entries: &[(&'e str, &'e str)],
+    ) -> (Vec<(&'e str, &'e str)>, Resolution<'_>) {
+        let Some(d) = self.by_name.get(domain).and_then(|&i| self.domains.get(i)) else {
+            return (entries.to_vec(), Resolution::NoMatch);
+        };
+        match d.tree.order(entries) {
+            None => (entries.to_vec(), Resolution::NoMatch),
+            Some(order) => {
+                let ordered: Vec<(&str, &str)> = order.iter().map(|&i| entries[i]).collect();
+                let resolution = self.resolve(domain, &ordered);
+                (ordered, resolution)
+            }
+        }
+    }
+
     /// The domains, sorted by name.
     pub fn domains(&self) -> impl Iterator<Item = &Domain> {
         self.domains.iter()

@@ -252,6 +252,60 @@ impl Tree {
     }
 }
 
+impl Tree {
+    /// The order in which `entries` (a set of key/value pairs, with no order of its own: a
+    /// quota bucket's id) make a descriptor of this tree that has a limit: positions into
+    /// `entries`, outermost first. Depth first: at each level, the unused entries whose key the
+    /// level has are tried in the order given, each matched as [`Tree::resolve`] matches a
+    /// value (exact, wildcard, key only), and the first order that uses every entry and ends
+    /// on a node with a limit wins. `None` when there is none.
+    pub(crate) fn order(&self, entries: &[(&str, &str)]) -> Option<Vec<usize>> {
+        if entries.is_empty() || entries.len() > super::decode::MAX_DEPTH {
+            return None;
+        }
+        let mut path = Vec::with_capacity(entries.len());
+        self.order_from(&self.root, entries, &mut path)
+            .then_some(path)
+    }
+
+    fn order_from(&self, level: &Level, entries: &[(&str, &str)], path: &mut Vec<usize>) -> bool {
+        for (i, (k, v)) in entries.iter().enumerate() {
+            if path.contains(&i) {
+                continue;
+            }
+            let Some(entry) = level.keys.get(*k) else {
+                continue;
+            };
+            let found = entry
+                .exact
+                .get(*v)
+                .copied()
+                .or_else(|| {
+                    entry
+                        .wildcards
+                        .iter()
+                        .find(|(p, _)| p.matches(v))
+                        .map(|(_, id)| *id)
+                })
+                .or(entry.key_only);
+            let Some(id) = found else {
+                continue;
+            };
+            path.push(i);
+            let node = &self.nodes[id];
+            if path.len() == entries.len() {
+                if node.limit.is_some() {
+                    return true;
+                }
+            } else if self.order_from(&node.children, entries, path) {
+                return true;
+            }
+            path.pop();
+        }
+        false
+    }
+}
+
 /// The counter key `domain|k1=v1|k2=v2`, each part escaped with [`escape_into`].
 pub(crate) fn counter_key<'a>(
     domain: &str,

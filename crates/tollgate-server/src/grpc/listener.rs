@@ -1,9 +1,10 @@
-//! The gRPC listener: RLS, health and reflection served on connections taken by the shared
+//! The gRPC listener: RLS, Envoy's quota service (RLQS), health and reflection served on connections taken by the shared
 //! accept loop (`listener::accept_loop`), over TCP, TLS ([`GrpcTls`]) or a unix socket; health
 //! kept in step, and the shutdown.
 
 use super::connection::{connection, Services};
 use super::limits::GrpcLimits;
+use super::rlqs::QuotaGrpc;
 use super::rls::{GrpcAnswers, HealthFn, RateLimitGrpc, RlsServer, RLS_SERVICE_NAME};
 
 use crate::listener::{accept_loop, AcceptLimits, NoDelay, Tls};
@@ -115,10 +116,20 @@ pub(crate) async fn serve_on(
     let metrics = Arc::clone(&state.metrics().grpc_connections);
     // The request size capped at `--max-body-bytes` like HTTP.
     let max_message = state.limits().max_body_bytes;
+    // Envoy's quota service (RLQS), on the same rules.
+    let quotas = Arc::new(crate::quota::Quotas::new(
+        crate::quota::Bounds::default(),
+        Arc::clone(&state.metrics().quota),
+    ));
+    let rlqs = tollgate_proto::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer::from_arc(
+        Arc::new(QuotaGrpc::new(state.clone(), quotas)),
+    )
+    .max_decoding_message_size(max_message);
     let direct = Arc::new(RateLimitGrpc::new(state, answers));
     let rls = RlsServer::with_codec(Arc::clone(&direct)).max_decoding_message_size(max_message);
     let routes = Routes::new(health)
         .add_service(rls)
+        .add_service(rlqs)
         .add_service(reflection().build_v1().map_err(std::io::Error::other)?)
         .add_service(
             reflection()

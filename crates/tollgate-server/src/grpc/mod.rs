@@ -49,6 +49,8 @@
 //! - `codec`: the wire format of one unary call: the message read whole and bounded, the
 //!   answer framed with its trailers.
 //! - `limits`: [`GrpcLimits`] and [`GrpcEngine`].
+//! - `rlqs`: Envoy's quota service (`StreamRateLimitQuotas`): protobuf to and from
+//!   [`crate::quota`].
 
 mod call;
 mod codec;
@@ -56,6 +58,7 @@ mod connection;
 mod engine;
 mod limits;
 mod listener;
+mod rlqs;
 mod rls;
 
 pub use limits::{GrpcEngine, GrpcLimits, UnknownGrpcEngine};
