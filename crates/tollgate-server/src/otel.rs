@@ -5,13 +5,13 @@
 //! Off unless the binary builds a [`Tracing`] (an OTLP endpoint is configured): every hook here
 //! starts with `state.tracing()`, one load and a branch, and does nothing more when it is `None`.
 //!
-//! The transports open the span ([`Tracing::start`]) and make it the current context while the
-//! decision runs (attached around a synchronous answer, [`in_context`] around an awaited one);
+//! The transports open the span (`Tracing::start`) and make it the current context while the
+//! decision runs (attached around a synchronous answer, `in_context` around an awaited one);
 //! the decision itself ([`crate::check`]) adds what only it knows through the current context:
-//! the outcome and the rule that decided ([`decided`]) and the store call ([`StoreTimer`]). The
+//! the outcome and the rule that decided (`decided`) and the store call (`StoreTimer`). The
 //! span ends when the transport drops its context, once the answer is made.
 //!
-//! Spans leave through [`BoundedExport`]: a queue of [`QUEUE_SPANS`] spans and one task that
+//! Spans leave through `BoundedExport`: a queue of `QUEUE_SPANS` spans and one task that
 //! exports what is queued. A span that finds the queue full is dropped and counted; an export
 //! that fails (a collector down or slow past the exporter's timeout) is counted too
 //! (`tollgate_trace_spans_{exported,dropped,failed}_total`). A decision never waits for the
