@@ -831,8 +831,9 @@ impl Guarded {
             };
             match r {
                 // Redis answered, but not for this key (a script or type error): it cannot be
-                // folded, and keeping it owed would keep the breaker open for good.
-                Err(e) if !e.kind().is_outage() => {
+                // folded, and keeping it owed would keep the breaker open for good. Any other
+                // error (out of memory, busy, read-only) passes: the key stays owed.
+                Err(e) if matches!(e.kind(), FaultKind::WrongType | FaultKind::Script) => {
                     self.count_error(&e, 0);
                     continue;
                 }

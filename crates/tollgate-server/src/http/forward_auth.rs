@@ -222,27 +222,40 @@ fn shadowban_delay(query: Option<&str>) -> Result<BanDelay, ApiError> {
         )
     };
     let (lo, hi) = v.split_once('-').unwrap_or((v, v));
-    let (min, max) = (
+    let (a, b) = (
         parse_delay(lo).ok_or_else(bad)?,
         parse_delay(hi).ok_or_else(bad)?,
     );
-    if min > max || max > MAX_BAN_DELAY {
-        return Err(bad());
-    }
-    Ok(BanDelay { min, max })
+    // A range is the durations between its two ends, in either order.
+    Ok(BanDelay {
+        min: a.min(b),
+        max: a.max(b),
+    })
 }
 
-/// `80ms`, `1.5s`, `0s`.
+/// `80ms`, `1.5s`, `0s`: digits with an optional fraction, at most `10s` / `10000ms`. The
+/// grammar is exactly the OpenAPI document's pattern for the parameter (a whole part of one
+/// digit in seconds or four in milliseconds, or the bound itself), so that every value the
+/// document calls valid is accepted and every other refused.
 fn parse_delay(text: &str) -> Option<std::time::Duration> {
-    let (number, scale) = if let Some(n) = text.strip_suffix("ms") {
-        (n, 1e-3)
-    } else {
-        (text.strip_suffix('s')?, 1.0)
+    let (number, ms) = match text.strip_suffix("ms") {
+        Some(n) => (n, true),
+        None => (text.strip_suffix('s')?, false),
     };
-    if number.is_empty() || !number.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+    let digits = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
+    let (whole, frac) = match number.split_once('.') {
+        Some((w, f)) => (w, Some(f)),
+        None => (number, None),
+    };
+    if !digits(whole) || frac.is_some_and(|f| !digits(f)) {
         return None;
     }
-    let secs = number.parse::<f64>().ok()? * scale;
+    let (widest, bound) = if ms { (4, "10000") } else { (1, "10") };
+    let at_bound = whole == bound && frac.is_none_or(|f| f.bytes().all(|b| b == b'0'));
+    if whole.len() > widest && !at_bound {
+        return None;
+    }
+    let secs = number.parse::<f64>().ok()? * if ms { 1e-3 } else { 1.0 };
     (secs.is_finite() && secs <= MAX_BAN_DELAY.as_secs_f64())
         .then(|| std::time::Duration::from_secs_f64(secs))
 }
@@ -357,6 +370,19 @@ mod tests {
                 max: ms(1500)
             }
         );
+        assert_eq!(
+            shadowban_delay(Some("shadowban_delay=1.5s-40ms")).unwrap(),
+            d,
+            "a range in either order"
+        );
+        for edge in [
+            "10s", "10.00s", "10000ms", "9.999s", "9999.9ms", "0s", "0ms",
+        ] {
+            assert!(
+                shadowban_delay(Some(&format!("shadowban_delay={edge}"))).is_ok(),
+                "{edge}"
+            );
+        }
         for _ in 0..100 {
             let p = d.pick().unwrap();
             assert!((ms(40)..=ms(1500)).contains(&p), "{p:?}");
@@ -366,7 +392,13 @@ mod tests {
             "ms",
             "-1ms",
             "11s",
-            "2s-1s",
+            "10.5s",
+            "00010s",
+            "10001ms",
+            ".5s",
+            "5.s",
+            "2s-",
+            "00ms-9009383.33038.74ms",
             "1e3ms",
             "nan s",
             "5m",
