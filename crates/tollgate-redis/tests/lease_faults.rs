@@ -463,7 +463,10 @@ async fn a_frozen_redis_gets_one_refill_per_counter_not_one_call_per_request() {
             .all(|&(degraded, allowed)| degraded && !allowed),
         "every request answered by the deny policy: {answers:?}"
     );
-    assert_eq!(g.state(), BreakerState::Open);
+    // Whether the breaker has opened by the time the last waiter is answered depends on how
+    // long the refill's timeouts have lasted (timeouts open it only after
+    // TIMEOUTS_OPEN_AFTER without a success): on a loaded machine the waiters may all be
+    // answered by the policy on the refill's own timeout first. Either way none reached Redis.
     let waited = g.refill_waits();
     signal(server.pid(), "-CONT");
     until("Redis deciding again", || {
