@@ -281,7 +281,7 @@ phase() { echo "== $* ($(date +%H:%M:%S), $((SECONDS - started)) s so far)"; }
 # service core.
 phase "architecture: the module graph (scripts/modgraph.py)"
 core_rules=()
-for m in model error metrics backend decision_log policy state check stats quota; do
+for m in model error metrics exposition store_metrics backend decision_log policy state check stats quota; do
   core_rules+=(--no-crate "tollgate-server:$m=axum,hyper,hyper_util,h2,tonic,tower,tower_http,tollgate_proto")
 done
 python3 scripts/modgraph.py --check --files --acyclic tollgate --acyclic tollgate-core \

@@ -1,6 +1,6 @@
-//! Prometheus metrics, hand-rolled on atomics (no registry crate): per-rule counters keyed by
-//! `(domain, rule)`, a decision latency histogram, and a few service counters. Rendered in the
-//! Prometheus text exposition format by [`Metrics::render`].
+//! The service's counters, on plain atomics: per-rule counters keyed by `(domain, rule)`, a
+//! decision latency histogram, and a few service counters; written on `/metrics` through
+//! [`crate::exposition`] by [`Metrics::expose`].
 //!
 //! Beside the counts, each configured rule's limit (`tollgate_rule_limit`, and as a rate
 //! `tollgate_rule_limit_per_second`) under the same `domain` and `rule` labels, so that an alert
@@ -23,9 +23,10 @@
 //! `MAX_LABEL_BYTES` is cut, with a visible marker and a hash of the whole value
 //! (`bounded_label`) so that distinct values stay distinct series.
 
+use crate::exposition::{Exposition, Kind};
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
-use std::fmt::Write;
+use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
@@ -423,10 +424,100 @@ impl Metrics {
         }
     }
 
-    /// Prometheus text exposition format (version 0.0.4). `extra` gauges are appended as
-    /// `(name, help, value)`.
-    pub fn render(&self, extra: &[(&str, &str, u64)]) -> String {
-        let mut out = String::with_capacity(4096);
+    /// Write the service's own families: the hit counters per rule, unmatched descriptors,
+    /// answers, refusals, decision latency, store errors, reloads, the configured limits, the
+    /// queues, the quota server and the connections.
+    pub fn expose(&self, out: &mut Exposition) {
+        self.expose_rules(out);
+        let unmatched = self.unmatched.read().unwrap_or_else(|e| e.into_inner());
+        let mut f = out.family(
+            "tollgate_unmatched_total",
+            Kind::Counter,
+            "Descriptors that matched no rule (reason: unknown_domain, by domain name up to 100 names then `other`; no_rule).",
+        );
+        for ((domain, reason), v) in unmatched.iter() {
+            f.sample(&[("domain", domain), ("reason", reason)], v);
+        }
+        drop(unmatched);
+        let mut f = out.family(
+            "tollgate_requests_total",
+            Kind::Counter,
+            "Requests answered, by overall code.",
+        );
+        for (i, code) in ["OK", "OVER_LIMIT"].iter().enumerate() {
+            f.sample(&[("code", code)], self.requests[i].load(Relaxed));
+        }
+        let errors = self.errors.read().unwrap_or_else(|e| e.into_inner());
+        let mut f = out.family(
+            "tollgate_request_errors_total",
+            Kind::Counter,
+            "Requests rejected as invalid, by error code.",
+        );
+        for (code, v) in errors.iter() {
+            f.sample(&[("code", code)], v);
+        }
+        drop(errors);
+        let mut cumulative = 0;
+        let buckets = BUCKETS.iter().enumerate().map(|(i, b)| {
+            cumulative += self.latency.buckets[i].load(Relaxed);
+            (*b, cumulative)
+        });
+        out.family(
+            "tollgate_decision_duration_seconds",
+            Kind::Histogram,
+            "Time to decide one request (rules + store).",
+        )
+        .histogram(
+            &[],
+            buckets,
+            self.latency.sum_nanos.load(Relaxed) as f64 / 1e9,
+            self.latency.count.load(Relaxed),
+        );
+        out.single(
+            "tollgate_store_errors_total",
+            Kind::Counter,
+            "Store failures.",
+            self.store_errors.load(Relaxed),
+        );
+        out.family(
+            "tollgate_rule_reloads_total",
+            Kind::Counter,
+            "Rule reloads by result.",
+        )
+        .sample(&[("result", "success")], self.reloads_ok.load(Relaxed))
+        .sample(&[("result", "failure")], self.reloads_failed.load(Relaxed));
+        out.single(
+            "tollgate_rules_generation",
+            Kind::Gauge,
+            "Rule sets activated by this process.",
+            self.rules_generation.load(Relaxed),
+        );
+        out.single(
+            "tollgate_rules_limits",
+            Kind::Gauge,
+            "Limits in the active rule set.",
+            self.rules_limits.load(Relaxed),
+        );
+        out.single(
+            "tollgate_rules_last_reload_successful",
+            Kind::Gauge,
+            "Whether the last reload of the rule files succeeded (0: the running rules are older than the files).",
+            u8::from(!self.reload_failing.load(std::sync::atomic::Ordering::Acquire)),
+        );
+        out.append(&self.limit_rows.read().unwrap_or_else(|e| e.into_inner()));
+        self.queue.expose(out);
+        self.quota.expose(out);
+        ConnectionMetrics::expose(
+            out,
+            &[
+                ("http", &self.http_connections),
+                ("grpc", &self.grpc_connections),
+            ],
+        );
+    }
+
+    /// The hit counters of every `(domain, rule)`, sorted.
+    fn expose_rules(&self, out: &mut Exposition) {
         let rules = self.rules.read().unwrap_or_else(|e| e.into_inner());
         let mut keys: Vec<&(String, String)> = rules.keys().collect();
         keys.sort();
@@ -458,95 +549,14 @@ impl Metrics {
             ),
         ];
         for (name, help, field) in families {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            let mut f = out.family(name, Kind::Counter, help);
             for k in &keys {
-                let v = field(&rules[*k]).load(Relaxed);
-                let _ = writeln!(
-                    out,
-                    "{name}{{domain=\"{}\",rule=\"{}\"}} {v}",
-                    escape(&k.0),
-                    escape(&k.1)
+                f.sample(
+                    &[("domain", &k.0), ("rule", &k.1)],
+                    field(&rules[*k]).load(Relaxed),
                 );
             }
         }
-        drop(rules);
-
-        out.push_str("# HELP tollgate_unmatched_total Descriptors that matched no rule (reason: unknown_domain, by domain name up to 100 names then `other`; no_rule).\n# TYPE tollgate_unmatched_total counter\n");
-        for ((domain, reason), v) in self
-            .unmatched
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-        {
-            let _ = writeln!(
-                out,
-                "tollgate_unmatched_total{{domain=\"{}\",reason=\"{reason}\"}} {v}",
-                escape(domain)
-            );
-        }
-        out.push_str("# HELP tollgate_requests_total Requests answered, by overall code.\n# TYPE tollgate_requests_total counter\n");
-        for (i, code) in ["OK", "OVER_LIMIT"].iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "tollgate_requests_total{{code=\"{code}\"}} {}",
-                self.requests[i].load(Relaxed)
-            );
-        }
-        out.push_str("# HELP tollgate_request_errors_total Requests rejected as invalid, by error code.\n# TYPE tollgate_request_errors_total counter\n");
-        for (code, v) in self.errors.read().unwrap_or_else(|e| e.into_inner()).iter() {
-            let _ = writeln!(out, "tollgate_request_errors_total{{code=\"{code}\"}} {v}");
-        }
-        out.push_str("# HELP tollgate_decision_duration_seconds Time to decide one request (rules + store).\n# TYPE tollgate_decision_duration_seconds histogram\n");
-        let mut cumulative = 0;
-        for (i, b) in BUCKETS.iter().enumerate() {
-            cumulative += self.latency.buckets[i].load(Relaxed);
-            let _ = writeln!(
-                out,
-                "tollgate_decision_duration_seconds_bucket{{le=\"{b}\"}} {cumulative}"
-            );
-        }
-        let count = self.latency.count.load(Relaxed);
-        let _ = writeln!(
-            out,
-            "tollgate_decision_duration_seconds_bucket{{le=\"+Inf\"}} {count}\ntollgate_decision_duration_seconds_sum {}\ntollgate_decision_duration_seconds_count {count}",
-            self.latency.sum_nanos.load(Relaxed) as f64 / 1e9
-        );
-        let _ = writeln!(
-            out,
-            "# HELP tollgate_store_errors_total Store failures.\n# TYPE tollgate_store_errors_total counter\ntollgate_store_errors_total {}",
-            self.store_errors.load(Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "# HELP tollgate_rule_reloads_total Rule reloads by result.\n# TYPE tollgate_rule_reloads_total counter\ntollgate_rule_reloads_total{{result=\"success\"}} {}\ntollgate_rule_reloads_total{{result=\"failure\"}} {}",
-            self.reloads_ok.load(Relaxed),
-            self.reloads_failed.load(Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "# HELP tollgate_rules_generation Rule sets activated by this process.\n# TYPE tollgate_rules_generation gauge\ntollgate_rules_generation {}\n# HELP tollgate_rules_limits Limits in the active rule set.\n# TYPE tollgate_rules_limits gauge\ntollgate_rules_limits {}",
-            self.rules_generation.load(Relaxed),
-            self.rules_limits.load(Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "# HELP tollgate_rules_last_reload_successful Whether the last reload of the rule files succeeded (0: the running rules are older than the files).\n# TYPE tollgate_rules_last_reload_successful gauge\ntollgate_rules_last_reload_successful {}",
-            u8::from(!self.reload_failing.load(std::sync::atomic::Ordering::Acquire))
-        );
-        out.push_str(&self.limit_rows.read().unwrap_or_else(|e| e.into_inner()));
-        self.queue.render(&mut out);
-        self.quota.render(&mut out);
-        ConnectionMetrics::render(
-            &mut out,
-            &[
-                ("http", &self.http_connections),
-                ("grpc", &self.grpc_connections),
-            ],
-        );
-        for (name, help, v) in extra {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
-        }
-        out
     }
 }
 
@@ -635,35 +645,36 @@ impl ConnectionMetrics {
         self.cap_reached.fetch_add(1, Relaxed);
     }
 
-    /// Append the connection metrics of `listeners` (label `listener`), each metric's HELP and
-    /// TYPE once.
-    fn render(out: &mut String, listeners: &[(&str, &ConnectionMetrics)]) {
-        out.push_str("# HELP tollgate_connections_open Client connections open now.\n# TYPE tollgate_connections_open gauge\n");
+    /// Write the connection metrics of `listeners` (label `listener`), each family once.
+    fn expose(out: &mut Exposition, listeners: &[(&str, &ConnectionMetrics)]) {
+        let mut f = out.family(
+            "tollgate_connections_open",
+            Kind::Gauge,
+            "Client connections open now.",
+        );
         for (listener, m) in listeners {
-            let _ = writeln!(
-                out,
-                "tollgate_connections_open{{listener=\"{listener}\"}} {}",
-                m.open()
-            );
+            f.sample(&[("listener", listener)], m.open());
         }
-        out.push_str("# HELP tollgate_connections_dropped_total Client connections closed by the server: a timeout, a malformed request head, or still open at the shutdown deadline.\n# TYPE tollgate_connections_dropped_total counter\n");
+        let mut f = out.family(
+            "tollgate_connections_dropped_total",
+            Kind::Counter,
+            "Client connections closed by the server: a timeout, a malformed request head, or still open at the shutdown deadline.",
+        );
         for (listener, m) in listeners {
             for r in DropReason::ALL {
-                let _ = writeln!(
-                    out,
-                    "tollgate_connections_dropped_total{{listener=\"{listener}\",reason=\"{}\"}} {}",
-                    r.as_str(),
-                    m.dropped[r as usize].load(Relaxed)
+                f.sample(
+                    &[("listener", listener), ("reason", r.as_str())],
+                    m.dropped[r as usize].load(Relaxed),
                 );
             }
         }
-        out.push_str("# HELP tollgate_connections_cap_reached_total Times the accept loop waited because every connection slot was taken.\n# TYPE tollgate_connections_cap_reached_total counter\n");
+        let mut f = out.family(
+            "tollgate_connections_cap_reached_total",
+            Kind::Counter,
+            "Times the accept loop waited because every connection slot was taken.",
+        );
         for (listener, m) in listeners {
-            let _ = writeln!(
-                out,
-                "tollgate_connections_cap_reached_total{{listener=\"{listener}\"}} {}",
-                m.cap_reached.load(Relaxed)
-            );
+            f.sample(&[("listener", listener)], m.cap_reached.load(Relaxed));
         }
     }
 }
@@ -688,57 +699,55 @@ impl std::ops::Deref for LimitCounters<'_> {
     }
 }
 
-/// Append the memory store's eviction counter (`tollgate_memory_evictions_total`: live keys
-/// evicted to make room for new ones; `tollgate_memory_keys` is the gauge of keys held).
-pub(crate) fn render_evictions(out: &mut String, evictions: u64) {
-    let _ = writeln!(
-        out,
-        "# HELP tollgate_memory_evictions_total Live keys evicted by the memory store to make room for new ones.\n# TYPE tollgate_memory_evictions_total counter\ntollgate_memory_evictions_total {evictions}"
+/// The memory store's families: keys held, evictions, and one row per limit with a doorkeeper
+/// (requests held back, recorded in the filter only with no counter created; the current
+/// generation's fill ratio; the false-positive rate that fill implies).
+pub(crate) fn expose_memory(out: &mut Exposition, store: &tollgate_core::MemoryStore) {
+    out.single(
+        "tollgate_memory_keys",
+        Kind::Gauge,
+        "Keys held by the memory store.",
+        store.len(),
     );
+    out.single(
+        "tollgate_memory_evictions_total",
+        Kind::Counter,
+        "Live keys evicted by the memory store to make room for new ones.",
+        store.evictions(),
+    );
+    expose_doorkeepers(out, &store.doorkeepers());
 }
 
-/// Append the memory store's doorkeeper families, one row per limit with a doorkeeper:
-/// requests held back (recorded in the filter only, no counter created), the current
-/// generation's fill ratio and the false-positive rate that fill implies.
-pub(crate) fn render_doorkeepers(
-    out: &mut String,
+fn expose_doorkeepers(
+    out: &mut Exposition,
     gates: &[(std::sync::Arc<str>, tollgate_core::DoorkeeperStats)],
 ) {
     if gates.is_empty() {
         return;
     }
-    /// (name, type, help, reading)
-    type Family = (
-        &'static str,
-        &'static str,
-        &'static str,
-        fn(&tollgate_core::DoorkeeperStats) -> String,
+    let mut f = out.family(
+        "tollgate_memory_doorkeeper_held_back_total",
+        Kind::Counter,
+        "Requests the memory store's doorkeeper recorded in its Bloom filter only (first requests of a key in a window: no counter created).",
     );
-    let families: [Family; 3] = [
-        (
-            "tollgate_memory_doorkeeper_held_back_total",
-            "counter",
-            "Requests the memory store's doorkeeper recorded in its Bloom filter only (first requests of a key in a window: no counter created).",
-            |s| s.held_back.to_string(),
-        ),
-        (
-            "tollgate_memory_doorkeeper_fill_ratio",
-            "gauge",
-            "Share of the bits set in the doorkeeper's current generation.",
-            |s| format!("{:.6}", s.fill_ratio),
-        ),
-        (
-            "tollgate_memory_doorkeeper_false_positive_rate",
-            "gauge",
-            "False-positive rate the doorkeeper's current fill implies (fill ^ hashes): the chance a key's first request in the window is counted as a second.",
-            |s| format!("{:.6}", s.fp_estimate),
-        ),
-    ];
-    for (name, kind, help, value) in families {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (rule, s) in gates {
-            let _ = writeln!(out, "{name}{{rule=\"{}\"}} {}", escape(rule), value(s));
-        }
+    for (rule, s) in gates {
+        f.sample(&[("rule", rule)], s.held_back);
+    }
+    let mut f = out.family(
+        "tollgate_memory_doorkeeper_fill_ratio",
+        Kind::Gauge,
+        "Share of the bits set in the doorkeeper's current generation.",
+    );
+    for (rule, s) in gates {
+        f.sample(&[("rule", rule)], format_args!("{:.6}", s.fill_ratio));
+    }
+    let mut f = out.family(
+        "tollgate_memory_doorkeeper_false_positive_rate",
+        Kind::Gauge,
+        "False-positive rate the doorkeeper's current fill implies (fill ^ hashes): the chance a key's first request in the window is counted as a second.",
+    );
+    for (rule, s) in gates {
+        f.sample(&[("rule", rule)], format_args!("{:.6}", s.fp_estimate));
     }
 }
 
@@ -749,40 +758,47 @@ pub(crate) fn render_doorkeepers(
 /// row here too (the first in file order), so that a join never meets duplicate rows.
 fn render_limits(set: &RuleSet) -> String {
     let mut seen = std::collections::HashSet::new();
-    let mut rows: Vec<(String, String, &Limit, tollgate_core::Quota)> = Vec::new();
+    let mut rows: Vec<(&str, String, &Limit, tollgate_core::Quota)> = Vec::new();
     for limit in set.limits() {
         let Some(quota) = limit.quota else { continue };
         let rule = bounded_label(limit.stats.base()).into_owned();
         if seen.insert((limit.domain.as_str(), rule.clone())) {
-            rows.push((escape(&limit.domain), escape(&rule), limit, quota));
+            rows.push((&limit.domain, rule, limit, quota));
         }
     }
-    rows.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
-    let mut out = String::with_capacity(64 + rows.len() * 160);
-    out.push_str("# HELP tollgate_rule_limit A configured rule's limit: requests_per_unit per unit_multiplier units, with its algorithm, shadow mode and sync mode.\n# TYPE tollgate_rule_limit gauge\n");
+    rows.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+    let mut out = Exposition::with_capacity(64 + rows.len() * 160);
+    let mut f = out.family(
+        "tollgate_rule_limit",
+        Kind::Gauge,
+        "A configured rule's limit: requests_per_unit per unit_multiplier units, with its algorithm, shadow mode and sync mode.",
+    );
     for (domain, rule, limit, quota) in &rows {
         let period = quota.period();
-        let _ = writeln!(
-            out,
-            "tollgate_rule_limit{{domain=\"{domain}\",rule=\"{rule}\",unit=\"{}\",unit_multiplier=\"{}\",algorithm=\"{}\",shadow=\"{}\",sync=\"{}\"}} {}",
-            period.unit.as_str(),
-            period.multiplier,
-            quota.algorithm().as_str(),
-            limit.shadow_mode,
-            quota.sync().as_str(),
-            quota.limit()
+        f.sample(
+            &[
+                ("domain", domain),
+                ("rule", rule),
+                ("unit", period.unit.as_str()),
+                ("unit_multiplier", &period.multiplier.to_string()),
+                ("algorithm", quota.algorithm().as_str()),
+                ("shadow", if limit.shadow_mode { "true" } else { "false" }),
+                ("sync", quota.sync().as_str()),
+            ],
+            quota.limit(),
         );
     }
-    out.push_str("# HELP tollgate_rule_limit_per_second A configured rule's limit as a rate: the limit over its period (months and years at their mean length), to compare with rate(tollgate_total_hits).\n# TYPE tollgate_rule_limit_per_second gauge\n");
+    let mut f = out.family(
+        "tollgate_rule_limit_per_second",
+        Kind::Gauge,
+        "A configured rule's limit as a rate: the limit over its period (months and years at their mean length), to compare with rate(tollgate_total_hits).",
+    );
     for (domain, rule, _, quota) in &rows {
         let per_second = quota.limit() as f64 * tollgate_core::clock::SECOND as f64
             / quota.period().nominal() as f64;
-        let _ = writeln!(
-            out,
-            "tollgate_rule_limit_per_second{{domain=\"{domain}\",rule=\"{rule}\"}} {per_second}"
-        );
+        f.sample(&[("domain", domain), ("rule", rule)], per_second);
     }
-    out
+    out.into_string()
 }
 
 /// Buckets of the quota server given series of their own in `tollgate_rlqs_bucket_*`; the
@@ -863,79 +879,82 @@ impl QuotaMetrics {
         update(rows.buckets.entry(key).or_default());
     }
 
-    pub(crate) fn render(&self, out: &mut String) {
+    pub(crate) fn expose(&self, out: &mut Exposition) {
         let rows = self.lock();
-        let _ = writeln!(
-            out,
-            "# HELP tollgate_rlqs_streams Open quota streams (Envoy rate_limit_quota clients).\n# TYPE tollgate_rlqs_streams gauge\ntollgate_rlqs_streams {}\n# HELP tollgate_rlqs_reports_total Usage reports received.\n# TYPE tollgate_rlqs_reports_total counter\ntollgate_rlqs_reports_total {}",
-            rows.streams, rows.reports
+        out.single(
+            "tollgate_rlqs_streams",
+            Kind::Gauge,
+            "Open quota streams (Envoy rate_limit_quota clients).",
+            rows.streams,
         );
-        out.push_str("# HELP tollgate_rlqs_rejected_total Quota input refused or ignored, by reason.\n# TYPE tollgate_rlqs_rejected_total counter\n");
+        out.single(
+            "tollgate_rlqs_reports_total",
+            Kind::Counter,
+            "Usage reports received.",
+            rows.reports,
+        );
+        let mut f = out.family(
+            "tollgate_rlqs_rejected_total",
+            Kind::Counter,
+            "Quota input refused or ignored, by reason.",
+        );
         for (reason, n) in &rows.rejected {
-            let _ = writeln!(
-                out,
-                "tollgate_rlqs_rejected_total{{reason=\"{reason}\"}} {n}"
-            );
+            f.sample(&[("reason", reason)], n);
         }
-        type Field = fn(&QuotaBucketRow) -> String;
-        let families: [(&str, &str, &str, Field); 6] = [
+        type Field = fn(&QuotaBucketRow, &mut String);
+        let families: [(&str, Kind, &str, Field); 6] = [
             (
                 "tollgate_rlqs_bucket_clients",
-                "gauge",
+                Kind::Gauge,
                 "Clients reporting the bucket.",
-                |r| r.clients.to_string(),
+                |r, v| write_value(v, r.clients),
             ),
             (
                 "tollgate_rlqs_bucket_demand_per_second",
-                "gauge",
+                Kind::Gauge,
                 "The clients' reported demand (allowed + denied), per second.",
-                |r| format!("{:.3}", r.demand_per_second),
+                |r, v| write_value(v, format_args!("{:.3}", r.demand_per_second)),
             ),
             (
                 "tollgate_rlqs_bucket_assigned_per_second",
-                "gauge",
+                Kind::Gauge,
                 "The rate assigned to the clients in total, per second.",
-                |r| format!("{:.3}", r.assigned_per_second),
+                |r, v| write_value(v, format_args!("{:.3}", r.assigned_per_second)),
             ),
             (
                 "tollgate_rlqs_bucket_allowed_total",
-                "counter",
+                Kind::Counter,
                 "Requests the clients reported allowed.",
-                |r| r.allowed.to_string(),
+                |r, v| write_value(v, r.allowed),
             ),
             (
                 "tollgate_rlqs_bucket_denied_total",
-                "counter",
+                Kind::Counter,
                 "Requests the clients reported denied.",
-                |r| r.denied.to_string(),
+                |r, v| write_value(v, r.denied),
             ),
             (
                 "tollgate_rlqs_bucket_rebalances_total",
-                "counter",
+                Kind::Counter,
                 "Assignments pushed because the division of the limit changed.",
-                |r| r.rebalances.to_string(),
+                |r, v| write_value(v, r.rebalances),
             ),
         ];
+        let mut value = String::new();
         for (name, kind, help, field) in families {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            let mut f = out.family(name, kind, help);
             for ((domain, bucket), row) in &rows.buckets {
-                let _ = writeln!(
-                    out,
-                    "{name}{{domain=\"{}\",bucket=\"{}\"}} {}",
-                    escape(domain),
-                    escape(bucket),
-                    field(row)
-                );
+                value.clear();
+                field(row, &mut value);
+                f.sample(&[("domain", domain), ("bucket", bucket)], &value);
             }
         }
     }
 }
 
-/// Escape a label value (`\`, `"`, newline).
-pub(crate) fn escape(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+/// `value` written into `into`.
+fn write_value(into: &mut String, value: impl std::fmt::Display) {
+    let _ = write!(into, "{value}");
 }
 
 /// Upper bounds (seconds) of the queue wait histogram: `max_wait` is 1 ms to 60 s.
@@ -1008,69 +1027,74 @@ impl QueueMetrics {
             .clone()
     }
 
-    /// The queue families, in Prometheus text format (nothing until a rule has queued).
-    pub(crate) fn render(&self, out: &mut String) {
+    /// The queue families (nothing until a rule has queued).
+    pub(crate) fn expose(&self, out: &mut Exposition) {
         let rules = self.rules.read().unwrap_or_else(|e| e.into_inner());
         if rules.is_empty() {
             return;
         }
         let mut keys: Vec<_> = rules.keys().collect();
         keys.sort();
-        let labels = |k: &(String, String, String)| {
-            format!(
-                "domain=\"{}\",rule=\"{}\",limit=\"{}\"",
-                escape(&k.0),
-                escape(&bounded_label(&k.1)),
-                escape(&k.2)
-            )
-        };
-        out.push_str("# HELP tollgate_queue_waiting Requests waiting in a rule's queues now.\n# TYPE tollgate_queue_waiting gauge\n");
-        for k in &keys {
-            let _ = writeln!(
-                out,
-                "tollgate_queue_waiting{{{}}} {}",
-                labels(k),
-                rules[*k].waiting.load(Relaxed)
-            );
+        let rows: Vec<(_, _)> = keys
+            .iter()
+            .map(|k| {
+                (
+                    (k.0.as_str(), bounded_label(&k.1), k.2.as_str()),
+                    &rules[*k],
+                )
+            })
+            .collect();
+        fn labels<'a>(
+            (domain, rule, limit): &'a (&'a str, Cow<'a, str>, &'a str),
+        ) -> [(&'static str, &'a str); 3] {
+            [("domain", domain), ("rule", rule), ("limit", limit)]
         }
-        out.push_str("# HELP tollgate_queue_served_total Requests served from a rule's queues after waiting.\n# TYPE tollgate_queue_served_total counter\n");
-        for k in &keys {
-            let _ = writeln!(
-                out,
-                "tollgate_queue_served_total{{{}}} {}",
-                labels(k),
-                rules[*k].served.load(Relaxed)
-            );
+        let mut f = out.family(
+            "tollgate_queue_waiting",
+            Kind::Gauge,
+            "Requests waiting in a rule's queues now.",
+        );
+        for (k, c) in &rows {
+            f.sample(&labels(k), c.waiting.load(Relaxed));
         }
-        out.push_str("# HELP tollgate_queue_dropped_total Requests a rule's queues turned away or that left unserved (reason: full, timeout, gone, refused).\n# TYPE tollgate_queue_dropped_total counter\n");
-        for k in &keys {
+        let mut f = out.family(
+            "tollgate_queue_served_total",
+            Kind::Counter,
+            "Requests served from a rule's queues after waiting.",
+        );
+        for (k, c) in &rows {
+            f.sample(&labels(k), c.served.load(Relaxed));
+        }
+        let mut f = out.family(
+            "tollgate_queue_dropped_total",
+            Kind::Counter,
+            "Requests a rule's queues turned away or that left unserved (reason: full, timeout, gone, refused).",
+        );
+        for (k, c) in &rows {
+            let [d, r, l] = labels(k);
             for why in Dropped::ALL {
-                let _ = writeln!(
-                    out,
-                    "tollgate_queue_dropped_total{{{},reason=\"{}\"}} {}",
-                    labels(k),
-                    why.as_str(),
-                    rules[*k].dropped[why.index()].load(Relaxed)
+                f.sample(
+                    &[d, r, l, ("reason", why.as_str())],
+                    c.dropped[why.index()].load(Relaxed),
                 );
             }
         }
-        out.push_str("# HELP tollgate_queue_wait_seconds How long requests served from a rule's queues waited.\n# TYPE tollgate_queue_wait_seconds histogram\n");
-        for k in &keys {
-            let c = &rules[*k];
-            let l = labels(k);
+        let mut f = out.family(
+            "tollgate_queue_wait_seconds",
+            Kind::Histogram,
+            "How long requests served from a rule's queues waited.",
+        );
+        for (k, c) in &rows {
             let mut cumulative = 0;
-            for (i, b) in WAIT_BUCKETS.iter().enumerate() {
+            let buckets = WAIT_BUCKETS.iter().enumerate().map(|(i, b)| {
                 cumulative += c.buckets[i].load(Relaxed);
-                let _ = writeln!(
-                    out,
-                    "tollgate_queue_wait_seconds_bucket{{{l},le=\"{b}\"}} {cumulative}"
-                );
-            }
-            let count = c.served.load(Relaxed);
-            let _ = writeln!(
-                out,
-                "tollgate_queue_wait_seconds_bucket{{{l},le=\"+Inf\"}} {count}\ntollgate_queue_wait_seconds_sum{{{l}}} {}\ntollgate_queue_wait_seconds_count{{{l}}} {count}",
-                c.sum_micros.load(Relaxed) as f64 / 1e6
+                (*b, cumulative)
+            });
+            f.histogram(
+                &labels(k),
+                buckets,
+                c.sum_micros.load(Relaxed) as f64 / 1e6,
+                c.served.load(Relaxed),
             );
         }
     }
@@ -1079,6 +1103,15 @@ impl QueueMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl Metrics {
+        /// The service's families alone.
+        fn render(&self) -> String {
+            let mut page = Exposition::default();
+            self.expose(&mut page);
+            page.into_string()
+        }
+    }
 
     #[test]
     fn doorkeeper_families_render_one_row_per_limit() {
@@ -1090,17 +1123,18 @@ mod tests {
                 .check_one(1, &CheckItem::hit("d|k=\"x\"", key, &q))
                 .unwrap();
         }
-        let mut out = String::new();
-        render_doorkeepers(&mut out, &store.doorkeepers());
+        let mut page = Exposition::default();
+        expose_doorkeepers(&mut page, &store.doorkeepers());
+        let out = page.into_string();
         assert!(
             out.contains("tollgate_memory_doorkeeper_held_back_total{rule=\"d|k=\\\"x\\\"\"} 2\n"),
             "{out}"
         );
         assert!(out.contains("# TYPE tollgate_memory_doorkeeper_fill_ratio gauge"));
         assert!(out.contains("tollgate_memory_doorkeeper_false_positive_rate{rule="));
-        let mut none = String::new();
-        render_doorkeepers(&mut none, &MemoryStore::new(1).doorkeepers());
-        assert!(none.is_empty());
+        let mut none = Exposition::default();
+        expose_doorkeepers(&mut none, &MemoryStore::new(1).doorkeepers());
+        assert!(none.into_string().is_empty());
     }
 
     #[test]
@@ -1112,7 +1146,7 @@ mod tests {
         m.observe_latency(Duration::from_micros(30));
         m.observe_latency(Duration::from_micros(3));
         m.observe_latency(Duration::from_secs(1));
-        let text = m.render(&[("tollgate_memory_keys", "Keys.", 7)]);
+        let text = m.render();
         assert!(text.contains("tollgate_total_hits{domain=\"d\",rule=\"d|k=\\\"x\\\"\"} 2"));
         assert!(text.contains("tollgate_decision_duration_seconds_count 3"));
         // Cumulative: each `le` bucket counts every observation at or below it.
@@ -1121,7 +1155,6 @@ mod tests {
         assert!(text.contains("le=\"0.00005\"} 2\n"));
         assert!(text.contains("le=\"0.05\"} 2\n"));
         assert!(text.contains("le=\"+Inf\"} 3\n"));
-        assert!(text.contains("tollgate_memory_keys 7"));
     }
 
     #[test]
@@ -1239,7 +1272,7 @@ mod tests {
             "    rate_limit: {unit: second, unit_multiplier: 4, requests_per_unit: 10, algorithm: fixed_window, sync: lease}\n",
             "  - key: free\n    rate_limit: {unlimited: true}\n",
         )));
-        let text = m.render(&[]);
+        let text = m.render();
         assert!(text.contains(
             "tollgate_rule_limit{domain=\"d\",rule=\"d.user\",unit=\"minute\",unit_multiplier=\"1\",algorithm=\"sliding_window_counter\",shadow=\"false\",sync=\"exact\"} 90\n"
         ), "{text}");
@@ -1253,14 +1286,14 @@ mod tests {
         // The labels are the hit counters' own: the series join on (domain, rule).
         m.rule("d", "d.user", "d.user");
         assert!(m
-            .render(&[])
+            .render()
             .contains("tollgate_total_hits{domain=\"d\",rule=\"d.user\"} 0"));
 
         // A reload replaces the rows: a changed limit shows its new value, a removed rule goes.
         m.rules_loaded(&load(
             "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 7200}\n",
         ));
-        let text = m.render(&[]);
+        let text = m.render();
         let rows: Vec<&str> = text
             .lines()
             .filter(|l| l.starts_with("tollgate_rule_limit"))
@@ -1284,7 +1317,7 @@ mod tests {
         let set = RuleSet::from_sources(&[("d.yaml".into(), yaml)]).unwrap();
         let m = Metrics::new();
         m.rules_loaded(&set);
-        let text = m.render(&[]);
+        let text = m.render();
         let row = text
             .lines()
             .find(|l| l.starts_with("tollgate_rule_limit{") && l.contains("d.k_"))
@@ -1310,7 +1343,7 @@ mod tests {
     fn the_last_reload_shows_as_a_gauge() {
         let m = Metrics::new();
         let gauge = |m: &Metrics| {
-            m.render(&[])
+            m.render()
                 .lines()
                 .find_map(|l| l.strip_prefix("tollgate_rules_last_reload_successful "))
                 .unwrap()
@@ -1345,7 +1378,7 @@ mod tests {
         assert!(matches!(c, LimitCounters::Shared(_)));
         assert_eq!(c.total_hits.load(Relaxed), 4);
         assert!(m
-            .render(&[])
+            .render()
             .contains("tollgate_total_hits{domain=\"d\",rule=\"d.k\"} 4"));
     }
 }

@@ -169,9 +169,8 @@ impl Tracing {
         let _ = self.provider.shutdown_with_timeout(timeout);
     }
 
-    /// The span counters in the Prometheus text format.
-    pub fn render_metrics(&self, out: &mut String) {
-        use std::fmt::Write as _;
+    /// The span counters' families on `/metrics`.
+    pub fn expose(&self, out: &mut crate::exposition::Exposition) {
         let c = &self.counters;
         for (name, help, value) in [
             (
@@ -190,7 +189,7 @@ impl Tracing {
                 c.failed(),
             ),
         ] {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
+            out.single(name, crate::exposition::Kind::Counter, help, value);
         }
     }
 }

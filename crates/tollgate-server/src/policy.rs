@@ -36,13 +36,13 @@ pub trait DecisionPolicy: Send + Sync + std::fmt::Debug + 'static {
     /// Called once for each over-limit answer: `true` turns it into OK (the statuses keep their
     /// codes and the counters what the store decided; nobody is told to wait). An
     /// implementation that does this counts it and reports the count in
-    /// [`Self::render_metrics`].
+    /// [`Self::expose`].
     fn overrule_denial(&self) -> bool {
         false
     }
 
-    /// Extra Prometheus text for `/metrics` (the policy's own counters).
-    fn render_metrics(&self, _out: &mut String) {}
+    /// The policy's own families on `/metrics` (none by default).
+    fn expose(&self, _out: &mut crate::exposition::Exposition) {}
 }
 
 /// tollgate's own semantics: every method's default.

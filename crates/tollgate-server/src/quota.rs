@@ -694,8 +694,9 @@ mod tests {
         // B leaves: A gets the whole limit, pushed.
         q.close(b);
         assert_eq!(share(&drain(&mut rx_a)), Some(40));
-        let mut text = String::new();
-        metrics.render(&mut text);
+        let mut page = crate::exposition::Exposition::default();
+        metrics.expose(&mut page);
+        let text = page.into_string();
         assert!(text.contains(
             "tollgate_rlqs_bucket_clients{domain=\"q\",bucket=\"method=get,tenant=acme\"} 1"
         ));
@@ -751,8 +752,9 @@ mod tests {
         .unwrap();
         assert_eq!(drain(&mut rx2).len(), 1);
         assert_eq!(q.open(tx), Err(QuotaError::TooManyStreams(2)));
-        let mut out = String::new();
-        metrics.render(&mut out);
+        let mut page = crate::exposition::Exposition::default();
+        metrics.expose(&mut page);
+        let out = page.into_string();
         for (reason, n) in [
             ("no_domain", 1),
             ("domain_size", 1),

@@ -412,6 +412,24 @@ impl AppState {
         &self.0.metrics
     }
 
+    /// Write the `/metrics` families of everything this state holds: the decision counters,
+    /// the memory store, the Redis stores, xDS, the decision policy and traces (the one list
+    /// of what the service exports; the rule registry adds its own where it runs).
+    pub(crate) fn expose(&self, out: &mut crate::exposition::Exposition) {
+        self.metrics().expose(out);
+        if let Some(m) = self.memory_store() {
+            crate::metrics::expose_memory(out, m);
+        }
+        crate::store_metrics::expose(out, self.backend(), &self.rules().set);
+        if let Some(x) = self.xds() {
+            x.expose(out);
+        }
+        self.policy().expose(out);
+        if let Some(t) = self.tracing() {
+            t.expose(out);
+        }
+    }
+
     /// The live statistics (`/v1/stats`, `/dashboard`).
     pub fn stats(&self) -> &Stats {
         &self.0.stats

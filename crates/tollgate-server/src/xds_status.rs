@@ -2,7 +2,7 @@
 //! `/readyz`, `/healthcheck` and `/metrics` (apart from the subscription, so the state does not
 //! depend on it).
 
-use std::fmt::Write as _;
+use crate::exposition::{Exposition, Kind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
@@ -58,34 +58,36 @@ impl XdsStatus {
     }
 
     /// Append the subscription's metrics to a Prometheus page.
-    pub fn render_metrics(&self, out: &mut String) {
-        let version = self
-            .version()
-            .replace('\\', "\\\\")
-            .replace('"', "\\\"")
-            .replace('\n', "\\n");
-        let _ = write!(
-            out,
-            "# HELP tollgate_xds_connected Whether the stream to the xDS server is open.\n\
-             # TYPE tollgate_xds_connected gauge\n\
-             tollgate_xds_connected {}\n\
-             # HELP tollgate_xds_config_received Whether rules have arrived from the xDS server.\n\
-             # TYPE tollgate_xds_config_received gauge\n\
-             tollgate_xds_config_received {}\n\
-             # HELP tollgate_xds_config_info The version of the rules applied from the xDS server.\n\
-             # TYPE tollgate_xds_config_info gauge\n\
-             tollgate_xds_config_info{{version=\"{version}\"}} 1\n\
-             # HELP tollgate_xds_updates_total xDS responses applied (ACKed) and rejected (NACKed).\n\
-             # TYPE tollgate_xds_updates_total counter\n\
-             tollgate_xds_updates_total{{result=\"applied\"}} {}\n\
-             tollgate_xds_updates_total{{result=\"rejected\"}} {}\n\
-             # HELP tollgate_xds_streams_total Streams opened to the xDS server.\n\
-             # TYPE tollgate_xds_streams_total counter\n\
-             tollgate_xds_streams_total {}\n",
+    pub fn expose(&self, out: &mut Exposition) {
+        out.single(
+            "tollgate_xds_connected",
+            Kind::Gauge,
+            "Whether the stream to the xDS server is open.",
             u8::from(self.connected()),
+        );
+        out.single(
+            "tollgate_xds_config_received",
+            Kind::Gauge,
+            "Whether rules have arrived from the xDS server.",
             u8::from(self.has_config()),
-            self.applied.load(Relaxed),
-            self.rejected.load(Relaxed),
+        );
+        out.family(
+            "tollgate_xds_config_info",
+            Kind::Gauge,
+            "The version of the rules applied from the xDS server.",
+        )
+        .sample(&[("version", &self.version())], 1);
+        out.family(
+            "tollgate_xds_updates_total",
+            Kind::Counter,
+            "xDS responses applied (ACKed) and rejected (NACKed).",
+        )
+        .sample(&[("result", "applied")], self.applied.load(Relaxed))
+        .sample(&[("result", "rejected")], self.rejected.load(Relaxed));
+        out.single(
+            "tollgate_xds_streams_total",
+            Kind::Counter,
+            "Streams opened to the xDS server.",
             self.streams.load(Relaxed),
         );
     }

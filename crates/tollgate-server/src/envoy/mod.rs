@@ -113,12 +113,12 @@ impl DecisionPolicy for EnvoyPolicy {
         self.shadow_mode
     }
 
-    fn render_metrics(&self, out: &mut String) {
-        use std::fmt::Write as _;
-        let _ = write!(
-            out,
-            "# HELP tollgate_global_shadow_mode_total Requests answered OK instead of OVER_LIMIT by SHADOW_MODE.\n# TYPE tollgate_global_shadow_mode_total counter\ntollgate_global_shadow_mode_total {}\n",
-            self.shadowed.load(Ordering::Relaxed)
+    fn expose(&self, out: &mut crate::exposition::Exposition) {
+        out.single(
+            "tollgate_global_shadow_mode_total",
+            crate::exposition::Kind::Counter,
+            "Requests answered OK instead of OVER_LIMIT by SHADOW_MODE.",
+            self.shadowed.load(Ordering::Relaxed),
         );
     }
 }

@@ -1005,30 +1005,12 @@ async fn readyz(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics(State(state): State<HttpState>) -> Response {
-    let mut extra = Vec::new();
-    if let Some(m) = state.memory_store() {
-        extra.push((
-            "tollgate_memory_keys",
-            "Keys held by the memory store.",
-            m.len() as u64,
-        ));
-    }
-    let mut text = state.metrics().render(&extra);
-    if let Some(m) = state.memory_store() {
-        crate::metrics::render_evictions(&mut text, m.evictions());
-        crate::metrics::render_doorkeepers(&mut text, &m.doorkeepers());
-    }
-    crate::backend::render_backend_metrics(&mut text, state.backend(), &state.rules().set);
+    let mut page = crate::exposition::Exposition::with_capacity(16 * 1024);
+    state.expose(&mut page);
     if let Some(r) = &state.registry {
-        r.render_metrics(&mut text);
+        r.expose(&mut page);
     }
-    if let Some(x) = state.xds() {
-        x.render_metrics(&mut text);
-    }
-    state.policy().render_metrics(&mut text);
-    if let Some(t) = state.tracing() {
-        t.render_metrics(&mut text);
-    }
+    let text = page.into_string();
     (
         [(
             header::CONTENT_TYPE,

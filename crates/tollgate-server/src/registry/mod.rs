@@ -25,6 +25,7 @@ pub mod error;
 pub mod shape;
 pub mod storage;
 
+use crate::exposition::{Exposition, Kind};
 use crate::metrics::RuleSlots;
 use crate::state::{AppState, LoadedRules};
 use error::RegistryError;
@@ -928,51 +929,43 @@ impl Registry {
         }
     }
 
-    /// The registry's Prometheus lines.
-    pub(crate) fn render_metrics(&self, out: &mut String) {
-        use std::fmt::Write as _;
+    /// The registry's families on `/metrics`.
+    pub(crate) fn expose(&self, out: &mut Exposition) {
         let snapshot = self.snapshot();
         let c = &self.counters;
-        let mut families = vec![
-            (
-                ("tollgate_registry_changes_total", "counter"),
-                "Registry changes made through this instance, by action.",
-                vec![
-                    ("{action=\"put\"}", c.puts.load(Relaxed)),
-                    ("{action=\"delete\"}", c.deletes.load(Relaxed)),
-                ],
-            ),
-            (
-                ("tollgate_registry_domains", "gauge"),
-                "Domains in the registry as last applied.",
-                vec![("", snapshot.domains.len() as u64)],
-            ),
-            (
-                ("tollgate_registry_revision", "gauge"),
-                "The registry's revision as last applied.",
-                vec![("", snapshot.revision)],
-            ),
-        ];
+        out.family(
+            "tollgate_registry_changes_total",
+            Kind::Counter,
+            "Registry changes made through this instance, by action.",
+        )
+        .sample(&[("action", "put")], c.puts.load(Relaxed))
+        .sample(&[("action", "delete")], c.deletes.load(Relaxed));
+        out.single(
+            "tollgate_registry_domains",
+            Kind::Gauge,
+            "Domains in the registry as last applied.",
+            snapshot.domains.len(),
+        );
+        out.single(
+            "tollgate_registry_revision",
+            Kind::Gauge,
+            "The registry's revision as last applied.",
+            snapshot.revision,
+        );
         if let Backing::Redis { .. } = self.backing {
-            families.push((
-                ("tollgate_registry_syncs_total", "counter"),
+            out.family(
+                "tollgate_registry_syncs_total",
+                Kind::Counter,
                 "Reads of the registry from Redis, by result.",
-                vec![
-                    ("{result=\"ok\"}", c.syncs_ok.load(Relaxed)),
-                    ("{result=\"failure\"}", c.syncs_failed.load(Relaxed)),
-                ],
-            ));
-            families.push((
-                ("tollgate_registry_restores_total", "counter"),
+            )
+            .sample(&[("result", "ok")], c.syncs_ok.load(Relaxed))
+            .sample(&[("result", "failure")], c.syncs_failed.load(Relaxed));
+            out.single(
+                "tollgate_registry_restores_total",
+                Kind::Counter,
                 "Times this instance wrote the registry back into a Redis that had lost changes.",
-                vec![("", c.restores.load(Relaxed))],
-            ));
-        }
-        for ((name, kind), help, rows) in families {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-            for (labels, n) in rows {
-                let _ = writeln!(out, "{name}{labels} {n}");
-            }
+                c.restores.load(Relaxed),
+            );
         }
     }
 }
