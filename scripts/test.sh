@@ -288,6 +288,11 @@ python3 scripts/modgraph.py --check --files --acyclic tollgate --acyclic tollgat
   --acyclic tollgate-server --acyclic tollgate-redis --acyclic tollgate-tower --acyclic tollgate-proto \
   --acyclic tollgate-testsupport --only-imported-by tollgate-server:envoy=serve "${core_rules[@]}"
 
+phase "the public API of each library crate (scripts/public-api.py --check api)"
+# rustdoc's JSON (RUSTC_BOOTSTRAP=1: not stable yet) of each crate, walked from its root, against
+# the committed listing: a change of the public API is a reviewed change of api/<crate>.txt.
+python3 scripts/public-api.py --check api
+
 # The instruction-count harness of BENCHMARKS-HISTORY.md ("The counting step written out"), run without
 # callgrind so it cannot rot: the library assembled from the Lua files loads on a private
 # redis-server and answers batches of distinct keys and of repeated keys, both algorithms.

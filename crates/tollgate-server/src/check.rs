@@ -246,7 +246,7 @@ fn store_name(state: &AppState) -> &'static str {
 
 /// Decide a request with the state's current rules, store and clock.
 ///
-/// Errors: [`ApiError::Invalid`] for requests breaking [`RequestLimits`] (see [`validate`]),
+/// Errors: [`ApiError::Invalid`] for requests breaking [`RequestLimits`] (see `validate`),
 /// [`ApiError::Store`] when the store fails and no failure policy applies (a Redis outage is
 /// not an error: the `--on-store-error` policy decides). An unknown domain or a descriptor matching no rule
 /// is not an error: it is OK with no limit (counted in `tollgate_unmatched_total`).

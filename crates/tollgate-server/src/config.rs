@@ -41,7 +41,7 @@ pub struct ServeConfig {
     /// `--decision-log`, `--decision-log-max-per-second` ([`crate::decision_log`]).
     pub decision_log: crate::decision_log::DecisionLogConfig,
     /// `--live-stats`: record the per-rule live statistics of `/v1/stats` and `/dashboard`
-    /// ([`crate::stats`]); on by default.
+    /// (`crate::stats`); on by default.
     pub live_stats: bool,
     /// `--queue-max-waiting`: most requests waiting at once in the queues of rules with a
     /// `queue` option.
@@ -122,7 +122,7 @@ pub struct Connections {
 }
 
 impl Default for Connections {
-    /// The listener's own defaults ([`ConnLimits::default`]), with the cap not chosen.
+    /// The listener's own defaults (`ConnLimits::default`), with the cap not chosen.
     fn default() -> Self {
         let ConnLimits {
             header_read_timeout,

@@ -7,7 +7,7 @@
 //!
 //! The transports open the span (`Tracing::start`) and make it the current context while the
 //! decision runs (attached around a synchronous answer, `in_context` around an awaited one);
-//! the decision itself ([`crate::check`]) adds what only it knows through the current context:
+//! the decision itself (`crate::check`) adds what only it knows through the current context:
 //! the outcome and the rule that decided (`decided`) and the store call (`StoreTimer`). The
 //! span ends when the transport drops its context, once the answer is made.
 //!

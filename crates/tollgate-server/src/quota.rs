@@ -211,11 +211,6 @@ impl Quotas {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The bounds.
-    pub fn bounds(&self) -> Bounds {
-        self.bounds
-    }
-
     /// Open a stream whose pushes go to `tx`.
     pub fn open(&self, tx: mpsc::Sender<Push>) -> Result<StreamId, QuotaError> {
         let mut inner = self.lock();
@@ -455,8 +450,9 @@ impl Quotas {
         });
     }
 
-    /// Each client's share of a bucket (requests per the rule's period), for tests and the
-    /// dashboard: `None` when no client reports it.
+    /// Each client's share of a bucket (requests per the rule's period): `None` when no client
+    /// reports it.
+    #[cfg(test)]
     pub fn shares(
         &self,
         domain: &str,

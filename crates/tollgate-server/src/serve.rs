@@ -9,7 +9,7 @@
 //! connections close at once, background tasks stop, then [`serve`] returns `Ok(())`; whatever
 //! is still open after `--shutdown-timeout` is dropped.
 //!
-//! The HTTP listener is our own accept loop ([`crate::listener`]): connection cap, header-read
+//! The HTTP listener is our own accept loop (`crate::listener`): connection cap, header-read
 //! and idle timeouts. At start the open-files limit is raised to its hard limit (see
 //! `raise_open_files_limit`).
 

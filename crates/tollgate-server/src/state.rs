@@ -26,10 +26,10 @@ pub struct LoadedRules {
     pub generation: u64,
     /// When these rules were loaded (µs since the epoch, wall clock).
     pub loaded_at: Micros,
-    /// Pre-resolved metric counters of `set`'s rules ([`RuleSlots::new`]; the `Default`, no
+    /// Pre-resolved metric counters of `set`'s rules (`RuleSlots::new`; the `Default`, no
     /// slots, also works, on the slower map path).
     pub counters: RuleSlots,
-    /// Pre-resolved live statistics of `set`'s rules ([`StatSlots::new`]; the `Default`
+    /// Pre-resolved live statistics of `set`'s rules (`StatSlots::new`; the `Default`
     /// records nothing).
     pub stats: StatSlots,
     /// The rule files `set` was built from (`(file name, text)`), so that a registry change

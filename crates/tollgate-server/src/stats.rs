@@ -650,18 +650,15 @@ impl SpaceSaving {
     }
 
     /// The sum of every count offered.
+    #[cfg(test)]
     pub fn total(&self) -> u64 {
         self.total
     }
 
     /// Keys held (at most the capacity).
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.slots.len()
-    }
-
-    /// Whether nothing was offered.
-    pub fn is_empty(&self) -> bool {
-        self.slots.is_empty()
     }
 
     /// Count `n` more for `key`.
@@ -702,6 +699,7 @@ impl SpaceSaving {
     }
 
     /// The `n` keys with the highest estimates, highest first.
+    #[cfg(test)]
     pub fn top(&self, n: usize) -> Vec<(&str, u64, u64)> {
         let mut all: Vec<_> = self.entries().collect();
         all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));

@@ -31,7 +31,7 @@
 //! body of thousands of empty descriptors costs what the limit allows, not what it holds. Fields
 //! that are not read (unknown ones, or of the wrong type) may hold at most `MAX_UNREAD` values
 //! in all, for the same reason. The other size limits are applied by
-//! [`crate::check::validate`].
+//! `crate::check::validate`.
 
 use crate::error::ApiError;
 use crate::model::unit_from_number;

@@ -895,8 +895,8 @@ async fn differences_stats_not_produced() {
     );
 }
 
-#[test]
-fn differences_extra_tags_not_on_prometheus() {
+#[tokio::test]
+async fn differences_extra_tags_not_on_prometheus() {
     let t = translated(&[
         ("USE_STATSD", "false"),
         ("USE_PROMETHEUS", "true"),
@@ -905,13 +905,18 @@ fn differences_extra_tags_not_on_prometheus() {
     // Prometheus on, and nothing carries the tags to it (statsd would append `.__az=eu`).
     assert!(t.envoy.stats.prometheus.is_some());
     assert!(t.envoy.stats.statsd.is_none());
-    let m = tollgate_server::metrics::Metrics::new();
-    m.rule("d", "d.k", "d.k")
-        .total_hits
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let page = tollgate_server::envoy::stats::render_prometheus(&m);
+    let p = profile(
+        Store::Memory,
+        &["config/basic_config.yaml"],
+        &[("EXTRA_TAGS", "az:eu")],
+    )
+    .await;
+    check(&p, "test-domain", &[&[("key3", "a")]], 1).await;
+    let page = tollgate_server::envoy::stats::render_prometheus(p.state.metrics());
     assert!(
-        page.contains("ratelimit_service_rate_limit_total_hits{domain=\"d\",key1=\"k\"} 1\n"),
+        page.contains(
+            "ratelimit_service_rate_limit_total_hits{domain=\"test-domain\",key1=\"key3\"} 1\n"
+        ),
         "{page}"
     );
     assert!(!page.contains("az"), "{page}");

@@ -18,7 +18,7 @@ use tollgate_proto::pb::envoy::extensions::common::ratelimit::v3::rate_limit_des
 use tollgate_proto::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use tollgate_proto::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tollgate_server::grpc::{self, GrpcEngine, GrpcLimits};
-use tollgate_server::state::{AppState, LoadedRules};
+use tollgate_server::{AppState, LoadedRules};
 use tonic_prost::prost::Message as _;
 
 const RULES: &str = "domain: t\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1}\n";

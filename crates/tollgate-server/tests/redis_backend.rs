@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tollgate_core::rules::RuleSet;
 use tollgate_redis::{RedisOptions, RedisStore};
 use tollgate_server::backend::{BreakerState, Guarded, Policy, RedisSettings};
-use tollgate_server::check::DENIED_BY_POLICY;
+use tollgate_server::DENIED_BY_POLICY;
 use tollgate_server::{router, AppState, LoadedRules};
 use tollgate_testsupport::{
     assert_every_key_has_a_ttl, delete_prefix, shared_url, unique_prefix, RedisServer,

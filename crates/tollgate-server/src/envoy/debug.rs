@@ -6,7 +6,7 @@
 //! (`/debug/pprof/*`) and the Go runtime's `expvar` variables have no counterpart here, so
 //! `/stats` prints what envoy's statistics would carry (one `name: value` line each, the shape
 //! of envoy's `/stats`) instead of Go's `cmdline` and `memstats`. The port is served by the same
-//! hardened accept loop as the HTTP API ([`crate::listener`]): connection cap, header, body and
+//! hardened accept loop as the HTTP API (`crate::listener`): connection cap, header, body and
 //! idle timeouts, bounded shutdown.
 
 use crate::state::AppState;

@@ -6,13 +6,13 @@
 //!   [`EnvoyConfig`];
 //! - [`redis`]: envoy's Redis settings and key layout; [`stats`]: envoy-named statistics
 //!   (statsd, a Prometheus page); [`debug`]: envoy's debug port;
-//! - the profile's semantics as a [`DecisionPolicy`] (`EnvoyPolicy`: global shadow and quota
+//! - the profile's semantics as a `DecisionPolicy` (`EnvoyPolicy`: global shadow and quota
 //!   mode, envoy's choice of the limit the headers describe);
 //! - `/json` and `/healthcheck` on the HTTP API (`http_routes`), and on gRPC the three named
 //!   headers, `dynamic_metadata` and the `ratelimit` health service (`grpc_answers`).
 //!
 //! The composition root (`serve`) is the only module that imports this one: the service core
-//! and the transports offer hooks ([`DecisionPolicy`], [`GrpcAnswers`], extra HTTP routes), and
+//! and the transports offer hooks (`DecisionPolicy`, [`GrpcAnswers`], extra HTTP routes), and
 //! this module fills them.
 
 pub mod debug;

@@ -2,7 +2,7 @@
 //! (what its `gostats` store sends) and a Prometheus page with the names its statsd-exporter
 //! mapping produces.
 //!
-//! Nothing is counted twice: the per-rule counters of [`crate::metrics`] are read at flush or
+//! Nothing is counted twice: the per-rule counters of `crate::metrics` are read at flush or
 //! scrape time and renamed (`ratelimit.service.rate_limit.<stats key>.total_hits`, ...), so the
 //! request path pays nothing for these exports. As gostats does, a flush sends each counter's
 //! increase since the previous flush (`name:delta|c`), and only counters that moved.

@@ -50,7 +50,7 @@
 //!   answer framed with its trailers.
 //! - `limits`: [`GrpcLimits`] and [`GrpcEngine`].
 //! - `rlqs`: Envoy's quota service (`StreamRateLimitQuotas`): protobuf to and from
-//!   [`crate::quota`].
+//!   `crate::quota`.
 
 mod call;
 mod codec;
