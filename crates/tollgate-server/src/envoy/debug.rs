@@ -28,7 +28,7 @@ const ENDPOINTS: [(&str, &str); 2] = [
 ];
 
 /// The debug port's routes over `state`.
-pub fn router(state: AppState) -> Router {
+pub(crate) fn router(state: AppState) -> Router {
     Router::new()
         .route("/", get(index))
         .route("/rlconfig", get(rlconfig))
@@ -67,7 +67,7 @@ async fn stats(State(state): State<AppState>) -> Response {
 /// limit, `<stats key>: unit=<UNIT> requests_per_unit=<N>, shadow_mode: <bool>, quota_mode:
 /// <bool>` (an `unlimited` rule has unit `UNKNOWN` and 0 requests, as its unset fields print
 /// there), in the order of the rule files (envoy's follows Go's random map order).
-pub fn dump(set: &RuleSet) -> String {
+pub(crate) fn dump(set: &RuleSet) -> String {
     let mut out = String::new();
     for limit in set.limits() {
         let (unit, requests) = limit.quota.map_or(("UNKNOWN", 0), |q| {

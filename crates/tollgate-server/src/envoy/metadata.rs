@@ -13,7 +13,7 @@ use tollgate_proto::pb::google::protobuf::{
 /// rule `metadata` of every descriptor that passed (OK, not unlimited), merged in request order
 /// (a key already present is kept; maps present in both are merged). Built from the decoded
 /// request, so gRPC and `/json` (see [`pb_struct_json`]) return the same.
-pub fn dynamic_metadata(
+pub(crate) fn dynamic_metadata(
     req: &CheckRequest,
     resp: &CheckResponse,
     rules: &tollgate_core::rules::RuleSet,

@@ -5,7 +5,7 @@
 //!   into tollgate's settings ([`ServeConfig`](crate::config::ServeConfig)) and this module's
 //!   [`EnvoyConfig`];
 //! - [`redis`]: envoy's Redis settings and key layout; [`stats`]: envoy-named statistics
-//!   (statsd, a Prometheus page); [`debug`]: envoy's debug port;
+//!   (statsd, a Prometheus page); `debug`: envoy's debug port;
 //! - the profile's semantics as a `DecisionPolicy` (`EnvoyPolicy`: global shadow and quota
 //!   mode, envoy's choice of the limit the headers describe);
 //! - `/json` and `/healthcheck` on the HTTP API (`http_routes`), and on gRPC the three named
@@ -15,7 +15,7 @@
 //! and the transports offer hooks (`DecisionPolicy`, [`GrpcAnswers`], extra HTTP routes), and
 //! this module fills them.
 
-pub mod debug;
+pub(crate) mod debug;
 mod json;
 mod metadata;
 pub mod profile;
@@ -23,8 +23,9 @@ pub mod redis;
 pub mod stats;
 
 pub use json::{envoy_response, proto_duration};
-pub use metadata::{dynamic_metadata, pb_struct_json};
-pub use profile::EnvoyMode;
+pub(crate) use metadata::dynamic_metadata;
+pub use metadata::pb_struct_json;
+pub(crate) use profile::EnvoyMode;
 
 use crate::backend::BreakerState;
 use crate::grpc::{GrpcAnswers, ResponseHeaders};
@@ -59,7 +60,7 @@ impl EnvoyConfig {
 
     /// The decision policy the settings call for: `EnvoyPolicy` under the profile, `None`
     /// (tollgate's) otherwise.
-    pub fn policy(&self) -> Option<Arc<dyn DecisionPolicy>> {
+    pub(crate) fn policy(&self) -> Option<Arc<dyn DecisionPolicy>> {
         self.mode
             .as_ref()
             .map(|m| Arc::new(EnvoyPolicy::new(m)) as Arc<dyn DecisionPolicy>)
@@ -77,7 +78,7 @@ pub(crate) struct EnvoyPolicy {
 
 impl EnvoyPolicy {
     /// The policy of `mode`.
-    pub fn new(mode: &EnvoyMode) -> Self {
+    pub(crate) fn new(mode: &EnvoyMode) -> Self {
         Self {
             quota_mode: mode.quota_mode,
             shadow_mode: mode.shadow_mode,
@@ -176,7 +177,7 @@ fn envoy_binding(
 /// least once since start, and (with `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`) some domain is
 /// loaded. A later Redis outage does not make the service unhealthy.
 #[derive(Debug)]
-pub struct Health {
+pub(crate) struct Health {
     state: AppState,
     needs_config: bool,
     redis_answered: AtomicBool,
@@ -184,7 +185,7 @@ pub struct Health {
 
 impl Health {
     /// The health of `state` under `mode`.
-    pub fn new(state: AppState, mode: &EnvoyMode) -> Arc<Self> {
+    pub(crate) fn new(state: AppState, mode: &EnvoyMode) -> Arc<Self> {
         Arc::new(Self {
             state,
             needs_config: mode.healthy_needs_config,
@@ -193,7 +194,7 @@ impl Health {
     }
 
     /// Healthy now.
-    pub fn healthy(&self) -> bool {
+    pub(crate) fn healthy(&self) -> bool {
         let waiting_for_config = self.needs_config && self.state.rules().set.is_empty();
         // Rules from xDS: envoyproxy/ratelimit does not serve until the first configuration
         // (unless FORCE_START_WITHOUT_INITIAL_CONFIG), so health says no until then.

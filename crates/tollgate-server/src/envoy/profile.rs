@@ -32,18 +32,18 @@ use tracing::level_filters::LevelFilter;
 pub struct EnvoyMode {
     /// `SHADOW_MODE`: an OVER_LIMIT overall code becomes OK (descriptor statuses keep their
     /// codes), counted in `tollgate_global_shadow_mode_total`.
-    pub shadow_mode: bool,
+    pub(crate) shadow_mode: bool,
     /// `QUOTA_MODE`: every descriptor is in quota mode (the request is over only when all
     /// quota descriptors are).
-    pub quota_mode: bool,
+    pub(crate) quota_mode: bool,
     /// `LIMIT_RESPONSE_HEADERS_ENABLED`: the three headers' names, or `None` for no headers.
-    pub headers: Option<HeaderNames>,
+    pub(crate) headers: Option<HeaderNames>,
     /// `RESPONSE_DYNAMIC_METADATA`.
-    pub dynamic_metadata: bool,
+    pub(crate) dynamic_metadata: bool,
     /// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`: unhealthy while no domain is loaded.
-    pub healthy_needs_config: bool,
+    pub(crate) healthy_needs_config: bool,
     /// `FORCE_START_WITHOUT_INITIAL_CONFIG`: start with no rules when they cannot be loaded.
-    pub force_start: bool,
+    pub(crate) force_start: bool,
 }
 
 /// What the environment means for `tollgate serve`.
@@ -86,11 +86,11 @@ pub struct EnvoyTracing {
 #[error("{name}={value}: {reason}")]
 pub struct ProfileError {
     /// The variable.
-    pub name: String,
+    pub(crate) name: String,
     /// Its value (never a secret: secret variables are not reported with their value).
-    pub value: String,
+    pub(crate) value: String,
     /// Why.
-    pub reason: String,
+    pub(crate) reason: String,
 }
 
 /// What tollgate does with one of envoy's variables.

@@ -26,17 +26,17 @@ pub struct EnvoyRedis {
     /// `REDIS_TIMEOUT` when set (`--redis-timeout-ms`). Unset keeps tollgate's own default
     /// rather than envoy's 10 s: a stuck Redis would otherwise hold every request that long
     /// before the failure policy decides.
-    pub timeout: Option<Duration>,
+    pub(crate) timeout: Option<Duration>,
     /// `REDIS_PERSECOND=true`: the per-second Redis' URL (`--redis-per-second-url`).
-    pub per_second: Option<String>,
+    pub(crate) per_second: Option<String>,
     /// `REDIS_PERSECOND_TIMEOUT` when set (`--redis-per-second-timeout-ms`).
-    pub per_second_timeout: Option<Duration>,
+    pub(crate) per_second_timeout: Option<Duration>,
     /// `LOCAL_CACHE_SIZE_IN_BYTES` > 0: `--local-deny-cache` (tollgate's deny cache holds only
     /// keys known to be over their limit, until their window ends, so its size is bounded by
     /// those keys rather than by a byte budget).
-    pub deny_cache: bool,
+    pub(crate) deny_cache: bool,
     /// Variables accepted but without effect, as `(variable, why)`: log each once.
-    pub warnings: Vec<(String, String)>,
+    pub(crate) warnings: Vec<(String, String)>,
 }
 
 impl EnvoyRedis {

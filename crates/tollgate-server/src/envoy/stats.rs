@@ -84,16 +84,16 @@ pub struct EnvoyStats {
 #[error("{var}='{value}': {reason}")]
 pub struct EnvError {
     /// The variable.
-    pub var: String,
+    pub(crate) var: String,
     /// Its value.
-    pub value: String,
+    pub(crate) value: String,
     /// What is wrong.
-    pub reason: String,
+    pub(crate) reason: String,
 }
 
 impl EnvError {
     /// `var` (whose value is `value`) is invalid because of `reason`.
-    pub fn new(var: &str, value: &str, reason: impl Into<String>) -> Self {
+    pub(crate) fn new(var: &str, value: &str, reason: impl Into<String>) -> Self {
         Self {
             var: var.into(),
             value: value.into(),
@@ -379,7 +379,7 @@ pub(crate) struct StatsdRenderer {
 
 impl StatsdRenderer {
     /// A renderer appending `tags` to every name (`name.__k1=v1.__k2=v2`).
-    pub fn new(tags: &[(String, String)]) -> Self {
+    pub(crate) fn new(tags: &[(String, String)]) -> Self {
         let mut suffix = String::new();
         for (k, v) in tags {
             let _ = write!(suffix, ".__{k}={v}");
@@ -392,7 +392,7 @@ impl StatsdRenderer {
 
     /// The lines (`name:delta|c`, no newline) of every counter of `m` that moved since the
     /// previous call.
-    pub fn lines(&mut self, m: &Metrics) -> Vec<String> {
+    pub(crate) fn lines(&mut self, m: &Metrics) -> Vec<String> {
         let mut out = Vec::new();
         for (name, value) in envoy_counters(m) {
             let last = self.last.entry(name.clone()).or_insert(0);

@@ -9,7 +9,7 @@ use tollgate_core::StoreError;
 /// Everything that can go wrong with a registry request.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum RegistryError {
+pub(crate) enum RegistryError {
     /// The request could not be read (body too large, timed out, wrong content type).
     #[error(transparent)]
     Request(#[from] ApiError),
@@ -105,7 +105,7 @@ impl From<StoreError> for RegistryError {
 
 impl RegistryError {
     /// The stable machine-readable code (`error.code`).
-    pub fn code(&self) -> &'static str {
+    pub(crate) fn code(&self) -> &'static str {
         use RegistryError as E;
         match self {
             E::Request(e) => e.code(),

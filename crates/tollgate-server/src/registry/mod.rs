@@ -6,7 +6,7 @@
 //!   define a registered domain, the file wins on the instances that have it (a WARN says which
 //!   registered domain it hides). `combine` builds the running rules that way.
 //! - **Same rules, same checks.** A body is a rules file for one domain (YAML or JSON, or the
-//!   service-registration shape of [`shape`]), validated by the same parser with the same
+//!   service-registration shape of `shape`), validated by the same parser with the same
 //!   messages, positions inside the body.
 //! - **Same swap.** A change is applied like a file reload: the files already loaded and the
 //!   registered domains make one rule set, swapped in atomically, so counters of unchanged
@@ -21,8 +21,8 @@
 //!   change is logged (target `tollgate::audit`: domain, old and new version, caller) and
 //!   counted; bodies, domains and descriptors are capped.
 
-pub mod error;
-pub mod shape;
+pub(crate) mod error;
+pub(crate) mod shape;
 pub mod storage;
 
 use crate::exposition::{Exposition, Kind};
@@ -78,7 +78,7 @@ impl Default for RegistryConfig {
 
 impl RegistryConfig {
     /// Whether the registry runs: an admin token or a registry directory is configured.
-    pub fn enabled(&self) -> bool {
+    pub(crate) fn enabled(&self) -> bool {
         self.token_file.is_some() || self.dir.is_some()
     }
 }
@@ -96,16 +96,14 @@ pub(crate) fn is_registered_source(file: &str) -> bool {
 
 /// A registered domain as the running rules take it.
 #[derive(Debug, Clone)]
-pub struct Registered {
+pub(crate) struct Registered {
     /// The domain.
-    pub domain: String,
-    /// Its current version.
-    pub version: u64,
+    pub(crate) domain: String,
     /// Its rules text.
-    pub rules: String,
+    pub(crate) rules: String,
     /// Its rules, already parsed and validated (as `registry:<domain>`), when known: a
     /// rebuild then parses only the domains that changed.
-    pub compiled: Option<Arc<RuleSet>>,
+    pub(crate) compiled: Option<Arc<RuleSet>>,
 }
 
 /// The rule set of the files (`files` as read, `read_errors` the files that could not be) and
@@ -215,43 +213,43 @@ pub struct Registry {
 
 /// How a `PUT` went (or would go, on a dry run).
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct PutOutcome {
+pub(crate) struct PutOutcome {
     /// The domain.
-    pub domain: String,
+    pub(crate) domain: String,
     /// Whether the domain was new.
-    pub created: bool,
+    pub(crate) created: bool,
     /// Nothing was stored (`?dry_run=true`).
-    pub dry_run: bool,
+    pub(crate) dry_run: bool,
     /// The version before (`None`: new).
-    pub previous_version: Option<u64>,
+    pub(crate) previous_version: Option<u64>,
     /// The version now (`None` on a dry run).
-    pub version: Option<u64>,
+    pub(crate) version: Option<u64>,
     /// What changed, limit by limit.
-    pub changes: Changes,
+    pub(crate) changes: Changes,
 }
 
 /// The limits a change adds, removes and changes (each described in one line).
 #[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct Changes {
+pub(crate) struct Changes {
     /// Limits that are new (`id: description`).
-    pub added: Vec<String>,
+    pub(crate) added: Vec<String>,
     /// Limits that are gone.
-    pub removed: Vec<String>,
+    pub(crate) removed: Vec<String>,
     /// Limits whose settings change.
-    pub changed: Vec<Changed>,
+    pub(crate) changed: Vec<Changed>,
     /// How many limits stay as they are (their counters keep their state).
-    pub unchanged: usize,
+    pub(crate) unchanged: usize,
 }
 
 /// One changed limit.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct Changed {
+pub(crate) struct Changed {
     /// The rule's id.
-    pub id: String,
+    pub(crate) id: String,
     /// Its settings before.
-    pub from: String,
+    pub(crate) from: String,
     /// Its settings after.
-    pub to: String,
+    pub(crate) to: String,
 }
 
 /// One line describing a limit's settings.
@@ -366,7 +364,7 @@ impl Registry {
         }
     }
 
-    /// A registry kept in memory, empty, whose admin token is `token`: what [`start`] opens
+    /// A registry kept in memory, empty, whose admin token is `token`: what `start` opens
     /// without `--registry-dir` or Redis, for embedding the API (and tests) without a token
     /// file.
     pub fn in_memory(token: &str) -> Arc<Self> {
@@ -378,12 +376,12 @@ impl Registry {
     }
 
     /// The settings.
-    pub fn config(&self) -> &RegistryConfig {
+    pub(crate) fn config(&self) -> &RegistryConfig {
         &self.config
     }
 
     /// The registry as last applied.
-    pub fn snapshot(&self) -> Arc<Snapshot> {
+    pub(crate) fn snapshot(&self) -> Arc<Snapshot> {
         self.snapshot
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -403,7 +401,7 @@ impl Registry {
     }
 
     /// The registered domains, as the running rules take them.
-    pub fn registered(&self) -> Vec<Registered> {
+    pub(crate) fn registered(&self) -> Vec<Registered> {
         let compiled = self.compiled.lock().unwrap_or_else(|e| e.into_inner());
         self.snapshot()
             .domains
@@ -411,7 +409,6 @@ impl Registry {
             .filter_map(|e| {
                 e.current().map(|v| Registered {
                     domain: e.domain.clone(),
-                    version: v.version,
                     rules: v.rules.clone(),
                     compiled: compiled
                         .get(&e.domain)
@@ -608,7 +605,7 @@ impl Registry {
     }
 
     /// Register (or replace) `domain` with `body` (rules, or the service-registration shape).
-    pub async fn put(
+    pub(crate) async fn put(
         self: &Arc<Self>,
         state: &AppState,
         domain: &str,
@@ -732,7 +729,7 @@ impl Registry {
     }
 
     /// Unregister `domain`; the new registry revision.
-    pub async fn delete(
+    pub(crate) async fn delete(
         self: &Arc<Self>,
         state: &AppState,
         domain: &str,
@@ -996,7 +993,7 @@ fn refused(domain: &str, expect: Expect, r: Refused, max: usize) -> RegistryErro
 /// the registered domains (from Redis, or the local snapshot when Redis cannot be reached),
 /// apply them, and with Redis follow the changes until `shutdown`. `store_url` is `--store` (for
 /// the change subscription; never logged).
-pub async fn start(
+pub(crate) async fn start(
     state: &AppState,
     config: &RegistryConfig,
     store_url: &str,
@@ -1130,12 +1127,12 @@ pub async fn start(
 
 /// A started registry ([`start`]).
 #[derive(Debug)]
-pub struct Running {
+pub(crate) struct Running {
     /// The registry, for the transports that serve it.
-    pub registry: Arc<Registry>,
+    pub(crate) registry: Arc<Registry>,
     /// With Redis, the task following changes made through other instances (it ends at
     /// shutdown).
-    pub follower: Option<tokio::task::JoinHandle<()>>,
+    pub(crate) follower: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Redis: look at the revision key every poll interval and whenever a change is announced, and

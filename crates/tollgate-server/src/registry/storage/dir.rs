@@ -24,7 +24,7 @@ pub(crate) struct DirStorage {
 
 impl DirStorage {
     /// Use `dir` (created when missing, with its `domains/` subdirectory).
-    pub fn open(dir: &Path) -> io::Result<Self> {
+    pub(crate) fn open(dir: &Path) -> io::Result<Self> {
         fs::create_dir_all(dir.join("domains"))?;
         Ok(Self {
             dir: dir.to_path_buf(),
@@ -32,7 +32,7 @@ impl DirStorage {
     }
 
     /// The directory.
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.dir
     }
 
@@ -42,7 +42,7 @@ impl DirStorage {
 
     /// Read the registry. A file that cannot be read or parsed is an error naming it (a
     /// registry that silently lost a domain would unlimit its traffic).
-    pub fn load(&self) -> Result<Snapshot, String> {
+    pub(crate) fn load(&self) -> Result<Snapshot, String> {
         let mut snapshot = Snapshot::default();
         let revision_path = self.dir.join("revision");
         match fs::read_to_string(&revision_path) {

@@ -6,7 +6,7 @@
 //! domain's version, so versions never repeat, even when a domain is deleted and registered
 //! again, and a stale `If-Match` can never match by accident.
 
-pub mod dir;
+pub(crate) mod dir;
 pub mod redis;
 
 use serde::{Deserialize, Serialize};
@@ -29,14 +29,14 @@ pub struct Version {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entry {
     /// The domain.
-    pub domain: String,
+    pub(crate) domain: String,
     /// Newest first; never empty.
     pub versions: Vec<Version>,
 }
 
 impl Entry {
     /// The current version.
-    pub fn current(&self) -> Option<&Version> {
+    pub(crate) fn current(&self) -> Option<&Version> {
         self.versions.first()
     }
 }
@@ -89,7 +89,7 @@ pub enum Refused {
 /// `snapshot` with `domain` set to `version` (made the newest, history trimmed to `history`
 /// versions), checking `expect` and the `max_domains` cap: the write of the memory and
 /// directory backends (Redis does the same in a script).
-pub fn put(
+pub(crate) fn put(
     snapshot: &Snapshot,
     domain: &str,
     mut version: Version,
@@ -125,7 +125,11 @@ pub fn put(
 }
 
 /// `snapshot` without `domain`, checking `expect`.
-pub fn delete(snapshot: &Snapshot, domain: &str, expect: Expect) -> Result<Snapshot, Refused> {
+pub(crate) fn delete(
+    snapshot: &Snapshot,
+    domain: &str,
+    expect: Expect,
+) -> Result<Snapshot, Refused> {
     let current = snapshot
         .domains
         .get(domain)

@@ -157,13 +157,8 @@ impl RedisRegistry {
     }
 
     /// The channel changes are announced on.
-    pub fn channel(&self) -> &str {
+    pub(crate) fn channel(&self) -> &str {
         &self.channel
-    }
-
-    /// The store.
-    pub fn store(&self) -> &RedisStore {
-        &self.store
     }
 
     fn eval(&self, script: &str, domain: Option<&str>) -> redis::Cmd {
