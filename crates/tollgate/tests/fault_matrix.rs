@@ -375,11 +375,6 @@ enum Fault {
 }
 
 impl Fault {
-    /// Faults after which the `local` policy's fold was measured not to restore every count.
-    fn local_gap(self) -> bool {
-        matches!(self, Fault::SentinelSwitch | Fault::MasterRestart)
-    }
-
     /// Whether the store may forget what it counted: a restart without persistence, or a
     /// replica promoted before it got the master's last writes.
     fn lossy(self) -> bool {
@@ -391,20 +386,16 @@ impl Fault {
 }
 
 /// The bound docs/distributed.md states per policy for every fault, for one key: `L`, plus the
-/// policy's own excess (`local`: `E`, see [`stale`]; `allow`: what it admitted, `P`, at most
-/// what was admitted while the fault lasted), plus, for `deny` and `allow`, what the store
-/// forgot (`F`, at most what was admitted on the key before Redis was back; `local` restores
-/// it with the fold).
-fn bound(policy: &str, fault: Fault, before: u64, during: u64, stale: u64, apart: bool) -> u64 {
+/// policy's own excess (`local`: `E`, see [`stale`], and `S`, the others' shares of what the key
+/// had left, which an instance still grants locally while another is back on Redis; `allow`:
+/// what it admitted, `P`, at most what was admitted while the fault lasted), plus, for `deny`
+/// and `allow`, what the store forgot (`F`, at most what was admitted on the key before Redis
+/// was back; `local` restores it with the fold).
+fn bound(policy: &str, fault: Fault, before: u64, during: u64, stale: u64) -> u64 {
     let forgot = if fault.lossy() { before + during } else { 0 };
-    // Instances back on Redis at moments apart: one grants from Redis what another still
-    // grants locally, at most the others' shares of what the key had left.
-    let apart = match apart {
-        true => (N - 1) * (L - before.min(L)) / N,
-        false => 0,
-    };
+    let shares = (N - 1) * (L - before.min(L)) / N;
     match policy {
-        "local" => L + stale + apart,
+        "local" => L + stale + shares,
         "deny" => L + forgot,
         _ => L + during + forgot,
     }
@@ -705,7 +696,7 @@ struct Row {
     back: Duration,
     /// `local`: its instances went back to Redis at moments apart.
     apart: bool,
-    /// `local`: keys over `L + E` on a fault with a known gap.
+    /// `local`: keys over `L + E`.
     gaps: u64,
 }
 
@@ -790,7 +781,7 @@ fn run(
             driven
                 .iter()
                 .flat_map(|f| &f.servers)
-                .map(|s| warnings(s))
+                .map(warnings)
                 .collect::<Vec<_>>()
                 .join("\n")
         );
@@ -836,35 +827,23 @@ fn run(
                 all_open.unwrap_or(began).max(began),
             );
             let admitted = b + d + a;
-            let stated = bound(f.policy, fault, b, d, e, apart);
-            // Known gap: after a Sentinel switch-master or a Cluster master's restart, the
-            // `local` policy's fold did not always bring the count back (docs/distributed.md):
-            // what the store forgot is allowed on top, and every key over the stated bound is
-            // printed.
-            let gap = f.policy == "local" && fault.local_gap();
-            let bound = match gap {
-                true => stated + if fault.lossy() { b + d } else { 0 },
-                false => stated,
-            };
-            if admitted > stated && gap {
-                eprintln!(
-                    "known gap: {fault:?} run {run}, local / {} key p{pair}: {admitted} admitted \
-                     ({b} before, {d} during, {a} after; E = {e}), over L + E = {stated}",
-                    RULES[rule].1
-                );
+            let bound = bound(f.policy, fault, b, d, e);
+            // `local`: what the keys admitted over `L + E` (the share an instance still granted
+            // locally while another was back on Redis) is counted for the table.
+            if f.policy == "local" && admitted > L + e {
                 gaps += 1;
             }
             if admitted > bound {
                 over.push(format!(
                     "{fault:?} run {run}, {} / {} key p{pair}: {admitted} admitted ({b} before, \
-                     {d} during, {a} after; E = {e}, apart {apart} by {spread:?}), over the bound \
-                     {bound}",
+                     {d} during, {a} after; E = {e}; back on Redis apart: {apart}, by \
+                     {spread:?}), over the bound {bound}",
                     f.policy, RULES[rule].1
                 ));
             }
             let worst = &mut per_rule[rule];
-            if admitted > worst.0 || (admitted == worst.0 && stated < worst.1) {
-                *worst = (admitted, stated);
+            if admitted > worst.0 || (admitted == worst.0 && bound < worst.1) {
+                *worst = (admitted, bound);
             }
         }
         if over.len() > over_before && f.policy == "local" {
@@ -893,7 +872,7 @@ fn scenario(mut store: Store, faults: &[Fault], name: &str) {
             rows.extend(run(&mut store, &fleets, fault, r, &mut over));
         }
         let mut table = format!(
-            "{fault:?} ({name}), per key: max admitted / its stated bound (L = {L}); back on Redis\n\
+            "{fault:?} ({name}), per key: max admitted / its bound (L = {L}); back on Redis\n\
              run policy | fixed_window | sliding_window_log | gcra | back\n"
         );
         for row in rows {
