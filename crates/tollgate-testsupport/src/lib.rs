@@ -316,6 +316,9 @@ pub struct RedisServer {
     dir: PathBuf,
     /// Extra `redis-cli` arguments (TLS).
     cli_args: Vec<String>,
+    /// The server arguments it was started with, for [`RedisServer::restart`] (empty: the
+    /// server cannot be restarted that way).
+    args: Vec<String>,
 }
 
 impl RedisServer {
@@ -355,6 +358,7 @@ impl RedisServer {
                 port,
                 dir,
                 cli_args: Vec::new(),
+                args: args.iter().map(|a| a.to_string()).collect(),
             };
             // `None`: it exited, having lost a race for the port.
             server.wait_ready(Duration::from_secs(20)).then_some(server)
@@ -459,10 +463,39 @@ impl RedisServer {
                 port,
                 dir: dir.clone(),
                 cli_args: vec!["--tls".into(), "--cacert".into(), ca.clone()],
+                args: Vec::new(),
             };
             server.wait_ready(Duration::from_secs(20)).then_some(server)
         });
         (server, dir.join("ca.crt"))
+    }
+
+    /// Start the server again, killed or not, on its port with its arguments and its directory
+    /// (no data: the store is not persisted; a Cluster node keeps its `nodes.conf`, so it
+    /// rejoins its cluster as the same node). Waits until it answers `PING`.
+    pub fn restart(&mut self) {
+        assert!(!self.args.is_empty(), "this server cannot be restarted");
+        self.kill();
+        let owned = self.args.clone();
+        let args: Vec<&str> = owned.iter().map(String::as_str).collect();
+        for _attempt in 0..50 {
+            self.child = spawn_redis(&args, &self.dir);
+            if self.wait_ready(Duration::from_secs(20)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("could not restart redis-server on port {}", self.port);
+    }
+
+    /// This node's Redis Cluster id (`CLUSTER MYID`).
+    pub fn node_id(&self) -> String {
+        self.cli(&["CLUSTER", "MYID"]).trim().to_string()
+    }
+
+    /// `127.0.0.1:<port>`, as `CLUSTER SLOTS` names the node.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
     }
 
     /// Kill the server now (its port stays reserved by nobody).
@@ -477,6 +510,16 @@ impl Drop for RedisServer {
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Sends `sig` (`-STOP`, `-CONT`, `-KILL`) to process `pid` (a test's own redis-server).
+pub fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("run kill")
+        .success();
+    assert!(ok, "kill {sig} {pid}");
 }
 
 /// Run `redis-cli` against a port.
@@ -575,8 +618,49 @@ impl Cluster {
     }
 }
 
-/// A master, one replica and two `redis-sentinel`s monitoring them (quorum 1, a master is
-/// judged down after 1 s), all killed on drop.
+/// Move `slot` with its keys from `src` to `dst` as `redis-cli --cluster reshard` does: the
+/// target imports, the source migrates, the keys move, then every master in `masters` is told
+/// the new owner, the target first. One key per `MIGRATE`: a sliding log's two keys are apart
+/// for a moment, as with any batch size once a slot holds enough keys.
+pub fn migrate_slot(masters: &[&RedisServer], slot: u16, src: &RedisServer, dst: &RedisServer) {
+    let s = slot.to_string();
+    let (src_id, dst_id) = (src.node_id(), dst.node_id());
+    let ok = dst.cli(&["CLUSTER", "SETSLOT", &s, "IMPORTING", &src_id]);
+    assert!(ok.contains("OK"), "{ok}");
+    let ok = src.cli(&["CLUSTER", "SETSLOT", &s, "MIGRATING", &dst_id]);
+    assert!(ok.contains("OK"), "{ok}");
+    let port = dst.port.to_string();
+    loop {
+        let keys: Vec<String> = src
+            .cli(&["CLUSTER", "GETKEYSINSLOT", &s, "100"])
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(String::from)
+            .collect();
+        if keys.is_empty() {
+            break;
+        }
+        for k in &keys {
+            let out = src.cli(&["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS", k]);
+            assert!(out.contains("OK") || out.contains("NOKEY"), "{out}");
+        }
+    }
+    let mut order = vec![dst, src];
+    order.extend(
+        masters
+            .iter()
+            .copied()
+            .filter(|n| n.port != src.port && n.port != dst.port),
+    );
+    for n in order {
+        let ok = n.cli(&["CLUSTER", "SETSLOT", &s, "NODE", &dst_id]);
+        assert!(ok.contains("OK"), "{ok}");
+    }
+}
+
+/// A master, one replica and `redis-sentinel`s monitoring them (two with quorum 1 by default; a
+/// master is judged down after 1 s), all killed on drop.
 pub struct SentinelGroup {
     /// The master's name, [`SentinelGroup::NAME`].
     pub name: &'static str,
@@ -593,6 +677,12 @@ impl SentinelGroup {
     /// Start the master, the replica (wait for its link) and the sentinels (wait until they
     /// know the replica, so that a failover can pick it).
     pub fn start() -> SentinelGroup {
+        Self::start_with(2, 1)
+    }
+
+    /// [`SentinelGroup::start`] with `sentinels` sentinels agreeing on a master's failure at
+    /// `quorum`.
+    pub fn start_with(sentinels: usize, quorum: usize) -> SentinelGroup {
         let master = RedisServer::start(&[]);
         let mport = master.port.to_string();
         let replica = RedisServer::start(&["--replicaof", "127.0.0.1", &mport]);
@@ -605,7 +695,9 @@ impl SentinelGroup {
                     .contains("master_link_status:up")
             },
         );
-        let sentinels: Vec<RedisServer> = (0..2).map(|_| start_sentinel(master.port)).collect();
+        let sentinels: Vec<RedisServer> = (0..sentinels)
+            .map(|_| start_sentinel(master.port, quorum))
+            .collect();
         let group = SentinelGroup {
             name: Self::NAME,
             servers: vec![master, replica],
@@ -686,8 +778,8 @@ impl SentinelGroup {
     }
 }
 
-/// `redis-sentinel` on a free port monitoring the master on `master_port` (quorum 1).
-fn start_sentinel(master_port: u16) -> RedisServer {
+/// `redis-sentinel` on a free port monitoring the master on `master_port` at `quorum`.
+fn start_sentinel(master_port: u16, quorum: usize) -> RedisServer {
     on_free_port("redis-sentinel", |port| {
         let dir = std::env::temp_dir().join(format!("tollgate-sentinel-{port}-{:x}", random()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -697,7 +789,7 @@ fn start_sentinel(master_port: u16) -> RedisServer {
             &conf,
             format!(
                 "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {dir}\nlogfile {dir}/redis.log\n\
-                 sentinel monitor {name} 127.0.0.1 {master_port} 1\n\
+                 sentinel monitor {name} 127.0.0.1 {master_port} {quorum}\n\
                  sentinel down-after-milliseconds {name} 1000\n\
                  sentinel failover-timeout {name} 10000\n\
                  sentinel parallel-syncs {name} 1\n",
@@ -716,6 +808,7 @@ fn start_sentinel(master_port: u16) -> RedisServer {
             port,
             dir,
             cli_args: Vec::new(),
+            args: Vec::new(),
         };
         s.wait_ready(Duration::from_secs(20)).then_some(s)
     })

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use support::client::Method;
 use support::conn::Conn;
 use support::registry::metric;
-use support::{http, serve_store, temp_dir, Server, HANG};
+use support::{http, serve_fleet, temp_dir, Server, HANG};
 use tollgate_testsupport::{runtime, unique_prefix, RedisServer};
 
 /// Instances (`--expected-instances`).
@@ -200,23 +200,14 @@ fn run(mode: Mode, policy: &str, fault: Fault) -> Option<Run> {
     let mut redis = RedisServer::start(&[]);
     let port = redis.port;
     let prefix = unique_prefix(&name);
-    let servers: Vec<Server> = (0..N)
-        .map(|i| {
-            serve_store(
-                &rules.display().to_string(),
-                &redis.url(),
-                &[
-                    "--redis-prefix",
-                    &prefix,
-                    "--expected-instances",
-                    &N.to_string(),
-                    "--on-store-error",
-                    policy,
-                ],
-                &format!("{name}-{i}"),
-            )
-        })
-        .collect();
+    let servers: Vec<Server> = serve_fleet(
+        &rules.display().to_string(),
+        &redis.url(),
+        &prefix,
+        N,
+        policy,
+        &name,
+    );
     let bases: Vec<String> = servers.iter().map(|s| s.base.clone()).collect();
     until_state(&servers, "healthy", "at start");
     let day = utc_day();

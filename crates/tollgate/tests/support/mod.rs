@@ -338,6 +338,31 @@ pub fn serve_store(rules: &str, store: &str, extra: &[&str], name: &str) -> Serv
     serve_rules(rules, &args, name)
 }
 
+/// `n` instances sharing the store at `store` under one `prefix`, told there are `n` of them
+/// (`--expected-instances`), deciding with `policy` while it fails (`--on-store-error`); logs
+/// named `<name>-<i>`.
+pub fn serve_fleet(
+    rules: &str,
+    store: &str,
+    prefix: &str,
+    n: u64,
+    policy: &str,
+    name: &str,
+) -> Vec<Server> {
+    let n_s = n.to_string();
+    let extra = [
+        "--redis-prefix",
+        prefix,
+        "--expected-instances",
+        &n_s,
+        "--on-store-error",
+        policy,
+    ];
+    (0..n)
+        .map(|i| serve_store(rules, store, &extra, &format!("{name}-{i}")))
+        .collect()
+}
+
 /// One hit on `domain` for `key=value` over HTTP: the status and the response.
 pub fn check(base: &str, domain: &str, key: &str, value: &str) -> (u16, Value) {
     let r = http(
