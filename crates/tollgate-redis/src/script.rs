@@ -68,11 +68,14 @@ pub fn library_name() -> String {
 }
 
 /// The library that `FUNCTION LOAD` takes: the body, registering `check` as `name`, and the
-/// batched one-item check of `fast.lua` as [`fast_function`]`(name)`.
+/// batched one-item check of `fast.lua` as [`fast_function`]`(name)`, which may touch keys of
+/// several slots of one cluster node (`allow-cross-slot-keys`: a cluster batch groups requests
+/// by node, see [`fast_command_on_node`]).
 pub fn library(name: &str) -> String {
     format!(
         "#!lua name={name}\n{}{}redis.register_function('{name}', check)\n\
-         redis.register_function('{fast}', fast_many)\n",
+         redis.register_function{{function_name='{fast}', callback=fast_many, \
+         flags={{'allow-cross-slot-keys'}}}}\n",
         lua_body!(),
         include_str!("../scripts/fast.lua"),
         fast = fast_function(name),
@@ -359,6 +362,35 @@ pub fn fast_command<'a>(
     header: &FastHeader,
     requests: impl IntoIterator<Item = (&'a str, &'a FastItem)>,
 ) -> redis::Cmd {
+    let (keys, packed) = fast_arguments(header, requests);
+    let mut cmd = redis::cmd("FCALL");
+    cmd.arg(function).arg(keys.len()).arg(&keys).arg(packed);
+    cmd
+}
+
+/// [`fast_command`] for a batch whose keys span several slots of one Redis Cluster node: the
+/// first key alone is declared (a cluster routes the call by it, and refuses declared keys of
+/// several slots), and every distinct key follows the packed requests.
+pub fn fast_command_on_node<'a>(
+    function: &str,
+    header: &FastHeader,
+    requests: impl IntoIterator<Item = (&'a str, &'a FastItem)>,
+) -> redis::Cmd {
+    let (keys, packed) = fast_arguments(header, requests);
+    let mut cmd = redis::cmd("FCALL");
+    cmd.arg(function)
+        .arg(1)
+        .arg(keys.first().copied().unwrap_or(""))
+        .arg(packed)
+        .arg(&keys);
+    cmd
+}
+
+/// A batch's distinct keys, in order, and its packed header and requests (see [`fast_command`]).
+fn fast_arguments<'a>(
+    header: &FastHeader,
+    requests: impl IntoIterator<Item = (&'a str, &'a FastItem)>,
+) -> (Vec<&'a str>, Vec<u8>) {
     let requests: Vec<_> = requests.into_iter().collect();
     let n = requests.len();
     // Per distinct key: its place in KEYS and the last request on it so far.
@@ -383,8 +415,6 @@ pub fn fast_command<'a>(
             }
         }
     }
-    let mut cmd = redis::cmd("FCALL");
-    cmd.arg(function).arg(order.len()).arg(&order);
     let mut packed = Vec::with_capacity(FAST_HEADER_LEN + (FAST_ITEM_LEN + 2) * n);
     packed.extend_from_slice(header);
     for (((_, item), flag), k) in requests.into_iter().zip(flags).zip(place) {
@@ -392,8 +422,7 @@ pub fn fast_command<'a>(
         packed.push(item[FAST_ITEM_LEN - 1] + flag);
         packed.extend_from_slice(&k.to_le_bytes());
     }
-    cmd.arg(packed);
-    cmd
+    (order, packed)
 }
 
 /// One request's answer in a fast.lua reply.
@@ -578,13 +607,7 @@ mod tests {
             &fast_header(None, 0),
             keys.iter().map(|k| (&**k, &item)),
         );
-        let args: Vec<Vec<u8>> = cmd
-            .args_iter()
-            .map(|a| match a {
-                redis::Arg::Simple(b) => b.to_vec(),
-                _ => Vec::new(),
-            })
-            .collect();
+        let args = args_of(&cmd);
         assert_eq!(args[..6], [&b"FCALL"[..], b"f", b"3", b"a", b"b", b"c"]);
         let packed = &args[6];
         assert_eq!(packed.len(), FAST_HEADER_LEN + 5 * (FAST_ITEM_LEN + 2));
@@ -601,5 +624,23 @@ mod tests {
             tail,
             [(6 + MORE, 1), (6, 2), (6 + MORE, 1), (6, 3), (6 + LAST, 1)]
         );
+        // On a cluster node: the first key alone declared, every key after the same requests.
+        let on_node = args_of(&fast_command_on_node(
+            "f",
+            &fast_header(None, 0),
+            keys.iter().map(|k| (&**k, &item)),
+        ));
+        assert_eq!(on_node[..4], [&b"FCALL"[..], b"f", b"1", b"a"]);
+        assert_eq!(on_node[4], *packed);
+        assert_eq!(on_node[5..], [&b"a"[..], b"b", b"c"]);
+    }
+
+    fn args_of(cmd: &redis::Cmd) -> Vec<Vec<u8>> {
+        cmd.args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => b.to_vec(),
+                _ => Vec::new(),
+            })
+            .collect()
     }
 }

@@ -11,7 +11,7 @@ mod support;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use support::{signal, Cluster, RedisServer};
+use support::{migrate, signal, Cluster, RedisServer};
 use tollgate_core::{Algorithm, CheckItem, Micros, Quota, Unit};
 use tollgate_redis::guard::BreakerState;
 use tollgate_redis::{Guarded, Policy, RedisOptions, RedisSettings, RedisStore};
@@ -40,53 +40,8 @@ fn quotas() -> [Quota; 3] {
     .map(|a| Quota::new(1_000_000_000, Unit::Day).with_algorithm(a))
 }
 
-fn node_id(n: &RedisServer) -> String {
-    n.cli(&["CLUSTER", "MYID"]).trim().to_string()
-}
-
 fn addr(n: &RedisServer) -> String {
     format!("127.0.0.1:{}", n.port)
-}
-
-/// Move `slot` with its keys from `src` to `dst` as `redis-cli --cluster reshard` does: the
-/// target imports, the source migrates, the keys move, then every master is told the new
-/// owner, the target first (see cluster.rs). One key per `MIGRATE`: a sliding log's two keys
-/// are apart for a moment, as with any batch size once a slot holds enough keys.
-fn migrate(masters: &[&RedisServer], slot: u16, src: &RedisServer, dst: &RedisServer) {
-    let s = slot.to_string();
-    let (src_id, dst_id) = (node_id(src), node_id(dst));
-    let ok = dst.cli(&["CLUSTER", "SETSLOT", &s, "IMPORTING", &src_id]);
-    assert!(ok.contains("OK"), "{ok}");
-    let ok = src.cli(&["CLUSTER", "SETSLOT", &s, "MIGRATING", &dst_id]);
-    assert!(ok.contains("OK"), "{ok}");
-    let port = dst.port.to_string();
-    loop {
-        let keys: Vec<String> = src
-            .cli(&["CLUSTER", "GETKEYSINSLOT", &s, "100"])
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty())
-            .map(String::from)
-            .collect();
-        if keys.is_empty() {
-            break;
-        }
-        for k in &keys {
-            let out = src.cli(&["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS", k]);
-            assert!(out.contains("OK") || out.contains("NOKEY"), "{out}");
-        }
-    }
-    let mut order = vec![dst, src];
-    order.extend(
-        masters
-            .iter()
-            .copied()
-            .filter(|n| n.port != src.port && n.port != dst.port),
-    );
-    for n in order {
-        let ok = n.cli(&["CLUSTER", "SETSLOT", &s, "NODE", &dst_id]);
-        assert!(ok.contains("OK"), "{ok}");
-    }
 }
 
 /// Callers hitting `keys` round robin through `g` until stopped, counting calls, errors,
