@@ -70,7 +70,7 @@ pub fn library_name() -> String {
 /// The library that `FUNCTION LOAD` takes: the body, registering `check` as `name`, and the
 /// batched one-item check of `fast.lua` as [`fast_function`]`(name)`, which may touch keys of
 /// several slots of one cluster node (`allow-cross-slot-keys`: a cluster batch groups requests
-/// by node, see [`fast_command_on_node`]).
+/// by node, see [`FastKeys::OnNode`]).
 pub fn library(name: &str) -> String {
     format!(
         "#!lua name={name}\n{}{}redis.register_function('{name}', check)\n\
@@ -285,6 +285,7 @@ pub fn fcall(name: &str, prefix: &str, item: &CheckItem<'_>, reqid: &str) -> red
             &fast_function(name),
             &fast_header(None, 0),
             [(keys.0.as_str(), &fast)],
+            FastKeys::Declared,
         );
     }
     let (k, packed) = arguments(&call, &entries);
@@ -353,36 +354,38 @@ pub fn fast_item(call: &Call<'_>, items: &[Entry<'_>]) -> Option<FastItem> {
 const MORE: u8 = 16;
 const LAST: u8 = 32;
 
+/// How a batch's keys go in its `FCALL` ([`fast_command`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FastKeys {
+    /// Every key declared (a single server, or keys of one slot).
+    Declared,
+    /// For keys spanning several slots of one Redis Cluster node: the first key alone is
+    /// declared (a cluster routes the call by it, and refuses declared keys of several slots),
+    /// and every key follows the packed requests.
+    OnNode,
+}
+
 /// The `FCALL` of fast.lua's function `function` for a batch of requests (their counter keys
-/// and packed requests, in order) sharing `header`. Each distinct key is sent once; each request
-/// names its key's place among them, and requests on a key that repeats in the batch are
-/// flagged.
+/// and packed requests, in order) sharing `header`, its keys passed as `how` says. Each distinct
+/// key is sent once; each request names its key's place among them, and requests on a key that
+/// repeats in the batch are flagged.
 pub fn fast_command<'a>(
     function: &str,
     header: &FastHeader,
     requests: impl IntoIterator<Item = (&'a str, &'a FastItem)>,
+    how: FastKeys,
 ) -> redis::Cmd {
     let (keys, packed) = fast_arguments(header, requests);
     let mut cmd = redis::cmd("FCALL");
-    cmd.arg(function).arg(keys.len()).arg(&keys).arg(packed);
-    cmd
-}
-
-/// [`fast_command`] for a batch whose keys span several slots of one Redis Cluster node: the
-/// first key alone is declared (a cluster routes the call by it, and refuses declared keys of
-/// several slots), and every distinct key follows the packed requests.
-pub fn fast_command_on_node<'a>(
-    function: &str,
-    header: &FastHeader,
-    requests: impl IntoIterator<Item = (&'a str, &'a FastItem)>,
-) -> redis::Cmd {
-    let (keys, packed) = fast_arguments(header, requests);
-    let mut cmd = redis::cmd("FCALL");
-    cmd.arg(function)
-        .arg(1)
-        .arg(keys.first().copied().unwrap_or(""))
-        .arg(packed)
-        .arg(&keys);
+    cmd.arg(function);
+    match how {
+        FastKeys::Declared => cmd.arg(keys.len()).arg(&keys).arg(packed),
+        FastKeys::OnNode => cmd
+            .arg(1)
+            .arg(keys.first().copied().unwrap_or(""))
+            .arg(packed)
+            .arg(&keys),
+    };
     cmd
 }
 
@@ -606,6 +609,7 @@ mod tests {
             "f",
             &fast_header(None, 0),
             keys.iter().map(|k| (&**k, &item)),
+            FastKeys::Declared,
         );
         let args = args_of(&cmd);
         assert_eq!(args[..6], [&b"FCALL"[..], b"f", b"3", b"a", b"b", b"c"]);
@@ -625,10 +629,11 @@ mod tests {
             [(6 + MORE, 1), (6, 2), (6 + MORE, 1), (6, 3), (6 + LAST, 1)]
         );
         // On a cluster node: the first key alone declared, every key after the same requests.
-        let on_node = args_of(&fast_command_on_node(
+        let on_node = args_of(&fast_command(
             "f",
             &fast_header(None, 0),
             keys.iter().map(|k| (&**k, &item)),
+            FastKeys::OnNode,
         ));
         assert_eq!(on_node[..4], [&b"FCALL"[..], b"f", b"1", b"a"]);
         assert_eq!(on_node[4], *packed);

@@ -1061,7 +1061,12 @@ impl RedisStore {
             fcall: self.uses_function().then(|| match &fast {
                 Some(f) => {
                     let header = script::fast_header(call.now, call.grace_ms);
-                    script::fast_command(&self.inner.fast_function, &header, [(&*keys[0], f)])
+                    script::fast_command(
+                        &self.inner.fast_function,
+                        &header,
+                        [(&*keys[0], f)],
+                        script::FastKeys::Declared,
+                    )
                 }
                 None => cmd("FCALL", &self.inner.function),
             }),
@@ -1211,13 +1216,20 @@ impl RedisStore {
     ) -> Result<Option<script::FastReply>, StoreError> {
         let requests: Vec<_> = requests.into_iter().collect();
         let n = requests.len();
-        let command = if self.is_cluster() {
-            script::fast_command_on_node
+        // The master of the first key's slot, which the call declares.
+        let slot = requests.first().map_or(0, |(k, _)| keys::slot(k));
+        let how = if self.is_cluster() {
+            script::FastKeys::OnNode
         } else {
-            script::fast_command
+            script::FastKeys::Declared
         };
         let mut calls = Calls {
-            fcall: Some(command(&self.inner.fast_function, header, requests)),
+            fcall: Some(script::fast_command(
+                &self.inner.fast_function,
+                header,
+                requests,
+                how,
+            )),
             function: &self.inner.function,
             sha: self.script_sha(),
             build: None,
@@ -1228,7 +1240,20 @@ impl RedisStore {
             .fetch_add(n as u64, Ordering::Relaxed);
         let sent = self
             .bounded(bound, async {
-                match self.call(&mut calls).await {
+                let sent = match &self.inner.conn {
+                    Conn::Cluster(c) => {
+                        match on_node(&mut c.clone(), slot, &calls, &self.inner.function).await {
+                            Ok(v) => Ok(v),
+                            Err(Missing::Functions(e)) => {
+                                self.functions_unavailable(&e);
+                                Err(e)
+                            }
+                            Err(Missing::Call(e)) => Err(e),
+                        }
+                    }
+                    _ => self.call(&mut calls).await,
+                };
+                match sent {
                     Err(e) if function_missing(&e) || functions_refused(&e) => Ok(None),
                     Err(e) if self.is_cluster() && not_run(&e) => {
                         self.inner
@@ -1947,6 +1972,60 @@ async fn cluster_call(
     }
 }
 
+/// A cluster batch's call, to the master of `slot` (its declared key's), after a `PING` in the
+/// same pipeline: whatever command comes before it on the shared connection, the call never
+/// runs with an `ASKING` meant for another (the cluster client sends `ASKING` on its own, see
+/// [`follow_ask`], and would send it before this pipeline too when its key is being moved):
+/// under `ASKING` a node serves the keys of a slot it is importing, present or not, and a key of
+/// the batch still on the source would be counted afresh there. So the batch reads only keys
+/// the node serves now; the others fail alone (and go again on their own), as does the whole
+/// call if its declared key is not the node's (`MOVED`, `ASK`: nothing ran). A function missing
+/// on the node is loaded (on every master) and the call made once more.
+async fn on_node(
+    c: &mut ClusterConnection,
+    slot: u16,
+    calls: &Calls<'_>,
+    function: &str,
+) -> Result<redis::Value, Missing> {
+    use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
+    let Some(fcall) = &calls.fcall else {
+        return Err(Missing::Call(RedisError::from((
+            redis::ErrorKind::Client,
+            "a batch needs the function",
+        ))));
+    };
+    let mut loaded = false;
+    loop {
+        let mut p = redis::pipe();
+        p.cmd("PING").add_command(fcall.clone());
+        let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
+        match c.route_pipeline(p, 1, 1, route).await.and_then(only_reply) {
+            Err(e) if function_missing(&e) && !loaded => {
+                loaded = true;
+                let mut load = redis::cmd("FUNCTION");
+                load.arg("LOAD").arg(script::library(function));
+                match load.query_async::<redis::Value>(&mut *c).await {
+                    Err(e) if e.detail().is_some_and(|d| d.contains("already exists")) => {}
+                    Err(e) if functions_refused(&e) => return Err(Missing::Functions(e)),
+                    Err(e) => return Err(Missing::Call(e)),
+                    Ok(_) => {}
+                }
+            }
+            Err(e) if functions_refused(&e) => return Err(Missing::Functions(e)),
+            r => return Ok(r?),
+        }
+    }
+}
+
+/// The one reply a pipeline was asked for (`route_pipeline`'s `count` of 1), its error as the
+/// call's.
+fn only_reply(v: Vec<redis::Value>) -> Result<redis::Value, RedisError> {
+    v.into_iter()
+        .next()
+        .ok_or_else(|| RedisError::from((redis::ErrorKind::Client, "no reply to a routed call")))?
+        .extract_error()
+}
+
 /// A slot is migrating and the key is already on the node `ASK` names: send `ASKING` and the
 /// script call there as one pipeline, so that no other request's command on the shared
 /// connection can come between them and consume the `ASKING` (the cluster client sends
@@ -1978,24 +2057,15 @@ async fn follow_ask(
         p.cmd("ASKING").add_command(cmd);
         p
     };
-    let once = |v: Vec<redis::Value>| -> Result<redis::Value, RedisError> {
-        let v = v.into_iter().next().ok_or_else(|| {
-            RedisError::from((
-                redis::ErrorKind::Client,
-                "no reply to an ASK-redirected call",
-            ))
-        })?;
-        v.extract_error()
-    };
     match c
         .route_pipeline(asking(build("EVALSHA", calls.sha)), 1, 1, route())
         .await
-        .and_then(once)
+        .and_then(only_reply)
     {
         Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => c
             .route_pipeline(asking(build("EVAL", script::SOURCE)), 1, 1, route())
             .await
-            .and_then(once),
+            .and_then(only_reply),
         r => r,
     }
 }

@@ -62,6 +62,21 @@ fn counters_on(
         .collect()
 }
 
+/// A 3-master cluster, a store on it (prefix `what`) that knows the slot map (which batches are
+/// grouped by; the first batch learns it otherwise), its key prefix and the slot map.
+fn cluster_store(
+    rt: &tokio::runtime::Runtime,
+    what: &str,
+) -> (Cluster, RedisStore, String, Vec<(u16, u16, String)>) {
+    let cluster = Cluster::start(3);
+    let store = rt
+        .block_on(RedisStore::connect(&cluster.url(), options(what)))
+        .unwrap();
+    let prefix = store.options().prefix.clone();
+    let owners = rt.block_on(store.slot_owners()).unwrap();
+    (cluster, store, prefix, owners)
+}
+
 fn masters(owners: &[(u16, u16, String)]) -> Vec<String> {
     let mut m: Vec<String> = owners.iter().map(|o| o.2.clone()).collect();
     m.sort();
@@ -75,17 +90,11 @@ fn masters(owners: &[(u16, u16, String)]) -> Vec<String> {
 /// decisions are the memory store's for the same requests one at a time in arrival order.
 #[test]
 fn a_batch_spans_the_slots_of_one_master_and_decides_as_one_at_a_time() {
-    let cluster = Cluster::start(3);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let store = rt
-        .block_on(RedisStore::connect(&cluster.url(), options("span")))
-        .unwrap();
-    let prefix = store.options().prefix.clone();
-    // The slot map the batches are grouped by (learned by the first batch otherwise).
-    let owners = rt.block_on(store.slot_owners()).unwrap();
+    let (cluster, store, prefix, owners) = cluster_store(&rt, "span");
     let masters = masters(&owners);
     assert_eq!(masters.len(), 3);
     // The function loaded on every master first: a call that must load it first comes back
@@ -170,13 +179,8 @@ fn a_batch_spans_the_slots_of_one_master_and_decides_as_one_at_a_time() {
 /// exercised by the migration below.)
 #[test]
 fn a_key_another_master_serves_fails_alone_and_writes_nothing() {
-    let cluster = Cluster::start(3);
     let rt = support::runtime();
-    let store = rt
-        .block_on(RedisStore::connect(&cluster.url(), options("alien")))
-        .unwrap();
-    let prefix = store.options().prefix.clone();
-    let owners = rt.block_on(store.slot_owners()).unwrap();
+    let (cluster, store, prefix, owners) = cluster_store(&rt, "alien");
     let masters = masters(&owners);
     let q = Quota::new(2, Unit::Hour).with_algorithm(Algorithm::FixedWindow);
     let mine = counters_on(&prefix, RULE, &q, &owners, &masters[0], 3);
@@ -201,10 +205,11 @@ fn a_key_another_master_serves_fails_alone_and_writes_nothing() {
         .map(|(it, k)| script::fast_item(&call, &[(0, it, k)]).unwrap())
         .collect();
     let name = store.function_name().to_string();
-    let cmd = script::fast_command_on_node(
+    let cmd = script::fast_command(
         &script::fast_function(&name),
         &script::fast_header(Some(NOW), 3_600_000),
         keys.iter().map(|k| k.0.as_str()).zip(&packed),
+        script::FastKeys::OnNode,
     );
     let node = cluster
         .nodes
@@ -250,19 +255,15 @@ fn a_key_another_master_serves_fails_alone_and_writes_nothing() {
 }
 
 /// Callers on many counters, across every master, while the slot of some of them moves to
-/// another master (`migrate`: its keys move while the slot is migrating, then every master
-/// learns the new owner). The store's slot map is stale for a while: a batch's request whose
+/// another master and back, twice (`migrate`: its keys move while the slot is migrating, then
+/// every master learns the new owner; a key counted afresh on the target before its move would
+/// make the move fail). The store's slot map is stale for a while: a batch's request whose
 /// key the node no longer serves goes again on its own. Every call is answered, none is an
 /// error, and each counter in Redis holds exactly the calls made on it.
 #[test]
 fn a_slot_migrated_while_batches_are_in_flight_decides_every_request_once() {
-    let cluster = Cluster::start(3);
     let rt = support::runtime();
-    let store = rt
-        .block_on(RedisStore::connect(&cluster.url(), options("moving")))
-        .unwrap();
-    let prefix = store.options().prefix.clone();
-    let owners = rt.block_on(store.slot_owners()).unwrap();
+    let (cluster, store, prefix, owners) = cluster_store(&rt, "moving");
     const LIMIT: u64 = 1_000_000_000;
     let q = Quota::new(LIMIT, Unit::Day).with_algorithm(Algorithm::FixedWindow);
     let mut names: Vec<String> = masters(&owners)
@@ -304,13 +305,7 @@ fn a_slot_migrated_while_batches_are_in_flight_decides_every_request_once() {
             })
         })
         .collect();
-    let wait_for_calls = |n: u64| {
-        let target = done.load(Relaxed) + n;
-        support::wait_for(Duration::from_secs(60), "calls to complete", || {
-            done.load(Relaxed) >= target
-        });
-    };
-    wait_for_calls(500);
+    support::wait_for_more(&done, 500);
     let nodes: Vec<&RedisServer> = cluster.nodes.iter().collect();
     let at = |addr: &str| {
         *nodes
@@ -318,13 +313,14 @@ fn a_slot_migrated_while_batches_are_in_flight_decides_every_request_once() {
             .find(|n| format!("127.0.0.1:{}", n.port) == addr)
             .unwrap()
     };
-    let src = at(owner(&owners, moving));
-    let dst = *nodes.iter().find(|n| n.port != src.port).unwrap();
-    migrate(&nodes, moving, src, dst);
-    wait_for_calls(500);
-    // And back, while the store still learns the first move.
-    migrate(&nodes, moving, dst, src);
-    wait_for_calls(500);
+    let mut src = at(owner(&owners, moving));
+    let mut dst = *nodes.iter().find(|n| n.port != src.port).unwrap();
+    // There and back, twice, each while the store still learns the move before.
+    for _ in 0..4 {
+        migrate(&nodes, moving, src, dst);
+        support::wait_for_more(&done, 500);
+        std::mem::swap(&mut src, &mut dst);
+    }
     stop.store(true, Relaxed);
     for c in callers {
         rt.block_on(c).unwrap();

@@ -61,3 +61,14 @@ pub fn migrate(masters: &[&RedisServer], slot: u16, src: &RedisServer, dst: &Red
         assert!(ok.contains("OK"), "{ok}");
     }
 }
+
+/// Wait until `done` has counted `n` more (calls of a test's load), within a minute.
+pub fn wait_for_more(done: &std::sync::atomic::AtomicU64, n: u64) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let target = done.load(Relaxed) + n;
+    wait_for(
+        std::time::Duration::from_secs(60),
+        "calls to complete",
+        || done.load(Relaxed) >= target,
+    );
+}
