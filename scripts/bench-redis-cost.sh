@@ -96,14 +96,19 @@ done
 CLUSTER_PORTS=()
 if [[ ",$STORES," == *,cluster,* ]]; then
   for i in 1 2 3; do
+    # A cluster node's bus listens on its port + 10000.
     port=$(free_port)
+    while [ "$port" -gt 55535 ]; do port=$(free_port); done
     mkdir -p "$OUT/node$i"
     (cd "$OUT/node$i" && exec "${RUNNER[@]}" "$REDIS_SERVER" --port "$port" --bind 127.0.0.1 --save '' \
       --appendonly no --cluster-enabled yes --cluster-config-file nodes.conf --daemonize no \
       >"$OUT/node$i/redis.log" 2>&1) &
     PIDS+=($!)
     CLUSTER_PORTS+=("$port")
-    until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.1; done
+    until redis-cli -p "$port" ping >/dev/null 2>&1; do
+      kill -0 "${PIDS[-1]}" 2>/dev/null || { cat "$OUT/node$i/redis.log" >&2; exit 1; }
+      sleep 0.1
+    done
   done
   redis-cli --cluster create $(printf '127.0.0.1:%s ' "${CLUSTER_PORTS[@]}") --cluster-yes >/dev/null
   for port in "${CLUSTER_PORTS[@]}"; do
