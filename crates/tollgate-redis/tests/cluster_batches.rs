@@ -321,17 +321,7 @@ fn a_slot_migrated_while_batches_are_in_flight_decides_every_request_once() {
         support::wait_for_more(&done, 500);
         std::mem::swap(&mut src, &mut dst);
     }
-    stop.store(true, Relaxed);
-    for c in callers {
-        rt.block_on(c).unwrap();
-    }
-    let errors = errors.lock().unwrap();
-    assert!(
-        errors.is_empty(),
-        "{} errors, first: {:?}",
-        errors.len(),
-        errors.first()
-    );
+    support::stop_load(&rt, &stop, callers, &errors);
     let c = store.coalescing();
     eprintln!(
         "{} calls: {} batched calls carried {} requests, {} sent again on their own",

@@ -72,3 +72,23 @@ pub fn wait_for_more(done: &std::sync::atomic::AtomicU64, n: u64) {
         || done.load(Relaxed) >= target,
     );
 }
+
+/// Stop a test's load (`stop` set, every caller task joined) and assert it met no error.
+pub fn stop_load(
+    rt: &tokio::runtime::Runtime,
+    stop: &std::sync::atomic::AtomicBool,
+    callers: Vec<tokio::task::JoinHandle<()>>,
+    errors: &std::sync::Mutex<Vec<String>>,
+) {
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for c in callers {
+        rt.block_on(c).unwrap();
+    }
+    let errors = errors.lock().unwrap();
+    assert!(
+        errors.is_empty(),
+        "{} errors, first: {:?}",
+        errors.len(),
+        errors.first()
+    );
+}
