@@ -4,19 +4,22 @@
 # redis-server, loaded by `tollgate bench` over gRPC (64 callers, 10,000 keys or --keys, the
 # rules of benches/rules/high-limit.yaml or --rules), and per decision:
 #   - the tollgate process's CPU (user + system, from /proc),
-#   - redis-server's CPU, and its calls per decision by command (INFO commandstats),
+#   - redis-server's CPU (used_cpu_sys + used_cpu_user of INFO cpu), and its calls per decision
+#     by command (INFO commandstats),
 #   - decisions per second.
 # Rounds interleave the binaries and stores; the median of --runs is reported. Each redis-server
 # is started by this script on a free port and stopped at the end; nothing is kept.
 # --callgrind runs redis-server under valgrind's callgrind and reports, instead of CPU time,
 # the instructions redis-server executed per decision (repeatable, whatever the load; the
 # server runs about 50 times slower, so use a short --duration).
+# --stores takes `cluster` too: a private 3-master Redis Cluster (no replicas), its CPU and
+# commands summed over the masters, so its figures compare with one server's.
 # --pin runs redis-server on the last CPU and tollgate and the load generator on the others
 # (taskset), so that Redis' CPU time is not shared with their cache and context switches: its
 # figure varies less from round to round on a small machine (and the rate is lower).
 #
 # Usage: scripts/bench-redis-cost.sh [--bin LABEL=PATH]... [--runs N] [--duration 10s]
-#                                    [--rules FILE] [--keys N] [--stores memory,redis]
+#                                    [--rules FILE] [--keys N] [--stores memory,redis,cluster]
 #                                    [--redis-server PATH] [--callgrind] [--pin]
 #                                    [-- EXTRA SERVE ARGS]
 set -euo pipefail
@@ -44,7 +47,7 @@ while [ $# -gt 0 ]; do
     --callgrind) CALLGRIND=1 ;;
     --pin) PIN=1 ;;
     --) shift; EXTRA=("$@"); break ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "scripts/bench-redis-cost.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -74,6 +77,9 @@ if [ "$PIN" = 1 ]; then
   RUNNER=(taskset -c "$last")
   SIDE=(taskset -c "0-$((last - 1))")
 fi
+case ",$STORES," in
+  *,cluster,*) [ "$CALLGRIND" = 0 ] || { echo "--callgrind measures one redis-server: not with the cluster store" >&2; exit 1; } ;;
+esac
 if [ "$CALLGRIND" = 1 ]; then
   command -v valgrind >/dev/null || { echo "--callgrind needs valgrind" >&2; exit 1; }
   RUNNER+=(valgrind --tool=callgrind --callgrind-out-file="$OUT/callgrind.%p")
@@ -86,6 +92,37 @@ until redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; do
   kill -0 "$REDIS_PID" 2>/dev/null || { cat "$OUT/redis.log" >&2; exit 1; }
   sleep 0.1
 done
+# The cluster store: three masters, each on a free port in a directory of its own.
+CLUSTER_PORTS=()
+if [[ ",$STORES," == *,cluster,* ]]; then
+  for i in 1 2 3; do
+    # A cluster node's bus listens on its port + 10000.
+    port=$(free_port)
+    while [ "$port" -gt 55535 ]; do port=$(free_port); done
+    mkdir -p "$OUT/node$i"
+    (cd "$OUT/node$i" && exec "${RUNNER[@]}" "$REDIS_SERVER" --port "$port" --bind 127.0.0.1 --save '' \
+      --appendonly no --cluster-enabled yes --cluster-config-file nodes.conf --daemonize no \
+      >"$OUT/node$i/redis.log" 2>&1) &
+    PIDS+=($!)
+    CLUSTER_PORTS+=("$port")
+    until redis-cli -p "$port" ping >/dev/null 2>&1; do
+      kill -0 "${PIDS[-1]}" 2>/dev/null || { cat "$OUT/node$i/redis.log" >&2; exit 1; }
+      sleep 0.1
+    done
+  done
+  redis-cli --cluster create $(printf '127.0.0.1:%s ' "${CLUSTER_PORTS[@]}") --cluster-yes >/dev/null
+  for port in "${CLUSTER_PORTS[@]}"; do
+    until redis-cli -p "$port" CLUSTER INFO | grep -q cluster_state:ok; do sleep 0.1; done
+  done
+fi
+# The ports of a store's Redis (a cluster: its masters).
+redis_ports() { if [ "$1" = cluster ]; then echo "${CLUSTER_PORTS[@]}"; else echo "$REDIS_PORT"; fi; }
+# Redis' CPU seconds (used_cpu_sys + used_cpu_user of INFO), summed over a cluster's masters.
+redis_cpu() {
+  local port
+  for port in $(redis_ports "$1"); do redis-cli -p "$port" INFO cpu; done \
+    | tr -d '\r' | awk -F: '/^used_cpu_(sys|user):/ { s += $2 } END { printf "%.6f\n", s }'
+}
 # Instructions redis-server executed since the last call (callgrind), or 0.
 instructions() {
   [ "$CALLGRIND" = 1 ] || { echo 0; return; }
@@ -98,6 +135,7 @@ instructions() {
 start() {
   local label=$1 bin=$2 store=$3 args=()
   [ "$store" = redis ] && args+=(--store "redis://127.0.0.1:$REDIS_PORT")
+  [ "$store" = cluster ] && args+=(--store "redis+cluster://$(printf '127.0.0.1:%s,' "${CLUSTER_PORTS[@]}" | sed 's/,$//')")
   "${SIDE[@]}" "$bin" serve --http-addr 127.0.0.1:0 --grpc-addr 127.0.0.1:0 --rules "$RULES" "${args[@]}" \
     "${EXTRA[@]}" >"$OUT/$label-$store.out" 2>"$OUT/$label-$store.err" &
   SERVER_PID=$!
@@ -126,13 +164,13 @@ for round in $(seq "$RUNS"); do
     for store in ${STORES//,/ }; do
       start "$label" "$bin" "$store"
       bench "$GRPC" --duration 2s --warmup 0s >/dev/null
-      redis-cli -p "$REDIS_PORT" CONFIG RESETSTAT >/dev/null
+      for port in $(redis_ports "$store"); do redis-cli -p "$port" CONFIG RESETSTAT >/dev/null; done
       [ "$CALLGRIND" = 1 ] && callgrind_control -z "$REDIS_PID" >/dev/null 2>&1
-      s0=$(cpu_ticks "$SERVER_PID"); r0=$(cpu_ticks "$REDIS_PID")
+      s0=$(cpu_ticks "$SERVER_PID"); r0=$(redis_cpu "$store")
       bench "$GRPC" --duration "$DURATION" --warmup 0s >"$OUT/run.json"
-      s1=$(cpu_ticks "$SERVER_PID"); r1=$(cpu_ticks "$REDIS_PID")
+      s1=$(cpu_ticks "$SERVER_PID"); r1=$(redis_cpu "$store")
       ins=$(instructions)
-      redis-cli -p "$REDIS_PORT" INFO commandstats | tr -d '\r' >"$OUT/stats.txt"
+      for port in $(redis_ports "$store"); do redis-cli -p "$port" INFO commandstats; done | tr -d '\r' >"$OUT/stats.txt"
       kill "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null || true
       python3 - "$OUT/run.json" "$OUT/stats.txt" "$s0" "$s1" "$r0" "$r1" "$TICK" \
         "$label" "$store" "$round" "$ins" >>"$OUT/rows.txt" <<'EOF'
@@ -147,10 +185,10 @@ for line in open(sys.argv[2]):
         name, rest = line[8:].split(":", 1)
         f = dict(kv.split("=") for kv in rest.strip().split(","))
         if name not in ("config|resetstat", "info"):
-            calls[name] = int(f["calls"])
+            calls[name] = calls.get(name, 0) + int(f["calls"])
 per = ",".join(f"{k}={v / n:.3f}" for k, v in sorted(calls.items(), key=lambda kv: -kv[1]))
 print(sys.argv[8], sys.argv[9], sys.argv[10], n / run["duration_s"],
-      (s1 - s0) / tick * 1e6 / n, (r1 - r0) / tick * 1e6 / n, per or "-", ins / n)
+      (s1 - s0) / tick * 1e6 / n, (r1 - r0) * 1e6 / n, per or "-", ins / n)
 EOF
     done
   done
@@ -170,13 +208,13 @@ else:
     print("|---|---|---:|---:|---:|---|---|")
 for (label, store), rs in rows.items():
     med = lambda i: st.median(r[i] for r in rs)
-    calls = rs[-1][3] if store == 'redis' else '-'
+    calls = rs[-1][3] if store != 'memory' else '-'
     if cg:
         rounds = ", ".join(f"{r[4]:,.0f}" for r in rs)
-        ins = f"{med(4):,.0f}" if store == "redis" else "-"
+        ins = f"{med(4):,.0f}" if store != "memory" else "-"
         print(f"| {label} | {store} | {med(0):,.0f} | {ins} | {calls} | {rounds} |")
         continue
     rounds = ", ".join(f"{r[1]:.1f}/{r[2]:.1f}" for r in rs)
-    redis = f"{med(2):.1f}" if store == "redis" else "-"
+    redis = f"{med(2):.1f}" if store != "memory" else "-"
     print(f"| {label} | {store} | {med(0):,.0f} | {med(1):.1f} | {redis} | {calls} | {rounds} |")
 EOF

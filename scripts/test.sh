@@ -371,7 +371,7 @@ valkey_status=0
 # dozens of crates; the test names are the workspace's own (each in one package).
 TOLLGATE_TEST_REDIS_URL="redis://127.0.0.1:$valkey_port" TOLLGATE_TEST_REDIS_SERVER="$TOLLGATE_VALKEY_SERVER" \
   ctest --workspace --locked --no-fail-fast \
-    --test conformance --test lua --test store --test sliding_log --test envoy_keys --test faults --test cluster \
+    --test conformance --test lua --test store --test sliding_log --test envoy_keys --test faults --test cluster --test cluster_batches \
   && TOLLGATE_TEST_REDIS_SERVER="$TOLLGATE_VALKEY_SERVER" \
   ctest --workspace --locked --no-fail-fast --test redis_faults --test store_faults \
   || valkey_status=$?

@@ -10,7 +10,12 @@
 -- for the state): one implementation. Only in the library loaded with FUNCTION LOAD (script.rs
 -- `library`), not in the EVAL form.
 --
--- KEYS: the batch's counter keys, each once.
+-- KEYS: the batch's counter keys, each once; or, on a Redis Cluster, only the first (the call
+--   is routed by it), and the keys follow the packed requests in ARGV. A cluster batch holds the
+--   keys of several slots that one node serves (the function's flag `allow-cross-slot-keys`):
+--   they are read one GET each (MGET spans one slot), and a key the node does not serve (its
+--   slot moved, or is moving) fails only its requests, which read and wrote nothing: the caller
+--   sends those again on their own.
 -- ARGV[1]: '<dd' now (-1 = Redis TIME), grace ms; then per request '<ddddBBH' (struct.pack, see
 --   script.rs `fast_item`, `fast_command`): cost, limit, nominal period, multiplier, unit,
 --   algorithm (4 = fixed_window, 6 = sliding_window_counter) plus 16 when its key has further
@@ -98,8 +103,30 @@ local function fast_many(KEYS, ARGV)
   out[1] = now
   local p = FP
   p.now = now
-  -- Every key read at once (one command, not one per request).
-  local values = rcall('MGET', unpack(KEYS))
+  -- Every key read at once (one command, not one per request); on a cluster one GET each.
+  local keys, values, missing = KEYS, nil, nil
+  if #ARGV > 1 then
+    keys, values = { unpack(ARGV, 2) }, {}
+    for k = 1, #keys do
+      local ok, v = pcall(rcall, 'GET', keys[k])
+      if ok then
+        values[k] = v
+      else
+        if type(v) == 'table' then v = v.err end
+        v = tostring(v)
+        -- Another type's value reads as none, as MGET answers (see `bin_set`).
+        if string.sub(v, 1, 9) == 'WRONGTYPE' then
+          values[k] = false
+        else
+          missing = missing or {}
+          missing[k] = v
+          values[k] = false
+        end
+      end
+    end
+  else
+    values = rcall('MGET', unpack(KEYS))
+  end
   -- A key with several requests in the batch (a hot key; the caller flags them) is read once,
   -- its requests decided in turn on the state the one before left, and written once after its
   -- last: the same decisions and the same stored state as one request at a time.
@@ -121,7 +148,7 @@ local function fast_many(KEYS, ARGV)
   local i = 0
   local function run()
     -- (Locals, not the enclosing call's upvalues: cheaper to read in the loop.)
-    local a, p, out, values, keys, now, grace, n = a, p, out, values, KEYS, now, grace, n
+    local a, p, out, values, keys, now, grace, n = a, p, out, values, keys, now, grace, n
     local kp = p.keys
     while i < n do
       i = i + 1
@@ -135,7 +162,10 @@ local function fast_many(KEYS, ARGV)
       alg = alg - flags
       local one = FAST_ONE[alg]
       if one == nil then error('tollgate: no one-item check for algorithm ' .. alg) end
-      if flags == 0 then
+      if missing ~= nil and missing[k] ~= nil then
+        -- Its key is not this node's: nothing read, nothing written.
+        fail(i, missing[k])
+      elseif flags == 0 then
         p.pre = values[k]
         out[j], out[j + 1], out[j + 2], out[j + 3] = one(p, now, cost, grace)
       else

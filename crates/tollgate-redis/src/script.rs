@@ -68,11 +68,14 @@ pub fn library_name() -> String {
 }
 
 /// The library that `FUNCTION LOAD` takes: the body, registering `check` as `name`, and the
-/// batched one-item check of `fast.lua` as [`fast_function`]`(name)`.
+/// batched one-item check of `fast.lua` as [`fast_function`]`(name)`, which may touch keys of
+/// several slots of one cluster node (`allow-cross-slot-keys`: a cluster batch groups requests
+/// by node, see [`FastKeys::OnNode`]).
 pub fn library(name: &str) -> String {
     format!(
         "#!lua name={name}\n{}{}redis.register_function('{name}', check)\n\
-         redis.register_function('{fast}', fast_many)\n",
+         redis.register_function{{function_name='{fast}', callback=fast_many, \
+         flags={{'allow-cross-slot-keys'}}}}\n",
         lua_body!(),
         include_str!("../scripts/fast.lua"),
         fast = fast_function(name),
@@ -282,6 +285,7 @@ pub fn fcall(name: &str, prefix: &str, item: &CheckItem<'_>, reqid: &str) -> red
             &fast_function(name),
             &fast_header(None, 0),
             [(keys.0.as_str(), &fast)],
+            FastKeys::Declared,
         );
     }
     let (k, packed) = arguments(&call, &entries);
@@ -350,15 +354,46 @@ pub fn fast_item(call: &Call<'_>, items: &[Entry<'_>]) -> Option<FastItem> {
 const MORE: u8 = 16;
 const LAST: u8 = 32;
 
+/// How a batch's keys go in its `FCALL` ([`fast_command`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FastKeys {
+    /// Every key declared (a single server, or keys of one slot).
+    Declared,
+    /// For keys spanning several slots of one Redis Cluster node: the first key alone is
+    /// declared (a cluster routes the call by it, and refuses declared keys of several slots),
+    /// and every key follows the packed requests.
+    OnNode,
+}
+
 /// The `FCALL` of fast.lua's function `function` for a batch of requests (their counter keys
-/// and packed requests, in order) sharing `header`. Each distinct key is sent once; each request
-/// names its key's place among them, and requests on a key that repeats in the batch are
-/// flagged.
+/// and packed requests, in order) sharing `header`, its keys passed as `how` says. Each distinct
+/// key is sent once; each request names its key's place among them, and requests on a key that
+/// repeats in the batch are flagged.
 pub fn fast_command<'a>(
     function: &str,
     header: &FastHeader,
     requests: impl IntoIterator<Item = (&'a str, &'a FastItem)>,
+    how: FastKeys,
 ) -> redis::Cmd {
+    let (keys, packed) = fast_arguments(header, requests);
+    let mut cmd = redis::cmd("FCALL");
+    cmd.arg(function);
+    match how {
+        FastKeys::Declared => cmd.arg(keys.len()).arg(&keys).arg(packed),
+        FastKeys::OnNode => cmd
+            .arg(1)
+            .arg(keys.first().copied().unwrap_or(""))
+            .arg(packed)
+            .arg(&keys),
+    };
+    cmd
+}
+
+/// A batch's distinct keys, in order, and its packed header and requests (see [`fast_command`]).
+fn fast_arguments<'a>(
+    header: &FastHeader,
+    requests: impl IntoIterator<Item = (&'a str, &'a FastItem)>,
+) -> (Vec<&'a str>, Vec<u8>) {
     let requests: Vec<_> = requests.into_iter().collect();
     let n = requests.len();
     // Per distinct key: its place in KEYS and the last request on it so far.
@@ -383,8 +418,6 @@ pub fn fast_command<'a>(
             }
         }
     }
-    let mut cmd = redis::cmd("FCALL");
-    cmd.arg(function).arg(order.len()).arg(&order);
     let mut packed = Vec::with_capacity(FAST_HEADER_LEN + (FAST_ITEM_LEN + 2) * n);
     packed.extend_from_slice(header);
     for (((_, item), flag), k) in requests.into_iter().zip(flags).zip(place) {
@@ -392,8 +425,7 @@ pub fn fast_command<'a>(
         packed.push(item[FAST_ITEM_LEN - 1] + flag);
         packed.extend_from_slice(&k.to_le_bytes());
     }
-    cmd.arg(packed);
-    cmd
+    (order, packed)
 }
 
 /// One request's answer in a fast.lua reply.
@@ -577,14 +609,9 @@ mod tests {
             "f",
             &fast_header(None, 0),
             keys.iter().map(|k| (&**k, &item)),
+            FastKeys::Declared,
         );
-        let args: Vec<Vec<u8>> = cmd
-            .args_iter()
-            .map(|a| match a {
-                redis::Arg::Simple(b) => b.to_vec(),
-                _ => Vec::new(),
-            })
-            .collect();
+        let args = args_of(&cmd);
         assert_eq!(args[..6], [&b"FCALL"[..], b"f", b"3", b"a", b"b", b"c"]);
         let packed = &args[6];
         assert_eq!(packed.len(), FAST_HEADER_LEN + 5 * (FAST_ITEM_LEN + 2));
@@ -601,5 +628,24 @@ mod tests {
             tail,
             [(6 + MORE, 1), (6, 2), (6 + MORE, 1), (6, 3), (6 + LAST, 1)]
         );
+        // On a cluster node: the first key alone declared, every key after the same requests.
+        let on_node = args_of(&fast_command(
+            "f",
+            &fast_header(None, 0),
+            keys.iter().map(|k| (&**k, &item)),
+            FastKeys::OnNode,
+        ));
+        assert_eq!(on_node[..4], [&b"FCALL"[..], b"f", b"1", b"a"]);
+        assert_eq!(on_node[4], *packed);
+        assert_eq!(on_node[5..], [&b"a"[..], b"b", b"c"]);
+    }
+
+    fn args_of(cmd: &redis::Cmd) -> Vec<Vec<u8>> {
+        cmd.args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => b.to_vec(),
+                _ => Vec::new(),
+            })
+            .collect()
     }
 }

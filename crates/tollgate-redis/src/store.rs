@@ -26,7 +26,11 @@
 //! - **Coalescing.** One-item checks of the counting algorithms (most requests) that arrive
 //!   while calls are in flight go to Redis together, as one call of the batched function
 //!   (`coalesce.rs`, `scripts/fast.lua`): an idle store adds no wait, a busy one pays a call's
-//!   fixed cost in Redis once per batch. Not on a cluster, where a call's keys share a slot.
+//!   fixed cost in Redis once per batch. On a cluster there is one waiting line per master
+//!   (from the store's slot map, `CLUSTER SLOTS`), and a batch carries keys of several slots
+//!   of that master (the batched function's flag `allow-cross-slot-keys`); a request whose key
+//!   the node turns out not to serve (a slot moved, or moving) read and wrote nothing there and
+//!   goes again on its own, by the general path, which follows `MOVED` and `ASK`.
 //! - **Secrets.** The URL's password is redacted in `Debug` and `Display`.
 //! - **Cluster.** Items are grouped by hash slot and each group is one script call, all groups
 //!   concurrently. If any group blocks the request, every other group that consumed is refunded
@@ -143,11 +147,18 @@ struct Inner {
     last_error: Mutex<Option<LastError>>,
     seed: u64,
     counter: AtomicU64,
-    /// One-item checks waiting for their batch (see `coalesce.rs`).
-    coalescer: Coalescer,
+    /// One-item checks waiting for their batch (see `coalesce.rs`); on a cluster, see `slots`.
+    coalescer: Arc<Coalescer>,
+    /// A cluster's slot map: which master serves each slot, and that master's waiting line
+    /// (`None` until first learned).
+    slots: std::sync::RwLock<Option<Arc<SlotMap>>>,
+    /// Whether a refresh of `slots` is under way.
+    refreshing: AtomicBool,
     /// Batched calls sent, and the requests they carried.
     fast_calls: AtomicU64,
     fast_requests: AtomicU64,
+    /// Requests of cluster batches sent again on their own (see [`Coalescing::resent`]).
+    fast_resent: AtomicU64,
 }
 
 /// What a request that waited for its batch learned (the sender dropped: its task ended).
@@ -159,23 +170,85 @@ fn waited(r: Result<Outcome, tokio::sync::oneshot::error::RecvError>) -> Outcome
     })
 }
 
-/// A request sent by itself ([`Coalescer::try_alone`]) holds one of the store's sending slots
+/// A request sent by itself ([`Coalescer::try_alone`]) holds one of its line's sending slots
 /// until it is done or dropped: then the slot goes to a sender if requests wait meanwhile.
-struct Slot<'a>(&'a RedisStore);
+struct Slot<'a>(&'a RedisStore, &'a Arc<Coalescer>);
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
-        if self.0.inner.coalescer.release() {
+        if self.1.release() {
             match tokio::runtime::Handle::try_current() {
                 Ok(rt) => {
-                    rt.spawn(self.0.clone().drive());
+                    rt.spawn(self.0.clone().drive(self.1.clone()));
                 }
                 // No runtime (shutting down): give the slot back; the next request starts a
                 // sender for those waiting.
-                Err(_) => self.0.inner.coalescer.give_back(),
+                Err(_) => self.1.give_back(),
             }
         }
     }
+}
+
+/// Hash slots of a Redis Cluster.
+const CLUSTER_SLOTS: u16 = 16_384;
+/// Slot-map entry of a slot no master serves (as far as the store knows).
+const NO_OWNER: u16 = u16::MAX;
+
+/// Which master of a cluster serves each slot, and each master's waiting line: a batch holds
+/// requests of one master only.
+struct SlotMap {
+    /// Per slot, its master's place in `lines`, or [`NO_OWNER`].
+    owner: Vec<u16>,
+    /// Per master, its address (`host:port`) and waiting line.
+    lines: Vec<(String, Arc<Coalescer>)>,
+}
+
+impl SlotMap {
+    /// The map of `owners` (as [`RedisStore::slot_owners`] lists them), keeping the waiting
+    /// lines of `old` for the masters still there.
+    fn new(owners: &[(u16, u16, String)], old: Option<&SlotMap>) -> SlotMap {
+        let mut owner = vec![NO_OWNER; usize::from(CLUSTER_SLOTS)];
+        let mut lines: Vec<(String, Arc<Coalescer>)> = Vec::new();
+        for (first, last, addr) in owners {
+            let at = match lines.iter().position(|(a, _)| a == addr) {
+                Some(at) => at,
+                None => {
+                    let line = old
+                        .and_then(|m| m.lines.iter().find(|(a, _)| a == addr))
+                        .map_or_else(Arc::default, |(_, l)| l.clone());
+                    lines.push((addr.clone(), line));
+                    lines.len() - 1
+                }
+            };
+            for s in *first..=(*last).min(CLUSTER_SLOTS - 1) {
+                owner[usize::from(s)] = at as u16;
+            }
+        }
+        SlotMap { owner, lines }
+    }
+
+    /// The waiting line of the master serving `slot`.
+    fn line(&self, slot: u16) -> Option<&Arc<Coalescer>> {
+        let at = *self.owner.get(usize::from(slot))?;
+        self.lines.get(usize::from(at)).map(|(_, l)| l)
+    }
+}
+
+/// Whether Redis' error for one request of a cluster batch says the node does not serve its key
+/// (the slot is another node's, or migrating and the key gone): the script refused the key
+/// before reading it, so the request may go again elsewhere.
+fn not_this_nodes(message: &str) -> bool {
+    message.contains("non local key") || message.starts_with("MOVED") || message.starts_with("ASK")
+}
+
+/// Whether a whole cluster call was redirected or refused before it ran (`MOVED`, `ASK`,
+/// `TRYAGAIN`, `CROSSSLOT`): none of its requests was counted.
+fn not_run(e: &RedisError) -> bool {
+    use redis::ServerErrorKind as S;
+    matches!(
+        e.kind(),
+        redis::ErrorKind::Server(S::Moved | S::Ask | S::TryAgain | S::CrossSlot)
+    )
 }
 
 /// How one-item checks were coalesced so far ([`RedisStore::coalescing`]).
@@ -184,8 +257,12 @@ impl Drop for Slot<'_> {
 pub struct Coalescing {
     /// Calls of the batched one-item function.
     pub calls: u64,
-    /// Requests those calls decided.
+    /// Requests those calls carried.
     pub requests: u64,
+    /// Requests of a cluster's batches that the node did not serve (its slot moved, or was
+    /// moving, since the store learned the slot map): they read and wrote nothing there, and
+    /// went again on their own.
+    pub resent: u64,
 }
 
 /// The last failure of a store (see [`RedisStore::last_error`]).
@@ -541,9 +618,12 @@ impl RedisStore {
                 last_error: Mutex::new(None),
                 seed: rs.hash_one(0x746f6c6cu32),
                 counter: AtomicU64::new(0),
-                coalescer: Coalescer::default(),
+                coalescer: Arc::default(),
+                slots: std::sync::RwLock::new(None),
+                refreshing: AtomicBool::new(false),
                 fast_calls: AtomicU64::new(0),
                 fast_requests: AtomicU64::new(0),
+                fast_resent: AtomicU64::new(0),
             }),
         };
         if lazy {
@@ -745,7 +825,47 @@ impl RedisStore {
             }
         }
         owners.sort();
+        // What batches are grouped by from now on.
+        let mut slots = self.inner.slots.write().unwrap_or_else(|e| e.into_inner());
+        let map = SlotMap::new(&owners, slots.as_deref());
+        *slots = Some(Arc::new(map));
         Ok(owners)
+    }
+
+    /// The waiting line for a one-item check of counter `key`: the store's, or on a cluster
+    /// that of the master serving its slot (`None` while the store has no slot map yet: it is
+    /// being learned, and the request goes on its own).
+    fn line_for(&self, key: &str) -> Option<Arc<Coalescer>> {
+        if !self.is_cluster() {
+            return Some(self.inner.coalescer.clone());
+        }
+        let slots = self.inner.slots.read().unwrap_or_else(|e| e.into_inner());
+        match slots.as_deref() {
+            Some(map) => map.line(keys::slot(key)).cloned(),
+            None => {
+                drop(slots);
+                self.refresh_slots();
+                None
+            }
+        }
+    }
+
+    /// Learn the cluster's slot map anew, in the background (once at a time): the first
+    /// batch needs it, and a request that reached a node not serving its key says it is stale.
+    fn refresh_slots(&self) {
+        if self.inner.refreshing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            self.inner.refreshing.store(false, Ordering::Release);
+            return;
+        };
+        let store = self.clone();
+        rt.spawn(async move {
+            // A failure leaves the old map (or none): the next misrouted request tries again.
+            let _ = store.slot_owners().await;
+            store.inner.refreshing.store(false, Ordering::Release);
+        });
     }
 
     /// The cluster slot of `item`'s counter.
@@ -917,8 +1037,8 @@ impl RedisStore {
     ) -> Result<Reply, StoreError> {
         let fast = script::fast_item(call, part);
         if let (Some(item), [(_, it, (key, _))]) = (&fast, part) {
-            if self.uses_function() && !self.is_cluster() {
-                match self.coalesced(bound, call.now, key, *item).await {
+            if let Some(line) = self.uses_function().then(|| self.line_for(key)).flatten() {
+                match self.coalesced(&line, bound, call.now, key, *item).await {
                     Outcome::Answer(now, a) => return Ok(a.reply(now, it)),
                     Outcome::Failed(e) => return Err(e),
                     Outcome::Unbatched => {}
@@ -941,7 +1061,12 @@ impl RedisStore {
             fcall: self.uses_function().then(|| match &fast {
                 Some(f) => {
                     let header = script::fast_header(call.now, call.grace_ms);
-                    script::fast_command(&self.inner.fast_function, &header, [(&*keys[0], f)])
+                    script::fast_command(
+                        &self.inner.fast_function,
+                        &header,
+                        [(&*keys[0], f)],
+                        script::FastKeys::Declared,
+                    )
                 }
                 None => cmd("FCALL", &self.inner.function),
             }),
@@ -992,10 +1117,11 @@ impl RedisStore {
         }
     }
 
-    /// A one-item check in the store's next batch (see `coalesce.rs`): `key`'s request `item`
+    /// A one-item check in `line`'s next batch (see `coalesce.rs`): `key`'s request `item`
     /// at `now` (`None`: Redis `TIME`), its wait bounded by `bound`.
     async fn coalesced(
         &self,
+        line: &Arc<Coalescer>,
         bound: Duration,
         now: Option<tollgate_core::Micros>,
         key: &str,
@@ -1004,14 +1130,13 @@ impl RedisStore {
         let grace = self.inner.opts.ttl_grace.as_millis() as u64;
         // Nothing in flight or waiting: send it now, from this task (no hand-over to a sender,
         // which would cost the caller two task wake-ups).
-        if self.inner.coalescer.try_alone() {
-            let _slot = Slot(self);
+        if line.try_alone() {
+            let _slot = Slot(self, line);
             let header = script::fast_header(now, grace);
             return match self.send_batch(bound, &header, [(key, &item)]).await {
                 Ok(None) => Outcome::Unbatched,
                 Ok(Some((now, mut answers))) => match answers.pop() {
-                    Some(Ok(a)) => Outcome::Answer(now, a),
-                    Some(Err(e)) => Outcome::Failed(item_error(&e, &self.inner.url)),
+                    Some(a) => self.outcome(now, a),
                     None => Outcome::Failed(StoreError::Unavailable("an empty reply".into())),
                 },
                 Err(e) => Outcome::Failed(e),
@@ -1026,7 +1151,7 @@ impl RedisStore {
             deadline,
             tx,
         };
-        let sending = match self.inner.coalescer.push(job) {
+        let sending = match line.push(job) {
             Err(coalesce::Full) => {
                 return Outcome::Failed(StoreError::Failed {
                     kind: FaultKind::Busy,
@@ -1038,7 +1163,7 @@ impl RedisStore {
                 })
             }
             Ok(true) => {
-                tokio::spawn(self.clone().drive());
+                tokio::spawn(self.clone().drive(line.clone()));
                 true
             }
             Ok(false) => false,
@@ -1052,8 +1177,8 @@ impl RedisStore {
             match tokio::time::timeout(first, &mut rx).await {
                 Ok(r) => return waited(r),
                 Err(_) => {
-                    if self.inner.coalescer.open_second() {
-                        tokio::spawn(self.clone().drive());
+                    if line.open_second() {
+                        tokio::spawn(self.clone().drive(line.clone()));
                     }
                 }
             }
@@ -1064,10 +1189,25 @@ impl RedisStore {
         }
     }
 
+    /// What one request of a batch learned from Redis' answer `a` at `now`. On a cluster, a
+    /// request whose key the node does not serve goes again on its own (and the slot map is
+    /// learned anew).
+    fn outcome(&self, now: Micros, a: Result<script::FastAnswer, String>) -> Outcome {
+        match a {
+            Ok(a) => Outcome::Answer(now, a),
+            Err(e) if self.is_cluster() && not_this_nodes(&e) => {
+                self.inner.fast_resent.fetch_add(1, Ordering::Relaxed);
+                self.refresh_slots();
+                Outcome::Unbatched
+            }
+            Err(e) => Outcome::Failed(item_error(&e, &self.inner.url)),
+        }
+    }
+
     /// One call of the batched function for `requests` (counter key, packed request) sharing
     /// `header`, bounded by `bound`. `None`: the server cannot run the function (the store knows
-    /// it now), or it was flushed again between its load and the call: each request must go on
-    /// its own.
+    /// it now), or it was flushed again between its load and the call, or (on a cluster) the
+    /// call was redirected before it ran: each request must go on its own.
     async fn send_batch<'a>(
         &self,
         bound: Duration,
@@ -1076,11 +1216,19 @@ impl RedisStore {
     ) -> Result<Option<script::FastReply>, StoreError> {
         let requests: Vec<_> = requests.into_iter().collect();
         let n = requests.len();
+        // The master of the first key's slot, which the call declares.
+        let slot = requests.first().map_or(0, |(k, _)| keys::slot(k));
+        let how = if self.is_cluster() {
+            script::FastKeys::OnNode
+        } else {
+            script::FastKeys::Declared
+        };
         let mut calls = Calls {
             fcall: Some(script::fast_command(
                 &self.inner.fast_function,
                 header,
                 requests,
+                how,
             )),
             function: &self.inner.function,
             sha: self.script_sha(),
@@ -1092,8 +1240,28 @@ impl RedisStore {
             .fetch_add(n as u64, Ordering::Relaxed);
         let sent = self
             .bounded(bound, async {
-                match self.call(&mut calls).await {
+                let sent = match &self.inner.conn {
+                    Conn::Cluster(c) => {
+                        match on_node(&mut c.clone(), slot, &calls, &self.inner.function).await {
+                            Ok(v) => Ok(v),
+                            Err(Missing::Functions(e)) => {
+                                self.functions_unavailable(&e);
+                                Err(e)
+                            }
+                            Err(Missing::Call(e)) => Err(e),
+                        }
+                    }
+                    _ => self.call(&mut calls).await,
+                };
+                match sent {
                     Err(e) if function_missing(&e) || functions_refused(&e) => Ok(None),
+                    Err(e) if self.is_cluster() && not_run(&e) => {
+                        self.inner
+                            .fast_resent
+                            .fetch_add(n as u64, Ordering::Relaxed);
+                        self.refresh_slots();
+                        Ok(None)
+                    }
                     r => r.map(Some),
                 }
             })
@@ -1101,12 +1269,11 @@ impl RedisStore {
         sent.map(|v| script::decode_fast(v, n)).transpose()
     }
 
-    /// Send the waiting line's batches until it is empty (one of the store's senders, see
-    /// `coalesce.rs`).
-    async fn drive(self) {
+    /// Send `line`'s batches until it is empty (one of its senders, see `coalesce.rs`).
+    async fn drive(self, line: Arc<Coalescer>) {
         let grace = self.inner.opts.ttl_grace.as_millis() as u64;
         loop {
-            let batch = self.inner.coalescer.next_batch();
+            let batch = line.next_batch();
             let Some(first) = batch.first() else {
                 return;
             };
@@ -1130,10 +1297,7 @@ impl RedisStore {
             match reply {
                 Ok(Some((now, answers))) => {
                     for (job, a) in batch.into_iter().zip(answers) {
-                        let _ = job.tx.send(match a {
-                            Ok(a) => Outcome::Answer(now, a),
-                            Err(e) => Outcome::Failed(item_error(&e, &self.inner.url)),
-                        });
+                        let _ = job.tx.send(self.outcome(now, a));
                     }
                 }
                 Ok(None) => {
@@ -1155,6 +1319,7 @@ impl RedisStore {
         Coalescing {
             calls: self.inner.fast_calls.load(Ordering::Relaxed),
             requests: self.inner.fast_requests.load(Ordering::Relaxed),
+            resent: self.inner.fast_resent.load(Ordering::Relaxed),
         }
     }
 
@@ -1807,6 +1972,60 @@ async fn cluster_call(
     }
 }
 
+/// A cluster batch's call, to the master of `slot` (its declared key's), after a `PING` in the
+/// same pipeline: whatever command comes before it on the shared connection, the call never
+/// runs with an `ASKING` meant for another (the cluster client sends `ASKING` on its own, see
+/// [`follow_ask`], and would send it before this pipeline too when its key is being moved):
+/// under `ASKING` a node serves the keys of a slot it is importing, present or not, and a key of
+/// the batch still on the source would be counted afresh there. So the batch reads only keys
+/// the node serves now; the others fail alone (and go again on their own), as does the whole
+/// call if its declared key is not the node's (`MOVED`, `ASK`: nothing ran). A function missing
+/// on the node is loaded (on every master) and the call made once more.
+async fn on_node(
+    c: &mut ClusterConnection,
+    slot: u16,
+    calls: &Calls<'_>,
+    function: &str,
+) -> Result<redis::Value, Missing> {
+    use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
+    let Some(fcall) = &calls.fcall else {
+        return Err(Missing::Call(RedisError::from((
+            redis::ErrorKind::Client,
+            "a batch needs the function",
+        ))));
+    };
+    let mut loaded = false;
+    loop {
+        let mut p = redis::pipe();
+        p.cmd("PING").add_command(fcall.clone());
+        let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
+        match c.route_pipeline(p, 1, 1, route).await.and_then(only_reply) {
+            Err(e) if function_missing(&e) && !loaded => {
+                loaded = true;
+                let mut load = redis::cmd("FUNCTION");
+                load.arg("LOAD").arg(script::library(function));
+                match load.query_async::<redis::Value>(&mut *c).await {
+                    Err(e) if e.detail().is_some_and(|d| d.contains("already exists")) => {}
+                    Err(e) if functions_refused(&e) => return Err(Missing::Functions(e)),
+                    Err(e) => return Err(Missing::Call(e)),
+                    Ok(_) => {}
+                }
+            }
+            Err(e) if functions_refused(&e) => return Err(Missing::Functions(e)),
+            r => return Ok(r?),
+        }
+    }
+}
+
+/// The one reply a pipeline was asked for (`route_pipeline`'s `count` of 1), its error as the
+/// call's.
+fn only_reply(v: Vec<redis::Value>) -> Result<redis::Value, RedisError> {
+    v.into_iter()
+        .next()
+        .ok_or_else(|| RedisError::from((redis::ErrorKind::Client, "no reply to a routed call")))?
+        .extract_error()
+}
+
 /// A slot is migrating and the key is already on the node `ASK` names: send `ASKING` and the
 /// script call there as one pipeline, so that no other request's command on the shared
 /// connection can come between them and consume the `ASKING` (the cluster client sends
@@ -1838,24 +2057,15 @@ async fn follow_ask(
         p.cmd("ASKING").add_command(cmd);
         p
     };
-    let once = |v: Vec<redis::Value>| -> Result<redis::Value, RedisError> {
-        let v = v.into_iter().next().ok_or_else(|| {
-            RedisError::from((
-                redis::ErrorKind::Client,
-                "no reply to an ASK-redirected call",
-            ))
-        })?;
-        v.extract_error()
-    };
     match c
         .route_pipeline(asking(build("EVALSHA", calls.sha)), 1, 1, route())
         .await
-        .and_then(once)
+        .and_then(only_reply)
     {
         Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => c
             .route_pipeline(asking(build("EVAL", script::SOURCE)), 1, 1, route())
             .await
-            .and_then(once),
+            .and_then(only_reply),
         r => r,
     }
 }

@@ -436,7 +436,7 @@ impl Stats {
     }
 }
 
-/// Store and breaker state, as `/readyz` reports them.
+/// Store and breaker state, as `/readyz` reports them, and a Redis Cluster's masters.
 fn store_report(backend: &Backend) -> Value {
     let Some(g) = backend.redis() else {
         return json!({"kind": "memory", "state": "healthy"});
@@ -447,6 +447,7 @@ fn store_report(backend: &Backend) -> Value {
             "state": g.state().as_str(),
             "condition": r["store_condition"],
             "error": r["store_error"],
+            "nodes": nodes_report(g),
         })
     };
     let mut v = one(g);
@@ -456,6 +457,34 @@ fn store_report(backend: &Backend) -> Value {
         v["per_second"] = one(p);
     }
     v
+}
+
+/// A Redis Cluster's masters (empty for a single server or Sentinel), as the
+/// `tollgate_store_node_*` metrics count them: each one's breaker, the decisions the failure
+/// policy made for its keys, and what was folded back into it after an outage. Addresses are
+/// the cluster's own (`CLUSTER SLOTS`), for the admin only, as the whole report is.
+fn nodes_report(g: &crate::backend::Guarded) -> Value {
+    use crate::backend::BreakerState;
+    Value::Array(
+        g.node_stats()
+            .into_iter()
+            .map(|n| {
+                let transitions: serde_json::Map<String, Value> = BreakerState::ALL
+                    .iter()
+                    .map(|s| (s.as_str().to_owned(), json!(n.transitions[*s as usize])))
+                    .collect();
+                json!({
+                    "node": n.node,
+                    "serves_slots": n.serves_slots,
+                    "state": n.state.as_str(),
+                    "transitions": transitions,
+                    "degraded_decisions": n.degraded,
+                    "folded_keys": n.folded_keys,
+                    "folded_cost": n.folded_cost,
+                })
+            })
+            .collect(),
+    )
 }
 
 /// How busy a rule was over the window ending at `sec`, for the order of the report: denials

@@ -7,6 +7,10 @@
 //!   page loaded with the token shows the denied client in the most-limited list and moving
 //!   counts, and writes `target/dashboard.png`; without the token the page is refused.
 //!
+//! - with a Redis Cluster store, `/v1/stats` lists every master with its breaker; one master
+//!   killed, its breaker opens and its keys' fallback decisions are counted on it alone, and the
+//!   page's cluster panel shows it (a screenshot of the panel: `target/dashboard-cluster.png`).
+//!
 //! Selenium is a Python library: `scripts/test.sh` installs it into a venv and exports
 //! `TOLLGATE_TEST_SELENIUM_PYTHON` (that venv's python). Unset, the browser test fails and says
 //! how to set it up: it never skips.
@@ -394,4 +398,117 @@ fn every_generation_is_in_the_reload_list_and_no_inline_script_is_allowed() {
         .unwrap_or_else(|| panic!("no script-src: {csp}"));
     assert!(!script_src.contains("unsafe-inline"), "{csp}");
     assert!(script_src.contains("'sha256-"), "{csp}");
+}
+
+/// A Redis Cluster store: `/v1/stats` lists each master with its breaker. One master killed
+/// (no replica, `cluster-require-full-coverage no`): checks on its keys are decided by the
+/// failure policy, its breaker opens and the fallback decisions are counted on it, while the
+/// other masters stay healthy; the page's panel shows that in a real browser.
+#[test]
+fn stats_list_each_cluster_master_and_its_breaker() {
+    let python = selenium_python();
+    let mut cluster =
+        tollgate_testsupport::Cluster::start_with(3, &["--cluster-require-full-coverage", "no"]);
+    let dir = temp_dir("dash-cluster");
+    let rules = dir.join("rules.yaml");
+    std::fs::write(&rules, RULES).unwrap();
+    let token = token_file(&dir);
+    let url = cluster.url();
+    let server = serve_http(
+        &dir,
+        &rules,
+        &[
+            "--admin-token-file",
+            token.to_str().unwrap(),
+            "--store",
+            &url,
+            "--on-store-error",
+            "local",
+        ],
+        "dash-cluster",
+    );
+    let addrs: Vec<String> = cluster
+        .nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let masters = |s: &Value| -> Vec<(String, String, u64)> {
+        let mut m: Vec<_> = s["store"]["nodes"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|n| {
+                        (
+                            n["node"].as_str().unwrap_or("").to_string(),
+                            n["state"].as_str().unwrap_or("").to_string(),
+                            n["degraded_decisions"].as_u64().unwrap_or(0),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        m.sort();
+        m
+    };
+    let s = wait_stats(&server.base, "every master, healthy", |s| {
+        let m = masters(s);
+        m.len() == 3
+            && m.iter()
+                .all(|(a, st, _)| addrs.contains(a) && st == "healthy")
+    });
+    assert!(
+        s["store"]["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|n| n["serves_slots"] == true && n["transitions"]["open"] == 0),
+        "{s:#}"
+    );
+    // One master dies; checks over many users reach it too.
+    let dead = addrs[2].clone();
+    cluster.nodes[2].kill();
+    let user = std::cell::Cell::new(0);
+    let s = wait_stats(&server.base, "the dead master's breaker open", |s| {
+        for _ in 0..20 {
+            let body = format!(
+                r#"{{"domain": "shop", "descriptors": [{{"entries": [{{"key": "user", "value": "u{}"}}]}}]}}"#,
+                user.get()
+            );
+            user.set(user.get() + 1);
+            call(
+                &server.base,
+                Method::POST,
+                "/v1/check",
+                Some(("application/json", &body)),
+                &[],
+            );
+        }
+        masters(s)
+            .iter()
+            .any(|(a, st, d)| *a == dead && st == "open" && *d > 0)
+    });
+    for (addr, state, degraded) in masters(&s) {
+        if addr != dead {
+            assert_eq!((state.as_str(), degraded), ("healthy", 0), "{addr}: {s:#}");
+        }
+    }
+    // The page's panel, in a browser.
+    let shot = repo().join("target/dashboard-cluster.png");
+    let _ = std::fs::remove_file(&shot);
+    let out = Command::new(&python)
+        .arg(repo().join("crates/tollgate/tests/dashboard_browser.py"))
+        .args(["--base", &server.base, "--token", TOKEN, "--screenshot"])
+        .arg(&shot)
+        .args(["--masters", "3", "--open", &dead])
+        .env("TOLLGATE_BROWSER_HOME", temp_dir("dash-cluster-home"))
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", python.display()));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("cluster panel ok"),
+        "the browser test failed (exit {:?}):\n{stdout}\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(std::fs::metadata(&shot).is_ok_and(|m| m.len() > 0));
 }

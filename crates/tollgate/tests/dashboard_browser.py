@@ -5,6 +5,10 @@ Without the token the page is refused; with it (sent as HTTP Basic credentials, 
 sends them after its prompt) the page shows the rules, and after the traffic this script drives
 the denied client appears in the most-limited list and the counts move. Every wait polls the
 page with a deadline; none is a fixed sleep. Prints `dashboard ok` at the end.
+
+With `--masters N --open ADDR` (a server on a Redis Cluster store whose master ADDR is down):
+the cluster masters panel lists the N masters, ADDR's breaker open and the others healthy,
+then the screenshot is taken; prints `cluster panel ok`.
 """
 
 import argparse
@@ -78,14 +82,49 @@ def wait(driver, what, cond):
     WebDriverWait(driver, DEADLINE, poll_frequency=0.1).until(ok, message=f"waiting for {what}")
 
 
+def login(driver, base, token):
+    cred = base64.b64encode(f"admin:{token}".encode()).decode()
+    driver.execute_cdp_cmd("Network.enable", {})
+    driver.execute_cdp_cmd("Network.setExtraHTTPHeaders",
+                           {"headers": {"Authorization": "Basic " + cred}})
+    driver.get(base + "/dashboard")
+
+
+def masters(driver):
+    rows = driver.find_elements(By.CSS_SELECTOR, "#nodes tr.node")
+    return {r.get_attribute("data-node"): r.get_attribute("data-state") for r in rows}
+
+
+def cluster_panel(driver, args):
+    login(driver, args.base, args.token)
+    want = lambda m: (len(m) == args.masters and m.get(args.open) == "open"
+                      and all(s == "healthy" for a, s in m.items() if a != args.open))
+    wait(driver, "the masters, one open", lambda d: d.find_element(By.ID, "nodes-card").is_displayed()
+         and want(masters(d)))
+    row = driver.find_element(By.CSS_SELECTOR, f'#nodes tr.node[data-node="{args.open}"]')
+    assert "open" in row.text, row.text
+    logs = [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
+    assert not logs, logs
+    driver.find_element(By.ID, "nodes-card").screenshot(args.screenshot)
+    print("cluster panel ok", masters(driver))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--base", required=True)
     ap.add_argument("--token", required=True)
     ap.add_argument("--screenshot", required=True)
+    ap.add_argument("--masters", type=int)
+    ap.add_argument("--open")
     args = ap.parse_args()
     home = os.environ.get("TOLLGATE_BROWSER_HOME") or tempfile.mkdtemp(prefix="tollgate-chromium-")
     driver = browser(home)
+    if args.masters:
+        try:
+            cluster_panel(driver, args)
+        finally:
+            driver.quit()
+        return
     try:
         # Without credentials: refused, nothing of the page.
         driver.get(args.base + "/dashboard")
@@ -94,13 +133,10 @@ def main():
         driver.get_log("browser")  # the 401 of that load is logged; later errors are not expected
 
         # With the token as the HTTP Basic password on every request of the page.
-        cred = base64.b64encode(f"admin:{args.token}".encode()).decode()
-        driver.execute_cdp_cmd("Network.enable", {})
-        driver.execute_cdp_cmd("Network.setExtraHTTPHeaders",
-                               {"headers": {"Authorization": "Basic " + cred}})
-        driver.get(args.base + "/dashboard")
+        login(driver, args.base, args.token)
         wait(driver, "the rules", lambda d: figure(d, "user", "denied") == "0")
         assert "shadow mode" in card(driver, "api_key").text
+        assert not driver.find_element(By.ID, "nodes-card").is_displayed(), "no cluster: no panel"
 
         codes = [check(args.base, "user", "mallory") for _ in range(7)]
         assert codes == [200, 200, 200, 429, 429, 429, 429], codes
