@@ -24,15 +24,10 @@ use tollgate_core::{Micros, Store, StoreError};
 pub const DENIED_BY_POLICY: &str =
     "rate limit store unavailable: denied by policy (--on-store-error deny); retry later";
 
-/// Reject requests that break the size and shape limits (counted in
-/// `tollgate_request_errors_total` by [`decide`]).
-pub fn validate(limits: &RequestLimits, req: &CheckRequest) -> Result<(), ApiError> {
-    validate_shape(limits, req, false)
-}
-
-/// [`validate`] for `state`, whose policy may accept descriptors with no entries
-/// ([`crate::policy::DecisionPolicy::empty_descriptors_ok`]).
-fn validate_in(state: &AppState, req: &CheckRequest) -> Result<(), ApiError> {
+/// Reject requests that break the size and shape limits of `state` (counted in
+/// `tollgate_request_errors_total` by [`decide`]); its policy may accept descriptors with no
+/// entries ([`crate::policy::DecisionPolicy::empty_descriptors_ok`]).
+fn validate(state: &AppState, req: &CheckRequest) -> Result<(), ApiError> {
     validate_shape(state.limits(), req, state.policy().empty_descriptors_ok())
 }
 
@@ -123,7 +118,7 @@ fn validate_shape(
 /// Whether `req` would be admitted (`Decision::admit`), without counting anything: a request that would not is
 /// refused by the decision itself, and must not wait in a queue first.
 pub(crate) fn acceptable(state: &AppState, req: &CheckRequest) -> bool {
-    validate_in(state, req).is_ok() && bounded_overrides(&state.rules(), req).is_ok()
+    validate(state, req).is_ok() && bounded_overrides(&state.rules(), req).is_ok()
 }
 
 /// Refuse a `limit` override that asks more than the store would hold for it (see
@@ -326,7 +321,7 @@ impl<'a> Decision<'a> {
     /// Step 1: the request validated and its overrides bounded, with the current rules.
     #[inline]
     fn admit(&self) -> Result<Admitted, ApiError> {
-        validate_in(self.state, self.req)?;
+        validate(self.state, self.req)?;
         let rules = self.state.rules();
         bounded_overrides(&rules, self.req)?;
         let overrides = Overrides::new(&rules.set, &self.req.domain, &self.req.descriptors);
