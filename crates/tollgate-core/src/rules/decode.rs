@@ -405,19 +405,11 @@ fn rate_limit(node: &Node, errors: &mut Errors) -> Option<RateLimitSpec> {
     })
 }
 
-/// `unlimited: true` with a field of a quota: an error for each such field.
+/// `unlimited: true` with a field of a quota: an error for each such field (`sync` alone is
+/// allowed: it says nothing of a quota).
 fn only_unlimited(fields: &Fields<'_>, errors: &mut Errors) {
-    for field in [
-        "unit",
-        "requests_per_unit",
-        "unit_multiplier",
-        "algorithm",
-        "burst",
-        "sketch_width",
-        "sketch_depth",
-        "doorkeeper",
-        "flush_interval",
-    ] {
+    const NOT_QUOTA: &[&str] = &["unlimited", "name", "replaces", "sync"];
+    for &field in RATE_LIMIT_FIELDS.iter().filter(|f| !NOT_QUOTA.contains(f)) {
         if let Some(n) = fields.get(field) {
             errors.push((
                 n.pos,
