@@ -2,8 +2,9 @@
 # Instructions per decision (callgrind) of `tollgate serve`, gRPC, memory store, 64 callers: the
 # gRPC row's callgrind pass of BENCHMARKS-HISTORY.md, for one or more binaries side by side. Instruction
 # counts do not depend on the machine's load, so binaries built at different commits compare.
+# With --http, the HTTP row's instead (`POST /v1/check`, as scripts/bench.sh --callgrind runs it).
 #
-# Usage: scripts/callgrind-decision.sh [--bin LABEL=PATH]... [--rules FILE] [--keys N]
+# Usage: scripts/callgrind-decision.sh [--bin LABEL=PATH]... [--http] [--rules FILE] [--keys N]
 #                                      [--descriptor 'user=user_{key}'] [--duration 5s]
 #                                      [-- EXTRA SERVE ARGS]
 # Prints one line per binary: LABEL instructions-per-decision (requests measured).
@@ -16,15 +17,17 @@ KEYS=10000
 DESCRIPTOR='user=user_{key}'
 DURATION=5s
 EXTRA=()
+SCHEME=grpc
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) BINS+=("$2"); shift ;;
+    --http) SCHEME=http ;;
     --rules) RULES=$2; shift ;;
     --keys) KEYS=$2; shift ;;
     --descriptor) DESCRIPTOR=$2; shift ;;
     --duration) DURATION=$2; shift ;;
     --) shift; EXTRA=("$@"); break ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
     *) echo "scripts/callgrind-decision.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -52,14 +55,18 @@ for spec in "${BINS[@]}"; do
   SERVER=$!
   addr=""
   for _ in $(seq 1 600); do
-    addr=$(sed -n 's/.*gRPC \([0-9.]*:[0-9]*\).*/\1/p' "$log" | head -1)
+    if [ "$SCHEME" = http ]; then
+      addr=$(sed -n 's/.*HTTP http:\/\/\([0-9.]*:[0-9]*\).*/\1/p' "$log" | head -1)
+    else
+      addr=$(sed -n 's/.*gRPC \([0-9.]*:[0-9]*\).*/\1/p' "$log" | head -1)
+    fi
     [ -n "$addr" ] && break
     kill -0 "$SERVER" 2>/dev/null || { cat "$log" >&2; exit 1; }
     sleep 0.1
   done
   [ -n "$addr" ] || { echo "$label: the server never said where it listens" >&2; cat "$log" >&2; exit 1; }
   load() {
-    "$bin" bench "grpc://$addr" --json --concurrency 64 --keys "$KEYS" --domain bench \
+    "$bin" bench "$SCHEME://$addr" --json --concurrency 64 --keys "$KEYS" --domain bench \
       --descriptor "$DESCRIPTOR" --timeout 30s --duration "$1"
   }
   load 2s >/dev/null

@@ -886,201 +886,355 @@ impl MemoryStore {
         Key([low, spread ^ shape_of(q)])
     }
 
+    /// Several counters at once, all-or-nothing: every lock taken up front in one order, each
+    /// item evaluated on the states the items before it left, then what consumes written.
     fn check_many(&self, now: Micros, items: &[CheckItem<'_>]) -> Vec<Decision> {
-        let hashes: Vec<Key> = items.iter().map(|i| self.key_hash(i)).collect();
-        let sketches: Vec<Option<Arc<Mutex<Sketch>>>> = items
+        let keys = ManyKeys::of(self, items);
+        let mut locks = ManyLocks::take(self, &keys);
+        let seen = locks.seen(now, items, &keys);
+        let many = Many {
+            store: self,
+            now,
+            items,
+            keys: &keys,
+            seen,
+        };
+        let mut work = Tentative::default();
+        let mut decisions: Vec<Decision> = Vec::with_capacity(items.len());
+        for i in 0..items.len() {
+            let d = many.evaluate(i, &mut locks, &mut work, &decisions);
+            decisions.push(d);
+        }
+        let commit = many.commits(&decisions, &mut work.logs);
+        many.report_unconsumed(&mut locks, &mut decisions, &commit);
+        many.write_logs(&mut locks, &work.logs);
+        many.commit_states(&mut locks, work, &decisions, &commit);
+        decisions
+    }
+}
+
+/// What a multi-key check knows of its items before it locks anything: each item's counter,
+/// and its sketch and doorkeeper when it has them.
+struct ManyKeys {
+    hashes: Vec<Key>,
+    sketches: Vec<Option<Arc<Mutex<Sketch>>>>,
+    gates: Vec<Option<Arc<Mutex<Gate>>>>,
+}
+
+impl ManyKeys {
+    #[inline]
+    fn of(store: &MemoryStore, items: &[CheckItem<'_>]) -> Self {
+        let hashes: Vec<Key> = items.iter().map(|i| store.key_hash(i)).collect();
+        let sketches = items
             .iter()
             .map(|i| {
                 (i.quota.algorithm() == Algorithm::CountMinSketch && i.tier.is_none())
-                    .then(|| self.sketch(i.rule, i.quota))
+                    .then(|| store.sketch(i.rule, i.quota))
             })
             .collect();
-        // Lock order: shards by index, then sketches by address. Every multi-key check uses the
-        // same order, and a single-key check holds one lock, so no cycle can form.
-        let mut shard_ids: Vec<usize> = hashes
-            .iter()
-            .zip(&sketches)
-            .filter(|(_, s)| s.is_none())
-            .map(|(h, _)| self.shard_of(*h))
-            .collect();
-        shard_ids.sort_unstable();
-        shard_ids.dedup();
-        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> = shard_ids
-            .iter()
-            .map(|&i| (i, lock(&self.shards[i])))
-            .collect();
-        let mut sketch_refs: Vec<&Arc<Mutex<Sketch>>> = sketches.iter().flatten().collect();
-        sketch_refs.sort_by_key(|a| Arc::as_ptr(a) as usize);
-        sketch_refs.dedup_by(|a, b| Arc::ptr_eq(a, b));
-        let mut sketch_guards: Vec<(*const Mutex<Sketch>, MutexGuard<'_, Sketch>)> = sketch_refs
-            .iter()
-            .map(|a| (Arc::as_ptr(a), lock(a)))
-            .collect();
-        // Doorkeepers last, by address. A multi-key check never holds a request back: a key
-        // without a counter gets one, its state rebuilt from the filter.
-        let gates: Vec<Option<Arc<Mutex<Gate>>>> = items
+        // A multi-key check never holds a request back: a key without a counter gets one, its
+        // state rebuilt from the filter.
+        let gates = items
             .iter()
             .map(|i| {
                 (i.quota.doorkeeper().is_some() && i.tier.is_none())
-                    .then(|| self.gate(i.rule, i.quota))
+                    .then(|| store.gate(i.rule, i.quota))
             })
             .collect();
-        let mut gate_refs: Vec<&Arc<Mutex<Gate>>> = gates.iter().flatten().collect();
-        gate_refs.sort_by_key(|a| Arc::as_ptr(a) as usize);
-        gate_refs.dedup_by(|a, b| Arc::ptr_eq(a, b));
-        let mut gate_guards: Vec<(*const Mutex<Gate>, MutexGuard<'_, Gate>)> = gate_refs
+        Self {
+            hashes,
+            sketches,
+            gates,
+        }
+    }
+}
+
+/// The locks a multi-key check holds, each found by its shard index or its mutex's address.
+struct ManyLocks<'a> {
+    shards: Vec<(usize, MutexGuard<'a, Shard>)>,
+    sketches: Vec<(*const Mutex<Sketch>, MutexGuard<'a, Sketch>)>,
+    gates: Vec<(*const Mutex<Gate>, MutexGuard<'a, Gate>)>,
+}
+
+impl<'a> ManyLocks<'a> {
+    /// Every lock `keys` needs. Lock order: shards by index, then sketches by address, then
+    /// doorkeepers by address. Every multi-key check uses the same order, and a single-key
+    /// check holds one lock, so no cycle can form.
+    #[inline]
+    fn take(store: &'a MemoryStore, keys: &'a ManyKeys) -> Self {
+        let mut shard_ids: Vec<usize> = keys
+            .hashes
             .iter()
-            .map(|a| (Arc::as_ptr(a), lock(a)))
+            .zip(&keys.sketches)
+            .filter(|(_, s)| s.is_none())
+            .map(|(h, _)| store.shard_of(*h))
             .collect();
-        // What each gated item's filter says of its key, and its window's start.
-        let seen: Vec<(Seen, Micros)> = items
+        shard_ids.sort_unstable();
+        shard_ids.dedup();
+        let shards = shard_ids
             .iter()
-            .zip(&gates)
-            .zip(&hashes)
+            .map(|&i| (i, lock(&store.shards[i])))
+            .collect();
+        Self {
+            shards,
+            sketches: lock_by_address(&keys.sketches),
+            gates: lock_by_address(&keys.gates),
+        }
+    }
+
+    /// What each gated item's filter says of its key, and its window's start.
+    #[inline]
+    fn seen(
+        &mut self,
+        now: Micros,
+        items: &[CheckItem<'_>],
+        keys: &ManyKeys,
+    ) -> Vec<(Seen, Micros)> {
+        items
+            .iter()
+            .zip(&keys.gates)
+            .zip(&keys.hashes)
             .map(|((item, g), h)| match g {
                 Some(g) => {
-                    let g = locked(&mut gate_guards, Arc::as_ptr(g));
+                    let g = locked(&mut self.gates, Arc::as_ptr(g));
                     let start = g.rotate(now, item.quota);
                     (g.seen(h.wide()), start)
                 }
                 None => (Seen::default(), 0),
             })
-            .collect();
-        // A stored state, or for a gated key without one, what the filter implies.
-        let stored = |shard: &Shard, i: usize, h: Key| match shard.get(h) {
-            None if gates[i].is_some() => doorkeeper::prior(seen[i].0, seen[i].1, items[i].quota),
+            .collect()
+    }
+
+    #[inline]
+    fn shard(&mut self, store: &MemoryStore, h: Key) -> &mut Shard {
+        locked(&mut self.shards, store.shard_of(h))
+    }
+
+    #[inline]
+    fn sketch(&mut self, sk: &Arc<Mutex<Sketch>>) -> &mut Sketch {
+        locked(&mut self.sketches, Arc::as_ptr(sk))
+    }
+}
+
+/// The mutexes of `all` (each once), locked in the order of their addresses.
+#[inline]
+fn lock_by_address<T>(all: &[Option<Arc<Mutex<T>>>]) -> Vec<(*const Mutex<T>, MutexGuard<'_, T>)> {
+    let mut refs: Vec<&Arc<Mutex<T>>> = all.iter().flatten().collect();
+    refs.sort_by_key(|a| Arc::as_ptr(a) as usize);
+    refs.dedup_by(|a, b| Arc::ptr_eq(a, b));
+    refs.iter().map(|a| (Arc::as_ptr(a), lock(a))).collect()
+}
+
+/// The tentative states of a multi-key check, item by item: a key appearing twice sees the
+/// earlier item's. Slot states are small and copied per item. A sliding-window log is neither
+/// copied nor changed while its items are decided: each item reads it with what the items
+/// before admitted summed ([`sliding_log::peek`]), and it is written once, at commit.
+#[derive(Default)]
+struct Tentative<'q> {
+    /// (key, slot state after the item), for every item but the sketches'.
+    pending: Vec<(Key, Option<State>)>,
+    logs: Vec<LogWork<'q>>,
+    /// Tiered states, as `pending` keeps slot states: (key, state after the item).
+    tiered: Vec<(Key, Option<Tiered>)>,
+}
+
+/// A multi-key check: its items, their keys, and what their filters say; what every step reads.
+struct Many<'a, 'i> {
+    store: &'a MemoryStore,
+    now: Micros,
+    items: &'a [CheckItem<'i>],
+    keys: &'a ManyKeys,
+    seen: Vec<(Seen, Micros)>,
+}
+
+impl<'i> Many<'_, 'i> {
+    /// A stored state, or for a gated key without one, what the filter implies.
+    #[inline]
+    fn stored(&self, shard: &Shard, i: usize, h: Key) -> Option<State> {
+        match shard.get(h) {
+            None if self.keys.gates[i].is_some() => {
+                doorkeeper::prior(self.seen[i].0, self.seen[i].1, self.items[i].quota)
+            }
             s => s,
-        };
-
-        // Evaluate in order; a key appearing twice sees the earlier item's tentative state. Slot
-        // states are small and copied per item. A sliding-window log is neither copied nor
-        // changed while its items are decided: each item reads it with what the items before
-        // admitted summed ([`sliding_log::peek`]), and it is written once, at commit.
-        let mut pending: Vec<(Key, Option<State>)> = Vec::new();
-        let mut logs: Vec<LogWork> = Vec::new();
-        // Tiered states, as `pending` keeps slot states: (key, state after the item).
-        let mut tiered: Vec<(Key, Option<Tiered>)> = Vec::new();
-        let mut decisions: Vec<Decision> = Vec::with_capacity(items.len());
-        for (i, item) in items.iter().enumerate() {
-            let h = hashes[i];
-            let d = if let Some(tier) = item.tier {
-                let shard = locked(&mut guards, self.shard_of(h));
-                let current = match tiered.iter().rev().find(|(th, _)| *th == h) {
-                    Some((_, s)) => s.clone(),
-                    None => shard.tiered.get(&h).map(|(s, _)| s.clone()),
-                };
-                let (d, next) =
-                    tiers::step(current, now, item.cost, item.quota, tier.levels, tier.index);
-                tiered.push((h, next));
-                pending.push((h, None));
-                d
-            } else if let Some(sk) = &sketches[i] {
-                let g = locked(&mut sketch_guards, Arc::as_ptr(sk));
-                // Earlier admitted items of the same key in this request count too.
-                let earlier: u64 = items[..i]
-                    .iter()
-                    .zip(&decisions)
-                    .zip(&hashes)
-                    .filter(|((e, d), eh)| **eh == h && d.allowed && e.rule == item.rule)
-                    .map(|((e, _), _)| e.cost)
-                    .sum();
-                let mut d = g.evaluate_seen(
-                    h.wide(),
-                    now,
-                    earlier + item.cost,
-                    item.quota,
-                    seen[i].0.pair(),
-                );
-                d.remaining = d.remaining.min(item.quota.limit());
-                d
-            } else if h.layout().is_none() {
-                let w = match logs.iter().position(|w| w.h == h) {
-                    Some(w) => w,
-                    None => {
-                        logs.push(LogWork {
-                            h,
-                            admitted: 0,
-                            quota: item.quota,
-                            commit: false,
-                        });
-                        logs.len() - 1
-                    }
-                };
-                let w = &mut logs[w];
-                let shard = locked(&mut guards, self.shard_of(h));
-                let d = sliding_log::peek(shard.log(h), w.admitted, now, item.cost, item.quota);
-                w.quota = item.quota;
-                if d.allowed {
-                    w.admitted += item.cost;
-                }
-                pending.push((h, None));
-                d
-            } else {
-                let shard = locked(&mut guards, self.shard_of(h));
-                let current = match pending.iter().rev().find(|(ph, _)| *ph == h) {
-                    Some((_, s)) => s.clone(),
-                    None => stored(shard, i, h),
-                };
-                let (d, next) = algorithm::step(current, now, item.cost, item.quota);
-                pending.push((h, next));
-                d
-            };
-            decisions.push(d);
         }
+    }
 
-        let blocked = blocks(items, &decisions);
-        let any_denied = decisions.iter().any(|d| !d.allowed);
-        let commit: Vec<bool> = items
+    /// Item `i`'s decision on what the items before it (`decided`) left.
+    #[inline(always)]
+    fn evaluate(
+        &self,
+        i: usize,
+        locks: &mut ManyLocks<'_>,
+        work: &mut Tentative<'i>,
+        decided: &[Decision],
+    ) -> Decision {
+        let (item, h, now) = (&self.items[i], self.keys.hashes[i], self.now);
+        if let Some(tier) = item.tier {
+            let shard = locks.shard(self.store, h);
+            let current = match work.tiered.iter().rev().find(|(th, _)| *th == h) {
+                Some((_, s)) => s.clone(),
+                None => shard.tiered.get(&h).map(|(s, _)| s.clone()),
+            };
+            let (d, next) =
+                tiers::step(current, now, item.cost, item.quota, tier.levels, tier.index);
+            work.tiered.push((h, next));
+            work.pending.push((h, None));
+            d
+        } else if let Some(sk) = &self.keys.sketches[i] {
+            self.evaluate_sketch(i, locks.sketch(sk), decided)
+        } else if h.layout().is_none() {
+            let d = self.evaluate_log(i, locks, &mut work.logs);
+            work.pending.push((h, None));
+            d
+        } else {
+            let shard = locks.shard(self.store, h);
+            let current = match work.pending.iter().rev().find(|(ph, _)| *ph == h) {
+                Some((_, s)) => s.clone(),
+                None => self.stored(shard, i, h),
+            };
+            let (d, next) = algorithm::step(current, now, item.cost, item.quota);
+            work.pending.push((h, next));
+            d
+        }
+    }
+
+    /// Item `i` on its count-min sketch `g`: earlier admitted items of the same key in this
+    /// request count too.
+    #[inline]
+    fn evaluate_sketch(&self, i: usize, g: &mut Sketch, decided: &[Decision]) -> Decision {
+        let (item, h) = (&self.items[i], self.keys.hashes[i]);
+        let earlier: u64 = self.items[..i]
             .iter()
-            .zip(&decisions)
+            .zip(decided)
+            .zip(&self.keys.hashes)
+            .filter(|((e, d), eh)| **eh == h && d.allowed && e.rule == item.rule)
+            .map(|((e, _), _)| e.cost)
+            .sum();
+        let mut d = g.evaluate_seen(
+            h.wide(),
+            self.now,
+            earlier + item.cost,
+            item.quota,
+            self.seen[i].0.pair(),
+        );
+        d.remaining = d.remaining.min(item.quota.limit());
+        d
+    }
+
+    /// Item `i` on its sliding-window log, with what the items before it admitted there.
+    #[inline]
+    fn evaluate_log(
+        &self,
+        i: usize,
+        locks: &mut ManyLocks<'_>,
+        logs: &mut Vec<LogWork<'i>>,
+    ) -> Decision {
+        let (item, h) = (&self.items[i], self.keys.hashes[i]);
+        let w = match logs.iter().position(|w| w.h == h) {
+            Some(w) => w,
+            None => {
+                logs.push(LogWork {
+                    h,
+                    admitted: 0,
+                    quota: item.quota,
+                    commit: false,
+                });
+                logs.len() - 1
+            }
+        };
+        let w = &mut logs[w];
+        let shard = locks.shard(self.store, h);
+        let d = sliding_log::peek(shard.log(h), w.admitted, self.now, item.cost, item.quota);
+        w.quota = item.quota;
+        if d.allowed {
+            w.admitted += item.cost;
+        }
+        d
+    }
+
+    /// Which items consume. A log is written when one of its items consumes (then all its
+    /// admitted ones do: `consumes` is "allowed and nothing blocks"), as the steps of its items
+    /// would have left it; otherwise it stays as stored.
+    #[inline]
+    fn commits(&self, decisions: &[Decision], logs: &mut [LogWork<'_>]) -> Vec<bool> {
+        let blocked = blocks(self.items, decisions);
+        let any_denied = decisions.iter().any(|d| !d.allowed);
+        let commit: Vec<bool> = self
+            .items
+            .iter()
+            .zip(decisions)
             .map(|(item, d)| consumes(item, d, any_denied, blocked))
             .collect();
-        // A log is written when one of its items consumes (then all its admitted ones do:
-        // `consumes` is "allowed and nothing blocks"), as the steps of its items would have
-        // left it; otherwise it stays as stored.
-        for (h, _) in hashes.iter().zip(&commit).filter(|(_, c)| **c) {
+        for (h, _) in self.keys.hashes.iter().zip(&commit).filter(|(_, c)| **c) {
             if let Some(w) = logs.iter_mut().find(|w| w.h == *h) {
                 w.commit = true;
             }
         }
-        // An allowed item that does not consume reports what it has left, unconsumed (a cost-0
-        // query against the stored state, before anything of this request is written).
-        for (i, item) in items.iter().enumerate() {
-            if decisions[i].allowed && item.cost > 0 && !commit[i] {
-                let h = hashes[i];
-                decisions[i] = if let Some(tier) = item.tier {
-                    let shard = locked(&mut guards, self.shard_of(h));
-                    let state = shard.tiered.get(&h).map(|(s, _)| s.clone());
-                    tiers::step(state, now, 0, item.quota, tier.levels, tier.index).0
-                } else if let Some(sk) = &sketches[i] {
-                    let g = locked(&mut sketch_guards, Arc::as_ptr(sk));
-                    g.evaluate_seen(h.wide(), now, 0, item.quota, seen[i].0.pair())
-                } else if h.layout().is_none() {
-                    let shard = locked(&mut guards, self.shard_of(h));
-                    sliding_log::peek(shard.log(h), 0, now, 0, item.quota)
-                } else {
-                    let shard = locked(&mut guards, self.shard_of(h));
-                    let state = stored(shard, i, h);
-                    algorithm::step(state, now, 0, item.quota).0
-                };
-            }
-        }
-        for w in logs.iter().filter(|w| w.commit) {
-            let shard = locked(&mut guards, self.shard_of(w.h));
-            let log = shard.take_log(w.h).unwrap_or_default();
-            let log = log.commit(now, w.admitted, w.quota);
-            shard.put_log(w.h, log, w.quota, now);
-        }
+        commit
+    }
 
-        // Commit: per-key states in order (the last write of a repeated key is its final state).
-        let mut p = 0;
-        let mut tiered = tiered.into_iter();
-        for (i, item) in items.iter().enumerate() {
-            let h = hashes[i];
+    /// An allowed item that does not consume reports what it has left, unconsumed (a cost-0
+    /// query against the stored state, before anything of this request is written).
+    #[inline]
+    fn report_unconsumed(
+        &self,
+        locks: &mut ManyLocks<'_>,
+        decisions: &mut [Decision],
+        commit: &[bool],
+    ) {
+        let now = self.now;
+        for (i, item) in self.items.iter().enumerate() {
+            if !(decisions[i].allowed && item.cost > 0 && !commit[i]) {
+                continue;
+            }
+            let h = self.keys.hashes[i];
+            decisions[i] = if let Some(tier) = item.tier {
+                let shard = locks.shard(self.store, h);
+                let state = shard.tiered.get(&h).map(|(s, _)| s.clone());
+                tiers::step(state, now, 0, item.quota, tier.levels, tier.index).0
+            } else if let Some(sk) = &self.keys.sketches[i] {
+                let g = locks.sketch(sk);
+                g.evaluate_seen(h.wide(), now, 0, item.quota, self.seen[i].0.pair())
+            } else if h.layout().is_none() {
+                let shard = locks.shard(self.store, h);
+                sliding_log::peek(shard.log(h), 0, now, 0, item.quota)
+            } else {
+                let shard = locks.shard(self.store, h);
+                let state = self.stored(shard, i, h);
+                algorithm::step(state, now, 0, item.quota).0
+            };
+        }
+    }
+
+    /// The logs one of whose items consumes, written back.
+    #[inline]
+    fn write_logs(&self, locks: &mut ManyLocks<'_>, logs: &[LogWork<'_>]) {
+        for w in logs.iter().filter(|w| w.commit) {
+            let shard = locks.shard(self.store, w.h);
+            let log = shard.take_log(w.h).unwrap_or_default();
+            let log = log.commit(self.now, w.admitted, w.quota);
+            shard.put_log(w.h, log, w.quota, self.now);
+        }
+    }
+
+    /// Commit: per-key states in order (the last write of a repeated key is its final state).
+    #[inline]
+    fn commit_states(
+        &self,
+        locks: &mut ManyLocks<'_>,
+        work: Tentative<'_>,
+        decisions: &[Decision],
+        commit: &[bool],
+    ) {
+        let now = self.now;
+        let mut pending = work.pending.into_iter();
+        let mut tiered = work.tiered.into_iter();
+        for (i, item) in self.items.iter().enumerate() {
+            let h = self.keys.hashes[i];
             if let Some(tier) = item.tier {
-                p += 1;
+                pending.next();
                 let next = tiered.next().and_then(|(_, s)| s);
-                let shard = locked(&mut guards, self.shard_of(h));
+                let shard = locks.shard(self.store, h);
                 if commit[i] {
                     let d = &decisions[i];
                     shard.set_tiered(h, next, now + d.reset_after, d.remaining == 0, now);
@@ -1096,29 +1250,28 @@ impl MemoryStore {
                 }
                 continue;
             }
-            if let Some(sk) = &sketches[i] {
+            if let Some(sk) = &self.keys.sketches[i] {
                 if commit[i] {
-                    let g = locked(&mut sketch_guards, Arc::as_ptr(sk));
-                    g.record(h.wide(), item.cost);
+                    locks.sketch(sk).record(h.wide(), item.cost);
                 }
                 continue;
             }
-            let next = pending[p].1.take();
-            p += 1;
+            let next = pending.next().and_then(|(_, s)| s);
             if h.layout().is_none() {
-                // Written back above.
+                // Written back by `write_logs`.
                 continue;
             }
             if !commit[i] {
                 // Nothing consumed (but a clamped state is kept).
-                locked(&mut guards, self.shard_of(h)).keep_clamp(h, item.quota, now);
+                locks.shard(self.store, h).keep_clamp(h, item.quota, now);
                 continue;
             }
             let expires_at = now + decisions[i].reset_after;
             let denying = decisions[i].remaining == 0;
-            locked(&mut guards, self.shard_of(h)).set(h, next, expires_at, denying, now);
+            locks
+                .shard(self.store, h)
+                .set(h, next, expires_at, denying, now);
         }
-        decisions
     }
 }
 

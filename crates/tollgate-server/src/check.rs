@@ -1,33 +1,33 @@
-//! The transport-neutral decision: validate a [`CheckRequest`], resolve it with the *current*
-//! rules, check the backend (memory, or Redis with its failure policy), record metrics, and build
-//! a [`CheckResponse`]. HTTP and gRPC both await [`decide`]; the gRPC listener calls
-//! [`decide_now`] first, which with the memory store answers without awaiting.
+//! The transport-neutral decision, one pipeline of named steps: admit a [`CheckRequest`]
+//! (validate it, take the *current* rules), prepare the plan (each descriptor's rule and
+//! counter), ask the store (memory, or Redis with its failure policy), conclude a verdict (a
+//! value: the statuses, the answer, how a denial may wait), observe it (metrics, live
+//! statistics, the decision log, shadowban counts and the trace, all in one place), and answer
+//! the [`CheckResponse`]. HTTP and gRPC both await [`decide`]; the gRPC listener calls
+//! [`decide_now`] first, the same steps with the memory store asked without awaiting.
 
 use crate::backend::{Outcome, Policy};
 use crate::error::ApiError;
 use crate::metrics::LimitCounters;
-use crate::model::{CheckRequest, CheckResponse, Code, DescriptorStatus, HeaderValues, LimitInfo};
+use crate::model::{CheckRequest, CheckResponse, Code, DescriptorStatus, LimitInfo};
 use crate::state::{AppState, LoadedRules, RequestLimits};
 use crate::stats::{write_key, Seen};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Instant;
-use tollgate_core::limiter::{Overrides, Plan, Status};
+use tollgate_core::limiter::{self, Descriptor, Overrides, Plan, Status};
 use tollgate_core::queue::{Attempt, Wait};
 use tollgate_core::rules::Limit;
+use tollgate_core::{Micros, Store, StoreError};
 
 /// The message of a denial made by `--on-store-error deny` while Redis is unavailable.
 pub const DENIED_BY_POLICY: &str =
     "rate limit store unavailable: denied by policy (--on-store-error deny); retry later";
 
-/// Reject requests that break the size and shape limits (counted in
-/// `tollgate_request_errors_total` by [`decide`]).
-pub fn validate(limits: &RequestLimits, req: &CheckRequest) -> Result<(), ApiError> {
-    validate_shape(limits, req, false)
-}
-
-/// [`validate`] for `state`, whose policy may accept descriptors with no entries
-/// ([`crate::policy::DecisionPolicy::empty_descriptors_ok`]).
-fn validate_in(state: &AppState, req: &CheckRequest) -> Result<(), ApiError> {
+/// Reject requests that break the size and shape limits of `state` (counted in
+/// `tollgate_request_errors_total` by [`decide`]); its policy may accept descriptors with no
+/// entries ([`crate::policy::DecisionPolicy::empty_descriptors_ok`]).
+fn validate(state: &AppState, req: &CheckRequest) -> Result<(), ApiError> {
     validate_shape(state.limits(), req, state.policy().empty_descriptors_ok())
 }
 
@@ -115,20 +115,10 @@ fn validate_shape(
     Ok(())
 }
 
-/// The rules to decide `req` with, once `req` passed [`validate`] and its overrides are within
-/// bounds; the refusal (counted in `tollgate_request_errors_total`) otherwise.
-fn admitted(state: &AppState, req: &CheckRequest) -> Result<Arc<LoadedRules>, ApiError> {
-    let checked = validate_in(state, req).and_then(|()| {
-        let rules = state.rules();
-        bounded_overrides(&rules, req).map(|()| rules)
-    });
-    checked.inspect_err(|e| state.metrics().error(e.code()))
-}
-
-/// Whether `req` would pass [`admitted`], without counting anything: a request that would not is
+/// Whether `req` would be admitted (`Decision::admit`), without counting anything: a request that would not is
 /// refused by the decision itself, and must not wait in a queue first.
 pub(crate) fn acceptable(state: &AppState, req: &CheckRequest) -> bool {
-    validate_in(state, req).is_ok() && bounded_overrides(&state.rules(), req).is_ok()
+    validate(state, req).is_ok() && bounded_overrides(&state.rules(), req).is_ok()
 }
 
 /// Refuse a `limit` override that asks more than the store would hold for it (see
@@ -192,58 +182,6 @@ fn check_hits(
     Ok(())
 }
 
-/// The decision of `$req` by `$state`: admitted, planned, the store asked (when there is anything
-/// to ask it) with `$ask`, an expression of the time `$now` and the items to check `$items`,
-/// then concluded. A macro rather than a function for the two ways the store is asked: awaited
-/// by [`decide`], answered at once by [`decide_now`].
-macro_rules! decide_with {
-    ($state:ident, $req:ident, |$now:ident, $items:ident| $ask:expr) => {
-        decide_with!($state, $req, None, |$now, $items| $ask)
-    };
-    ($state:ident, $req:ident, $wait:expr, |$now:ident, $items:ident| $ask:expr) => {{
-        let decided = decide_with!(@untraced $state, $req, $wait, |$now, $items| $ask);
-        if let Some(tracing) = $state.tracing() {
-            crate::otel::decided(tracing, $req, &decided);
-        }
-        decided
-    }};
-    (@untraced $state:ident, $req:ident, $wait:expr, |$now:ident, $items:ident| $ask:expr) => {{
-        let started = Instant::now();
-        match admitted($state, $req) {
-            Err(e) => Err(e),
-            Ok(rules) => {
-                let (domain, descriptors) = (&$req.domain, &$req.descriptors);
-                let overrides = Overrides::new(&rules.set, domain, descriptors);
-                let hits = $req.hits.unwrap_or(1);
-                let plan = Plan::with_overrides(&rules.set, &overrides, domain, descriptors, hits);
-                let $now = $state.now();
-                let $items = plan.items();
-                let outcome = if $items.is_empty() {
-                    None
-                } else {
-                    // The store call as a span of its own when traced (one branch when not).
-                    let traced = crate::otel::StoreTimer::start($state.tracing());
-                    let asked = $ask;
-                    if let (Some(timer), Some(tracing)) = (traced, $state.tracing()) {
-                        timer.end(tracing, store_name($state), $items.len(), &asked);
-                    }
-                    Some(asked)
-                };
-                drop($items);
-                conclude($state, $req, &rules, plan, $now, outcome, started, $wait)
-            }
-        }
-    }};
-}
-
-/// The store a traced store call went to.
-fn store_name(state: &AppState) -> &'static str {
-    match state.backend() {
-        crate::backend::Backend::Local(_) => "memory",
-        _ => "redis",
-    }
-}
-
 /// Decide a request with the state's current rules, store and clock.
 ///
 /// Errors: [`ApiError::Invalid`] for requests breaking [`RequestLimits`] (see `validate`),
@@ -254,9 +192,7 @@ pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckRespons
     if let Some(decided) = decide_now(state, req) {
         return decided;
     }
-    decide_with!(state, req, |now, items| {
-        state.backend().check(now, &items).await
-    })
+    Decision::new(state, req, false).run().await.0
 }
 
 /// [`decide`] without awaiting, when the backend is a store in this process (the memory store
@@ -266,9 +202,7 @@ pub fn decide_now(state: &AppState, req: &CheckRequest) -> Option<Result<CheckRe
     let crate::backend::Backend::Local(store) = state.backend() else {
         return None;
     };
-    Some(decide_with!(state, req, |now, items| {
-        store.check(now, &items).map(Outcome::store)
-    }))
+    Some(Decision::new(state, req, false).run_now(store.as_ref()).0)
 }
 
 /// A decision of a request that rules with a `queue` may make wait (see `queue`): the answer,
@@ -277,18 +211,7 @@ pub(crate) async fn attempt(
     state: &AppState,
     req: &CheckRequest,
 ) -> Attempt<Result<CheckResponse, ApiError>> {
-    let mut wait = None;
-    let decided = match state.backend() {
-        crate::backend::Backend::Local(store) => {
-            decide_with!(state, req, Some(&mut wait), |now, items| {
-                store.check(now, &items).map(Outcome::store)
-            })
-        }
-        backend => decide_with!(state, req, Some(&mut wait), |now, items| {
-            backend.check(now, &items).await
-        }),
-    };
-    match (decided, wait) {
+    match Decision::new(state, req, true).run().await {
         (Ok(answer), Some(wait)) if !answer.allowed => Attempt::Denied {
             answer: Ok(answer),
             wait,
@@ -300,189 +223,552 @@ pub(crate) async fn attempt(
     }
 }
 
-/// The rest of a decision once the store answered (`None`: nothing to ask it): metrics, the
-/// statuses, the headers; and, when `wait` is given, whether a denial may wait in a queue.
-#[allow(clippy::too_many_arguments)]
-fn conclude(
-    state: &AppState,
-    req: &CheckRequest,
-    rules: &LoadedRules,
-    plan: Plan<'_>,
-    now: tollgate_core::Micros,
-    outcome: Option<Result<Outcome, tollgate_core::StoreError>>,
+/// What a decision answers: the response or the refusal, and for a decision that may wait
+/// (`Decision::may_wait`) a denial that may wait in a queue, how.
+type Answered = (Result<CheckResponse, ApiError>, Option<Wait>);
+
+/// What the store answered: `None` when there was nothing to ask it.
+type Asked = Option<Result<Outcome, StoreError>>;
+
+/// One request's decision, as a pipeline of named steps:
+///
+/// 1. `admit`: the request within bounds, and the rules to decide it with (or the refusal);
+/// 2. `Admitted::prepare`: the plan (each descriptor resolved to its rule and counter) and
+///    the time;
+/// 3. `Prepared::ask_now` (a store in this process, synchronous) or `Prepared::ask` (any
+///    backend, awaited): the store's outcome for the plan's counters;
+/// 4. `conclude`: the [`Verdict`] value (the statuses, the answer, how a denial may wait), with
+///    no effect on anything;
+/// 5. `answer`: the verdict observed (`observe`, the one place metrics, live statistics, the
+///    decision log, shadowban counts and the trace see a decision), then the answer.
+///
+/// `run` and `run_now` are these steps, awaited or not; every transport reaches one of them
+/// through [`decide`], [`decide_now`] or `attempt`.
+struct Decision<'a> {
+    state: &'a AppState,
+    req: &'a CheckRequest,
     started: Instant,
-    wait: Option<&mut Option<Wait>>,
-) -> Result<CheckResponse, ApiError> {
-    let metrics = state.metrics();
-    let hits = req.hits.unwrap_or(1);
-    let (decisions, degraded, from_cache) = match outcome {
-        None => (Vec::new(), None, false),
-        Some(Ok(o)) => {
-            if o.store_failed {
-                metrics.store_error();
-            }
-            (o.decisions, o.degraded, o.from_deny_cache)
-        }
-        Some(Err(e)) => {
-            metrics.store_error();
-            metrics.error("store_unavailable");
-            return Err(e.into());
-        }
-    };
-    let policy_denied = degraded == Some(Policy::Deny);
-    let verdict = plan.finish(decisions);
-    crate::decision_log::record(&req.domain, &verdict.statuses, &req.descriptors, hits);
-    let policy = state.policy();
-    let allowed = verdict.allowed_with_quota_mode(policy.quota_mode());
-    // The first rule whose `degrade` threshold the request crossed; whether any rule that
-    // denied is a `shadowban` rule, and whether any other one denied.
-    let mut degrade: Option<&Limit> = None;
-    let (mut banned, mut denied_plainly) = (false, policy_denied);
-
-    let statuses: Vec<DescriptorStatus> = verdict
-        .statuses
-        .iter()
-        .zip(&req.descriptors)
-        .map(|(status, desc)| {
-            let cost = desc.hits.unwrap_or(hits);
-            match status {
-                Status::NoLimit => {
-                    if rules.set.domain(&req.domain).is_some() {
-                        metrics.unmatched(&req.domain, "no_rule");
-                    } else {
-                        if metrics.unknown_domain(&req.domain) {
-                            tracing::warn!(
-                                domain = ?req.domain,
-                                "unknown domain: answered OK with no limit (domains are \
-                                 case-sensitive; logged once, counted in tollgate_unmatched_total)"
-                            );
-                        }
-                    }
-                    DescriptorStatus::new(Code::Ok, None, 0)
-                }
-                Status::Unlimited(_) => DescriptorStatus {
-                    unlimited: true,
-                    ..DescriptorStatus::new(Code::Ok, None, u32::MAX as u64)
-                },
-                Status::Limited { limit, decision, .. } => {
-                    let blocks = status.blocks();
-                    let shadowed = status.shadowed();
-                    let never = blocks && decision.never_passes();
-                    if let Some(t) = &limit.degrade {
-                        if degrade.is_none() && t.signals(decision) {
-                            degrade = Some(limit);
-                        }
-                    }
-                    if blocks {
-                        if limit.shadowban {
-                            banned = true;
-                        } else {
-                            denied_plainly = true;
-                        }
-                    }
-                    record(state, rules, &req.domain, limit, desc, cost, status, allowed, from_cache, now);
-                    let message = if blocks && policy_denied {
-                        Some(DENIED_BY_POLICY.to_owned())
-                    } else if blocks {
-                        match (&limit.message, never) {
-                            (m, false) => m.clone(),
-                            (m, true) => Some(format!(
-                                "{}request cost {cost} exceeds what this limit can ever admit ({} per {}); retrying will not help",
-                                m.as_deref().map(|m| format!("{m}: ")).unwrap_or_default(),
-                                decision.limit,
-                                period_text(limit),
-                            )),
-                        }
-                    } else {
-                        None
-                    };
-                    DescriptorStatus {
-                        code: if blocks { Code::OverLimit } else { Code::Ok },
-                        limit: limit_info(limit),
-                        remaining: decision.reported_remaining(),
-                        reset_after: Some(reset(limit, decision, now)),
-                        retry_after: if blocks { decision.retry_after } else { None },
-                        delay: (decision.allowed && decision.delay > 0).then_some(decision.delay),
-                        message,
-                        shadowed,
-                        never_passes: never,
-                        unlimited: false,
-                    }
-                }
-            }
-        })
-        .collect();
-
-    let headers = policy.headers(&verdict, allowed, now);
-    // A policy may answer OK where the store said over (a global shadow mode): the statuses keep
-    // their codes, the counters what the store decided.
-    let (allowed, statuses, headers) = if !allowed && policy.overrule_denial() {
-        // An allowed answer tells no one to wait: no Retry-After, no `retry_after` anywhere.
-        let mut statuses = statuses;
-        for s in &mut statuses {
-            s.retry_after = None;
-        }
-        let headers = headers.map(|h| HeaderValues {
-            retry_after_secs: None,
-            ..h
-        });
-        (true, statuses, headers)
-    } else {
-        (allowed, statuses, headers)
-    };
-    if let Some(wait) = wait {
-        // A denial by the failure policy waits for nothing: the store is down.
-        if !allowed && !policy_denied {
-            *wait = tollgate_core::queue::wait_for(&verdict);
-        }
-    }
-    let shadowbanned = !allowed && banned && !denied_plainly;
-    if shadowbanned {
-        count_shadowbanned(state, rules, req, &verdict, hits);
-    }
-    let response = CheckResponse {
-        allowed,
-        statuses,
-        headers,
-        delay: verdict.delay(),
-        degrade: degrade.filter(|_| allowed).map(|l| l.id.clone()),
-        shadowbanned,
-    };
-    metrics.request(allowed);
-    metrics.observe_latency(started.elapsed());
-    Ok(response)
+    /// Whether a denial may wait in a queue: the verdict then says how (`Verdict::wait`).
+    may_wait: bool,
 }
 
-/// Count a shadowbanned answer's hits on each `shadowban` rule that denied it.
-fn count_shadowbanned(
-    state: &AppState,
-    rules: &LoadedRules,
-    req: &CheckRequest,
-    verdict: &tollgate_core::limiter::Verdict<'_>,
-    hits: u64,
-) {
-    let metrics = state.metrics();
-    for (status, desc) in verdict.statuses.iter().zip(&req.descriptors) {
-        let Status::Limited { limit, .. } = status else {
-            continue;
-        };
-        if !(status.blocks() && limit.shadowban) {
-            continue;
+/// A request within bounds, with the rules it is decided by (held for the whole decision:
+/// a reload in between does not change them) and the limits of its `limit` overrides.
+struct Admitted {
+    rules: Arc<LoadedRules>,
+    overrides: Overrides,
+}
+
+/// What to ask the store: the plan and the time of the decision.
+struct Prepared<'r> {
+    rules: &'r LoadedRules,
+    plan: Plan<'r>,
+    now: Micros,
+}
+
+/// A decided request, before anyone sees it: what the store and the policy decided, and the
+/// answer made of it.
+struct Verdict<'r> {
+    rules: &'r LoadedRules,
+    /// The descriptors' statuses as the store decided them.
+    decided: limiter::Verdict<'r>,
+    now: Micros,
+    /// Whether the limits admit the request, before a policy may overrule a denial: what the
+    /// counters record.
+    admitted: bool,
+    /// The store was asked and failed (a failure policy decided).
+    store_failed: bool,
+    /// Answered by the deny cache, without asking Redis.
+    from_cache: bool,
+    answer: CheckResponse,
+    /// A denial that may wait in a queue: how (only for `Decision::may_wait`).
+    wait: Option<Wait>,
+}
+
+impl<'a> Decision<'a> {
+    fn new(state: &'a AppState, req: &'a CheckRequest, may_wait: bool) -> Self {
+        Self {
+            state,
+            req,
+            started: Instant::now(),
+            may_wait,
         }
-        let cost = desc.hits.unwrap_or(hits);
-        let c = if !limit.stats.is_static() {
-            let key = limit.stats.for_request(&desc.entries);
-            LimitCounters::Shared(metrics.rule(&req.domain, &key, limit.stats.base()))
-        } else {
-            metrics.limit_counters(&rules.counters, &rules.set, limit)
+    }
+
+    /// The steps, the store asked without awaiting.
+    #[inline]
+    fn run_now(self, store: &dyn Store) -> Answered {
+        let admitted = match self.admit() {
+            Ok(admitted) => admitted,
+            Err(e) => return self.answer(Err(e)),
         };
-        c.shadowbanned
-            .fetch_add(cost, std::sync::atomic::Ordering::Relaxed);
+        let prepared = admitted.prepare(&self);
+        let asked = prepared.ask_now(self.state, store);
+        self.answer(self.conclude(prepared, asked))
+    }
+
+    /// The steps, the backend's answer awaited.
+    async fn run(self) -> Answered {
+        let admitted = match self.admit() {
+            Ok(admitted) => admitted,
+            Err(e) => return self.answer(Err(e)),
+        };
+        let prepared = admitted.prepare(&self);
+        let asked = prepared.ask(self.state).await;
+        self.answer(self.conclude(prepared, asked))
+    }
+
+    /// Step 1: the request validated and its overrides bounded, with the current rules.
+    #[inline]
+    fn admit(&self) -> Result<Admitted, ApiError> {
+        validate(self.state, self.req)?;
+        let rules = self.state.rules();
+        bounded_overrides(&rules, self.req)?;
+        let overrides = Overrides::new(&rules.set, &self.req.domain, &self.req.descriptors);
+        Ok(Admitted { rules, overrides })
+    }
+
+    /// Step 4: the verdict of the store's outcome (a store error is the decision's error).
+    #[inline]
+    fn conclude<'r>(&self, prepared: Prepared<'r>, asked: Asked) -> Result<Verdict<'r>, ApiError> {
+        let outcome = match asked {
+            None => Outcome::store(Vec::new()),
+            Some(asked) => asked?,
+        };
+        let Prepared { rules, plan, now } = prepared;
+        let policy = self.state.policy();
+        let policy_denied = outcome.degraded == Some(Policy::Deny);
+        let decided = plan.finish(outcome.decisions);
+        let admitted = decided.allowed_with_quota_mode(policy.quota_mode());
+        let mut statuses = self.statuses(&decided, policy_denied, now);
+        let mut headers = policy.headers(&decided, admitted, now);
+        // A policy may answer OK where the store said over (a global shadow mode): the statuses
+        // keep their codes, the counters what the store decided.
+        let allowed = admitted || policy.overrule_denial();
+        if allowed && !admitted {
+            // An allowed answer tells no one to wait: no Retry-After, no `retry_after` anywhere.
+            statuses.iter_mut().for_each(|s| s.retry_after = None);
+            if let Some(h) = &mut headers {
+                h.retry_after_secs = None;
+            }
+        }
+        // A denial by the failure policy waits for nothing: the store is down.
+        let wait = if self.may_wait && !allowed && !policy_denied {
+            tollgate_core::queue::wait_for(&decided)
+        } else {
+            None
+        };
+        let answer = CheckResponse {
+            allowed,
+            statuses,
+            headers,
+            delay: decided.delay(),
+            degrade: degrade_rule(&decided)
+                .filter(|_| allowed)
+                .map(|l| l.id.clone()),
+            shadowbanned: !allowed && shadowbanned(&decided, policy_denied),
+        };
+        Ok(Verdict {
+            rules,
+            decided,
+            now,
+            admitted,
+            store_failed: outcome.store_failed,
+            from_cache: outcome.from_deny_cache,
+            answer,
+            wait,
+        })
+    }
+
+    /// The descriptors' statuses as the answer reports them.
+    fn statuses(
+        &self,
+        decided: &limiter::Verdict<'_>,
+        policy_denied: bool,
+        now: Micros,
+    ) -> Vec<DescriptorStatus> {
+        let hits = self.req.hits.unwrap_or(1);
+        decided
+            .statuses
+            .iter()
+            .zip(&self.req.descriptors)
+            .map(|(status, desc)| {
+                descriptor_status(status, desc.hits.unwrap_or(hits), policy_denied, now)
+            })
+            .collect()
+    }
+
+    /// Step 5: the decision observed, then answered.
+    #[inline]
+    fn answer(&self, decided: Result<Verdict<'_>, ApiError>) -> Answered {
+        self.observe(&decided);
+        match decided {
+            Ok(verdict) => (Ok(verdict.answer), verdict.wait),
+            Err(e) => (Err(e), None),
+        }
+    }
+
+    /// Everything that watches decisions, from the one verdict: the error and request counters,
+    /// the decision log, each descriptor's counters and live statistics, shadowban counts, the
+    /// latency, and the trace.
+    fn observe(&self, decided: &Result<Verdict<'_>, ApiError>) {
+        let metrics = self.state.metrics();
+        match decided {
+            Err(e) => {
+                if matches!(e, ApiError::Store(_)) {
+                    metrics.store_error();
+                }
+                metrics.error(e.code());
+            }
+            Ok(verdict) => {
+                if verdict.store_failed {
+                    metrics.store_error();
+                }
+                let hits = self.req.hits.unwrap_or(1);
+                let statuses = &verdict.decided.statuses;
+                crate::decision_log::record(
+                    &self.req.domain,
+                    statuses,
+                    &self.req.descriptors,
+                    hits,
+                );
+                for (status, desc) in statuses.iter().zip(&self.req.descriptors) {
+                    self.observe_status(verdict, status, desc);
+                }
+                if verdict.answer.shadowbanned {
+                    self.count_shadowbanned(verdict);
+                }
+                metrics.request(verdict.answer.allowed);
+                metrics.observe_latency(self.started.elapsed());
+            }
+        }
+        if let Some(tracing) = self.state.tracing() {
+            crate::otel::decided(tracing, self.req, decided.as_ref().map(|v| &v.answer));
+        }
+    }
+
+    /// One descriptor's share of [`Self::observe`]: the unmatched count, or its limit's.
+    #[inline]
+    fn observe_status(&self, verdict: &Verdict<'_>, status: &Status<'_>, desc: &Descriptor) {
+        match status {
+            Status::NoLimit => self.unmatched(verdict.rules),
+            Status::Unlimited(_) => {}
+            Status::Limited { .. } => self.record(verdict, status, desc),
+        }
+    }
+
+    /// Count a descriptor that matched no rule (an unknown domain logged once).
+    fn unmatched(&self, rules: &LoadedRules) {
+        let (metrics, domain) = (self.state.metrics(), &self.req.domain);
+        if rules.set.domain(domain).is_some() {
+            metrics.unmatched(domain, "no_rule");
+        } else if metrics.unknown_domain(domain) {
+            tracing::warn!(
+                domain = ?domain,
+                "unknown domain: answered OK with no limit (domains are \
+                 case-sensitive; logged once, counted in tollgate_unmatched_total)"
+            );
+        }
+    }
+
+    /// Count one limited descriptor: live statistics, then its counters.
+    ///
+    /// An envoy_fixed_window counter (its decision carries the window's count) is counted as
+    /// envoyproxy/ratelimit counts it, whatever the other descriptors decided: every hit in
+    /// `total_hits`, and the hits split at the limit by [`crate::metrics::Metrics::envoy_split`]
+    /// (only the hits past the limit are `over_limit`). The other algorithms are
+    /// all-or-nothing: a request denied by another descriptor consumed nothing here, so its
+    /// allowed descriptors count nothing, and a denied request's hits are all `over_limit`.
+    fn record(&self, verdict: &Verdict<'_>, status: &Status<'_>, desc: &Descriptor) {
+        let Status::Limited {
+            limit, decision, ..
+        } = status
+        else {
+            return;
+        };
+        if !verdict.admitted && !status.blocks() && decision.count.is_none() {
+            return;
+        }
+        let cost = desc.hits.unwrap_or(self.req.hits.unwrap_or(1));
+        self.record_live(verdict, status, desc, cost);
+        let c = self.counters(verdict.rules, limit, desc);
+        record_counters(&c, self.state.metrics(), status, cost, verdict.from_cache);
+    }
+
+    /// A limited descriptor in the live statistics (when they are on).
+    #[inline]
+    fn record_live(
+        &self,
+        verdict: &Verdict<'_>,
+        status: &Status<'_>,
+        desc: &Descriptor,
+        cost: u64,
+    ) {
+        let stats = self.state.stats();
+        let Status::Limited {
+            limit, decision, ..
+        } = status
+        else {
+            return;
+        };
+        if !stats.enabled() {
+            return;
+        }
+        let seen = if decision.allowed {
+            Seen::Allowed
+        } else if status.shadowed() {
+            Seen::ShadowDenied
+        } else {
+            Seen::Denied
+        };
+        let near = decision.allowed
+            && self
+                .state
+                .metrics()
+                .near_limit_hits(decision.limit, decision.remaining, cost)
+                > 0;
+        stats.record(
+            &verdict.rules.stats,
+            &verdict.rules.set,
+            limit,
+            verdict.now,
+            seen,
+            used_permille(decision),
+            near,
+            |buf| write_key(buf, &desc.entries),
+        );
+    }
+
+    /// The counters of `limit` for `desc`.
+    #[inline]
+    fn counters<'r>(
+        &self,
+        rules: &'r LoadedRules,
+        limit: &Limit,
+        desc: &Descriptor,
+    ) -> LimitCounters<'r> {
+        let metrics = self.state.metrics();
+        if !limit.stats.is_static() {
+            // `detailed_metric` / `value_to_metric`: the request's values are in the stats key.
+            let key = limit.stats.for_request(&desc.entries);
+            LimitCounters::Shared(metrics.rule(&self.req.domain, &key, limit.stats.base()))
+        } else {
+            // The common case: pre-resolved, no lookup by strings.
+            metrics.limit_counters(&rules.counters, &rules.set, limit)
+        }
+    }
+
+    /// Count a shadowbanned answer's hits on each `shadowban` rule that denied it.
+    fn count_shadowbanned(&self, verdict: &Verdict<'_>) {
+        let hits = self.req.hits.unwrap_or(1);
+        for (status, desc) in verdict.decided.statuses.iter().zip(&self.req.descriptors) {
+            let Status::Limited { limit, .. } = status else {
+                continue;
+            };
+            if status.blocks() && limit.shadowban {
+                self.counters(verdict.rules, limit, desc)
+                    .shadowbanned
+                    .fetch_add(desc.hits.unwrap_or(hits), Relaxed);
+            }
+        }
+    }
+}
+
+impl Admitted {
+    /// Step 2: the plan for the request, and the time it is decided at.
+    #[inline]
+    fn prepare(&self, decision: &Decision<'_>) -> Prepared<'_> {
+        let req = decision.req;
+        let plan = Plan::with_overrides(
+            &self.rules.set,
+            &self.overrides,
+            &req.domain,
+            &req.descriptors,
+            req.hits.unwrap_or(1),
+        );
+        Prepared {
+            rules: &self.rules,
+            plan,
+            now: decision.state.now(),
+        }
+    }
+}
+
+impl Prepared<'_> {
+    /// Step 3, synchronous: `store` (in this process) asked for the plan's counters.
+    #[inline]
+    fn ask_now(&self, state: &AppState, store: &dyn Store) -> Asked {
+        let items = self.plan.items();
+        if items.is_empty() {
+            return None;
+        }
+        let timer = crate::otel::StoreTimer::start(state.tracing());
+        let asked = store.check(self.now, &items).map(Outcome::store);
+        traced_store_call(state, timer, items.len(), &asked);
+        Some(asked)
+    }
+
+    /// Step 3, awaited: the state's backend asked for the plan's counters.
+    async fn ask(&self, state: &AppState) -> Asked {
+        let items = self.plan.items();
+        if items.is_empty() {
+            return None;
+        }
+        let timer = crate::otel::StoreTimer::start(state.tracing());
+        let asked = state.backend().check(self.now, &items).await;
+        traced_store_call(state, timer, items.len(), &asked);
+        Some(asked)
+    }
+}
+
+/// The store call as a span of its own when traced (one branch when not).
+#[inline]
+fn traced_store_call(
+    state: &AppState,
+    timer: Option<crate::otel::StoreTimer>,
+    items: usize,
+    asked: &Result<Outcome, StoreError>,
+) {
+    if let (Some(timer), Some(tracing)) = (timer, state.tracing()) {
+        let store = match state.backend() {
+            crate::backend::Backend::Local(_) => "memory",
+            _ => "redis",
+        };
+        timer.end(tracing, store, items, asked);
+    }
+}
+
+/// The first rule (in request order) whose `degrade` threshold the request crossed.
+fn degrade_rule<'r>(decided: &limiter::Verdict<'r>) -> Option<&'r Limit> {
+    decided.statuses.iter().find_map(|status| match status {
+        Status::Limited {
+            limit, decision, ..
+        } => limit
+            .degrade
+            .as_ref()
+            .is_some_and(|t| t.signals(decision))
+            .then_some(*limit),
+        _ => None,
+    })
+}
+
+/// Whether only `shadowban` rules denied the request: some did, and no other rule (nor the
+/// failure policy) did.
+fn shadowbanned(decided: &limiter::Verdict<'_>, policy_denied: bool) -> bool {
+    let blocking = || {
+        decided.statuses.iter().filter_map(|s| match s {
+            Status::Limited { limit, .. } if s.blocks() => Some(limit.shadowban),
+            _ => None,
+        })
+    };
+    !policy_denied && blocking().any(|banned| banned) && blocking().all(|banned| banned)
+}
+
+/// One descriptor's status as the answer reports it; `cost` is its hits.
+fn descriptor_status(
+    status: &Status<'_>,
+    cost: u64,
+    policy_denied: bool,
+    now: Micros,
+) -> DescriptorStatus {
+    match status {
+        Status::NoLimit => DescriptorStatus::new(Code::Ok, None, 0),
+        Status::Unlimited(_) => DescriptorStatus {
+            unlimited: true,
+            ..DescriptorStatus::new(Code::Ok, None, u32::MAX as u64)
+        },
+        Status::Limited {
+            limit, decision, ..
+        } => {
+            let blocks = status.blocks();
+            let never = blocks && decision.never_passes();
+            DescriptorStatus {
+                code: if blocks { Code::OverLimit } else { Code::Ok },
+                limit: limit_info(limit),
+                remaining: decision.reported_remaining(),
+                reset_after: Some(reset(limit, decision, now)),
+                retry_after: if blocks { decision.retry_after } else { None },
+                delay: (decision.allowed && decision.delay > 0).then_some(decision.delay),
+                message: blocks
+                    .then(|| denial_message(limit, decision, cost, never, policy_denied))
+                    .flatten(),
+                shadowed: status.shadowed(),
+                never_passes: never,
+                unlimited: false,
+            }
+        }
+    }
+}
+
+/// The message of a descriptor that blocks the request.
+fn denial_message(
+    limit: &Limit,
+    decision: &tollgate_core::Decision,
+    cost: u64,
+    never: bool,
+    policy_denied: bool,
+) -> Option<String> {
+    if policy_denied {
+        return Some(DENIED_BY_POLICY.to_owned());
+    }
+    if !never {
+        return limit.message.clone();
+    }
+    Some(format!(
+        "{}request cost {cost} exceeds what this limit can ever admit ({} per {}); retrying will not help",
+        limit.message.as_deref().map(|m| format!("{m}: ")).unwrap_or_default(),
+        decision.limit,
+        period_text(limit),
+    ))
+}
+
+/// Add a limited descriptor's hits to its counters `c` (see `Decision::record`).
+fn record_counters(
+    c: &LimitCounters,
+    metrics: &crate::metrics::Metrics,
+    status: &Status<'_>,
+    cost: u64,
+    from_cache: bool,
+) {
+    let Status::Limited { decision, .. } = status else {
+        return;
+    };
+    c.total_hits.fetch_add(cost, Relaxed);
+    let add = |counter: &std::sync::atomic::AtomicU64, n: u64| {
+        if n > 0 {
+            counter.fetch_add(n, Relaxed);
+        }
+    };
+    if let Some(after) = decision.count {
+        // envoy's `limitAfterIncrease - hitsAddend`, in its unsigned arithmetic: it wraps only
+        // for a counter this request did not increment (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT),
+        // and then counts as envoy counts it.
+        let split = metrics.envoy_split(decision.limit, after.wrapping_sub(cost), after, cost);
+        add(&c.over_limit, split.over);
+        add(&c.near_limit, split.near);
+        add(&c.within_limit, split.within);
+        if status.shadowed() {
+            add(&c.shadow_mode, split.over);
+        }
+    } else if !decision.allowed {
+        c.over_limit.fetch_add(cost, Relaxed);
+        if from_cache {
+            c.over_limit_with_local_cache.fetch_add(cost, Relaxed);
+        }
+        if status.shadowed() {
+            c.shadow_mode.fetch_add(cost, Relaxed);
+        }
+    } else {
+        c.within_limit.fetch_add(cost, Relaxed);
+        add(
+            &c.near_limit,
+            metrics.near_limit_hits(decision.limit, decision.remaining, cost),
+        );
     }
 }
 
 /// A status's `duration_until_reset` (see `Decision::reported_reset`).
-fn reset(limit: &Limit, decision: &tollgate_core::Decision, now: tollgate_core::Micros) -> u64 {
+fn reset(limit: &Limit, decision: &tollgate_core::Decision, now: Micros) -> u64 {
     limit.quota.map_or(decision.reset_after, |q| {
         decision.reported_reset(q.period(), now)
     })
@@ -521,98 +807,4 @@ fn used_permille(decision: &tollgate_core::Decision) -> u32 {
     }
     let used = decision.limit.saturating_sub(decision.remaining);
     (used.saturating_mul(1000) / decision.limit).min(1000) as u32
-}
-
-/// Count one limited descriptor.
-///
-/// An envoy_fixed_window counter (its decision carries the window's count) is counted as
-/// envoyproxy/ratelimit counts it, whatever the other descriptors decided: every hit in
-/// `total_hits`, and the hits split at the limit by [`crate::metrics::Metrics::envoy_split`]
-/// (only the hits past the limit are `over_limit`). The other algorithms are all-or-nothing: a
-/// request denied by another descriptor consumed nothing here, so its allowed descriptors count
-/// nothing, and a denied request's hits are all `over_limit`.
-#[allow(clippy::too_many_arguments)]
-fn record(
-    state: &AppState,
-    rules: &LoadedRules,
-    domain: &str,
-    limit: &Limit,
-    desc: &tollgate_core::limiter::Descriptor,
-    cost: u64,
-    status: &Status<'_>,
-    allowed: bool,
-    from_cache: bool,
-    now: tollgate_core::Micros,
-) {
-    let Status::Limited { decision, .. } = status else {
-        return;
-    };
-    let blocks = status.blocks();
-    if !allowed && !blocks && decision.count.is_none() {
-        return;
-    }
-    let metrics = state.metrics();
-    let stats = state.stats();
-    if stats.enabled() {
-        let seen = if decision.allowed {
-            Seen::Allowed
-        } else if status.shadowed() {
-            Seen::ShadowDenied
-        } else {
-            Seen::Denied
-        };
-        let near = decision.allowed
-            && metrics.near_limit_hits(decision.limit, decision.remaining, cost) > 0;
-        stats.record(
-            &rules.stats,
-            &rules.set,
-            limit,
-            now,
-            seen,
-            used_permille(decision),
-            near,
-            |buf| write_key(buf, &desc.entries),
-        );
-    }
-    let c = if !limit.stats.is_static() {
-        // `detailed_metric` / `value_to_metric`: the request's values are in the stats key.
-        let key = limit.stats.for_request(&desc.entries);
-        LimitCounters::Shared(metrics.rule(domain, &key, limit.stats.base()))
-    } else {
-        // The common case: pre-resolved, no lookup by strings.
-        metrics.limit_counters(&rules.counters, &rules.set, limit)
-    };
-    use std::sync::atomic::Ordering::Relaxed;
-    c.total_hits.fetch_add(cost, Relaxed);
-    let add = |counter: &std::sync::atomic::AtomicU64, n: u64| {
-        if n > 0 {
-            counter.fetch_add(n, Relaxed);
-        }
-    };
-    if let Some(after) = decision.count {
-        // envoy's `limitAfterIncrease - hitsAddend`, in its unsigned arithmetic: it wraps only
-        // for a counter this request did not increment (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT),
-        // and then counts as envoy counts it.
-        let split = metrics.envoy_split(decision.limit, after.wrapping_sub(cost), after, cost);
-        add(&c.over_limit, split.over);
-        add(&c.near_limit, split.near);
-        add(&c.within_limit, split.within);
-        if status.shadowed() {
-            add(&c.shadow_mode, split.over);
-        }
-    } else if !decision.allowed {
-        c.over_limit.fetch_add(cost, Relaxed);
-        if from_cache {
-            c.over_limit_with_local_cache.fetch_add(cost, Relaxed);
-        }
-        if status.shadowed() {
-            c.shadow_mode.fetch_add(cost, Relaxed);
-        }
-    } else {
-        c.within_limit.fetch_add(cost, Relaxed);
-        add(
-            &c.near_limit,
-            metrics.near_limit_hits(decision.limit, decision.remaining, cost),
-        );
-    }
 }

@@ -236,7 +236,7 @@ pub(crate) async fn in_context<T>(cx: Option<Context>, call: impl Future<Output 
 pub(crate) fn decided(
     tracing: &Tracing,
     req: &CheckRequest,
-    result: &Result<CheckResponse, ApiError>,
+    result: Result<&CheckResponse, &ApiError>,
 ) {
     Context::map_current(|cx| {
         let span = cx.span();

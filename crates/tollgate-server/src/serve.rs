@@ -374,6 +374,11 @@ fn http_api_with(
 
 /// Run the service until `shutdown` resolves, then shut down gracefully.
 /// `on_bound` is called once the listeners are bound (tests and the start-up message use it).
+///
+/// The steps: settle the connection limits, build the state, bind every listener (nothing is
+/// started until all are bound), start gRPC, say which rules are loaded, start the background
+/// tasks, tell `on_bound` where the server listens, start HTTP, then wait for shutdown and stop
+/// everything within one deadline.
 pub async fn serve(
     config: ServeConfig,
     envoy: EnvoyConfig,
@@ -381,7 +386,46 @@ pub async fn serve(
     on_bound: impl FnOnce(Bound) + Send,
 ) -> anyhow::Result<()> {
     let mut config = config;
-    check_connection_limits(&config)?;
+    settle_limits(&mut config, &envoy)?;
+    let state = build_state(&config, &envoy).await?;
+    let (tx, rx) = shutdown_channel();
+    let mut listeners = Listeners::bind(&config, &envoy, &state, &rx).await?;
+    let grpc_addr = listeners.grpc.as_ref().and_then(|(_, addr)| *addr);
+    // Envoy compatibility: its health, shared by `/healthcheck` and the gRPC health service.
+    let health = envoy
+        .mode
+        .as_ref()
+        .map(|m| crate::envoy::Health::new(state.clone(), m));
+    let grpc = spawn_grpc(
+        &state,
+        &config,
+        &envoy,
+        health.clone(),
+        listeners.grpc.take(),
+        &rx,
+    );
+    log_rules(&state, &config);
+    let background = Background::spawn(&state, &config, &envoy, &mut listeners, &rx);
+    forward_shutdown(&state, shutdown, tx);
+    on_bound(Bound {
+        http: listeners.http_addr,
+        grpc: grpc_addr,
+        grpc_uds: config.listeners.grpc_uds.clone(),
+        store: state.store_label(),
+        debug: background.debug_addr,
+        example: example_check(&state.rules().set),
+    });
+    let api = http_api_with(&state, envoy.mode.as_ref(), health)
+        .registry(listeners.registry)
+        .trusted_proxies(config.trusted_proxies.clone());
+    let http = spawn_http(&state, api, listeners.http, connection_limits(&config), &rx);
+    stop(&state, &config, http, grpc, background, &rx).await
+}
+
+/// Check the connection settings, install the decision log, raise the open-files limit for
+/// the connections of the listeners that are on, and refuse a server with no listener.
+fn settle_limits(config: &mut ServeConfig, envoy: &EnvoyConfig) -> anyhow::Result<()> {
+    check_connection_limits(config)?;
     crate::decision_log::install(config.decision_log);
     let listeners = [
         config.listeners.http_addr.is_some(),
@@ -403,66 +447,99 @@ pub async fn serve(
     {
         bail!("--http-addr and --grpc-addr are both off: turn at least one listener on");
     }
-    let state = build_state(&config, &envoy).await?;
-    // Every listener is bound, and every step that can fail is taken, before anything is
-    // started: a start that fails (a port taken, unreadable TLS files, a registry that cannot
-    // be read) returns its error with no listener served and no task left running, and the
-    // sockets bound so far close as they are dropped here.
-    let http = match config.listeners.http_addr {
-        Some(addr) => Some(
-            TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("cannot listen for HTTP on {addr}"))?,
-        ),
-        None => None,
-    };
-    let http_addr = http.as_ref().map(TcpListener::local_addr).transpose()?;
-    let grpc = bind_grpc(&config).await?;
-    let prometheus = bind_envoy_metrics(&envoy.stats).await?;
-    let debug_listener = bind_debug(&config).await;
-    let (tx, rx) = shutdown_channel();
-    // Last of the fallible steps: it starts the registry's tasks only once nothing can fail.
-    let registry = crate::registry::start(&state, &config.registry, &config.store.url, rx.clone())
-        .await
-        .context("cannot start the rule registry")?;
-    let (registry, registry_task) = match registry {
-        Some(r) => (Some(r.registry), r.follower),
-        None => (None, None),
-    };
+    Ok(())
+}
 
-    let grpc_addr = grpc.as_ref().and_then(|(_, addr)| *addr);
-    if grpc.is_some() && config.grpc_limits.engine == crate::grpc::GrpcEngine::Plain {
+/// Every listener of [`serve`], bound, and the rule registry, started.
+struct Listeners {
+    http: Option<TcpListener>,
+    http_addr: Option<SocketAddr>,
+    grpc: Option<(crate::grpc::GrpcListener, Option<SocketAddr>)>,
+    prometheus: Option<(TcpListener, String)>,
+    debug: Option<TcpListener>,
+    registry: Option<Arc<crate::registry::Registry>>,
+    registry_task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Listeners {
+    /// Every listener is bound, and every step that can fail is taken, before anything is
+    /// started: a start that fails (a port taken, unreadable TLS files, a registry that cannot
+    /// be read) returns its error with no listener served and no task left running, and the
+    /// sockets bound so far close as they are dropped.
+    async fn bind(
+        config: &ServeConfig,
+        envoy: &EnvoyConfig,
+        state: &AppState,
+        rx: &watch::Receiver<bool>,
+    ) -> anyhow::Result<Self> {
+        let http = match config.listeners.http_addr {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("cannot listen for HTTP on {addr}"))?,
+            ),
+            None => None,
+        };
+        let http_addr = http.as_ref().map(TcpListener::local_addr).transpose()?;
+        let grpc = bind_grpc(config).await?;
+        let prometheus = bind_envoy_metrics(&envoy.stats).await?;
+        let debug = bind_debug(config).await;
+        // Last of the fallible steps: it starts the registry's tasks only once nothing can fail.
+        let registry =
+            crate::registry::start(state, &config.registry, &config.store.url, rx.clone())
+                .await
+                .context("cannot start the rule registry")?;
+        let (registry, registry_task) = match registry {
+            Some(r) => (Some(r.registry), r.follower),
+            None => (None, None),
+        };
+        Ok(Self {
+            http,
+            http_addr,
+            grpc,
+            prometheus,
+            debug,
+            registry,
+            registry_task,
+        })
+    }
+}
+
+/// The gRPC service on `listener` (a task that ends at once when there is none).
+fn spawn_grpc(
+    state: &AppState,
+    config: &ServeConfig,
+    envoy: &EnvoyConfig,
+    health: Option<Arc<crate::envoy::Health>>,
+    listener: Option<(crate::grpc::GrpcListener, Option<SocketAddr>)>,
+    rx: &watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<std::io::Result<()>> {
+    let Some((listener, _)) = listener else {
+        // No gRPC listener: nothing to wait for at shutdown.
+        return tokio::spawn(async { Ok::<(), std::io::Error>(()) });
+    };
+    if config.grpc_limits.engine == crate::grpc::GrpcEngine::Plain {
         tracing::info!(
             "gRPC engine {}: ShouldRateLimit through tonic's ordinary path, a task per call",
             config.grpc_limits.engine
         );
     }
-    // Envoy compatibility: its health (shared by `/healthcheck` and the gRPC health service),
-    // its gRPC answers and its HTTP routes.
-    let health = envoy
-        .mode
-        .as_ref()
-        .map(|m| crate::envoy::Health::new(state.clone(), m));
-    let answers = crate::envoy::grpc_answers(
-        &state,
-        envoy.mode.as_ref(),
-        health.clone(),
-        config.response_headers,
-    );
-    let mut grpc = match grpc {
-        Some((listener, _)) => tokio::spawn(crate::grpc::serve_on(
-            state.clone(),
-            answers,
-            listener,
-            config.grpc_limits,
-            config.connections.max_connections,
-            config.connections.shutdown_timeout,
-            wait_for_shutdown(rx.clone()),
-        )),
-        // No gRPC listener: nothing to wait for at shutdown.
-        None => tokio::spawn(async { Ok::<(), std::io::Error>(()) }),
-    };
+    // Envoy compatibility: its gRPC answers.
+    let answers =
+        crate::envoy::grpc_answers(state, envoy.mode.as_ref(), health, config.response_headers);
+    tokio::spawn(crate::grpc::serve_on(
+        state.clone(),
+        answers,
+        listener,
+        config.grpc_limits,
+        config.connections.max_connections,
+        config.connections.shutdown_timeout,
+        wait_for_shutdown(rx.clone()),
+    ))
+}
 
+/// Say where the rules come from and what they hold; warn when a rules path holds none.
+fn log_rules(state: &AppState, config: &ServeConfig) {
     let rules = state.rules();
     if let Some(xds) = &config.rules.xds {
         tracing::info!(
@@ -489,39 +566,78 @@ pub async fn serve(
             config.rules.path.display()
         );
     }
-    drop(rules);
+}
 
-    let watcher = match &config.rules.xds {
-        Some(xds) => tokio::spawn(crate::xds::start(&state, xds.clone(), rx.clone())),
-        None => tokio::spawn(reload::watch(
+/// The tasks beside the listeners of the API: the rules watcher (file or xDS), the
+/// memory-store sweeper, Envoy's stats sinks, the debug listener and the registry's follower.
+struct Background {
+    watcher: tokio::task::JoinHandle<()>,
+    sweeper: tokio::task::JoinHandle<()>,
+    envoy_stats: Vec<tokio::task::JoinHandle<()>>,
+    debug: Option<tokio::task::JoinHandle<()>>,
+    debug_addr: Option<SocketAddr>,
+    registry: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Background {
+    /// Start them, with what of `listeners` they serve (taken from it).
+    fn spawn(
+        state: &AppState,
+        config: &ServeConfig,
+        envoy: &EnvoyConfig,
+        listeners: &mut Listeners,
+        rx: &watch::Receiver<bool>,
+    ) -> Self {
+        let watcher = match &config.rules.xds {
+            Some(xds) => tokio::spawn(crate::xds::start(state, xds.clone(), rx.clone())),
+            None => tokio::spawn(reload::watch(
+                state.clone(),
+                config.rules.path.clone(),
+                WatchOptions {
+                    interval: config.rules.reload_interval,
+                    registry: listeners.registry.clone(),
+                    ..WatchOptions::default()
+                },
+                rx.clone(),
+            )),
+        };
+        let sweeper = tokio::spawn(sweep(
             state.clone(),
-            config.rules.path.clone(),
-            WatchOptions {
-                interval: config.rules.reload_interval,
-                registry: registry.clone(),
-                ..WatchOptions::default()
-            },
+            config.store.sweep_interval,
             rx.clone(),
-        )),
-    };
-    let sweeper = tokio::spawn(sweep(
-        state.clone(),
-        config.store.sweep_interval,
-        rx.clone(),
-    ));
-    let limits = connection_limits(&config);
-    let envoy_stats = spawn_envoy_stats(&state, &envoy.stats, prometheus, limits, &rx);
-    let debug = debug_listener.as_ref().and_then(|l| l.local_addr().ok());
-    let debug_task = debug_listener.map(|listener| {
-        tokio::spawn(listener::serve(
-            "debug",
-            listener,
-            listener::with_connect_info(crate::envoy::debug::router(state.clone())),
-            limits,
-            Arc::new(crate::metrics::ConnectionMetrics::default()),
-            rx.clone(),
-        ))
-    });
+        ));
+        let limits = connection_limits(config);
+        let prometheus = listeners.prometheus.take();
+        let envoy_stats = spawn_envoy_stats(state, &envoy.stats, prometheus, limits, rx);
+        let debug_listener = listeners.debug.take();
+        let debug_addr = debug_listener.as_ref().and_then(|l| l.local_addr().ok());
+        let debug = debug_listener.map(|listener| {
+            tokio::spawn(listener::serve(
+                "debug",
+                listener,
+                listener::with_connect_info(crate::envoy::debug::router(state.clone())),
+                limits,
+                Arc::new(crate::metrics::ConnectionMetrics::default()),
+                rx.clone(),
+            ))
+        });
+        Self {
+            watcher,
+            sweeper,
+            envoy_stats,
+            debug,
+            debug_addr,
+            registry: listeners.registry_task.take(),
+        }
+    }
+}
+
+/// Once `shutdown` resolves: the state told (readiness turns false), and every task.
+fn forward_shutdown(
+    state: &AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    tx: watch::Sender<bool>,
+) {
     let stopping = state.clone();
     tokio::spawn(async move {
         shutdown.await;
@@ -529,23 +645,21 @@ pub async fn serve(
         tracing::info!("shutting down: finishing in-flight requests");
         let _ = tx.send(true);
     });
+}
 
-    on_bound(Bound {
-        http: http_addr,
-        grpc: grpc_addr,
-        grpc_uds: config.listeners.grpc_uds.clone(),
-        store: state.store_label(),
-        debug,
-        example: example_check(&state.rules().set),
-    });
-
-    // The API service itself, not `HttpApi::router`'s `Router` around it (which would route every
-    // request twice), unless the trace layer is wanted: that one comes with the `Router`.
+/// The HTTP API on `listener` (a task that ends at shutdown when there is none).
+///
+/// The API service itself, not `HttpApi::router`'s `Router` around it (which would route every
+/// request twice), unless the trace layer is wanted: that one comes with the `Router`.
+fn spawn_http(
+    state: &AppState,
+    api: HttpApi,
+    listener: Option<TcpListener>,
+    limits: ConnLimits,
+    rx: &watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
     let counters = state.metrics().http_connections.clone();
-    let api = http_api_with(&state, envoy.mode.as_ref(), health)
-        .registry(registry)
-        .trusted_proxies(config.trusted_proxies.clone());
-    let mut http_task = match http {
+    match listener {
         // No HTTP listener: a task that ends at shutdown stands in for it.
         None => tokio::spawn(wait_for_shutdown(rx.clone())),
         // The two services are of two types: a call each.
@@ -568,16 +682,30 @@ pub async fn serve(
                 rx.clone(),
             ))
         }
-    };
+    }
+}
+
+/// Wait for shutdown (or an HTTP listener that ends before it: an error), then stop the
+/// listeners within one deadline, the background tasks, and give Redis back what this
+/// instance holds.
+async fn stop(
+    state: &AppState,
+    config: &ServeConfig,
+    mut http: tokio::task::JoinHandle<()>,
+    grpc: tokio::task::JoinHandle<std::io::Result<()>>,
+    background: Background,
+    rx: &watch::Receiver<bool>,
+) -> anyhow::Result<()> {
     // The listener only ends once shutdown is requested (it may see that first).
     let early = tokio::select! {
         biased;
         _ = wait_for_shutdown(rx.clone()) => None,
-        ended = &mut http_task => Some(ended),
+        ended = &mut http => Some(ended),
     };
     // One deadline for the whole shutdown. Each listener drops its connections at its own
     // (same) deadline; the second of slack lets it do so (and say so) before being aborted.
     let deadline = tokio::time::Instant::now() + config.connections.shutdown_timeout;
+    let abort_at = deadline + Duration::from_secs(1);
     match early {
         Some(ended) => {
             ended.context("HTTP server task failed")?;
@@ -585,17 +713,36 @@ pub async fn serve(
                 bail!("HTTP server stopped before shutdown");
             }
         }
-        None => {
-            match tokio::time::timeout_at(deadline + Duration::from_secs(1), &mut http_task).await {
-                Ok(ended) => ended.context("HTTP server task failed")?,
-                Err(_) => {
-                    tracing::warn!("shutdown timeout: HTTP server aborted");
-                    http_task.abort();
-                }
-            }
+        None => stop_http(http, abort_at).await?,
+    }
+    stop_grpc(grpc, abort_at).await?;
+    background.stop(abort_at).await;
+    give_back(state).await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// The HTTP listener's end, aborted at `abort_at`.
+async fn stop_http(
+    mut http: tokio::task::JoinHandle<()>,
+    abort_at: tokio::time::Instant,
+) -> anyhow::Result<()> {
+    match tokio::time::timeout_at(abort_at, &mut http).await {
+        Ok(ended) => ended.context("HTTP server task failed")?,
+        Err(_) => {
+            tracing::warn!("shutdown timeout: HTTP server aborted");
+            http.abort();
         }
     }
-    match tokio::time::timeout_at(deadline + Duration::from_secs(1), &mut grpc).await {
+    Ok(())
+}
+
+/// The gRPC listener's end, aborted at `abort_at`.
+async fn stop_grpc(
+    mut grpc: tokio::task::JoinHandle<std::io::Result<()>>,
+    abort_at: tokio::time::Instant,
+) -> anyhow::Result<()> {
+    match tokio::time::timeout_at(abort_at, &mut grpc).await {
         Ok(ended) => ended
             .context("gRPC server task failed")?
             .context("gRPC server failed")?,
@@ -604,31 +751,37 @@ pub async fn serve(
             grpc.abort();
         }
     }
-    if let Some(task) = debug_task {
-        if tokio::time::timeout_at(deadline + Duration::from_secs(1), task)
-            .await
-            .is_err()
-        {
-            tracing::warn!("shutdown timeout: debug listener aborted");
+    Ok(())
+}
+
+impl Background {
+    /// Wait for the tasks to end (they end at shutdown); the debug listener is given up at
+    /// `abort_at`, each stats sink after five seconds.
+    async fn stop(self, abort_at: tokio::time::Instant) {
+        if let Some(task) = self.debug {
+            if tokio::time::timeout_at(abort_at, task).await.is_err() {
+                tracing::warn!("shutdown timeout: debug listener aborted");
+            }
+        }
+        let _ = self.watcher.await;
+        let _ = self.sweeper.await;
+        if let Some(task) = self.registry {
+            let _ = task.await;
+        }
+        for task in self.envoy_stats {
+            let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
         }
     }
-    let _ = watcher.await;
-    let _ = sweeper.await;
-    if let Some(task) = registry_task {
-        let _ = task.await;
-    }
-    for task in envoy_stats {
-        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
-    }
-    // Lease units this instance holds go back to Redis for the instances that stay, and the
-    // counts of batched limits admitted since the last flush are sent.
+}
+
+/// Lease units this instance holds go back to Redis for the instances that stay, and the
+/// counts of batched limits admitted since the last flush are sent.
+async fn give_back(state: &AppState) {
     let backend = state.backend();
     for g in backend.redis().into_iter().chain(backend.per_second()) {
         let _ = tokio::time::timeout(Duration::from_secs(2), g.return_leases(state.now())).await;
         let _ = tokio::time::timeout(Duration::from_secs(2), g.flush(state.now())).await;
     }
-    tracing::info!("stopped");
-    Ok(())
 }
 
 /// Listen on the unix socket `path`. A socket file left there by a previous process is

@@ -336,6 +336,8 @@ fn descriptor(node: &Node, depth: usize, errors: &mut Errors) -> Option<Descript
     })
 }
 
+/// A descriptor's `rate_limit`: `unlimited: true`, or a quota read field by field, each field
+/// checked against the others it depends on, then the quota bounded.
 fn rate_limit(node: &Node, errors: &mut Errors) -> Option<RateLimitSpec> {
     let fields = Fields::new(node, "rate_limit", RATE_LIMIT_FIELDS, errors)?;
     let before = errors.len();
@@ -344,29 +346,8 @@ fn rate_limit(node: &Node, errors: &mut Errors) -> Option<RateLimitSpec> {
         None => Vec::new(),
         Some(n) => replaces(n, name.as_deref(), errors),
     };
-    let unlimited = flag(&fields, "unlimited", errors);
-    let unit = fields.get("unit");
-    let rpu = fields.get("requests_per_unit");
-
-    if unlimited {
-        for field in [
-            "unit",
-            "requests_per_unit",
-            "unit_multiplier",
-            "algorithm",
-            "burst",
-            "sketch_width",
-            "sketch_depth",
-            "doorkeeper",
-            "flush_interval",
-        ] {
-            if let Some(n) = fields.get(field) {
-                errors.push((
-                    n.pos,
-                    format!("`unlimited: true` cannot be combined with `{field}`"),
-                ));
-            }
-        }
+    if flag(&fields, "unlimited", errors) {
+        only_unlimited(&fields, errors);
         return (errors.len() == before).then_some(RateLimitSpec {
             name,
             quota: None,
@@ -375,59 +356,110 @@ fn rate_limit(node: &Node, errors: &mut Errors) -> Option<RateLimitSpec> {
             sync_named: false,
         });
     }
-
-    let unit = match unit {
-        None => {
-            errors.push((
-                node.pos,
-                "rate_limit is missing required field `unit` (or set `unlimited: true`)"
-                    .to_string(),
-            ));
-            None
-        }
-        Some(n) => string(n, "unit", errors).and_then(|s| match s.parse::<Unit>() {
-            Ok(u) => Some(u),
-            Err(e) => {
-                errors.push((n.pos, format!("invalid `unit`: {e}")));
-                None
-            }
-        }),
-    };
-    let limit = match rpu {
-        None => {
-            errors.push((
-                node.pos,
-                "rate_limit is missing required field `requests_per_unit`".to_string(),
-            ));
-            None
-        }
-        Some(n) => integer(n, "requests_per_unit", 0, u64::from(u32::MAX), errors),
-    };
+    let unit = required(node, &fields, "unit", " (or set `unlimited: true`)", errors)
+        .and_then(|n| parsed::<Unit>(n, "unit", errors));
+    let limit = required(node, &fields, "requests_per_unit", "", errors)
+        .and_then(|n| integer(n, "requests_per_unit", 0, u64::from(u32::MAX), errors));
     let multiplier = fields
         .get("unit_multiplier")
         .map(|n| integer(n, "unit_multiplier", 1, u64::from(u32::MAX), errors))
         .unwrap_or(Some(1));
     let algorithm = match fields.get("algorithm") {
         None => Some(Algorithm::default()),
-        Some(n) => string(n, "algorithm", errors).and_then(|s| match s.parse::<Algorithm>() {
-            Ok(a) => Some(a),
-            Err(e) => {
-                errors.push((n.pos, format!("invalid `algorithm`: {e}")));
-                None
-            }
-        }),
+        Some(n) => parsed::<Algorithm>(n, "algorithm", errors),
     };
     let sync = match fields.get("sync") {
         None => Some(SyncMode::Exact),
-        Some(n) => string(n, "sync", errors).and_then(|s| match s.parse::<SyncMode>() {
-            Ok(m) => Some(m),
-            Err(e) => {
-                errors.push((n.pos, format!("invalid `sync`: {e}")));
-                None
-            }
-        }),
+        Some(n) => parsed::<SyncMode>(n, "sync", errors),
     };
-    // A default algorithm is checked when the defaults are applied (`RuleSet::unleasable`).
+    check_sync(&fields, sync, algorithm, errors);
+    let flush = flush_interval(&fields, sync, errors);
+    let burst = burst(&fields, algorithm, errors);
+    let sketch = sketch_size(&fields, algorithm, errors);
+    let door = fields
+        .get("doorkeeper")
+        .and_then(|n| doorkeeper(n, algorithm, errors));
+    if errors.len() != before {
+        return None;
+    }
+    let (Some(unit), Some(limit), Some(multiplier), Some(algorithm), Some(sync)) =
+        (unit, limit, multiplier, algorithm, sync)
+    else {
+        return None;
+    };
+    let multiplier = u32::try_from(multiplier).unwrap_or(u32::MAX);
+    let quota = Quota::new(limit, Period::new(unit, multiplier))
+        .with_burst(burst.and_then(|(_, b)| b))
+        .with_algorithm(algorithm)
+        .with_sketch(sketch)
+        .with_doorkeeper(door)
+        .with_sync(sync)
+        .with_flush_interval(flush.flatten().map(std::time::Duration::from_micros));
+    bounded_quota(node, &fields, &quota, burst, errors)?;
+    Some(RateLimitSpec {
+        name,
+        quota: Some(quota),
+        replaces,
+        algorithm_named: fields.get("algorithm").is_some(),
+        sync_named: fields.get("sync").is_some(),
+    })
+}
+
+/// `unlimited: true` with a field of a quota: an error for each such field (`sync` alone is
+/// allowed: it says nothing of a quota).
+fn only_unlimited(fields: &Fields<'_>, errors: &mut Errors) {
+    const NOT_QUOTA: &[&str] = &["unlimited", "name", "replaces", "sync"];
+    for &field in RATE_LIMIT_FIELDS.iter().filter(|f| !NOT_QUOTA.contains(f)) {
+        if let Some(n) = fields.get(field) {
+            errors.push((
+                n.pos,
+                format!("`unlimited: true` cannot be combined with `{field}`"),
+            ));
+        }
+    }
+}
+
+/// The required `field` of `rate_limit` (at `node`); its absence an error, `hint` appended.
+fn required<'a>(
+    node: &Node,
+    fields: &Fields<'a>,
+    field: &str,
+    hint: &str,
+    errors: &mut Errors,
+) -> Option<&'a Node> {
+    let found = fields.get(field);
+    if found.is_none() {
+        errors.push((
+            node.pos,
+            format!("rate_limit is missing required field `{field}`{hint}"),
+        ));
+    }
+    found
+}
+
+/// The string `field` at `n` read as a `T` (`invalid `field`: …` when it is none).
+fn parsed<T>(n: &Node, field: &str, errors: &mut Errors) -> Option<T>
+where
+    T: std::str::FromStr,
+    T::Err: std::fmt::Display,
+{
+    string(n, field, errors).and_then(|s| match s.parse::<T>() {
+        Ok(v) => Some(v),
+        Err(e) => {
+            errors.push((n.pos, format!("invalid `{field}`: {e}")));
+            None
+        }
+    })
+}
+
+/// A `sync` mode named with an algorithm it cannot pace. A default algorithm is checked when
+/// the defaults are applied (`RuleSet::unleasable`).
+fn check_sync(
+    fields: &Fields<'_>,
+    sync: Option<SyncMode>,
+    algorithm: Option<Algorithm>,
+    errors: &mut Errors,
+) {
     if let (Some(n), Some(m), Some(a)) = (fields.get("sync"), sync, algorithm) {
         if fields.get("algorithm").is_some() && !m.supports(a) {
             errors.push((
@@ -440,9 +472,17 @@ fn rate_limit(node: &Node, errors: &mut Errors) -> Option<RateLimitSpec> {
             ));
         }
     }
-    // `flush_interval` paces batches: a rule naming another mode is wrong whatever the defaults;
-    // one naming none is checked once the default mode is known (`RuleSet::unleasable`).
-    let flush = fields.get("flush_interval").map(|n| {
+}
+
+/// `flush_interval` (`Some(None)` when it is invalid). It paces batches: a rule naming another
+/// mode is wrong whatever the defaults; one naming none is checked once the default mode is
+/// known (`RuleSet::unleasable`).
+fn flush_interval(
+    fields: &Fields<'_>,
+    sync: Option<SyncMode>,
+    errors: &mut Errors,
+) -> Option<Option<u64>> {
+    fields.get("flush_interval").map(|n| {
         let d = super::queue::duration(n, "flush_interval", errors);
         if let Some(m) = sync.filter(|&m| fields.get("sync").is_some() && m != SyncMode::Batched) {
             errors.push((
@@ -454,7 +494,15 @@ fn rate_limit(node: &Node, errors: &mut Errors) -> Option<RateLimitSpec> {
             ));
         }
         d
-    });
+    })
+}
+
+/// `burst`, with its node, for an algorithm that uses one.
+fn burst<'a>(
+    fields: &Fields<'a>,
+    algorithm: Option<Algorithm>,
+    errors: &mut Errors,
+) -> Option<(&'a Node, Option<u64>)> {
     let burst = fields
         .get("burst")
         // At most u32::MAX like `requests_per_unit`: the memory store keeps counts in 32 bits.
@@ -469,6 +517,15 @@ fn rate_limit(node: &Node, errors: &mut Errors) -> Option<RateLimitSpec> {
             ));
         }
     }
+    burst
+}
+
+/// `sketch_width` and `sketch_depth`, for the count-min sketch.
+fn sketch_size(
+    fields: &Fields<'_>,
+    algorithm: Option<Algorithm>,
+    errors: &mut Errors,
+) -> SketchSize {
     let mut sketch = SketchSize::default();
     for (field, max) in [
         ("sketch_width", MAX_SKETCH_WIDTH),
@@ -493,26 +550,18 @@ fn rate_limit(node: &Node, errors: &mut Errors) -> Option<RateLimitSpec> {
             }
         }
     }
-    let door = fields
-        .get("doorkeeper")
-        .and_then(|n| doorkeeper(n, algorithm, errors));
-    if errors.len() != before {
-        return None;
-    }
-    let (Some(unit), Some(limit), Some(multiplier), Some(algorithm), Some(sync)) =
-        (unit, limit, multiplier, algorithm, sync)
-    else {
-        return None;
-    };
-    let multiplier = u32::try_from(multiplier).unwrap_or(u32::MAX);
-    let quota = Quota::new(limit, Period::new(unit, multiplier))
-        .with_burst(burst.and_then(|(_, b)| b))
-        .with_algorithm(algorithm)
-        .with_sketch(sketch)
-        .with_doorkeeper(door)
-        .with_sync(sync)
-        .with_flush_interval(flush.flatten().map(std::time::Duration::from_micros));
-    // Bounds that keep the algorithms' arithmetic exact (see `MAX_PERIOD`; `nominal` saturates).
+    sketch
+}
+
+/// Bounds that keep the algorithms' arithmetic exact (see `MAX_PERIOD`; `nominal` saturates):
+/// `None` (and the error) when `quota`'s period or the time its burst takes to fill is longer.
+fn bounded_quota(
+    node: &Node,
+    fields: &Fields<'_>,
+    quota: &Quota,
+    burst: Option<(&Node, Option<u64>)>,
+    errors: &mut Errors,
+) -> Option<()> {
     if quota.period().nominal() > MAX_PERIOD {
         let at = fields.get("unit_multiplier").map_or(node.pos, |n| n.pos);
         errors.push((
@@ -529,20 +578,15 @@ fn rate_limit(node: &Node, errors: &mut Errors) -> Option<RateLimitSpec> {
             errors.push((
                 n.pos,
                 format!(
-                    "`burst` {b} at {limit} per {} takes longer than 100 years to fill: use a smaller burst",
+                    "`burst` {b} at {} per {} takes longer than 100 years to fill: use a smaller burst",
+                    quota.limit(),
                     quota.period()
                 ),
             ));
             return None;
         }
     }
-    Some(RateLimitSpec {
-        name,
-        quota: Some(quota),
-        replaces,
-        algorithm_named: fields.get("algorithm").is_some(),
-        sync_named: fields.get("sync").is_some(),
-    })
+    Some(())
 }
 
 /// `doorkeeper: {expected_keys, fp_rate}` (both required) for a windowed algorithm.
