@@ -1,3 +1,4 @@
+#![warn(unreachable_pub)]
 //! # tollgate-core
 //!
 //! The pure, synchronous heart of tollgate: rate-limiting algorithms as pure steps over an

@@ -1,3 +1,4 @@
+#![warn(unreachable_pub)]
 //! The protobuf messages and the gRPC client and server of Envoy's rate-limit service
 //! (`envoy.service.ratelimit.v3.RateLimitService`), the xDS subscription to rate-limit rules
 //! (see `xds.rs`) and the Rate Limit Quota Service's stream (see `rlqs.rs`); nothing else of

@@ -1,3 +1,4 @@
+#![warn(unreachable_pub)]
 //! # tollgate-redis
 //!
 //! The Redis, Redis Sentinel and Redis Cluster store for tollgate: counters shared by every tollgate process.

@@ -1,3 +1,4 @@
+#![warn(unreachable_pub)]
 //! # tollgate-server
 //!
 //! The service around `tollgate-core`, in layers whose arrows point down:

@@ -1,3 +1,4 @@
+#![warn(unreachable_pub)]
 //! # tollgate-tower
 //!
 //! tollgate inside your Rust service: a tower [`Layer`](tower_layer::Layer) for axum, hyper
