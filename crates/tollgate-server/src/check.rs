@@ -198,7 +198,10 @@ pub async fn decide(state: &AppState, req: &CheckRequest) -> Result<CheckRespons
 /// [`decide`] without awaiting, when the backend is a store in this process (the memory store
 /// answers synchronously); `None` for Redis. The gRPC listener answers a call inside the
 /// connection's own poll with it, with no task and no future to move (see `grpc`).
-pub fn decide_now(state: &AppState, req: &CheckRequest) -> Option<Result<CheckResponse, ApiError>> {
+pub(crate) fn decide_now(
+    state: &AppState,
+    req: &CheckRequest,
+) -> Option<Result<CheckResponse, ApiError>> {
     let crate::backend::Backend::Local(store) = state.backend() else {
         return None;
     };

@@ -79,7 +79,7 @@ use tower::{Service, ServiceExt as _};
 
 /// Connection limits and timeouts of one HTTP listener (`tollgate serve` flags).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConnLimits {
+pub(crate) struct ConnLimits {
     /// `--header-read-timeout`: longest wait for a complete request head.
     pub header_read_timeout: Duration,
     /// `--body-read-timeout`: longest wait for a whole request body once its head is in.
@@ -108,7 +108,7 @@ impl Default for ConnLimits {
 const MAX_HEAD_BYTES: usize = 64 * 1024;
 
 /// Most requests in flight at once on one HTTP/2 connection (hyper's default is 200).
-pub const MAX_HTTP2_STREAMS: u32 = 16;
+pub(crate) const MAX_HTTP2_STREAMS: u32 = 16;
 
 /// Lingering close: the longest a closed connection is drained in all.
 const LINGER_TIME: Duration = Duration::from_secs(5);
@@ -132,7 +132,7 @@ fn bare_lf_response() -> Vec<u8> {
 const CAP_WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// What serves the requests of a connection ([`serve`]'s `make` gives one per connection).
-pub trait ConnService:
+pub(crate) trait ConnService:
     Service<Request<TimedBody>, Response = Response, Error = Infallible, Future: Send + 'static>
     + Clone
     + Send
@@ -156,7 +156,7 @@ impl<S> ConnService for S where
 /// with its body as a [`TimedBody`]. Counts connections in `metrics`. The connections come from
 /// `accept_loop` (the cap, accept errors, the drain at shutdown), whose log lines name the
 /// listener `kind` (`HTTP` for the API's; `debug`, `envoy metrics`).
-pub async fn serve<M, S>(
+pub(crate) async fn serve<M, S>(
     kind: &'static str,
     listener: TcpListener,
     make: M,
@@ -727,7 +727,7 @@ impl std::task::Wake for SideWake {
 
 /// A `make` for [`serve`] giving every request of a connection the client's address as axum's
 /// `ConnectInfo` (what forward-auth and the registry read), for any `service`.
-pub fn with_connect_info<S>(
+pub(crate) fn with_connect_info<S>(
     service: S,
 ) -> impl Fn(Option<SocketAddr>) -> WithConnectInfo<S> + Send + Sync + 'static
 where
@@ -741,7 +741,7 @@ where
 
 /// `inner`, with the client's address inserted into each request (see [`with_connect_info`]).
 #[derive(Debug, Clone)]
-pub struct WithConnectInfo<S> {
+pub(crate) struct WithConnectInfo<S> {
     inner: S,
     peer: Option<SocketAddr>,
 }
@@ -872,7 +872,7 @@ pub(crate) struct BodyTimedOut(pub Duration);
 
 impl BodyTimedOut {
     /// The [`BodyTimedOut`] in `err` or its sources, if any.
-    pub fn find(err: &(dyn std::error::Error + 'static)) -> Option<BodyTimedOut> {
+    pub(crate) fn find(err: &(dyn std::error::Error + 'static)) -> Option<BodyTimedOut> {
         let mut next = Some(err);
         while let Some(e) = next {
             if let Some(t) = e.downcast_ref::<BodyTimedOut>() {
@@ -885,7 +885,7 @@ impl BodyTimedOut {
 }
 
 /// A request body with a deadline, counted from when the head was received.
-pub struct TimedBody {
+pub(crate) struct TimedBody {
     inner: Incoming,
     timeout: Duration,
     deadline: Instant,

@@ -73,11 +73,11 @@ pub(crate) struct EnvoySplit {
 /// on the rule's first use from the `(domain, stats key)` map (so counters survive reloads). An
 /// empty table (the `Default`) is valid: every lookup then takes the map path.
 #[derive(Debug, Default)]
-pub struct RuleSlots(Box<[OnceLock<Arc<RuleCounters>>]>);
+pub(crate) struct RuleSlots(Box<[OnceLock<Arc<RuleCounters>>]>);
 
 impl RuleSlots {
     /// One empty slot per limit of `set`.
-    pub fn new(set: &RuleSet) -> Self {
+    pub(crate) fn new(set: &RuleSet) -> Self {
         Self(set.limits().map(|_| OnceLock::new()).collect())
     }
 }

@@ -4,8 +4,9 @@
 use tollgate_core::clock::Micros;
 use tollgate_core::quota::{Algorithm, Unit};
 
-pub use tollgate_core::headers::{secs_ceil, HeaderValues};
-pub use tollgate_core::limiter::Descriptor;
+pub(crate) use tollgate_core::headers::secs_ceil;
+pub use tollgate_core::headers::HeaderValues;
+pub(crate) use tollgate_core::limiter::Descriptor;
 
 /// Envoy's `RateLimitResponse.RateLimit.Unit` number (in protobuf and in its JSON) as tollgate's
 /// unit; `None` for `UNKNOWN` (0) and numbers Envoy does not define. The numbers are the

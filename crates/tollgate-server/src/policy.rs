@@ -14,7 +14,7 @@ use tollgate_core::limiter::Verdict;
 
 /// The semantic choices of a decision (see the module docs). Every method has tollgate's
 /// behaviour as its default; an implementation overrides what differs.
-pub trait DecisionPolicy: Send + Sync + std::fmt::Debug + 'static {
+pub(crate) trait DecisionPolicy: Send + Sync + std::fmt::Debug + 'static {
     /// Whether a descriptor with no entries is accepted (it matches no rule: OK, no limit)
     /// instead of refused as invalid.
     fn empty_descriptors_ok(&self) -> bool {

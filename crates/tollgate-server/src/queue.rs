@@ -20,7 +20,7 @@ type Decided = Result<CheckResponse, ApiError>;
 /// Decide `req` as [`crate::check::decide`] does, except that a denial by rules with a `queue`
 /// waits for capacity as they allow ([`tollgate_core::queue::serve`]). With no such rule in the
 /// active rules (one relaxed load), it is [`crate::check::decide`].
-pub async fn decide_queued(state: &AppState, req: &CheckRequest) -> Decided {
+pub(crate) async fn decide_queued(state: &AppState, req: &CheckRequest) -> Decided {
     if !state.has_queues() {
         return decide(state, req).await;
     }

@@ -33,25 +33,25 @@ use tollgate_core::shares::{Demands, TokenBucketShare};
 use tollgate_core::{Micros, Resolution, RuleSet};
 
 /// What a bucket with no rule gets: every request allowed.
-pub const NO_RULE: Assignment = Assignment::AllowAll;
+pub(crate) const NO_RULE: Assignment = Assignment::AllowAll;
 
 /// Envoy reports every 5 s, whatever its `reporting_interval` says (measured on Envoy 1.40).
-pub const REPORT_INTERVAL_SECS: u64 = 5;
+pub(crate) const REPORT_INTERVAL_SECS: u64 = 5;
 
 /// The time to live of an assignment, whole seconds: three reports. A client that loses its
 /// stream keeps its assignment this long, then applies its `expired_assignment_behavior`.
-pub const ASSIGNMENT_TTL_SECS: u64 = 3 * REPORT_INTERVAL_SECS;
+pub(crate) const ASSIGNMENT_TTL_SECS: u64 = 3 * REPORT_INTERVAL_SECS;
 
 /// A client that has not reported a bucket for this long (µs) no longer counts in its division.
 const STALE_AFTER: Micros = ASSIGNMENT_TTL_SECS * 1_000_000;
 
 /// A share that grows by no more than this fraction (from more than 0) is not sent: the client
 /// keeps the token bucket it holds. A share that falls is always sent.
-pub const REBALANCE_FRACTION: f64 = 0.1;
+pub(crate) const REBALANCE_FRACTION: f64 = 0.1;
 
 /// The bounds of the quota server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Bounds {
+pub(crate) struct Bounds {
     /// Open streams (more are refused with RESOURCE_EXHAUSTED).
     pub streams: usize,
     /// Buckets tracked in all (new buckets past it are ignored: their clients keep their
@@ -79,7 +79,7 @@ impl Default for Bounds {
 
 /// What one client is told to do with one bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Assignment {
+pub(crate) enum Assignment {
     /// Allow every request.
     AllowAll,
     /// Deny every request.
@@ -90,7 +90,7 @@ pub enum Assignment {
 
 /// One assignment to send: the bucket id, the assignment, its time to live.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QuotaAction {
+pub(crate) struct QuotaAction {
     /// The domain.
     pub domain: String,
     /// The bucket id, as the client sent it.
@@ -103,7 +103,7 @@ pub struct QuotaAction {
 
 /// What a stream is sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Push {
+pub(crate) enum Push {
     /// Assignments.
     Actions(Vec<QuotaAction>),
     /// The stream ends with INVALID_ARGUMENT and this message.
@@ -114,7 +114,7 @@ pub enum Push {
 
 /// One usage report of one bucket, as received.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Usage {
+pub(crate) struct Usage {
     /// The bucket id.
     pub bucket: BTreeMap<String, String>,
     /// Requests allowed since the previous report.
@@ -125,7 +125,7 @@ pub struct Usage {
 
 /// Why a stream cannot be served.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum QuotaError {
+pub(crate) enum QuotaError {
     /// [`Bounds::streams`] streams are open.
     #[error("too many quota streams are open (at most {0})")]
     TooManyStreams(usize),
@@ -138,7 +138,7 @@ pub enum QuotaError {
 }
 
 /// A stream's id.
-pub type StreamId = u64;
+pub(crate) type StreamId = u64;
 
 type BucketKey = (String, BTreeMap<String, String>);
 
@@ -191,7 +191,7 @@ struct Inner {
 
 /// The quota server's state: its streams and buckets.
 #[derive(Debug)]
-pub struct Quotas {
+pub(crate) struct Quotas {
     inner: Mutex<Inner>,
     bounds: Bounds,
     metrics: Arc<QuotaMetrics>,
@@ -212,7 +212,7 @@ impl Quotas {
     }
 
     /// Open a stream whose pushes go to `tx`.
-    pub fn open(&self, tx: mpsc::Sender<Push>) -> Result<StreamId, QuotaError> {
+    pub(crate) fn open(&self, tx: mpsc::Sender<Push>) -> Result<StreamId, QuotaError> {
         let mut inner = self.lock();
         if inner.streams.len() >= self.bounds.streams {
             self.metrics.rejected("too_many_streams");
@@ -235,7 +235,7 @@ impl Quotas {
 
     /// The stream ended: its buckets are divided again between the other clients, who are
     /// pushed their new shares.
-    pub fn close(&self, id: StreamId) {
+    pub(crate) fn close(&self, id: StreamId) {
         let mut inner = self.lock();
         let Some(stream) = inner.streams.remove(&id) else {
             return;
@@ -267,7 +267,7 @@ impl Quotas {
     /// One report of stream `id` in `domain`: the demands it brings are taken, the buckets it
     /// names divided again, and the reporter answered on its stream; other clients whose share
     /// moved are pushed theirs (those whose share falls before those whose share grows).
-    pub fn report(
+    pub(crate) fn report(
         &self,
         id: StreamId,
         domain: &str,
@@ -453,7 +453,7 @@ impl Quotas {
     /// Each client's share of a bucket (requests per the rule's period): `None` when no client
     /// reports it.
     #[cfg(test)]
-    pub fn shares(
+    pub(crate) fn shares(
         &self,
         domain: &str,
         bucket: &BTreeMap<String, String>,

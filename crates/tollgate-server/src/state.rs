@@ -28,10 +28,10 @@ pub struct LoadedRules {
     pub loaded_at: Micros,
     /// Pre-resolved metric counters of `set`'s rules (`RuleSlots::new`; the `Default`, no
     /// slots, also works, on the slower map path).
-    pub counters: RuleSlots,
+    pub(crate) counters: RuleSlots,
     /// Pre-resolved live statistics of `set`'s rules (`StatSlots::new`; the `Default`
     /// records nothing).
-    pub stats: StatSlots,
+    pub(crate) stats: StatSlots,
     /// The rule files `set` was built from (`(file name, text)`), so that a registry change
     /// rebuilds the rules with the same files without reading them again. Empty for inline
     /// rules.
@@ -55,7 +55,7 @@ impl LoadedRules {
 
 /// The last failed reload, shown by `GET /v1/rules` until a reload succeeds.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReloadError {
+pub(crate) struct ReloadError {
     /// When it failed (µs since the epoch).
     pub at: Micros,
     /// Each problem as `file:line:column: message`.
@@ -171,7 +171,7 @@ impl AppStateBuilder {
         self
     }
     /// Use this memory store (it is also swept periodically by `serve`).
-    pub fn memory_store(mut self, store: Arc<MemoryStore>) -> Self {
+    pub(crate) fn memory_store(mut self, store: Arc<MemoryStore>) -> Self {
         self.backend = Backend::Local(store.clone());
         self.memory = Some(store);
         self
@@ -190,7 +190,7 @@ impl AppStateBuilder {
         self
     }
     /// Request limits.
-    pub fn limits(mut self, limits: RequestLimits) -> Self {
+    pub(crate) fn limits(mut self, limits: RequestLimits) -> Self {
         self.limits = limits;
         self
     }
@@ -205,7 +205,7 @@ impl AppStateBuilder {
         self
     }
     /// The decision's semantics (default: `TollgatePolicy`).
-    pub fn policy(mut self, policy: Arc<dyn DecisionPolicy>) -> Self {
+    pub(crate) fn policy(mut self, policy: Arc<dyn DecisionPolicy>) -> Self {
         self.policy = policy;
         self
     }
@@ -222,7 +222,7 @@ impl AppStateBuilder {
         self
     }
     /// Trace the decisions with this tracer (default: no traces).
-    pub fn tracing(mut self, tracing: Option<Arc<crate::otel::Tracing>>) -> Self {
+    pub(crate) fn tracing(mut self, tracing: Option<Arc<crate::otel::Tracing>>) -> Self {
         self.tracing = tracing;
         self
     }
@@ -303,7 +303,7 @@ impl AppState {
     }
 
     /// The xDS subscription's state, when rules come from an xDS server.
-    pub fn xds(&self) -> Option<&Arc<crate::xds_status::XdsStatus>> {
+    pub(crate) fn xds(&self) -> Option<&Arc<crate::xds_status::XdsStatus>> {
         self.0.xds.get()
     }
 
@@ -352,7 +352,7 @@ impl AppState {
     }
 
     /// The last failed reload since the last successful one.
-    pub fn last_reload_error(&self) -> Option<ReloadError> {
+    pub(crate) fn last_reload_error(&self) -> Option<ReloadError> {
         self.lock_error().clone()
     }
 
@@ -364,7 +364,7 @@ impl AppState {
     }
 
     /// Where counters live.
-    pub fn backend(&self) -> &Backend {
+    pub(crate) fn backend(&self) -> &Backend {
         &self.0.backend
     }
 
@@ -403,7 +403,7 @@ impl AppState {
 
     /// The tracer of the decisions; `None` when traces are off.
     #[inline]
-    pub fn tracing(&self) -> Option<&crate::otel::Tracing> {
+    pub(crate) fn tracing(&self) -> Option<&crate::otel::Tracing> {
         self.0.tracing.as_deref()
     }
 
@@ -431,17 +431,17 @@ impl AppState {
     }
 
     /// The live statistics (`/v1/stats`, `/dashboard`).
-    pub fn stats(&self) -> &Stats {
+    pub(crate) fn stats(&self) -> &Stats {
         &self.0.stats
     }
 
     /// Request limits.
-    pub fn limits(&self) -> &RequestLimits {
+    pub(crate) fn limits(&self) -> &RequestLimits {
         &self.0.limits
     }
 
     /// Where rules are loaded from, if from files.
-    pub fn rules_path(&self) -> Option<&PathBuf> {
+    pub(crate) fn rules_path(&self) -> Option<&PathBuf> {
         self.0.rules_path.as_ref()
     }
 
@@ -451,17 +451,17 @@ impl AppState {
     }
 
     /// The decision's semantics.
-    pub fn policy(&self) -> &dyn DecisionPolicy {
+    pub(crate) fn policy(&self) -> &dyn DecisionPolicy {
         &*self.0.policy
     }
 
     /// Whether the active rules have a limit with a `queue`.
-    pub fn has_queues(&self) -> bool {
+    pub(crate) fn has_queues(&self) -> bool {
         self.0.queued.load(Ordering::Relaxed)
     }
 
     /// The lines of requests that rules with a `queue` make wait.
-    pub fn queue(&self) -> &Arc<Waitlist<LineKey>> {
+    pub(crate) fn queue(&self) -> &Arc<Waitlist<LineKey>> {
         &self.0.queue
     }
 

@@ -30,27 +30,27 @@ use tollgate_core::clock::Micros;
 use tollgate_core::rules::{Limit, RuleSet};
 
 /// Seconds of per-second buckets kept per rule (a power of two; [`WINDOW_SECS`] are reported).
-pub const RING_SECS: usize = 64;
+pub(crate) const RING_SECS: usize = 64;
 /// Seconds reported: the totals and the per-second series cover the last this many seconds.
-pub const WINDOW_SECS: u64 = 60;
+pub(crate) const WINDOW_SECS: u64 = 60;
 /// The busiest-counter fraction "now" is the highest of the last this many seconds.
 const RECENT_SECS: u64 = 5;
 /// Keys one sketch holds. A count is over-estimated by at most `denials / SKETCH_CAPACITY`.
-pub const SKETCH_CAPACITY: usize = 64;
+pub(crate) const SKETCH_CAPACITY: usize = 64;
 /// Length of one sketch epoch: the top list covers the current and the previous one.
-pub const EPOCH_SECS: u64 = 60;
+pub(crate) const EPOCH_SECS: u64 = 60;
 /// Longest key kept (longer keys are cut at a character boundary and end with `…`).
-pub const MAX_KEY_BYTES: usize = 128;
+pub(crate) const MAX_KEY_BYTES: usize = 128;
 /// Most rules with sketches at once.
-pub const MAX_SKETCHED_RULES: usize = 256;
+pub(crate) const MAX_SKETCHED_RULES: usize = 256;
 /// Entries of each event ring (reloads, registry changes).
-pub const MAX_EVENTS: usize = 20;
+pub(crate) const MAX_EVENTS: usize = 20;
 /// Longest reload error kept (five per reload).
 const MAX_ERROR_BYTES: usize = 512;
 /// Most rules listed by [`Stats::report`] (the busiest first).
-pub const MAX_LISTED_RULES: usize = 200;
+pub(crate) const MAX_LISTED_RULES: usize = 200;
 /// Clients listed per rule.
-pub const TOP_N: usize = 10;
+pub(crate) const TOP_N: usize = 10;
 
 /// One second of one rule.
 #[derive(Debug, Default)]
@@ -136,11 +136,11 @@ impl RuleStats {
 /// the rule's first decision from [`Stats`]' map (so the figures survive reloads). The
 /// `Default` (no slots) is valid: nothing is then recorded.
 #[derive(Debug, Default)]
-pub struct StatSlots(Box<[OnceLock<Arc<RuleStats>>]>);
+pub(crate) struct StatSlots(Box<[OnceLock<Arc<RuleStats>>]>);
 
 impl StatSlots {
     /// One empty slot per limit of `set`.
-    pub fn new(set: &RuleSet) -> Self {
+    pub(crate) fn new(set: &RuleSet) -> Self {
         Self(set.limits().map(|_| OnceLock::new()).collect())
     }
 }
@@ -168,7 +168,7 @@ struct RegistryEvent {
 
 /// The live statistics of one service instance (`AppState::stats`).
 #[derive(Debug)]
-pub struct Stats {
+pub(crate) struct Stats {
     enabled: AtomicBool,
     /// By rule id (unique in a rule set: it starts with the domain).
     rules: Mutex<HashMap<String, Arc<RuleStats>>>,
@@ -245,7 +245,7 @@ thread_local! {
 
 impl Stats {
     /// Whether decisions are recorded (`--live-stats`).
-    pub fn enabled(&self) -> bool {
+    pub(crate) fn enabled(&self) -> bool {
         self.enabled.load(Relaxed)
     }
 
@@ -385,7 +385,13 @@ impl Stats {
 
     /// The report of `GET /v1/stats` at `now`, for the rules `set` (of `generation`) and the
     /// store `backend`.
-    pub fn report(&self, set: &RuleSet, generation: u64, backend: &Backend, now: Micros) -> Value {
+    pub(crate) fn report(
+        &self,
+        set: &RuleSet,
+        generation: u64,
+        backend: &Backend,
+        now: Micros,
+    ) -> Value {
         let sec = now / 1_000_000;
         let known = lock(&self.rules);
         let mut order: Vec<(u64, &Limit, Option<Arc<RuleStats>>)> = set
@@ -646,7 +652,7 @@ impl Hitters {
 /// The slots form a binary min-heap on their counts (an index from key to slot, and from slot
 /// to heap position), so an offer costs a hash lookup and O(log capacity) swaps.
 #[derive(Debug)]
-pub struct SpaceSaving {
+pub(crate) struct SpaceSaving {
     capacity: usize,
     slots: Vec<Slot>,
     index: HashMap<Arc<str>, usize>,
@@ -666,7 +672,7 @@ struct Slot {
 
 impl SpaceSaving {
     /// An empty sketch of `capacity` keys (at least 1).
-    pub fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         let capacity = capacity.max(1);
         Self {
             capacity,
@@ -680,18 +686,18 @@ impl SpaceSaving {
 
     /// The sum of every count offered.
     #[cfg(test)]
-    pub fn total(&self) -> u64 {
+    pub(crate) fn total(&self) -> u64 {
         self.total
     }
 
     /// Keys held (at most the capacity).
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.slots.len()
     }
 
     /// Count `n` more for `key`.
-    pub fn offer(&mut self, key: impl Into<Arc<str>> + AsRef<str>, n: u64) {
+    pub(crate) fn offer(&mut self, key: impl Into<Arc<str>> + AsRef<str>, n: u64) {
         self.total = self.total.saturating_add(n);
         if let Some(&slot) = self.index.get(key.as_ref()) {
             self.slots[slot].count = self.slots[slot].count.saturating_add(n);
@@ -723,13 +729,13 @@ impl SpaceSaving {
     }
 
     /// Every key held: `(key, estimated count, error)`.
-    pub fn entries(&self) -> impl Iterator<Item = (&str, u64, u64)> {
+    pub(crate) fn entries(&self) -> impl Iterator<Item = (&str, u64, u64)> {
         self.slots.iter().map(|s| (&*s.key, s.count, s.error))
     }
 
     /// The `n` keys with the highest estimates, highest first.
     #[cfg(test)]
-    pub fn top(&self, n: usize) -> Vec<(&str, u64, u64)> {
+    pub(crate) fn top(&self, n: usize) -> Vec<(&str, u64, u64)> {
         let mut all: Vec<_> = self.entries().collect();
         all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
         all.truncate(n);

@@ -100,7 +100,7 @@ pub(crate) struct RateLimitGrpc {
 impl RateLimitGrpc {
     /// A service deciding with `state` (its rules, store and clock), answering as `answers`
     /// says.
-    pub fn new(state: AppState, answers: GrpcAnswers) -> Self {
+    pub(super) fn new(state: AppState, answers: GrpcAnswers) -> Self {
         Self { state, answers }
     }
 }

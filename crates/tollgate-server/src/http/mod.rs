@@ -738,7 +738,7 @@ pub(crate) struct RulesQuery {
 
 impl RulesQuery {
     /// `domain=`, `after=`, `limit=` (others are ignored); a message when one is not valid.
-    pub fn parse(query: Option<&str>) -> Result<Self, String> {
+    pub(crate) fn parse(query: Option<&str>) -> Result<Self, String> {
         let mut q = RulesQuery {
             limit: RULES_PAGE,
             ..RulesQuery::default()

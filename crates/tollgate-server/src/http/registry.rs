@@ -22,7 +22,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 /// The registry's routes.
-pub fn routes() -> Router<HttpState> {
+pub(super) fn routes() -> Router<HttpState> {
     Router::new()
         .route("/v1/domains", get(list))
         .route(

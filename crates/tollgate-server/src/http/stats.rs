@@ -70,7 +70,7 @@ only to the admin: start serve with --admin-token-file FILE, then send `Authoriz
 <token>` (or, from a browser, the token as the HTTP Basic password)";
 
 /// The routes.
-pub fn routes() -> Router<HttpState> {
+pub(super) fn routes() -> Router<HttpState> {
     Router::new()
         .route("/v1/stats", get(v1_stats))
         .route("/dashboard", get(dashboard))
