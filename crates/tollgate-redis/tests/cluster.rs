@@ -172,12 +172,7 @@ fn a_slot_migrating_under_load_is_followed_not_an_error() {
             })
         })
         .collect();
-    let wait_for_calls = |n: u64| {
-        let target = done.load(Relaxed) + n;
-        support::wait_for(Duration::from_secs(60), "calls to complete", || {
-            done.load(Relaxed) >= target
-        });
-    };
+    let wait_for_calls = |n: u64| support::wait_for_more(&done, n);
     wait_for_calls(200);
     // The migration: the key moves, the slot is still the source's (ASK), then the target's.
     assert!(dst
@@ -217,17 +212,7 @@ fn a_slot_migrating_under_load_is_followed_not_an_error() {
             .contains("OK"));
     }
     wait_for_calls(200);
-    stop.store(true, Relaxed);
-    for c in callers {
-        rt.block_on(c).unwrap();
-    }
-    let errors = errors.lock().unwrap();
-    assert!(
-        errors.is_empty(),
-        "{} errors, first: {:?}",
-        errors.len(),
-        errors.first()
-    );
+    support::stop_load(&rt, &stop, callers, &errors);
     // No count lost: every call counted once, on the node that owns the slot now.
     let query = CheckItem {
         cost: 0,
