@@ -170,10 +170,11 @@ fn wrongtype_at_one_key_is_not_an_outage() {
         assert_eq!(b["statuses"][0]["limit_remaining"], LIMIT - 1, "{b}");
     }
     assert_eq!(transitions(&s.base, "open"), 0);
-    assert_eq!(
-        metric(&s.base, "tollgate_redis_errors_total{kind=\"wrongtype\"}"),
-        20
-    );
+    // One per request on the bad key, and at most one more: the hits the policy admitted are
+    // owed to Redis, and folding them back meets the same key once (then they are dropped), at
+    // a moment of the store's own choosing.
+    let wrongtype = metric(&s.base, "tollgate_redis_errors_total{kind=\"wrongtype\"}");
+    assert!((20..=21).contains(&wrongtype), "{wrongtype}");
     assert_eq!(
         metric(
             &s.base,
